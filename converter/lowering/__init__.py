@@ -1,0 +1,23 @@
+"""ATen -> TFLite lowering: importing this package registers every family's lowerings.
+
+Families (one file each, one small function per ATen op):
+elementwise, activations, conv, pad, pool, norm, linalg, shape, reduce, index, creation,
+resize. `layout` holds the NCHW <-> NHWC helpers, `emit` the single-op builders they share,
+`decompositions` the table handed to `run_decompositions` (what to keep undecomposed).
+"""
+
+from converter.lowering import (  # noqa: F401  (imported to register their lowerings)
+    activations,
+    conv,
+    creation,
+    elementwise,
+    index,
+    linalg,
+    norm,
+    pad,
+    pool,
+    reduce,
+    resize,
+    shape,
+)
+from converter.lowering.registry import LOWERINGS, find_lowering, lowers  # noqa: F401

@@ -82,7 +82,7 @@ class LoweringContext:
 
     def const(self, value, dtype=None, name: str | None = None) -> Tensor:
         """A constant tensor holding `value` (array-like)."""
-        data = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        data = np.asarray(value, dtype=dtype, order="C")  # (np.ascontiguousarray would make 0-d 1-d)
         return Tensor(self.unique_name(name or "const"), data.shape, data.dtype, data=data)
 
     # ---- ops ----------------------------------------------------------------------------

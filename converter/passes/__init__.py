@@ -1,0 +1,71 @@
+"""Graph passes run between lowering and the flatbuffer writer.
+
+One pass per module, each a function `Graph -> Graph` (editing in place and returning
+the graph) whose docstring says what it guarantees. `optimize` runs them all, in the
+order below, on every graph of a model, repeating the cheap loop until the graph stops
+shrinking.
+"""
+
+from __future__ import annotations
+
+from converter.ir import Graph, Model
+
+from ._graph import opcode_histogram
+from .deduplicate_constants import deduplicate_constants
+from .fold_batch_norm import fold_batch_norm
+from .fold_constants import fold_constants
+from .fold_pad_into_conv import fold_pad_into_conv
+from .fuse_activations import fuse_activations
+from .remove_dead_code import remove_dead_code
+from .simplify_reshapes import simplify_reshapes
+from .to_nhwc import to_nhwc
+
+__all__ = [
+    "optimize", "optimize_graph", "fold_constants", "to_nhwc", "fold_batch_norm",
+    "fuse_activations", "remove_dead_code", "deduplicate_constants", "fold_pad_into_conv",
+    "simplify_reshapes", "opcode_histogram",
+]
+
+MAX_ROUNDS = 4
+
+
+def optimize_graph(graph: Graph) -> Graph:
+    """Run the pass pipeline on one graph (in place); returns it.
+
+    Order and why:
+    1. remove_dead_code: less to look at;
+    2. fold_constants: weight rearrangements (TRANSPOSE/RESHAPE of constant filters)
+       become plain constants, so the layout pass only sees activation transposes;
+    3. to_nhwc: sink and cancel the NCHW<->NHWC transposes; per-channel constants are
+       transposed on the way, so batch norm's MUL/ADD now broadcast on the last axis;
+       it ends with simplify_reshapes (unit-dim transposes, reshape chains, a
+       global pool's keepDims before a flatten);
+    4. fold_batch_norm: those MUL/ADD go into the conv/FC weights and bias;
+    5. fold_pad_into_conv: explicit zero PADs equal to SAME padding disappear;
+    6. fuse_activations: RELU/RELU6 after conv/add/... become fused activations
+       (after 4, so the activation is what directly follows the conv);
+    7. remove_dead_code, deduplicate_constants (and CSE).
+    Repeated while the op count drops (at most MAX_ROUNDS times): a CSE or a fold can
+    expose more cancellations.
+    """
+    remove_dead_code(graph)
+    for _ in range(MAX_ROUNDS):
+        count = len(graph.ops)
+        fold_constants(graph)
+        to_nhwc(graph)
+        fold_constants(graph)
+        fold_batch_norm(graph)
+        fold_pad_into_conv(graph)
+        fuse_activations(graph)
+        remove_dead_code(graph)
+        deduplicate_constants(graph)
+        if len(graph.ops) >= count:
+            break
+    return graph
+
+
+def optimize(model: Model) -> Model:
+    """Optimize every graph (signature) of `model` in place; returns the model."""
+    for graph in model.graphs:
+        optimize_graph(graph)
+    return model

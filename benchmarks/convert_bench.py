@@ -1,0 +1,333 @@
+"""Convert every zoo model and measure the result: conversion time, size, LiteRT latency, error.
+
+Per model (tests/zoo/, seeded random weights): seconds for `litert_torch.convert(...)` up
+to the flatbuffer bytes, .tflite bytes, LiteRT latency (Python interpreter, XNNPACK, 1
+thread, median of --runs invokes after --warmup), max relative error against PyTorch
+(max|litert - torch| / max|torch|), op count and the most frequent ops. Printed as a rich
+table; `--json PATH` writes every figure (and the full op histograms).
+
+    .venv/bin/python benchmarks/convert_bench.py                      # every model
+    .venv/bin/python benchmarks/convert_bench.py --models resnet18,mobilenet_v2 --json out.json
+    .venv/bin/python benchmarks/convert_bench.py --fast               # the default-suite subset
+
+Against the anchor (PyPI `litert-torch` 0.10.0, the reference converter). Its import name
+is `litert_torch`, like ours, so it lives in its own environment; build it once with the
+CPU torch pinned (an unpinned torch pulls a multi-GB CUDA build):
+
+    python3 -m venv /tmp/anchor-venv
+    /tmp/anchor-venv/bin/python -m pip install litert-torch==0.10.0 torch==2.13.0
+
+then pass `--anchor-python /tmp/anchor-venv/bin/python`. The anchor converts the same models
+(same seeds, so the same weights) in a subprocess (`anchor_convert.py`, which loads the zoo
+by path and never imports this repository's packages); both .tflite files are then measured
+here with the same harness, their latency runs interleaved so machine noise hits both.
+Extra columns: anchor conversion seconds, speed-up (anchor s / ours s), latency ratio
+(ours / anchor), size ratio (ours / anchor), anchor ops. Targets: speed-up >= 5,
+latency ratio <= 1.05, size ratio <= 1.01. Both converters convert one small model first,
+untimed, so one-off start-up costs (imports, caches) are not charged to the first model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+# This repository first: our `litert_torch`, whatever state the editable install is in.
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+from litert_measure import LoadedModel, histogram_summary, max_relative_error, median_latencies, op_histogram  # noqa: E402
+from zoo_loader import load_zoo  # noqa: E402
+
+TARGETS = {"speedup": 5.0, "latency_ratio": 1.05, "size_ratio": 1.01}
+WARMUP_MODEL = "lenet5"
+
+
+# torch.export's pytree code warns on every export with torch 2.13; it says nothing about the model.
+warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=None, help="comma-separated zoo names (default: all)")
+    parser.add_argument("--fast", action="store_true", help="only the zoo's fast (default-suite) models")
+    parser.add_argument("--family", default=None, help="only this family (cnn, mlp, segmentation, ...)")
+    parser.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
+    parser.add_argument("--anchor-python", default=None, help="python of an environment with litert-torch 0.10.0")
+    parser.add_argument("--runs", type=int, default=20, help="timed invokes per model (median reported)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed invokes before timing")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the .tflite files in this folder")
+    parser.add_argument("--anchor-timeout", type=float, default=1800, help="seconds for all anchor conversions")
+    return parser.parse_args(argv)
+
+
+def select_models(zoo, options) -> list[str]:
+    names = options.models.split(",") if options.models else None
+    chosen = zoo.entries(names, fast=True if options.fast else None)
+    return [e.name for e in chosen if options.family is None or e.family == options.family]
+
+
+def short_error(error: BaseException) -> str:
+    """One line: the error's type and first line, plus the missing ops' names when the
+    converter says which ATen ops it cannot lower."""
+    missing = getattr(error, "ops", None)
+    if missing:
+        return f"{type(error).__name__}: no lowering for " + ", ".join(op.name for op in missing)
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def convert_ours(model, args) -> tuple[bytes, float]:
+    import litert_torch
+
+    start = time.perf_counter()
+    content = litert_torch.convert(model, args, progress=False).model_content()
+    return content, time.perf_counter() - start
+
+
+def torch_reference(model, args) -> list[np.ndarray]:
+    with torch.no_grad():
+        out = model(*args)
+    leaves = out if isinstance(out, (tuple, list)) else [out]
+    return [leaf.detach().numpy() for leaf in leaves]
+
+
+def measure_file(content: bytes, arrays, expected) -> tuple[LoadedModel, dict]:
+    """Load a .tflite, check its outputs against PyTorch; latency is measured later, paired."""
+    loaded = LoadedModel(content)
+    histogram = op_histogram(content)
+    figures = {
+        "bytes": len(content),
+        "max_rel_error": max_relative_error(loaded.run(arrays), expected),
+        "op_count": sum(histogram.values()),
+        "op_histogram": dict(histogram.most_common()),
+    }
+    return loaded, figures
+
+
+class AnchorRunner:
+    """Runs anchor_convert.py once for all models and hands its per-model results over as
+    they arrive (the subprocess streams one JSON line per model)."""
+
+    def __init__(self, python: str, names: list[str], out_dir: Path, seed: int, timeout: float):
+        command = [python, str(HERE / "anchor_convert.py"), "--out-dir", str(out_dir), "--seed", str(seed),
+                   "--warmup-model", WARMUP_MODEL, *names]  # fmt: skip
+        self.deadline = time.monotonic() + timeout
+        self.log = open(out_dir / "anchor_stderr.log", "w")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=HERE)
+        self.results: dict[str, dict] = {}
+        self.import_s = None
+
+    def result(self, name: str) -> dict:
+        """Block until the anchor has converted `name` (or died, or ran out of time)."""
+        while name not in self.results:
+            if time.monotonic() > self.deadline:
+                self.process.kill()
+                return {"ok": False, "error": "anchor conversion timed out (--anchor-timeout)"}
+            line = self.process.stdout.readline()
+            if not line:
+                code = self.process.wait()
+                return {"ok": False, "error": f"anchor process exited with code {code}; see {self.log.name}"}
+            try:
+                message = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a stray print from the anchor
+            if message.get("event") == "ready":
+                self.import_s = message["import_s"]
+            elif "model" in message:
+                self.results[message["model"]] = message
+        return self.results[name]
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.log.close()
+
+
+def bench_model(zoo, name: str, options, anchor: AnchorRunner | None, out_dir: Path) -> dict:
+    entry = zoo.ZOO[name]
+    model, args = zoo.build(name, seed=options.seed)
+    arrays = [a.numpy() for a in args]
+    expected = torch_reference(model, args)
+    row = {"model": name, "family": entry.family, "inputs": [list(s) for s in entry.inputs], "ours": None, "anchor": None}
+    loaded = []
+    try:
+        content, seconds = convert_ours(model, args)
+        (out_dir / f"{name}.tflite").write_bytes(content)
+        ours_model, figures = measure_file(content, arrays, expected)
+        row["ours"] = {"ok": True, "convert_s": seconds, **figures}
+        loaded.append(("ours", ours_model))
+    except Exception as error:
+        row["ours"] = {"ok": False, "error": short_error(error)}
+        if os.environ.get("CONVERT_BENCH_TRACEBACK"):
+            traceback.print_exc()
+    if anchor is not None:
+        result = anchor.result(name)
+        if result.get("ok"):
+            try:
+                anchor_model, figures = measure_file(Path(result["tflite"]).read_bytes(), arrays, expected)
+                row["anchor"] = {"ok": True, "convert_s": result["convert_s"], **figures}
+                loaded.append(("anchor", anchor_model))
+            except Exception as error:
+                row["anchor"] = {"ok": False, "error": "measuring the anchor's file: " + short_error(error)}
+        else:
+            row["anchor"] = {"ok": False, "error": result.get("error", "unknown")}
+    if loaded:
+        latencies = median_latencies([m for _, m in loaded], arrays, options.runs, options.warmup)
+        for (who, _), seconds in zip(loaded, latencies):
+            row[who]["latency_ms"] = seconds * 1e3
+    if row["ours"]["ok"] and row["anchor"] and row["anchor"]["ok"]:
+        ours, theirs = row["ours"], row["anchor"]
+        row["ratios"] = {
+            "speedup": theirs["convert_s"] / ours["convert_s"],
+            "latency_ratio": ours["latency_ms"] / theirs["latency_ms"],
+            "size_ratio": ours["bytes"] / theirs["bytes"],
+        }
+    return row
+
+
+def geomean(values) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r["ours"]["ok"]]
+    summary = {
+        "models": len(rows),
+        "converted": len(ok),
+        "within_1e-4": sum(1 for r in ok if r["ours"]["max_rel_error"] <= 1e-4),
+        "failed": {r["model"]: r["ours"]["error"] for r in rows if not r["ours"]["ok"]},
+    }
+    paired = [r["ratios"] for r in rows if "ratios" in r]
+    if paired:
+        for key, target in TARGETS.items():
+            values = [p[key] for p in paired]
+            meets = [v >= target if key == "speedup" else v <= target for v in values]
+            summary[key] = {"geomean": geomean(values), "worst": min(values) if key == "speedup" else max(values),
+                            "target": target, "models_meeting_target": sum(meets), "models_paired": len(values)}  # fmt: skip
+    return summary
+
+
+def fmt(value, pattern, missing="-"):
+    return missing if value is None else format(value, pattern)
+
+
+def render(rows: list[dict], summary: dict, with_anchor: bool, console: Console) -> None:
+    table = Table(title="Zoo conversion benchmark (LiteRT: XNNPACK, 1 thread, median latency)")
+    for column in ["model", "convert s", "KiB", "latency ms", "max rel err", "ops"]:
+        table.add_column(column, justify="left" if column == "model" else "right")
+    if with_anchor:
+        for column in ["anchor s", "speed-up", "anchor ms", "lat ratio", "anchor KiB", "size ratio", "anchor ops"]:
+            table.add_column(column, justify="right", style="cyan")
+    mix = Table(title="Op mix (most frequent ops)")
+    mix.add_column("model")
+    mix.add_column("ours")
+    if with_anchor:
+        mix.add_column("anchor", style="cyan")
+    for row in rows:
+        ours, theirs, ratios = row["ours"], row.get("anchor") or {}, row.get("ratios", {})
+        if ours["ok"]:
+            err = ours["max_rel_error"]
+            cells = [fmt(ours["convert_s"], ".2f"), fmt(ours["bytes"] / 1024, ",.0f"), fmt(ours.get("latency_ms"), ".2f"),
+                     f"[{'green' if err <= 1e-4 else 'red'}]{err:.1e}[/]", str(ours["op_count"])]  # fmt: skip
+            mix_cells = [histogram_summary(ours["op_histogram"])]
+        else:
+            cells = ["[red]fail[/]", "", "", "", ""]
+            mix_cells = [f"[red]{ours['error'][:120]}[/]"]
+        if with_anchor:
+            if theirs.get("ok"):
+                cells += [fmt(theirs["convert_s"], ".2f"), fmt(ratios.get("speedup"), ".1f") + ("x" if ratios else ""),
+                          fmt(theirs.get("latency_ms"), ".2f"), fmt(ratios.get("latency_ratio"), ".2f"),
+                          fmt(theirs["bytes"] / 1024, ",.0f"), fmt(ratios.get("size_ratio"), ".3f"), str(theirs["op_count"])]  # fmt: skip
+                mix_cells.append(histogram_summary(theirs["op_histogram"]))
+            else:
+                cells += ["[red]fail[/]", "", "", "", "", "", ""]
+                mix_cells.append(f"[red]{(theirs.get('error') or '')[:120]}[/]")
+        table.add_row(row["model"], *cells)
+        mix.add_row(row["model"], *mix_cells)
+    console.print(table)
+    console.print(mix)
+    line = f"converted {summary['converted']}/{summary['models']}, within 1e-4: {summary['within_1e-4']}"
+    for key in TARGETS:
+        if key in summary:
+            s = summary[key]
+            line += (f"; {key} geomean {s['geomean']:.2f} (target {'>=' if key == 'speedup' else '<='} "
+                     f"{s['target']}, met by {s['models_meeting_target']}/{s['models_paired']})")  # fmt: skip
+    console.print(line)
+
+
+def environment() -> dict:
+    import ai_edge_litert
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "ai_edge_litert": getattr(ai_edge_litert, "__version__", "?"), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    options = parse_args(argv)
+    # Wide enough for the anchor columns when the output is a file or a pipe.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    zoo = load_zoo()
+    names = select_models(zoo, options)
+    if not names:
+        console.print("[red]no zoo model matches the filters[/]")
+        return 2
+    out_dir = options.keep or Path(tempfile.mkdtemp(prefix="convert_bench_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    anchor = None
+    if options.anchor_python:
+        anchor = AnchorRunner(options.anchor_python, names, out_dir, options.seed, options.anchor_timeout)
+    rows = []
+    try:
+        # Pay our own one-off costs (imports, lowering tables) before timing anything.
+        warm_model, warm_args = zoo.build(WARMUP_MODEL, seed=options.seed)
+        try:
+            convert_ours(warm_model, warm_args)
+        except Exception as error:
+            console.print(f"[yellow]warm-up conversion of {WARMUP_MODEL} failed: {short_error(error)}[/]")
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("converting", total=len(names))
+            for name in names:
+                progress.update(task, description=f"{name:22s}")
+                rows.append(bench_model(zoo, name, options, anchor, out_dir))
+                progress.advance(task)
+    finally:
+        if anchor is not None:
+            anchor.close()
+    summary = summarize(rows)
+    render(rows, summary, anchor is not None, console)
+    if options.json:
+        report = {"environment": environment(), "settings": {"runs": options.runs, "warmup": options.warmup,
+                  "threads": 1, "delegate": "XNNPACK (interpreter default)", "seed": options.seed,
+                  "anchor_python": options.anchor_python, "anchor_import_s": anchor.import_s if anchor else None},
+                  "summary": summary, "models": rows}  # fmt: skip
+        options.json.parent.mkdir(parents=True, exist_ok=True)
+        options.json.write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {options.json}")
+    if options.keep is None:
+        console.print(f"[dim].tflite files in {out_dir}[/]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Small op builders shared by the lowering families.
+
+Each helper emits ONE TFLite op (or none) with an explicit output shape, so a lowering
+that needs several steps can chain them without reading the fx node's metadata. The last
+op of a lowering usually goes through `ctx.emit` without a shape, which takes the node's
+own shape and dtype.
+
+Conventions every family follows (the flatbuffer writer relies on them):
+- option values that are schema enums are written by name: `"padding": "SAME"`,
+  `"fusedActivationFunction": "NONE"`, `"outputType": "INT64"` (a `TensorType` name);
+- shape-like operands (new shapes, axes, permutations, begin/end/strides) are int32
+  constants, as the TFLite kernels expect.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from converter.ir import Tensor
+
+# numpy dtype -> TFLite TensorType enum name (for CAST / ARG_MAX / SHAPE options).
+TFLITE_TYPE_NAMES = {
+    np.dtype(np.float32): "FLOAT32",
+    np.dtype(np.float16): "FLOAT16",
+    np.dtype(np.float64): "FLOAT64",
+    np.dtype(np.int8): "INT8",
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.int16): "INT16",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.bool_): "BOOL",
+}
+
+
+def tflite_type_name(dtype) -> str:
+    return TFLITE_TYPE_NAMES[np.dtype(dtype)]
+
+
+def unsupported(ctx, what: str, hint: str) -> NotImplementedError:
+    """The error a lowering raises for a variant it cannot express: `what` is unsupported,
+    `hint` says what to do. The pipeline collects these (with the op and the user's source
+    line) into one report of every unsupported use in the model."""
+    return NotImplementedError(f"{what}. {hint}")
+
+
+def normalize_dim(dim: int, rank: int) -> int:
+    return dim + rank if dim < 0 else dim
+
+
+def normalize_dims(dims, rank: int) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({normalize_dim(d, rank) for d in dims})
+
+
+def int32(ctx, values) -> Tensor:
+    """An int32 constant (shapes, axes, permutations...)."""
+    return ctx.const(np.asarray(values, dtype=np.int32))
+
+
+def scalar_like(ctx, value, like_dtype) -> Tensor:
+    """A 0-d constant of `like_dtype` (TFLite broadcasts it against any shape)."""
+    return ctx.const(np.asarray(value, dtype=like_dtype))
+
+
+def as_tensor(ctx, value, dtype) -> Tensor:
+    """`value` if it is already a Tensor of `dtype`; a CAST of it if of another dtype;
+    else a scalar constant of `dtype` (Python numbers in ATen calls)."""
+    if isinstance(value, Tensor):
+        return cast(ctx, value, dtype)
+    return scalar_like(ctx, value, dtype)
+
+
+# ---- single-op builders ------------------------------------------------------------------
+
+
+def op(ctx, opcode: str, inputs, options=None, *, shape, dtype, signature=None) -> Tensor:
+    """Emit an intermediate op with an explicit output shape/dtype."""
+    return ctx.emit(opcode, inputs, options, shape=shape, dtype=dtype, signature=signature)
+
+
+def unary(ctx, opcode: str, x: Tensor, options=None, dtype=None) -> Tensor:
+    """An elementwise op whose output has x's shape (and signature)."""
+    return ctx.emit(opcode, [x], options, shape=x.shape, dtype=dtype or x.dtype,
+                    signature=x.shape_signature)
+
+
+def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+
+
+def binary(ctx, opcode: str, a: Tensor, b: Tensor, options=None, dtype=None) -> Tensor:
+    """A broadcasting binary op (ADD, MUL, LESS...) with a computed output shape."""
+    shape = broadcast_shape(a.shape, b.shape)
+    signature = None
+    if a.is_dynamic or b.is_dynamic:
+        signature = tuple(_broadcast_dim(x, y) for x, y in _right_aligned(
+            a.shape_signature or a.shape, b.shape_signature or b.shape))
+    if opcode in ("ADD", "SUB", "MUL", "DIV") and options is None:
+        options = {"fusedActivationFunction": "NONE"}
+    return ctx.emit(opcode, [a, b], options, shape=shape, dtype=dtype or a.dtype, signature=signature)
+
+
+def _broadcast_dim(x: int, y: int) -> int:
+    """One dimension of a broadcast signature (-1 = dynamic)."""
+    if x == 1:
+        return y
+    if y == 1:
+        return x
+    return max(x, y)  # -1 vs n > 1 gives n; -1 vs -1 stays -1
+
+
+def _right_aligned(a, b):
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    return zip(a, b)
+
+
+def reshape(ctx, x: Tensor, shape: Sequence[int], signature=None) -> Tensor:
+    """RESHAPE to a static shape (returns x itself when nothing changes)."""
+    shape = tuple(int(d) for d in shape)
+    if shape == x.shape and not x.is_dynamic:
+        return x
+    if x.is_const:
+        return ctx.const(x.data.reshape(shape))
+    new_shape = list(signature) if signature is not None else list(shape)
+    return ctx.emit("RESHAPE", [x, int32(ctx, new_shape)], {"newShape": new_shape},
+                    shape=shape, dtype=x.dtype, signature=signature)
+
+
+def transpose(ctx, x: Tensor, perm: Sequence[int]) -> Tensor:
+    """TRANSPOSE by `perm` (constants are transposed here; identity returns x)."""
+    perm = [int(p) for p in perm]
+    if perm == list(range(x.rank)):
+        return x
+    if x.is_const:
+        return ctx.const(np.transpose(x.data, perm))
+    shape = tuple(x.shape[p] for p in perm)
+    signature = tuple(x.shape_signature[p] for p in perm) if x.shape_signature else None
+    return ctx.emit("TRANSPOSE", [x, int32(ctx, perm)], shape=shape, dtype=x.dtype, signature=signature)
+
+
+def cast(ctx, x: Tensor, dtype) -> Tensor:
+    """CAST to `dtype` (no op when already of that dtype; constants are cast here)."""
+    dtype = np.dtype(dtype)
+    if x.dtype == dtype:
+        return x
+    if x.is_const:
+        return ctx.const(x.data.astype(dtype))
+    return ctx.emit("CAST", [x], {"inDataType": tflite_type_name(x.dtype), "outDataType": tflite_type_name(dtype)},
+                    shape=x.shape, dtype=dtype, signature=x.shape_signature)
+
+
+def strided_slice(ctx, x: Tensor, begin, end, strides, shrink_axis_mask: int = 0) -> Tensor:
+    """STRIDED_SLICE with explicit (already clamped, non-negative) bounds."""
+    out_shape = []
+    for axis, (b, e, s) in enumerate(zip(begin, end, strides)):
+        if shrink_axis_mask >> axis & 1:
+            continue
+        out_shape.append(max(0, -(-(e - b) // s)))
+    return ctx.emit("STRIDED_SLICE", [x, int32(ctx, begin), int32(ctx, end), int32(ctx, strides)],
+                    {"beginMask": 0, "endMask": 0, "ellipsisMask": 0, "newAxisMask": 0,
+                     "shrinkAxisMask": shrink_axis_mask, "offset": False},
+                    shape=out_shape, dtype=x.dtype)
+
+
+def slice_axis(ctx, x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor:
+    """x[..., start:stop:step, ...] along one axis (bounds already clamped)."""
+    begin = [0] * x.rank
+    end = list(x.shape)
+    strides = [1] * x.rank
+    begin[axis], end[axis], strides[axis] = start, stop, step
+    if x.is_const:
+        index = [slice(None)] * x.rank
+        index[axis] = slice(start, stop, step)
+        return ctx.const(x.data[tuple(index)])
+    return strided_slice(ctx, x, begin, end, strides)
+
+
+def concat(ctx, parts: list[Tensor], axis: int, shape=None) -> Tensor:
+    """CONCATENATION along `axis` (a single part is returned as is)."""
+    if len(parts) == 1 and shape is None:
+        return parts[0]
+    if shape is None:
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        return ctx.emit("CONCATENATION", parts, {"axis": axis, "fusedActivationFunction": "NONE"},
+                        shape=shape, dtype=parts[0].dtype)
+    return ctx.emit("CONCATENATION", parts, {"axis": axis, "fusedActivationFunction": "NONE"})
+
+
+def mean(ctx, x: Tensor, axes: Sequence[int], keep_dims: bool = True) -> Tensor:
+    """MEAN over `axes` (an intermediate: output shape computed here)."""
+    return reduce(ctx, "MEAN", x, axes, keep_dims)
+
+
+def reduce(ctx, opcode: str, x: Tensor, axes: Sequence[int], keep_dims: bool, dtype=None) -> Tensor:
+    axes = sorted(normalize_dim(a, x.rank) for a in axes)
+    if keep_dims:
+        shape = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    else:
+        shape = [d for i, d in enumerate(x.shape) if i not in axes]
+    return ctx.emit(opcode, [x, int32(ctx, axes)], {"keepDims": keep_dims}, shape=shape, dtype=dtype or x.dtype)
+
+
+def channel_vector(ctx, values: np.ndarray, rank: int, dtype) -> Tensor:
+    """A per-channel constant shaped (C, 1, ..., 1) so it broadcasts over NCHW-like axis 1."""
+    values = np.asarray(values, dtype=dtype)
+    return ctx.const(values.reshape((-1,) + (1,) * max(rank - 2, 0)))

@@ -1,0 +1,89 @@
+"""Indexing: index_select, gather, advanced indexing (`x[idx]`) and embedding.
+
+- index_select / embedding / a single index tensor -> GATHER along that axis.
+- torch.gather (element-wise) -> GATHER_ND with full coordinates: the index tensor on
+  `dim`, constant iotas on every other axis.
+- several leading index tensors (`x[i, j]`) -> GATHER_ND with the broadcast indices
+  stacked on a new last axis.
+Constant indices are normalised here (negative -> from the end); boolean masks are
+data-dependent and refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from converter.ir import Tensor
+from converter.lowering import emit
+from converter.lowering.registry import lowers
+
+aten = torch.ops.aten
+
+
+def _indices(ctx, index: Tensor, size: int) -> Tensor:
+    """Index tensor ready for GATHER: constants wrapped into range, int32 when it fits."""
+    if index.dtype == np.bool_:
+        raise emit.unsupported(ctx, "boolean mask indexing (its output size depends on the data)",
+                               "Use torch.where(mask, x, other) to keep the shape static.")
+    if index.is_const:
+        data = np.where(index.data < 0, index.data + size, index.data)
+        return ctx.const(data.astype(np.int32))
+    return index
+
+
+def _gather(ctx, x: Tensor, index: Tensor, axis: int, final: bool = True) -> Tensor:
+    index = _indices(ctx, index, x.shape[axis])
+    options = {"axis": axis, "batchDims": 0}
+    if final:
+        return ctx.emit("GATHER", [x, index], options)
+    shape = (*x.shape[:axis], *index.shape, *x.shape[axis + 1:])
+    return emit.op(ctx, "GATHER", [x, index], options, shape=shape, dtype=x.dtype)
+
+
+@lowers(aten.index_select.default)
+def index_select(ctx, x, dim, index):
+    return _gather(ctx, x, index, emit.normalize_dim(dim, x.rank))
+
+
+@lowers(aten.embedding.default)
+def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return _gather(ctx, weight, indices, 0)
+
+
+@lowers(aten.gather.default)
+def gather(ctx, x, dim, index, sparse_grad=False):
+    """out[p] = x[p with p[dim] replaced by index[p]]: coordinates for GATHER_ND."""
+    axis = emit.normalize_dim(dim, x.rank)
+    grids = np.indices(index.shape, dtype=np.int32)
+    if index.is_const:
+        grids[axis] = np.where(index.data < 0, index.data + x.shape[axis], index.data)
+        coords = ctx.const(np.stack(list(grids), axis=-1))
+    else:
+        column_shape = (*index.shape, 1)
+        columns = [emit.reshape(ctx, emit.cast(ctx, index, np.int32), column_shape) if a == axis
+                   else ctx.const(grids[a].reshape(column_shape)) for a in range(x.rank)]
+        coords = emit.concat(ctx, columns, axis=index.rank)
+    return ctx.emit("GATHER_ND", [x, coords])
+
+
+@lowers(aten.index.Tensor)
+def index(ctx, x, indices):
+    """x[i0, i1, ...] with index tensors (None = full slice)."""
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if len(used) == 1:
+        return _gather(ctx, x, indices[used[0]], used[0])
+    if used != list(range(len(used))):
+        raise emit.unsupported(ctx, "advanced indexing with index tensors that are not the leading axes",
+                               "Index leading axes only (x[i, j]), or use index_select / gather per axis.")
+    tensors = [_indices(ctx, indices[i], x.shape[i]) for i in used]
+    shape = tuple(np.broadcast_shapes(*[t.shape for t in tensors]))
+    columns = []
+    for t in tensors:
+        t = emit.cast(ctx, t, np.int32)
+        if t.shape != shape:
+            t = ctx.const(np.broadcast_to(t.data, shape)) if t.is_const else \
+                emit.op(ctx, "BROADCAST_TO", [t, emit.int32(ctx, shape)], shape=shape, dtype=t.dtype)
+        columns.append(emit.reshape(ctx, t, (*shape, 1)))
+    coords = emit.concat(ctx, columns, axis=len(shape))
+    return ctx.emit("GATHER_ND", [x, coords])

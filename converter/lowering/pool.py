@@ -1,0 +1,174 @@
+"""Pooling: max/avg (incl. ceil_mode, count_include_pad, divisor_override) and adaptive.
+
+MAX_POOL_2D / AVERAGE_POOL_2D are NHWC-only (wrapped in the layout transposes).
+- Max pooling: SAME when PyTorch's padding reads TFLite's SAME windows (SAME ignores
+  the padding, as PyTorch's -inf padding does), else PADV2 with the lowest float + VALID.
+- Average pooling: TFLite's SAME divides by the number of real elements, which is
+  PyTorch's count_include_pad=False. Every other case is zero-PAD + VALID average,
+  rescaled per output position by a constant (kernel area / PyTorch's divisor).
+- Adaptive pooling: to 1x1 -> MEAN / REDUCE_MAX over H, W (no transposes); to sizes that
+  divide the input -> a plain pool; adaptive average to other sizes is two matmuls with
+  constant averaging matrices (it is linear and separable).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from converter.ir import Tensor
+from converter.lowering import emit, layout
+from converter.lowering.registry import lowers
+
+aten = torch.ops.aten
+
+
+def _pair(value, default=None) -> tuple[int, int]:
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        return default
+    if isinstance(value, int):
+        return (value, value)
+    return (int(value[0]), int(value[-1])) if len(value) in (1, 2) else tuple(value)
+
+
+def _pool_nhwc(ctx, opcode, x_nhwc: Tensor, kernel, stride, mode: str, out_hw) -> Tensor:
+    options = {"padding": mode, "strideH": stride[0], "strideW": stride[1],
+               "filterHeight": kernel[0], "filterWidth": kernel[1], "fusedActivationFunction": "NONE"}
+    n, _, _, c = x_nhwc.shape
+    return emit.op(ctx, opcode, [x_nhwc], options, shape=(n, *out_hw, c), dtype=x_nhwc.dtype)
+
+
+def _pad_for_windows(ctx, x_nhwc: Tensor, kernel, stride, padding, out_hw, value) -> Tensor:
+    """Pad NHWC spatial axes by `padding` before and as much as the last window needs after,
+    so a VALID pool yields exactly `out_hw` windows."""
+    n, h, w, c = x_nhwc.shape
+    after = [max((o - 1) * s + k - size - p, 0) for o, s, k, size, p in zip(out_hw, stride, kernel, (h, w), padding)]
+    if not any(padding) and not any(after):
+        return x_nhwc
+    pairs = [[0, 0], [padding[0], after[0]], [padding[1], after[1]], [0, 0]]
+    shape = (n, h + padding[0] + after[0], w + padding[1] + after[1], c)
+    if value == 0:
+        return emit.op(ctx, "PAD", [x_nhwc, emit.int32(ctx, pairs)], shape=shape, dtype=x_nhwc.dtype)
+    return emit.op(ctx, "PADV2", [x_nhwc, emit.int32(ctx, pairs), emit.scalar_like(ctx, value, x_nhwc.dtype)],
+                   shape=shape, dtype=x_nhwc.dtype)
+
+
+def _crop_to(ctx, y_nhwc: Tensor, out_hw) -> Tensor:
+    """Drop trailing windows a VALID pool produced beyond PyTorch's count."""
+    n, h, w, c = y_nhwc.shape
+    if (h, w) == tuple(out_hw):
+        return y_nhwc
+    return emit.strided_slice(ctx, y_nhwc, [0, 0, 0, 0], [n, out_hw[0], out_hw[1], c], [1, 1, 1, 1])
+
+
+def _valid_out(size, k, s):
+    return (size - k) // s + 1
+
+
+@lowers(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
+def max_pool2d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    kernel = _pair(kernel_size)
+    stride = _pair(stride, kernel)
+    padding, dilation = _pair(padding), _pair(dilation)
+    if dilation != (1, 1):
+        raise emit.unsupported(ctx, "dilated max pooling has no TFLite builtin", "Use dilation=1.")
+    n, c, h, w = x.shape
+    out_hw = [layout.torch_output_size(size, k, s, p, 1, ceil_mode)
+              for size, k, s, p in zip((h, w), kernel, stride, padding)]
+    x_nhwc = layout.to_nhwc(ctx, x)
+    if not ceil_mode and layout.is_same_padding((h, w), kernel, stride, padding) and any(padding):
+        y = _pool_nhwc(ctx, "MAX_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw)
+    else:
+        lowest = np.finfo(x.dtype).min if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
+        padded = _pad_for_windows(ctx, x_nhwc, kernel, stride, padding, out_hw, lowest)
+        valid_hw = [_valid_out(size, k, s) for size, k, s in zip(padded.shape[1:3], kernel, stride)]
+        y = _crop_to(ctx, _pool_nhwc(ctx, "MAX_POOL_2D", padded, kernel, stride, "VALID", valid_hw), out_hw)
+    out = layout.to_nchw(ctx, y)
+    # max_pool2d_with_indices also returns indices: not representable, fails if used.
+    return (out, None) if ctx.node is not None and isinstance(ctx.meta, (tuple, list)) else out
+
+
+def _avg_divisors(in_hw, kernel, stride, padding, out_hw, count_include_pad, divisor_override) -> np.ndarray:
+    """PyTorch's divisor for each output position of avg_pool2d, as an (oh, ow) array."""
+    if divisor_override:
+        return np.full(out_hw, float(divisor_override))
+    per_axis = []
+    for size, k, s, p, o in zip(in_hw, kernel, stride, padding, out_hw):
+        start = np.arange(o) * s - p
+        end = np.minimum(start + k, size + p)
+        full = end - start
+        real = np.minimum(end, size) - np.maximum(start, 0)
+        per_axis.append(full if count_include_pad else real)
+    return np.outer(per_axis[0], per_axis[1]).astype(np.float64)
+
+
+@lowers(aten.avg_pool2d.default)
+def avg_pool2d(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    kernel = _pair(kernel_size)
+    stride = _pair(stride, kernel)
+    padding = _pair(padding)
+    n, c, h, w = x.shape
+    out_hw = [layout.torch_output_size(size, k, s, p, 1, ceil_mode)
+              for size, k, s, p in zip((h, w), kernel, stride, padding)]
+    x_nhwc = layout.to_nhwc(ctx, x)
+    if (not ceil_mode and not divisor_override and not count_include_pad and any(padding)
+            and layout.is_same_padding((h, w), kernel, stride, padding)):
+        return layout.to_nchw(ctx, _pool_nhwc(ctx, "AVERAGE_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw))
+    padded = _pad_for_windows(ctx, x_nhwc, kernel, stride, padding, out_hw, 0)
+    valid_hw = [_valid_out(size, k, s) for size, k, s in zip(padded.shape[1:3], kernel, stride)]
+    y = _crop_to(ctx, _pool_nhwc(ctx, "AVERAGE_POOL_2D", padded, kernel, stride, "VALID", valid_hw), out_hw)
+    y = layout.to_nchw(ctx, y)
+    scale = kernel[0] * kernel[1] / _avg_divisors((h, w), kernel, stride, padding, out_hw, count_include_pad,
+                                                  divisor_override)
+    if np.allclose(scale, 1.0):
+        return y
+    return ctx.emit("MUL", [y, ctx.const(scale.astype(x.dtype))], {"fusedActivationFunction": "NONE"})
+
+
+def _adaptive_out(x: Tensor, output_size) -> tuple[int, int]:
+    h, w = x.shape[-2:]
+    oh, ow = _pair(output_size)
+    return (h if oh is None else oh, w if ow is None else ow)
+
+
+def _averaging_matrix(size: int, out: int) -> np.ndarray:
+    """(out, size) matrix whose rows average PyTorch's adaptive windows."""
+    m = np.zeros((out, size))
+    for i in range(out):
+        start, end = (i * size) // out, -(-((i + 1) * size) // out)
+        m[i, start:end] = 1.0 / (end - start)
+    return m
+
+
+@lowers(aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(ctx, x, output_size):
+    n, c, h, w = x.shape
+    oh, ow = _adaptive_out(x, output_size)
+    if (oh, ow) == (1, 1):
+        return ctx.emit("MEAN", [x, emit.int32(ctx, [2, 3])], {"keepDims": True})
+    if h % oh == 0 and w % ow == 0:
+        kernel = (h // oh, w // ow)
+        y = _pool_nhwc(ctx, "AVERAGE_POOL_2D", layout.to_nhwc(ctx, x), kernel, kernel, "VALID", (oh, ow))
+        return layout.to_nchw(ctx, y)
+    # Separable and linear: rows = A_h @ x, then columns = rows @ A_w^T.
+    a_h = ctx.const(_averaging_matrix(h, oh).astype(x.dtype))
+    a_w_t = ctx.const(_averaging_matrix(w, ow).T.astype(x.dtype))
+    rows = emit.op(ctx, "BATCH_MATMUL", [a_h, x], {"adjX": False, "adjY": False}, shape=(n, c, oh, w), dtype=x.dtype)
+    return ctx.emit("BATCH_MATMUL", [rows, a_w_t], {"adjX": False, "adjY": False})
+
+
+@lowers(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(ctx, x, output_size):
+    n, c, h, w = x.shape
+    oh, ow = _adaptive_out(x, output_size)
+    if (oh, ow) == (1, 1):
+        out = emit.reduce(ctx, "REDUCE_MAX", x, [2, 3], keep_dims=True)
+    elif h % oh == 0 and w % ow == 0:
+        kernel = (h // oh, w // ow)
+        y = _pool_nhwc(ctx, "MAX_POOL_2D", layout.to_nhwc(ctx, x), kernel, kernel, "VALID", (oh, ow))
+        out = layout.to_nchw(ctx, y)
+    else:
+        raise emit.unsupported(ctx, f"adaptive max pooling from {(h, w)} to {(oh, ow)} (sizes do not divide)",
+                               "Pick an output size that divides the input, or use adaptive average pooling.")
+    return out, None

@@ -1,0 +1,296 @@
+"""Shape and data-movement ops: reshape/view, permute, squeeze, cat, split, slice, select,
+expand, repeat, flip, roll, pixel (un)shuffle, dtype casts, plus the bookkeeping nodes
+export leaves behind (alias, clone, detach, asserts). `getitem` on multi-output ops is
+resolved by the pipeline itself.
+
+View ops become copies (TFLite has no aliasing): RESHAPE, TRANSPOSE, STRIDED_SLICE.
+Squeeze/unsqueeze are RESHAPEs, which every delegate supports (the GPU delegates reject
+SQUEEZE/EXPAND_DIMS). Operations on constants are done here in numpy, so they never
+reach the graph as ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from converter.ir import Tensor
+from converter.lowering import emit, layout
+from converter.lowering.context import static_shape
+from converter.lowering.registry import lowers
+
+aten = torch.ops.aten
+
+# Values (int64 bounds) PyTorch uses for "to the end" in slices.
+_INT64_MAX = 2**63 - 1
+
+
+# ---- bookkeeping --------------------------------------------------------------------------
+
+
+@lowers(aten.alias.default, aten.clone.default, aten.detach.default, aten.lift_fresh_copy.default,
+        aten.contiguous.default, aten.alias_copy.default, aten.detach_copy.default)
+def identity(ctx, x, *args, **kwargs):
+    """Copies and aliases are the same value in a dataflow graph."""
+    return x
+
+
+@lowers(aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+        aten.sym_constrain_range_for_size.default, aten.sym_constrain_range.default)
+def no_op(ctx, *args, **kwargs):
+    """Export-time checks: nothing to compute."""
+    return None
+
+
+@dataclass(frozen=True)
+class DynamicSize:
+    """The size of a dynamic dimension, used as a value (`x.size(0)` in a view's shape).
+    Shape ops take their output shape from the node's metadata, so they never need the
+    number itself; an op that computes with it fails with a clear error instead."""
+
+    tensor: Tensor
+    dim: int
+
+
+@lowers(aten.sym_size.int)
+def sym_size(ctx, x, dim):
+    dim = emit.normalize_dim(dim, x.rank)
+    if x.shape_signature is not None and x.shape_signature[dim] == -1:
+        return DynamicSize(x, dim)
+    return x.shape[dim]
+
+
+@lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout)
+def to_copy(ctx, x, *args, **kwargs):
+    """Only the dtype matters on the edge (device, layout and memory format do not)."""
+    return emit.cast(ctx, x, ctx.out_dtype())
+
+
+# ---- reshapes -----------------------------------------------------------------------------
+
+
+def _reshape_to_node(ctx, x: Tensor) -> Tensor:
+    """RESHAPE x to the node's shape; one dynamic dimension is written as -1."""
+    shape, signature = static_shape(ctx.meta.shape)
+    if x.is_const:
+        return ctx.const(x.data.reshape(shape))
+    if shape == x.shape and signature == x.shape_signature:
+        return x
+    new_shape = list(signature) if signature is not None and signature.count(-1) == 1 else list(shape)
+    return ctx.emit("RESHAPE", [x, emit.int32(ctx, new_shape)], {"newShape": new_shape})
+
+
+@lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
+        aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims,
+        aten.flatten.using_ints, aten.unflatten.int)
+def reshape(ctx, x, *args):
+    return _reshape_to_node(ctx, x)
+
+
+@lowers(aten.permute.default, aten.permute_copy.default)
+def permute(ctx, x, dims):
+    return emit.transpose(ctx, x, [emit.normalize_dim(d, x.rank) for d in dims])
+
+
+@lowers(aten.transpose.int)
+def transpose(ctx, x, dim0, dim1):
+    perm = list(range(x.rank))
+    a, b = emit.normalize_dim(dim0, x.rank), emit.normalize_dim(dim1, x.rank)
+    perm[a], perm[b] = perm[b], perm[a]
+    return emit.transpose(ctx, x, perm)
+
+
+@lowers(aten.t.default)
+def t(ctx, x):
+    return emit.transpose(ctx, x, list(reversed(range(x.rank))))
+
+
+# ---- joining and splitting ----------------------------------------------------------------
+
+
+@lowers(aten.cat.default)
+def cat(ctx, tensors, dim=0):
+    dtype = ctx.out_dtype()
+    # torch.cat skips legacy empty 1-D tensors; TFLite would reject their rank.
+    parts = [emit.cast(ctx, t, dtype) for t in tensors if not (t.rank == 1 and t.shape[0] == 0)]
+    axis = emit.normalize_dim(dim, parts[0].rank)
+    if len(parts) == 1:
+        return parts[0]
+    if all(p.is_const for p in parts):
+        return ctx.const(np.concatenate([p.data for p in parts], axis=axis))
+    return ctx.emit("CONCATENATION", parts, {"axis": axis, "fusedActivationFunction": "NONE"})
+
+
+@lowers(aten.stack.default)
+def stack(ctx, tensors, dim=0):
+    axis = emit.normalize_dim(dim, tensors[0].rank + 1)
+    return ctx.emit("PACK", list(tensors), {"valuesCount": len(tensors), "axis": axis})
+
+
+def _split_sizes(ctx, x: Tensor, sizes, dim) -> list[Tensor]:
+    axis = emit.normalize_dim(dim, x.rank)
+    if len(sizes) == 1:
+        return [x]
+    if x.is_const:
+        bounds = np.cumsum(sizes)[:-1]
+        return [ctx.const(part) for part in np.split(x.data, bounds, axis=axis)]
+    outputs = ctx.emit("SPLIT_V", [x, emit.int32(ctx, list(sizes)), emit.int32(ctx, axis)],
+                       {"numSplits": len(sizes)}, num_outputs=len(sizes))
+    return list(outputs)
+
+
+@lowers(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
+def split_with_sizes(ctx, x, split_sizes, dim=0):
+    return _split_sizes(ctx, x, list(split_sizes), dim)
+
+
+@lowers(aten.split.Tensor, aten.split_copy.Tensor)
+def split(ctx, x, split_size, dim=0):
+    size = x.shape[emit.normalize_dim(dim, x.rank)]
+    sizes = [min(split_size, size - start) for start in range(0, size, split_size)]
+    return _split_sizes(ctx, x, sizes, dim)
+
+
+@lowers(aten.unbind.int, aten.unbind_copy.int)
+def unbind(ctx, x, dim=0):
+    axis = emit.normalize_dim(dim, x.rank)
+    count = x.shape[axis]
+    return list(ctx.emit("UNPACK", [x], {"num": count, "axis": axis}, num_outputs=count))
+
+
+# ---- slicing ------------------------------------------------------------------------------
+
+
+def _clamp_index(i, size: int, default: int) -> int:
+    if i is None:
+        return default
+    i = int(i)
+    if i < 0:
+        i += size
+    return min(max(i, 0), size)
+
+
+@lowers(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(ctx, x, dim=0, start=None, end=None, step=1):
+    axis = emit.normalize_dim(dim, x.rank)
+    size = x.shape[axis]
+    start = _clamp_index(start, size, 0)
+    stop = size if end is None or end >= _INT64_MAX else _clamp_index(end, size, size)
+    if (start, stop, step) == (0, size, 1):
+        return x
+    return emit.slice_axis(ctx, x, axis, start, max(stop, start), step)
+
+
+@lowers(aten.select.int, aten.select_copy.int)
+def select(ctx, x, dim, index):
+    axis = emit.normalize_dim(dim, x.rank)
+    index = index + x.shape[axis] if index < 0 else index
+    if x.is_const:
+        return ctx.const(np.take(x.data, index, axis=axis))
+    begin = [0] * x.rank
+    end = list(x.shape)
+    begin[axis], end[axis] = index, index + 1
+    return emit.strided_slice(ctx, x, begin, end, [1] * x.rank, shrink_axis_mask=1 << axis)
+
+
+@lowers(aten.narrow.default)
+def narrow(ctx, x, dim, start, length):
+    return slice_(ctx, x, dim, start, start + length if start >= 0 else start + x.shape[dim] + length)
+
+
+# ---- broadcasting and tiling --------------------------------------------------------------
+
+
+@lowers(aten.expand.default, aten.expand_copy.default)
+def expand(ctx, x, size, implicit=False):
+    shape = ctx.out_shape()
+    if x.is_const:
+        return ctx.const(np.broadcast_to(x.data, shape))
+    if tuple(shape) == x.shape:
+        return x
+    return ctx.emit("BROADCAST_TO", [x, emit.int32(ctx, shape)])
+
+
+@lowers(aten.repeat.default)
+def repeat(ctx, x, repeats):
+    repeats = [int(r) for r in repeats]
+    if len(repeats) > x.rank:  # torch.repeat adds leading axes
+        x = emit.reshape(ctx, x, (1,) * (len(repeats) - x.rank) + x.shape)
+    if x.is_const:
+        return ctx.const(np.tile(x.data, repeats))
+    if all(r == 1 for r in repeats):
+        return x
+    return ctx.emit("TILE", [x, emit.int32(ctx, repeats)])
+
+
+@lowers(aten.flip.default)
+def flip(ctx, x, dims):
+    """One REVERSE_V2 per axis: older TFLite kernels reverse a single axis per op."""
+    axes = emit.normalize_dims(dims, x.rank) if dims else []
+    if x.is_const:
+        return ctx.const(np.flip(x.data, axes))
+    for axis in axes:
+        x = emit.op(ctx, "REVERSE_V2", [x, emit.int32(ctx, [axis])], shape=x.shape, dtype=x.dtype)
+    return x
+
+
+@lowers(aten.roll.default)
+def roll(ctx, x, shifts, dims=()):
+    """Each rolled axis is a CONCATENATION of its two slices (tail first)."""
+    if not dims:  # roll the flattened tensor, then restore the shape
+        flat = emit.reshape(ctx, x, (int(np.prod(x.shape)),))
+        return emit.reshape(ctx, roll(ctx, flat, shifts, [0]), x.shape)
+    for shift, dim in zip(shifts, dims):
+        axis = emit.normalize_dim(dim, x.rank)
+        size = x.shape[axis]
+        k = shift % size
+        if k == 0:
+            continue
+        tail = emit.slice_axis(ctx, x, axis, size - k, size)
+        head = emit.slice_axis(ctx, x, axis, 0, size - k)
+        x = emit.concat(ctx, [tail, head], axis)
+    return x
+
+
+# ---- pixel (un)shuffle --------------------------------------------------------------------
+# PyTorch orders the packed channels as c * r^2 + (i * r + j); TFLite's DEPTH_TO_SPACE /
+# SPACE_TO_DEPTH as (i * r + j) * C + c. A constant GATHER on the channel axis converts
+# (skipped when C == 1, where both orders agree).
+
+
+def _gather_channels(ctx, x_nhwc: Tensor, order: np.ndarray) -> Tensor:
+    if np.array_equal(order, np.arange(len(order))):
+        return x_nhwc
+    return emit.op(ctx, "GATHER", [x_nhwc, emit.int32(ctx, order)], {"axis": 3, "batchDims": 0},
+                   shape=x_nhwc.shape, dtype=x_nhwc.dtype)
+
+
+def _require_4d(ctx, x: Tensor, name: str):
+    if x.rank != 4:
+        raise emit.unsupported(ctx, f"{name} on a rank-{x.rank} tensor", "Reshape to (N, C, H, W) first.")
+
+
+@lowers(aten.pixel_shuffle.default)
+def pixel_shuffle(ctx, x, upscale_factor):
+    _require_4d(ctx, x, "pixel_shuffle")
+    r = int(upscale_factor)
+    n, c_in, h, w = x.shape
+    c = c_in // (r * r)
+    k = np.arange(c_in)
+    x_nhwc = _gather_channels(ctx, layout.to_nhwc(ctx, x), (k % c) * r * r + k // c)
+    y = emit.op(ctx, "DEPTH_TO_SPACE", [x_nhwc], {"blockSize": r}, shape=(n, h * r, w * r, c), dtype=x.dtype)
+    return layout.to_nchw(ctx, y)
+
+
+@lowers(aten.pixel_unshuffle.default)
+def pixel_unshuffle(ctx, x, downscale_factor):
+    _require_4d(ctx, x, "pixel_unshuffle")
+    r = int(downscale_factor)
+    n, c, h, w = x.shape
+    y = emit.op(ctx, "SPACE_TO_DEPTH", [layout.to_nhwc(ctx, x)], {"blockSize": r},
+                shape=(n, h // r, w // r, c * r * r), dtype=x.dtype)
+    t = np.arange(c * r * r)
+    y = _gather_channels(ctx, y, (t % (r * r)) * c + t // (r * r))
+    return layout.to_nchw(ctx, y)

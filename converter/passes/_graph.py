@@ -1,0 +1,234 @@
+"""Small graph-editing helpers shared by the passes (not a pass themselves).
+
+Passes never mutate a `Tensor` that may be shared (constant data, shapes): they create
+new tensors and rewire ops, so an op list snapshot is enough to undo a rewrite.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from converter.ir import Graph, Op, Tensor
+
+_fresh = itertools.count()
+
+# Ops whose effect is not visible in their outputs: never removed, folded or merged.
+SIDE_EFFECT_OPS = frozenset({
+    "ASSIGN_VARIABLE", "READ_VARIABLE", "VAR_HANDLE", "CALL_ONCE", "CUSTOM",
+    "WHILE", "IF", "CALL", "STABLEHLO_COMPOSITE", "RANDOM_STANDARD_NORMAL",
+    "RANDOM_UNIFORM", "MULTINOMIAL",
+})
+
+
+def fresh_name(base: str) -> str:
+    """A tensor name not produced by lowering (the writer keeps names unique anyway)."""
+    return f"{base}__{next(_fresh)}"
+
+
+def const(value, name: str, dtype=None) -> Tensor:
+    """A new constant tensor holding `value`."""
+    data = np.array(value, dtype=dtype, order="C")  # ascontiguousarray would make 0-d arrays 1-d
+    return Tensor(fresh_name(name), data.shape, data.dtype, data=data)
+
+
+def int32_const(values, name: str) -> Tensor:
+    return const(np.asarray(values, dtype=np.int32), name)
+
+
+def activation(op: Op) -> str:
+    """The op's fused activation as a schema name ("NONE" when absent). Lowering may
+    write the enum's name or its integer; both are accepted."""
+    value = op.options.get("fusedActivationFunction", "NONE")
+    if value is None:
+        return "NONE"
+    if isinstance(value, str):
+        return value
+    names = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}
+    return names.get(int(value), str(value))
+
+
+def shape_signature(t: Tensor) -> tuple[int, ...]:
+    """The tensor's shape with -1 for dynamic dimensions."""
+    return t.shape_signature if t.shape_signature is not None else t.shape
+
+
+def static_dims(t: Tensor) -> tuple[int | None, ...]:
+    """Per dimension: its size when static, None when dynamic."""
+    return tuple(None if s == -1 else d for d, s in zip(t.shape, shape_signature(t)))
+
+
+def transpose_perm(op: Op) -> list[int] | None:
+    """The constant permutation of a TRANSPOSE op (None if it is computed at run time)."""
+    p = op.inputs[1] if len(op.inputs) > 1 else None
+    if p is None or not p.is_const:
+        return None
+    return [int(v) for v in np.asarray(p.data).reshape(-1)]
+
+
+class Uses:
+    """Producer/reader index of a graph.
+
+    Passes that edit through `set_input`, `set_output`, `add`, `remove` and `bypass`
+    keep it exact without rebuilding it (`refresh`) after every edit; rebuilding costs
+    a walk over the whole graph, which made rewrite-heavy passes quadratic.
+    """
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.removed: set[int] = set()
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.producer = self.graph.producers()
+        self.readers = self.graph.consumers()
+        self.output_ids = {t.id for t in self.graph.outputs}
+
+    # ---- queries ---------------------------------------------------------------------
+    def consumers(self, t: Tensor) -> list[Op]:
+        """Distinct ops reading `t`."""
+        seen, out = set(), []
+        for op in self.readers.get(t.id, []):
+            if id(op) not in seen:
+                seen.add(id(op))
+                out.append(op)
+        return out
+
+    def is_output(self, t: Tensor) -> bool:
+        return t.id in self.output_ids
+
+    def only_consumer(self, t: Tensor) -> Op | None:
+        """The single op reading `t`, if `t` has exactly one reader and is no graph output."""
+        ops = self.consumers(t)
+        if len(ops) != 1 or self.is_output(t):
+            return None
+        return ops[0]
+
+    def produced_by(self, t: Tensor | None, opcode: str) -> Op | None:
+        if t is None:
+            return None
+        op = self.producer.get(t.id)
+        return op if op is not None and op.opcode == opcode else None
+
+    def is_live(self, op: Op) -> bool:
+        """False once `remove`d (or bypassed) through this index."""
+        return id(op) not in self.removed
+
+    # ---- edits that keep the index exact ---------------------------------------------------
+    def set_input(self, op: Op, index: int, t: Tensor | None) -> None:
+        old = op.inputs[index]
+        if old is not None:
+            readers = self.readers.get(old.id, [])
+            for k, r in enumerate(readers):
+                if r is op:
+                    del readers[k]
+                    break
+        op.inputs[index] = t
+        if t is not None:
+            self.readers.setdefault(t.id, []).append(op)
+
+    def set_output(self, op: Op, index: int, t: Tensor) -> None:
+        old = op.outputs[index]
+        if self.producer.get(old.id) is op:
+            del self.producer[old.id]
+        op.outputs[index] = t
+        self.producer[t.id] = op
+
+    def add(self, op: Op) -> None:
+        """Index a new op (the caller puts it into `graph.ops`)."""
+        for t in op.inputs:
+            if t is not None:
+                self.readers.setdefault(t.id, []).append(op)
+        for t in op.outputs:
+            self.producer[t.id] = op
+
+    def remove(self, op: Op) -> None:
+        """Take `op` out of the graph and the index."""
+        for t in op.inputs:
+            if t is not None:
+                readers = self.readers.get(t.id, [])
+                for k, r in enumerate(readers):
+                    if r is op:
+                        del readers[k]
+                        break
+        for t in op.outputs:
+            if self.producer.get(t.id) is op:
+                del self.producer[t.id]
+        self.removed.add(id(op))
+        remove_ops(self.graph, [op])
+
+    def bypass(self, op: Op, replacement: Tensor) -> bool:
+        """`bypass` (below), keeping the index exact."""
+        out = op.outputs[0]
+        if not _may_replace_output(self.graph, out, replacement):
+            return False
+        for reader in self.consumers(out):
+            for i, t in enumerate(reader.inputs):
+                if t is out:
+                    self.set_input(reader, i, replacement)
+        if self.is_output(out):
+            self.graph.outputs = [replacement if t is out else t for t in self.graph.outputs]
+            self.output_ids = {t.id for t in self.graph.outputs}
+        self.remove(op)
+        return True
+
+
+def _may_replace_output(graph: Graph, out: Tensor, replacement: Tensor) -> bool:
+    """A graph output may be re-pointed unless that makes a graph input, a constant or
+    another graph output a graph output (again)."""
+    if not any(t is out for t in graph.outputs):
+        return True
+    taken = {t.id for t in graph.inputs} | {t.id for t in graph.outputs if t is not out}
+    return replacement.id not in taken and not replacement.is_const
+
+
+def insert_after(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
+    """Insert `new_ops` right after `anchor` (keeps the op list topological)."""
+    i = next(k for k, op in enumerate(graph.ops) if op is anchor)
+    graph.ops[i + 1:i + 1] = new_ops
+
+
+def insert_before(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
+    i = next(k for k, op in enumerate(graph.ops) if op is anchor)
+    graph.ops[i:i] = new_ops
+
+
+def remove_ops(graph: Graph, dead: list[Op]) -> None:
+    ids = {id(op) for op in dead}
+    graph.ops = [op for op in graph.ops if id(op) not in ids]
+
+
+def bypass(graph: Graph, op: Op, replacement: Tensor) -> bool:
+    """Remove the single-output `op`, making its readers read `replacement` instead.
+
+    A graph output is re-pointed too, unless that would make a graph input (or another
+    graph output) a graph output a second time: then the op stays and False is returned.
+    """
+    out = op.outputs[0]
+    if not _may_replace_output(graph, out, replacement):
+        return False
+    graph.replace_uses(out, replacement)
+    remove_ops(graph, [op])
+    return True
+
+
+def snapshot(graph: Graph):
+    """Everything a pass may change, to undo it with `restore` (tensors are never mutated)."""
+    return (list(graph.ops), list(graph.outputs),
+            [(op, list(op.inputs), list(op.outputs), dict(op.options)) for op in graph.ops])
+
+
+def restore(graph: Graph, state) -> None:
+    ops, outputs, op_states = state
+    graph.ops, graph.outputs = ops, outputs
+    for op, inputs, outs, options in op_states:
+        op.inputs, op.outputs, op.options = inputs, outs, options
+
+
+def opcode_histogram(graph: Graph) -> dict[str, int]:
+    """{opcode: count}, most frequent first (for reports and tests)."""
+    counts: dict[str, int] = {}
+    for op in graph.ops:
+        counts[op.opcode] = counts.get(op.opcode, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

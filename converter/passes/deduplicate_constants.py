@@ -1,0 +1,85 @@
+"""Constant de-duplication and common-subexpression elimination.
+
+Guarantees:
+- constant tensors with the same dtype, shape, bytes and quantization become one
+  `Tensor` object (the writer then writes one buffer); variables are left alone;
+- two ops with the same opcode, the same options and the very same input tensors
+  compute the same values: the later one is removed and its readers read the earlier
+  one's outputs (ops with side effects are never merged, and neither are ops whose
+  outputs are graph outputs, which keep their own tensors).
+Run it after the other passes: folding creates many small equal constants
+(permutations, axes, shapes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from converter.ir import Graph, Op, Tensor
+
+from ._graph import SIDE_EFFECT_OPS, remove_ops
+
+
+def deduplicate_constants(graph: Graph) -> Graph:
+    """Share equal constants and merge identical ops (in place); returns the graph."""
+    _share_constants(graph)
+    while _merge_identical_ops(graph):
+        pass
+    return graph
+
+
+def _constant_key(t: Tensor):
+    data = np.ascontiguousarray(t.data)
+    quant = None
+    if t.quant is not None:
+        quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(),
+                 t.quant.axis)
+    return (t.dtype.str, t.shape, hashlib.blake2b(data.tobytes(), digest_size=16).digest(), quant)
+
+
+def _share_constants(graph: Graph) -> None:
+    canonical: dict = {}
+    for op in graph.ops:
+        for i, t in enumerate(op.inputs):
+            if t is None or not t.is_const or t.is_variable:
+                continue
+            key = _constant_key(t)
+            first = canonical.setdefault(key, t)
+            if first is not t and np.array_equal(first.data, t.data):
+                op.inputs[i] = first
+
+
+def _options_key(options: dict) -> str:
+    # repr() keeps it simple: options hold ints, floats, strings, lists and small arrays.
+    return repr(sorted((k, np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
+                       for k, v in options.items()))
+
+
+def _output_key(t: Tensor):
+    """Outputs must agree too (a QUANTIZE's result depends on its output's scale)."""
+    quant = None
+    if t.quant is not None:
+        quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(),
+                 t.quant.axis)
+    return (t.dtype.str, t.shape, t.shape_signature, quant)
+
+
+def _merge_identical_ops(graph: Graph) -> bool:
+    outputs = {t.id for t in graph.outputs}
+    seen: dict = {}
+    changed = False
+    for op in list(graph.ops):
+        if op.opcode in SIDE_EFFECT_OPS or any(t.id in outputs for t in op.outputs):
+            continue
+        key = (op.opcode, tuple(None if t is None else t.id for t in op.inputs),
+               _options_key(op.options), tuple(_output_key(t) for t in op.outputs))
+        first: Op | None = seen.setdefault(key, op)
+        if first is op:
+            continue
+        for old, new in zip(op.outputs, first.outputs):
+            graph.replace_uses(old, new)
+        remove_ops(graph, [op])
+        changed = True
+    return changed

@@ -1,0 +1,411 @@
+"""ExportedProgram -> IR Model: capture, decompose, lower, optimize.
+
+`convert_module` is the whole front half of `litert_torch.convert`:
+
+1. `export_module`: torch.export on a CPU, eval-mode view of the module (straight to
+   functional ATen IR when torch allows it; see `_find_aten_ir_export`).
+   Parameters living on another device (the "tpu" device, CUDA...) are copied to CPU in
+   a shallow clone of the module; the user's module is never moved. The module is
+   exported in eval mode (dropout off, batch norm on running statistics: what an
+   inference artifact needs) unless `eval_mode=False`; its own training flags are
+   restored afterwards. Export failures become a `ConversionError` that says what to
+   try.
+2. `run_decompositions` with `converter.lowering.decompositions.decomposition_table()`
+   (skipped when the ATen IR holds only lowered ops).
+3. `lower_program`: placeholders become graph inputs (user inputs, named after the
+   forward() arguments) or constants (parameters, buffers, lifted constants); each
+   `call_function` node goes through the lowering registry; outputs are flattened to
+   `output_0, output_1, ...`. Every op without a lowering is collected and reported
+   once, together, in an `UnsupportedOpsError`.
+4. `converter.passes.optimize`: the graph passes.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import operator
+import os
+import re
+from typing import Any
+
+import numpy as np
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+import converter.lowering  # noqa: F401  (importing it registers every lowering family)
+from converter import ir
+from converter.errors import ConversionError, UnsupportedOp, UnsupportedOpsError
+from converter.lowering.context import LoweringContext, numpy_dtype, static_shape
+from converter.lowering.registry import find_lowering
+from converter.progress import Progress
+
+# This project's own packages: their frames are never "the user's line".
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(converter.__file__)))
+_OWN_DIRS = tuple(os.path.join(_ROOT, pkg) + os.sep
+                  for pkg in ("converter", "litert_torch", "runtimes", "tpu_backend", "kernels"))
+
+
+# ---- 1. export -----------------------------------------------------------------------------
+
+
+def _on_cpu(t: torch.Tensor) -> bool:
+    return t.device.type in ("cpu", "meta")
+
+
+def cpu_view(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` itself when every parameter and buffer is on CPU; otherwise a deep copy
+    whose tensors are CPU copies (tied weights stay tied: the copy is keyed by identity,
+    so device tensors are never deep-copied through their own backend)."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    if all(_on_cpu(t) for t in tensors):
+        return module
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        if id(p) not in memo:
+            memo[id(p)] = torch.nn.Parameter(p.detach().to("cpu"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        if id(b) not in memo:
+            memo[id(b)] = b.detach().to("cpu")
+    return copy.deepcopy(module, memo)
+
+
+def _to_cpu(value):
+    return torch.utils._pytree.tree_map(
+        lambda v: v.detach().to("cpu") if isinstance(v, torch.Tensor) and not _on_cpu(v) else v, value)
+
+
+def _find_aten_ir_export():
+    """torch.export's one-pass export to post-dispatch (functional) ATen IR, or None.
+
+    `torch.export.export` produces pre-dispatch "training" IR (conv2d, batch_norm,
+    in-place ops), and `run_decompositions` then RE-TRACES the whole program, whatever
+    the table holds (on MobileNetV2 an empty table cost 80% of the full one). Exporting
+    straight to ATen IR with the private `_export(pre_dispatch=False)` takes one trace:
+    about half the time of export + run_decompositions. When every op of that IR has
+    a lowering, the decomposition pass is skipped; otherwise it runs as usual. Falls
+    back to the public API when the private one is missing or has changed.
+    """
+    trace = getattr(getattr(torch, "export", None), "_trace", None)
+    private = getattr(trace, "_export", None)
+    if private is None or os.environ.get("LITERT_TORCH_PUBLIC_EXPORT") == "1":
+        return None
+    try:
+        params = inspect.signature(private).parameters
+    except (TypeError, ValueError):
+        return None
+    if not {"strict", "pre_dispatch", "dynamic_shapes"} <= set(params):
+        return None
+
+    def export(module, args, kwargs, *, dynamic_shapes, strict):
+        return private(module, args, kwargs, dynamic_shapes, strict=strict, pre_dispatch=False)
+
+    return export
+
+
+_ATEN_IR_EXPORT = _find_aten_ir_export()
+
+
+def _export_hints(error: Exception, strict: bool, dynamic: bool) -> list[str]:
+    text = f"{type(error).__name__}: {error}"
+    hints = []
+    if re.search(r"data.dependent|GuardOnDataDependent|Could not guard on data-dependent", text, re.I):
+        hints.append("the model branches on tensor VALUES (data-dependent control flow): rewrite it with "
+                     "torch.where / torch.cond, or move that logic out of forward()")
+    if re.search(r"Constraints violated|dynamic_shapes|specializ|Dim\(", text):
+        hints.append("a dimension marked dynamic was specialized or mis-specified: check dynamic_shapes "
+                     "(torch.export.Dim ranges, one entry per forward() argument)")
+    hints.append(f"retry with strict_export={not strict} (the other torch.export tracing mode)")
+    if not dynamic:
+        hints.append("check that sample_args match what forward() expects (count, shapes, dtypes)")
+    return hints
+
+
+def export_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
+                  dynamic_shapes=None, strict_export: bool = False,
+                  eval_mode: bool = True) -> ExportedProgram:
+    """`torch.export.export` of a CPU, (by default) eval-mode view of `module`."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"convert() expects a torch.nn.Module, got {type(module).__name__}")
+    target = cpu_view(module)
+    modes = {m: m.training for m in target.modules()}
+    if eval_mode:
+        target.eval()
+    try:
+        export = _ATEN_IR_EXPORT or torch.export.export
+        return export(target, _to_cpu(tuple(args)), _to_cpu(dict(kwargs or {})),
+                      dynamic_shapes=dynamic_shapes, strict=strict_export)
+    except Exception as e:  # noqa: BLE001  (torch.export raises many unrelated types)
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        where = _user_frame_of(e)
+        where = f"\nat {where}" if where else ""
+        hints = "\n".join(f"  - {h}" for h in _export_hints(e, strict_export, dynamic_shapes is not None))
+        raise ConversionError(
+            f"torch.export could not capture {type(module).__name__}.forward "
+            f"(strict={strict_export}): {type(e).__name__}: {first_line}{where}\nWhat to try:\n{hints}") from e
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
+def _every_op_lowered(program: ExportedProgram) -> bool:
+    return all(node.target is operator.getitem or find_lowering(node.target) is not None
+               for node in program.graph.nodes if node.op == "call_function")
+
+
+def decompose(program: ExportedProgram) -> ExportedProgram:
+    """Apply our decomposition table, unless the program is already functional ATen IR
+    whose every op has a lowering (then there is nothing to gain from a re-trace)."""
+    from converter.lowering.decompositions import decomposition_table
+
+    if _ATEN_IR_EXPORT is not None and _every_op_lowered(program):
+        return program
+    try:
+        return program.run_decompositions(decomposition_table())
+    except Exception as e:  # noqa: BLE001
+        raise ConversionError(f"decomposing the exported graph failed: {type(e).__name__}: {e}") from e
+
+
+# ---- 3. lowering ----------------------------------------------------------------------------
+
+
+# One frame of a formatted stack trace; the code line is absent for <stdin>-like files.
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)'
+                    r'(?:\n(?!\s*File ")(?P<code>[^\n]*))?')
+
+
+def _is_library_frame(path: str) -> bool:
+    if path.startswith("<"):
+        return False  # <stdin>, <string>: typed by the user
+    norm = os.path.abspath(path)
+    if os.sep + "torch" + os.sep in norm or os.sep + "site-packages" + os.sep in norm:
+        return True
+    return norm.startswith(_OWN_DIRS)
+
+
+def user_source(node: torch.fx.Node) -> str | None:
+    """`file:line in fn: code` of the deepest frame of the node's stack trace that is
+    user code (not torch, not site-packages, not this project's own packages)."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = list(_FRAME.finditer(trace))
+    for frame in reversed(frames):
+        path = frame.group("file")
+        if _is_library_frame(path):
+            continue
+        code = (frame.group("code") or "").strip()
+        text = f"{_shown_path(path)}:{frame.group('line')} in {frame.group('fn').strip()}"
+        return f"{text}: {code}" if code else text
+    return None
+
+
+def _user_frame_of(error: Exception) -> str | None:
+    """The user's line where export failed: the deepest user frame of the traceback
+    (non-strict export runs forward() in Python), else the last user frame quoted in
+    the message (strict export reports "from user code: File ...")."""
+    tb, found = error.__traceback__, None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not _is_library_frame(code.co_filename):
+            found = (code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    if found is not None:
+        import linecache
+
+        path, line, fn = found
+        text = linecache.getline(path, line).strip()
+        return f"{_shown_path(path)}:{line} in {fn}" + (f": {text}" if text else "")
+    frames = [f for f in _FRAME.finditer(str(error)) if not _is_library_frame(f.group("file"))]
+    if frames:
+        f = frames[-1]
+        code = (f.group("code") or "").strip()
+        return f"{_shown_path(f.group('file'))}:{f.group('line')} in {f.group('fn').strip()}" + (
+            f": {code}" if code else "")
+    return None
+
+
+def _shown_path(path: str) -> str:
+    if path.startswith("<"):
+        return path
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
+def _op_name(target) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)  # "aten.linalg_det.default"
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+
+
+class _Missing:
+    """Stands for the value of a node that could not be lowered (so later nodes are
+    skipped instead of failing, and the walk can report every unsupported op)."""
+
+
+_MISSING = _Missing()
+
+
+def _map_args(value, env: dict):
+    """Replace fx Nodes with their IR values, recursively, as plain lists/tuples/dicts."""
+    if isinstance(value, torch.fx.Node):
+        return env[value]
+    if isinstance(value, (list, tuple)):
+        mapped = [_map_args(v, env) for v in value]
+        return tuple(mapped) if isinstance(value, tuple) else mapped
+    if isinstance(value, dict):
+        return {k: _map_args(v, env) for k, v in value.items()}
+    return value
+
+
+def _contains_missing(value) -> bool:
+    if value is _MISSING:
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_contains_missing(v) for v in value)
+    if isinstance(value, dict):
+        return any(_contains_missing(v) for v in value.values())
+    return False
+
+
+def _constant(name: str, value) -> ir.Tensor:
+    if isinstance(value, torch.nn.Parameter):
+        value = value.data
+    if not isinstance(value, torch.Tensor):
+        raise ConversionError(f"constant '{name}' is a {type(value).__name__}; only tensors can be stored in the model")
+    t = value.detach().to("cpu")
+    if t.dtype == torch.bfloat16:
+        t = t.float()  # TFLite computes bf16 graphs in float32 (see lowering.context)
+    data = np.ascontiguousarray(t.contiguous().numpy())
+    data = data.astype(numpy_dtype(value.dtype), copy=False)
+    return ir.Tensor(name, data.shape, data.dtype, data=data)
+
+
+def lower_program(program: ExportedProgram, *, name: str = "serving_default") -> ir.Graph:
+    """Lower a (decomposed) ExportedProgram to one IR graph."""
+    graph = ir.Graph(name=name)
+    ctx = LoweringContext(graph)
+    sig = program.graph_signature
+    input_kinds = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
+    env: dict[torch.fx.Node, Any] = {}
+    unsupported: dict[str, UnsupportedOp] = {}
+
+    def record_unsupported(node, reason: str | None = None):
+        entry = unsupported.setdefault(_op_name(node.target), UnsupportedOp(_op_name(node.target)))
+        entry.count += 1
+        src = user_source(node)
+        if src:
+            entry.sources.append(src)
+        if reason:
+            entry.reasons.append(reason)
+
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = _placeholder(node, input_kinds.get(node.name), program, graph, ctx)
+        elif node.op == "call_function":
+            args = _map_args(node.args, env)
+            kwargs = _map_args(node.kwargs, env)
+            if node.target is operator.getitem:
+                env[node] = _MISSING if _contains_missing(args[0]) else args[0][args[1]]
+                continue
+            lowering = find_lowering(node.target)
+            if lowering is None:
+                record_unsupported(node)
+                env[node] = _MISSING
+                continue
+            if _contains_missing((args, kwargs)):
+                env[node] = _MISSING  # an input could not be lowered: already reported
+                continue
+            ctx.node, ctx.source = node, user_source(node)
+            try:
+                env[node] = lowering(ctx, *args, **kwargs)
+            except NotImplementedError as e:
+                record_unsupported(node, str(e) or None)
+                env[node] = _MISSING
+            except ConversionError:
+                raise
+            except Exception as e:  # noqa: BLE001  (a lowering bug: name the op and the user line)
+                where = f" (from {ctx.source})" if ctx.source else ""
+                raise ConversionError(
+                    f"lowering {_op_name(node.target)} (node '{node.name}'){where} failed: "
+                    f"{type(e).__name__}: {e}") from e
+        elif node.op == "output":
+            if unsupported:
+                continue
+            _set_outputs(node, sig, env, graph, ctx)
+        else:
+            raise ConversionError(f"unexpected fx node kind '{node.op}' ({node.name}) in the exported graph")
+    if unsupported:
+        raise UnsupportedOpsError(list(unsupported.values()))
+    return graph
+
+
+def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: LoweringContext):
+    kind = spec.kind if spec is not None else InputKind.USER_INPUT
+    if kind == InputKind.USER_INPUT:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return val  # a non-tensor user input was specialized into the graph
+        shape, signature = static_shape(val.shape)
+        tensor = ir.Tensor(ctx.unique_name(node.name), shape, numpy_dtype(val.dtype), shape_signature=signature)
+        graph.inputs.append(tensor)
+        graph.input_names.append(node.name)
+        return tensor
+    if kind in (InputKind.PARAMETER, InputKind.BUFFER):
+        value = program.state_dict.get(spec.target)
+        if value is None:
+            value = program.constants[spec.target]  # non-persistent buffer
+        return _constant(ctx.unique_name(spec.target), value)
+    if kind == InputKind.CONSTANT_TENSOR:
+        return _constant(ctx.unique_name(spec.target), program.constants[spec.target])
+    raise ConversionError(
+        f"input '{node.name}' is a {kind.name} (custom objects and tokens cannot be stored in a .tflite model)")
+
+
+def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext) -> None:
+    values = list(node.args[0])
+    specs = sig.output_specs
+    for k, (value, spec) in enumerate(zip(values, specs)):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            continue  # buffer mutations (e.g. batch-norm statistics) do not exist at inference
+        out = env[value] if isinstance(value, torch.fx.Node) else value
+        if isinstance(out, (int, float, bool)) and not isinstance(out, torch.SymInt):
+            out = ctx.const(np.asarray(out), name=f"output_{len(graph.outputs)}")
+        if not isinstance(out, ir.Tensor):
+            raise ConversionError(
+                f"output {k} of forward() is a {type(out).__name__}; only tensors (and numbers) "
+                "can be model outputs")
+        graph.outputs.append(out)
+        graph.output_names.append(f"output_{len(graph.output_names)}")
+
+
+# ---- 4. whole pipeline ------------------------------------------------------------------------
+
+
+def optimize(model: ir.Model) -> ir.Model:
+    """Run the graph passes (`converter.passes.optimize`)."""
+    from converter.passes import optimize as run_passes
+
+    return run_passes(model)
+
+
+def convert_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
+                   dynamic_shapes=None, strict_export: bool = False, eval_mode: bool = True,
+                   progress: Progress | None = None, run_passes: bool = True) -> ir.Model:
+    """nn.Module + sample inputs -> optimized IR Model (one graph, 'serving_default')."""
+    progress = progress or Progress(False)
+    with progress.stage("export", type(module).__name__):
+        program = export_module(module, args, kwargs, dynamic_shapes=dynamic_shapes,
+                                strict_export=strict_export, eval_mode=eval_mode)
+    with progress.stage("decompose"):
+        program = decompose(program)
+    with progress.stage("lower"):
+        graph = lower_program(program)
+    model = ir.Model([graph])
+    if run_passes:
+        with progress.stage("optimize"):
+            model = optimize(model)
+    progress.note(f"{sum(len(g.ops) for g in model.graphs)} ops")
+    return model

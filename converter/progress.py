@@ -1,0 +1,60 @@
+"""Conversion progress: one line per stage (export, decompose, lower, optimize, write).
+
+Quiet by default when stderr is not a terminal or under pytest. `progress=True/False`
+on `litert_torch.convert` decides explicitly; otherwise the environment variable
+`LITERT_TORCH_PROGRESS=1` (or `0`) does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+
+def progress_enabled(requested: bool | None = None) -> bool:
+    if requested is not None:
+        return bool(requested)
+    env = os.environ.get("LITERT_TORCH_PROGRESS")
+    if env is not None:
+        return env.strip().lower() not in ("", "0", "false", "no", "off")
+    if "PYTEST_CURRENT_TEST" in os.environ:
+        return False
+    return sys.stderr.isatty()
+
+
+class Progress:
+    """Reports each stage's name and duration; a no-op when disabled.
+
+    `timings` keeps the seconds of every stage either way (benchmarks read it).
+    """
+
+    def __init__(self, enabled: bool | None = None):
+        self.enabled = progress_enabled(enabled)
+        self.timings: dict[str, float] = {}
+        self._console = None
+        if self.enabled:
+            from rich.console import Console
+
+            self._console = Console(stderr=True)
+
+    @contextlib.contextmanager
+    def stage(self, name: str, detail: str = ""):
+        start = time.perf_counter()
+        status = self._console.status(f"{name} {detail}".strip()) if self.enabled else contextlib.nullcontext()
+        ok = False
+        try:
+            with status:
+                yield
+            ok = True
+        finally:
+            seconds = time.perf_counter() - start
+            self.timings[name] = self.timings.get(name, 0.0) + seconds
+            if self.enabled:
+                mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
+                self._console.print(f"{mark} {name:<10} {seconds:7.2f} s  {detail}".rstrip())
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self._console.print(f"  {message}")

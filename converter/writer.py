@@ -1,0 +1,473 @@
+"""Write an IR `Model` as a LiteRT (.tflite) flatbuffer.
+
+Uses the schema module shipped in ai-edge-litert (`schema_py_generated`, object API)
+and the `flatbuffers` builder. What this module guarantees, beyond the schema:
+
+- file identifier `TFL3`, model version 3, buffer 0 the empty sentinel;
+- both op-code fields set (`deprecated_builtin_code = min(code, 127)`), so ops numbered
+  127 and above (GELU...) resolve;
+- each op stamped with its MINIMUM version (`converter.op_versions`), and the model's
+  `min_runtime_version` metadata (16 bytes, NUL padded) derived from them;
+- constant data 16-byte aligned inside the file (the Python builder aligns byte vectors to
+  1; XNNPACK's mmap paths and microcontrollers expect 16), packed from numpy bytes;
+- constants with identical dtype, shape and bytes share ONE buffer;
+- one SignatureDef per graph with the user's input/output names;
+- models whose constants do not fit the 2 GB flatbuffer limit keep `Buffer.data` empty
+  and store bytes after the flatbuffer, referenced by `Buffer.offset/size` (16-byte
+  aligned, 16 spare bytes at the end);
+- a malformed IR raises `ConversionError` naming the graph, op and field, never an
+  internal error from deep inside the builder.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+import flatbuffers
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+
+from converter import ir
+from converter.errors import ConversionError
+from converter.op_versions import min_runtime_version, op_version
+
+FILE_IDENTIFIER = b"TFL3"
+SCHEMA_VERSION = 3
+DATA_ALIGNMENT = 16
+# Above this many bytes of constants, data moves out of the flatbuffer (which cannot
+# exceed 2 GiB). The margin leaves room for the graph structure itself.
+EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
+
+# ---- schema name tables --------------------------------------------------------------------
+
+BUILTIN_CODES: dict[str, int] = {
+    k: v for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+_BUILTIN_OPTIONS: dict[str, int] = {
+    k: v for k, v in vars(schema.BuiltinOptions).items() if not k.startswith("_")}
+
+# Ops whose options table is not named after the op.
+_OPTIONS_EXCEPTIONS = {
+    "MAX_POOL_2D": "Pool2DOptions",
+    "AVERAGE_POOL_2D": "Pool2DOptions",
+    "L2_POOL_2D": "Pool2DOptions",
+    "MAXIMUM": "MaximumMinimumOptions",
+    "MINIMUM": "MaximumMinimumOptions",
+    "MEAN": "ReducerOptions",
+    "SUM": "ReducerOptions",
+    "REDUCE_MAX": "ReducerOptions",
+    "REDUCE_MIN": "ReducerOptions",
+    "REDUCE_PROD": "ReducerOptions",
+    "REDUCE_ANY": "ReducerOptions",
+    "REDUCE_ALL": "ReducerOptions",
+    "L2_NORMALIZATION": "L2NormOptions",
+    "CONV_3D_TRANSPOSE": "Conv3DOptions",
+    "UNIDIRECTIONAL_SEQUENCE_RNN": "SequenceRNNOptions",
+    "LOCAL_RESPONSE_NORMALIZATION": "LocalResponseNormalizationOptions",
+}
+_OPTIONS_BY_FOLDED_NAME = {name.lower(): name for name in _BUILTIN_OPTIONS if name != "NONE"}
+
+
+def options_table_name(opcode: str) -> str | None:
+    """The BuiltinOptions member of `opcode` ("CONV_2D" -> "Conv2DOptions"), or None
+    for ops without options (RELU, LOGISTIC, ...)."""
+    if opcode in _OPTIONS_EXCEPTIONS:
+        return _OPTIONS_EXCEPTIONS[opcode]
+    folded = opcode.replace("_", "").lower() + "options"
+    return _OPTIONS_BY_FOLDED_NAME.get(folded)
+
+
+# Enum-valued option fields: string values ("SAME", "RELU") name members of these enums.
+_FIELD_ENUMS = {
+    "fusedActivationFunction": schema.ActivationFunctionType,
+    "padding": schema.Padding,
+    "mode": schema.MirrorPadMode,
+    "weightsFormat": schema.FullyConnectedOptionsWeightsFormat,
+    "kernelType": schema.LSTMKernelType,
+    "combiner": schema.CombinerType,
+    "outType": schema.TensorType,
+    "outputType": schema.TensorType,
+    "idxOutType": schema.TensorType,
+    "inDataType": schema.TensorType,
+    "outDataType": schema.TensorType,
+    "quantizedBiasType": schema.TensorType,
+}
+
+TENSOR_TYPES: dict[np.dtype, int] = {
+    np.dtype(np.float32): schema.TensorType.FLOAT32,
+    np.dtype(np.float16): schema.TensorType.FLOAT16,
+    np.dtype(np.float64): schema.TensorType.FLOAT64,
+    np.dtype(np.int8): schema.TensorType.INT8,
+    np.dtype(np.uint8): schema.TensorType.UINT8,
+    np.dtype(np.int16): schema.TensorType.INT16,
+    np.dtype(np.uint16): schema.TensorType.UINT16,
+    np.dtype(np.int32): schema.TensorType.INT32,
+    np.dtype(np.uint32): schema.TensorType.UINT32,
+    np.dtype(np.int64): schema.TensorType.INT64,
+    np.dtype(np.uint64): schema.TensorType.UINT64,
+    np.dtype(np.bool_): schema.TensorType.BOOL,
+    np.dtype(np.complex64): schema.TensorType.COMPLEX64,
+}
+
+
+def _align(n: int, to: int = DATA_ALIGNMENT) -> int:
+    return (n + to - 1) // to * to
+
+
+# ---- buffers ---------------------------------------------------------------------------------
+
+
+class _AlignedBufferT(schema.BufferT):
+    """A BufferT whose data vector starts on a 16-byte boundary of the file.
+
+    Flatbuffers are built back to front and the finished buffer's size is a multiple of
+    the largest alignment used, so aligning the vector's start relative to the end
+    aligns it relative to the start of the file too.
+    """
+
+    def __init__(self, payload: bytes | memoryview | None = None):
+        super().__init__()
+        self.payload = payload
+
+    def Pack(self, builder):  # noqa: N802 (schema naming)
+        data = None
+        if self.payload is not None and len(self.payload):
+            n = len(self.payload)
+            builder.StartVector(1, n, DATA_ALIGNMENT)
+            builder.head -= n
+            builder.Bytes[builder.head:builder.head + n] = self.payload
+            builder.vectorNumElems = n
+            data = builder.EndVector()
+        schema.BufferStart(builder)
+        if data is not None:
+            schema.BufferAddData(builder, data)
+        schema.BufferAddOffset(builder, self.offset)
+        schema.BufferAddSize(builder, self.size)
+        return schema.BufferEnd(builder)
+
+
+def _sample(payload: memoryview, count: int = 64) -> bytes:
+    """Up to `count` 8-byte windows spread over `payload`: a fingerprint that separates
+    almost all distinct weights without reading all of them."""
+    n = len(payload)
+    if n <= count * 8:
+        return bytes(payload)
+    step = n // count
+    return b"".join(payload[i:i + 8] for i in range(0, step * count, step))
+
+
+class _BufferTable:
+    """Buffers of the model: index 0 is the empty sentinel; equal constants share one."""
+
+    def __init__(self):
+        self.buffers: list[_AlignedBufferT] = [_AlignedBufferT()]
+        self.payloads: list[bytes | memoryview | None] = [None]
+        self._by_key: dict[tuple, list[int]] = {}
+
+    def add_constant(self, data: np.ndarray) -> int:
+        """The buffer index holding `data`: an existing one when an earlier constant has
+        the same dtype, shape and bytes. Candidates are found by a cheap fingerprint
+        (dtype, shape, a strided sample of the bytes) and then compared in full, so
+        unique weights are never hashed and equality is exact."""
+        payload = memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
+        key = (data.dtype.str, tuple(data.shape), len(payload), _sample(payload))
+        for index in self._by_key.get(key, ()):
+            if self.payloads[index] == payload:
+                return index
+        index = self.add_bytes(payload)
+        self._by_key.setdefault(key, []).append(index)
+        return index
+
+    def add_bytes(self, payload: bytes | memoryview) -> int:
+        self.buffers.append(_AlignedBufferT(payload))
+        self.payloads.append(payload)
+        return len(self.buffers) - 1
+
+    def add_empty(self) -> int:
+        """A buffer for a non-constant tensor: TFLite accepts index 0 for all of them."""
+        return 0
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(len(p) for p in self.payloads if p is not None)
+
+
+# ---- validation -------------------------------------------------------------------------------
+
+
+def _where(graph: ir.Graph, index: int, op: ir.Op) -> str:
+    src = f" (from {op.source})" if op.source else ""
+    return f"graph '{graph.name}', op #{index} {op.opcode}{src}"
+
+
+def _check_tensor(t: Any, what: str) -> None:
+    if not isinstance(t, ir.Tensor):
+        raise ConversionError(f"{what} is {type(t).__name__}, expected an ir.Tensor")
+    if t.dtype not in TENSOR_TYPES:
+        raise ConversionError(
+            f"{what}: tensor %{t.name} has dtype {t.dtype}, which TFLite cannot store; "
+            f"supported: {', '.join(sorted(d.name for d in TENSOR_TYPES))}")
+    if any(d < 0 for d in t.shape):
+        raise ConversionError(f"{what}: tensor %{t.name} has a negative dimension in its shape "
+                              f"{t.shape}; put -1 in shape_signature instead")
+    if t.shape_signature is not None and len(t.shape_signature) != len(t.shape):
+        raise ConversionError(f"{what}: tensor %{t.name} has shape {t.shape} but shape_signature "
+                              f"{t.shape_signature} of another rank")
+    if t.data is not None:
+        if not isinstance(t.data, np.ndarray):
+            raise ConversionError(f"{what}: constant %{t.name} holds {type(t.data).__name__}, expected numpy")
+        if t.data.dtype != t.dtype or tuple(t.data.shape) != t.shape:
+            raise ConversionError(
+                f"{what}: constant %{t.name} is declared {t.dtype.name}{list(t.shape)} but holds "
+                f"{t.data.dtype.name}{list(t.data.shape)}")
+
+
+def validate(model: ir.Model) -> None:
+    """Raise ConversionError naming the first malformed graph, op, tensor or option."""
+    if not model.graphs:
+        raise ConversionError("the model has no graphs to write")
+    keys = [g.name for g in model.graphs]
+    if len(set(keys)) != len(keys):
+        raise ConversionError(f"signature names must be unique, got {keys}")
+    for graph in model.graphs:
+        available: set[int] = set()
+        for i, t in enumerate(graph.inputs):
+            _check_tensor(t, f"graph '{graph.name}' input {i}")
+            available.add(t.id)
+        for n, names in (("input", graph.input_names), ("output", graph.output_names)):
+            tensors = graph.inputs if n == "input" else graph.outputs
+            if names and len(names) != len(tensors):
+                raise ConversionError(f"graph '{graph.name}' has {len(tensors)} {n}s but "
+                                      f"{len(names)} {n}_names")
+        for index, op in enumerate(graph.ops):
+            where = _where(graph, index, op)
+            if op.opcode not in BUILTIN_CODES:
+                raise ConversionError(f"{where}: '{op.opcode}' is not a TFLite builtin operator")
+            if not op.outputs:
+                raise ConversionError(f"{where}: the op has no outputs")
+            for k, t in enumerate(op.inputs):
+                if t is None:
+                    continue
+                _check_tensor(t, f"{where}, input {k}")
+                if not t.is_const and t.id not in available:
+                    raise ConversionError(
+                        f"{where}: input {k} %{t.name} is not a graph input, a constant or the "
+                        f"output of an earlier op (ops must be in topological order)")
+            for k, t in enumerate(op.outputs):
+                _check_tensor(t, f"{where}, output {k}")
+                if t.is_const:
+                    raise ConversionError(f"{where}: output {k} %{t.name} is a constant")
+                available.add(t.id)
+            _build_options(op, where)  # raises on an unknown field or enum value
+        for i, t in enumerate(graph.outputs):
+            _check_tensor(t, f"graph '{graph.name}' output {i}")
+            if not t.is_const and t.id not in available:
+                raise ConversionError(f"graph '{graph.name}' output {i} %{t.name} is never produced")
+
+
+# ---- options -------------------------------------------------------------------------------
+
+
+def _enum_value(field: str, value: Any, where: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    enum = _FIELD_ENUMS.get(field)
+    if enum is None:
+        raise ConversionError(f"{where}: option '{field}' got the string {value!r} but is not an enum field")
+    try:
+        return getattr(enum, value.upper())
+    except AttributeError:
+        members = [k for k in vars(enum) if not k.startswith("_")]
+        raise ConversionError(f"{where}: option {field}={value!r} is not one of {members}") from None
+
+
+def _build_options(op: ir.Op, where: str) -> tuple[int, Any]:
+    """(BuiltinOptions type, options object or None) for `op`."""
+    table = options_table_name(op.opcode)
+    if table is None:
+        if op.options:
+            raise ConversionError(f"{where}: {op.opcode} takes no options, got {sorted(op.options)}")
+        return schema.BuiltinOptions.NONE, None
+    options = getattr(schema, table + "T")()
+    fields = [k for k in vars(options)]
+    for key, value in op.options.items():
+        if key not in fields:
+            raise ConversionError(f"{where}: {table} has no field '{key}'; fields: {fields}")
+        value = _enum_value(key, value, where)
+        if isinstance(value, (list, tuple, np.ndarray)):
+            value = [_enum_value(key, v, where) for v in value]
+        if isinstance(value, np.generic):
+            value = value.item()
+        setattr(options, key, value)
+    return _BUILTIN_OPTIONS[table], options
+
+
+# ---- model assembly ---------------------------------------------------------------------------
+
+
+def _quantization(q: ir.QuantParams | None) -> schema.QuantizationParametersT | None:
+    if q is None:
+        return None
+    out = schema.QuantizationParametersT()
+    out.scale = [float(s) for s in np.atleast_1d(q.scale)]
+    out.zeroPoint = [int(z) for z in np.atleast_1d(q.zero_point)]
+    out.quantizedDimension = int(q.axis)
+    return out
+
+
+class _ModelBuilder:
+    def __init__(self, model: ir.Model):
+        self.model = model
+        self.buffers = _BufferTable()
+        self.opcode_index: dict[tuple[int, int], int] = {}
+        self.operator_codes: list[schema.OperatorCodeT] = []
+        self.used_versions: list[tuple[str, int]] = []
+
+    def opcode(self, op: ir.Op) -> int:
+        code = BUILTIN_CODES[op.opcode]
+        version = op_version(op)
+        key = (code, version)
+        if key not in self.opcode_index:
+            oc = schema.OperatorCodeT()
+            oc.builtinCode = code
+            oc.deprecatedBuiltinCode = min(code, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES)
+            oc.version = version
+            self.opcode_index[key] = len(self.operator_codes)
+            self.operator_codes.append(oc)
+            self.used_versions.append((op.opcode, version))
+        return self.opcode_index[key]
+
+    def subgraph(self, graph: ir.Graph, graph_index: int) -> tuple[schema.SubGraphT, schema.SignatureDefT]:
+        tensors: list[schema.TensorT] = []
+        index: dict[int, int] = {}
+
+        def tensor_index(t: ir.Tensor) -> int:
+            if t.id not in index:
+                tt = schema.TensorT()
+                tt.name = t.name
+                tt.shape = np.asarray(t.shape, dtype=np.int32)
+                if t.shape_signature is not None:
+                    tt.shapeSignature = np.asarray(t.shape_signature, dtype=np.int32)
+                tt.type = TENSOR_TYPES[t.dtype]
+                tt.buffer = self.buffers.add_constant(t.data) if t.is_const else self.buffers.add_empty()
+                tt.quantization = _quantization(t.quant)
+                tt.isVariable = t.is_variable
+                index[t.id] = len(tensors)
+                tensors.append(tt)
+            return index[t.id]
+
+        sg = schema.SubGraphT()
+        sg.name = graph.name
+        sg.inputs = np.asarray([tensor_index(t) for t in graph.inputs], dtype=np.int32)
+        sg.operators = []
+        for i, op in enumerate(graph.ops):
+            o = schema.OperatorT()
+            o.opcodeIndex = self.opcode(op)
+            o.inputs = np.asarray([-1 if t is None else tensor_index(t) for t in op.inputs], dtype=np.int32)
+            o.outputs = np.asarray([tensor_index(t) for t in op.outputs], dtype=np.int32)
+            o.builtinOptionsType, o.builtinOptions = _build_options(op, _where(graph, i, op))
+            sg.operators.append(o)
+        sg.outputs = np.asarray([tensor_index(t) for t in graph.outputs], dtype=np.int32)
+        sg.tensors = tensors
+
+        sig = schema.SignatureDefT()
+        sig.signatureKey = graph.name
+        sig.subgraphIndex = graph_index
+        sig.inputs = self._tensor_maps(graph.input_names, graph.inputs, index)
+        sig.outputs = self._tensor_maps(graph.output_names, graph.outputs, index)
+        return sg, sig
+
+    @staticmethod
+    def _tensor_maps(names: list[str], tensors: list[ir.Tensor], index: dict[int, int]):
+        names = names or [t.name for t in tensors]
+        maps = []
+        for name, t in zip(names, tensors):
+            m = schema.TensorMapT()
+            m.name = name
+            m.tensorIndex = index[t.id]
+            maps.append(m)
+        return maps
+
+    def build(self) -> schema.ModelT:
+        m = schema.ModelT()
+        m.version = SCHEMA_VERSION
+        m.description = self.model.description
+        m.subgraphs, m.signatureDefs = [], []
+        for i, graph in enumerate(self.model.graphs):
+            sg, sig = self.subgraph(graph, i)
+            m.subgraphs.append(sg)
+            m.signatureDefs.append(sig)
+        m.operatorCodes = self.operator_codes
+        metadata = dict(self.model.metadata)
+        runtime = min_runtime_version(self.used_versions)
+        if runtime and "min_runtime_version" not in metadata:
+            metadata["min_runtime_version"] = runtime.encode().ljust(16, b"\0")
+        m.metadata = []
+        for name, payload in metadata.items():
+            md = schema.MetadataT()
+            md.name = name
+            md.buffer = self.buffers.add_bytes(bytes(payload))
+            m.metadata.append(md)
+        m.buffers = self.buffers.buffers
+        return m
+
+
+def _finish(model_t: schema.ModelT, size_hint: int) -> bytes:
+    builder = flatbuffers.Builder(max(1024, size_hint))
+    builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
+    return bytes(memoryview(builder.Bytes)[builder.Head():])  # one copy (Output() would make two)
+
+
+def write_flatbuffer(model: ir.Model, *, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> bytes:
+    """Serialize `model` to .tflite bytes.
+
+    When the buffers hold more than `external_data_threshold` bytes, their data is
+    stored after the flatbuffer (`Buffer.offset/size`) instead of inside it; the default
+    threshold keeps the flatbuffer under its 2 GiB limit. (Tests lower it to exercise
+    the large-model layout cheaply.)
+    """
+    validate(model)
+    mb = _ModelBuilder(model)
+    model_t = mb.build()
+    payload_bytes = mb.buffers.total_bytes
+    if payload_bytes <= external_data_threshold:
+        return _finish(model_t, payload_bytes + 16 * len(mb.buffers.buffers) + 65536)
+    return _write_with_external_data(model_t, mb.buffers)
+
+
+def _write_with_external_data(model_t: schema.ModelT, table: _BufferTable) -> bytes:
+    """Flatbuffer first, then each buffer's bytes at a 16-byte aligned offset.
+
+    Offsets depend on the flatbuffer's length, which depends on the offsets' encoding;
+    every offset/size is non-zero both times, so the fields are present in both packs
+    and the second pack (with the real offsets) has the length of the first.
+    """
+    live = [(b, p) for b, p in zip(table.buffers, table.payloads) if p is not None and len(p)]
+    for b, p in live:
+        b.payload = None
+        b.offset, b.size = 1, len(p)
+    first = _finish(model_t, 65536)
+    cursor = _align(len(first))
+    for b, p in live:
+        b.offset = cursor
+        cursor = _align(cursor + len(p))
+    head = _finish(model_t, 65536)
+    if len(head) != len(first):
+        raise ConversionError("internal: flatbuffer length changed while placing external buffers")
+    pieces, position = [head], len(head)
+    for b, p in live:
+        pieces += [bytes(b.offset - position), p]
+        position = b.offset + b.size
+    pieces.append(bytes(_align(position) - position + DATA_ALIGNMENT))  # XNNPACK may read 16 bytes past
+    return b"".join(pieces)
+
+
+def iter_operator_names(model_bytes: bytes) -> Iterable[str]:
+    """Builtin op names of every operator in a .tflite file (all subgraphs), in order."""
+    names = {v: k for k, v in BUILTIN_CODES.items()}
+    m = schema.Model.GetRootAsModel(model_bytes, 0)
+    for s in range(m.SubgraphsLength()):
+        sg = m.Subgraphs(s)
+        for i in range(sg.OperatorsLength()):
+            oc = m.OperatorCodes(sg.Operators(i).OpcodeIndex())
+            yield names.get(max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode()), "CUSTOM")

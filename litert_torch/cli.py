@@ -1,0 +1,275 @@
+"""The `litert-torch` command line.
+
+    litert-torch convert my_pkg.models:build --args 1,3,224,224 -o model.tflite
+    litert-torch inspect model.tflite
+
+`convert` imports `module:factory`; the factory returns an nn.Module, or a
+(module, sample_args) pair; without sample args from the factory, `--args` gives one
+input shape per flag (random normal tensors of `--dtype`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import os
+import sys
+import time
+
+import numpy as np
+
+EXIT_USAGE, EXIT_FAILED = 2, 1
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--args expects comma-separated integers like 1,3,224,224, got {text!r}")
+    if not shape or any(d <= 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"--args needs positive dimensions, got {text!r}")
+    return shape
+
+
+def _load_factory(spec: str):
+    if ":" not in spec:
+        raise SystemExit(f"error: expected MODULE:FACTORY (e.g. my_pkg.models:build), got {spec!r}")
+    module_name, attr = spec.split(":", 1)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to the user resolve
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise SystemExit(f"error: cannot import {module_name!r}: {e}")
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise SystemExit(f"error: {module_name!r} has no attribute {attr!r}")
+
+
+def _model_and_args(factory, shapes, dtype_name: str):
+    import torch
+
+    made = factory if isinstance(factory, torch.nn.Module) else factory()
+    sample_args = None
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+        made, sample_args = made
+    if not isinstance(made, torch.nn.Module):
+        raise SystemExit(f"error: the factory returned {type(made).__name__}; "
+                         "it must return an nn.Module or (module, sample_args)")
+    if shapes:
+        dtype = getattr(torch, dtype_name)
+        make = (lambda s: torch.randn(s, dtype=dtype)) if dtype.is_floating_point else (
+            lambda s: torch.randint(0, 10, s, dtype=dtype))
+        sample_args = tuple(make(s) for s in shapes)
+    if sample_args is None:
+        raise SystemExit("error: no sample inputs: pass --args SHAPE (once per input) or "
+                         "return (module, sample_args) from the factory")
+    if not isinstance(sample_args, tuple):
+        sample_args = (sample_args,)
+    return made, sample_args
+
+
+def cmd_convert(ns) -> int:
+    import litert_torch
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    model, sample_args = _model_and_args(_load_factory(ns.factory), ns.args, ns.dtype)
+    start = time.perf_counter()
+    try:
+        edge = litert_torch.convert(model, sample_args, strict_export=ns.strict_export,
+                                    progress=False if ns.quiet else None)
+    except litert_torch.ConversionError as e:
+        console.print("[red]conversion failed[/red]")
+        console.print(str(e), markup=False, highlight=False, soft_wrap=True)  # messages hold [shapes]
+        return EXIT_FAILED
+    seconds = time.perf_counter() - start
+    edge.export(ns.output)
+    if not ns.quiet:
+        console.print(f"wrote {ns.output} ({len(edge):,} bytes) in {seconds:.2f} s")
+    if ns.check:
+        return _check(model, sample_args, edge, console)
+    return 0
+
+
+def _check(model, sample_args, edge, console) -> int:
+    """Run PyTorch and LiteRT on the sample inputs; print each output's max relative error."""
+    import torch
+
+    from runtimes.litert import max_relative_error
+
+    model.eval()
+    with torch.no_grad():
+        expected, _ = torch.utils._pytree.tree_flatten(model(*sample_args))
+    actual = edge(*sample_args)
+    actual = actual if isinstance(actual, tuple) else (actual,)
+    for i, (a, b) in enumerate(zip(actual, expected)):
+        b = b.detach().to("cpu").float().numpy()
+        console.print(f"output {i} {list(b.shape)}: max relative error {max_relative_error(a, b):.3g}")
+    return 0
+
+
+def _tensor_type_names():
+    from ai_edge_litert import schema_py_generated as schema
+
+    return {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+
+
+def _op_names():
+    from ai_edge_litert import schema_py_generated as schema
+
+    return {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def inspect_model(content: bytes) -> dict:
+    """A summary of a .tflite file: ops, tensors, signatures, buffers (plain data)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    m = schema.Model.GetRootAsModel(content, 0)
+    op_names, type_names = _op_names(), _tensor_type_names()
+    ops: collections.Counter = collections.Counter()
+    tensors = []
+    for s in range(m.SubgraphsLength()):
+        sg = m.Subgraphs(s)
+        for i in range(sg.OperatorsLength()):
+            oc = m.OperatorCodes(sg.Operators(i).OpcodeIndex())
+            code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
+            ops[(op_names.get(code, f"#{code}"), oc.Version())] += 1
+        for i in range(sg.TensorsLength()):
+            t = sg.Tensors(i)
+            sig = t.ShapeSignatureAsNumpy() if t.ShapeSignatureLength() else t.ShapeAsNumpy()
+            shape = [int(d) for d in (sig if not isinstance(sig, int) else [])]
+            tensors.append({"subgraph": s, "name": (t.Name() or b"").decode(), "shape": shape,
+                            "dtype": type_names.get(t.Type(), str(t.Type())).lower(),
+                            "buffer": t.Buffer()})
+    buffer_sizes = []
+    for i in range(m.BuffersLength()):
+        b = m.Buffers(i)
+        buffer_sizes.append(b.DataLength() or (b.Size() if b.Offset() else 0))
+    signatures = []
+    for i in range(m.SignatureDefsLength()):
+        sd = m.SignatureDefs(i)
+        sg = m.Subgraphs(sd.SubgraphIndex())
+        by_index = {k: t for k, t in enumerate(tensors) if t["subgraph"] == sd.SubgraphIndex()}
+        offset = min(by_index) if by_index else 0
+
+        def io(maps, n):
+            out = []
+            for k in range(n):
+                tm = maps(k)
+                t = by_index[offset + tm.TensorIndex()]
+                out.append({"name": tm.Name().decode(), "shape": t["shape"], "dtype": t["dtype"]})
+            return out
+
+        signatures.append({"key": sd.SignatureKey().decode(), "subgraph": sd.SubgraphIndex(),
+                           "inputs": io(sd.Inputs, sd.InputsLength()),
+                           "outputs": io(sd.Outputs, sd.OutputsLength())})
+        del sg
+    metadata = {}
+    for i in range(m.MetadataLength()):
+        md = m.Metadata(i)
+        raw = m.Buffers(md.Buffer()).DataAsNumpy()
+        raw = raw.tobytes() if isinstance(raw, np.ndarray) else b""
+        metadata[md.Name().decode()] = raw.rstrip(b"\0").decode(errors="replace") if len(raw) <= 64 else f"{len(raw)} bytes"
+    return {"ops": ops, "tensors": tensors, "signatures": signatures, "buffer_sizes": buffer_sizes,
+            "metadata": metadata, "total_bytes": len(content), "description": (m.Description() or b"").decode()}
+
+
+def cmd_inspect(ns) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    path = ns.model
+    if not os.path.isfile(path):
+        print(f"error: no such file: {path}", file=sys.stderr)
+        return EXIT_USAGE
+    with open(path, "rb") as f:
+        content = f.read()
+    if content[4:8] != b"TFL3":
+        print(f"error: {path} is not a LiteRT/TFLite model (no TFL3 identifier)", file=sys.stderr)
+        return EXIT_USAGE
+    info = inspect_model(content)
+    console = Console(width=max(100, Console().width))
+
+    sig_table = Table(title="Signatures")
+    for col in ("signature", "kind", "name", "shape", "dtype"):
+        sig_table.add_column(col)
+    for s in info["signatures"]:
+        for kind in ("inputs", "outputs"):
+            for t in s[kind]:
+                dims = ", ".join("?" if d < 0 else str(d) for d in t["shape"])
+                sig_table.add_row(s["key"], kind[:-1], t["name"], f"[{dims}]", t["dtype"])
+    console.print(sig_table)
+
+    op_table = Table(title=f"Operators ({sum(info['ops'].values())})")
+    op_table.add_column("op")
+    op_table.add_column("version", justify="right")
+    op_table.add_column("count", justify="right")
+    for (name, version), count in sorted(info["ops"].items(), key=lambda kv: (-kv[1], kv[0])):
+        op_table.add_row(name, str(version), str(count))
+    console.print(op_table)
+
+    sizes = info["buffer_sizes"]
+    named = {}
+    for t in info["tensors"]:
+        named.setdefault(t["buffer"], t)
+    buf_table = Table(title=f"Largest buffers ({sum(1 for s in sizes if s)} with data)")
+    for col, justify in (("buffer", "right"), ("bytes", "right"), ("tensor", "left"), ("shape", "left"),
+                         ("dtype", "left")):
+        buf_table.add_column(col, justify=justify)
+    for index in sorted(range(len(sizes)), key=lambda i: -sizes[i])[:ns.top]:
+        if not sizes[index]:
+            break
+        t = named.get(index, {})
+        buf_table.add_row(str(index), f"{sizes[index]:,}", t.get("name", "(metadata)"),
+                          str(t.get("shape", "")), t.get("dtype", ""))
+    console.print(buf_table)
+
+    dtypes = collections.Counter(t["dtype"] for t in info["tensors"])
+    console.print(f"tensors: {len(info['tensors'])} ({', '.join(f'{k} {v}' for k, v in dtypes.most_common())})")
+    for key, value in info["metadata"].items():
+        console.print(f"metadata {key}: {value}")
+    console.print(f"constant data: {_human(sum(sizes))}; file: {_human(info['total_bytes'])} "
+                  f"({info['total_bytes']:,} bytes)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="litert-torch", description="Convert PyTorch models to LiteRT.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    conv = sub.add_parser("convert", help="convert MODULE:FACTORY to a .tflite file")
+    conv.add_argument("factory", help="MODULE:FACTORY; the factory returns a module or (module, sample_args)")
+    conv.add_argument("--args", action="append", type=_parse_shape, default=[], metavar="SHAPE",
+                      help="shape of one sample input, e.g. 1,3,224,224 (repeat per input)")
+    conv.add_argument("--dtype", default="float32", help="dtype of the --args inputs (default float32)")
+    conv.add_argument("-o", "--output", required=True, help="the .tflite file to write")
+    conv.add_argument("--strict-export", action="store_true", help="torch.export in strict mode")
+    conv.add_argument("--check", action="store_true", help="run both models and print the max relative error")
+    conv.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    conv.set_defaults(run=cmd_convert)
+
+    insp = sub.add_parser("inspect", help="summarize a .tflite file")
+    insp.add_argument("model", help="the .tflite file")
+    insp.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
+    insp.set_defaults(run=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    return ns.run(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

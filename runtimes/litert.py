@@ -1,0 +1,149 @@
+"""Run .tflite models in the LiteRT interpreter (`ai_edge_litert`), by signature.
+
+A thin layer over `ai_edge_litert.interpreter.Interpreter`: XNNPACK is on by default
+(the interpreter applies it unless told otherwise), `num_threads` is passed through, and
+signatures are run with numpy inputs IN ORDER and return numpy outputs IN ORDER (the
+interpreter's own runner takes and returns dicts keyed by name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    shape_signature: tuple[int, ...] | None = None
+
+    def __str__(self) -> str:
+        shape = self.shape_signature if self.shape_signature is not None else self.shape
+        dims = ", ".join("?" if d < 0 else str(d) for d in shape)
+        return f"{self.name}: {np.dtype(self.dtype).name}[{dims}]"
+
+
+@dataclass(frozen=True)
+class Signature:
+    key: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+
+def _signature_order(model_content: bytes) -> dict[str, dict[str, list[str]]]:
+    """signature key -> {"inputs": [...], "outputs": [...]} in the file's order."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    m = schema.Model.GetRootAsModel(bytes(model_content), 0)
+    order = {}
+    for i in range(m.SignatureDefsLength()):
+        sd = m.SignatureDefs(i)
+        order[sd.SignatureKey().decode()] = {
+            "inputs": [sd.Inputs(k).Name().decode() for k in range(sd.InputsLength())],
+            "outputs": [sd.Outputs(k).Name().decode() for k in range(sd.OutputsLength())],
+        }
+    return order
+
+
+class LiteRTModel:
+    """One .tflite model loaded in the LiteRT interpreter."""
+
+    def __init__(self, model_content: bytes, *, num_threads: int | None = None,
+                 use_xnnpack: bool = True, preserve_all_tensors: bool = False):
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        kwargs = {}
+        if not use_xnnpack:
+            kwargs["experimental_op_resolver_type"] = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        self._interpreter = Interpreter(
+            model_content=bytes(model_content), num_threads=num_threads,
+            experimental_preserve_all_tensors=preserve_all_tensors, **kwargs)
+        self._runners: dict[str, object] = {}
+        self._order = _signature_order(model_content)
+        self.signatures: list[Signature] = [self._signature(key) for key in self._signature_keys()]
+
+    @property
+    def interpreter(self):
+        return self._interpreter
+
+    def _signature_keys(self) -> list[str]:
+        keys = list(self._interpreter.get_signature_list())
+        return [k for k in self._order if k in keys] + [k for k in keys if k not in self._order]
+
+    def _runner(self, key: str):
+        if key not in self._runners:
+            self._runners[key] = self._interpreter.get_signature_runner(key)
+        return self._runners[key]
+
+    def _signature(self, key: str) -> Signature:
+        runner = self._runner(key)
+        # The interpreter lists names sorted; the file keeps the SignatureDef's own order.
+        order = self._order.get(key) or self._interpreter.get_signature_list()[key]
+
+        def specs(details: dict, names: list[str]) -> tuple[TensorSpec, ...]:
+            out = []
+            for name in names:
+                d = details[name]
+                sig = tuple(int(x) for x in d.get("shape_signature", d["shape"]))
+                out.append(TensorSpec(name, tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]),
+                                      sig if -1 in sig else None))
+            return tuple(out)
+
+        inputs = specs(runner.get_input_details(), order["inputs"])
+        outputs = specs(runner.get_output_details(), order["outputs"])
+        return Signature(key, inputs, outputs)
+
+    def signature(self, key: str | None = None) -> Signature:
+        """The signature named `key` (the only one when `key` is None)."""
+        if key is None:
+            if len(self.signatures) != 1:
+                raise ValueError(
+                    f"the model has {len(self.signatures)} signatures "
+                    f"({[s.key for s in self.signatures]}); pass signature_name=")
+            return self.signatures[0]
+        for s in self.signatures:
+            if s.key == key:
+                return s
+        raise KeyError(f"no signature named {key!r}; the model has {[s.key for s in self.signatures]}")
+
+    def run(self, inputs, signature_key: str | None = None) -> list[np.ndarray]:
+        """Run a signature with numpy `inputs` in the signature's input order; returns
+        its outputs, as numpy arrays, in its output order."""
+        sig = self.signature(signature_key)
+        inputs = list(inputs)
+        if len(inputs) != len(sig.inputs):
+            raise ValueError(f"signature '{sig.key}' takes {len(sig.inputs)} input(s) "
+                             f"({', '.join(map(str, sig.inputs))}), got {len(inputs)}")
+        feed = {}
+        for spec, value in zip(sig.inputs, inputs):
+            array = np.asarray(value)
+            if array.dtype != spec.dtype:
+                if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
+                    raise TypeError(f"input '{spec.name}' expects {spec.dtype.name}, got {array.dtype.name}")
+                array = array.astype(spec.dtype)
+            feed[spec.name] = np.ascontiguousarray(array)
+        results = self._runner(sig.key)(**feed)
+        return [np.asarray(results[spec.name]) for spec in sig.outputs]
+
+
+def max_relative_error(actual, expected) -> float:
+    """The project's one error metric: max|actual - expected| / max(max|expected|, 1e-12).
+
+    The worst absolute difference scaled by the reference's largest magnitude (element-wise
+    ratios blow up near zero)."""
+    a = np.asarray(actual, dtype=np.float64)
+    b = np.asarray(expected, dtype=np.float64)
+    if not b.size:
+        return 0.0
+    return float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-12)

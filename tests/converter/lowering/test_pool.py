@@ -1,0 +1,88 @@
+"""Max/average/adaptive pooling and interpolation: LiteRT vs PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tests.converter.lowering.conftest import Fn
+from tests.helpers import assert_converts
+
+torch.manual_seed(0)
+X = torch.randn(1, 3, 9, 10)
+
+
+def opcodes(edge) -> list[str]:
+    return [op.opcode for op in edge.ir_model.graphs[0].ops]
+
+
+POOLS = {
+    "max_2": nn.MaxPool2d(2),
+    "max_3_s2_p1": nn.MaxPool2d(3, 2, 1),
+    "max_3_s1_p1": nn.MaxPool2d(3, 1, 1),
+    "max_ceil": nn.MaxPool2d(3, 2, ceil_mode=True),
+    "max_ceil_padded": nn.MaxPool2d(3, 2, 1, ceil_mode=True),
+    "max_rect": nn.MaxPool2d((2, 3), (1, 2)),
+    "max_1d": Fn(lambda x: F.max_pool1d(x[0], 3, 2, 1)),
+    "avg_2": nn.AvgPool2d(2),
+    "avg_pad_include": nn.AvgPool2d(3, 2, 1),
+    "avg_pad_exclude": nn.AvgPool2d(3, 2, 1, count_include_pad=False),
+    "avg_pad_exclude_s1": nn.AvgPool2d(3, 1, 1, count_include_pad=False),
+    "avg_ceil": nn.AvgPool2d(3, 2, ceil_mode=True),
+    "avg_ceil_padded": nn.AvgPool2d(3, 2, 1, ceil_mode=True),
+    "avg_ceil_padded_exclude": nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False),
+    "avg_divisor_override": nn.AvgPool2d(2, divisor_override=3),
+    "avg_1d": Fn(lambda x: F.avg_pool1d(x[0], 3, 2, 1)),
+    "adaptive_avg_1x1": nn.AdaptiveAvgPool2d(1),
+    "adaptive_avg_divisible": nn.AdaptiveAvgPool2d((3, 5)),
+    "adaptive_avg_uneven": nn.AdaptiveAvgPool2d((4, 3)),
+    "adaptive_avg_none": nn.AdaptiveAvgPool2d((None, 2)),
+    "adaptive_max_1x1": nn.AdaptiveMaxPool2d(1),
+    "adaptive_max_divisible": nn.AdaptiveMaxPool2d((3, 5)),
+}
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pool(name):
+    assert_converts(POOLS[name], (X,))
+
+
+def test_adaptive_avg_to_1x1_is_one_mean():
+    edge = assert_converts(nn.AdaptiveAvgPool2d(1), (X,))
+    assert opcodes(edge) == ["MEAN"]
+
+
+def test_maxpool_padding_is_same_when_the_windows_agree():
+    # odd input: PyTorch's pad of 1 on each side reads exactly TFLite's SAME windows
+    edge = assert_converts(nn.MaxPool2d(3, 2, 1), (torch.randn(1, 3, 15, 15),))
+    assert "PADV2" not in opcodes(edge) and "MAX_POOL_2D" in opcodes(edge)
+    # even input: SAME would pad only at the end, so an explicit -inf pad is needed
+    edge = assert_converts(nn.MaxPool2d(3, 2, 1), (torch.randn(1, 3, 16, 16),))
+    assert "PADV2" in opcodes(edge)
+
+
+INTERPOLATIONS = {
+    "nearest_x2": lambda x: F.interpolate(x, scale_factor=2),
+    "nearest_size": lambda x: F.interpolate(x, size=(5, 7)),
+    "nearest_upsize_odd": lambda x: F.interpolate(x, size=(14, 23)),
+    "nearest_fractional_scale": lambda x: F.interpolate(x, scale_factor=1.7),
+    "nearest_exact": lambda x: F.interpolate(x, size=(13, 7), mode="nearest-exact"),
+    "bilinear_x2": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+    "bilinear_size": lambda x: F.interpolate(x, size=(5, 13), mode="bilinear"),
+    "bilinear_align_corners": lambda x: F.interpolate(x, size=(17, 6), mode="bilinear", align_corners=True),
+    "bilinear_fractional_scale": lambda x: F.interpolate(x, scale_factor=1.7, mode="bilinear"),
+    "upsample_module": nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True),
+}
+
+
+@pytest.mark.parametrize("name", list(INTERPOLATIONS))
+def test_interpolate(name):
+    fn = INTERPOLATIONS[name]
+    assert_converts(fn if isinstance(fn, nn.Module) else Fn(fn), (X,))
+
+
+def test_bilinear_x2_is_one_resize():
+    edge = assert_converts(Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")), (X,))
+    assert opcodes(edge).count("RESIZE_BILINEAR") == 1

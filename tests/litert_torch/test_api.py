@@ -1,0 +1,169 @@
+"""The public API: convert / EdgeModel / load, used the way a user would."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import litert_torch
+from litert_torch import EdgeModel
+from tests.converter.fallback_lowerings import basic_lowerings
+
+
+@pytest.fixture(autouse=True)
+def _lowerings():
+    with basic_lowerings():
+        yield
+
+
+class AddRelu(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x + y)
+
+
+class Affine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+@pytest.fixture(scope="module")
+def affine():
+    torch.manual_seed(0)
+    with basic_lowerings():
+        m = Affine()
+        return m, litert_torch.convert(m, (torch.randn(2, 4),))
+
+
+# ---- convert() arguments ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad, named", [
+    ([torch.randn(2, 4)], "got a list"),
+    ({"x": torch.randn(2, 4)}, "got a dict"),
+    (None, "got None"),
+    (3.0, "got a float"),
+])
+def test_sample_args_must_be_a_tuple(bad, named):
+    with pytest.raises(TypeError, match=named) as info:
+        litert_torch.convert(Affine(), bad)
+    assert "tuple" in str(info.value)
+
+
+def test_numpy_sample_args_are_rejected_with_a_hint():
+    with pytest.raises(TypeError, match="torch.from_numpy"):
+        litert_torch.convert(Affine(), np.zeros((2, 4), np.float32))
+
+
+def test_a_lone_tensor_is_wrapped(affine):
+    m, _ = affine
+    x = torch.randn(2, 4)
+    edge = litert_torch.convert(m, x)
+    np.testing.assert_allclose(edge(x), m(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_not_a_module():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        litert_torch.convert(lambda x: x, (torch.randn(2),))
+
+
+# ---- EdgeModel ----------------------------------------------------------------------------------
+
+
+def test_call_accepts_torch_and_numpy(affine):
+    m, edge = affine
+    x = torch.randn(2, 4)
+    expected = m(x).detach().numpy()
+    np.testing.assert_allclose(edge(x), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(edge(x.numpy()), expected, rtol=1e-5, atol=1e-6)
+    assert isinstance(edge(x), np.ndarray)
+
+
+def test_several_outputs_come_back_as_a_tuple_in_order():
+    class Many(torch.nn.Module):
+        def forward(self, x):
+            return tuple(x * float(k) for k in range(12))  # more than 10: order must not be lexical
+
+    x = torch.randn(3)
+    outs = litert_torch.convert(Many(), (x,))(x)
+    assert isinstance(outs, tuple) and len(outs) == 12
+    for k, out in enumerate(outs):
+        np.testing.assert_allclose(out, (x * k).numpy(), rtol=1e-6)
+
+
+def test_signatures_and_bytes(affine):
+    _, edge = affine
+    (sig,) = edge.signatures
+    assert sig.key == "serving_default"
+    assert [(t.name, t.shape, t.dtype) for t in sig.inputs] == [("x", (2, 4), np.dtype(np.float32))]
+    assert [(t.name, t.shape) for t in sig.outputs] == [("output_0", (2, 3))]
+    assert edge.model_content()[4:8] == b"TFL3"
+    assert "serving_default(x: float32[2, 4])" in repr(edge)
+
+
+def test_wrong_number_of_inputs_is_a_clear_error():
+    edge = litert_torch.convert(AddRelu(), (torch.randn(2), torch.randn(2)))
+    with pytest.raises(ValueError, match=r"takes 2 input\(s\) \(x: float32\[2\], y: float32\[2\]\), got 1"):
+        edge(torch.randn(2))
+
+
+# ---- export / load ---------------------------------------------------------------------------------
+
+
+def test_export_then_load_round_trip(tmp_path, affine):
+    m, edge = affine
+    path = tmp_path / "affine.tflite"
+    assert edge.export(path) == str(path)
+    assert os.listdir(tmp_path) == ["affine.tflite"]  # no temporary file left behind
+    again = litert_torch.load(path)
+    x = torch.randn(2, 4)
+    np.testing.assert_array_equal(again(x), edge(x))
+    assert again.signatures == edge.signatures
+
+
+def test_export_to_a_missing_folder(tmp_path, affine):
+    _, edge = affine
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        edge.export(tmp_path / "nope" / "m.tflite")
+
+
+def test_failed_export_leaves_nothing_and_keeps_the_old_file(tmp_path, affine, monkeypatch):
+    _, edge = affine
+    path = tmp_path / "m.tflite"
+    path.write_bytes(b"old")
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        edge.export(path)
+    assert os.listdir(tmp_path) == ["m.tflite"]
+    assert path.read_bytes() == b"old"
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such .tflite file"):
+        litert_torch.load(tmp_path / "missing.tflite")
+    junk = tmp_path / "junk.tflite"
+    junk.write_bytes(b"PK\x03\x04 this is a zip, not a model")
+    with pytest.raises(ValueError, match="not a LiteRT/TFLite model"):
+        litert_torch.load(junk)
+    with pytest.raises(ValueError, match="TFL3"):
+        EdgeModel(b"\0" * 32)
+
+
+def test_unsupported_model_writes_nothing(tmp_path):
+    class Det(torch.nn.Module):
+        def forward(self, x):
+            return torch.special.bessel_j0(x)
+
+    with pytest.raises(litert_torch.UnsupportedOpsError):
+        litert_torch.convert(Det(), (torch.randn(3),)).export(tmp_path / "det.tflite")
+    assert os.listdir(tmp_path) == []

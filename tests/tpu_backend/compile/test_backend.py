@@ -1,0 +1,162 @@
+"""`torch.compile(backend="tpu")` on CPU tensors: the backend's JAX programs against eager PyTorch.
+
+The backend accepts CPU tensors (copied to JAX and back), so everything about
+capture, AOTAutograd, graph breaks, randomness and shapes is tested without the device;
+`test_device_training.py` runs the same path on "tpu" tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+import tpu_backend.compile as tpu_compile
+
+RELATIVE_TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    tpu_compile.compile_stats().reset()
+    yield
+    torch._dynamo.reset()
+
+
+def programs(kind: str) -> list[str]:
+    """Names of the programs compiled so far whose name ends with `kind`."""
+    return [name for name in tpu_compile.compile_stats().programs if name.endswith(kind)]
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).norm() / want.norm()).item()
+
+
+def small_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def test_backend_is_registered_with_dynamo():
+    assert "tpu" in torch._dynamo.list_backends(exclude_tags=())
+
+
+def test_training_steps_match_eager():
+    eager = small_mlp()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="tpu")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, compiled_model)]
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, target = torch.randn(5, 8, generator=generator), torch.randn(5, 4, generator=generator)
+        losses = []
+        for model, optimizer in zip((eager, compiled), optimizers):
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), target)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        assert abs(losses[1] - losses[0]) <= RELATIVE_TOLERANCE * abs(losses[0])
+    for got, want in zip(compiled_model.parameters(), eager.parameters()):
+        assert relative(got, want) <= RELATIVE_TOLERANCE
+    stats = tpu_compile.compile_stats()
+    assert len(programs("_forward")) == 1 and len(programs("_backward")) == 1
+    assert stats.total().hits == 4  # steps 2 and 3 reuse both programs
+
+
+class ChattyModel(nn.Module):
+    """A forward with two graph breaks: a print and a `.item()` that steers Python control flow."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        print("hidden mean computed")
+        if h.mean().item() > 0:  # data-dependent branch: Dynamo breaks the graph here
+            h = h * 2
+        return self.second(h)
+
+
+def test_graph_breaks_run_the_broken_parts_eagerly(capsys):
+    torch.manual_seed(0)
+    model = ChattyModel()
+    x = torch.randn(4, 6, requires_grad=True)
+    want = model(x)
+    want.sum().backward()
+    want_grad = x.grad.clone()
+    x.grad = None
+
+    got = torch.compile(model, backend="tpu")(x)
+    got.sum().backward()
+
+    assert "hidden mean computed" in capsys.readouterr().out
+    assert relative(got, want) <= RELATIVE_TOLERANCE
+    assert relative(x.grad, want_grad) <= RELATIVE_TOLERANCE
+    assert len(programs("_forward")) >= 2  # the model was split into several graphs
+
+
+def test_dynamic_true_is_refused_with_the_reason():
+    compiled = torch.compile(small_mlp(), backend="tpu", dynamic=True)
+    with pytest.raises(Exception, match=r"static\s+shapes.*dynamic=False"):
+        compiled(torch.randn(3, 8))
+
+
+def test_new_input_shapes_compile_new_programs():
+    model = small_mlp()
+    compiled = torch.compile(model, backend="tpu")
+    with torch.no_grad():
+        for batch in (2, 5, 7):
+            x = torch.randn(batch, 8)
+            assert relative(compiled(x), model(x)) <= RELATIVE_TOLERANCE
+    assert programs("_inference")  # no_grad: one inference graph per capture, no backward
+
+
+def test_dropout_draws_fresh_masks_and_follows_the_seed():
+    model = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.5)).train()
+    compiled = torch.compile(model, backend="tpu")
+    x = torch.ones(8, 32)
+
+    torch.manual_seed(123)
+    first, second = compiled(x), compiled(x)
+    torch.manual_seed(123)
+    again = compiled(x)
+
+    assert not torch.equal(first == 0, second == 0)  # no baked-in mask: calls differ
+    assert torch.equal(first, again)  # the same seed reproduces
+    zero_fraction = (first == 0).float().mean().item()
+    assert 0.35 < zero_fraction < 0.65
+
+
+def test_batch_norm_running_statistics_are_updated():
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    compiled_model = copy.deepcopy(eager)
+    x = torch.randn(2, 3, 8, 8)
+    want = eager(x)
+    got = torch.compile(compiled_model, backend="tpu")(x)
+    assert relative(got, want) <= RELATIVE_TOLERANCE
+    assert relative(compiled_model[1].running_mean, eager[1].running_mean) <= RELATIVE_TOLERANCE
+    assert relative(compiled_model[1].running_var, eager[1].running_var) <= RELATIVE_TOLERANCE
+    assert compiled_model[1].num_batches_tracked.item() == 1
+
+
+@torch.library.custom_op("t4_backend_test::opaque", mutates_args=())
+def opaque(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@opaque.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_missing_lowering_fails_with_the_op_name():
+    compiled = torch.compile(lambda x: opaque(x) * 2, backend="tpu")
+    with pytest.raises(Exception, match=r"t4_backend_test\.opaque\.default"):
+        compiled(torch.ones(3))

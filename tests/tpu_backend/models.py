@@ -1,0 +1,173 @@
+"""Small training models shared by the device's parity tests and `benchmarks/backend_bench.py`.
+
+Three models cover the op mix of ordinary training: an MLP (linear, ReLU), a small CNN
+(convolution, batch norm, max pooling, adaptive average pooling; no dropout so runs are
+deterministic) and a GPT-style transformer (token and position embeddings,
+`nn.MultiheadAttention` with a causal mask, layer norm, GELU, cross-entropy). The same
+`TinyGPT` class at minGPT size (6 layers, 384 wide, 6 heads, context 128, vocabulary 512)
+is the benchmark's larger model.
+
+Each `ModelCase` knows how to build its model, draw a batch from a `torch.Generator` (on
+CPU: callers move it) and compute the loss, so a training loop is the same for all:
+
+    case = MODEL_CASES["transformer"]
+    model = case.build()
+    inputs, target = case.batch(torch.Generator().manual_seed(0))
+    loss = case.loss(model(inputs), target)
+
+Depends on torch only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class MLP(nn.Module):
+    """Three linear layers with ReLU: the smallest model that trains."""
+
+    def __init__(self, in_features: int = 32, hidden: int = 64, classes: int = 10):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(in_features, hidden), nn.ReLU(),
+            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(hidden, classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class SmallCNN(nn.Module):
+    """Two conv-batchnorm-ReLU stages with max pooling, global average pooling, a classifier."""
+
+    def __init__(self, channels: int = 3, width: int = 8, classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(2 * width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab: int = 64
+    context: int = 16
+    width: int = 32
+    heads: int = 4
+    layers: int = 2
+
+
+MINGPT = GPTConfig(vocab=512, context=128, width=384, heads=6, layers=6)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention then a GELU MLP, both residual."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.width)
+        self.attention = nn.MultiheadAttention(config.width, config.heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(config.width)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.width, 4 * config.width), nn.GELU(), nn.Linear(4 * config.width, config.width)
+        )
+
+    def forward(self, x: torch.Tensor, causal_mask: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attention(h, h, h, attn_mask=causal_mask, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style language model; `GPTConfig()` is test size, `MINGPT` the benchmark's."""
+
+    def __init__(self, config: GPTConfig = GPTConfig()):
+        super().__init__()
+        self.config = config
+        self.tokens = nn.Embedding(config.vocab, config.width)
+        self.positions = nn.Embedding(config.context, config.width)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.norm = nn.LayerNorm(config.width)
+        self.head = nn.Linear(config.width, config.vocab)
+        # True above the diagonal = "may not attend" (nn.MultiheadAttention's bool mask).
+        mask = torch.ones(config.context, config.context, dtype=torch.bool).triu(1)
+        self.register_buffer("causal_mask", mask, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        positions = torch.arange(length, device=tokens.device)
+        x = self.tokens(tokens) + self.positions(positions)
+        mask = self.causal_mask[:length, :length]
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm(x))
+
+
+def sequence_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy over every position."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """A model, its batches and its loss. `batch` draws on CPU from the given generator."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _class_batch(shape: tuple[int, ...], classes: int = 10):
+    def draw(generator: torch.Generator):
+        inputs = torch.randn(shape, generator=generator)
+        target = torch.randint(0, classes, (shape[0],), generator=generator)
+        return inputs, target
+
+    return draw
+
+
+def _token_batch(config: GPTConfig, batch_size: int):
+    def draw(generator: torch.Generator):
+        tokens = torch.randint(0, config.vocab, (batch_size, config.context + 1), generator=generator)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    return draw
+
+
+MODEL_CASES: dict[str, ModelCase] = {
+    "mlp": ModelCase("mlp", MLP, _class_batch((16, 32)), F.cross_entropy),
+    "cnn": ModelCase("cnn", SmallCNN, _class_batch((8, 3, 16, 16)), F.cross_entropy),
+    "transformer": ModelCase("transformer", TinyGPT, _token_batch(GPTConfig(), 4), sequence_loss),
+    "mingpt": ModelCase("mingpt", lambda: TinyGPT(MINGPT), _token_batch(MINGPT, 8), sequence_loss),
+}
+
+
+def make_optimizer(name: str, parameters) -> torch.optim.Optimizer:
+    """"sgd" (momentum 0.9) or "adamw", with learning rates that move these models visibly
+    in 20 steps. PyTorch's default implementation choice (foreach or not) is kept."""
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.01)
+    raise ValueError(f"unknown optimizer {name!r}: use 'sgd' or 'adamw'")
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, case: ModelCase, inputs, target) -> torch.Tensor:
+    """One forward, backward and optimizer step; returns the loss (not synchronised)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = case.loss(model(inputs), target)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()

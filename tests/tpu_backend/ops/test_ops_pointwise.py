@@ -1,0 +1,160 @@
+"""Pointwise lowerings agree with PyTorch's CPU kernels in values, shapes and dtypes."""
+
+import pytest
+import torch
+from ops_parity import check
+
+aten = torch.ops.aten
+torch.manual_seed(0)
+
+X = torch.randn(3, 4)
+POS = torch.rand(3, 4) + 0.1  # strictly positive
+UNIT = torch.rand(3, 4) * 1.8 - 0.9  # inside (-1, 1)
+INTS = torch.randint(-5, 6, (3, 4))
+INTS_NZ = torch.tensor([[3, -7, 5, 9], [-2, 4, -6, 1], [8, -3, 2, -9]])
+BOOLS = torch.rand(3, 4) > 0.5
+SPECIAL = torch.tensor([0.0, -0.0, 1.5, -2.5, 0.5, float("inf"), float("-inf"), float("nan")])
+
+UNARY_FLOAT = [
+    (aten.exp.default, X), (aten.exp2.default, X), (aten.expm1.default, X), (aten.log.default, POS),
+    (aten.log1p.default, POS), (aten.log2.default, POS), (aten.log10.default, POS), (aten.sqrt.default, POS),
+    (aten.rsqrt.default, POS), (aten.reciprocal.default, POS), (aten.sin.default, X), (aten.cos.default, X),
+    (aten.tan.default, UNIT), (aten.asin.default, UNIT), (aten.acos.default, UNIT), (aten.atan.default, X),
+    (aten.sinh.default, X), (aten.cosh.default, X), (aten.tanh.default, X), (aten.asinh.default, X),
+    (aten.acosh.default, POS + 1), (aten.atanh.default, UNIT), (aten.erf.default, X), (aten.erfc.default, X),
+    (aten.erfinv.default, UNIT), (aten.sigmoid.default, X), (aten.lgamma.default, POS * 3),
+    (aten.digamma.default, POS * 3), (aten.i0.default, X), (aten.sinc.default, X), (aten.deg2rad.default, X),
+    (aten.rad2deg.default, X), (aten.special_ndtri.default, POS / 1.2), (aten.special_i0e.default, X),
+    (aten.special_i1.default, X), (aten.special_i1e.default, X), (aten.special_erfcx.default, X),
+]
+
+
+@pytest.mark.parametrize("op,x", UNARY_FLOAT, ids=lambda v: str(v) if not isinstance(v, torch.Tensor) else "")
+def test_unary_float_ops(op, x):
+    check(op, x, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("op", [aten.exp.default, aten.sqrt.default, aten.sin.default, aten.sigmoid.default, aten.reciprocal.default])
+def test_unary_float_ops_turn_integers_into_float32(op):
+    check(op, INTS.abs() + 1)
+    check(op, BOOLS)
+
+
+DTYPE_KEEPING = [
+    aten.abs.default, aten.neg.default, aten.sign.default, aten.sgn.default, aten.floor.default, aten.ceil.default,
+    aten.trunc.default, aten.round.default, aten.frac.default, aten.square.default, aten.isnan.default,
+    aten.isinf.default, aten.isfinite.default, aten.isposinf.default, aten.isneginf.default, aten.signbit.default,
+    aten.nan_to_num.default, aten.positive.default, aten.angle.default,
+]
+
+
+@pytest.mark.parametrize("op", DTYPE_KEEPING, ids=str)
+@pytest.mark.parametrize("x", [SPECIAL, INTS, X], ids=["special", "int64", "float"])
+def test_dtype_keeping_unary_ops(op, x):
+    if op is aten.frac.default and not x.is_floating_point():
+        pytest.skip("frac is float-only in ATen")
+    check(op, x)
+
+
+def test_round_decimals_and_bool_ops():
+    check(aten.round.decimals, X * 100, decimals=2)
+    check(aten.round.decimals, X * 1000, decimals=-2)
+    check(aten.square.default, BOOLS)
+    check(aten.bitwise_not.default, INTS)
+    check(aten.bitwise_not.default, BOOLS)
+    check(aten.logical_not.default, X)
+    check(aten.nan_to_num.default, SPECIAL, 1.0, 2.0, -2.0)
+    check(aten.logit.default, POS / 1.2)
+    check(aten.logit.default, POS / 1.2, 0.2)
+    check(aten.polygamma.default, 1, POS * 2, rtol=1e-4)
+    check(aten.mvlgamma.default, POS + 2, 3, rtol=1e-4)
+
+
+Y = torch.randn(3, 4)
+BINARY = [
+    (aten.add.Tensor, (X, Y), {}), (aten.add.Tensor, (X, Y), {"alpha": 2.5}), (aten.add.Tensor, (INTS, 2.5), {}),
+    (aten.add.Scalar, (INTS, 3), {}), (aten.add.Tensor, (BOOLS, BOOLS), {}), (aten.add.Tensor, (INTS.int(), torch.tensor(2.0)), {}),
+    (aten.sub.Tensor, (X, Y), {"alpha": 2}), (aten.sub.Scalar, (INTS, 1.5), {}), (aten.rsub.Scalar, (X, 2.0), {}),
+    (aten.rsub.Tensor, (X, Y), {"alpha": 3}), (aten.mul.Tensor, (X, Y), {}), (aten.mul.Tensor, (BOOLS, INTS), {}),
+    (aten.mul.Tensor, (BOOLS, BOOLS), {}), (aten.mul.Scalar, (INTS, 0.5), {}), (aten.div.Tensor, (INTS, INTS_NZ), {}),
+    (aten.div.Tensor, (X, Y), {}), (aten.div.Scalar, (INTS, 2), {}),
+    (aten.div.Tensor_mode, (INTS, INTS_NZ), {"rounding_mode": "trunc"}), (aten.div.Tensor_mode, (INTS, INTS_NZ), {"rounding_mode": "floor"}),
+    (aten.div.Tensor_mode, (X * 5, Y), {"rounding_mode": "trunc"}), (aten.div.Tensor_mode, (X * 5, Y), {"rounding_mode": "floor"}),
+    (aten.div.Scalar_mode, (X * 5, -1.5), {"rounding_mode": "floor"}), (aten.div.Tensor_mode, (X, Y), {"rounding_mode": None}),
+    (aten.floor_divide.default, (INTS, INTS_NZ), {}), (aten.floor_divide.Scalar, (X * 5, 0.7), {}),
+    (aten.remainder.Tensor, (X * 5, Y), {}), (aten.remainder.Tensor, (INTS, INTS_NZ), {}), (aten.remainder.Scalar, (INTS, 3), {}),
+    (aten.remainder.Scalar_Tensor, (7, INTS_NZ), {}), (aten.fmod.Tensor, (X * 5, Y), {}), (aten.fmod.Scalar, (INTS, 3), {}),
+    (aten.pow.Tensor_Tensor, (POS, Y), {}), (aten.pow.Tensor_Scalar, (X, 2), {}), (aten.pow.Tensor_Scalar, (X, 3.0), {}),
+    (aten.pow.Tensor_Scalar, (POS, 0.5), {}), (aten.pow.Tensor_Scalar, (POS, -1.7), {}), (aten.pow.Tensor_Scalar, (INTS, 3), {}),
+    (aten.pow.Tensor_Scalar, (INTS, 0.5), {}), (aten.pow.Scalar, (2.0, X), {}), (aten.pow.Scalar, (2, INTS.abs()), {}),
+    (aten.pow.Tensor_Tensor, (INTS, INTS.abs()), {}),
+    (aten.atan2.default, (X, Y), {}), (aten.hypot.default, (X, Y), {}), (aten.copysign.Tensor, (X, Y), {}),
+    (aten.copysign.Scalar, (INTS, -1.0), {}), (aten.maximum.default, (X, Y), {}), (aten.minimum.default, (INTS, X), {}),
+    (aten.fmax.default, (SPECIAL, SPECIAL.flip(0)), {}), (aten.fmin.default, (SPECIAL, SPECIAL.flip(0)), {}),
+    (aten.maximum.default, (SPECIAL, SPECIAL.flip(0)), {}),
+    (aten.xlogy.Tensor, (torch.tensor([0.0, 1, 2, 0]), torch.tensor([0.0, 2, float("nan"), 3])), {}),
+    (aten.xlogy.Scalar_Self, (2.0, POS), {}), (aten.xlogy.Scalar_Other, (X, 3.0), {}),
+    (aten.special_xlog1py.default, (X, POS), {}), (aten.logaddexp.default, (X, Y), {}), (aten.logaddexp2.default, (X, Y), {}),
+    (aten.heaviside.default, (torch.tensor([-1.0, 0, 2]), torch.tensor([0.5, 0.5, 0.5])), {}),
+    (aten.nextafter.default, (X, Y), {}), (aten.ldexp.Tensor, (X, INTS), {}), (aten.gcd.default, (INTS, INTS_NZ), {}),
+    (aten.lcm.default, (INTS, INTS_NZ), {}),
+]
+
+
+@pytest.mark.parametrize("op,args,kwargs", BINARY, ids=[f"{i}-{op}" for i, (op, _, _) in enumerate(BINARY)])
+def test_binary_ops(op, args, kwargs):
+    check(op, *args, **kwargs, rtol=1e-5, atol=1e-5)
+
+
+COMPARE = [aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge]
+
+
+@pytest.mark.parametrize("packet", COMPARE, ids=str)
+def test_comparisons(packet):
+    check(packet.Tensor, X, Y)
+    check(packet.Tensor, INTS, X)
+    check(packet.Scalar, INTS, 0.5)
+    check(packet.Tensor, X, torch.tensor(0.0))
+
+
+def test_logic_and_bit_ops():
+    for op in (aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default):
+        check(op, X, BOOLS)
+    for packet in (aten.bitwise_and, aten.bitwise_or, aten.bitwise_xor):
+        check(packet.Tensor, INTS, INTS_NZ)
+        check(packet.Tensor, BOOLS, BOOLS)
+        check(packet.Scalar, INTS, 6)
+    check(aten.bitwise_left_shift.Tensor, INTS, INTS.abs() % 4)
+    check(aten.bitwise_right_shift.Tensor, INTS_NZ, INTS.abs() % 3)
+    check(aten.bitwise_right_shift.Tensor_Scalar, INTS_NZ, 1)
+    check(aten.__lshift__.Scalar, INTS, 2)
+
+
+def test_clamp_where_lerp_and_friends():
+    check(aten.clamp.default, X, -0.5, 0.5)
+    check(aten.clamp.default, X, None, 0.5)
+    check(aten.clamp.default, INTS, -2.5, None)
+    check(aten.clamp.default, X, 1.0, -1.0)  # min > max: everything becomes max
+    check(aten.clamp.Tensor, X, Y, None)
+    check(aten.clamp.Tensor, X, -Y.abs(), Y.abs())
+    check(aten.clamp.default, SPECIAL, -1, 1)
+    check(aten.clamp_min.default, INTS, 0)
+    check(aten.clamp_max.Tensor, X, Y)
+    check(aten.where.self, BOOLS, X, INTS)
+    check(aten.where.self, BOOLS, INTS, torch.tensor(1.5))
+    check(aten.masked_fill.Scalar, X, BOOLS, -1e9)
+    check(aten.masked_fill.Tensor, INTS, BOOLS, torch.tensor(7))
+    check(aten.threshold.default, X, 0.1, 20.0)
+    check(aten.lerp.Scalar, X, Y, 0.3)
+    check(aten.lerp.Scalar, X, Y, 1.0)
+    check(aten.lerp.Tensor, X, Y, POS)
+    check(aten.addcmul.default, X, Y, POS, value=0.5)
+    check(aten.addcdiv.default, X, Y, POS, value=-2)
+    check(aten.addcmul.default, INTS, INTS, INTS_NZ, value=2)
+
+
+def test_half_precision_keeps_its_dtype():
+    check(aten.add.Tensor, X.bfloat16(), Y.bfloat16(), atol=1e-2, rtol=1e-2)
+    check(aten.mul.Tensor, X.half(), 2.0, atol=1e-3, rtol=1e-3)
+    check(aten.exp.default, X.bfloat16(), atol=1e-2, rtol=1e-2)
+    check(aten.add.Tensor, X.bfloat16(), torch.tensor(1.5, dtype=torch.float64), atol=1e-2, rtol=1e-2)

@@ -1,0 +1,83 @@
+"""OpInfo parity: PyTorch's own op samples give the same results on "tpu" as on CPU.
+
+Default run: `FAST_OPS` (a representative subset, a few samples each) in float32 with
+gradients, and a few ops in bfloat16, int64 and bool. `-m slow`: every OpInfo entry in
+float32 with gradients, and a sampled forward pass in bfloat16, int64 and bool.
+The comparison rules, the skip list (every entry has a reason) and the known failures
+live in `opinfo_harness.py`; `python -m tests.tpu_backend.opinfo_report` prints the table.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from tests.tpu_backend import opinfo_harness as harness
+
+if harness.DEVICE != "cpu":
+    import tpu_backend  # noqa: F401 - registers the device
+
+ALL_OP_IDS = sorted(harness.ops_by_id())
+FAST_SAMPLES = 3
+# Ops checked in the other dtypes by default: cheap, and each dtype's promotion rules differ.
+FAST_OTHER_DTYPE_OPS = ("add", "mul", "sum", "where", "eq", "cat", "mm", "amax", "__getitem__", "clamp")
+OTHER_DTYPES = (torch.bfloat16, torch.int64, torch.bool)
+
+
+def run_and_assert(op_name: str, dtype: torch.dtype, max_samples: int | None, check_grad: bool, known_failures=None):
+    op = harness.ops_by_id()[op_name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # OpInfo samples call deprecated ops on purpose
+        result = harness.check_op(op, dtype, max_samples=max_samples, check_grad=check_grad)
+    if result.status in ("skip", "n/a"):
+        pytest.skip(result.detail)
+    if known_failures and op_name in known_failures:
+        if result.ok:
+            return  # fixed since the list was written: fine, drop it from KNOWN_FAILURES
+        pytest.xfail(known_failures[op_name])
+    assert result.ok, f"{op_name} ({dtype}): {result.status}: {result.detail} {result.where}"
+    assert result.samples > 0, f"{op_name} ({dtype}): OpInfo gave no samples"
+
+
+@pytest.mark.parametrize("op_name", harness.FAST_OPS)
+def test_fast_ops_float32_forward_and_grad(op_name):
+    run_and_assert(op_name, torch.float32, FAST_SAMPLES, check_grad=True)
+
+
+@pytest.mark.parametrize("dtype", OTHER_DTYPES, ids=str)
+@pytest.mark.parametrize("op_name", FAST_OTHER_DTYPE_OPS)
+def test_fast_ops_other_dtypes_forward(op_name, dtype):
+    run_and_assert(op_name, dtype, 2, check_grad=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op_name", ALL_OP_IDS)
+def test_all_ops_float32_forward_and_grad(op_name):
+    run_and_assert(op_name, torch.float32, None, check_grad=True, known_failures=harness.KNOWN_FAILURES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", OTHER_DTYPES, ids=str)
+@pytest.mark.parametrize("op_name", ALL_OP_IDS)
+def test_all_ops_other_dtypes_forward(op_name, dtype):
+    known = harness.KNOWN_FAILURES_BY_DTYPE.get(dtype, {})
+    run_and_assert(op_name, dtype, 2, check_grad=False, known_failures=known)
+
+
+def test_every_listed_op_exists_and_has_a_reason():
+    """The skip, shape-only, known-failure and fast lists name real OpInfo entries."""
+    lists = {
+        "SKIPS": harness.SKIPS,
+        "SHAPE_ONLY": harness.SHAPE_ONLY,
+        "KNOWN_FAILURES": harness.KNOWN_FAILURES,
+        **{f"KNOWN_FAILURES_BY_DTYPE[{d}]": v for d, v in harness.KNOWN_FAILURES_BY_DTYPE.items()},
+    }
+    ops = harness.ops_by_id()
+    for list_name, entries in lists.items():
+        for name, reason in entries.items():
+            assert name in ops.keys(), f"{list_name} names {name!r}, which is not an OpInfo entry"
+            assert reason.strip(), f"{list_name}[{name!r}] has no reason"
+    missing = [name for name in harness.FAST_OPS + FAST_OTHER_DTYPE_OPS if name not in ops]
+    assert not missing, f"not OpInfo entries: {missing}"

@@ -1,0 +1,107 @@
+"""Training on the "tpu" device follows PyTorch CPU step by step.
+
+An MLP, a small CNN and a small transformer (`tests/tpu_backend/models.py`) are built once on
+CPU from a fixed seed; one deep copy moves to the device. Both train 20 steps on the same
+batches with SGD (momentum) and with AdamW; the losses must agree to 1e-4 relative at
+EVERY step (a wrong gradient or optimizer update shows up within a step or two, long
+before it would show in a final loss).
+
+`mode` is how the device executes: "strict" and "debug" eager; "compile" wraps the device
+model in `torch.compile(backend="tpu")` (`tpu_backend.compile`; skipped if it fails to import).
+`PARITY_DEVICE=cpu` runs the test CPU against CPU (a check of the test itself).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step
+
+DEVICE = os.environ.get("PARITY_DEVICE", "tpu")
+STEPS = 20
+DISTINCT_BATCHES = 4
+# CPU against CPU checks "compile" cases with AOTAutograd's eager backend.
+COMPILE_BACKEND = "aot_eager" if DEVICE == "cpu" else "tpu"
+RELATIVE_TOLERANCE = 1e-4
+
+if DEVICE != "cpu":
+    import tpu_backend
+
+
+@pytest.fixture
+def execution_mode(request):
+    """Set the device's eager mode for one test and restore the previous one after it."""
+    mode = request.param
+    if DEVICE == "cpu":
+        yield mode
+        return
+    if mode == "compile":
+        import torch._dynamo
+
+        try:
+            import tpu_backend.compile  # noqa: F401 - registers the "tpu" Dynamo backend
+        except ImportError as error:
+            pytest.skip(f'torch.compile(backend="tpu") is not available: {error}')
+        torch._dynamo.reset()  # graphs compiled for another test's model must not be reused
+        yield mode
+        return
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode(mode)
+    yield mode
+    tpu_backend.set_eager_mode(previous)
+
+
+def train_losses(model, case, optimizer_name: str, batches, device: str) -> list[float]:
+    optimizer = make_optimizer(optimizer_name, model.parameters())
+    losses = []
+    for inputs, target in batches:
+        loss = train_step(model, optimizer, case, inputs.to(device), target.to(device))
+        losses.append(loss.item())
+    return losses
+
+
+def assert_losses_match(device_losses: list[float], cpu_losses: list[float]) -> None:
+    for step, (got, want) in enumerate(zip(device_losses, cpu_losses)):
+        relative = abs(got - want) / max(abs(want), 1e-12)
+        assert relative <= RELATIVE_TOLERANCE, (
+            f"step {step}: loss {got:.8g} on {DEVICE} vs {want:.8g} on cpu (relative {relative:.2e} > "
+            f"{RELATIVE_TOLERANCE:.0e})\n{DEVICE}: {device_losses}\ncpu:  {cpu_losses}"
+        )
+
+
+CASES = [
+    pytest.param(model, optimizer, mode, id=f"{model}-{optimizer}-{mode}")
+    for model in ("mlp", "cnn", "transformer")
+    for optimizer in ("sgd", "adamw")
+    for mode in ("strict",)
+] + [
+    # debug mode checks every op's result; one small model is enough to show it trains alike
+    pytest.param("mlp", "adamw", "debug", id="mlp-adamw-debug"),
+    pytest.param("mlp", "adamw", "compile", id="mlp-adamw-compile"),
+    pytest.param("transformer", "adamw", "compile", id="transformer-adamw-compile"),
+]
+
+
+@pytest.mark.parametrize("model_name, optimizer_name, execution_mode", CASES, indirect=["execution_mode"])
+def test_losses_match_cpu_every_step(model_name, optimizer_name, execution_mode):
+    case = MODEL_CASES[model_name]
+    torch.manual_seed(0)
+    cpu_model = case.build()
+    device_model = copy.deepcopy(cpu_model).to(DEVICE)
+    generator = torch.Generator().manual_seed(1)
+    # Random labels are learnable only by memorising: cycle a few batches so loss falls.
+    distinct = [case.batch(generator) for _ in range(DISTINCT_BATCHES)]
+    batches = [distinct[step % DISTINCT_BATCHES] for step in range(STEPS)]
+
+    cpu_losses = train_losses(cpu_model, case, optimizer_name, batches, "cpu")
+    run_model = torch.compile(device_model, backend=COMPILE_BACKEND) if execution_mode == "compile" else device_model
+    device_losses = train_losses(run_model, case, optimizer_name, batches, DEVICE)
+
+    same_batch_later = STEPS - DISTINCT_BATCHES
+    assert cpu_losses[same_batch_later] < cpu_losses[0], f"the reference run did not train: {cpu_losses}"
+    assert all(p.device.type == torch.device(DEVICE).type for p in device_model.parameters())
+    assert_losses_match(device_losses, cpu_losses)

@@ -1,0 +1,18 @@
+"""The converter's model zoo: CNN, MLP, segmentation, audio and image-to-image architectures
+defined in code (random seeded weights, nothing downloaded).
+
+    from tests.zoo import ZOO, build, entries
+    model, args = build("resnet18")          # eval mode, seeded weights and inputs
+    for entry in entries(fast=True): ...     # the default-suite subset
+
+Each entry (`ZooEntry`) has a name, a factory, sample input shapes, a family and a `fast`
+flag. The package imports torch only, so the benchmark's anchor script can load it by path
+in an environment where `litert_torch` is the reference converter.
+"""
+
+from .registry import FAMILIES, ZOO, ZooEntry, build, entries, randomize_norm_statistics, zoo_model
+
+# Importing the family files registers their models (in this order).
+from . import mlp, cnn, segmentation, audio, image2image  # noqa: E402,F401  isort: skip
+
+__all__ = ["FAMILIES", "ZOO", "ZooEntry", "build", "entries", "randomize_norm_statistics", "zoo_model"]

@@ -1,0 +1,67 @@
+"""`torch.compile(backend="tpu")` and the compilation cache.
+
+Importing this package registers the Dynamo backend "tpu". Public API:
+
+- `fx_to_jax(gm)`, `compile_graph(gm, name)`: run an ATen FX graph through the lowering
+  table as a JAX function / as a cached jitted `Program`;
+- `compile_stats()`: requests, hits, disk hits, misses and compile seconds per program;
+  `record_compile(name, seconds, from_disk)` for compile paths outside `Program`;
+- `set_cache_dir(path)` (or `$TPU_CACHE_DIR`; default `~/.cache/tpu_backend/xla`):
+  JAX's persistent compilation cache, with checksummed entries (`verify_cache()`);
+- `cache_only()`: a context in which any compile raises `CacheMissError`;
+- `dump(folder)` (or `$TPU_DUMP_DIR`): write each compiled program's StableHLO and the
+  FX graph it came from.
+"""
+
+from __future__ import annotations
+
+from tpu_backend.compile.backend import BACKEND_NAME, DynamicShapesNotSupported, decompositions
+from tpu_backend.compile.cache import (
+    CacheMissError,
+    CompileStats,
+    ProgramStats,
+    cache_dir,
+    cache_only,
+    compile_stats,
+    disk_cache,
+    ensure_persistent_cache,
+    record_compile,
+    record_hit,
+    set_cache_dir,
+    verify_cache,
+)
+from tpu_backend.compile.dump import dump, dump_dir
+from tpu_backend.compile.interpreter import (
+    GraphFunction,
+    UnsupportedGraphError,
+    compile_graph,
+    fx_to_jax,
+    missing_lowerings,
+)
+from tpu_backend.compile.program import Program
+
+__all__ = [
+    "BACKEND_NAME",
+    "CacheMissError",
+    "CompileStats",
+    "DynamicShapesNotSupported",
+    "GraphFunction",
+    "Program",
+    "ProgramStats",
+    "UnsupportedGraphError",
+    "cache_dir",
+    "cache_only",
+    "compile_graph",
+    "compile_stats",
+    "decompositions",
+    "disk_cache",
+    "dump",
+    "dump_dir",
+    "ensure_persistent_cache",
+    "fx_to_jax",
+    "missing_lowerings",
+    "record_compile",
+    "record_hit",
+    "set_cache_dir",
+    "verify_cache",
+]

@@ -1,0 +1,159 @@
+"""The Dynamo backend "tpu": `torch.compile(model, backend="tpu")`.
+
+Dynamo captures a Python-level FX graph; AOTAutograd (`aot_autograd` below) turns it
+into functional ATen forward and backward graphs, decomposed with PyTorch's
+decompositions *except* where our lowering table has the op itself (a direct lowering
+is shorter and usually faster than its decomposition). Each graph becomes a `Program`
+(`fx_to_jax.compile_graph`): the graph interpreted through the shared lowering table
+inside one `jax.jit`, compiled once per input signature and cached on disk.
+
+At run time the compiled callable takes the JAX payloads of its tensor inputs (tpu
+tensors: their device arrays; CPU tensors: copies, so the backend also works and is
+tested without the device), runs the program, and wraps the outputs as tensors on the
+device each output's metadata names. Graph breaks need nothing here: Dynamo runs the
+code between graphs eagerly, on the tpu device's eager kernels.
+
+Shapes: XLA compiles for static shapes, so `dynamic=True` is refused. With the default
+`dynamic=None`, Dynamo may hand over a shape-generic graph after a shape changes; it is
+specialised per concrete shape here (one XLA program per shape, as with
+`dynamic=False`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+import torch
+from torch._decomp import core_aten_decompositions, decomposition_table
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.backends.registry import register_backend
+
+from tpu_backend import random as device_random
+from tpu_backend.compile.interpreter import GraphProgram, compile_graph, is_covered
+from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
+from tpu_backend.compile.program import is_array
+
+_graph_ids = itertools.count()
+
+
+class DynamicShapesNotSupported(RuntimeError):
+    pass
+
+
+def _input_to_jax(value):
+    if isinstance(value, torch.Tensor):
+        return tensor_to_jax(value)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise TypeError("torch.compile(backend='tpu'): a symbolic value reached the compiled graph at run time")
+    return value
+
+
+# --------------------------------------------------------------------- the compiled callable
+
+
+def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
+    """Per graph output, the device its FakeTensor metadata says (None for non-tensors)."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    devices = []
+    for item in output.args[0]:
+        value = item.meta.get("val") if isinstance(item, torch.fx.Node) else None
+        devices.append(value.device if isinstance(value, torch.Tensor) else None)
+    return devices
+
+
+class CompiledGraph:
+    """What AOTAutograd calls for one graph: a list of tensors (and numbers) in, a list out.
+
+    AOTAutograd's boxed convention: the argument list is emptied once read, so saved
+    activations die as early as possible. `_boxed_call` is an instance attribute because
+    Dynamo wraps the backward callable with `functools.wraps`, which copies `__dict__`.
+    """
+
+    def __init__(self, program: GraphProgram, output_devices: list[torch.device | None]):
+        self.program = program
+        self.output_devices = output_devices
+        self._boxed_call = True
+
+    def __call__(self, args: list) -> list:
+        fallback = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        values = [_input_to_jax(a) for a in args]
+        args.clear()
+        if self.program.needs_rng:
+            # The device's key stream: seeded by torch.manual_seed, one fresh key per call.
+            _, outputs = self.program(device_random.next_key(), *values)
+        else:
+            outputs = self.program(*values)
+        return [
+            jax_to_tensor(out, device or fallback) if is_array(out) else out
+            for out, device in zip(outputs, self.output_devices)
+        ]
+
+
+def compile_for_tpu(gm: torch.fx.GraphModule, name: str) -> CompiledGraph:
+    """One AOTAutograd graph as a callable on tensors (usable as an AOTAutograd compiler)."""
+    return CompiledGraph(compile_graph(gm, name), _output_devices(gm))
+
+
+def graph_compiler(name: str):
+    """An AOTAutograd `fw_compiler`/`bw_compiler` naming its program `name`."""
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        return compile_for_tpu(gm, name)
+
+    compiler.__name__ = f"tpu_compiler_{name}"
+    return compiler
+
+
+def decompositions() -> dict:
+    """Decompositions for every op our tables do not lower directly.
+
+    Core ATen's set first; for ops outside it that we still lack (`addmm`, `gelu`...,
+    while the table grows), PyTorch's full table. Ops the table covers are kept whole.
+    """
+    table = {op: fn for op, fn in decomposition_table.items() if not is_covered(op) and not _decomposes_itself(op)}
+    table.update((op, fn) for op, fn in core_aten_decompositions().items() if not is_covered(op))
+    return table
+
+
+def _decomposes_itself(op) -> bool:
+    """CompositeImplicit ops (`dropout`, `linear`...) break into their ATen parts during
+    tracing anyway; the table's versions of them are often worse (in-place RNG ops)."""
+    if not isinstance(op, torch._ops.OpOverload):  # higher-order ops have no dispatcher entry
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
+def _reject_dynamic_shapes() -> None:
+    if not torch._dynamo.config.assume_static_by_default:
+        raise DynamicShapesNotSupported(
+            "torch.compile(backend='tpu', dynamic=True) is not supported: XLA compiles for static "
+            "shapes. Use dynamic=False (one compiled program per input shape; pad or bucket shapes "
+            "to keep their number small) or leave dynamic unset."
+        )
+
+
+@register_backend(name=BACKEND_NAME)
+def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs):
+    """Dynamo backend: AOTAutograd forward/backward graphs, each run as one jitted JAX program."""
+    _reject_dynamic_shapes()
+    graph_id = next(_graph_ids)
+    backend = aot_autograd(
+        fw_compiler=graph_compiler(f"torch_compile_{graph_id}_forward"),
+        bw_compiler=graph_compiler(f"torch_compile_{graph_id}_backward"),
+        inference_compiler=graph_compiler(f"torch_compile_{graph_id}_inference"),
+        decompositions=decompositions(),
+        keep_inference_input_mutations=False,
+    )
+    return backend(gm, example_inputs, **kwargs)
+
+
+__all__ = [
+    "BACKEND_NAME",
+    "CompiledGraph",
+    "DynamicShapesNotSupported",
+    "compile_for_tpu",
+    "graph_compiler",
+    "decompositions",
+    "tpu",
+]

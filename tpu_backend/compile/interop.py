@@ -1,0 +1,43 @@
+"""Tensors <-> JAX arrays at the boundary of compiled programs.
+
+tpu tensors hand over their device payload (no copy); CPU tensors are copied both ways,
+so a compiled program never aliases memory PyTorch may later write.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from tpu_backend import tensor as device_tensor
+from tpu_backend.ops.registry import torch_dtype
+
+BACKEND_NAME = "tpu"
+
+
+def cpu_tensor_to_jax(t: torch.Tensor) -> jax.Array:
+    """A JAX copy of a CPU tensor (never aliasing torch-owned memory)."""
+    return device_tensor.cpu_to_jax(t)
+
+
+def tensor_to_jax(t: torch.Tensor) -> jax.Array:
+    """The JAX value of a tpu tensor (its payload) or of a CPU tensor (a copy)."""
+    if t.device.type == BACKEND_NAME:
+        return device_tensor.read(t)
+    if t.device.type == "cpu":
+        return cpu_tensor_to_jax(t)
+    raise ValueError(
+        f"torch.compile(backend='tpu') got a tensor on {t.device}; move inputs and the model to 'tpu' (or 'cpu')"
+    )
+
+
+def jax_to_tensor(array: jax.Array, device: torch.device) -> torch.Tensor:
+    """A tensor on `device` (tpu: wraps the array; cpu: copies it to host memory)."""
+    if device.type == BACKEND_NAME:
+        return device_tensor.wrap(array)
+    host = np.array(jax.device_get(array))  # a writable copy: the tensor may be mutated
+    return device_tensor.numpy_to_torch(host, torch_dtype(array.dtype))
+
+
+__all__ = ["cpu_tensor_to_jax", "jax_to_tensor", "tensor_to_jax"]

@@ -1,0 +1,233 @@
+"""Run an ATen-level FX graph as a JAX function, through the one ATen -> JAX lowering table.
+
+`GraphFunction(gm)` walks `gm.graph` node by node; each `call_function` on an ATen
+overload is looked up, in this order, in
+
+1. `tpu_backend.ops.JAX_LOWERINGS`: the table every execution mode shares;
+2. `tpu_backend.ops.views.VIEW_LOWERINGS`: view ops, pure functions in a functional graph;
+3. `tpu_backend.compile.prims.GRAPH_LOWERINGS`: prims, size queries, assertions.
+
+Plain Python callables in the graph (`operator.getitem`, `operator.mul` on sizes,
+`torch.sym_max`...) are called as they are: inside `jax.jit` shapes are concrete, so
+symbolic arithmetic is ordinary integer arithmetic.
+
+Randomness is functional. When any node's lowering has `needs_rng=True`, the function
+takes a `jax.random` key and returns the advanced key with its outputs; each random
+node gets its own key split from it. Nothing random is baked into the compiled program:
+two calls with different keys differ, the same key reproduces.
+
+`compile_graph(gm, name)` wraps the function in a `Program` (one `jax.jit` executable
+per input signature, counted by the cache layer).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import torch
+import torch.fx
+
+import tpu_backend.ops  # noqa: F401  (fills JAX_LOWERINGS)
+from tpu_backend.compile.interop import tensor_to_jax
+from tpu_backend.compile.prims import GRAPH_LOWERINGS
+from tpu_backend.compile.program import Program
+from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering, jax_dtype
+from tpu_backend.ops.views import VIEW_LOWERINGS
+
+_TABLES = (JAX_LOWERINGS, VIEW_LOWERINGS, GRAPH_LOWERINGS)
+
+
+class UnsupportedGraphError(NotImplementedError):
+    """The graph uses ops that have no JAX lowering."""
+
+
+def lowering_for(target) -> Lowering | None:
+    """The JAX lowering of an ATen/prims overload, or None if no table has one."""
+    for table in _TABLES:
+        lowering = table.get(target)
+        if lowering is not None:
+            return lowering
+    return None
+
+
+def is_covered(target) -> bool:
+    return lowering_for(target) is not None
+
+
+def _is_python_callable(target) -> bool:
+    """Python-level graph nodes (getitem, size arithmetic): run as they are."""
+    return not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator))
+
+
+def missing_lowerings(gm: torch.fx.GraphModule) -> list[str]:
+    """Names of the graph's ops that no table lowers (empty when the graph can run)."""
+    missing = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or _is_python_callable(node.target):
+            continue
+        if isinstance(node.target, torch._ops.OpOverload) and is_covered(node.target):
+            continue
+        missing.add(str(node.target))
+    return sorted(missing)
+
+
+def _to_constant(value):
+    """A graph attribute (a lifted constant tensor) as a numpy array JAX can embed."""
+    if isinstance(value, torch.Tensor):
+        return tensor_to_jax(value.detach())
+    return value
+
+
+class GraphFunction:
+    """An ATen FX graph as a function of JAX values: `fn(*inputs)` or `fn(key, *inputs)`.
+
+    Inputs follow the graph's placeholders: arrays for tensors, Python numbers for
+    symbolic sizes and scalars. Outputs follow the graph's output node (a tuple, with
+    None where the graph returns None, e.g. gradients of inputs that need none).
+    With `needs_rng`, the first argument is a `jax.random` key and the result is
+    `(new_key, outputs)`.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph"):
+        missing = missing_lowerings(gm)
+        if missing:
+            raise UnsupportedGraphError(
+                f"tpu: graph {name!r} uses ops without a JAX lowering: {', '.join(missing)}. "
+                "Add a lowering in tpu_backend/ops/<family>.py (see tpu_backend/ops/registry.py), "
+                "or a decomposition to ops that have one."
+            )
+        self.gm = gm
+        self.name = name
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.needs_rng = any(
+            n.op == "call_function" and not _is_python_callable(n.target) and lowering_for(n.target).needs_rng
+            for n in gm.graph.nodes
+        )
+        self._constants: dict[str, Any] = {}
+
+    def __call__(self, *args):
+        if self.needs_rng:
+            key, *inputs = args
+            return self.run(inputs, key)
+        return self.run(args)[1]
+
+    def run(self, inputs, key=None):
+        """Evaluate the graph on `inputs`; returns `(advanced key or None, outputs)`."""
+        if len(inputs) != len(self.placeholders):
+            raise TypeError(f"graph {self.name!r} takes {len(self.placeholders)} inputs, got {len(inputs)}")
+        if self.needs_rng and key is None:
+            raise TypeError(f"graph {self.name!r} draws random numbers: pass a jax.random key")
+        env: dict[torch.fx.Node, Any] = dict(zip(self.placeholders, inputs))
+        state = {"key": key}
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                return state["key"], self._match_metadata(node.args[0], _map_nodes(node.args[0], env))
+            env[node] = self._evaluate(node, env, state)
+        raise ValueError(f"graph {self.name!r} has no output node")
+
+    def _match_metadata(self, output_nodes, outputs):
+        """Outputs with the dtypes AOTAutograd's metadata promises (autograd checks them).
+
+        A shape mismatch is a lowering bug and is reported; a dtype mismatch (e.g. a
+        weakly typed scalar result) is cast, which is free inside the jit."""
+        if not isinstance(outputs, (list, tuple)):
+            return outputs
+        matched = []
+        for node, value in zip(output_nodes, outputs):
+            expected = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            if isinstance(expected, torch.Tensor) and hasattr(value, "dtype"):
+                if not _shape_matches(value.shape, expected.shape):
+                    raise ValueError(
+                        f"tpu: graph {self.name!r} output {node.name} has shape {tuple(value.shape)}, "
+                        f"PyTorch expects {tuple(expected.shape)}: a lowering returned the wrong shape"
+                    )
+                target = jax_dtype(expected.dtype)
+                if value.dtype != target:
+                    value = value.astype(target)
+            matched.append(value)
+        return type(outputs)(matched)
+
+    def _evaluate(self, node: torch.fx.Node, env: dict, state: dict):
+        if node.op == "get_attr":
+            if node.target not in self._constants:
+                self._constants[node.target] = _to_constant(_fetch_attr(self.gm, node.target))
+            return self._constants[node.target]
+        if node.op != "call_function":
+            raise UnsupportedGraphError(f"tpu: graph {self.name!r}: node kind {node.op!r} ({node}) is not supported")
+        args = _map_nodes(node.args, env)
+        kwargs = _map_nodes(node.kwargs, env)
+        if _is_python_callable(node.target):
+            return node.target(*args, **kwargs)
+        lowering = lowering_for(node.target)
+        if lowering.needs_rng:
+            state["key"], kwargs["key"] = jax.random.split(state["key"])
+        try:
+            return lowering.fn(*args, **kwargs)
+        except Exception as error:
+            error.add_note(f"tpu: while lowering {node.target} in graph {self.name!r}, node: {node.format_node()}")
+            raise
+
+
+def _shape_matches(shape, expected) -> bool:
+    """Concrete `shape` against metadata whose symbolic dims (SymInt) match anything."""
+    return len(shape) == len(expected) and all(
+        not isinstance(want, int) or got == want for got, want in zip(shape, expected)
+    )
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _map_nodes(value, env: dict):
+    """Replace every fx Node inside `value` (nested lists/tuples/dicts) by its computed value."""
+    if isinstance(value, torch.fx.Node):
+        return env[value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_nodes(v, env) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_nodes(v, env) for k, v in value.items()}
+    return value
+
+
+def fx_to_jax(gm: torch.fx.GraphModule, name: str = "graph") -> GraphFunction:
+    """`gm` as a plain (traceable, not yet jitted) JAX function; see `GraphFunction`."""
+    return GraphFunction(gm, name)
+
+
+def compile_graph(gm: torch.fx.GraphModule, name: str) -> Program:
+    """`gm` as a `Program`: jitted per input signature, cached, counted under `name`."""
+    fn = GraphFunction(gm, name)
+    return GraphProgram(fn, name, gm.code)
+
+
+class GraphProgram(Program):
+    """A `Program` of a `GraphFunction`, which knows whether it needs a random key."""
+
+    def __init__(self, fn: GraphFunction, name: str, source: str):
+        super().__init__(name, fn, source)
+        self.graph_fn = fn
+
+    @property
+    def needs_rng(self) -> bool:
+        return self.graph_fn.needs_rng
+
+
+__all__ = [
+    "GraphFunction",
+    "GraphProgram",
+    "UnsupportedGraphError",
+    "compile_graph",
+    "fx_to_jax",
+    "is_covered",
+    "lowering_for",
+    "missing_lowerings",
+]

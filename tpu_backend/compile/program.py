@@ -1,0 +1,146 @@
+"""`Program`: a named JAX function compiled once per input signature, with stats and dumps.
+
+The unit the cache layer counts. A program's arguments are JAX arrays and static
+values (Python numbers, bools, None, dtypes...); each distinct signature (array shapes
+and dtypes, static values) gets its own executable, built ahead of time with
+`jax.jit(...).lower(...).compile()` so that the cost of every build is measured and
+attributed to the program's name, `cache_only()` can refuse it, and `dump()` can write
+what was compiled.
+
+Non-array outputs (None, Python numbers such as symbolic sizes an FX graph returns) are
+recorded while tracing and returned as they were: XLA only returns arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from tpu_backend.compile import dump as _dump
+from tpu_backend.compile.cache import (
+    STATS,
+    CacheMissError,
+    cache_dir,
+    ensure_persistent_cache,
+    is_cache_only,
+)
+
+
+def is_array(value) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+def _describe(value) -> tuple:
+    if is_array(value):
+        return ("array", tuple(value.shape), str(value.dtype), bool(getattr(value, "weak_type", False)))
+    return ("static", type(value).__name__, value)
+
+
+def signature(args) -> tuple:
+    """What decides whether a compiled executable can be reused for `args`."""
+    return tuple(_describe(a) for a in args)
+
+
+def format_signature(sig: tuple) -> str:
+    parts = []
+    for item in sig:
+        if item[0] == "array":
+            parts.append(f"{item[2]}{list(item[1])}")
+        else:
+            parts.append(repr(item[2]))
+    return "(" + ", ".join(parts) + ")"
+
+
+class _Executable:
+    """One compiled signature: the XLA executable plus where the static outputs go."""
+
+    def __init__(self, compiled, treedef, static_leaves: dict[int, Any], n_leaves: int):
+        self.compiled = compiled
+        self.treedef = treedef
+        self.static_leaves = static_leaves
+        self.n_leaves = n_leaves
+
+    def __call__(self, arrays):
+        computed = iter(self.compiled(*arrays))
+        leaves = [self.static_leaves[i] if i in self.static_leaves else next(computed) for i in range(self.n_leaves)]
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+
+class Program:
+    """`fn(*args)` compiled per signature; counted in `compile_stats()` under `name`.
+
+    `source` (optional text, e.g. the FX graph's code) is written next to the StableHLO
+    by `dump()`.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, name: str, fn: Callable, source: str | None = None):
+        self.name = name
+        self.fn = fn
+        self.source = source
+        self._executables: dict[tuple, _Executable] = {}
+
+    def __repr__(self) -> str:
+        return f"Program({self.name!r}, {len(self._executables)} compiled signature(s))"
+
+    @property
+    def signatures(self) -> list[tuple]:
+        return list(self._executables)
+
+    def __call__(self, *args):
+        sig = signature(args)
+        executable = self._executables.get(sig)
+        if executable is None:
+            executable = self._build(sig, args)
+        else:
+            STATS.record_hit(self.name)
+        return executable([a for a in args if is_array(a)])
+
+    def _build(self, sig: tuple, args: tuple) -> _Executable:
+        storage = ensure_persistent_cache()
+        if is_cache_only() and storage is None:
+            raise CacheMissError(
+                f"cache_only(): program {self.name!r} {format_signature(sig)} would compile, "
+                "but the persistent compilation cache is disabled (set TPU_CACHE_DIR or call set_cache_dir())"
+            )
+        array_positions = [i for i, a in enumerate(args) if is_array(a)]
+        statics = {i: a for i, a in enumerate(args) if not is_array(a)}
+        traced: dict[str, Any] = {}
+
+        def on_arrays(*arrays):
+            full = list(range(len(args)))
+            for i, array in zip(array_positions, arrays):
+                full[i] = array
+            for i, value in statics.items():
+                full[i] = value
+            leaves, treedef = jax.tree_util.tree_flatten(self.fn(*full), is_leaf=lambda x: x is None)
+            traced["treedef"] = treedef
+            traced["n_leaves"] = len(leaves)
+            traced["static"] = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, jax.Array)}
+            return [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
+
+        start = time.perf_counter()
+        lowered = jax.jit(on_arrays).lower(*[args[i] for i in array_positions])
+        disk_hits_before = storage.hits if storage is not None else 0
+        try:
+            compiled = lowered.compile()
+        except CacheMissError as miss:
+            raise CacheMissError(
+                f"cache_only(): program {self.name!r} {format_signature(sig)} is not in the "
+                f"compilation cache at {cache_dir()}; run it once without cache_only() to fill the cache",
+                miss.cache_key,
+            ) from None
+        from_disk = storage is not None and storage.hits > disk_hits_before
+        STATS.record_compile(self.name, time.perf_counter() - start, from_disk=from_disk)
+        _dump.write_program(self.name, format_signature(sig), lowered, self.source)
+        executable = _Executable(compiled, traced["treedef"], traced["static"], traced["n_leaves"])
+        self._executables[sig] = executable
+        return executable
+
+
+__all__ = ["Program", "format_signature", "is_array", "signature"]

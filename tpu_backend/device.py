@@ -1,0 +1,123 @@
+"""`torch.tpu`: the device module PyTorch and libraries query, as `torch.cuda` for CUDA.
+
+Registered with `torch._register_device_module("tpu", ...)` by `tpu_backend`. One device
+(index 0): several chips are used through JAX sharding, not `tpu:1`.
+"""
+
+from __future__ import annotations
+
+import jax
+import torch
+
+from tpu_backend import dispatch
+from tpu_backend import tensor as tpu_tensor
+from tpu_backend.random import (  # noqa: F401  (part of the torch.tpu surface)
+    get_rng_state,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    set_rng_state,
+)
+
+seed_all = seed
+_peak_bytes = 0
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device) -> None:
+    index = device if isinstance(device, int) or device is None else torch.device(device).index
+    if index not in (None, 0):
+        raise RuntimeError(f"tpu device {device} does not exist: there is one device, tpu:0")
+
+
+def get_device_name(device=None) -> str:
+    return f"tpu ({jax.default_backend()} via JAX: {jax.devices()[0].device_kind})"
+
+
+def synchronize(device=None) -> None:
+    """Block until every pending computation on the device has finished."""
+    jax.block_until_ready(tpu_tensor.live_arrays())
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live tpu tensors (payloads that exist; `empty` ones count once written)."""
+    global _peak_bytes
+    allocated = tpu_tensor.live_bytes()
+    _peak_bytes = max(_peak_bytes, allocated)
+    return allocated
+
+
+def max_memory_allocated(device=None) -> int:
+    """Highest `memory_allocated()` seen at a query point since the last reset."""
+    memory_allocated()
+    return _peak_bytes
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    global _peak_bytes
+    _peak_bytes = tpu_tensor.live_bytes()
+
+
+def memory_stats(device=None) -> dict:
+    allocated = memory_allocated()
+    return {
+        "allocated_bytes.all.current": allocated,
+        "allocated_bytes.all.peak": _peak_bytes,
+        "num_storages.all.current": tpu_tensor.payload_count(),
+    }
+
+
+def empty_cache() -> None:
+    """Drop JAX's cached executables for ops no longer in use (payloads free with their tensors)."""
+    jax.clear_caches()
+    dispatch.clear_jit_cache()
+
+
+def cache_stats() -> dict:
+    """Jit cache counters of strict eager: requests, hits, misses, compile_seconds."""
+    return dispatch.CACHE_STATS.as_dict()
+
+
+def reset_cache_stats() -> None:
+    dispatch.CACHE_STATS.reset()
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+class device:
+    """`with torch.tpu.device(0):` (one device: a no-op that checks the index)."""
+
+    def __init__(self, index):
+        set_device(index)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,323 @@
+"""Indexing: advanced indexing, gather/scatter families, index_* ops, embeddings, scatters.
+
+In ATen's `index`/`index_put`, a None in the index list means "the whole dim" (a
+slice), not a new axis; NumPy's advanced-indexing rules then match PyTorch's,
+including moving the indexed dims to the front when advanced indices are separated.
+
+Data-dependent shapes: `nonzero`, `masked_select` and indexing with a bool mask have
+an output size that depends on tensor values, so they read values on the host (a
+sync) and cannot be traced by `jax.jit`. `nonzero` and `masked_select` are in
+`DATA_DEPENDENT`; `index`/`index_put` are in `DATA_DEPENDENT_WHEN`, with a predicate
+that is true only for bool-mask indices (integer indexing stays jitted).
+`x[mask] = scalar` is rewritten as a `where` and never syncs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from tpu_backend.ops._common import canonical_dim, data_dependent, data_dependent_when, is_array, is_floating
+from tpu_backend.ops.registry import lowers
+
+aten = torch.ops.aten
+
+
+def _is_bool_index(index) -> bool:
+    """True for bool masks, given as JAX arrays or (in predicates) torch tensors."""
+    return index is not None and index.dtype in (jnp.bool_, torch.bool)
+
+
+def _index_tuple(indices):
+    """ATen's index list as a NumPy index: None -> ':'; bool masks -> integer arrays (host)."""
+    converted = []
+    for index in indices:
+        if index is None:
+            converted.append(slice(None))
+        elif _is_bool_index(index):
+            if not isinstance(index, (np.ndarray,)) and not _is_concrete(index):
+                raise TypeError(
+                    "indexing with a bool mask has a data-dependent shape; the tpu device runs such "
+                    "aten.index/index_put calls eagerly (DATA_DEPENDENT_WHEN) - it was traced instead"
+                )
+            converted.extend(jnp.nonzero(index))
+        else:
+            converted.append(index)
+    return tuple(converted)
+
+
+def _is_concrete(array) -> bool:
+    try:
+        np.asarray(array)
+        return True
+    except Exception:  # a tracer
+        return False
+
+
+def _has_bool_index(args, kwargs) -> bool:
+    """Predicate for DATA_DEPENDENT_WHEN: an index list holding a bool mask."""
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    return any(_is_bool_index(i) for i in indices if i is not None and hasattr(i, "dtype"))
+
+
+def _mask_put_needs_host(args, kwargs) -> bool:
+    """index_put with a bool mask syncs unless it is `x[mask] = one value` (a where)."""
+    if not _has_bool_index(args, kwargs):
+        return False
+    return _single_mask_fill(args[0], args[1], args[2] if len(args) > 2 else kwargs["values"]) is None
+
+
+@data_dependent_when(aten.index.Tensor, predicate=_has_bool_index)
+@lowers(aten.index.Tensor)
+def index(x, indices):
+    return x[_index_tuple(indices)]
+
+
+def _single_mask_fill(x, indices, values):
+    """The broadcast bool mask when index_put is `x[mask] = scalar`, else None."""
+    present = [i for i in indices if i is not None]
+    if len(present) != 1 or not _is_bool_index(present[0]) or indices[0] is None or math.prod(values.shape) != 1:
+        return None
+    mask = present[0]
+    return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
+
+
+@data_dependent_when(aten.index_put.default, aten._index_put_impl.default, predicate=_mask_put_needs_host)
+@lowers(aten.index_put.default, aten._index_put_impl.default)
+def index_put(x, indices, values, accumulate=False, unsafe=False):
+    mask = _single_mask_fill(x, indices, values)
+    values = values.astype(x.dtype)
+    if mask is not None:
+        fill = values.reshape(())
+        return jnp.where(mask, x + fill if accumulate else fill, x)
+    target = x.at[_index_tuple(indices)]
+    return target.add(values) if accumulate else target.set(values)
+
+
+@lowers(aten.index_select.default)
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x[index.reshape(-1)].reshape(index.shape) if index.ndim else x
+    return jnp.take(x, index.reshape(-1), axis=canonical_dim(dim, x.ndim))
+
+
+def _along(x, dim, index):
+    """NumPy index that puts `index` on `dim` and takes everything else whole."""
+    return (slice(None),) * canonical_dim(dim, x.ndim) + (index,)
+
+
+@lowers(aten.index_add.default)
+def index_add(x, dim, index, source, *, alpha=1):
+    return x.at[_along(x, dim, index.reshape(-1))].add((source * alpha).astype(x.dtype))
+
+
+@lowers(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    return x.at[_along(x, dim, index.reshape(-1))].set(source.astype(x.dtype))
+
+
+@lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    return x.at[_along(x, dim, index.reshape(-1))].set(jnp.asarray(value).astype(x.dtype))
+
+
+def _scatter_grid(index, dim):
+    """Full coordinates for gather/scatter: `index` on `dim`, iotas elsewhere."""
+    axis = canonical_dim(dim, max(index.ndim, 1))
+    return tuple(index if d == axis else lax.broadcasted_iota(jnp.int64, index.shape, d) for d in range(index.ndim))
+
+
+@lowers(aten.gather.default)
+def gather(x, dim, index, *, sparse_grad=False):
+    if x.ndim == 0:
+        return jnp.broadcast_to(x, index.shape)
+    return x[_scatter_grid(index, dim)]
+
+
+def _source_values(src, index, dtype):
+    if not is_array(src) or src.ndim == 0:
+        return jnp.broadcast_to(jnp.asarray(src, dtype), index.shape)
+    return src[tuple(slice(0, s) for s in index.shape)].astype(dtype)  # src may be larger than index
+
+
+_SCATTER_REDUCE_ALIASES = {"add": "sum", "multiply": "prod"}
+
+
+def _scatter(x, dim, index, src, reduce=None):
+    if x.ndim == 0:
+        x, index = x.reshape(1), index.reshape(-1)
+        return _scatter(x, 0, index, src if not is_array(src) else src.reshape(-1), reduce).reshape(())
+    target = x.at[_scatter_grid(index, dim)]
+    values = _source_values(src, index, x.dtype)
+    if reduce is None:
+        return target.set(values)
+    reduce = _SCATTER_REDUCE_ALIASES.get(reduce, reduce)
+    if reduce == "sum":
+        return target.add(values)
+    if reduce == "prod":
+        return target.multiply(values)
+    raise ValueError(f"aten.scatter: reduce must be 'add' or 'multiply', got {reduce!r}")
+
+
+@lowers(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    return _scatter(x, dim, index, src)
+
+
+@lowers(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_with_reduce(x, dim, index, src, *, reduce):
+    return _scatter(x, dim, index, src, reduce)
+
+
+@lowers(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    return _scatter(x, dim, index, src, "sum")
+
+
+def _reduction_identity(reduce, dtype):
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    lowest, highest = (-jnp.inf, jnp.inf) if is_floating(dtype) else (jnp.iinfo(dtype).min, jnp.iinfo(dtype).max)
+    return lowest if reduce == "amax" else highest
+
+
+@lowers(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if x.ndim == 0:
+        return scatter_reduce(x.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce, include_self=include_self).reshape(())
+    grid = _scatter_grid(index, dim)
+    values = _source_values(src, index, x.dtype)
+    touched = jnp.zeros(x.shape, jnp.bool_).at[grid].set(True)
+    start = x if include_self else jnp.where(touched, jnp.asarray(_reduction_identity(reduce, x.dtype), x.dtype), x)
+    target = start.at[grid]
+    if reduce == "sum":
+        return target.add(values)
+    if reduce == "prod":
+        return target.multiply(values)
+    if reduce == "amax":
+        return target.max(values)
+    if reduce == "amin":
+        return target.min(values)
+    if reduce == "mean":
+        counts = jnp.zeros(x.shape, jnp.int64).at[grid].add(1) + (1 if include_self else 0)
+        total = target.add(values)
+        mean = total / jnp.maximum(counts, 1) if is_floating(x.dtype) else jnp.floor_divide(total, jnp.maximum(counts, 1))
+        return jnp.where(counts > 0, mean, x).astype(x.dtype)
+    raise ValueError(f"aten.scatter_reduce: reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+
+
+@lowers(aten.take.default)
+def take(x, index):
+    return x.reshape(-1)[index]
+
+
+@lowers(aten.put.default)
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1).at[index.reshape(-1)]
+    values = source.reshape(-1).astype(x.dtype)
+    return (flat.add(values) if accumulate else flat.set(values)).reshape(x.shape)
+
+
+@data_dependent(aten.masked_select.default)
+@lowers(aten.masked_select.default)
+def masked_select(x, mask):
+    """Data-dependent size: runs eagerly on concrete arrays (a host sync)."""
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    return jnp.broadcast_to(x, shape)[np.asarray(jnp.broadcast_to(mask, shape))]
+
+
+@lowers(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    # The k-th True position takes source's k-th element: a cumulative count, no sync.
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    mask = jnp.broadcast_to(mask, shape)
+    positions = jnp.cumsum(mask.reshape(-1)) - 1
+    picked = source.reshape(-1)[jnp.clip(positions, 0, max(source.size - 1, 0))].reshape(shape)
+    return jnp.where(mask, picked.astype(x.dtype), jnp.broadcast_to(x, shape))
+
+
+@data_dependent(aten.nonzero.default)
+@lowers(aten.nonzero.default)
+def nonzero(x):
+    """Data-dependent size: runs eagerly on concrete arrays (a host sync)."""
+    return jnp.asarray(np.stack(np.nonzero(np.asarray(x)), axis=1).astype(np.int64)).reshape(-1, x.ndim)
+
+
+@lowers(aten.nonzero_static.default)
+def nonzero_static(x, *, size, fill_value=-1):
+    coords = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(coords, axis=1).astype(jnp.int64) if coords else jnp.zeros((size, 0), jnp.int64)
+
+
+# --- scatters of slices (the functional forms of writes through views) -----------------------
+
+
+@lowers(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    axis = canonical_dim(dim, x.ndim)
+    return x.at[_along(x, axis, index % x.shape[axis])].set(src.astype(x.dtype))
+
+
+@lowers(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    axis = canonical_dim(dim, x.ndim)
+    return x.at[_along(x, axis, slice(start, end, step))].set(src.astype(x.dtype))
+
+
+def _diagonal_coordinates(shape, offset, dim1, dim2):
+    rows, cols = shape[dim1], shape[dim2]
+    length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
+    start_row, start_col = max(-offset, 0), max(offset, 0)
+    return np.arange(length) + start_row, np.arange(length) + start_col
+
+
+@lowers(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    dim1, dim2 = canonical_dim(dim1, x.ndim), canonical_dim(dim2, x.ndim)
+    rows, cols = _diagonal_coordinates(x.shape, offset, dim1, dim2)
+    moved = jnp.moveaxis(x, (dim1, dim2), (-2, -1))
+    moved = moved.at[..., rows, cols].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
+
+
+def strided_positions(size, stride, storage_offset):
+    """Flat storage positions of an as_strided view, in the view's shape."""
+    positions = np.full(tuple(size), storage_offset or 0, np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        positions = positions + (np.arange(n) * s).reshape(shape)
+    return positions
+
+
+@lowers(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """Treats `x` as contiguous storage, as the functional form of a view write does."""
+    positions = strided_positions(size, stride, storage_offset)
+    return x.reshape(-1).at[positions].set(src.astype(x.dtype)).reshape(x.shape)
+
+
+# --- embeddings -------------------------------------------------------------------------------
+
+
+@lowers(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@lowers(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat = indices.reshape(-1)
+    grads = grad_output.reshape(flat.shape[0], -1)
+    if padding_idx >= 0:
+        grads = jnp.where((flat == padding_idx)[:, None], 0, grads)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grads.dtype).at[flat].add(1)
+        grads = grads / counts[flat][:, None]
+    return jnp.zeros((num_weights, grads.shape[1]), grad_output.dtype).at[flat].add(grads)

@@ -1,0 +1,740 @@
+"""Elementwise math: unary functions, arithmetic, comparisons, logic, clamp/where/lerp.
+
+Every lowering returns exactly the dtype ATen gives: the result dtype comes from
+PyTorch's own promotion rule (see `_common.dtypes_for`), so `int_tensor + 2.5` is
+float32, `int_tensor / 2` is float32 and comparisons are bool. Half-precision inputs
+compute in float32 and round once at the end, as PyTorch's CPU kernels do.
+Neural-network activations and their backward ops live in `activation.py`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+import torch
+from jax import lax
+
+from tpu_backend.ops._common import Promotion, dtypes_for, elementwise, is_floating, is_integral, is_static_number, result_dtype
+from tpu_backend.ops.registry import lowers
+
+aten = torch.ops.aten
+
+FLOAT = Promotion.INT_TO_FLOAT
+BOOL = Promotion.ALWAYS_BOOL
+
+
+def _float_unary(fn, x):
+    """A unary op that turns integer inputs into the default float dtype (exp, sin...)."""
+    return elementwise(fn, x, kind=FLOAT)
+
+
+# --- unary float math -------------------------------------------------------------------
+
+
+@lowers(aten.exp.default)
+def exp(x):
+    return _float_unary(jnp.exp, x)
+
+
+@lowers(aten.exp2.default)
+def exp2(x):
+    return _float_unary(jnp.exp2, x)
+
+
+@lowers(aten.expm1.default)
+def expm1(x):
+    return _float_unary(jnp.expm1, x)
+
+
+@lowers(aten.log.default)
+def log(x):
+    return _float_unary(jnp.log, x)
+
+
+@lowers(aten.log1p.default)
+def log1p(x):
+    return _float_unary(jnp.log1p, x)
+
+
+@lowers(aten.log2.default)
+def log2(x):
+    return _float_unary(jnp.log2, x)
+
+
+@lowers(aten.log10.default)
+def log10(x):
+    return _float_unary(jnp.log10, x)
+
+
+@lowers(aten.sqrt.default)
+def sqrt(x):
+    return _float_unary(jnp.sqrt, x)
+
+
+@lowers(aten.rsqrt.default)
+def rsqrt(x):
+    return _float_unary(lax.rsqrt, x)
+
+
+@lowers(aten.reciprocal.default)
+def reciprocal(x):
+    return _float_unary(lambda v: 1 / v, x)
+
+
+@lowers(aten.sin.default)
+def sin(x):
+    return _float_unary(jnp.sin, x)
+
+
+@lowers(aten.cos.default)
+def cos(x):
+    return _float_unary(jnp.cos, x)
+
+
+@lowers(aten.tan.default)
+def tan(x):
+    return _float_unary(jnp.tan, x)
+
+
+@lowers(aten.asin.default)
+def asin(x):
+    return _float_unary(jnp.arcsin, x)
+
+
+@lowers(aten.acos.default)
+def acos(x):
+    return _float_unary(jnp.arccos, x)
+
+
+@lowers(aten.atan.default)
+def atan(x):
+    return _float_unary(jnp.arctan, x)
+
+
+@lowers(aten.sinh.default)
+def sinh(x):
+    return _float_unary(jnp.sinh, x)
+
+
+@lowers(aten.cosh.default)
+def cosh(x):
+    return _float_unary(jnp.cosh, x)
+
+
+@lowers(aten.tanh.default)
+def tanh(x):
+    return _float_unary(jnp.tanh, x)
+
+
+@lowers(aten.asinh.default)
+def asinh(x):
+    return _float_unary(jnp.arcsinh, x)
+
+
+@lowers(aten.acosh.default)
+def acosh(x):
+    return _float_unary(jnp.arccosh, x)
+
+
+@lowers(aten.atanh.default)
+def atanh(x):
+    return _float_unary(jnp.arctanh, x)
+
+
+@lowers(aten.erf.default)
+def erf(x):
+    return _float_unary(jsp.erf, x)
+
+
+@lowers(aten.erfc.default)
+def erfc(x):
+    return _float_unary(jsp.erfc, x)
+
+
+@lowers(aten.erfinv.default)
+def erfinv(x):
+    return _float_unary(jsp.erfinv, x)
+
+
+@lowers(aten.special_ndtri.default)
+def special_ndtri(x):
+    return _float_unary(jsp.ndtri, x)
+
+
+@lowers(aten.special_erfcx.default)
+def special_erfcx(x):
+    # exp(x^2) * erfc(x) overflows for large x; scipy's erfcx has no JAX twin, so
+    # use the asymptotic-safe form through log_ndtr: erfc(x) = 2 * ndtr(-x*sqrt(2)).
+    return _float_unary(lambda v: jnp.exp(v * v + jnp.log(2.0) + jsp.log_ndtr(-v * jnp.sqrt(2.0).astype(v.dtype))), x)
+
+
+@lowers(aten.sigmoid.default)
+def sigmoid(x):
+    return _float_unary(jax.nn.sigmoid, x)
+
+
+@lowers(aten.logit.default)
+def logit(x, eps=None):
+    def fn(v):
+        if eps is not None:
+            v = jnp.clip(v, eps, 1 - eps)
+        return jnp.log(v / (1 - v))
+
+    return _float_unary(fn, x)
+
+
+@lowers(aten.lgamma.default)
+def lgamma(x):
+    return _float_unary(jsp.gammaln, x)
+
+
+@lowers(aten.digamma.default)
+def digamma(x):
+    # ATen returns -inf at 0 (the limit from the right); JAX gives nan.
+    return _float_unary(lambda v: jnp.where(v == 0, -jnp.inf, jsp.digamma(v)), x)
+
+
+@lowers(aten.polygamma.default)
+def polygamma(n, x):
+    if n == 0:
+        return digamma(x)
+    return _float_unary(lambda v: jsp.polygamma(n, v), x)
+
+
+@lowers(aten.mvlgamma.default)
+def mvlgamma(x, p):
+    return _float_unary(lambda v: jsp.multigammaln(v, p), x)
+
+
+@lowers(aten.i0.default)
+def i0(x):
+    return _float_unary(jsp.i0, x)
+
+
+@lowers(aten.special_i0e.default)
+def special_i0e(x):
+    return _float_unary(jsp.i0e, x)
+
+
+@lowers(aten.special_i1.default)
+def special_i1(x):
+    return _float_unary(jsp.i1, x)
+
+
+@lowers(aten.special_i1e.default)
+def special_i1e(x):
+    return _float_unary(jsp.i1e, x)
+
+
+@lowers(aten.sinc.default)
+def sinc(x):
+    return _float_unary(jnp.sinc, x)
+
+
+@lowers(aten.deg2rad.default)
+def deg2rad(x):
+    return _float_unary(jnp.deg2rad, x)
+
+
+@lowers(aten.rad2deg.default)
+def rad2deg(x):
+    return _float_unary(jnp.rad2deg, x)
+
+
+@lowers(aten.angle.default)
+def angle(x):
+    if is_floating(x.dtype):
+        return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype))
+    return jnp.where(x < 0, jnp.pi, 0.0).astype(result_dtype(x, kind=FLOAT))
+
+
+# --- unary ops that keep the dtype ------------------------------------------------------
+
+
+@lowers(aten.abs.default)
+def absolute(x):
+    return jnp.abs(x) if x.dtype != jnp.bool_ else x
+
+
+@lowers(aten.neg.default)
+def neg(x):
+    if x.dtype == jnp.bool_:
+        raise TypeError("aten.neg: negation of a bool tensor is not supported; use logical_not")
+    return jnp.negative(x)
+
+
+@lowers(aten.positive.default)
+def positive(x):
+    return x
+
+
+@lowers(aten.sign.default)
+def sign(x):
+    if x.dtype == jnp.bool_:
+        return x
+    if is_floating(x.dtype):
+        return jnp.where(jnp.isnan(x), jnp.zeros_like(x), jnp.sign(x))  # ATen: sign(nan) = 0
+    return jnp.sign(x)
+
+
+@lowers(aten.sgn.default)
+def sgn(x):
+    return sign(x)
+
+
+@lowers(aten.signbit.default)
+def signbit(x):
+    return jnp.signbit(x) if is_floating(x.dtype) else x < 0
+
+
+@lowers(aten.floor.default)
+def floor(x):
+    return jnp.floor(x) if is_floating(x.dtype) else x
+
+
+@lowers(aten.ceil.default)
+def ceil(x):
+    return jnp.ceil(x) if is_floating(x.dtype) else x
+
+
+@lowers(aten.trunc.default)
+def trunc(x):
+    return jnp.trunc(x) if is_floating(x.dtype) else x
+
+
+@lowers(aten.round.default)
+def round_half_even(x):
+    # Round half to even, like ATen's nearbyint.
+    return jnp.round(x) if is_floating(x.dtype) else x
+
+
+@lowers(aten.round.decimals)
+def round_decimals(x, *, decimals=0):
+    if not is_floating(x.dtype):
+        return x
+    scale = jnp.asarray(10.0**abs(decimals), x.dtype)
+    if decimals >= 0:
+        return jnp.round(x * scale) / scale
+    return jnp.round(x / scale) * scale
+
+
+@lowers(aten.frac.default)
+def frac(x):
+    return x - jnp.trunc(x)
+
+
+@lowers(aten.square.default)
+def square(x):
+    # bool squares to int64, like pow(x, 2).
+    return pow_tensor_scalar(x, 2)
+
+
+@lowers(aten.conj_physical.default)
+def conj_physical(x):
+    return jnp.conj(x)
+
+
+@lowers(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    if not is_floating(x.dtype):
+        return x
+    info = jnp.finfo(x.dtype)
+    return jnp.nan_to_num(
+        x,
+        nan=0.0 if nan is None else nan,
+        posinf=info.max if posinf is None else posinf,
+        neginf=info.min if neginf is None else neginf,
+    )
+
+
+@lowers(aten.isnan.default)
+def isnan(x):
+    return jnp.isnan(x) if is_floating(x.dtype) else jnp.zeros(x.shape, jnp.bool_)
+
+
+@lowers(aten.isinf.default)
+def isinf(x):
+    return jnp.isinf(x) if is_floating(x.dtype) else jnp.zeros(x.shape, jnp.bool_)
+
+
+@lowers(aten.isposinf.default)
+def isposinf(x):
+    return jnp.isposinf(x) if is_floating(x.dtype) else jnp.zeros(x.shape, jnp.bool_)
+
+
+@lowers(aten.isneginf.default)
+def isneginf(x):
+    return jnp.isneginf(x) if is_floating(x.dtype) else jnp.zeros(x.shape, jnp.bool_)
+
+
+@lowers(aten.isfinite.default)
+def isfinite(x):
+    return jnp.isfinite(x) if is_floating(x.dtype) else jnp.ones(x.shape, jnp.bool_)
+
+
+@lowers(aten.bitwise_not.default)
+def bitwise_not(x):
+    return jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x)
+
+
+@lowers(aten.logical_not.default)
+def logical_not(x):
+    return jnp.logical_not(x)
+
+
+# --- arithmetic -------------------------------------------------------------------------
+
+
+def _scaled(other, alpha):
+    return other if is_static_number(alpha) and alpha == 1 else other * alpha
+
+
+@lowers(aten.add.Tensor, aten.add.Scalar)
+def add(x, other, *, alpha=1):
+    if result_dtype(x, other) == jnp.bool_ and not (is_static_number(alpha) and alpha == 1):
+        return jnp.logical_or(x, jnp.logical_and(other, bool(alpha)))
+    return elementwise(lambda a, b: a + _scaled(b, alpha), x, other)
+
+
+@lowers(aten.sub.Tensor, aten.sub.Scalar)
+def sub(x, other, *, alpha=1):
+    if result_dtype(x, other) == jnp.bool_:
+        raise TypeError("aten.sub: subtraction of bool tensors is not supported; use logical_xor")
+    return elementwise(lambda a, b: a - _scaled(b, alpha), x, other)
+
+
+@lowers(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(x, other, *, alpha=1):
+    return elementwise(lambda a, b: b - _scaled(a, alpha), x, other)
+
+
+@lowers(aten.mul.Tensor, aten.mul.Scalar)
+def mul(x, other):
+    if result_dtype(x, other) == jnp.bool_:
+        return jnp.logical_and(x, other)
+    return elementwise(jnp.multiply, x, other)
+
+
+@lowers(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, aten.true_divide.Scalar)
+def div(x, other):
+    return elementwise(jnp.true_divide, x, other, kind=FLOAT)
+
+
+def _trunc_divide(a, b):
+    if is_integral(a.dtype):
+        return lax.div(a, b)  # lax.div truncates integers toward zero
+    return jnp.trunc(a / b)
+
+
+def _floor_divide(a, b):
+    if is_integral(a.dtype):
+        return jnp.floor_divide(a, b)
+    # Python's floor division (fmod-based) matches ATen's div_floor; b == 0 gives a / b.
+    return jnp.where(b == 0, a / b, jnp.floor_divide(a, b))
+
+
+@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(x, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return div(x, other)
+    if rounding_mode == "trunc":
+        return elementwise(_trunc_divide, x, other)
+    if rounding_mode == "floor":
+        return elementwise(_floor_divide, x, other)
+    raise ValueError(f"aten.div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+
+
+@lowers(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(x, other):
+    return elementwise(_floor_divide, x, other)
+
+
+@lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(x, other):
+    return elementwise(jnp.remainder, x, other)
+
+
+@lowers(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(x, other):
+    return elementwise(jnp.fmod, x, other)
+
+
+def _power(base, exponent):
+    return jnp.power(base, exponent)
+
+
+@lowers(aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def power(x, exponent):
+    return elementwise(_power, x, exponent)
+
+
+@lowers(aten.pow.Tensor_Scalar)
+def pow_tensor_scalar(x, exponent):
+    compute, result = dtypes_for(x, exponent)
+    base = x.astype(compute)
+    if isinstance(exponent, (int, bool)) or (isinstance(exponent, float) and exponent.is_integer() and abs(exponent) <= 64):
+        # Small integral exponents by repeated multiplication, exact like ATen's.
+        n = int(exponent)
+        if n < 0 and not is_floating(compute):
+            raise ValueError("aten.pow: integers to negative integer powers are not allowed")
+        return lax.integer_pow(base, n).astype(result)
+    return jnp.power(base, jnp.asarray(exponent, compute)).astype(result)
+
+
+@lowers(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar, aten.float_power.Scalar)
+def float_power(x, exponent):
+    return jnp.power(jnp.asarray(x, jnp.float64), jnp.asarray(exponent, jnp.float64))
+
+
+@lowers(aten.atan2.default)
+def atan2(x, other):
+    return elementwise(jnp.arctan2, x, other, kind=FLOAT)
+
+
+@lowers(aten.hypot.default)
+def hypot(x, other):
+    return elementwise(jnp.hypot, x, other)
+
+
+@lowers(aten.copysign.Tensor, aten.copysign.Scalar)
+def copysign(x, other):
+    return elementwise(jnp.copysign, x, other, kind=FLOAT)
+
+
+@lowers(aten.nextafter.default)
+def nextafter(x, other):
+    return elementwise(jnp.nextafter, x, other)
+
+
+@lowers(aten.ldexp.Tensor)
+def ldexp(x, other):
+    return elementwise(lambda a, b: a * jnp.exp2(b), x, other, kind=FLOAT)
+
+
+@lowers(aten.logaddexp.default)
+def logaddexp(x, other):
+    return elementwise(jnp.logaddexp, x, other)
+
+
+@lowers(aten.logaddexp2.default)
+def logaddexp2(x, other):
+    return elementwise(jnp.logaddexp2, x, other)
+
+
+def _xlogy(a, b):
+    return jnp.where(jnp.isnan(b), jnp.nan, jnp.where(a == 0, 0.0, a * jnp.log(b))).astype(a.dtype)
+
+
+@lowers(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other)
+def xlogy(x, other):
+    return elementwise(_xlogy, x, other, kind=FLOAT)
+
+
+@lowers(aten.special_xlog1py.default, aten.special_xlog1py.self_scalar, aten.special_xlog1py.other_scalar)
+def special_xlog1py(x, other):
+    fn = lambda a, b: jnp.where(jnp.isnan(b), jnp.nan, jnp.where(a == 0, 0.0, a * jnp.log1p(b))).astype(a.dtype)
+    return elementwise(fn, x, other, kind=FLOAT)
+
+
+@lowers(aten.heaviside.default)
+def heaviside(x, values):
+    return elementwise(lambda a, v: jnp.where(a == 0, v, (a > 0).astype(a.dtype)), x, values)
+
+
+@lowers(aten.gcd.default)
+def gcd(x, other):
+    return elementwise(jnp.gcd, x, other)
+
+
+@lowers(aten.lcm.default)
+def lcm(x, other):
+    return elementwise(jnp.lcm, x, other)
+
+
+# --- minimum / maximum / clamp ----------------------------------------------------------
+
+
+@lowers(aten.maximum.default)
+def maximum(x, other):
+    return elementwise(jnp.maximum, x, other)
+
+
+@lowers(aten.minimum.default)
+def minimum(x, other):
+    return elementwise(jnp.minimum, x, other)
+
+
+@lowers(aten.fmax.default)
+def fmax(x, other):
+    return elementwise(jnp.fmax, x, other)
+
+
+@lowers(aten.fmin.default)
+def fmin(x, other):
+    return elementwise(jnp.fmin, x, other)
+
+
+def _clamp(a, lo, hi):
+    # min > max gives max everywhere in ATen; NaN in `a` propagates.
+    if lo is not None:
+        a = jnp.where(a < lo, lo, a) if not is_floating(a.dtype) else jnp.maximum(a, lo)
+    if hi is not None:
+        a = jnp.where(a > hi, hi, a) if not is_floating(a.dtype) else jnp.minimum(a, hi)
+    return a
+
+
+@lowers(aten.clamp.default, aten.clamp.Tensor)
+def clamp(x, min=None, max=None):
+    if min is None and max is None:
+        raise ValueError("aten.clamp: at least one of min and max must be given")
+    return elementwise(_clamp, x, min, max)
+
+
+@lowers(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(x, min):
+    return clamp(x, min=min)
+
+
+@lowers(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(x, max):
+    return clamp(x, max=max)
+
+
+# --- comparisons and logic ----------------------------------------------------------------
+
+
+def _compare(fn, x, other):
+    compute, _ = dtypes_for(x, other)
+    return fn(jnp.asarray(x, compute), jnp.asarray(other, compute))
+
+
+@lowers(aten.eq.Tensor, aten.eq.Scalar)
+def eq(x, other):
+    return _compare(jnp.equal, x, other)
+
+
+@lowers(aten.ne.Tensor, aten.ne.Scalar)
+def ne(x, other):
+    return _compare(jnp.not_equal, x, other)
+
+
+@lowers(aten.lt.Tensor, aten.lt.Scalar)
+def lt(x, other):
+    return _compare(jnp.less, x, other)
+
+
+@lowers(aten.le.Tensor, aten.le.Scalar)
+def le(x, other):
+    return _compare(jnp.less_equal, x, other)
+
+
+@lowers(aten.gt.Tensor, aten.gt.Scalar)
+def gt(x, other):
+    return _compare(jnp.greater, x, other)
+
+
+@lowers(aten.ge.Tensor, aten.ge.Scalar)
+def ge(x, other):
+    return _compare(jnp.greater_equal, x, other)
+
+
+@lowers(aten.logical_and.default)
+def logical_and(x, other):
+    return jnp.logical_and(x, other)
+
+
+@lowers(aten.logical_or.default)
+def logical_or(x, other):
+    return jnp.logical_or(x, other)
+
+
+@lowers(aten.logical_xor.default)
+def logical_xor(x, other):
+    return jnp.logical_xor(x, other)
+
+
+def _bitwise(fn, x, other):
+    dtype = result_dtype(x, other)
+    if is_floating(dtype):
+        raise TypeError(f"aten bitwise ops need integer or bool tensors, got {dtype}")
+    return fn(jnp.asarray(x, dtype), jnp.asarray(other, dtype))
+
+
+@lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)
+def bitwise_and(x, other):
+    return _bitwise(jnp.bitwise_and, x, other)
+
+
+@lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)
+def bitwise_or(x, other):
+    return _bitwise(jnp.bitwise_or, x, other)
+
+
+@lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)
+def bitwise_xor(x, other):
+    return _bitwise(jnp.bitwise_xor, x, other)
+
+
+@lowers(
+    aten.bitwise_left_shift.Tensor,
+    aten.bitwise_left_shift.Tensor_Scalar,
+    aten.bitwise_left_shift.Scalar_Tensor,
+    aten.__lshift__.Tensor,
+    aten.__lshift__.Scalar,
+)
+def bitwise_left_shift(x, other):
+    return _bitwise(jnp.left_shift, x, other)
+
+
+@lowers(
+    aten.bitwise_right_shift.Tensor,
+    aten.bitwise_right_shift.Tensor_Scalar,
+    aten.bitwise_right_shift.Scalar_Tensor,
+    aten.__rshift__.Tensor,
+    aten.__rshift__.Scalar,
+)
+def bitwise_right_shift(x, other):
+    return _bitwise(jnp.right_shift, x, other)
+
+
+# --- selection and blends -----------------------------------------------------------------
+
+
+@lowers(aten.where.self)
+def where(condition, x, other):
+    dtype = result_dtype(x, other)
+    return jnp.where(condition, jnp.asarray(x, dtype), jnp.asarray(other, dtype))
+
+
+@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
+
+
+@lowers(aten.threshold.default)
+def threshold(x, threshold, value):
+    return jnp.where(x <= threshold, jnp.asarray(value, x.dtype), x)
+
+
+def _lerp(start, end, weight):
+    # ATen's two-sided formula keeps lerp exact at weight 0 and 1.
+    diff = end - start
+    return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
+
+
+@lowers(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(x, end, weight):
+    return elementwise(_lerp, x, end, weight)
+
+
+@lowers(aten.addcmul.default)
+def addcmul(x, tensor1, tensor2, *, value=1):
+    return elementwise(lambda a, b, c: a + value * b * c, x, tensor1, tensor2)
+
+
+@lowers(aten.addcdiv.default)
+def addcdiv(x, tensor1, tensor2, *, value=1):
+    if is_integral(result_dtype(tensor1, tensor2)):
+        raise TypeError("aten.addcdiv: integer division is not supported; use addcmul or floor division")
+    return elementwise(lambda a, b, c: a + value * b / c, x, tensor1, tensor2)

@@ -1,0 +1,319 @@
+"""Pooling (max with indices, average, adaptive) and upsampling, 1-d to 3-d, with backward.
+
+Windows are read as strided slices of the padded input, one per kernel offset
+(`_windows`), so max/avg pooling are plain reductions over a stacked "kernel" axis and
+the max indices fall out of an argmax. Indices are flat positions within each input
+plane (h * W + w), as ATen returns them. Adaptive average pooling and linear
+upsampling are separable: one small (out x in) weight matrix per spatial dim.
+Backward ops are `jax.vjp` of the forward, except max-pool ones, which scatter the
+gradient to the saved indices as ATen does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_backend.ops._common import expand_param, is_floating
+from tpu_backend.ops.registry import lowers
+
+aten = torch.ops.aten
+
+
+def _pool_out_size(size, kernel, stride, pad, dilation, ceil_mode):
+    span = size + 2 * pad - dilation * (kernel - 1) - 1
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1  # the last window must start inside the input or left padding
+    return out
+
+
+def _pool_geometry(x, spatial, kernel_size, stride, padding, dilation, ceil_mode):
+    kernel = expand_param(kernel_size, spatial)
+    stride = expand_param(stride, spatial) if stride else kernel
+    padding = expand_param(padding, spatial)
+    dilation = expand_param(dilation, spatial)
+    sizes = x.shape[-spatial:]
+    outs = tuple(_pool_out_size(*args, ceil_mode) for args in zip(sizes, kernel, stride, padding, dilation))
+    return kernel, stride, padding, dilation, outs
+
+
+def _windows(x, spatial, kernel, stride, padding, dilation, outs, fill):
+    """Stack of the strided window slices of padded x: shape (K, *x.shape[:-s], *outs)."""
+    sizes = x.shape[-spatial:]
+    pads = []
+    for size, k, s, p, d, o in zip(sizes, kernel, stride, padding, dilation, outs):
+        needed = (o - 1) * s + d * (k - 1) + 1
+        pads.append((p, max(needed - size - p, 0)))
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - spatial) + pads, constant_values=fill)
+    slices = []
+    for offsets in itertools.product(*(range(k) for k in kernel)):
+        index = tuple(slice(off * d, off * d + (o - 1) * s + 1, s) for off, d, s, o in zip(offsets, dilation, stride, outs))
+        slices.append(padded[(Ellipsis,) + index])
+    return jnp.stack(slices)
+
+
+def _lowest(dtype):
+    return -jnp.inf if is_floating(dtype) else jnp.iinfo(dtype).min
+
+
+def _max_pool(x, spatial, kernel_size, stride, padding, dilation, ceil_mode):
+    kernel, stride, padding, dilation, outs = _pool_geometry(x, spatial, kernel_size, stride, padding, dilation, ceil_mode)
+    windows = _windows(x, spatial, kernel, stride, padding, dilation, outs, _lowest(x.dtype))
+    best = jnp.argmax(windows, axis=0)
+    values = jnp.take_along_axis(windows, best[None], axis=0)[0]
+    # Flat input position of the chosen element: per dim, out_index * stride - pad + offset * dilation.
+    offsets = np.array(list(itertools.product(*(range(k) for k in kernel))))  # (K, spatial)
+    sizes = x.shape[-spatial:]
+    flat = jnp.zeros(best.shape, jnp.int64)
+    for dim in range(spatial):
+        shape = [1] * best.ndim
+        shape[best.ndim - spatial + dim] = outs[dim]
+        start = (jnp.arange(outs[dim]) * stride[dim] - padding[dim]).reshape(shape)
+        position = start + jnp.asarray(offsets[:, dim] * dilation[dim])[best]
+        flat = flat * sizes[dim] + position
+    return values, flat
+
+
+@lowers(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lowers(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _scatter_to_indices(grad_output, x, indices, spatial):
+    """Add each output gradient at its saved flat input position (per plane)."""
+    plane = math.prod(x.shape[-spatial:])
+    leading = x.shape[:-spatial]
+    planes = math.prod(leading)
+    g = grad_output.reshape(planes, -1)
+    idx = indices.reshape(planes, -1)
+    rows = jnp.arange(planes)[:, None]
+    grad_input = jnp.zeros((planes, plane), grad_output.dtype).at[rows, idx].add(g)
+    return grad_input.reshape(x.shape)
+
+
+@lowers(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_indices(grad_output, x, indices, 2)
+
+
+@lowers(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_indices(grad_output, x, indices, 3)
+
+
+def _avg_pool(x, spatial, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    kernel, stride, padding, dilation, outs = _pool_geometry(x, spatial, kernel_size, stride, padding, 1, ceil_mode)
+    total = jnp.sum(_windows(x, spatial, kernel, stride, padding, dilation, outs, 0), axis=0)
+    if divisor_override:
+        return (total / divisor_override).astype(x.dtype)
+    # Count, per window, the cells that are real input (or padding, if counted); the
+    # extra cells ceil_mode adds past the padding never count.
+    sizes = x.shape[-spatial:]
+    ones = jnp.ones(sizes, jnp.float32)
+    if count_include_pad:
+        ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1.0)
+        counts = _windows(ones, spatial, kernel, stride, (0,) * spatial, dilation, outs, 0)
+    else:
+        counts = _windows(ones, spatial, kernel, stride, padding, dilation, outs, 0)
+    divisor = jnp.sum(counts, axis=0)
+    return (total / divisor).astype(x.dtype)
+
+
+@lowers(aten.avg_pool2d.default)
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lowers(aten.avg_pool3d.default)
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lowers(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    forward = lambda v: _avg_pool(v, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return jax.vjp(forward, x)[1](grad_output)[0]
+
+
+@lowers(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    forward = lambda v: _avg_pool(v, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return jax.vjp(forward, x)[1](grad_output)[0]
+
+
+# --- adaptive pooling ---------------------------------------------------------------------
+
+
+def _adaptive_bounds(size, out):
+    """ATen's adaptive windows: [floor(i*size/out), ceil((i+1)*size/out))."""
+    starts = [(i * size) // out for i in range(out)]
+    ends = [-(-((i + 1) * size) // out) for i in range(out)]
+    return starts, ends
+
+
+def _adaptive_average_matrix(size, out, dtype):
+    starts, ends = _adaptive_bounds(size, out)
+    matrix = np.zeros((out, size), np.float64)
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        matrix[i, s:e] = 1.0 / (e - s)
+    return jnp.asarray(matrix, dtype)
+
+
+def _adaptive_avg_pool(x, output_size):
+    spatial = len(output_size)
+    out = x
+    for dim, size_out in enumerate(output_size):
+        axis = x.ndim - spatial + dim
+        matrix = _adaptive_average_matrix(x.shape[axis], size_out, jnp.float32 if not is_floating(x.dtype) else x.dtype)
+        out = jnp.moveaxis(jnp.tensordot(out, matrix, axes=[[axis], [1]]), -1, axis)
+    return out.astype(x.dtype)
+
+
+@lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool(x, output_size):
+    return _adaptive_avg_pool(x, tuple(output_size))
+
+
+@lowers(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(grad_output, x):
+    return jax.vjp(lambda v: _adaptive_avg_pool(v, grad_output.shape[-2:]), x)[1](grad_output)[0]
+
+
+@lowers(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad_output, x):
+    return jax.vjp(lambda v: _adaptive_avg_pool(v, grad_output.shape[-3:]), x)[1](grad_output)[0]
+
+
+def _adaptive_window_index(size, out):
+    """(out, width) input positions of each adaptive window, its last cell repeated to pad."""
+    starts, ends = _adaptive_bounds(size, out)
+    width = max(e - s for s, e in zip(starts, ends))
+    return np.array([[min(s + j, e - 1) for j in range(width)] for s, e in zip(starts, ends)])
+
+
+@lowers(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(x, output_size):
+    """(values, flat indices): gather every window (padded by repeating its last cell)."""
+    out_h, out_w = expand_param(output_size, 2)
+    rows, cols = (_adaptive_window_index(size, out) for size, out in zip(x.shape[-2:], (out_h, out_w)))
+    g = jnp.take(x, jnp.asarray(rows.reshape(-1)), axis=-2).reshape(x.shape[:-2] + rows.shape + x.shape[-1:])
+    g = jnp.take(g, jnp.asarray(cols.reshape(-1)), axis=-1).reshape(g.shape[:-1] + cols.shape)  # (..., OH, KH, OW, KW)
+    windows = jnp.swapaxes(g, -3, -2).reshape(g.shape[:-4] + (out_h, out_w, -1))
+    best = jnp.argmax(windows, axis=-1)
+    values = jnp.take_along_axis(windows, best[..., None], axis=-1)[..., 0]
+    kw = cols.shape[1]
+    h = jnp.asarray(rows)[jnp.arange(out_h)[:, None], best // kw]
+    w = jnp.asarray(cols)[jnp.arange(out_w)[None, :], best % kw]
+    return values, (h * x.shape[-1] + w).astype(jnp.int64)
+
+
+@lowers(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, x, indices):
+    return _scatter_to_indices(grad_output, x, indices, 2)
+
+
+# --- upsampling ---------------------------------------------------------------------------
+
+
+def _scale(in_size, out_size, scale):
+    """Output-to-input coordinate ratio: 1/scale when the user gave a scale factor."""
+    return in_size / out_size if scale is None else 1.0 / scale
+
+
+def _nearest_index(in_size, out_size, scale, exact):
+    ratio = _scale(in_size, out_size, scale)
+    positions = jnp.arange(out_size, dtype=jnp.float32)
+    source = jnp.floor((positions + 0.5) * ratio) if exact else jnp.floor(positions * ratio)
+    return jnp.minimum(source.astype(jnp.int32), in_size - 1)
+
+
+def _upsample_nearest(x, output_size, scales, exact=False):
+    spatial = len(output_size)
+    for dim, (out, scale) in enumerate(zip(output_size, scales)):
+        axis = x.ndim - spatial + dim
+        x = jnp.take(x, _nearest_index(x.shape[axis], out, scale, exact), axis=axis)
+    return x
+
+
+def _linear_matrix(in_size, out_size, align_corners, scale, dtype):
+    """(out, in) interpolation weights: two non-zeros per row, like ATen's linear kernels."""
+    positions = jnp.arange(out_size, dtype=jnp.float32)
+    if align_corners:
+        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        source = positions * ratio
+    else:
+        source = jnp.maximum((positions + 0.5) * _scale(in_size, out_size, scale) - 0.5, 0.0)
+    low = jnp.minimum(jnp.floor(source).astype(jnp.int32), in_size - 1)
+    high = jnp.minimum(low + 1, in_size - 1)
+    frac = source - low
+    columns = jnp.arange(in_size)
+    matrix = (columns == low[:, None]) * (1 - frac)[:, None] + (columns == high[:, None]) * frac[:, None]
+    return matrix.astype(dtype)
+
+
+def _upsample_linear(x, output_size, align_corners, scales):
+    spatial = len(output_size)
+    out = x
+    for dim, (size_out, scale) in enumerate(zip(output_size, scales)):
+        axis = x.ndim - spatial + dim
+        matrix = _linear_matrix(x.shape[axis], size_out, align_corners, scale, x.dtype)
+        out = jnp.moveaxis(jnp.tensordot(out, matrix, axes=[[axis], [1]], precision="highest"), -1, axis)
+    return out
+
+
+@lowers(aten.upsample_nearest1d.default)
+def upsample_nearest1d(x, output_size, scales=None):
+    return _upsample_nearest(x, output_size, (scales,))
+
+
+@lowers(aten.upsample_nearest2d.default)
+def upsample_nearest2d(x, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(x, output_size, (scales_h, scales_w))
+
+
+@lowers(aten._upsample_nearest_exact2d.default)
+def upsample_nearest_exact2d(x, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(x, output_size, (scales_h, scales_w), exact=True)
+
+
+@lowers(aten.upsample_nearest3d.default)
+def upsample_nearest3d(x, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_nearest(x, output_size, (scales_d, scales_h, scales_w))
+
+
+@lowers(aten.upsample_nearest2d_backward.default)
+def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_nearest(v, output_size, (scales_h, scales_w))
+    return jax.vjp(forward, jnp.zeros(tuple(input_size), grad_output.dtype))[1](grad_output)[0]
+
+
+@lowers(aten.upsample_linear1d.default)
+def upsample_linear1d(x, output_size, align_corners, scales=None):
+    return _upsample_linear(x, output_size, align_corners, (scales,))
+
+
+@lowers(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_linear(x, output_size, align_corners, (scales_h, scales_w))
+
+
+@lowers(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(x, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_linear(x, output_size, align_corners, (scales_d, scales_h, scales_w))
+
+
+@lowers(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_linear(v, output_size, align_corners, (scales_h, scales_w))
+    return jax.vjp(forward, jnp.zeros(tuple(input_size), grad_output.dtype))[1](grad_output)[0]

@@ -1,0 +1,321 @@
+"""Reductions and scans: sum, mean, prod, min/max (+indices), var/std, norms, cumulative ops.
+
+ATen's conventions kept here: `dim=None` or `dim=[]` reduces every dim; integer and
+bool sums/products accumulate in int64; min/max/argmax pick the first extreme and
+propagate NaN; cummax/cummin report the last index of a tie; var/std take a
+`correction` (None means 1).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from tpu_backend.ops._common import canonical_dim, canonical_dims, is_floating, jax_dtype, reduction_dtype, to_float
+from tpu_backend.ops.registry import lowers
+
+aten = torch.ops.aten
+
+
+def _keep(out, dims, keepdim):
+    """Re-insert reduced dims of size 1 when keepdim is set."""
+    return jnp.expand_dims(out, dims) if keepdim and dims else out
+
+
+@lowers(aten.sum.default, aten.sum.dim_IntList)
+def sum_(x, dim=None, keepdim=False, *, dtype=None):
+    dims = canonical_dims(dim, x.ndim)
+    return jnp.sum(x.astype(reduction_dtype(x, dtype)), axis=dims, keepdims=keepdim)
+
+
+@lowers(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    dims = canonical_dims(dim, x.ndim)
+    return jnp.nansum(x.astype(reduction_dtype(x, dtype)), axis=dims, keepdims=keepdim)
+
+
+@lowers(aten.mean.default, aten.mean.dim)
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    out_dtype = jax_dtype(dtype) if dtype is not None else x.dtype
+    if not is_floating(out_dtype):
+        raise TypeError(f"aten.mean: needs a floating point input or dtype=, got {x.dtype}; cast with .float() first")
+    return jnp.mean(x.astype(out_dtype), axis=canonical_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.prod.default, aten.prod.dim_int)
+def prod(x, dim=None, keepdim=False, *, dtype=None):
+    dims = canonical_dims(dim, x.ndim)
+    return jnp.prod(x.astype(reduction_dtype(x, dtype)), axis=dims, keepdims=keepdim)
+
+
+@lowers(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=canonical_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=canonical_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    dims = canonical_dims(dim, x.ndim)
+    return jnp.min(x, axis=dims, keepdims=keepdim), jnp.max(x, axis=dims, keepdims=keepdim)
+
+
+@lowers(aten.max.default)
+def max_all(x):
+    return jnp.max(x)
+
+
+@lowers(aten.min.default)
+def min_all(x):
+    return jnp.min(x)
+
+
+def _arg_extreme(x, dim, keepdim, pick):
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int64)
+    if dim is None:
+        return pick(x.reshape(-1)).astype(jnp.int64).reshape((1,) * x.ndim if keepdim else ())
+    return pick(x, axis=canonical_dim(dim, x.ndim), keepdims=keepdim).astype(jnp.int64)
+
+
+@lowers(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, jnp.argmax)
+
+
+@lowers(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, jnp.argmin)
+
+
+@lowers(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    axis = canonical_dim(dim, x.ndim)
+    return jnp.max(x, axis=axis, keepdims=keepdim) if x.ndim else x, _arg_extreme(x, dim, keepdim, jnp.argmax)
+
+
+@lowers(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    axis = canonical_dim(dim, x.ndim)
+    return jnp.min(x, axis=axis, keepdims=keepdim) if x.ndim else x, _arg_extreme(x, dim, keepdim, jnp.argmin)
+
+
+def _var(x, dim, correction, keepdim):
+    correction = 1 if correction is None else correction
+    x = to_float(x)
+    dims = canonical_dims(dim, x.ndim)
+    return jnp.var(x, axis=dims, ddof=correction, keepdims=keepdim), jnp.mean(x, axis=dims, keepdims=keepdim)
+
+
+@lowers(aten.var.correction)
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _var(x, dim, correction, keepdim)[0]
+
+
+@lowers(aten.std.correction)
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(_var(x, dim, correction, keepdim)[0])
+
+
+@lowers(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var(x, dim, correction, keepdim)
+
+
+@lowers(aten.std_mean.correction)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    variance, average = _var(x, dim, correction, keepdim)
+    return jnp.sqrt(variance), average
+
+
+@lowers(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    x = to_float(x)
+    dims = canonical_dims(dim, x.ndim)
+    return jax.nn.logsumexp(x, axis=dims, keepdims=keepdim) if dims else x
+
+
+def _vector_norm(x, ord, dims, keepdim):
+    x = jnp.abs(x)
+    if ord == float("inf"):
+        return jnp.max(x, axis=dims, keepdims=keepdim)
+    if ord == float("-inf"):
+        return jnp.min(x, axis=dims, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum((x != 0).astype(x.dtype), axis=dims, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(x, axis=dims, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(x * x, axis=dims, keepdims=keepdim))
+    return jnp.sum(x**ord, axis=dims, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lowers(aten.linalg_vector_norm.default)
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if not is_floating(x.dtype):
+        raise TypeError(f"aten.linalg_vector_norm: needs a floating point input, got {x.dtype}")
+    if dtype is not None:
+        x = x.astype(jax_dtype(dtype))
+    return _vector_norm(x, ord, canonical_dims(dim, x.ndim), keepdim)
+
+
+@lowers(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype)
+def norm_dim(x, p, dim, keepdim=False, *, dtype=None):
+    return linalg_vector_norm(x, 2 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+@lowers(aten.norm.Scalar, aten.norm.ScalarOpt_dtype)
+def norm(x, p=2, *, dtype=None):
+    return linalg_vector_norm(x, 2 if p is None else p, None, False, dtype=dtype)
+
+
+@lowers(aten.all.default, aten.all.dim, aten.all.dims)
+def all_(x, dim=None, keepdim=False):
+    if isinstance(dim, (list, tuple)) and len(dim) == 0:  # all.dims with [] reduces nothing
+        return x != 0
+    return jnp.all(x != 0, axis=canonical_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(x, dim=None, keepdim=False):
+    if isinstance(dim, (list, tuple)) and len(dim) == 0:  # any.dims with [] reduces nothing
+        return x != 0
+    return jnp.any(x != 0, axis=canonical_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)
+def count_nonzero(x, dim=None):
+    return jnp.sum(x != 0, axis=canonical_dims(dim, x.ndim)).astype(jnp.int64)
+
+
+# --- scans ------------------------------------------------------------------------------
+
+
+@lowers(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    x = x.astype(reduction_dtype(x, dtype))
+    return jnp.cumsum(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
+
+
+@lowers(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    x = x.astype(reduction_dtype(x, dtype))
+    return jnp.cumprod(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
+
+
+@lowers(aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    return lax.cumlogsumexp(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
+
+
+def _cumulative_extreme(x, dim, better):
+    """(running extreme, index where it was reached); later ties and NaN win, as in ATen."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    index = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+
+    def combine(earlier, later):
+        (v1, i1), (v2, i2) = earlier, later
+        take_later = better(v2, v1) | (v2 == v1)
+        if is_floating(x.dtype):
+            take_later = (take_later & ~jnp.isnan(v1)) | jnp.isnan(v2)
+        return jnp.where(take_later, v2, v1), jnp.where(take_later, i2, i1)
+
+    return lax.associative_scan(combine, (x, index), axis=axis)
+
+
+@lowers(aten.cummax.default)
+def cummax(x, dim):
+    return _cumulative_extreme(x, dim, jnp.greater)
+
+
+@lowers(aten.cummin.default)
+def cummin(x, dim):
+    return _cumulative_extreme(x, dim, jnp.less)
+
+
+# --- order statistics along one dim ------------------------------------------------------
+
+
+def _kth_along(x, k_index, dim, keepdim):
+    """Value and (ATen-like) index of the k-th smallest element along `dim`, NaN last."""
+    axis = canonical_dim(dim, x.ndim)
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    order = jnp.argsort(x, axis=axis, stable=True)
+    index = jnp.take(order, jnp.asarray([k_index]), axis=axis)
+    value = jnp.take_along_axis(x, index, axis=axis)
+    if not keepdim:
+        value, index = jnp.squeeze(value, axis), jnp.squeeze(index, axis)
+    return value, index.astype(jnp.int64)
+
+
+@lowers(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    return _kth_along(x, k - 1, dim, keepdim)
+
+
+@lowers(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    # ATen's median is the lower middle; any NaN makes the result NaN (sorted last).
+    size = x.shape[canonical_dim(dim, x.ndim)] if x.ndim else 1
+    value, index = _kth_along(x, (size - 1) // 2, dim, keepdim)
+    if is_floating(x.dtype) and x.ndim:
+        axis = canonical_dim(dim, x.ndim)
+        has_nan = jnp.any(jnp.isnan(x), axis=axis, keepdims=keepdim)
+        first_nan = jnp.argmax(jnp.isnan(x), axis=axis, keepdims=keepdim).astype(jnp.int64)
+        value, index = jnp.where(has_nan, jnp.nan, value).astype(x.dtype), jnp.where(has_nan, first_nan, index)
+    return value, index
+
+
+@lowers(aten.median.default)
+def median(x):
+    return median_dim(x.reshape(-1), 0)[0]
+
+
+@lowers(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    if not is_floating(x.dtype):
+        return median_dim(x, dim, keepdim)
+    axis = canonical_dim(dim, x.ndim)
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    valid = jnp.sum(~jnp.isnan(x), axis=axis, keepdims=True)
+    k = jnp.maximum((valid - 1) // 2, 0)
+    order = jnp.argsort(x, axis=axis, stable=True)  # NaN sorts last
+    index = jnp.take_along_axis(order, k, axis=axis)
+    value = jnp.take_along_axis(x, index, axis=axis)
+    if not keepdim:
+        value, index = jnp.squeeze(value, axis), jnp.squeeze(index, axis)
+    return value, index.astype(jnp.int64)
+
+
+@lowers(aten.nanmedian.default)
+def nanmedian(x):
+    return nanmedian_dim(x.reshape(-1), 0)[0]
+
+
+@lowers(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """Most frequent value (smallest on ties) and its last index, by comparing all pairs."""
+    axis = canonical_dim(dim, x.ndim)
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    moved = jnp.moveaxis(x, axis, -1)
+    counts = jnp.sum(moved[..., :, None] == moved[..., None, :], axis=-1)
+    best = jnp.max(counts, axis=-1, keepdims=True)
+    candidates = jnp.where(counts == best, moved, jnp.max(moved, axis=-1, keepdims=True))
+    value = jnp.min(candidates, axis=-1, keepdims=True)
+    positions = jnp.arange(moved.shape[-1])
+    index = jnp.max(jnp.where(moved == value, positions, -1), axis=-1, keepdims=True).astype(jnp.int64)
+    value, index = jnp.moveaxis(value, -1, axis), jnp.moveaxis(index, -1, axis)
+    if not keepdim:
+        value, index = jnp.squeeze(value, axis), jnp.squeeze(index, axis)
+    return value, index

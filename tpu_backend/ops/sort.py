@@ -1,0 +1,169 @@
+"""Sorting and searching: sort, topk, searchsorted/bucketize, histc; unique and bincount.
+
+NaN sorts as the largest value, as in ATen (last ascending, first descending). Sorts
+are stable, which is also a valid answer where ATen does not promise stability.
+`unique*` and `bincount` have value-dependent output sizes: they are in
+`DATA_DEPENDENT` and run eagerly on host values (a sync).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from tpu_backend.ops._common import canonical_dim, data_dependent, is_floating
+from tpu_backend.ops.registry import lowers
+
+aten = torch.ops.aten
+
+
+def _descending_key(x):
+    """A key whose ascending order is x's descending order with NaN first (ATen's)."""
+    if is_floating(x.dtype):
+        return jnp.where(jnp.isnan(x), -jnp.inf, -x), jnp.isnan(x)
+    if x.dtype == jnp.bool_:
+        return ~x, None
+    return ~x, None  # bitwise not reverses integer order without overflow
+
+
+def _sort(x, dim, descending):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    index = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+    if descending:
+        key, nan_first = _descending_key(x)
+        if nan_first is not None:
+            # Primary key: NaN first; secondary: descending value; ties keep input order.
+            _, _, order = lax.sort((~nan_first, key, index), dimension=axis, num_keys=2, is_stable=True)
+        else:
+            _, order = lax.sort((key, index), dimension=axis, num_keys=1, is_stable=True)
+    else:
+        _, order = lax.sort((x, index), dimension=axis, num_keys=1, is_stable=True)  # lax puts NaN last
+    return jnp.take_along_axis(x, order, axis=axis), order
+
+
+@lowers(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    return _sort(x, dim, descending)
+
+
+@lowers(aten.sort.stable)
+def sort_stable(x, *, stable=None, dim=-1, descending=False):
+    return _sort(x, dim, descending)
+
+
+@lowers(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    """The k largest (or smallest) along dim, in sorted order (always sorted here)."""
+    values, indices = _sort(x, dim, descending=largest)
+    axis = canonical_dim(dim, x.ndim) if x.ndim else 0
+    if x.ndim == 0:
+        return values, indices
+    return lax.slice_in_dim(values, 0, k, axis=axis), lax.slice_in_dim(indices, 0, k, axis=axis)
+
+
+def _search(sorted_sequence, values, right, sorter):
+    side = "right" if right else "left"
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    if sorted_sequence.ndim == 1:
+        return jnp.searchsorted(sorted_sequence, values, side=side)
+    flat_seq = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
+    flat_val = values.reshape(flat_seq.shape[0], -1)
+    rows = [jnp.searchsorted(flat_seq[i], flat_val[i], side=side) for i in range(flat_seq.shape[0])]
+    return jnp.stack(rows).reshape(values.shape)
+
+
+@lowers(aten.searchsorted.Tensor)
+def searchsorted(sorted_sequence, x, *, out_int32=False, right=False, side=None, sorter=None):
+    right = right or side == "right"
+    return _search(sorted_sequence, x, right, sorter).astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowers(aten.searchsorted.Scalar)
+def searchsorted_scalar(sorted_sequence, x, *, out_int32=False, right=False, side=None, sorter=None):
+    return searchsorted(sorted_sequence, jnp.asarray(x, sorted_sequence.dtype), out_int32=out_int32, right=right, side=side, sorter=sorter)
+
+
+@lowers(aten.bucketize.Tensor)
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    # bucketize's `right` means the opposite side from searchsorted's.
+    return jnp.searchsorted(boundaries, x, side="right" if right else "left").astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowers(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    """Equal-width histogram over [min, max]; min == max means the data's own range."""
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    same = lo == hi
+    lo, hi = jnp.where(same, jnp.min(x), lo), jnp.where(same, jnp.max(x), hi)
+    lo, hi = jnp.where(lo == hi, lo - 1, lo), jnp.where(lo == hi, hi + 1, hi)
+    inside = (x >= lo) & (x <= hi)
+    position = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int32)
+    position = jnp.clip(position, 0, bins - 1)  # x == max falls in the last bin
+    return jnp.zeros((bins,), x.dtype).at[position].add(inside.astype(x.dtype))
+
+
+# --- data-dependent sizes (run eagerly on host values) -------------------------------------------
+
+
+def _host(x):
+    return np.asarray(x)
+
+
+def _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, inverse_shape):
+    empty = np.zeros((0,), np.int64)
+    inverse_out = inverse.reshape(inverse_shape).astype(np.int64) if return_inverse else empty
+    counts_out = counts.astype(np.int64) if return_counts else empty
+    return jnp.asarray(values, x.dtype), jnp.asarray(inverse_out), jnp.asarray(counts_out)
+
+
+@data_dependent(aten._unique2.default)
+@lowers(aten._unique2.default)
+def unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    """(unique values, inverse, counts); unused outputs are empty, as in ATen."""
+    values, inverse, counts = np.unique(_host(x).reshape(-1), return_inverse=True, return_counts=True)
+    return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, x.shape)
+
+
+@data_dependent(aten.unique_dim.default)
+@lowers(aten.unique_dim.default)
+def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    axis = canonical_dim(dim, x.ndim)
+    values, inverse, counts = np.unique(_host(x), axis=axis, return_inverse=True, return_counts=True)
+    return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, (x.shape[axis],))
+
+
+@data_dependent(aten.unique_consecutive.default)
+@lowers(aten.unique_consecutive.default)
+def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    host = _host(x)
+    if dim is None:
+        flat = host.reshape(-1)
+        starts = np.concatenate([[True], flat[1:] != flat[:-1]]) if flat.size else np.zeros((0,), bool)
+        values = flat[starts]
+        inverse_shape = x.shape
+    else:
+        axis = canonical_dim(dim, x.ndim)
+        moved = np.moveaxis(host, axis, 0)
+        changed = np.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, -1), axis=1) if moved.shape[0] else np.zeros((0,), bool)
+        starts = np.concatenate([[True], changed]) if moved.shape[0] else changed
+        values = np.moveaxis(moved[starts], 0, axis)
+        inverse_shape = (x.shape[axis],)
+    inverse = np.cumsum(starts) - 1
+    counts = np.diff(np.append(np.flatnonzero(starts), starts.size))
+    return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, inverse_shape)
+
+
+@data_dependent(aten.bincount.default)
+@lowers(aten.bincount.default)
+def bincount(x, weights=None, minlength=0):
+    host = _host(x)
+    length = max(int(host.max()) + 1 if host.size else 0, minlength)
+    if weights is None:
+        return jnp.zeros((length,), jnp.int64).at[x].add(1)
+    dtype = weights.dtype if is_floating(weights.dtype) else jnp.float64
+    return jnp.zeros((length,), dtype).at[x].add(weights.astype(dtype))

@@ -1,0 +1,74 @@
+"""Device randomness: a functional `jax.random` key stream kept in this module.
+
+PyTorch has no Python-side device generator, so the state is (seed, counter), like
+CUDA's Philox (seed, offset): every random op gets `fold_in(key(seed), counter)` and
+bumps the counter. `torch.manual_seed(s)` reaches `manual_seed_all` here through
+`torch.tpu` (PyTorch seeds every registered device module), and the seed defaults to
+`torch.initial_seed()`, so seeding torch makes dropout, `randn`, `nn.init`... on the
+device reproducible. Explicit `torch.Generator` arguments are ignored on the device.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import torch
+
+_SEED_MASK = (1 << 63) - 1  # jax.random.key takes a signed 64-bit seed
+_seed: int | None = None
+_counter = 0
+
+
+@functools.lru_cache(maxsize=8)
+def _base_key(seed: int):
+    return jax.random.key(seed)
+
+
+_fold_in = jax.jit(jax.random.fold_in)
+
+
+def manual_seed(seed: int) -> None:
+    """Restart the device key stream from `seed`."""
+    global _seed, _counter
+    _seed, _counter = int(seed) & _SEED_MASK, 0
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> int:
+    """Seed the device with a fresh random number and return it."""
+    new_seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+    manual_seed(new_seed)
+    return initial_seed()
+
+
+def initial_seed() -> int:
+    if _seed is None:
+        manual_seed(torch.initial_seed())
+    return _seed
+
+
+def next_key():
+    """A fresh `jax.random` key for one random op."""
+    global _counter
+    base = _base_key(initial_seed())
+    key = _fold_in(base, np.uint32(_counter & 0xFFFFFFFF))
+    _counter += 1
+    return key
+
+
+def get_rng_state() -> torch.Tensor:
+    """The (seed, counter) state as 16 bytes, like torch.cuda.get_rng_state's ByteTensor."""
+    state = np.array([initial_seed(), _counter], dtype=np.int64)
+    return torch.from_numpy(state.view(np.uint8).copy())
+
+
+def set_rng_state(state: torch.Tensor) -> None:
+    global _seed, _counter
+    values = state.detach().cpu().contiguous().numpy().view(np.int64)
+    if values.shape != (2,):
+        raise ValueError(f"tpu rng state must be the 16 bytes get_rng_state() returns, got {state.numel()} bytes")
+    _seed, _counter = int(values[0]), int(values[1])

@@ -1,0 +1,269 @@
+"""Tensor payloads: where the data of a "tpu" tensor lives, and torch <-> JAX.
+
+A tpu tensor is a plain PrivateUse1 TensorImpl (so `detach`, `nn.Parameter`, views and
+Dynamo treat it like any device tensor). Its data is a JAX array kept in `_PAYLOADS`,
+keyed by the tensor's *storage*: every view and alias of a tensor shares its storage,
+hence its payload. An entry is dropped by a `weakref.finalize` on the storage object,
+which fires the moment the last tensor using the storage dies (the table never grows
+over a training loop; `payload_count()` lets tests measure that).
+
+A storage payload is a JAX array holding all elements of the storage in order. It is
+kept in the shape of the tensor that last wrote the whole storage (the common case:
+one contiguous tensor per storage), so reading that tensor is free. Other views are a
+gather of (sizes, strides, storage_offset) from the flattened payload, and an in-place
+write through a view is a scatter back into it; both are jitted once per view geometry.
+
+`empty` does not allocate: a payload starts unmaterialised and becomes zeros when first
+read (transformers warms allocators with huge `torch.empty` calls).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_backend._registration import DEVICE_NAME, new_device_tensor
+from tpu_backend.ops.registry import jax_dtype, torch_dtype
+
+
+class StoragePayload:
+    """The data behind one storage: `numel` elements of `dtype`, `array` once materialised."""
+
+    __slots__ = ("numel", "dtype", "array", "key", "ref")
+
+    def __init__(self, numel: int, dtype: torch.dtype, array: jax.Array | None = None):
+        self.numel, self.dtype, self.array = numel, dtype, array
+        self.key = self.ref = None
+
+    def materialised(self) -> jax.Array:
+        if self.array is None:
+            self.array = jnp.zeros((self.numel,), jax_dtype(self.dtype))
+        return self.array
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.array is None else self.array.nbytes
+
+    def release(self, _dead_ref=None) -> None:
+        """The storage died: drop the entry and break the payload <-> weakref cycle now."""
+        if _PAYLOADS.get(self.key) is self:
+            del _PAYLOADS[self.key]
+        self.array = self.ref = None
+
+
+_PAYLOADS: dict[int, StoragePayload] = {}
+
+
+def is_tpu(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == DEVICE_NAME
+
+
+def payload_if_tpu(t: torch.Tensor) -> StoragePayload | None:
+    """The payload of a tpu tensor, None for tensors on other devices (fast device test)."""
+    return _PAYLOADS.get(t.untyped_storage()._cdata)
+
+
+def _attach(t: torch.Tensor, payload: StoragePayload) -> None:
+    storage = t.untyped_storage()
+    payload.key = storage._cdata
+    # The storage's Python object lives exactly as long as the storage (PyTorch preserves
+    # it), so a weakref callback frees the payload the moment the last tensor dies.
+    payload.ref = weakref.ref(storage, payload.release)
+    _PAYLOADS[payload.key] = payload
+
+
+def payload_of(t: torch.Tensor) -> StoragePayload:
+    try:
+        return _PAYLOADS[t.untyped_storage()._cdata]
+    except KeyError:
+        raise RuntimeError(
+            f"tpu tensor of shape {tuple(t.shape)} has no data: it was not created by tpu_backend "
+            "(e.g. an UntypedStorage built by hand). Create tpu tensors with torch ops or .to('tpu')."
+        ) from None
+
+
+def payload_count() -> int:
+    """Number of live storages on the device (flat over a training loop = no leak)."""
+    return len(_PAYLOADS)
+
+
+def live_bytes() -> int:
+    """Bytes held by materialised payloads."""
+    return sum(p.nbytes for p in _PAYLOADS.values())
+
+
+def live_arrays() -> list[jax.Array]:
+    return [p.array for p in _PAYLOADS.values() if p.array is not None]
+
+
+# --------------------------------------------------------------------- creating tensors
+
+
+def empty_tensor(shape, dtype: torch.dtype) -> torch.Tensor:
+    """A tpu tensor whose payload is allocated (as zeros) only when first read."""
+    t = new_device_tensor(shape, dtype)
+    _attach(t, StoragePayload(math.prod(shape), dtype))
+    return t
+
+
+def wrap(array: jax.Array) -> torch.Tensor:
+    """A new contiguous tpu tensor owning `array`."""
+    dtype = torch_dtype(array.dtype)
+    t = new_device_tensor(array.shape, dtype)
+    _attach(t, StoragePayload(array.size, dtype, array))
+    return t
+
+
+# --------------------------------------------------------------------- reading and writing
+
+
+def _is_contiguous(shape, strides) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _view_indices(shape, strides, offset):
+    """Flat storage index of every element of a strided view (built inside jit from iota)."""
+    index = jnp.full(shape, offset, jnp.int64)
+    for dim, stride in enumerate(strides):
+        if shape[dim] != 1 and stride != 0:
+            index = index + jax.lax.broadcasted_iota(jnp.int64, shape, dim) * stride
+    return index
+
+
+@functools.lru_cache(maxsize=4096)
+def _gather_fn(shape, strides, offset):
+    numel = math.prod(shape)
+    if _is_contiguous(shape, strides):
+        return jax.jit(lambda base: jax.lax.slice(base.reshape(-1), (offset,), (offset + numel,)).reshape(shape))
+    return jax.jit(lambda base: base.reshape(-1)[_view_indices(shape, strides, offset)])
+
+
+@functools.lru_cache(maxsize=4096)
+def _scatter_fn(shape, strides, offset):
+    numel = math.prod(shape)
+    if _is_contiguous(shape, strides):
+        return jax.jit(
+            lambda base, value: jax.lax.dynamic_update_slice(base.reshape(-1), value.reshape(-1), (offset,)),
+        )
+    return jax.jit(lambda base, value: base.reshape(-1).at[_view_indices(shape, strides, offset)].set(value))
+
+
+def _covers_storage(t: torch.Tensor, payload: StoragePayload) -> bool:
+    return t.storage_offset() == 0 and t.numel() == payload.numel and t.is_contiguous()
+
+
+def _to_bytes(array: jax.Array) -> jax.Array:
+    if array.dtype == jnp.bool_:
+        array = array.astype(jnp.uint8)
+    if array.dtype.itemsize == 1:
+        return jax.lax.bitcast_convert_type(array, jnp.uint8)
+    return jax.lax.bitcast_convert_type(array, jnp.uint8).reshape(-1)
+
+
+def _from_bytes(raw: jax.Array, dtype) -> jax.Array:
+    if dtype == jnp.bool_:
+        return raw != 0
+    size = np.dtype(dtype).itemsize
+    if size == 1:
+        return jax.lax.bitcast_convert_type(raw, dtype)
+    return jax.lax.bitcast_convert_type(raw.reshape(-1, size), dtype)
+
+
+def _reinterpret(payload: StoragePayload, dtype: torch.dtype) -> None:
+    """Re-type a storage's bytes as `dtype` (`Tensor.view(dtype)`, storages from torch.load)."""
+    nbytes = payload.numel * payload.dtype.itemsize
+    if nbytes % dtype.itemsize:
+        raise RuntimeError(f"a tpu storage of {nbytes} bytes cannot be viewed as {dtype}")
+    if payload.array is not None:
+        payload.array = _from_bytes(_to_bytes(payload.array.reshape(-1)), jax_dtype(dtype))
+    payload.numel, payload.dtype = nbytes // dtype.itemsize, dtype
+
+
+def storage_from_bytes(data: np.ndarray) -> torch.UntypedStorage:
+    """A tpu storage holding these raw bytes (typed on first use by the tensors over it)."""
+    holder = empty_tensor((data.size,), torch.uint8)
+    payload_of(holder).array = jnp.array(data.view(np.uint8).reshape(-1), copy=True)
+    return holder.untyped_storage()
+
+
+def read(t: torch.Tensor, payload: StoragePayload | None = None) -> jax.Array:
+    """The value of tpu tensor `t` as a JAX array of `t`'s shape and dtype."""
+    if payload is None:
+        payload = payload_of(t)
+    if payload.dtype != t.dtype:
+        _reinterpret(payload, t.dtype)
+    base = payload.array
+    if base is None:
+        base = payload.materialised()
+    shape = t.shape
+    offset = t.storage_offset()
+    if offset == 0 and t.is_contiguous() and shape == base.shape:
+        return base  # fast path: the tensor is its whole storage
+    return _gather_fn(tuple(shape), tuple(t.stride()), offset)(base)
+
+
+def write(t: torch.Tensor, value: jax.Array) -> None:
+    """Store `value` (broadcast and cast to `t`'s shape and dtype) into `t`, through views."""
+    payload = payload_of(t)
+    if payload.dtype != t.dtype:
+        _reinterpret(payload, t.dtype)
+    shape = tuple(t.shape)
+    target = jax_dtype(t.dtype)
+    if value.dtype != target:
+        value = value.astype(target)
+    if value.shape != shape:
+        value = jnp.broadcast_to(value, shape)
+    if _covers_storage(t, payload):
+        payload.array = value
+        return
+    payload.array = _scatter_fn(shape, tuple(t.stride()), t.storage_offset())(payload.materialised(), value)
+
+
+def resize_payload(t: torch.Tensor, numel: int) -> None:
+    """Grow `t`'s storage payload to hold at least `numel` elements (new ones are zero)."""
+    payload = payload_of(t)
+    if numel <= payload.numel:
+        return
+    if payload.array is not None:
+        payload.array = jnp.concatenate(
+            [payload.array.reshape(-1), jnp.zeros((numel - payload.numel,), payload.array.dtype)]
+        )
+    payload.numel = numel
+
+
+# --------------------------------------------------------------------- host transfers
+
+
+def to_numpy(array: jax.Array) -> np.ndarray:
+    return np.asarray(jax.device_get(array))
+
+
+def numpy_to_torch(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor from a numpy array (bfloat16 goes through its bits: numpy has no bf16)."""
+    value = np.array(value, copy=True, order="C")  # writable and owned by the tensor
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(value.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(value)
+
+
+def cpu_to_jax(t: torch.Tensor) -> jax.Array:
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return jax.lax.bitcast_convert_type(jnp.asarray(t.view(torch.int16).numpy()), jnp.bfloat16)
+    return jnp.array(t.numpy(), copy=True)  # never alias torch-owned memory
+
+
+def to_cpu_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of tpu tensor `t` (same shape and dtype, contiguous)."""
+    return numpy_to_torch(to_numpy(read(t)), t.dtype)
