@@ -315,7 +315,6 @@ def main(argv=None) -> int:
         if anchor is not None:
             anchor.close()
     summary = summarize(rows)
-    render(rows, summary, anchor is not None, console)
     if options.json:
         report = {"environment": environment(), "settings": {"runs": options.runs, "warmup": options.warmup,
                   "threads": 1, "delegate": "XNNPACK (interpreter default)", "seed": options.seed,
@@ -323,6 +322,8 @@ def main(argv=None) -> int:
                   "summary": summary, "models": rows}  # fmt: skip
         options.json.parent.mkdir(parents=True, exist_ok=True)
         options.json.write_text(json.dumps(report, indent=2))
+    render(rows, summary, anchor is not None, console)
+    if options.json:
         console.print(f"wrote {options.json}")
     if options.keep is None:
         console.print(f"[dim].tflite files in {out_dir}[/]")

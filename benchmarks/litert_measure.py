@@ -95,8 +95,8 @@ def op_histogram(content: bytes) -> Counter:
     return histogram
 
 
-def histogram_summary(histogram: Counter, top: int = 4) -> str:
+def histogram_summary(histogram: dict, top: int = 4) -> str:
     """'CONV_2D 20, ADD 8, ...' for the `top` most frequent ops, then '+N kinds'."""
-    common = histogram.most_common()
+    common = sorted(histogram.items(), key=lambda item: (-item[1], item[0]))
     text = ", ".join(f"{name} {count}" for name, count in common[:top])
     return text + (f", +{len(common) - top} kinds" if len(common) > top else "")

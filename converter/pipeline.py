@@ -87,9 +87,11 @@ def _find_aten_ir_export():
     a lowering, the decomposition pass is skipped; otherwise it runs as usual. Falls
     back to the public API when the private one is missing or has changed.
     """
-    trace = getattr(getattr(torch, "export", None), "_trace", None)
-    private = getattr(trace, "_export", None)
-    if private is None or os.environ.get("LITERT_TORCH_PUBLIC_EXPORT") == "1":
+    try:
+        from torch.export._trace import _export as private
+    except ImportError:
+        return None
+    if os.environ.get("LITERT_TORCH_PUBLIC_EXPORT") == "1":
         return None
     try:
         params = inspect.signature(private).parameters
@@ -99,7 +101,12 @@ def _find_aten_ir_export():
         return None
 
     def export(module, args, kwargs, *, dynamic_shapes, strict):
-        return private(module, args, kwargs, dynamic_shapes, strict=strict, pre_dispatch=False)
+        from converter.lowering.decompositions import keep_ops_whole
+
+        # (H2) keep the lowering table's KEEP ops (linear, upsample_*...) whole, as
+        # run_decompositions would; a post-dispatch trace inlines them otherwise.
+        with keep_ops_whole():
+            return private(module, args, kwargs, dynamic_shapes, strict=strict, pre_dispatch=False)
 
     return export
 

@@ -29,7 +29,7 @@ from tpu_backend import _registration, device  # noqa: E402
 _registration.register_backend(device)
 
 import tpu_backend.ops  # noqa: E402,F401  (fills the lowering table)
-from tpu_backend import autocast, core_ops, dispatch, modules, serialization  # noqa: E402
+from tpu_backend import autocast, core_ops, dispatch, host_memory, modules, serialization  # noqa: E402
 from tpu_backend.dispatch import (  # noqa: E402,F401
     TpuDebugError,
     TpuLoweringError,
@@ -47,6 +47,7 @@ def _install() -> None:
     autocast.register()
     serialization.install()
     modules.install()
+    host_memory.install()
 
 
 _install()

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_backend import tensor as tpu_tensor
-from tpu_backend.dispatch import execute, register_kernel
+from tpu_backend.dispatch import check_device_index, execute, register_kernel
 from tpu_backend.ops.registry import JAX_LOWERINGS
 
 aten = torch.ops.aten
@@ -25,16 +25,21 @@ def _default_dtype(dtype):
     return torch.get_default_dtype() if dtype is None else dtype
 
 
-def _check_device(device) -> None:
-    if device is not None and torch.device(device).index not in (None, 0):
-        raise RuntimeError(
-            f"device {device} does not exist: the tpu device has one index (tpu:0); "
-            "use JAX sharding (a mesh) for several chips"
-        )
+_check_device = check_device_index
+
+
+_DENSE_FORMATS = (None, torch.contiguous_format, torch.preserve_format)
+
+
+def _strides_for(size, memory_format) -> tuple[int, ...]:
+    """Strides of a `memory_format` tensor (channels_last...), as PyTorch lays it out."""
+    return torch.empty(size, device="meta", memory_format=memory_format).stride()
 
 
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_device(device)
+    if memory_format not in _DENSE_FORMATS:
+        return empty_strided(size, _strides_for(size, memory_format), dtype)
     return tpu_tensor.empty_tensor(tuple(size), _default_dtype(dtype))
 
 
@@ -155,4 +160,8 @@ def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
         return tpu_tensor.to_cpu_tensor(t).to(device=device, dtype=dtype)
     _check_device(device)
     value = tpu_tensor.read(t)
+    if memory_format not in _DENSE_FORMATS:
+        result = empty_strided(t.shape, _strides_for(t.shape, memory_format), dtype)
+        tpu_tensor.write(result, value)
+        return result
     return tpu_tensor.wrap(value.astype(tpu_tensor.jax_dtype(dtype)) if dtype != t.dtype else jnp.array(value, copy=True))

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_backend import tensor as tpu_tensor
-from tpu_backend.ops import DATA_DEPENDENT
+from tpu_backend.ops import DATA_DEPENDENT, DATA_DEPENDENT_WHEN, FUNCTIONALIZED
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
 
 aten = torch.ops.aten
@@ -93,6 +93,9 @@ def user_frame() -> str:
         if not filename.startswith(_INTERNAL_DIRS) and not filename.startswith("<"):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
+    if threading.current_thread() is not threading.main_thread():
+        # Backward runs on autograd's device thread, which has no user frames.
+        return "the backward pass; torch.autograd.set_detect_anomaly(True) shows the forward line"
     return "<unknown>"
 
 
@@ -232,6 +235,7 @@ class OpRunner:
         self.op = op
         self.lowering = lowering
         self.data_dependent = op in DATA_DEPENDENT
+        self.data_dependent_when = DATA_DEPENDENT_WHEN.get(op)  # e.g. index with a bool mask
         self.dynamic_floats = True  # turned off if the lowering needs concrete floats
         self.jitted: dict[tuple, Callable] = {}
 
@@ -253,7 +257,8 @@ class OpRunner:
             from tpu_backend import random as tpu_random
 
             kwargs = dict(kwargs, key=tpu_random.next_key())
-        if self.data_dependent:  # output shape depends on values: run eagerly (a host sync)
+        if self.data_dependent or (self.data_dependent_when is not None and self.data_dependent_when(args, kwargs)):
+            # output shape depends on values: run eagerly (a host sync)
             dynamic, template_args, template_kwargs = flatten_args(args, kwargs, False)
             args, kwargs = fill_template(template_args, template_kwargs, dynamic)
             return self.lowering.fn(*args, **kwargs)
@@ -299,9 +304,24 @@ def _wrap_outputs(out):
     return out
 
 
+def check_device_index(device) -> None:
+    """Factory ops name a device; only tpu:0 exists."""
+    if device is not None and torch.device(device).index not in (None, 0):
+        raise RuntimeError(
+            f"device {device} does not exist: the tpu device has one index (tpu:0); "
+            "use JAX sharding (a mesh) for several chips"
+        )
+
+
 def _functional_kernel(op):
     run = runner(op)
-    return lambda *args, **kwargs: _wrap_outputs(run(args, kwargs))
+
+    def kernel(*args, **kwargs):
+        if "device" in kwargs:
+            check_device_index(kwargs["device"])
+        return _wrap_outputs(run(args, kwargs))
+
+    return kernel
 
 
 # ----------------------------------------------------------------------------- debug mode
@@ -440,6 +460,10 @@ def _inplace_kernel(functional):
 
     def kernel(self, *args, **kwargs):
         result = run((self, *args), kwargs)
+        if isinstance(self, (list, tuple)):  # _foreach_*_: one result per list element, returns ()
+            for tensor, value in zip(self, result):
+                tpu_tensor.write(tensor, value)
+            return None
         tpu_tensor.write(self, result)
         return self
 
@@ -485,13 +509,30 @@ def _is_composite_implicit(op) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
 
 
+def _functionalized_kernel(op):
+    """A mutating op (native_batch_norm's running stats) run through its functional
+    lowering: write the new values into the mutated arguments (see ops/norm.py)."""
+    spec = FUNCTIONALIZED[op]
+    run = runner(spec.functional)
+
+    def kernel(*args, **kwargs):
+        results = run(args, kwargs)
+        for arg_index, out_index in spec.writes.items():
+            if arg_index < len(args) and args[arg_index] is not None and results[out_index] is not None:
+                tpu_tensor.write(args[arg_index], results[out_index])
+        return _wrap_outputs(tuple(results[: spec.outputs]))
+
+    return kernel
+
+
 def register_table() -> int:
     """Register every table entry (functional, in-place, out) on PrivateUse1; idempotent."""
     added = 0
     for op in list(JAX_LOWERINGS):
         if (op, "PrivateUse1") in _REGISTERED or _is_composite_implicit(op):
             continue
-        added += register_kernel(op, _functional_kernel(op))
+        kernel = _functionalized_kernel(op) if op in FUNCTIONALIZED else _functional_kernel(op)
+        added += register_kernel(op, kernel)
         inplace = inplace_variant(op)
         if inplace is not None and inplace not in JAX_LOWERINGS:
             added += register_kernel(inplace, _inplace_kernel(op))

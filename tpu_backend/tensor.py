@@ -151,12 +151,16 @@ def _gather_fn(shape, strides, offset):
 
 @functools.lru_cache(maxsize=4096)
 def _scatter_fn(shape, strides, offset):
-    numel = math.prod(shape)
+    # The result keeps the base's shape, so the tensor owning the storage still reads free.
     if _is_contiguous(shape, strides):
         return jax.jit(
-            lambda base, value: jax.lax.dynamic_update_slice(base.reshape(-1), value.reshape(-1), (offset,)),
+            lambda base, value: jax.lax.dynamic_update_slice(base.reshape(-1), value.reshape(-1), (offset,)).reshape(
+                base.shape
+            )
         )
-    return jax.jit(lambda base, value: base.reshape(-1).at[_view_indices(shape, strides, offset)].set(value))
+    return jax.jit(
+        lambda base, value: base.reshape(-1).at[_view_indices(shape, strides, offset)].set(value).reshape(base.shape)
+    )
 
 
 def _covers_storage(t: torch.Tensor, payload: StoragePayload) -> bool:

@@ -37,17 +37,18 @@ def convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, out
     # ATen allows one value for every spatial axis ("valid" padding arrives as [0]).
     stride, padding, dilation, output_padding = (
         _per_axis(v, spatial) for v in (stride, padding, dilation, output_padding))
-    one_d = x.rank == 3
-    if one_d:  # (N, C, L) -> (N, C, 1, L): a 2-D convolution over a height of 1
-        x = layout.lift_1d(ctx, x)
+    if x.rank == 3:  # a 2-D convolution over a height of 1
+        x_nhwc = layout.ncl_to_n1lc(ctx, x)
         weight = emit.reshape(ctx, weight, (*weight.shape[:2], 1, weight.shape[2]))
         stride, padding, dilation = [1, *stride], [0, *padding], [1, *dilation]
         output_padding = [0, *output_padding]
-    if transposed:
-        y = _conv_transpose2d(ctx, x, weight, bias, stride, padding, dilation, output_padding, groups)
     else:
-        y = _conv2d(ctx, x, weight, bias, stride, padding, dilation, groups)
-    return layout.drop_1d(ctx, y) if one_d else y
+        x_nhwc = layout.to_nhwc(ctx, x)
+    if transposed:
+        y = _conv_transpose2d(ctx, x_nhwc, weight, bias, stride, padding, dilation, output_padding, groups)
+    else:
+        y = _conv2d(ctx, x_nhwc, weight, bias, stride, padding, dilation, groups)
+    return layout.n1lc_to_ncl(ctx, y) if x.rank == 3 else layout.to_nchw(ctx, y)
 
 
 def _per_axis(values, spatial: int) -> list[int]:
@@ -74,27 +75,27 @@ def _padded_input(ctx, x_nhwc: Tensor, in_hw, kernel, stride, padding, dilation)
     return padded, "VALID"
 
 
-def _conv2d(ctx, x, weight, bias, stride, padding, dilation, groups) -> Tensor:
-    n, cin, h, w = x.shape
+def _conv2d(ctx, x_nhwc, weight, bias, stride, padding, dilation, groups) -> Tensor:
+    """CONV_2D / DEPTHWISE_CONV_2D on an NHWC input; returns NHWC."""
+    n, h, w, cin = x_nhwc.shape
+    dtype = x_nhwc.dtype
     cout, cin_per_group, kh, kw = weight.shape
     out_hw = [layout.torch_output_size(size, k, s, p, d)
               for size, k, s, p, d in zip((h, w), (kh, kw), stride, padding, dilation)]
-    x_nhwc, mode = _padded_input(ctx, layout.to_nhwc(ctx, x), (h, w), (kh, kw), stride, padding, dilation)
-    bias = _bias_or_zeros(ctx, bias, cout, x.dtype)
+    x_nhwc, mode = _padded_input(ctx, x_nhwc, (h, w), (kh, kw), stride, padding, dilation)
+    bias = _bias_or_zeros(ctx, bias, cout, dtype)
     options = {"padding": mode, "strideH": stride[0], "strideW": stride[1],
                "dilationHFactor": dilation[0], "dilationWFactor": dilation[1], "fusedActivationFunction": "NONE"}
     out_shape = (n, *out_hw, cout)
     if groups > 1 and groups == cin and cin_per_group == 1:
         filters = emit.transpose(ctx, weight, OIHW_TO_1HWO)
         options["depthMultiplier"] = cout // cin
-        y = emit.op(ctx, "DEPTHWISE_CONV_2D", [x_nhwc, filters, bias], options, shape=out_shape, dtype=x.dtype)
-    else:
-        # Grouped convolutions stay one CONV_2D (v6: filter channels = input channels / groups).
-        # Measured on ai-edge-litert 2.3 for a 32-group 128-channel layer: XNNPACK runs it
-        # 1.9x faster than 32 split convolutions; the builtin kernels (no delegate) 2x slower.
-        filters = emit.transpose(ctx, weight, OIHW_TO_OHWI)
-        y = emit.op(ctx, "CONV_2D", [x_nhwc, filters, bias], options, shape=out_shape, dtype=x.dtype)
-    return layout.to_nchw(ctx, y)
+        return emit.op(ctx, "DEPTHWISE_CONV_2D", [x_nhwc, filters, bias], options, shape=out_shape, dtype=dtype)
+    # Grouped convolutions stay one CONV_2D (v6: filter channels = input channels / groups).
+    # Measured on ai-edge-litert 2.3 for a 32-group 128-channel layer: XNNPACK runs it
+    # 1.9x faster than 32 split convolutions; the builtin kernels (no delegate) 2x slower.
+    filters = emit.transpose(ctx, weight, OIHW_TO_OHWI)
+    return emit.op(ctx, "CONV_2D", [x_nhwc, filters, bias], options, shape=out_shape, dtype=dtype)
 
 
 def _grouped_transpose_conv(ctx, x_nhwc, weight, bias, groups, options, out_shape, output_shape_input) -> Tensor:
@@ -128,28 +129,28 @@ def _dilate_kernel(ctx, weight: Tensor, dilation) -> Tensor:
     return ctx.const(spread)
 
 
-def _conv_transpose2d(ctx, x, weight, bias, stride, padding, dilation, output_padding, groups) -> Tensor:
-    """TRANSPOSE_CONV with VALID padding computes the full, uncropped output
-    ((in - 1) * stride + kernel, plus output_padding rows of bias at the end); PyTorch's
-    `padding` then crops that many rows/columns from each side."""
+def _conv_transpose2d(ctx, x_nhwc, weight, bias, stride, padding, dilation, output_padding, groups) -> Tensor:
+    """TRANSPOSE_CONV (NHWC in and out). With VALID padding it computes the full,
+    uncropped output ((in - 1) * stride + kernel, plus output_padding rows of bias at the
+    end); PyTorch's `padding` then crops that many rows/columns from each side."""
     weight = _dilate_kernel(ctx, weight, dilation)
-    n, cin, h, w = x.shape
+    n, h, w, cin = x_nhwc.shape
+    dtype = x_nhwc.dtype
     _, cout_per_group, kh, kw = weight.shape
     cout = cout_per_group * groups
     full_hw = [(size - 1) * s + k + op for size, s, k, op in zip((h, w), stride, (kh, kw), output_padding)]
     full_shape = (n, *full_hw, cout)
     output_shape = emit.int32(ctx, full_shape)
-    bias = _bias_or_zeros(ctx, bias, cout, x.dtype)
+    bias = _bias_or_zeros(ctx, bias, cout, dtype)
     options = {"padding": "VALID", "strideH": stride[0], "strideW": stride[1], "fusedActivationFunction": "NONE"}
-    x_nhwc = layout.to_nhwc(ctx, x)
     if groups == 1:
         filters = emit.transpose(ctx, weight, IOHW_TO_OHWI)
         y = emit.op(ctx, "TRANSPOSE_CONV", [output_shape, filters, x_nhwc, bias], options,
-                    shape=full_shape, dtype=x.dtype)
+                    shape=full_shape, dtype=dtype)
     else:
         group_shape = emit.int32(ctx, (*full_shape[:3], cout_per_group))
         y = _grouped_transpose_conv(ctx, x_nhwc, weight, bias, groups, options, full_shape, group_shape)
     ph, pw = padding
     if ph or pw:
         y = emit.strided_slice(ctx, y, [0, ph, pw, 0], [n, full_hw[0] - ph, full_hw[1] - pw, cout], [1, 1, 1, 1])
-    return layout.to_nchw(ctx, y)
+    return y

@@ -26,8 +26,9 @@ def _static_output(ctx, name: str):
 @lowers(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def arange(ctx, *args, **kwargs):
     shape, dtype = _static_output(ctx, "arange")
-    numbers = [a for a in args if isinstance(a, (int, float))]
-    start, end, step = (0, numbers[0], 1) if len(numbers) == 1 else (*numbers[:2], numbers[2] if len(numbers) > 2 else 1)
+    numbers = [a for a in args if isinstance(a, (int, float))]  # (end), (start, end) or (start, end, step)
+    start = numbers[0] if len(numbers) > 1 else 0
+    step = numbers[2] if len(numbers) > 2 else 1
     # PyTorch computes start + i * step (not a running sum): so does this.
     values = start + np.arange(shape[0], dtype=np.float64) * step
     return ctx.const(values.astype(dtype))

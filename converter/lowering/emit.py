@@ -182,16 +182,14 @@ def slice_axis(ctx, x: Tensor, axis: int, start: int, stop: int, step: int = 1) 
     return strided_slice(ctx, x, begin, end, strides)
 
 
-def concat(ctx, parts: list[Tensor], axis: int, shape=None) -> Tensor:
+def concat(ctx, parts: list[Tensor], axis: int) -> Tensor:
     """CONCATENATION along `axis` (a single part is returned as is)."""
-    if len(parts) == 1 and shape is None:
+    if len(parts) == 1:
         return parts[0]
-    if shape is None:
-        shape = list(parts[0].shape)
-        shape[axis] = sum(p.shape[axis] for p in parts)
-        return ctx.emit("CONCATENATION", parts, {"axis": axis, "fusedActivationFunction": "NONE"},
-                        shape=shape, dtype=parts[0].dtype)
-    return ctx.emit("CONCATENATION", parts, {"axis": axis, "fusedActivationFunction": "NONE"})
+    shape = list(parts[0].shape)
+    shape[axis] = sum(p.shape[axis] for p in parts)
+    return ctx.emit("CONCATENATION", parts, {"axis": axis, "fusedActivationFunction": "NONE"},
+                    shape=shape, dtype=parts[0].dtype)
 
 
 def mean(ctx, x: Tensor, axes: Sequence[int], keep_dims: bool = True) -> Tensor:

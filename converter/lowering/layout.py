@@ -9,28 +9,19 @@ SPACE_TO_DEPTH) is wrapped as
 always with exactly these permutations, so the layout pass can recognise the pair and
 cancel transposes between consecutive layout-bound ops.
 
-1-D ops (conv1d, pool1d) are lifted to 2-D first: (N, C, L) -> (N, C, 1, L).
+1-D convolutions run as 2-D ones over a height of 1: (N, C, L) -> TRANSPOSE (N, L, C) ->
+RESHAPE (N, 1, L, C), and back the same way.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
 
 from converter.ir import Tensor
 from converter.lowering import emit
 
 NCHW_TO_NHWC = (0, 2, 3, 1)
 NHWC_TO_NCHW = (0, 3, 1, 2)
-
-
-def nhwc_shape(nchw: Sequence[int]) -> tuple[int, ...]:
-    n, c, h, w = nchw
-    return (n, h, w, c)
-
-
-def nchw_shape(nhwc: Sequence[int]) -> tuple[int, ...]:
-    n, h, w, c = nhwc
-    return (n, c, h, w)
+NCL_TO_NLC = (0, 2, 1)  # its own inverse
 
 
 def to_nhwc(ctx, x: Tensor) -> Tensor:
@@ -43,16 +34,19 @@ def to_nchw(ctx, y: Tensor) -> Tensor:
     return emit.transpose(ctx, y, NHWC_TO_NCHW)
 
 
-def lift_1d(ctx, x: Tensor) -> Tensor:
-    """(N, C, L) -> (N, C, 1, L) so a 2-D op can run a 1-D one."""
+def ncl_to_n1lc(ctx, x: Tensor) -> Tensor:
+    """(N, C, L) -> (N, 1, L, C): a 1-D activation as the NHWC input of a 2-D op.
+
+    TRANSPOSE first, RESHAPE second, so between two 1-D ops the layout pass sees
+    TRANSPOSE(0,2,1) pairs it can cancel and RESHAPE pairs it can merge."""
     n, c, length = x.shape
-    return emit.reshape(ctx, x, (n, c, 1, length))
+    return emit.reshape(ctx, emit.transpose(ctx, x, NCL_TO_NLC), (n, 1, length, c))
 
 
-def drop_1d(ctx, y: Tensor) -> Tensor:
-    """(N, C, 1, L) -> (N, C, L), the inverse of `lift_1d`."""
-    n, c, _, length = y.shape
-    return emit.reshape(ctx, y, (n, c, length))
+def n1lc_to_ncl(ctx, y: Tensor) -> Tensor:
+    """(N, 1, L, C) -> (N, C, L), the inverse of `ncl_to_n1lc`."""
+    n, _, length, c = y.shape
+    return emit.transpose(ctx, emit.reshape(ctx, y, (n, length, c)), NCL_TO_NLC)
 
 
 def same_padding(in_size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int, int]:

@@ -8,7 +8,6 @@ numpy. Inputs of rank > 2 keep their leading dimensions with `keepNumDims`.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from converter.ir import Tensor

@@ -27,10 +27,11 @@ from typing import Callable
 
 import numpy as np
 
-from converter.ir import Graph, Op, Tensor
+from converter.ir import Graph, Op, QuantParams, Tensor
 
-from ._graph import (Uses, bypass, fresh_name, insert_after, int32_const, remove_ops,
+from ._graph import (Uses, fresh_name, insert_after, int32_const, remove_ops,
                      restore, snapshot, transpose_perm)
+from ._reshape_layout import reshape_first
 from .simplify_reshapes import simplify_reshapes
 
 # out = f(x) elementwise, the op's other inputs (if any) are not tensors in the layout.
@@ -197,6 +198,8 @@ def _plan(op: Op, y: Tensor, perm: list[int], uses: Uses) -> Rewrite | None:
         return _plan_split(op, y, perm, uses)
     if op.opcode == "GATHER":
         return _plan_gather(op, y, perm, uses)
+    if op.opcode == "RESHAPE":
+        return _plan_reshape(op, y, perm, uses)
     return None
 
 
@@ -213,6 +216,8 @@ def _rewriter(uses: Uses, op: Op, perm: list[int], new_inputs: dict[int, Tensor 
 
     def apply() -> None:
         for i, t in new_inputs.items():
+            while len(op.inputs) <= i:
+                op.inputs.append(None)  # e.g. a RESHAPE given only `newShape` gets a shape input
             uses.set_input(op, i, t)
         op.options.update(new_options)
         restores = []
@@ -235,7 +240,6 @@ def _transposed_tensor(t: Tensor, perm: list[int]) -> Tensor:
     sig = None if t.shape_signature is None else tuple(t.shape_signature[p] for p in perm)
     quant = t.quant
     if quant is not None and np.size(quant.scale) > 1:
-        from converter.ir import QuantParams
         quant = QuantParams(quant.scale, quant.zero_point, perm.index(quant.axis))
     return Tensor(fresh_name(t.name), tuple(t.shape[p] for p in perm), t.dtype,
                   shape_signature=sig, quant=quant)
@@ -363,6 +367,34 @@ def _plan_gather(op, y, perm, uses) -> Rewrite | None:
         return None
     axis = op.options.get("axis", 0) % rank
     return _rewriter(uses, op, perm, {0: _source(y, uses)}, {"axis": perm[axis]})
+
+
+def _plan_reshape(op, y, perm, uses) -> Rewrite | None:
+    """RESHAPE(TRANSPOSE(x)) -> TRANSPOSE(RESHAPE(x)) when the reshape's merged/split
+    groups of dims are adjacent in x (see `_reshape_layout`); static shapes only."""
+    x, o = _source(y, uses), op.outputs[0]
+    if op.inputs[0] is not y or x.is_dynamic or o.is_dynamic \
+            or (len(op.inputs) > 1 and op.inputs[1] is not None and not op.inputs[1].is_const):
+        return None
+    reader = uses.only_consumer(o)
+    reader_perm = transpose_perm(reader) if reader is not None and reader.opcode == "TRANSPOSE" else None
+    plan = reshape_first(x.shape, perm, o.shape, reader_perm)
+    if plan is None:
+        return None
+    shape = int32_const(list(plan.w_shape), "shape")
+    rewrite = _rewriter(uses, op, plan.post, {0: x, 1: shape}, {"newShape": list(plan.w_shape)})
+    if plan.pre is None:
+        return rewrite
+
+    def apply() -> None:
+        shuffled = _transposed_tensor(x, plan.pre)
+        pre = Op("TRANSPOSE", [x, int32_const(plan.pre, "perm")], [shuffled], source=op.source)
+        uses.add(pre)
+        uses.graph.ops.insert(uses.graph.ops.index(op), pre)
+        rewrite()
+        uses.set_input(op, 0, shuffled)
+
+    return apply
 
 
 def _regroup_fanned_out_transposes(graph: Graph) -> None:

@@ -264,7 +264,7 @@ def _to_cpu(value):
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def compare_outputs(actual, expected, dtype: torch.dtype, shape_only: bool, what: str, factor: float = 1.0):
+def compare_outputs(actual, expected, shape_only: bool, what: str, factor: float = 1.0):
     """Raise Mismatch unless the device outputs `actual` match the CPU outputs `expected`."""
     actual_flat, expected_flat = _flatten(actual), _flatten(expected)
     if len(actual_flat) != len(expected_flat):
@@ -312,7 +312,7 @@ def _differentiable_outputs(outputs: list) -> list[int]:
     ]
 
 
-def _check_sample(op, sample, dtype: torch.dtype, shape_only: bool, check_grad: bool, seed: int) -> bool:
+def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int) -> bool:
     """Run one sample on CPU and on the device and compare; True if gradients were compared."""
     moved = move_sample(sample, DEVICE)
     cpu_leaves: list = []
@@ -322,7 +322,7 @@ def _check_sample(op, sample, dtype: torch.dtype, shape_only: bool, check_grad: 
     expected = op(sample.input, *sample.args, **sample.kwargs)
     torch.manual_seed(seed)
     actual = op(moved.input, *moved.args, **moved.kwargs)
-    compare_outputs(actual, expected, dtype, shape_only, "output")
+    compare_outputs(actual, expected, shape_only, "output")
 
     if not (check_grad and cpu_leaves) or shape_only:
         return False
@@ -342,7 +342,7 @@ def _check_sample(op, sample, dtype: torch.dtype, shape_only: bool, check_grad: 
         [c.to(DEVICE) for c in cotangents],
         allow_unused=True,
     )
-    compare_outputs(list(actual_grads), list(expected_grads), dtype, False, "grad", factor=GRAD_TOLERANCE_FACTOR)
+    compare_outputs(list(actual_grads), list(expected_grads), False, "grad", factor=GRAD_TOLERANCE_FACTOR)
     return True
 
 
@@ -363,7 +363,7 @@ def check_op(op, dtype: torch.dtype = torch.float32, max_samples: int | None = N
             if max_samples is not None and index >= max_samples:
                 break
             try:
-                grad_checked = _check_sample(op, sample, dtype, shape_only, wants_grad, seed=index)
+                grad_checked = _check_sample(op, sample, shape_only, wants_grad, seed=index)
             except Exception as error:
                 error.add_note(f"sample {index}: {_describe(sample)}")
                 raise

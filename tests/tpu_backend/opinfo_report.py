@@ -31,10 +31,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", help="torch dtype name (float32, bfloat16, int64, bool...)")
     parser.add_argument("--ops", default="*", help="comma-separated glob patterns over op ids (default: all)")
+    parser.add_argument(
+        "--slice", default=":", metavar="START:STOP",
+        help="only op_db entries START..STOP-1 of the selection (split a long sweep over processes)",
+    )
     parser.add_argument("--max-samples", type=int, default=None, help="samples per op (default: all)")
     parser.add_argument("--no-grad", action="store_true", help="forward only")
     parser.add_argument("--show", default="mismatch,fail", help=f"statuses to list op by op ({','.join(STATUSES)}, or all)")
     parser.add_argument("--json", metavar="FILE", help="write every result to FILE as JSON")
+    parser.add_argument(
+        "--emit-known-failures", action="store_true",
+        help="print the failing ops as a KNOWN_FAILURES dict body for opinfo_harness.py",
+    )
     parser.add_argument("--progress", action="store_true", help="print each op as it finishes (to stderr)")
     return parser.parse_args(argv)
 
@@ -76,7 +84,8 @@ def main(argv=None) -> int:
     if harness.DEVICE != "cpu":
         import tpu_backend  # noqa: F401 - registers the device
 
-    ops = selected_ops(args.ops)
+    start_index, _, stop_index = args.slice.partition(":")
+    ops = selected_ops(args.ops)[slice(int(start_index or 0), int(stop_index) if stop_index else None)]
     show = set(STATUSES) if args.show == "all" else set(args.show.split(","))
     start = time.perf_counter()
     results = []
@@ -86,6 +95,10 @@ def main(argv=None) -> int:
         if args.progress:
             print(f"{result.op:50s} {result.status:10s} {result.seconds:6.2f}s {result.detail[:120]}", file=sys.stderr, flush=True)
     print_table(results, show, dtype, time.perf_counter() - start)
+    if args.emit_known_failures:
+        for r in results:
+            if not r.ok:
+                print(f"    {r.op!r}: {(r.status + ': ' + r.detail)[:160]!r},")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -83,3 +83,25 @@ def test_rng_state_round_trip():
     b = torch.randn(4, device="tpu").cpu()
     assert torch.equal(a, b)
     assert torch.tpu.initial_seed() == 5
+
+
+def test_unsupported_torch_version_fails_with_clear_message(monkeypatch):
+    from tpu_backend import _registration
+
+    monkeypatch.setattr(torch, "__version__", "2.9.1")
+    with pytest.raises(ImportError, match=r"tpu_backend needs torch 2\.10.*found torch 2\.9\.1"):
+        _registration.check_torch_version()
+
+
+def test_get_device_name_and_device_context():
+    assert "JAX" in torch.tpu.get_device_name()
+    with torch.tpu.device(0):
+        assert torch.tpu.current_device() == 0
+    with pytest.raises(RuntimeError, match="one device"):
+        torch.tpu.set_device(1)
+
+
+def test_dataloader_with_pin_memory_feeds_the_device():
+    data = torch.utils.data.TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))
+    totals = [x.to("tpu", non_blocking=True).sum().item() for x, _ in torch.utils.data.DataLoader(data, batch_size=2, pin_memory=True)]
+    assert totals == [6.0, 22.0]

@@ -82,7 +82,7 @@ CASES = [
     # debug mode checks every op's result; one small model is enough to show it trains alike
     pytest.param("mlp", "adamw", "debug", id="mlp-adamw-debug"),
     pytest.param("mlp", "adamw", "compile", id="mlp-adamw-compile"),
-    pytest.param("transformer", "adamw", "compile", id="transformer-adamw-compile"),
+    pytest.param("transformer", "adamw", "compile", id="transformer-adamw-compile", marks=pytest.mark.slow),
 ]
 
 

@@ -131,3 +131,12 @@ def test_view_as_other_dtype_reinterprets_bytes():
     expected = x.clone()
     expected.view(torch.int32).add_(1)
     assert torch.equal(on_tpu.cpu(), expected)
+
+
+def test_channels_last_layout_is_kept():
+    x = torch.randn(2, 3, 4, 5)
+    on_tpu = x.to("tpu").to(memory_format=torch.channels_last)
+    assert on_tpu.stride() == x.to(memory_format=torch.channels_last).stride()
+    torch.testing.assert_close((on_tpu * 2).cpu(), x * 2, rtol=0, atol=0)
+    empty = torch.empty(2, 3, 4, 5, device="tpu", memory_format=torch.channels_last)
+    assert empty.is_contiguous(memory_format=torch.channels_last)

@@ -4,7 +4,7 @@ Dynamo captures a Python-level FX graph; AOTAutograd (`aot_autograd` below) turn
 into functional ATen forward and backward graphs, decomposed with PyTorch's
 decompositions *except* where our lowering table has the op itself (a direct lowering
 is shorter and usually faster than its decomposition). Each graph becomes a `Program`
-(`fx_to_jax.compile_graph`): the graph interpreted through the shared lowering table
+(`interpreter.compile_graph`): the graph interpreted through the shared lowering table
 inside one `jax.jit`, compiled once per input signature and cached on disk.
 
 At run time the compiled callable takes the JAX payloads of its tensor inputs (tpu
@@ -38,7 +38,7 @@ _graph_ids = itertools.count()
 
 
 class DynamicShapesNotSupported(RuntimeError):
-    pass
+    """`torch.compile(..., backend="tpu", dynamic=True)`: XLA needs static shapes."""
 
 
 def _input_to_jax(value):
@@ -133,7 +133,6 @@ def _reject_dynamic_shapes() -> None:
         )
 
 
-@register_backend(name=BACKEND_NAME)
 def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs):
     """Dynamo backend: AOTAutograd forward/backward graphs, each run as one jitted JAX program."""
     _reject_dynamic_shapes()
@@ -146,6 +145,25 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs):
         keep_inference_input_mutations=False,
     )
     return backend(gm, example_inputs, **kwargs)
+
+
+def _register_with_dynamo() -> None:
+    """Make `backend="tpu"` resolve to `tpu`, once.
+
+    Works both when this module is imported directly and when Dynamo imports it through
+    a `torch_dynamo_backends` entry point (then Dynamo registers the loaded function
+    itself, and registering here too would be a duplicate).
+    """
+    from importlib.metadata import EntryPoint
+
+    from torch._dynamo.backends import registry
+
+    if BACKEND_NAME in registry._COMPILER_FNS or isinstance(registry._BACKENDS.get(BACKEND_NAME), EntryPoint):
+        return
+    register_backend(tpu, name=BACKEND_NAME)
+
+
+_register_with_dynamo()
 
 
 __all__ = [

@@ -70,7 +70,8 @@ class ProgramStats:
     hits: int = 0  # served from memory
     disk_hits: int = 0  # loaded from the persistent cache, no XLA compile
     misses: int = 0  # compiled by XLA
-    compile_seconds: float = 0.0  # tracing + lowering + compiling (or loading) time
+    compile_seconds: float = 0.0  # total build time: tracing + lowering + compiling (or loading)
+    trace_seconds: float = 0.0  # the tracing + lowering part (Python: our lowerings, JAX tracing)
 
     def add(self, other: "ProgramStats") -> None:
         self.requests += other.requests
@@ -78,6 +79,7 @@ class ProgramStats:
         self.disk_hits += other.disk_hits
         self.misses += other.misses
         self.compile_seconds += other.compile_seconds
+        self.trace_seconds += other.trace_seconds
 
 
 @dataclass
@@ -98,12 +100,14 @@ class CompileStats:
             entry.requests += 1
             entry.hits += 1
 
-    def record_compile(self, name: str, seconds: float, from_disk: bool = False) -> None:
-        """`name` was requested and had to be built: compiled by XLA, or loaded from disk."""
+    def record_compile(self, name: str, seconds: float, from_disk: bool = False, trace_seconds: float = 0.0) -> None:
+        """`name` was requested and had to be built: compiled by XLA, or loaded from disk.
+        `seconds` is the whole build, `trace_seconds` the part spent tracing/lowering."""
         with self._lock:
             entry = self._entry(name)
             entry.requests += 1
             entry.compile_seconds += seconds
+            entry.trace_seconds += trace_seconds
             if from_disk:
                 entry.disk_hits += 1
             else:
@@ -122,11 +126,14 @@ class CompileStats:
 
     def summary(self) -> str:
         """A small table: one line per program, then the totals."""
-        lines = [f"{'program':40s} {'requests':>8s} {'hits':>6s} {'disk':>6s} {'misses':>6s} {'seconds':>8s}"]
+        lines = [
+            f"{'program':40s} {'requests':>8s} {'hits':>6s} {'disk':>6s} {'misses':>6s} {'seconds':>8s} {'(trace)':>8s}"
+        ]
         rows = sorted(self.programs.items()) + [("TOTAL", self.total())]
         for name, s in rows:
             lines.append(
-                f"{name[:40]:40s} {s.requests:8d} {s.hits:6d} {s.disk_hits:6d} {s.misses:6d} {s.compile_seconds:8.3f}"
+                f"{name[:40]:40s} {s.requests:8d} {s.hits:6d} {s.disk_hits:6d} {s.misses:6d} "
+                f"{s.compile_seconds:8.3f} {s.trace_seconds:8.3f}"
             )
         if self.corrupt_entries:
             lines.append(f"corrupt disk entries replaced: {self.corrupt_entries}")
@@ -141,9 +148,9 @@ def compile_stats() -> CompileStats:
     return STATS
 
 
-def record_compile(name: str, seconds: float, from_disk: bool = False) -> None:
+def record_compile(name: str, seconds: float, from_disk: bool = False, trace_seconds: float = 0.0) -> None:
     """Report a compile done outside `Program` (e.g. a strict-eager op's jit) into the stats."""
-    STATS.record_compile(name, seconds, from_disk)
+    STATS.record_compile(name, seconds, from_disk, trace_seconds)
 
 
 def record_hit(name: str) -> None:

@@ -54,8 +54,9 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def write_program(name: str, signature: str, lowered, source: str | None) -> None:
-    """Write one compiled signature (and, the first time, the program's source)."""
+def write_program(name: str, signature: str, lowered, source) -> None:
+    """Write one compiled signature (and, the first time, the program's source: a string
+    or a function returning one, called only when dumping)."""
     folder = dump_dir()
     if folder is None:
         return
@@ -67,7 +68,7 @@ def write_program(name: str, signature: str, lowered, source: str | None) -> Non
     (folder / f"{stem}.{index}.stablehlo.mlir").write_text(text)
     source_file = folder / f"{stem}.fx.py"
     if source is not None and not source_file.exists():
-        source_file.write_text(source)
+        source_file.write_text(source() if callable(source) else source)
 
 
 __all__ = ["ENV_DUMP_DIR", "dump", "dump_dir", "write_program"]

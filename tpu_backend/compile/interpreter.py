@@ -22,11 +22,9 @@ per input signature, counted by the cache layer).
 
 from __future__ import annotations
 
-import operator
-from typing import Any, Callable
+from typing import Any
 
 import jax
-import numpy as np
 import torch
 import torch.fx
 
@@ -206,13 +204,13 @@ def fx_to_jax(gm: torch.fx.GraphModule, name: str = "graph") -> GraphFunction:
 def compile_graph(gm: torch.fx.GraphModule, name: str) -> Program:
     """`gm` as a `Program`: jitted per input signature, cached, counted under `name`."""
     fn = GraphFunction(gm, name)
-    return GraphProgram(fn, name, gm.code)
+    return GraphProgram(fn, name, lambda: gm.print_readable(print_output=False))
 
 
 class GraphProgram(Program):
     """A `Program` of a `GraphFunction`, which knows whether it needs a random key."""
 
-    def __init__(self, fn: GraphFunction, name: str, source: str):
+    def __init__(self, fn: GraphFunction, name: str, source):
         super().__init__(name, fn, source)
         self.graph_fn = fn
 

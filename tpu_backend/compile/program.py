@@ -13,7 +13,6 @@ recorded while tracing and returned as they were: XLA only returns arrays.
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any, Callable
 
@@ -36,8 +35,8 @@ def is_array(value) -> bool:
 
 def _describe(value) -> tuple:
     if is_array(value):
-        return ("array", tuple(value.shape), str(value.dtype), bool(getattr(value, "weak_type", False)))
-    return ("static", type(value).__name__, value)
+        return ("array", value.shape, value.dtype, getattr(value, "weak_type", False))
+    return ("static", type(value), value)  # 1 and 1.0 and True hash alike: keep the type
 
 
 def signature(args) -> tuple:
@@ -73,13 +72,11 @@ class _Executable:
 class Program:
     """`fn(*args)` compiled per signature; counted in `compile_stats()` under `name`.
 
-    `source` (optional text, e.g. the FX graph's code) is written next to the StableHLO
-    by `dump()`.
+    `source` (optional text, or a function returning it, e.g. the FX graph's code) is
+    written next to the StableHLO by `dump()`.
     """
 
-    _ids = itertools.count()
-
-    def __init__(self, name: str, fn: Callable, source: str | None = None):
+    def __init__(self, name: str, fn: Callable, source: str | Callable[[], str] | None = None):
         self.name = name
         self.fn = fn
         self.source = source
@@ -126,6 +123,7 @@ class Program:
 
         start = time.perf_counter()
         lowered = jax.jit(on_arrays).lower(*[args[i] for i in array_positions])
+        traced_at = time.perf_counter()
         disk_hits_before = storage.hits if storage is not None else 0
         try:
             compiled = lowered.compile()
@@ -136,7 +134,9 @@ class Program:
                 miss.cache_key,
             ) from None
         from_disk = storage is not None and storage.hits > disk_hits_before
-        STATS.record_compile(self.name, time.perf_counter() - start, from_disk=from_disk)
+        STATS.record_compile(
+            self.name, time.perf_counter() - start, from_disk=from_disk, trace_seconds=traced_at - start
+        )
         _dump.write_program(self.name, format_signature(sig), lowered, self.source)
         executable = _Executable(compiled, traced["treedef"], traced["static"], traced["n_leaves"])
         self._executables[sig] = executable

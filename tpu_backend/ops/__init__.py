@@ -1,7 +1,8 @@
 """The ATen -> JAX lowering table, split by op family; importing this package fills it.
 
 `JAX_LOWERINGS` (from `registry.py`) maps each ATen overload to its lowering.
-`covered_overloads()` lists them, for parity suites and coverage reports.
+`covered_overloads()` lists them, for parity suites and coverage reports;
+`coverage_by_family()` counts them per family file.
 `DATA_DEPENDENT` names the lowerings whose output shape depends on tensor values
 (nonzero, masked_select, unique...): they read their inputs on the host, so they
 cannot run inside `jax.jit`; the device must call them eagerly (a sync point).
@@ -16,17 +17,19 @@ from __future__ import annotations
 
 from tpu_backend.ops import (  # noqa: F401  (each import registers a family)
     activation,
+    attention,
+    conv,
     creation,
+    foreach,
     indexing,
     linalg,
-    conv,
     loss,
-    misc,
     norm,
-    pooling,
     pointwise,
+    pooling,
     random,
     reduction,
+    sampling,
     shape,
     sort,
 )
@@ -40,6 +43,15 @@ def covered_overloads() -> list:
     return sorted(JAX_LOWERINGS, key=str)
 
 
+def coverage_by_family() -> dict[str, int]:
+    """How many overloads each family file lowers (module name -> count)."""
+    counts: dict[str, int] = {}
+    for lowering in JAX_LOWERINGS.values():
+        family = lowering.fn.__module__.rsplit(".", 1)[-1]
+        counts[family] = counts.get(family, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 __all__ = [
     "DATA_DEPENDENT",
     "DATA_DEPENDENT_WHEN",
@@ -47,6 +59,7 @@ __all__ = [
     "Functionalized",
     "JAX_LOWERINGS",
     "Lowering",
+    "coverage_by_family",
     "covered_overloads",
     "jax_dtype",
     "lowers",

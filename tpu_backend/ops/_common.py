@@ -3,25 +3,22 @@
 ATen's type promotion is reproduced by asking PyTorch's own rule
 (`torch._prims_common.elementwise_dtypes`) about tiny tensors on the `meta` device that
 have the arrays' dtypes and ranks (zero-dim tensors promote differently from
-dimensioned ones). This costs a little Python at trace time
-only: lowerings run inside `jax.jit`, so it never runs per call.
+dimensioned ones). This costs a little Python at trace time only: lowerings run
+inside `jax.jit`, so it never runs per call.
+
+It also holds the markers the dispatcher reads: `DATA_DEPENDENT` (ops that must run
+eagerly on host values) and `DATA_DEPENDENT_WHEN` (ops that must for some arguments).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promotion
 from torch._prims_common import elementwise_dtypes
 
 from tpu_backend.ops.registry import jax_dtype, torch_dtype
-
-Number = (bool, int, float)
-
 
 def is_array(value) -> bool:
     """True for a JAX (or numpy) array, False for Python scalars and None."""
@@ -73,12 +70,6 @@ def dtypes_for(*values, kind: Promotion = Promotion.DEFAULT):
 def result_dtype(*values, kind: Promotion = Promotion.DEFAULT):
     """The JAX dtype ATen's type promotion gives for these arrays and Python scalars."""
     return dtypes_for(*values, kind=kind)[1]
-
-
-def promote(*values, kind: Promotion = Promotion.DEFAULT):
-    """Cast arrays and scalars to their common ATen result dtype (scalars become 0-d arrays)."""
-    dtype = result_dtype(*values, kind=kind)
-    return tuple(None if v is None else jnp.asarray(v, dtype=dtype) for v in values)
 
 
 def elementwise(fn, *values, kind: Promotion = Promotion.DEFAULT):
@@ -147,31 +138,6 @@ def reduction_dtype(x, dtype):
     return jnp.int64 if is_integral(x.dtype) else x.dtype
 
 
-def numpy_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(s) for s in shape)
-
-
-__all__ = [
-    "Number",
-    "Promotion",
-    "dtypes_for",
-    "elementwise",
-    "canonical_dim",
-    "canonical_dims",
-    "default_float",
-    "expand_param",
-    "is_array",
-    "is_static_number",
-    "is_weak_scalar",
-    "is_floating",
-    "is_integral",
-    "np",
-    "numpy_shape",
-    "promote",
-    "reduction_dtype",
-    "result_dtype",
-    "to_float",
-]
 
 
 # Lowerings whose output shape depends on tensor values (filled by `data_dependent`).

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 import torch
 
-from tpu_backend.ops._common import canonical_dim, to_float
+from tpu_backend.ops._common import canonical_dim
 from tpu_backend.ops.registry import lowers
 
 aten = torch.ops.aten

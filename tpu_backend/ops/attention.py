@@ -55,7 +55,9 @@ def _attention(q, k, v, mask, is_causal, scale):
 
 
 def _no_dropout(op_name, dropout_p):
-    if not isinstance(dropout_p, (int, float)) or dropout_p != 0:
+    # A traced dropout_p makes this `if` raise a tracer error: the device then retries
+    # with Python floats static, and the check runs on the real value.
+    if dropout_p != 0:
         raise NotImplementedError(
             f"aten.{op_name}: dropout inside fused attention is not supported on the tpu device; "
             "use the math path (torch.nn.attention.sdpa_kernel(SDPBackend.MATH)) or dropout_p=0"

@@ -212,6 +212,16 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     raise ValueError(f"aten.scatter_reduce: reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
 
 
+@lowers(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """scatter_reduce with the 1-d `index` spread along `dim` of `source`."""
+    axis = canonical_dim(dim, x.ndim)
+    shape = [1] * source.ndim
+    shape[axis] = index.shape[0]
+    full_index = jnp.broadcast_to(index.reshape(shape), source.shape)
+    return scatter_reduce(x, axis, full_index, source, reduce, include_self=include_self)
+
+
 @lowers(aten.take.default)
 def take(x, index):
     return x.reshape(-1)[index]

@@ -9,6 +9,7 @@ passes for float32 inputs. Set `jax.config.update("jax_default_matmul_precision"
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import jax.scipy.linalg as jsl
 import torch
 from jax.lax import linalg as lax_linalg
@@ -198,3 +199,47 @@ def cholesky_solve(b, factor, upper=False):
 def cholesky_inverse(factor, upper=False):
     eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
     return jsl.cho_solve((factor, not upper), eye)
+
+
+# --- pairwise distances -------------------------------------------------------------------
+
+
+def _p_distance(diff, p):
+    """p-norm over the last dim of |differences|, with ATen's special cases for p."""
+    if p == 0:
+        return jnp.sum(diff != 0, axis=-1).astype(diff.dtype)
+    if p == float("inf"):
+        return jnp.max(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    return jnp.sum(diff**p, axis=-1) ** (1.0 / p)
+
+
+@lowers(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    return _p_distance(jnp.abs(x1[..., :, None, :] - x2[..., None, :, :]), p)
+
+
+@lowers(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, cdist):
+    """Gradient for x1 (ATen's op has only that one); zero where a distance is zero."""
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    if p == 1:
+        local = jnp.sign(diff)
+    elif p == 2:
+        local = diff / jnp.where(cdist == 0, 1, cdist)[..., None]
+    elif p == float("inf"):
+        local = jnp.sign(diff) * (jnp.abs(diff) == cdist[..., None])
+    else:
+        local = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / jnp.where(cdist == 0, 1, cdist)[..., None] ** (p - 1)
+    local = jnp.where((cdist == 0)[..., None], 0, local)
+    return jnp.sum(grad[..., None] * local, axis=-2)
+
+
+@lowers(aten._pdist_forward.default)
+def pdist_forward(x, p=2.0):
+    """Distances between all row pairs i < j, in row-major order."""
+    rows, cols = np.triu_indices(x.shape[0], 1)
+    return _p_distance(jnp.abs(x[rows] - x[cols]), p)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_backend.ops._common import canonical_dim, is_floating
+from tpu_backend.ops._common import canonical_dim
 from tpu_backend.ops.registry import jax_dtype, lowers
 
 aten = torch.ops.aten
@@ -48,6 +48,17 @@ def softmax(x, dim, half_to_float):
 def log_softmax(x, dim, half_to_float):
     out = jax.nn.log_softmax(_opmath(x), axis=canonical_dim(dim, x.ndim)) if x.ndim else jnp.zeros_like(_opmath(x))
     return out if half_to_float else out.astype(x.dtype)
+
+
+@lowers(aten._safe_softmax.default)
+def safe_softmax(x, dim, dtype=None):
+    """Softmax whose fully masked rows (all -inf) give zeros instead of NaN (SDPA's math path)."""
+    xf = _opmath(x if dtype is None else x.astype(jax_dtype(dtype)))
+    axis = canonical_dim(dim, x.ndim)
+    out = jax.nn.softmax(xf, axis=axis)
+    all_masked = jnp.all(xf == -jnp.inf, axis=axis, keepdims=True)
+    out = jnp.where(all_masked, 0.0, out)
+    return out.astype(jax_dtype(dtype) if dtype is not None else x.dtype)
 
 
 @lowers(aten._softmax_backward_data.default)
@@ -211,6 +222,41 @@ def native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, s
     return tuple(o if wanted else None for o, wanted in zip(outputs, output_mask))
 
 
+# The newer (torch >= 2.3) spelling: "with_update" is training, "no_update" evaluation;
+# a fourth output is a backend "reserve" buffer (empty uint8 on CPU).
+
+
+def _reserve():
+    return jnp.zeros((0,), jnp.uint8)
+
+
+@lowers(aten._batch_norm_with_update.default)
+def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    """(out, save_mean, save_invstd, reserve). Running stats: see FUNCTIONALIZED."""
+    out, mean, invstd, _, _ = _batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, mean, invstd, _reserve()
+
+
+@lowers(aten._batch_norm_with_update_functional.default)
+def batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, mean, invstd, _reserve(), new_mean, new_var
+
+
+@lowers(aten._batch_norm_no_update.default)
+def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    training = running_mean is None or running_var is None  # no stats: normalise by the batch
+    out, mean, invstd = _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
+    return out, mean, invstd, _reserve()
+
+
+@lowers(aten.batch_norm_backward.default)
+def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve):
+    """`save_var` holds the saved inverse std, as in `native_batch_norm_backward`."""
+    train = update or running_mean is None
+    return native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask)
+
+
 # --- group norm -------------------------------------------------------------------------
 
 
@@ -256,6 +302,29 @@ def native_group_norm_backward(grad_out, x, mean, rstd, weight, N, C, HxW, group
     return tuple(o if wanted else None for o, wanted in zip(outputs, output_mask))
 
 
+# --- weight norm ------------------------------------------------------------------------------
+
+
+def _norm_except(v, dim):
+    """L2 norm over every dim but `dim` (all dims when dim == -1), kept for broadcasting."""
+    axes = tuple(d for d in range(v.ndim) if d != dim) if dim != -1 else tuple(range(v.ndim))
+    return jnp.sqrt(jnp.sum(jnp.square(_opmath(v)), axis=axes, keepdims=True))
+
+
+@lowers(aten._weight_norm_interface.default)
+def weight_norm_interface(v, g, dim=0):
+    """(w, norms): w = g * v / ||v||, norms shaped like g (float32 for half inputs)."""
+    norms = _norm_except(v, dim)
+    w = (_opmath(v) * (_opmath(g) / norms)).astype(v.dtype)
+    return w, norms.reshape(g.shape)
+
+
+@lowers(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    _, vjp = jax.vjp(lambda v, g: weight_norm_interface(v, g, dim)[0], saved_v, saved_g)
+    return vjp(grad_w)
+
+
 # --- mutation contract for the dispatcher ---------------------------------------------------
 
 
@@ -274,6 +343,7 @@ class Functionalized:
 
 
 FUNCTIONALIZED = {
-    op: Functionalized(aten._native_batch_norm_legit_functional.default, {3: 3, 4: 4}, 3)
-    for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
+    aten.native_batch_norm.default: Functionalized(aten._native_batch_norm_legit_functional.default, {3: 3, 4: 4}, 3),
+    aten._native_batch_norm_legit.default: Functionalized(aten._native_batch_norm_legit_functional.default, {3: 3, 4: 4}, 3),
+    aten._batch_norm_with_update.default: Functionalized(aten._batch_norm_with_update_functional.default, {3: 4, 4: 5}, 4),
 }

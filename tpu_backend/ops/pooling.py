@@ -272,6 +272,40 @@ def _upsample_linear(x, output_size, align_corners, scales):
     return out
 
 
+def _cubic_matrix(in_size, out_size, align_corners, scale, dtype):
+    """(out, in) bicubic weights (Keys, A = -0.75), edge taps clamped, as ATen's kernel."""
+    a = -0.75
+    positions = jnp.arange(out_size, dtype=jnp.float32)
+    if align_corners:
+        source = positions * ((in_size - 1) / (out_size - 1) if out_size > 1 else 0.0)
+    else:
+        source = (positions + 0.5) * _scale(in_size, out_size, scale) - 0.5  # not clamped for cubic
+    base = jnp.floor(source)
+    t = source - base
+    taps = [
+        ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+        ((a + 2) * t - (a + 3)) * t * t + 1,
+        ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+        ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a,
+    ]
+    columns = jnp.arange(in_size)
+    matrix = jnp.zeros((out_size, in_size), jnp.float32)
+    for k, weight in enumerate(taps):
+        tap = jnp.clip(base.astype(jnp.int32) - 1 + k, 0, in_size - 1)
+        matrix = matrix + (columns == tap[:, None]) * weight[:, None]
+    return matrix.astype(dtype)
+
+
+@lowers(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
+    out = x
+    for dim, (size_out, scale) in enumerate(zip(output_size, (scales_h, scales_w))):
+        axis = x.ndim - 2 + dim
+        matrix = _cubic_matrix(x.shape[axis], size_out, align_corners, scale, x.dtype)
+        out = jnp.moveaxis(jnp.tensordot(out, matrix, axes=[[axis], [1]], precision="highest"), -1, axis)
+    return out
+
+
 @lowers(aten.upsample_nearest1d.default)
 def upsample_nearest1d(x, output_size, scales=None):
     return _upsample_nearest(x, output_size, (scales,))

@@ -19,11 +19,6 @@ from tpu_backend.ops.registry import lowers
 aten = torch.ops.aten
 
 
-def _keep(out, dims, keepdim):
-    """Re-insert reduced dims of size 1 when keepdim is set."""
-    return jnp.expand_dims(out, dims) if keepdim and dims else out
-
-
 @lowers(aten.sum.default, aten.sum.dim_IntList)
 def sum_(x, dim=None, keepdim=False, *, dtype=None):
     dims = canonical_dims(dim, x.ndim)

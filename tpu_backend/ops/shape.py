@@ -1,5 +1,6 @@
 """Copying shape ops: cat/stack, clone and casts, flip/roll/repeat, pads, tril/triu,
-pixel shuffles, im2col/col2im and other rearrangements that produce new tensors.
+pixel shuffles, im2col/col2im and other rearrangements that produce new tensors; the
+unchecked `_unsafe_index*` forms decompositions emit.
 
 View ops (view, permute, slice, expand...) and their `*_copy` twins are not here: the
 device keeps views as storage views, and `views.py` holds their functional forms.
@@ -236,19 +237,7 @@ def col2im(x, output_size, kernel_size, dilation, padding, stride):
     return canvas[..., padding[0] : padding[0] + output_size[0], padding[1] : padding[1] + output_size[1]]
 
 
-# --- distances ----------------------------------------------------------------------------
-
-
-@lowers(aten._cdist_forward.default)
-def cdist_forward(x1, x2, p, compute_mode=None):
-    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
-    if p == 0:
-        return jnp.sum(diff != 0, axis=-1).astype(x1.dtype)
-    if p == float("inf"):
-        return jnp.max(diff, axis=-1)
-    if p == 2:
-        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
-    return jnp.sum(diff**p, axis=-1) ** (1.0 / p)
+# --- unchecked indexing (emitted by decompositions) ----------------------------------------
 
 
 @lowers(aten._unsafe_index.Tensor)

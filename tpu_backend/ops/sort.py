@@ -1,4 +1,4 @@
-"""Sorting and searching: sort, topk, searchsorted/bucketize, histc; unique and bincount.
+"""Sorting and searching: sort, topk, searchsorted/bucketize, isin, histc; unique, bincount.
 
 NaN sorts as the largest value, as in ATen (last ascending, first descending). Sorts
 are stable, which is also a valid answer where ATen does not promise stability.
@@ -105,6 +105,12 @@ def histc(x, bins=100, min=0, max=0):
     position = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int32)
     position = jnp.clip(position, 0, bins - 1)  # x == max falls in the last bin
     return jnp.zeros((bins,), x.dtype).at[position].add(inside.astype(x.dtype))
+
+
+@lowers(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    found = jnp.isin(jnp.asarray(elements), jnp.asarray(test_elements))
+    return ~found if invert else found
 
 
 # --- data-dependent sizes (run eagerly on host values) -------------------------------------------

@@ -210,3 +210,45 @@ def test_dynamic_batch_signature_is_permuted():
     assert relu.outputs[0].shape_signature == (-1, 4, 4, 4)
     assert relu.outputs[0].shape == (1, 4, 4, 4)
     assert g.outputs[0].shape_signature == (-1, 4, 4, 4)
+
+
+def conv1d_nchw(b, x, out_channels, k=3):
+    """conv1d as lowering emits it: (N, C, L) -> (N, C, 1, L), the 2-D wrapper, and back."""
+    n, c, length = x.shape
+    y = b.conv_nchw(b.reshape(x, (n, c, 1, length)), out_channels, k=k)
+    return b.reshape(y, (n, out_channels, length))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_one_d_convolutions_lifted_to_two_d_cancel_through_reshapes(batch):
+    def build(b):
+        x = b.input((batch, 4, 12))
+        y = b.op("RELU", [conv1d_nchw(b, x, 6)])
+        y = b.op("MUL", [y, b.const(np.linspace(0.5, 1.5, 6).reshape(6, 1))])
+        return b.output(conv1d_nchw(b, y, 3))
+
+    g = check_pass(build, to_nhwc)
+    assert len(transposes(g)) == 2
+
+
+def test_channel_shuffle_becomes_one_small_transpose():
+    def build(b):
+        y = b.conv_nchw(b.input((1, 4, 5, 5)), 6)
+        y = b.reshape(b.transpose(b.reshape(y, (1, 2, 3, 5, 5)), [0, 2, 1, 3, 4]), (1, 6, 5, 5))
+        return b.output(b.conv_nchw(y, 2))
+
+    g = check_pass(build, to_nhwc)
+    ts = transposes(g)
+    assert len(ts) == 3  # input, the shuffle itself (on NHWC data), output
+
+
+def test_attention_head_split_keeps_its_transposes_and_values():
+    def build(b):
+        x = b.input((2, 5, 8))
+        heads = b.transpose(b.reshape(x, (2, 5, 2, 4)), [0, 2, 1, 3])
+        scores = b.op("SOFTMAX", [b.op("MUL", [heads, b.const(0.5)])], {"beta": 1.0})
+        merged = b.reshape(b.transpose(scores, [0, 2, 1, 3]), (2, 5, 8))
+        return b.output(merged)
+
+    g = check_pass(build, to_nhwc)
+    assert len(transposes(g)) <= 2

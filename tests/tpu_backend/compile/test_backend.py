@@ -160,3 +160,13 @@ def test_missing_lowering_fails_with_the_op_name():
     compiled = torch.compile(lambda x: opaque(x) * 2, backend="tpu")
     with pytest.raises(Exception, match=r"t4_backend_test\.opaque\.default"):
         compiled(torch.ones(3))
+
+
+def test_python_numbers_as_arguments():
+    def scale_and_shift(x, scale: float, shift: int):
+        return x * scale + shift
+
+    compiled = torch.compile(scale_and_shift, backend="tpu")
+    x = torch.randn(4)
+    for scale, shift in [(0.5, 1), (2.0, 1), (2.0, -3)]:
+        assert torch.allclose(compiled(x, scale, shift), scale_and_shift(x, scale, shift), rtol=1e-6)

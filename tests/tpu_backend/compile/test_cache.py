@@ -192,3 +192,9 @@ def test_dump_writes_stablehlo_and_source(fresh_cache, tmp_path):
     assert "float32[3]" in hlo.splitlines()[0] and "stablehlo" in hlo
     assert (folder / "dumped.fx.py").read_text() == "def softplus(x): ...\n"
     assert not list(folder.glob("not_dumped*"))
+
+
+def test_dump_folder_from_the_environment(fresh_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_DUMP_DIR", str(tmp_path / "from_env"))
+    Program("env_dumped", scaled_softplus)(np.ones(2, np.float32), 1.0)
+    assert (tmp_path / "from_env" / "env_dumped.0.stablehlo.mlir").exists()

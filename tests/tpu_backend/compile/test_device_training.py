@@ -71,3 +71,17 @@ def test_compiled_dropout_on_the_device_follows_torch_manual_seed():
 
     assert not torch.equal(first == 0, second == 0)
     assert torch.equal(first, again)
+
+
+def test_graph_breaks_on_the_device_run_eagerly_and_match_cpu():
+    from tests.tpu_backend.compile.test_backend import ChattyModel
+
+    torch.manual_seed(0)
+    cpu_model = ChattyModel()
+    device_model = copy.deepcopy(cpu_model).to("tpu")
+    x = torch.randn(4, 6)
+    want = cpu_model(x)
+    got = torch.compile(device_model, backend="tpu")(x.to("tpu"))
+    assert got.device.type == "tpu"
+    assert torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-6)
+

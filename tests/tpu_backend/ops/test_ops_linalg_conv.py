@@ -82,3 +82,12 @@ def test_convolution_forward_and_backward(case):
     check(aten.convolution_backward.default, grad, x, w, list(bias.shape), *args, [True, True, True], **TOL)
     partial = run_lowering(aten.convolution_backward.default, grad, x, w, None, *args, [False, True, False])
     assert partial[0] is None and partial[2] is None
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, float("inf"), 3.0])
+def test_pairwise_distances(p):
+    a, b = torch.randn(2, 5, 3), torch.randn(2, 4, 3)
+    dist = check(aten._cdist_forward.default, a, b, p, None, **TOL)
+    if p != 0.0:
+        check(aten._cdist_backward.default, torch.randn(dist.shape), a, b, p, dist, **TOL)
+    check(aten._pdist_forward.default, torch.randn(5, 3), p, **TOL)

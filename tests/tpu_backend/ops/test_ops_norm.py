@@ -73,3 +73,33 @@ def test_group_norm_forward_and_backward(affine):
     out, mean, rstd = check(aten.native_group_norm.default, x, w, b, 2, 6, 12, 3, 1e-5, **TOL)
     g = torch.randn(2, 6, 4, 3)
     check(aten.native_group_norm_backward.default, g, x, mean, rstd, w, 2, 6, 12, 3, [True, affine, affine], **TOL)
+
+
+def test_safe_softmax_zeroes_fully_masked_rows():
+    x = torch.randn(3, 4)
+    x[1] = float("-inf")
+    check(aten._safe_softmax.default, x, -1, **TOL)
+    check(aten._safe_softmax.default, x, 0, dtype=torch.float64, **TOL)
+
+
+def test_batch_norm_with_update_family():
+    x = torch.randn(4, 3, 5)
+    w, b, rm, rv = torch.randn(3), torch.randn(3), torch.randn(3), torch.rand(3) + 0.5
+    rm_cpu, rv_cpu = rm.clone(), rv.clone()
+    out, mean, invstd, _ = check(aten._batch_norm_with_update.default, x, w, b, rm_cpu, rv_cpu, 0.1, 1e-5, **TOL)
+    results = run_lowering(aten._batch_norm_with_update_functional.default, x, w, b, rm, rv, 0.1, 1e-5)
+    torch.testing.assert_close(results[4], rm_cpu, **TOL)
+    torch.testing.assert_close(results[5], rv_cpu, **TOL)
+    check(aten._batch_norm_no_update.default, x, w, b, rm, rv, 0.1, 1e-5, **TOL)
+    g = torch.randn(4, 3, 5)
+    reserve = torch.empty(0, dtype=torch.uint8)
+    check(aten.batch_norm_backward.default, g, x, w, rm, rv, mean, invstd, True, 1e-5, [True, True, True], reserve, **TOL)
+    check(aten.batch_norm_backward.default, g, x, w, rm, rv, None, None, False, 1e-5, [True, True, True], reserve, **TOL)
+
+
+@pytest.mark.parametrize("dim", [0, 2])  # ATen's fused CPU kernel takes the first or last dim
+def test_weight_norm_interface_and_backward(dim):
+    v = torch.randn(4, 3, 2)
+    g = torch.rand(4, 1, 1) + 0.5 if dim == 0 else torch.rand(1, 1, 2) + 0.5
+    w, norms = check(aten._weight_norm_interface.default, v, g, dim, **TOL)
+    check(aten._weight_norm_interface_backward.default, torch.randn(w.shape), v, g, norms, dim, **TOL)

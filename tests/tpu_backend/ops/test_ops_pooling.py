@@ -91,3 +91,22 @@ def test_nearest_upsampling():
     check(aten.upsample_nearest2d_backward.default, torch.randn(out.shape), [10, 7], [2, 3, 5, 4])
     check(aten.upsample_nearest1d.default, torch.randn(2, 3, 5), [12])
     check(aten.upsample_nearest3d.default, torch.randn(1, 2, 3, 4, 5), [6, 4, 9])
+
+
+@pytest.mark.parametrize("align_corners", [True, False])
+def test_bicubic_upsampling(align_corners):
+    x = torch.randn(1, 2, 5, 4)
+    check(aten.upsample_bicubic2d.default, x, [9, 7], align_corners, **TOL)
+    check(aten.upsample_bicubic2d.default, x, [3, 2], align_corners, **TOL)
+
+
+@pytest.mark.parametrize("mode", [0, 1], ids=["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", [0, 1, 2], ids=["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [True, False])
+def test_grid_sampler_2d(mode, padding_mode, align_corners):
+    x = torch.randn(2, 3, 5, 6)
+    grid = torch.rand(2, 4, 7, 2) * 2.6 - 1.3  # includes points outside the image
+    out = check(aten.grid_sampler_2d.default, x, grid, mode, padding_mode, align_corners, **TOL)
+    if mode == 0:
+        g = torch.randn(out.shape)
+        check(aten.grid_sampler_2d_backward.default, g, x, grid, mode, padding_mode, align_corners, [True, True], atol=1e-4, rtol=1e-4)

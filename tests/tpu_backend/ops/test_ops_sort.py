@@ -61,3 +61,11 @@ def test_unique_family_runs_eagerly():
     check(aten.unique_consecutive.default, x, True, True, 0, jit=False)
     check(aten.bincount.default, torch.tensor([0, 3, 3, 1]), None, 6, jit=False)
     check(aten.bincount.default, torch.tensor([0, 3, 3, 1]), torch.tensor([0.5, 1.0, 2.0, 1.5]), jit=False)
+
+
+def test_isin():
+    x = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    check(aten.isin.Tensor_Tensor, x, torch.tensor([2, 6, 9]))
+    check(aten.isin.Tensor_Tensor, x, torch.tensor([2, 6]), invert=True)
+    check(aten.isin.Tensor_Scalar, x, 5)
+    check(aten.isin.Scalar_Tensor, 3, x)

@@ -1,0 +1,75 @@
+"""The lowering table through the real "tpu" device: ops users call, against CPU."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+tpu_backend = pytest.importorskip("tpu_backend")
+torch.manual_seed(0)
+
+
+def on_tpu(*tensors):
+    return [t.to("tpu") for t in tensors]
+
+
+def test_scalar_promotion_and_pointwise_on_device():
+    x = torch.randint(-5, 5, (3, 4))
+    (xt,) = on_tpu(x)
+    for fn in (lambda a: a + 2.5, lambda a: a / 2, lambda a: a // 3, lambda a: (a > 0) * 1.5, lambda a: a.float().exp(), lambda a: a**2):
+        expected, got = fn(x), fn(xt).cpu()
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected)
+
+
+def test_bool_mask_indexing_and_data_dependent_ops_on_device():
+    x = torch.randn(4, 5)
+    mask = x > 0
+    xt, maskt = on_tpu(x, mask)
+    torch.testing.assert_close(xt[maskt].cpu(), x[mask])
+    torch.testing.assert_close(torch.nonzero(maskt).cpu(), torch.nonzero(mask))
+    torch.testing.assert_close(xt[:, torch.tensor([0, 3], device="tpu")].cpu(), x[:, [0, 3]])
+    y, yt = x.clone(), xt.clone()
+    y[mask] = 0.0
+    yt[maskt] = 0.0
+    torch.testing.assert_close(yt.cpu(), y)
+    torch.testing.assert_close(torch.unique(xt.round()).cpu(), torch.unique(x.round()))
+    values, indices = torch.sort(xt, dim=1, descending=True)
+    torch.testing.assert_close(values.cpu(), torch.sort(x, dim=1, descending=True).values)
+
+
+def test_batch_norm_running_stats_update_on_device():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    device_model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    device_model.load_state_dict(model.state_dict())
+    device_model = device_model.to("tpu")
+    x = torch.randn(4, 3, 8, 8)
+    model(x).sum().backward()
+    device_model(x.to("tpu")).sum().backward()
+    torch.testing.assert_close(device_model[1].running_mean.cpu(), model[1].running_mean)
+    torch.testing.assert_close(device_model[1].running_var.cpu(), model[1].running_var)
+    torch.testing.assert_close(device_model[0].weight.grad.cpu(), model[0].weight.grad, atol=1e-4, rtol=1e-4)
+    model.eval(), device_model.eval()
+    torch.testing.assert_close(device_model(x.to("tpu")).cpu(), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_foreach_adamw_step_matches_cpu():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 3))
+    device_model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 3))
+    device_model.load_state_dict(model.state_dict())
+    device_model = device_model.to("tpu")
+    x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    losses = {}
+    for name, m, inputs in (("cpu", model, (x, y)), ("tpu", device_model, on_tpu(x, y))):
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True)
+        losses[name] = []
+        for _ in range(3):
+            loss = F.cross_entropy(m(inputs[0]), inputs[1])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            losses[name].append(loss.item())
+    assert losses["tpu"] == pytest.approx(losses["cpu"], rel=1e-5, abs=1e-6)

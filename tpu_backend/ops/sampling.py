@@ -1,0 +1,86 @@
+"""`grid_sampler_2d` (F.grid_sample) and its backward.
+
+Grid coordinates in [-1, 1] are mapped to pixels (`align_corners` decides whether -1
+is the first pixel's centre or its outer edge), folded by the padding mode (zeros,
+border, reflection), then read by nearest or bilinear interpolation. Reads outside
+the image give 0 in "zeros" mode. The backward is `jax.vjp` of the forward.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from tpu_backend.ops.registry import lowers
+
+aten = torch.ops.aten
+
+BILINEAR, NEAREST, BICUBIC = 0, 1, 2
+ZEROS, BORDER, REFLECTION = 0, 1, 2
+
+
+def _unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _reflect(coord, low, high):
+    """Fold coordinates into [low, high] by mirroring at both ends."""
+    span = high - low
+    if span <= 0:
+        return jnp.zeros_like(coord)
+    offset = jnp.abs(coord - low)
+    flips = jnp.floor(offset / span)
+    rest = offset - flips * span
+    return jnp.where(jnp.mod(flips, 2) == 0, low + rest, high - rest)
+
+
+def _source_coordinate(coord, size, padding_mode, align_corners):
+    coord = _unnormalize(coord, size, align_corners)
+    if padding_mode == BORDER:
+        return jnp.clip(coord, 0, size - 1)
+    if padding_mode == REFLECTION:
+        coord = _reflect(coord, 0, size - 1) if align_corners else _reflect(coord, -0.5, size - 0.5)
+        return jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+def _read(image, ys, xs):
+    """image (N, C, H, W) at integer (N, Ho, Wo) positions; 0 outside -> (N, C, Ho, Wo)."""
+    height, width = image.shape[-2:]
+    inside = (ys >= 0) & (ys < height) & (xs >= 0) & (xs < width)
+    batch = jnp.arange(image.shape[0])[:, None, None]
+    values = image[batch, :, jnp.clip(ys, 0, height - 1), jnp.clip(xs, 0, width - 1)]  # (N, Ho, Wo, C)
+    values = jnp.where(inside[..., None], values, 0)
+    return jnp.moveaxis(values, -1, 1)
+
+
+def _grid_sample(image, grid, interpolation_mode, padding_mode, align_corners):
+    height, width = image.shape[-2:]
+    x = _source_coordinate(grid[..., 0], width, padding_mode, align_corners)
+    y = _source_coordinate(grid[..., 1], height, padding_mode, align_corners)
+    if interpolation_mode == NEAREST:
+        return _read(image, jnp.round(y).astype(jnp.int32), jnp.round(x).astype(jnp.int32))
+    if interpolation_mode != BILINEAR:
+        raise NotImplementedError("aten.grid_sampler_2d: bicubic mode is not supported on the tpu device yet")
+    x0, y0 = jnp.floor(x), jnp.floor(y)
+    wx, wy = (x - x0)[:, None], (y - y0)[:, None]
+    x0, y0 = x0.astype(jnp.int32), y0.astype(jnp.int32)
+    top = _read(image, y0, x0) * (1 - wx) + _read(image, y0, x0 + 1) * wx
+    bottom = _read(image, y0 + 1, x0) * (1 - wx) + _read(image, y0 + 1, x0 + 1) * wx
+    return (top * (1 - wy) + bottom * wy).astype(image.dtype)
+
+
+@lowers(aten.grid_sampler_2d.default)
+def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowers(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    """(grad_input, grad_grid); None where output_mask is False."""
+    forward = lambda image, coords: _grid_sample(image, coords, interpolation_mode, padding_mode, align_corners)
+    grad_input, grad_grid = jax.vjp(forward, x, grid)[1](grad_output)
+    return tuple(g if wanted else None for g, wanted in zip((grad_input, grad_grid), output_mask))
