@@ -30,10 +30,12 @@ untimed, so one-off start-up costs (imports, caches) are not charged to the firs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +57,7 @@ from litert_measure import LoadedModel, histogram_summary, max_relative_error, m
 from zoo_loader import load_zoo  # noqa: E402
 
 TARGETS = {"speedup": 5.0, "latency_ratio": 1.05, "size_ratio": 1.01}
-WARMUP_MODEL = "lenet5"
+WARMUP_MODEL = "lenet5"  # small, with conv, pooling and dense layers
 
 
 # torch.export's pytree code warns on every export with torch 2.13; it says nothing about the model.
@@ -73,6 +75,7 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=3, help="untimed invokes before timing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, default=None, help="keep the .tflite files in this folder")
+    parser.add_argument("--model-timeout", type=float, default=300, help="seconds allowed for one conversion of ours")
     parser.add_argument("--anchor-timeout", type=float, default=1800, help="seconds for all anchor conversions")
     return parser.parse_args(argv)
 
@@ -93,12 +96,34 @@ def short_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def convert_ours(model, args) -> tuple[bytes, float]:
+class ConversionTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise ConversionTimeout in this (main) thread after `seconds`, so one conversion that
+    never ends (a pass that does not terminate) costs one row, not the whole benchmark."""
+
+    def expire(signum, frame):
+        raise ConversionTimeout(f"conversion did not finish in {seconds:g} s (--model-timeout)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def convert_ours(model, args, timeout: float) -> tuple[bytes, float]:
     import litert_torch
 
-    start = time.perf_counter()
-    content = litert_torch.convert(model, args, progress=False).model_content()
-    return content, time.perf_counter() - start
+    with time_limit(timeout):
+        start = time.perf_counter()
+        content = litert_torch.convert(model, args, progress=False).model_content()
+        return content, time.perf_counter() - start
 
 
 def torch_reference(model, args) -> list[np.ndarray]:
@@ -169,7 +194,7 @@ def bench_model(zoo, name: str, options, anchor: AnchorRunner | None, out_dir: P
     row = {"model": name, "family": entry.family, "inputs": [list(s) for s in entry.inputs], "ours": None, "anchor": None}
     loaded = []
     try:
-        content, seconds = convert_ours(model, args)
+        content, seconds = convert_ours(model, args, options.model_timeout)
         (out_dir / f"{name}.tflite").write_bytes(content)
         ours_model, figures = measure_file(content, arrays, expected)
         row["ours"] = {"ok": True, "convert_s": seconds, **figures}
@@ -301,7 +326,7 @@ def main(argv=None) -> int:
         # Pay our own one-off costs (imports, lowering tables) before timing anything.
         warm_model, warm_args = zoo.build(WARMUP_MODEL, seed=options.seed)
         try:
-            convert_ours(warm_model, warm_args)
+            convert_ours(warm_model, warm_args, options.model_timeout)
         except Exception as error:
             console.print(f"[yellow]warm-up conversion of {WARMUP_MODEL} failed: {short_error(error)}[/]")
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]

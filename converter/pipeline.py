@@ -2,16 +2,14 @@
 
 `convert_module` is the whole front half of `litert_torch.convert`:
 
-1. `export_module`: torch.export on a CPU, eval-mode view of the module (straight to
-   functional ATen IR when torch allows it; see `_find_aten_ir_export`).
+1. `export_module`: `torch.export.export` on a CPU, eval-mode view of the module.
    Parameters living on another device (the "tpu" device, CUDA...) are copied to CPU in
-   a shallow clone of the module; the user's module is never moved. The module is
+   a deep copy of the module (`cpu_view`); the user's module is never moved. The module is
    exported in eval mode (dropout off, batch norm on running statistics: what an
    inference artifact needs) unless `eval_mode=False`; its own training flags are
    restored afterwards. Export failures become a `ConversionError` that says what to
    try.
-2. `run_decompositions` with `converter.lowering.decompositions.decomposition_table()`
-   (skipped when the ATen IR holds only lowered ops).
+2. `run_decompositions` with `converter.lowering.decompositions.decomposition_table()`.
 3. `lower_program`: placeholders become graph inputs (user inputs, named after the
    forward() arguments) or constants (parameters, buffers, lifted constants); each
    `call_function` node goes through the lowering registry; outputs are flattened to
@@ -23,7 +21,6 @@
 from __future__ import annotations
 
 import copy
-import inspect
 import operator
 import os
 import re
@@ -76,44 +73,6 @@ def _to_cpu(value):
         lambda v: v.detach().to("cpu") if isinstance(v, torch.Tensor) and not _on_cpu(v) else v, value)
 
 
-def _find_aten_ir_export():
-    """torch.export's one-pass export to post-dispatch (functional) ATen IR, or None.
-
-    `torch.export.export` produces pre-dispatch "training" IR (conv2d, batch_norm,
-    in-place ops), and `run_decompositions` then RE-TRACES the whole program, whatever
-    the table holds (on MobileNetV2 an empty table cost 80% of the full one). Exporting
-    straight to ATen IR with the private `_export(pre_dispatch=False)` takes one trace:
-    about half the time of export + run_decompositions. When every op of that IR has
-    a lowering, the decomposition pass is skipped; otherwise it runs as usual. Falls
-    back to the public API when the private one is missing or has changed.
-    """
-    try:
-        from torch.export._trace import _export as private
-    except ImportError:
-        return None
-    if os.environ.get("LITERT_TORCH_PUBLIC_EXPORT") == "1":
-        return None
-    try:
-        params = inspect.signature(private).parameters
-    except (TypeError, ValueError):
-        return None
-    if not {"strict", "pre_dispatch", "dynamic_shapes"} <= set(params):
-        return None
-
-    def export(module, args, kwargs, *, dynamic_shapes, strict):
-        from converter.lowering.decompositions import keep_ops_whole
-
-        # (H2) keep the lowering table's KEEP ops (linear, upsample_*...) whole, as
-        # run_decompositions would; a post-dispatch trace inlines them otherwise.
-        with keep_ops_whole():
-            return private(module, args, kwargs, dynamic_shapes, strict=strict, pre_dispatch=False)
-
-    return export
-
-
-_ATEN_IR_EXPORT = _find_aten_ir_export()
-
-
 def _export_hints(error: Exception, strict: bool, dynamic: bool) -> list[str]:
     text = f"{type(error).__name__}: {error}"
     hints = []
@@ -140,9 +99,8 @@ def export_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = No
     if eval_mode:
         target.eval()
     try:
-        export = _ATEN_IR_EXPORT or torch.export.export
-        return export(target, _to_cpu(tuple(args)), _to_cpu(dict(kwargs or {})),
-                      dynamic_shapes=dynamic_shapes, strict=strict_export)
+        return torch.export.export(target, _to_cpu(tuple(args)), _to_cpu(dict(kwargs or {})),
+                                   dynamic_shapes=dynamic_shapes, strict=strict_export)
     except Exception as e:  # noqa: BLE001  (torch.export raises many unrelated types)
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         where = _user_frame_of(e)
@@ -156,18 +114,11 @@ def export_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = No
             m.training = training
 
 
-def _every_op_lowered(program: ExportedProgram) -> bool:
-    return all(node.target is operator.getitem or find_lowering(node.target) is not None
-               for node in program.graph.nodes if node.op == "call_function")
-
-
 def decompose(program: ExportedProgram) -> ExportedProgram:
-    """Apply our decomposition table, unless the program is already functional ATen IR
-    whose every op has a lowering (then there is nothing to gain from a re-trace)."""
+    """Apply our decomposition table (a full re-trace of the program: on MobileNetV2 an
+    empty table costs 80% of the full one, so this stage dominates conversion time)."""
     from converter.lowering.decompositions import decomposition_table
 
-    if _ATEN_IR_EXPORT is not None and _every_op_lowered(program):
-        return program
     try:
         return program.run_decompositions(decomposition_table())
     except Exception as e:  # noqa: BLE001

@@ -21,8 +21,7 @@ and the `flatbuffers` builder. What this module guarantees, beyond the schema:
 
 from __future__ import annotations
 
-import re
-from typing import Any, Iterable
+from typing import Any
 
 import flatbuffers
 import numpy as np
@@ -460,14 +459,3 @@ def _write_with_external_data(model_t: schema.ModelT, table: _BufferTable) -> by
         position = b.offset + b.size
     pieces.append(bytes(_align(position) - position + DATA_ALIGNMENT))  # XNNPACK may read 16 bytes past
     return b"".join(pieces)
-
-
-def iter_operator_names(model_bytes: bytes) -> Iterable[str]:
-    """Builtin op names of every operator in a .tflite file (all subgraphs), in order."""
-    names = {v: k for k, v in BUILTIN_CODES.items()}
-    m = schema.Model.GetRootAsModel(model_bytes, 0)
-    for s in range(m.SubgraphsLength()):
-        sg = m.Subgraphs(s)
-        for i in range(sg.OperatorsLength()):
-            oc = m.OperatorCodes(sg.Operators(i).OpcodeIndex())
-            yield names.get(max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode()), "CUSTOM")

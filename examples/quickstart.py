@@ -5,7 +5,7 @@
 Builds a CNN (conv, batch norm, ReLU, pooling, linear) in code, converts it with
 `litert_torch.convert`, runs the .tflite model in the LiteRT interpreter (XNNPACK) and
 prints, for PyTorch and LiteRT side by side: the max relative error on a fresh input
-(max|a-b| / max|b|), the median latency, and the .tflite size.
+(max|a-b| / max|b|), the median latency (one thread each), and the .tflite size.
 """
 
 from __future__ import annotations
@@ -67,16 +67,20 @@ def main() -> None:
         expected = model(x).numpy()
     actual = edge(x)
 
+    # One thread each: the LiteRT interpreter uses one unless told otherwise.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with torch.no_grad():
         torch_ms = median_ms(lambda: model(x))
+    torch.set_num_threads(threads)
     litert_ms = median_ms(lambda: edge(x))
 
     table = Table(title=f"SmallCNN, input {list(x.shape)} (converted in {convert_s:.2f} s)")
     for col in ("runtime", "max relative error", "median latency", "size"):
         table.add_column(col, justify="right" if col != "runtime" else "left")
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    table.add_row("PyTorch (eager)", "reference", f"{torch_ms:.3f} ms", f"{params:,} B of parameters")
-    table.add_row("LiteRT (XNNPACK)", f"{max_relative_error(actual, expected):.2e}", f"{litert_ms:.3f} ms",
+    table.add_row("PyTorch (eager, 1 thread)", "reference", f"{torch_ms:.3f} ms", f"{params:,} B of parameters")
+    table.add_row("LiteRT (XNNPACK, 1 thread)", f"{max_relative_error(actual, expected):.2e}", f"{litert_ms:.3f} ms",
                   f"{size:,} B .tflite")
     console = Console()
     console.print(table)

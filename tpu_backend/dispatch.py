@@ -464,6 +464,12 @@ def _inplace_kernel(functional):
             for tensor, value in zip(self, result):
                 tpu_tensor.write(tensor, value)
             return None
+        result_dtype = tpu_tensor.torch_dtype(result.dtype) if isinstance(result, jax.Array) else self.dtype
+        if result_dtype != self.dtype and not torch.can_cast(result_dtype, self.dtype):
+            raise RuntimeError(  # ATen's rule for in-place ops, e.g. int_tensor.mul_(0.5)
+                f"{functional}: result type {result_dtype} can't be cast to the in-place "
+                f"output type {self.dtype} (called from {user_frame()})"
+            )
         tpu_tensor.write(self, result)
         return self
 
@@ -488,6 +494,13 @@ def _out_kernel(functional, out_op):
 # ----------------------------------------------------------------------------- registration
 
 _LIBRARIES: dict[str, torch.library.Library] = {}
+
+
+def _opaque_to_dynamo(kernel: Callable) -> Callable:
+    """Hide a device kernel from Dynamo. When code between compiled graphs (a graph
+    break, `loss.backward()` inside a compiled step) runs eagerly on tpu tensors, Dynamo
+    would otherwise try to trace our Python kernels and the JAX code under them."""
+    return torch.compiler.disable(kernel, recursive=True)
 _REGISTERED: set = set()
 
 
@@ -498,7 +511,7 @@ def register_kernel(op, kernel: Callable, key: str = "PrivateUse1") -> bool:
     namespace = op._schema.name.split("::")[0]
     if namespace not in _LIBRARIES:
         _LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")
-    _LIBRARIES[namespace].impl(op, kernel, key)
+    _LIBRARIES[namespace].impl(op, _opaque_to_dynamo(kernel), key)
     _REGISTERED.add((op, key))
     return True
 
@@ -655,7 +668,7 @@ def register_fallback() -> None:
     global _FALLBACK_LIB
     if _FALLBACK_LIB is None:
         _FALLBACK_LIB = torch.library.Library("_", "IMPL")
-        _FALLBACK_LIB.fallback(_fallback, "PrivateUse1")
+        _FALLBACK_LIB.fallback(_opaque_to_dynamo(_fallback), "PrivateUse1")
 
 
 def clear_jit_cache() -> None:

@@ -94,8 +94,9 @@ def payload_count() -> int:
 
 
 def live_bytes() -> int:
-    """Bytes held by materialised payloads."""
-    return sum(p.nbytes for p in _PAYLOADS.values())
+    """Bytes held by materialised payloads (an array shared by two storages counts once)."""
+    arrays = {id(p.array): p.array for p in _PAYLOADS.values() if p.array is not None}
+    return sum(a.nbytes for a in arrays.values())
 
 
 def live_arrays() -> list[jax.Array]:

@@ -57,11 +57,6 @@ def _operands(ctx, *values, dtype=None) -> list[Tensor]:
     return [emit.as_tensor(ctx, v, dtype) for v in values]
 
 
-def _float_dtype(ctx) -> np.dtype:
-    dtype = ctx.out_dtype()
-    return dtype if np.issubdtype(dtype, np.floating) else np.dtype(np.float32)
-
-
 # ---- arithmetic ---------------------------------------------------------------------------
 
 _ARITH_OPTIONS = {"fusedActivationFunction": "NONE"}

@@ -9,7 +9,8 @@ adjacent in x but in another order, a small TRANSPOSE of x (`pre`) puts them in 
 first (a channel shuffle is exactly such a group).
 
 Used by the layout pass to sink transposes through flatten/unflatten RESHAPEs (1-D
-convolutions lifted to 2-D, classifier heads, channel shuffles).
+convolutions lifted to 2-D, classifier heads). The pass only takes plans without `pre`
+(a transpose inserted before the reshape could be sunk again, and again).
 """
 
 from __future__ import annotations

@@ -69,8 +69,10 @@ def to_nhwc(graph: Graph) -> Graph:
     # further down), but not always: if the count grew, retry without fan-out, and if
     # that still does not help, keep the graph as it was.
     for allow_fan_out in (True, False):
-        while _sweep(graph, allow_fan_out):
-            pass
+        # Transposes only move forward, so sweeping ends; the bound is a safety net.
+        for _ in range(len(graph.ops) + 8):
+            if not _sweep(graph, allow_fan_out):
+                break
         _regroup_fanned_out_transposes(graph)
         simplify_reshapes(graph)
         if _transpose_count(graph) <= count_before:
@@ -379,22 +381,12 @@ def _plan_reshape(op, y, perm, uses) -> Rewrite | None:
     reader = uses.only_consumer(o)
     reader_perm = transpose_perm(reader) if reader is not None and reader.opcode == "TRANSPOSE" else None
     plan = reshape_first(x.shape, perm, o.shape, reader_perm)
-    if plan is None:
+    if plan is None or plan.pre is not None:
+        # A `pre` transpose would sit before the reshape, where the next sweep would
+        # try to sink it again: transposes only ever move forward, so the pass ends.
         return None
     shape = int32_const(list(plan.w_shape), "shape")
-    rewrite = _rewriter(uses, op, plan.post, {0: x, 1: shape}, {"newShape": list(plan.w_shape)})
-    if plan.pre is None:
-        return rewrite
-
-    def apply() -> None:
-        shuffled = _transposed_tensor(x, plan.pre)
-        pre = Op("TRANSPOSE", [x, int32_const(plan.pre, "perm")], [shuffled], source=op.source)
-        uses.add(pre)
-        uses.graph.ops.insert(uses.graph.ops.index(op), pre)
-        rewrite()
-        uses.set_input(op, 0, shuffled)
-
-    return apply
+    return _rewriter(uses, op, plan.post, {0: x, 1: shape}, {"newShape": list(plan.w_shape)})
 
 
 def _regroup_fanned_out_transposes(graph: Graph) -> None:

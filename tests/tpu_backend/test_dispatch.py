@@ -121,3 +121,25 @@ def test_eager_mode_switch_validates():
     assert tpu_backend.get_eager_mode() == "strict"
     with pytest.raises(ValueError, match="eager mode 'fast'"):
         tpu_backend.set_eager_mode("fast")
+
+
+def test_environment_variables_choose_mode_and_fallback():
+    import os
+    import subprocess
+    import sys
+
+    code = "import tpu_backend, tpu_backend.dispatch as d; print(tpu_backend.get_eager_mode(), d._cpu_fallback)"
+    env = dict(os.environ, TPU_EAGER_MODE="debug", TPU_CPU_FALLBACK="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["debug", "True"]
+
+
+def test_inplace_refuses_a_result_dtype_aten_would_refuse():
+    x = torch.tensor([1, 2, 3]).to("tpu")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        x.mul_(0.5)
+    assert x.cpu().tolist() == [1, 2, 3]
+    flags = torch.zeros(3).to("tpu")
+    flags.eq_(torch.tensor([0.0, 1.0, 0.0]).to("tpu"))  # bool result into float: allowed
+    assert flags.cpu().tolist() == [1.0, 0.0, 1.0]

@@ -8,6 +8,7 @@ Importing this package registers the Dynamo backend "tpu". Public API:
   `record_compile(name, seconds, from_disk)` for compile paths outside `Program`;
 - `set_cache_dir(path)` (or `$TPU_CACHE_DIR`; default `~/.cache/tpu_backend/xla`):
   JAX's persistent compilation cache, with checksummed entries (`verify_cache()`);
+  `using_cache_dir(path)` for a block;
 - `cache_only()`: a context in which any compile raises `CacheMissError`;
 - `dump(folder)` (or `$TPU_DUMP_DIR`): write each compiled program's StableHLO and the
   FX graph it came from.
@@ -28,6 +29,7 @@ from tpu_backend.compile.cache import (
     record_compile,
     record_hit,
     set_cache_dir,
+    using_cache_dir,
     verify_cache,
 )
 from tpu_backend.compile.dump import dump, dump_dir
@@ -63,5 +65,6 @@ __all__ = [
     "record_compile",
     "record_hit",
     "set_cache_dir",
+    "using_cache_dir",
     "verify_cache",
 ]

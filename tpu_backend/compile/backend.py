@@ -21,6 +21,7 @@ specialised per concrete shape here (one XLA program per shape, as with
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Sequence
 
@@ -30,7 +31,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import register_backend
 
 from tpu_backend import random as device_random
-from tpu_backend.compile.interpreter import GraphProgram, compile_graph, is_covered
+from tpu_backend.compile.interpreter import GraphProgram, compile_graph, is_covered, lowering_tables_version
 from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
 from tpu_backend.compile.program import is_array
 
@@ -110,7 +111,13 @@ def decompositions() -> dict:
 
     Core ATen's set first; for ops outside it that we still lack (`addmm`, `gelu`...,
     while the table grows), PyTorch's full table. Ops the table covers are kept whole.
+    Computed once per state of the lowering tables (it takes a few hundred ms).
     """
+    return dict(_decompositions_for(lowering_tables_version()))
+
+
+@functools.lru_cache(maxsize=4)
+def _decompositions_for(tables_version) -> dict:
     table = {op: fn for op, fn in decomposition_table.items() if not is_covered(op) and not _decomposes_itself(op)}
     table.update((op, fn) for op, fn in core_aten_decompositions().items() if not is_covered(op))
     return table

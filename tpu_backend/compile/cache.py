@@ -332,6 +332,23 @@ def set_cache_dir(path: str | os.PathLike | None) -> None:
     ensure_persistent_cache()
 
 
+@contextlib.contextmanager
+def using_cache_dir(path: str | os.PathLike | None):
+    """Use `path` (None: no disk cache) inside the block; afterwards the previous setting
+    comes back exactly, including "not installed yet" (tests use this)."""
+    global _configured_dir, _disabled_explicitly
+    previous = (_configured_dir, _disabled_explicitly, _installed is not None)
+    set_cache_dir(path)
+    try:
+        yield cache_dir()
+    finally:
+        with _install_lock:
+            _uninstall()
+            _configured_dir, _disabled_explicitly = previous[0], previous[1]
+        if previous[2]:
+            ensure_persistent_cache()
+
+
 def ensure_persistent_cache() -> VerifiedDiskCache | None:
     """Install the verified disk cache into JAX (once; cheap afterwards).
 
@@ -356,12 +373,31 @@ def ensure_persistent_cache() -> VerifiedDiskCache | None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         jax.config.update("jax_enable_compilation_cache", True)
-        _jax_cache.reset_cache()
-        with _jax_cache._cache_initialized_mutex:
-            _jax_cache._cache = storage
-            _jax_cache._cache_initialized = True
+        _plug_into_jax(storage)
         _installed = storage
         return storage
+
+
+_JAX_HOOKS = ("reset_cache", "_cache", "_cache_initialized", "_cache_initialized_mutex", "CacheVerificationError")
+
+
+def _plug_into_jax(storage: VerifiedDiskCache) -> None:
+    """Make `storage` JAX's persistent-cache backend.
+
+    JAX has no public API for a custom cache backend; its module keeps the backend in
+    `_cache` and reads it at every compile (checked against jax 0.10.2). This function
+    is the only place that touches those internals."""
+    missing = [name for name in _JAX_HOOKS if not hasattr(_jax_cache, name)]
+    if missing:
+        raise RuntimeError(
+            f"tpu_backend: this JAX version ({jax.__version__}) lacks {', '.join(missing)} in "
+            "jax._src.compilation_cache, which the verified compilation cache plugs into; "
+            "use jax 0.10.x (see constraints.txt) or disable the disk cache with TPU_CACHE_DIR=off"
+        )
+    _jax_cache.reset_cache()
+    with _jax_cache._cache_initialized_mutex:
+        _jax_cache._cache = storage
+        _jax_cache._cache_initialized = True
 
 
 def _uninstall() -> None:
@@ -399,5 +435,6 @@ __all__ = [
     "record_compile",
     "record_hit",
     "set_cache_dir",
+    "using_cache_dir",
     "verify_cache",
 ]

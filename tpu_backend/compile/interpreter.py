@@ -7,6 +7,9 @@ overload is looked up, in this order, in
 2. `tpu_backend.ops.views.VIEW_LOWERINGS`: view ops, pure functions in a functional graph;
 3. `tpu_backend.compile.prims.GRAPH_LOWERINGS`: prims, size queries, assertions.
 
+Control flow (`torch.cond`, `while_loop`) becomes `lax.cond` / `lax.while_loop` over
+the branch subgraphs, interpreted the same way.
+
 Plain Python callables in the graph (`operator.getitem`, `operator.mul` on sizes,
 `torch.sym_max`...) are called as they are: inside `jax.jit` shapes are concrete, so
 symbolic arithmetic is ordinary integer arithmetic.
@@ -25,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import torch
 import torch.fx
 
@@ -55,20 +59,29 @@ def is_covered(target) -> bool:
     return lowering_for(target) is not None
 
 
+def lowering_tables_version() -> tuple[int, ...]:
+    """Changes whenever a lowering is added to a table (they only grow)."""
+    return tuple(len(table) for table in _TABLES)
+
+
 def _is_python_callable(target) -> bool:
     """Python-level graph nodes (getitem, size arithmetic): run as they are."""
     return not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator))
 
 
 def missing_lowerings(gm: torch.fx.GraphModule) -> list[str]:
-    """Names of the graph's ops that no table lowers (empty when the graph can run)."""
+    """Names of the ops, in the graph and its subgraphs, that no table lowers (empty when
+    the graph can run)."""
     missing = set()
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or _is_python_callable(node.target):
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
             continue
-        if isinstance(node.target, torch._ops.OpOverload) and is_covered(node.target):
-            continue
-        missing.add(str(node.target))
+        for node in module.graph.nodes:
+            if node.op != "call_function" or _is_python_callable(node.target) or node.target in _HIGHER_ORDER:
+                continue
+            if isinstance(node.target, torch._ops.OpOverload) and is_covered(node.target):
+                continue
+            missing.add(str(node.target))
     return sorted(missing)
 
 
@@ -101,10 +114,13 @@ class GraphFunction:
         self.name = name
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.needs_rng = any(
-            n.op == "call_function" and not _is_python_callable(n.target) and lowering_for(n.target).needs_rng
+            n.op == "call_function"
+            and isinstance(n.target, torch._ops.OpOverload)
+            and lowering_for(n.target).needs_rng
             for n in gm.graph.nodes
         )
         self._constants: dict[str, Any] = {}
+        self._subgraphs: dict[str, GraphFunction] = {}
 
     def __call__(self, *args):
         if self.needs_rng:
@@ -154,13 +170,15 @@ class GraphFunction:
         if node.op == "get_attr":
             if node.target not in self._constants:
                 self._constants[node.target] = _to_constant(_fetch_attr(self.gm, node.target))
-            return self._constants[node.target]
+            return self._constants[node.target]  # a constant, or a subgraph (GraphModule)
         if node.op != "call_function":
             raise UnsupportedGraphError(f"tpu: graph {self.name!r}: node kind {node.op!r} ({node}) is not supported")
         args = _map_nodes(node.args, env)
         kwargs = _map_nodes(node.kwargs, env)
         if _is_python_callable(node.target):
             return node.target(*args, **kwargs)
+        if node.target in _HIGHER_ORDER:
+            return _HIGHER_ORDER[node.target](self, *args, **kwargs)
         lowering = lowering_for(node.target)
         if lowering.needs_rng:
             state["key"], kwargs["key"] = jax.random.split(state["key"])
@@ -169,6 +187,57 @@ class GraphFunction:
         except Exception as error:
             error.add_note(f"tpu: while lowering {node.target} in graph {self.name!r}, node: {node.format_node()}")
             raise
+
+
+    def subgraph(self, gm: torch.fx.GraphModule) -> "GraphFunction":
+        """The function of a control-flow branch/body (built once per subgraph)."""
+        key = str(id(gm))
+        if key not in self._subgraphs:
+            sub = GraphFunction(gm, f"{self.name}/{type(gm).__name__}")
+            if sub.needs_rng:
+                raise UnsupportedGraphError(
+                    f"tpu: graph {self.name!r}: random ops inside torch.cond/while_loop bodies are not supported; "
+                    "draw the random numbers outside the control flow and pass them in"
+                )
+            self._subgraphs[key] = sub
+        return self._subgraphs[key]
+
+
+# --------------------------------------------------------------------- control flow (higher-order ops)
+
+
+def _cond(graph: GraphFunction, pred, true_gm, false_gm, operands):
+    """`torch.cond` as `lax.cond`: both branches are traced, one runs."""
+    on_true, on_false = graph.subgraph(true_gm), graph.subgraph(false_gm)
+    operands = tuple(operands)
+    if isinstance(pred, (bool, int)):  # decided at trace time
+        return tuple((on_true if pred else on_false)(*operands))
+    return jax.lax.cond(
+        jnp.reshape(pred, ()).astype(bool),
+        lambda ops: tuple(on_true(*ops)),
+        lambda ops: tuple(on_false(*ops)),
+        operands,
+    )
+
+
+def _while_loop(graph: GraphFunction, cond_gm, body_gm, carried_inputs, additional_inputs):
+    """`torch._higher_order_ops.while_loop` as `lax.while_loop` (forward only, like PyTorch's)."""
+    keep_going, body = graph.subgraph(cond_gm), graph.subgraph(body_gm)
+    extra = tuple(additional_inputs)
+
+    def condition(carried):
+        result = keep_going(*carried, *extra)
+        if isinstance(result, (list, tuple)):
+            (result,) = result
+        return jnp.reshape(result, ()).astype(bool)
+
+    return jax.lax.while_loop(condition, lambda carried: tuple(body(*carried, *extra)), tuple(carried_inputs))
+
+
+_HIGHER_ORDER = {
+    torch.ops.higher_order.cond: _cond,
+    torch.ops.higher_order.while_loop: _while_loop,
+}
 
 
 def _shape_matches(shape, expected) -> bool:

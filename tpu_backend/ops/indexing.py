@@ -100,8 +100,8 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
 
 @lowers(aten.index_select.default)
 def index_select(x, dim, index):
-    if x.ndim == 0:
-        return x[index.reshape(-1)].reshape(index.shape) if index.ndim else x
+    if x.ndim == 0:  # ATen: a scalar indexed by its only position stays a scalar
+        return x
     return jnp.take(x, index.reshape(-1), axis=canonical_dim(dim, x.ndim))
 
 
@@ -110,19 +110,26 @@ def _along(x, dim, index):
     return (slice(None),) * canonical_dim(dim, x.ndim) + (index,)
 
 
+def _on_dim(update, x, dim, index, values):
+    """`x.at[index on dim]` updated by `update(ref, values)`; a 0-dim x acts as 1-element."""
+    flat = x.reshape(1) if x.ndim == 0 else x
+    values = values if not hasattr(values, "ndim") or x.ndim else jnp.reshape(values, (-1,))
+    return update(flat.at[_along(flat, dim, index.reshape(-1))], values).reshape(x.shape)
+
+
 @lowers(aten.index_add.default)
 def index_add(x, dim, index, source, *, alpha=1):
-    return x.at[_along(x, dim, index.reshape(-1))].add((source * alpha).astype(x.dtype))
+    return _on_dim(lambda ref, v: ref.add(v), x, dim, index, (source * alpha).astype(x.dtype))
 
 
 @lowers(aten.index_copy.default)
 def index_copy(x, dim, index, source):
-    return x.at[_along(x, dim, index.reshape(-1))].set(source.astype(x.dtype))
+    return _on_dim(lambda ref, v: ref.set(v), x, dim, index, source.astype(x.dtype))
 
 
 @lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(x, dim, index, value):
-    return x.at[_along(x, dim, index.reshape(-1))].set(jnp.asarray(value).astype(x.dtype))
+    return _on_dim(lambda ref, v: ref.set(v), x, dim, index, jnp.asarray(value).astype(x.dtype).reshape(()))
 
 
 def _scatter_grid(index, dim):
@@ -256,11 +263,16 @@ def masked_scatter(x, mask, source):
 @lowers(aten.nonzero.default)
 def nonzero(x):
     """Data-dependent size: runs eagerly on concrete arrays (a host sync)."""
-    return jnp.asarray(np.stack(np.nonzero(np.asarray(x)), axis=1).astype(np.int64)).reshape(-1, x.ndim)
+    host = np.asarray(x)
+    if host.ndim == 0:  # one (empty) coordinate when the scalar is nonzero
+        return jnp.zeros((int(host != 0), 0), jnp.int64)
+    return jnp.asarray(np.stack(np.nonzero(host), axis=1).astype(np.int64)).reshape(-1, x.ndim)
 
 
 @lowers(aten.nonzero_static.default)
 def nonzero_static(x, *, size, fill_value=-1):
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
     coords = jnp.nonzero(x, size=size, fill_value=fill_value)
     return jnp.stack(coords, axis=1).astype(jnp.int64) if coords else jnp.zeros((size, 0), jnp.int64)
 

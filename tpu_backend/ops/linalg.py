@@ -8,6 +8,7 @@ passes for float32 inputs. Set `jax.config.update("jax_default_matmul_precision"
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import jax.scipy.linalg as jsl
@@ -177,6 +178,11 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     return solution, a
 
 
+@lowers(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    return jsl.expm(a)
+
+
 @lowers(aten._linalg_eigh.default)
 def linalg_eigh(a, UPLO="L", compute_v=True):
     eigenvalues, eigenvectors = jnp.linalg.eigh(a, UPLO=UPLO, symmetrize_input=False)
@@ -243,3 +249,8 @@ def pdist_forward(x, p=2.0):
     """Distances between all row pairs i < j, in row-major order."""
     rows, cols = np.triu_indices(x.shape[0], 1)
     return _p_distance(jnp.abs(x[rows] - x[cols]), p)
+
+
+@lowers(aten._pdist_backward.default)
+def pdist_backward(grad, x, p, pdist):
+    return jax.vjp(lambda v: pdist_forward(v, p), x)[1](grad)[0]

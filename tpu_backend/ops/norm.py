@@ -149,7 +149,7 @@ def _normalize(x, mean, invstd, weight, bias):
 
 
 def _stats_dtype(x):
-    return jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    return x.dtype  # ATen's CPU kernels save batch statistics in the input dtype
 
 
 def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):

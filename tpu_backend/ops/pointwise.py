@@ -227,6 +227,34 @@ def special_i1e(x):
     return _float_unary(jsp.i1e, x)
 
 
+@lowers(aten.special_entr.default)
+def special_entr(x):
+    # -x log x, 0 at 0, -inf for negative x (ATen's convention).
+    fn = lambda v: jnp.where(v > 0, -v * jnp.log(jnp.where(v > 0, v, 1)), jnp.where(v == 0, 0.0, -jnp.inf)).astype(v.dtype)
+    return _float_unary(lambda v: jnp.where(jnp.isnan(v), v, fn(v)), x)
+
+
+@lowers(aten.special_log_ndtr.default)
+def special_log_ndtr(x):
+    return _float_unary(jsp.log_ndtr, x)
+
+
+def _bessel_j(v, order):
+    """J_order(|v|): JAX's recurrence needs x >= 0 and is NaN for small x in float32, so
+    it runs in float64 (J0 is even, J1 odd: callers restore the sign)."""
+    return jsp.bessel_jn(jnp.abs(v).astype(jnp.float64), v=order)[order].astype(v.dtype)
+
+
+@lowers(aten.special_bessel_j0.default)
+def special_bessel_j0(x):
+    return _float_unary(lambda v: _bessel_j(v, 0), x)
+
+
+@lowers(aten.special_bessel_j1.default)
+def special_bessel_j1(x):
+    return _float_unary(lambda v: jnp.sign(v) * _bessel_j(v, 1), x)
+
+
 @lowers(aten.sinc.default)
 def sinc(x):
     return _float_unary(jnp.sinc, x)
@@ -535,6 +563,27 @@ def xlogy(x, other):
 def special_xlog1py(x, other):
     fn = lambda a, b: jnp.where(jnp.isnan(b), jnp.nan, jnp.where(a == 0, 0.0, a * jnp.log1p(b))).astype(a.dtype)
     return elementwise(fn, x, other, kind=FLOAT)
+
+
+@lowers(aten.igamma.default)
+def igamma(x, other):
+    return elementwise(jsp.gammainc, x, other, kind=FLOAT)
+
+
+@lowers(aten.igammac.default)
+def igammac(x, other):
+    return elementwise(jsp.gammaincc, x, other, kind=FLOAT)
+
+
+@lowers(aten.special_zeta.default, aten.special_zeta.other_scalar, aten.special_zeta.self_scalar)
+def special_zeta(x, other):
+    return elementwise(jsp.zeta, x, other, kind=FLOAT)
+
+
+@lowers(aten.frexp.Tensor)
+def frexp(x):
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa, exponent.astype(jnp.int32)
 
 
 @lowers(aten.heaviside.default)

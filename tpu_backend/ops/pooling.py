@@ -321,6 +321,16 @@ def upsample_nearest_exact2d(x, output_size, scales_h=None, scales_w=None):
     return _upsample_nearest(x, output_size, (scales_h, scales_w), exact=True)
 
 
+@lowers(aten._upsample_nearest_exact1d.default)
+def upsample_nearest_exact1d(x, output_size, scales=None):
+    return _upsample_nearest(x, output_size, (scales,), exact=True)
+
+
+@lowers(aten._upsample_nearest_exact3d.default)
+def upsample_nearest_exact3d(x, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_nearest(x, output_size, (scales_d, scales_h, scales_w), exact=True)
+
+
 @lowers(aten.upsample_nearest3d.default)
 def upsample_nearest3d(x, output_size, scales_d=None, scales_h=None, scales_w=None):
     return _upsample_nearest(x, output_size, (scales_d, scales_h, scales_w))
@@ -351,3 +361,43 @@ def upsample_trilinear3d(x, output_size, align_corners, scales_d=None, scales_h=
 def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     forward = lambda v: _upsample_linear(v, output_size, align_corners, (scales_h, scales_w))
     return jax.vjp(forward, jnp.zeros(tuple(input_size), grad_output.dtype))[1](grad_output)[0]
+
+
+def _input_grad(forward, grad_output, input_size):
+    """Backward of a linear resampling: the vjp of `forward` at a zero input."""
+    return jax.vjp(forward, jnp.zeros(tuple(input_size), grad_output.dtype))[1](grad_output)[0]
+
+
+@lowers(aten.upsample_nearest1d_backward.default)
+def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
+    return _input_grad(lambda v: _upsample_nearest(v, output_size, (scales,)), grad_output, input_size)
+
+
+@lowers(aten._upsample_nearest_exact2d_backward.default)
+def upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_nearest(v, output_size, (scales_h, scales_w), exact=True)
+    return _input_grad(forward, grad_output, input_size)
+
+
+@lowers(aten.upsample_nearest3d_backward.default)
+def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_nearest(v, output_size, (scales_d, scales_h, scales_w))
+    return _input_grad(forward, grad_output, input_size)
+
+
+@lowers(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
+    forward = lambda v: _upsample_linear(v, output_size, align_corners, (scales,))
+    return _input_grad(forward, grad_output, input_size)
+
+
+@lowers(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_linear(v, output_size, align_corners, (scales_d, scales_h, scales_w))
+    return _input_grad(forward, grad_output, input_size)
+
+
+@lowers(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    forward = lambda v: upsample_bicubic2d(v, output_size, align_corners, scales_h, scales_w)
+    return _input_grad(forward, grad_output, input_size)

@@ -170,6 +170,20 @@ def norm(x, p=2, *, dtype=None):
     return linalg_vector_norm(x, 2 if p is None else p, None, False, dtype=dtype)
 
 
+@lowers(aten.dist.default)
+def dist(x, other, p=2):
+    return linalg_vector_norm(x - other, p)
+
+
+@lowers(aten.renorm.default)
+def renorm(x, p, dim, maxnorm):
+    """Rescale each slice along `dim` whose p-norm exceeds maxnorm down to maxnorm."""
+    axis = canonical_dim(dim, x.ndim)
+    norms = _vector_norm(x, p, tuple(d for d in range(x.ndim) if d != axis), True)
+    factor = jnp.where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
+    return (x * factor).astype(x.dtype)
+
+
 @lowers(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(x, dim=None, keepdim=False):
     if isinstance(dim, (list, tuple)) and len(dim) == 0:  # all.dims with [] reduces nothing

@@ -138,14 +138,20 @@ def constant_pad_nd(x, pad, value=0):
     return padded[crop]
 
 
+def _pad_then_crop(x, widths, mode):
+    """jnp.pad for the positive widths, then slice away the negative ones (ATen crops)."""
+    padded = jnp.pad(x, [(max(a, 0), max(b, 0)) for a, b in widths], mode=mode)
+    return padded[tuple(slice(-min(a, 0), padded.shape[d] + min(b, 0)) for d, (a, b) in enumerate(widths))]
+
+
 @lowers(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)
 def reflection_pad(x, padding):
-    return jnp.pad(x, _pad_widths(x, padding), mode="reflect")
+    return _pad_then_crop(x, _pad_widths(x, padding), "reflect")
 
 
 @lowers(aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default)
 def replication_pad(x, padding):
-    return jnp.pad(x, _pad_widths(x, padding), mode="edge")
+    return _pad_then_crop(x, _pad_widths(x, padding), "edge")
 
 
 @lowers(

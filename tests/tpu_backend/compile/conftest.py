@@ -2,7 +2,7 @@
 
 The disk cache is process-wide JAX configuration; pointing it at a temporary folder
 keeps the tests off the user's `~/.cache` and makes cache counts independent of what
-ran before.
+ran before. The previous setting comes back after the module.
 """
 
 from __future__ import annotations
@@ -14,8 +14,5 @@ import tpu_backend.compile as tpu_compile
 
 @pytest.fixture(scope="module", autouse=True)
 def private_cache_dir(tmp_path_factory):
-    previous = tpu_compile.cache_dir()
-    folder = tmp_path_factory.mktemp("xla_cache")
-    tpu_compile.set_cache_dir(folder)
-    yield folder
-    tpu_compile.set_cache_dir(previous)
+    with tpu_compile.using_cache_dir(tmp_path_factory.mktemp("xla_cache")) as folder:
+        yield folder

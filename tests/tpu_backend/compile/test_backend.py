@@ -15,6 +15,7 @@ import torch._dynamo
 from torch import nn
 
 import tpu_backend.compile as tpu_compile
+from tests.tpu_backend.compile.shared import ChattyModel
 
 RELATIVE_TOLERANCE = 1e-5
 
@@ -66,21 +67,6 @@ def test_training_steps_match_eager():
     stats = tpu_compile.compile_stats()
     assert len(programs("_forward")) == 1 and len(programs("_backward")) == 1
     assert stats.total().hits == 4  # steps 2 and 3 reuse both programs
-
-
-class ChattyModel(nn.Module):
-    """A forward with two graph breaks: a print and a `.item()` that steers Python control flow."""
-
-    def __init__(self):
-        super().__init__()
-        self.first, self.second = nn.Linear(6, 6), nn.Linear(6, 3)
-
-    def forward(self, x):
-        h = torch.relu(self.first(x))
-        print("hidden mean computed")
-        if h.mean().item() > 0:  # data-dependent branch: Dynamo breaks the graph here
-            h = h * 2
-        return self.second(h)
 
 
 def test_graph_breaks_run_the_broken_parts_eagerly(capsys):
@@ -170,3 +156,44 @@ def test_python_numbers_as_arguments():
     x = torch.randn(4)
     for scale, shift in [(0.5, 1), (2.0, 1), (2.0, -3)]:
         assert torch.allclose(compiled(x, scale, shift), scale_and_shift(x, scale, shift), rtol=1e-6)
+
+
+def test_torch_cond_becomes_one_program_with_both_branches():
+    def branchy(x, w):
+        return torch.cond(x.sum() > 0, lambda x, w: (x * w).sin(), lambda x, w: x.cos() + w, (x, w))
+
+    compiled = torch.compile(branchy, backend="tpu", fullgraph=True)
+    w = torch.randn(5)
+    for sign in (1.0, -1.0):  # both branches, same compiled programs
+        x = (sign * torch.rand(5) + sign).requires_grad_()
+        x_ref = x.detach().clone().requires_grad_()
+        got, want = compiled(x, w), branchy(x_ref, w)
+        got.sum().backward()
+        want.sum().backward()
+        assert relative(got, want) <= RELATIVE_TOLERANCE
+        assert relative(x.grad, x_ref.grad) <= RELATIVE_TOLERANCE
+    assert len(programs("_forward")) == 1
+
+
+def test_while_loop_runs_inside_the_program():
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def double_until_large(i, x):
+        return while_loop(lambda i, x: x.sum() < 100, lambda i, x: (i + 1, x * 2), (i, x))
+
+    compiled = torch.compile(double_until_large, backend="tpu", fullgraph=True)
+    with torch.no_grad():
+        steps, x = compiled(torch.tensor(0), torch.ones(3))
+    assert steps.item() == 6 and torch.equal(x, torch.full((3,), 64.0))
+
+
+def test_writes_through_views_are_functionalized():
+    def edit_in_place(x):
+        y = x.clone()
+        y[:, 0] = 0  # select + copy_: becomes select_scatter
+        y[..., 1:] *= 2  # slice + mul_: becomes slice_scatter
+        y.t()[0].add_(1)  # through a transposed view
+        return y
+
+    x = torch.randn(4, 3)
+    assert torch.equal(torch.compile(edit_in_place, backend="tpu")(x), edit_in_place(x))

@@ -31,11 +31,9 @@ def scaled_softplus(x, scale):
 @pytest.fixture
 def fresh_cache(tmp_path):
     """An empty cache folder for one test (the module's folder comes back afterwards)."""
-    previous = tpu_compile.cache_dir()
-    tpu_compile.set_cache_dir(tmp_path / "xla")
-    compile_stats().reset()
-    yield tmp_path / "xla"
-    tpu_compile.set_cache_dir(previous)
+    with tpu_compile.using_cache_dir(tmp_path / "xla") as folder:
+        compile_stats().reset()
+        yield folder
 
 
 def entries(folder: Path) -> list[Path]:
@@ -198,3 +196,11 @@ def test_dump_folder_from_the_environment(fresh_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("TPU_DUMP_DIR", str(tmp_path / "from_env"))
     Program("env_dumped", scaled_softplus)(np.ones(2, np.float32), 1.0)
     assert (tmp_path / "from_env" / "env_dumped.0.stablehlo.mlir").exists()
+
+
+def test_using_cache_dir_restores_the_previous_setting(tmp_path):
+    before = (tpu_compile.cache_dir(), tpu_compile.disk_cache())
+    with tpu_compile.using_cache_dir(tmp_path / "elsewhere") as folder:
+        assert tpu_compile.disk_cache().path == folder == tmp_path / "elsewhere"
+    assert tpu_compile.cache_dir() == before[0]
+    assert (tpu_compile.disk_cache() is None) == (before[1] is None)

@@ -11,6 +11,7 @@ from torch import nn
 
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
+from tests.tpu_backend.compile.shared import ChattyModel
 
 RELATIVE_TOLERANCE = 1e-4
 STEPS = 5
@@ -74,8 +75,6 @@ def test_compiled_dropout_on_the_device_follows_torch_manual_seed():
 
 
 def test_graph_breaks_on_the_device_run_eagerly_and_match_cpu():
-    from tests.tpu_backend.compile.test_backend import ChattyModel
-
     torch.manual_seed(0)
     cpu_model = ChattyModel()
     device_model = copy.deepcopy(cpu_model).to("tpu")

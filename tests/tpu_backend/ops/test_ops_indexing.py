@@ -57,7 +57,7 @@ def test_index_family():
     check(aten.put.default, X, torch.tensor([0, 0, 5]), torch.tensor([1.0, 2.0, 3.0]), True)
 
 
-@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("dim", [pytest.param(0, marks=pytest.mark.slow), 1, pytest.param(-1, marks=pytest.mark.slow)])
 def test_gather_and_scatter(dim):
     index = torch.randint(0, X.shape[dim], (3, 4, 5))
     unique_index = torch.argsort(torch.rand(X.shape), dim=dim)[:3, :4, :5]  # scatter without collisions
@@ -113,3 +113,14 @@ def test_embedding_and_backward(padding_idx, scale):
 @pytest.mark.parametrize("include_self", [True, False])
 def test_index_reduce(reduce, include_self):
     check(aten.index_reduce.default, X, 1, torch.tensor([0, 4, 0, 2]), torch.randn(4, 4, 6), reduce, include_self=include_self, rtol=1e-4)
+
+
+def test_zero_dim_inputs():
+    s = torch.tensor(2.5)
+    check(aten.index_select.default, s, 0, torch.tensor([0]))
+    check(aten.index_select.default, s, 0, torch.tensor(0))
+    check(aten.index_add.default, s, 0, torch.tensor([0]), torch.tensor(1.0))
+    check(aten.index_copy.default, s, 0, torch.tensor([0]), torch.tensor(7.0))
+    check(aten.index_fill.int_Scalar, s, 0, torch.tensor([0]), -1.0)
+    check(aten.nonzero.default, s, jit=False)
+    check(aten.nonzero.default, torch.tensor(0.0), jit=False)

@@ -91,3 +91,13 @@ def test_pairwise_distances(p):
     if p != 0.0:
         check(aten._cdist_backward.default, torch.randn(dist.shape), a, b, p, dist, **TOL)
     check(aten._pdist_forward.default, torch.randn(5, 3), p, **TOL)
+
+
+def test_pdist_backward():
+    x = torch.randn(5, 3)
+    dist = torch.ops.aten._pdist_forward.default(x, 2.0)
+    check(aten._pdist_backward.default, torch.randn(dist.shape), x, 2.0, dist, **TOL)
+
+
+def test_matrix_exp():
+    check(aten.linalg_matrix_exp.default, torch.randn(2, 3, 3) * 0.5, **TOL)

@@ -158,3 +158,15 @@ def test_half_precision_keeps_its_dtype():
     check(aten.mul.Tensor, X.half(), 2.0, atol=1e-3, rtol=1e-3)
     check(aten.exp.default, X.bfloat16(), atol=1e-2, rtol=1e-2)
     check(aten.add.Tensor, X.bfloat16(), torch.tensor(1.5, dtype=torch.float64), atol=1e-2, rtol=1e-2)
+
+
+def test_special_functions():
+    check(aten.special_entr.default, torch.tensor([0.0, 0.5, 2.0, -1.0, float("nan")]))
+    check(aten.special_log_ndtr.default, X * 3, rtol=1e-4)
+    check(aten.special_bessel_j0.default, X * 3, atol=1e-5, rtol=1e-4)
+    check(aten.special_bessel_j1.default, X * 3, atol=1e-5, rtol=1e-4)
+    check(aten.igamma.default, POS * 3, POS * 2, rtol=1e-4)
+    check(aten.igammac.default, POS * 3, POS * 2, rtol=1e-4)
+    check(aten.special_zeta.default, POS + 1.5, POS + 0.5, rtol=1e-4)
+    check(aten.special_zeta.other_scalar, POS + 1.5, 2.0, rtol=1e-4)
+    check(aten.frexp.Tensor, X * 100)

@@ -100,9 +100,14 @@ def test_bicubic_upsampling(align_corners):
     check(aten.upsample_bicubic2d.default, x, [3, 2], align_corners, **TOL)
 
 
-@pytest.mark.parametrize("mode", [0, 1], ids=["bilinear", "nearest"])
-@pytest.mark.parametrize("padding_mode", [0, 1, 2], ids=["zeros", "border", "reflection"])
-@pytest.mark.parametrize("align_corners", [True, False])
+GRID_SAMPLES = [
+    # (mode, padding_mode, align_corners): the default run covers each mode and padding once
+    (0, 0, False), (0, 2, True), (1, 1, False),
+    *[pytest.param(m, p, a, marks=pytest.mark.slow) for m in (0, 1) for p in (0, 1, 2) for a in (True, False)],
+]
+
+
+@pytest.mark.parametrize("mode,padding_mode,align_corners", GRID_SAMPLES)
 def test_grid_sampler_2d(mode, padding_mode, align_corners):
     x = torch.randn(2, 3, 5, 6)
     grid = torch.rand(2, 4, 7, 2) * 2.6 - 1.3  # includes points outside the image
@@ -110,3 +115,22 @@ def test_grid_sampler_2d(mode, padding_mode, align_corners):
     if mode == 0:
         g = torch.randn(out.shape)
         check(aten.grid_sampler_2d_backward.default, g, x, grid, mode, padding_mode, align_corners, [True, True], atol=1e-4, rtol=1e-4)
+
+
+def test_upsampling_backward_family():
+    cases = [
+        (aten.upsample_nearest1d_backward.default, [2, 3, 5], [11], ()),
+        (aten._upsample_nearest_exact2d_backward.default, [1, 2, 3, 4], [7, 9], ()),
+        (aten.upsample_nearest3d_backward.default, [1, 1, 2, 3, 4], [4, 5, 9], ()),
+        (aten.upsample_linear1d_backward.default, [2, 3, 5], [11], (False,)),
+        (aten.upsample_trilinear3d_backward.default, [1, 1, 2, 3, 4], [4, 5, 9], (True,)),
+        (aten.upsample_bicubic2d_backward.default, [1, 2, 3, 4], [7, 9], (False,)),
+    ]
+    for op, input_size, output_size, extra in cases:
+        grad = torch.randn(*input_size[:2], *output_size)
+        check(op, grad, output_size, input_size, *extra, **TOL)
+
+
+def test_nearest_exact_1d_3d():
+    check(aten._upsample_nearest_exact1d.default, torch.randn(2, 3, 5), [8])
+    check(aten._upsample_nearest_exact3d.default, torch.randn(1, 2, 3, 4, 5), [5, 7, 3])

@@ -72,6 +72,10 @@ def test_bernoulli_and_other_distributions():
     assert g.min() >= 1 and abs(g.mean() - 2) < 0.15
     assert draw(aten.log_normal.default, X, 0.0, 0.1).min() > 0
     assert draw(aten.cauchy.default, X).shape == X.shape
+
+
+@pytest.mark.slow  # jax.random's poisson and gamma samplers are slow to compile
+def test_poisson_and_gamma():
     po = draw(aten.poisson.default, torch.full((4000,), 3.0))
     assert abs(po.mean() - 3) < 0.15
     ga = draw(aten._standard_gamma.default, torch.full((4000,), 2.0))

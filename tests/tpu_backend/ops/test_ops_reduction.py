@@ -13,7 +13,10 @@ TIES = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0], [float("nan"), 1.0, 0.0, 5.0, 5.
 BOOLS = X > 0
 
 
-@pytest.mark.parametrize("dim,keepdim", [(None, False), ([1], False), ([0, 2], True), ([-1], True), ([], False)])
+@pytest.mark.parametrize(
+    "dim,keepdim",
+    [(None, False), pytest.param([1], False, marks=pytest.mark.slow), ([0, 2], True), pytest.param([-1], True, marks=pytest.mark.slow), pytest.param([], False, marks=pytest.mark.slow)],
+)
 def test_sum_mean_and_friends(dim, keepdim):
     check(aten.sum.dim_IntList, X, dim, keepdim)
     check(aten.sum.dim_IntList, INTS.int(), dim, keepdim)
@@ -67,15 +70,15 @@ def test_arg_and_indexed_extremes_pick_first_and_propagate_nan():
     check(aten.max.dim, torch.tensor(3.0), 0)
 
 
-def test_scans():
-    for dim in (0, 1, -1):
-        check(aten.cumsum.default, X, dim)
-        check(aten.cumsum.default, INTS.int(), dim)
-        check(aten.cumsum.default, BOOLS, dim, dtype=torch.float32)
-        check(aten.cumprod.default, X, dim)
-        check(aten.logcumsumexp.default, X, dim, rtol=1e-4)
-        check(aten.cummax.default, X, dim)
-        check(aten.cummin.default, INTS, dim)
+@pytest.mark.parametrize("dim", [pytest.param(0, marks=pytest.mark.slow), -1])
+def test_scans(dim):
+    check(aten.cumsum.default, X, dim)
+    check(aten.cumsum.default, INTS.int(), dim)
+    check(aten.cumsum.default, BOOLS, dim, dtype=torch.float32)
+    check(aten.cumprod.default, X, dim)
+    check(aten.logcumsumexp.default, X, dim, rtol=1e-4)
+    check(aten.cummax.default, X, dim)
+    check(aten.cummin.default, INTS, dim)
     check(aten.cummax.default, TIES, 1)
     check(aten.cummin.default, TIES, 1)
 
@@ -89,3 +92,8 @@ def test_order_statistics():
     check(aten.nanmedian.dim, TIES, 1)
     check(aten.mode.default, torch.tensor([[1, 2, 2, 3, 3], [4, 4, 1, 1, 0]]), 1)
     check(aten.mode.default, INTS, 0, True)
+
+
+def test_norm_variants():
+    check(aten.dist.default, X, X.flip(0), 1.5, rtol=1e-4)
+    check(aten.renorm.default, X, 2, 1, 1.5, rtol=1e-4)

@@ -109,3 +109,9 @@ def test_linspace_and_logspace(start, end, steps):
     check(aten.logspace.default, start, end, steps, rtol=1e-5)
     check(aten.logspace.default, start, end, steps, 2.0, dtype=torch.float64)
     check(aten.linspace.Tensor_Tensor, torch.tensor(start), torch.tensor(end), steps)
+
+
+def test_negative_reflect_and_replicate_pads_crop():
+    x = torch.randn(1, 2, 6)
+    check(aten.replication_pad1d.default, x, [-1, 2])
+    check(aten.reflection_pad1d.default, x, [2, -2])
