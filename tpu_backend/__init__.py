@@ -29,7 +29,7 @@ from tpu_backend import _registration, device  # noqa: E402
 _registration.register_backend(device)
 
 import tpu_backend.ops  # noqa: E402,F401  (fills the lowering table)
-from tpu_backend import autocast, core_ops, dispatch, host_memory, modules, serialization  # noqa: E402
+from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, modules, serialization  # noqa: E402
 from tpu_backend.dispatch import (  # noqa: E402,F401
     TpuDebugError,
     TpuLoweringError,
@@ -38,6 +38,7 @@ from tpu_backend.dispatch import (  # noqa: E402,F401
     set_cpu_fallback,
     set_eager_mode,
 )
+from tpu_backend.fused import mark_step  # noqa: E402,F401
 from tpu_backend.tensor import payload_count  # noqa: E402,F401
 
 def _install() -> None:
@@ -48,6 +49,8 @@ def _install() -> None:
     serialization.install()
     modules.install()
     host_memory.install()
+    if dispatch.get_eager_mode() == "fused":  # TPU_EAGER_MODE=fused
+        fused.enable()
 
 
 _install()
@@ -63,6 +66,7 @@ __all__ = [
     "TpuLoweringError",
     "cpu_fallback_counts",
     "get_eager_mode",
+    "mark_step",
     "payload_count",
     "register_new_lowerings",
     "set_cpu_fallback",

@@ -164,4 +164,7 @@ def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
         result = empty_strided(t.shape, _strides_for(t.shape, memory_format), dtype)
         tpu_tensor.write(result, value)
         return result
-    return tpu_tensor.wrap(value.astype(tpu_tensor.jax_dtype(dtype)) if dtype != t.dtype else jnp.array(value, copy=True))
+    if dtype != t.dtype:
+        return tpu_tensor.wrap(value.astype(tpu_tensor.jax_dtype(dtype)))
+    # (a fused-mode placeholder is immutable and not yet an array: nothing to copy)
+    return tpu_tensor.wrap(value if isinstance(value, tpu_tensor.LazyValue) else jnp.array(value, copy=True))

@@ -44,17 +44,24 @@ aten = torch.ops.aten
 
 # ----------------------------------------------------------------------------- modes
 
-EAGER_MODES = ("strict", "debug")
+EAGER_MODES = ("strict", "debug", "fused")
 _mode = os.environ.get("TPU_EAGER_MODE", "strict")
 if _mode not in EAGER_MODES:
     raise ValueError(f"TPU_EAGER_MODE={_mode!r}: expected one of {', '.join(EAGER_MODES)}")
 
 
 def set_eager_mode(mode: str) -> None:
-    """Choose how ops run: "strict" (jit-cached, fast) or "debug" (synchronous, checked)."""
+    """Choose how ops run: "strict" (jit-cached, fast), "debug" (synchronous, checked) or
+    "fused" (experimental: recorded lazily, one program per step; see tpu_backend/fused.py)."""
     global _mode
     if mode not in EAGER_MODES:
         raise ValueError(f"eager mode {mode!r} is not one of {', '.join(EAGER_MODES)}")
+    from tpu_backend import fused
+
+    if mode == "fused":
+        fused.enable()
+    elif _mode == "fused":
+        fused.disable()
     _mode = mode
 
 
@@ -260,6 +267,7 @@ class OpRunner:
         if self.data_dependent or (self.data_dependent_when is not None and self.data_dependent_when(args, kwargs)):
             # output shape depends on values: run eagerly (a host sync)
             dynamic, template_args, template_kwargs = flatten_args(args, kwargs, False)
+            dynamic = [tpu_tensor.concrete(value) for value in dynamic]  # fused mode: sync
             args, kwargs = fill_template(template_args, template_kwargs, dynamic)
             return self.lowering.fn(*args, **kwargs)
         out = self._run(args, kwargs)
@@ -269,9 +277,30 @@ class OpRunner:
 
     def _run(self, args, kwargs):
         dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
+        if _mode == "fused":
+            return self._record(dynamic, template_args, template_kwargs, args, kwargs)
         fn = self._jitted(template_args, template_kwargs)
         try:
             return _run_jitted(fn, dynamic)
+        except _TRACE_ERRORS:
+            if not self.dynamic_floats:
+                raise
+            self.dynamic_floats = False  # the lowering branches on a float: make floats static
+            self.jitted.clear()
+            return self._run(args, kwargs)
+
+    def _record(self, dynamic, template_args, template_kwargs, args, kwargs):
+        """Fused mode: add this op to the recorded graph; placeholders out."""
+        from tpu_backend import fused
+
+        lowering_fn = self.lowering.fn
+
+        def call(*values):
+            call_args, call_kwargs = fill_template(template_args, template_kwargs, values)
+            return lowering_fn(*call_args, **call_kwargs)
+
+        try:
+            return fused.record((self.op, template_args, template_kwargs), call, dynamic)
         except _TRACE_ERRORS:
             if not self.dynamic_floats:
                 raise
@@ -299,7 +328,7 @@ def execute(op, args, kwargs):
 def _wrap_outputs(out):
     if isinstance(out, (tuple, list)):
         return tuple(_wrap_outputs(o) for o in out)
-    if isinstance(out, jax.Array):
+    if isinstance(out, (jax.Array, tpu_tensor.LazyValue)):
         return tpu_tensor.wrap(out)
     return out
 
@@ -464,7 +493,7 @@ def _inplace_kernel(functional):
             for tensor, value in zip(self, result):
                 tpu_tensor.write(tensor, value)
             return None
-        result_dtype = tpu_tensor.torch_dtype(result.dtype) if isinstance(result, jax.Array) else self.dtype
+        result_dtype = tpu_tensor.torch_dtype(result.dtype) if isinstance(result, (jax.Array, tpu_tensor.LazyValue)) else self.dtype
         if result_dtype != self.dtype and not torch.can_cast(result_dtype, self.dtype):
             raise RuntimeError(  # ATen's rule for in-place ops, e.g. int_tensor.mul_(0.5)
                 f"{functional}: result type {result_dtype} can't be cast to the in-place "

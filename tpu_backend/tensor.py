@@ -60,6 +60,54 @@ class StoragePayload:
 _PAYLOADS: dict[int, StoragePayload] = {}
 
 
+# --------------------------------------------------------------------- fused-mode seam
+
+
+class LazyValue:
+    """Base of fused mode's pending arrays (`tpu_backend.fused.LazyArray`): a payload may
+    hold one until a sync point; `force()` returns the concrete JAX array."""
+
+    __slots__ = ()
+
+    def force(self) -> jax.Array:
+        raise NotImplementedError
+
+
+_record = None  # fused mode's `record(key, fn, inputs)`, None when ops run eagerly
+_sync = None  # fused mode's `sync()`
+
+
+def set_lazy_hooks(record, sync) -> None:
+    """Installed by `tpu_backend.fused` while fused mode is on (None, None: eager)."""
+    global _record, _sync
+    _record, _sync = record, sync
+
+
+def apply(key, fn, *inputs):
+    """`fn(*inputs)` now, or recorded as a fused-graph node keyed by `key` in fused mode."""
+    if _record is not None:
+        return _record(key, fn, list(inputs))
+    return fn(*inputs)
+
+
+def concrete(array):
+    """A JAX array for `array`, running fused mode's pending graph if it is not computed."""
+    return array.force() if isinstance(array, LazyValue) else array
+
+
+def flush() -> None:
+    """Run what fused mode has recorded (a no-op in strict and debug modes)."""
+    if _sync is not None:
+        _sync()
+
+
+def replace_computed_payloads() -> None:
+    """After a fused sync: payloads hold their computed arrays, not placeholders."""
+    for payload in _PAYLOADS.values():
+        if isinstance(payload.array, LazyValue):
+            payload.array = payload.array.force()
+
+
 def is_tpu(t) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == DEVICE_NAME
 
@@ -100,6 +148,7 @@ def live_bytes() -> int:
 
 
 def live_arrays() -> list[jax.Array]:
+    flush()
     return [p.array for p in _PAYLOADS.values() if p.array is not None]
 
 
@@ -188,6 +237,7 @@ def _from_bytes(raw: jax.Array, dtype) -> jax.Array:
 def _reinterpret(payload: StoragePayload, dtype: torch.dtype) -> None:
     """Re-type a storage's bytes as `dtype` (`Tensor.view(dtype)`, storages from torch.load)."""
     nbytes = payload.numel * payload.dtype.itemsize
+    payload.array = concrete(payload.array)
     if nbytes % dtype.itemsize:
         raise RuntimeError(f"a tpu storage of {nbytes} bytes cannot be viewed as {dtype}")
     if payload.array is not None:
@@ -215,7 +265,8 @@ def read(t: torch.Tensor, payload: StoragePayload | None = None) -> jax.Array:
     offset = t.storage_offset()
     if offset == 0 and t.is_contiguous() and shape == base.shape:
         return base  # fast path: the tensor is its whole storage
-    return _gather_fn(tuple(shape), tuple(t.stride()), offset)(base)
+    geometry = (tuple(shape), tuple(t.stride()), offset)
+    return apply(("gather", *geometry), _gather_fn(*geometry), base)
 
 
 def write(t: torch.Tensor, value: jax.Array) -> None:
@@ -228,11 +279,12 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
     if value.dtype != target:
         value = value.astype(target)
     if value.shape != shape:
-        value = jnp.broadcast_to(value, shape)
+        value = apply(("broadcast_to", shape), functools.partial(jnp.broadcast_to, shape=shape), value)
     if _covers_storage(t, payload):
         payload.array = value
         return
-    payload.array = _scatter_fn(shape, tuple(t.stride()), t.storage_offset())(payload.materialised(), value)
+    geometry = (shape, tuple(t.stride()), t.storage_offset())
+    payload.array = apply(("scatter", *geometry), _scatter_fn(*geometry), payload.materialised(), value)
 
 
 def resize_payload(t: torch.Tensor, numel: int) -> None:
@@ -241,6 +293,7 @@ def resize_payload(t: torch.Tensor, numel: int) -> None:
     if numel <= payload.numel:
         return
     if payload.array is not None:
+        payload.array = concrete(payload.array)
         payload.array = jnp.concatenate(
             [payload.array.reshape(-1), jnp.zeros((numel - payload.numel,), payload.array.dtype)]
         )
@@ -251,7 +304,7 @@ def resize_payload(t: torch.Tensor, numel: int) -> None:
 
 
 def to_numpy(array: jax.Array) -> np.ndarray:
-    return np.asarray(jax.device_get(array))
+    return np.asarray(jax.device_get(concrete(array)))
 
 
 def numpy_to_torch(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

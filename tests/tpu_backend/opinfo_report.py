@@ -56,10 +56,10 @@ def print_table(results, show: set[str], dtype: torch.dtype, seconds: float) -> 
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(Console().width, 160))
     table = Table(title=f"OpInfo parity on '{harness.DEVICE}' vs cpu, {dtype}")
     for column in ("op", "status", "samples", "grads", "s", "detail"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column != "detail")
     for r in results:
         if r.status in show:
             detail = r.detail + (f" ({r.where})" if r.where else "")

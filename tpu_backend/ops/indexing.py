@@ -222,6 +222,8 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
 @lowers(aten.index_reduce.default)
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     """scatter_reduce with the 1-d `index` spread along `dim` of `source`."""
+    if x.ndim == 0:
+        return index_reduce(x.reshape(1), 0, index, source.reshape(-1), reduce, include_self=include_self).reshape(())
     axis = canonical_dim(dim, x.ndim)
     shape = [1] * source.ndim
     shape[axis] = index.shape[0]

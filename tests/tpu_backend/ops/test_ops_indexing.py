@@ -124,3 +124,7 @@ def test_zero_dim_inputs():
     check(aten.index_fill.int_Scalar, s, 0, torch.tensor([0]), -1.0)
     check(aten.nonzero.default, s, jit=False)
     check(aten.nonzero.default, torch.tensor(0.0), jit=False)
+
+
+def test_index_reduce_on_a_scalar():
+    check(aten.index_reduce.default, torch.tensor(2.0), 0, torch.tensor([0]), torch.tensor(3.0), "prod")

@@ -1,0 +1,324 @@
+"""The minGPT training step written directly in JAX: the ceiling for the "tpu" device.
+
+    python benchmarks/jax_mingpt.py                  # median step time, minGPT size, torch's initial weights
+    python benchmarks/jax_mingpt.py --check 3        # also: first 3 losses against PyTorch CPU eager
+    python benchmarks/jax_mingpt.py --model transformer --steps 20 --json -
+
+The model is `TinyGPT` of `tests/tpu_backend/models.py` (the config and the batch come from
+there: minGPT is 6 layers, 384 wide, 6 heads, context 128, batch 8, vocabulary 512),
+written as plain JAX functions: pre-norm blocks with causal multi-head attention laid out
+like `nn.MultiheadAttention` (one packed input projection), exact GELU, next-token
+cross-entropy. A step is `jax.value_and_grad` of the loss and a hand-written AdamW with
+PyTorch's formula and `make_optimizer("adamw")`'s settings (decay on every parameter),
+all inside one `jax.jit` whose parameter and state buffers are donated (updated in place,
+as PyTorch's optimizer does). By default the weights are the torch model's from the same
+seed (`params_from_torch`), so the losses are those of every mode of
+`benchmarks/backend_bench.py`, which imports `JaxTrainer` from here.
+
+Nothing here goes through PyTorch's dispatcher: it is what the device could reach if its
+overhead were zero. The report also says whether `torchax` (PyPI, the JAX-backed tensor
+library) can run here; it cannot with torch 2.13.0 (see `TORCHAX_STATUS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+if __package__ in (None, ""):
+    # Run as a script: make the repository root importable for `tests.tpu_backend.models`.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.tpu_backend.models import MODEL_CASES, GPTConfig, TinyGPT  # noqa: E402
+
+Params = dict[str, Any]  # a pytree: {"tokens": ..., "blocks": [{...}, ...], ...}
+
+LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default
+
+# Checked with `pip install torchax==0.0.13 torch==2.13.0` in a separate venv (torchax is not
+# one of our dependencies): `import torchax` fails while building its op table.
+TORCHAX_STATUS = (
+    "torchax 0.0.13: cannot run (import fails on torch 2.13.0: "
+    "AttributeError: 'OpOverloadPacket' object has no attribute 'dim_Dimname' — "
+    "aten.prod has no overload dim_Dimname)"
+)
+
+
+def torchax_status() -> str:
+    """Whether torchax can be used in this environment (it is not installed in ours)."""
+    try:
+        import torchax  # noqa: F401
+    except ModuleNotFoundError:
+        return f"torchax: not installed here; {TORCHAX_STATUS}"
+    except Exception as error:  # noqa: BLE001 - any import failure is the answer
+        return f"torchax: cannot run ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+    return "torchax: importable (not benchmarked: it has no torch.compile backend to compare)"
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def params_from_torch(model: TinyGPT) -> Params:
+    """The torch model's weights as a JAX pytree (same layout, float32 copies)."""
+
+    def get(name: str) -> jax.Array:
+        return jnp.asarray(state[name].detach().cpu().numpy())
+
+    state = model.state_dict()
+    blocks = []
+    for i in range(len(model.blocks)):
+        prefix = f"blocks.{i}."
+        blocks.append(
+            {
+                "norm1": {"weight": get(prefix + "norm1.weight"), "bias": get(prefix + "norm1.bias")},
+                "qkv": {"weight": get(prefix + "attention.in_proj_weight"), "bias": get(prefix + "attention.in_proj_bias")},
+                "proj": {"weight": get(prefix + "attention.out_proj.weight"), "bias": get(prefix + "attention.out_proj.bias")},
+                "norm2": {"weight": get(prefix + "norm2.weight"), "bias": get(prefix + "norm2.bias")},
+                "fc": {"weight": get(prefix + "mlp.0.weight"), "bias": get(prefix + "mlp.0.bias")},
+                "out": {"weight": get(prefix + "mlp.2.weight"), "bias": get(prefix + "mlp.2.bias")},
+            }
+        )
+    return {
+        "tokens": get("tokens.weight"),
+        "positions": get("positions.weight"),
+        "blocks": blocks,
+        "norm": {"weight": get("norm.weight"), "bias": get("norm.bias")},
+        "head": {"weight": get("head.weight"), "bias": get("head.bias")},
+    }
+
+
+def init_params(config: GPTConfig, seed: int = 0) -> Params:
+    """Weights from `torch.manual_seed(seed)` and TinyGPT's own initialisation."""
+    import torch
+
+    torch.manual_seed(seed)
+    return params_from_torch(TinyGPT(config))
+
+
+def parameter_count(params: Params) -> int:
+    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params))
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def linear(x: jax.Array, p: Params) -> jax.Array:
+    """nn.Linear: weight is (out, in)."""
+    return x @ p["weight"].T + p["bias"]
+
+
+def layer_norm(x: jax.Array, p: Params) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + LAYER_NORM_EPS) * p["weight"] + p["bias"]
+
+
+def causal_self_attention(x: jax.Array, block: Params, heads: int) -> jax.Array:
+    """nn.MultiheadAttention(q=k=v=x) with a causal mask, no dropout."""
+    batch, length, width = x.shape
+    head_dim = width // heads
+    q, k, v = jnp.split(linear(x, block["qkv"]), 3, axis=-1)
+
+    def split_heads(t):  # (B, T, W) -> (B, H, T, D)
+        return t.reshape(batch, length, heads, head_dim).transpose(0, 2, 1, 3)
+
+    q, k, v = split_heads(q), split_heads(k), split_heads(v)
+    scores = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(head_dim)
+    future = jnp.triu(jnp.ones((length, length), dtype=bool), 1)
+    scores = jnp.where(future, -jnp.inf, scores)
+    mixed = jax.nn.softmax(scores, axis=-1) @ v
+    return linear(mixed.transpose(0, 2, 1, 3).reshape(batch, length, width), block["proj"])
+
+
+def transformer_block(x: jax.Array, block: Params, heads: int) -> jax.Array:
+    x = x + causal_self_attention(layer_norm(x, block["norm1"]), block, heads)
+    hidden = jax.nn.gelu(linear(layer_norm(x, block["norm2"]), block["fc"]), approximate=False)
+    return x + linear(hidden, block["out"])
+
+
+def forward(params: Params, tokens: jax.Array, heads: int) -> jax.Array:
+    """Logits (B, T, vocab) for token ids (B, T)."""
+    length = tokens.shape[1]
+    x = params["tokens"][tokens] + params["positions"][:length]
+    for block in params["blocks"]:
+        x = transformer_block(x, block, heads)
+    return linear(layer_norm(x, params["norm"]), params["head"])
+
+
+def sequence_loss(params: Params, tokens: jax.Array, targets: jax.Array, heads: int) -> jax.Array:
+    """Mean next-token cross-entropy (F.cross_entropy over every position)."""
+    log_probs = jax.nn.log_softmax(forward(params, tokens, heads), axis=-1)
+    picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)
+    return -picked.mean()
+
+
+# ----------------------------------------------------------------------------- AdamW
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """torch.optim.AdamW's update (non-amsgrad), with `make_optimizer("adamw")`'s settings."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def init(self, params: Params) -> dict:
+        zeros = lambda: jax.tree_util.tree_map(jnp.zeros_like, params)  # noqa: E731
+        return {"step": jnp.zeros((), jnp.float32), "exp_avg": zeros(), "exp_avg_sq": zeros()}
+
+    def update(self, params: Params, grads: Params, state: dict) -> tuple[Params, dict]:
+        step = state["step"] + 1
+        exp_avg = jax.tree_util.tree_map(lambda m, g: self.beta1 * m + (1 - self.beta1) * g, state["exp_avg"], grads)
+        exp_avg_sq = jax.tree_util.tree_map(
+            lambda v, g: self.beta2 * v + (1 - self.beta2) * g * g, state["exp_avg_sq"], grads
+        )
+        step_size = self.lr / (1 - self.beta1**step)
+        bias_correction2_sqrt = jnp.sqrt(1 - self.beta2**step)
+
+        def new_param(p, m, v):
+            decayed = p * (1 - self.lr * self.weight_decay)
+            return decayed - step_size * m / (jnp.sqrt(v) / bias_correction2_sqrt + self.eps)
+
+        params = jax.tree_util.tree_map(new_param, params, exp_avg, exp_avg_sq)
+        return params, {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def step_flops(config: GPTConfig, batch: int) -> int:
+    """Model FLOPs of one training step (forward + backward), the usual estimate:
+    6 * N * tokens for the weight matmuls (N: parameters outside the embedding tables)
+    plus 12 * layers * width * context per token for attention scores and mixing."""
+    width, layers = config.width, config.layers
+    per_block = 4 * width * width + 4 * width + 8 * width * width + 5 * width + 4 * width  # attn, mlp, 2 norms
+    n = layers * per_block + 2 * width + width * config.vocab + config.vocab
+    tokens = batch * config.context
+    return 6 * n * tokens + 12 * layers * width * config.context * tokens
+
+
+class JaxTrainer:
+    """One jitted AdamW training step of TinyGPT in plain JAX, on fixed weights and batch."""
+
+    def __init__(self, model_name: str = "mingpt", seed: int = 0, optimizer: AdamW = AdamW()):
+        case = MODEL_CASES[model_name]
+        import torch
+
+        torch.manual_seed(seed)
+        model = case.build()
+        if not isinstance(model, TinyGPT):
+            raise ValueError(f"JaxTrainer runs the GPT models ('transformer', 'mingpt'), not {model_name!r}")
+        self.config: GPTConfig = model.config
+        self.params = params_from_torch(model)
+        self.optimizer = optimizer
+        self.state = optimizer.init(self.params)
+        inputs, target = case.batch(torch.Generator().manual_seed(seed))
+        self.batch_size = inputs.shape[0]
+        self.tokens = jnp.asarray(inputs.numpy())
+        self.targets = jnp.asarray(target.numpy())
+        heads = self.config.heads
+
+        def train_step(params, state, tokens, targets):
+            loss, grads = jax.value_and_grad(sequence_loss)(params, tokens, targets, heads)
+            params, state = optimizer.update(params, grads, state)
+            return params, state, loss
+
+        self._step = jax.jit(train_step, donate_argnums=(0, 1))
+
+    def step(self) -> jax.Array:
+        """One training step; returns the loss (computed, i.e. synchronised)."""
+        self.params, self.state, loss = self._step(self.params, self.state, self.tokens, self.targets)
+        return loss.block_until_ready()
+
+    @property
+    def flops_per_step(self) -> int:
+        return step_flops(self.config, self.batch_size)
+
+
+def bench(model_name: str, steps: int, warmup: int) -> dict:
+    trainer = JaxTrainer(model_name)
+    times = []
+    for _ in range(warmup + steps):
+        start = time.perf_counter()
+        loss = trainer.step()
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times[warmup:])
+    return {
+        "model": model_name,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "parameters": parameter_count(trainer.params),
+        "flops_per_step": trainer.flops_per_step,
+        "median_s": median,
+        "first_step_s": times[0],
+        "steps": times[warmup:],
+        "final_loss": float(loss),
+        "gflops_per_s": trainer.flops_per_step / median / 1e9,
+        "torchax": torchax_status(),
+    }
+
+
+def check_against_torch(model_name: str, steps: int) -> list[tuple[float, float]]:
+    """(jax loss, torch CPU eager loss) for the first `steps` steps from the same weights."""
+    import torch
+
+    from tests.tpu_backend.models import make_optimizer, train_step
+
+    trainer = JaxTrainer(model_name)
+    case = MODEL_CASES[model_name]
+    torch.manual_seed(0)
+    model = case.build()
+    optimizer = make_optimizer("adamw", model.parameters())
+    inputs, target = case.batch(torch.Generator().manual_seed(0))
+    return [(float(trainer.step()), train_step(model, optimizer, case, inputs, target).item()) for _ in range(steps)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mingpt", choices=["transformer", "mingpt"])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (the jit compile is in the first)")
+    parser.add_argument("--check", type=int, default=0, metavar="N", help="compare the first N losses with PyTorch CPU")
+    parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
+    args = parser.parse_args(argv)
+
+    ok = True
+    if args.check:
+        for step, (jax_loss, torch_loss) in enumerate(check_against_torch(args.model, args.check), 1):
+            relative = abs(jax_loss - torch_loss) / abs(torch_loss)
+            ok &= relative <= 1e-4
+            print(f"step {step}: jax {jax_loss:.6f}  torch cpu {torch_loss:.6f}  relative {relative:.1e}")
+    result = bench(args.model, args.steps, args.warmup)
+    print(
+        f"{args.model} in plain JAX ({result['backend']}): {result['median_s'] * 1e3:.1f} ms/step median, "
+        f"first step {result['first_step_s']:.2f} s, {result['parameters'] / 1e6:.2f} M parameters, "
+        f"{result['flops_per_step'] / 1e9:.1f} GFLOP/step = {result['gflops_per_s']:.1f} GFLOP/s, "
+        f"final loss {result['final_loss']:.4f}"
+    )
+    print(result["torchax"])
+    if args.json:
+        text = json.dumps(result, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Fused eager mode: ops recorded lazily and run as one XLA program per sync point.
+
+Checks what a user relies on: values through views and in-place writes equal CPU's,
+seeded randomness repeats, every sync point runs the pending graph, and the three
+training models give CPU's losses at every step with no compile after the warm-up.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import tpu_backend
+from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step
+from tpu_backend import fused
+from tpu_backend.compile import cache_only, compile_stats
+
+RELATIVE_TOLERANCE = 1e-4
+
+
+@pytest.fixture
+def fused_mode():
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode("fused")
+    yield
+    tpu_backend.set_eager_mode(previous)
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu()
+
+
+# ----------------------------------------------------------------------------- views and in-place
+
+
+def _slice_then_scale(x):
+    y = x * 2 + 1
+    y[:, 1].mul_(10)
+    return y
+
+
+def _write_through_transpose(x):
+    y = x.clone()
+    y.t()[0].copy_(torch.arange(3.0, device=x.device))
+    return y
+
+
+def _view_chain_and_alias(x):
+    y = x.clone()
+    flat = y.view(-1)
+    flat[::2] += 100
+    z = y.unsqueeze(0)
+    z.add_(1)
+    return y + flat.view(3, 4)
+
+
+def _index_put_through_view(x):
+    y = x.clone()
+    index = torch.tensor([0, 2], device=x.device)
+    y[:, 2:][index] = -1.0
+    return y
+
+
+def _diagonal_fill_and_expand(x):
+    y = torch.zeros(4, 4, device=x.device)
+    y.diagonal().fill_(3.0)
+    row = x[0:1, :]  # (1, 4)
+    return y + row.expand(4, 4)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [_slice_then_scale, _write_through_transpose, _view_chain_and_alias, _index_put_through_view, _diagonal_fill_and_expand],
+)
+def test_views_and_inplace_match_cpu(fused_mode, program):
+    x = torch.arange(12.0).reshape(3, 4) if program is not _diagonal_fill_and_expand else torch.arange(16.0).reshape(4, 4)
+    expected = program(x.clone())
+    got = program(x.to("tpu"))
+    assert fused.pending_nodes() > 0, "fused mode ran ops eagerly"
+    torch.testing.assert_close(_cpu(got), expected)
+
+
+def test_inplace_on_input_updates_every_alias(fused_mode):
+    base = torch.ones(2, 3).to("tpu")
+    alias = base.view(3, 2)
+    base[1].mul_(5)
+    torch.testing.assert_close(_cpu(alias), torch.tensor([[1.0, 1.0], [1.0, 5.0], [5.0, 5.0]]))
+
+
+# ----------------------------------------------------------------------------- randomness
+
+
+def _random_draws():
+    torch.manual_seed(123)
+    a = torch.randn(5, device="tpu")
+    b = torch.nn.functional.dropout(torch.ones(8, device="tpu"), 0.5)
+    return _cpu(a), _cpu(b)
+
+
+def test_seeded_randomness_repeats_and_matches_strict(fused_mode):
+    first = _random_draws()
+    second = _random_draws()
+    tpu_backend.set_eager_mode("strict")
+    strict = _random_draws()
+    for got, again, want in zip(first, second, strict):
+        torch.testing.assert_close(got, again)
+        torch.testing.assert_close(got, want)
+
+
+def test_rng_keys_are_inputs_not_constants(fused_mode):
+    draws = [_cpu(torch.rand(4, device="tpu")) for _ in range(3)]
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+
+
+# ----------------------------------------------------------------------------- sync points
+
+
+def _pending_after(sync) -> int:
+    x = torch.ones(4, device="tpu") * 3
+    y = x + 1
+    assert fused.pending_nodes() > 0
+    sync(y)
+    return fused.pending_nodes()
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        lambda y: y.sum().item(),
+        lambda y: y.cpu(),
+        lambda y: y.cpu().numpy(),
+        lambda y: repr(y),
+        lambda y: torch.tpu.synchronize(),
+        lambda y: tpu_backend.mark_step(),
+        lambda y: torch.nonzero(y),
+        lambda y: y[y > 3],
+    ],
+    ids=["item", "cpu", "numpy", "print", "synchronize", "mark_step", "nonzero", "bool_mask"],
+)
+def test_sync_points_run_the_pending_graph(fused_mode, sync):
+    assert _pending_after(sync) == 0
+
+
+def test_data_dependent_ops_see_pending_values(fused_mode):
+    x = torch.tensor([1.0, -2.0, 3.0, -4.0]).to("tpu")
+    y = x * -1  # pending
+    torch.testing.assert_close(_cpu(y[y > 0]), torch.tensor([2.0, 4.0]))
+    torch.testing.assert_close(_cpu(torch.nonzero(y > 0)), torch.tensor([[1], [3]]))
+
+
+def test_node_limit_runs_the_graph(fused_mode):
+    previous = fused.max_nodes()
+    fused.set_max_nodes(5)
+    try:
+        x = torch.zeros(3, device="tpu")
+        for _ in range(12):
+            x = x + 1
+            assert fused.pending_nodes() < 5
+        assert x.sum().item() == 36.0
+    finally:
+        fused.set_max_nodes(previous)
+
+
+def test_leaving_fused_mode_runs_pending_ops(fused_mode):
+    y = torch.ones(3, device="tpu") * 7
+    tpu_backend.set_eager_mode("strict")
+    assert fused.pending_nodes() == 0
+    assert y.sum().item() == 21.0
+
+
+def test_python_floats_are_values_not_constants(fused_mode):
+    weight = torch.ones(4, device="tpu")
+    tpu_backend.mark_step()  # the creation of `weight` is not part of the repeated step
+
+    def step(lr: float) -> float:
+        weight.sub_(lr * torch.ones(4, device="tpu"))
+        return weight.sum().item()
+
+    step(0.5)
+    with cache_only():  # a new learning rate is a new input value, not a new program
+        assert step(0.25) == pytest.approx(4 * (1 - 0.5 - 0.25))
+        assert step(0.125) == pytest.approx(4 * (1 - 0.5 - 0.25 - 0.125))
+
+
+def test_fused_program_can_be_dumped(fused_mode):
+    x = torch.ones(2, 2, device="tpu")
+    (x @ x + 1).sum().item()
+    ops, stablehlo = fused.last_program_text()
+    assert "aten.mm" in ops and "aten.add" in ops
+    assert "stablehlo" in stablehlo and "func.func public @main" in stablehlo
+
+
+# ----------------------------------------------------------------------------- training parity
+
+STEPS = 20
+WARMUP_STEPS = 2  # step 1 creates optimizer state, step 2 is the steady-state graph
+DISTINCT_BATCHES = 4
+
+
+def _train(model, case, optimizer_name, batches, device, cache_only_after=None) -> list[float]:
+    optimizer = make_optimizer(optimizer_name, model.parameters())
+    losses = []
+    for step, (inputs, target) in enumerate(batches):
+        if step == cache_only_after:
+            guard = cache_only()
+            guard.__enter__()
+        loss = train_step(model, optimizer, case, inputs.to(device), target.to(device))
+        losses.append(loss.item())  # the sync point that ends the step
+    if cache_only_after is not None:
+        guard.__exit__(None, None, None)
+    return losses
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("model_name", ["mlp", "cnn", "transformer"])
+def test_training_matches_cpu_with_one_program_per_step(fused_mode, model_name, optimizer_name):
+    case = MODEL_CASES[model_name]
+    torch.manual_seed(0)
+    cpu_model = case.build()
+    device_model = copy.deepcopy(cpu_model).to("tpu")
+    generator = torch.Generator().manual_seed(1)
+    distinct = [case.batch(generator) for _ in range(DISTINCT_BATCHES)]
+    batches = [distinct[step % DISTINCT_BATCHES] for step in range(STEPS)]
+
+    cpu_losses = _train(cpu_model, case, optimizer_name, batches, "cpu")
+    before = compile_stats().total()
+    requests_before = before.requests
+    device_losses = _train(device_model, case, optimizer_name, batches, "tpu", cache_only_after=WARMUP_STEPS)
+
+    assert compile_stats().total().requests - requests_before == STEPS, "expected one fused program per step"
+    for step, (got, want) in enumerate(zip(device_losses, cpu_losses)):
+        relative = abs(got - want) / max(abs(want), 1e-12)
+        assert relative <= RELATIVE_TOLERANCE, f"step {step}: fused {got} vs cpu {want}\n{device_losses}\n{cpu_losses}"
