@@ -17,7 +17,7 @@ seed (`params_from_torch`), so the losses are those of every mode of
 
 Nothing here goes through PyTorch's dispatcher: it is what the device could reach if its
 overhead were zero. The report also says whether `torchax` (PyPI, the JAX-backed tensor
-library) can run here; it cannot with torch 2.13.0 (see `TORCHAX_STATUS`).
+library) can run here; it cannot with torch 2.13.0 (see `TORCHAX_REASON`).
 """
 
 from __future__ import annotations
@@ -46,21 +46,21 @@ Params = dict[str, Any]  # a pytree: {"tokens": ..., "blocks": [{...}, ...], ...
 
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default
 
-# Checked with `pip install torchax==0.0.13 torch==2.13.0` in a separate venv (torchax is not
-# one of our dependencies): `import torchax` fails while building its op table.
-TORCHAX_STATUS = (
-    "torchax 0.0.13: cannot run (import fails on torch 2.13.0: "
-    "AttributeError: 'OpOverloadPacket' object has no attribute 'dim_Dimname' — "
-    "aten.prod has no overload dim_Dimname)"
+# Checked with `pip install torchax==0.0.13 torch==2.13.0 jax==0.10.2` in a separate venv
+# (torchax is not one of our dependencies): `import torchax` fails at its module-level
+# autocast table (torchax/amp.py line 118, `torch.ops.aten.prod.dim_Dimname`).
+TORCHAX_REASON = (
+    "torchax 0.0.13 fails to import on torch 2.13.0: AttributeError: "
+    "The underlying op of 'aten.prod' has no overload name 'dim_Dimname' (torchax/amp.py:118)"
 )
 
 
 def torchax_status() -> str:
-    """Whether torchax can be used in this environment (it is not installed in ours)."""
+    """Whether torchax can run in this environment (it is not one of our dependencies)."""
     try:
         import torchax  # noqa: F401
     except ModuleNotFoundError:
-        return f"torchax: not installed here; {TORCHAX_STATUS}"
+        return f"torchax: cannot run ({TORCHAX_REASON}; not installed in this environment)"
     except Exception as error:  # noqa: BLE001 - any import failure is the answer
         return f"torchax: cannot run ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
     return "torchax: importable (not benchmarked: it has no torch.compile backend to compare)"

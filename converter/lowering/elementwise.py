@@ -111,7 +111,7 @@ def div_mode(ctx, a, b, rounding_mode=None):
     if rounding_mode is None:
         return div(ctx, a, b)
     if rounding_mode == "floor":
-        return ctx.emit("FLOOR_DIV", _operands(ctx, a, b))
+        return _floor_div(ctx, a, b)
     # "trunc": round the true quotient toward zero; integers go through float32
     # (exact for |values| < 2**24).
     out_dtype = ctx.out_dtype()
@@ -137,9 +137,18 @@ def trunc(ctx, x):
     return _trunc(ctx, x, final=True)
 
 
+def _floor_div(ctx, a, b):
+    """FLOOR_DIV; its kernel has no int64, so int64 goes through int32 (exact below 2**31,
+    which covers index arithmetic)."""
+    if ctx.out_dtype() != np.int64:
+        return ctx.emit("FLOOR_DIV", _operands(ctx, a, b))
+    a, b = _operands(ctx, a, b, dtype=np.int32)
+    return emit.cast(ctx, emit.binary(ctx, "FLOOR_DIV", a, b), np.int64)
+
+
 @lowers(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(ctx, a, b):
-    return ctx.emit("FLOOR_DIV", _operands(ctx, a, b))
+    return _floor_div(ctx, a, b)
 
 
 @lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)

@@ -124,3 +124,9 @@ INTEGER = {
 @pytest.mark.parametrize("name", list(INTEGER))
 def test_integer_inputs(name):
     assert_converts(Fn(INTEGER[name]), (INTS.int(),))
+
+
+@pytest.mark.parametrize("name", ["floor_divide", "remainder", "div_trunc", "mul"])
+def test_int64_inputs(name):
+    """int64 is PyTorch's default integer dtype (index arithmetic): FLOOR_DIV lacks it."""
+    assert_converts(Fn(INTEGER[name]), (INTS,))
