@@ -27,8 +27,9 @@ graph's op list and StableHLO.
 Views and in-place writes keep strict mode's semantics because the same gather/scatter
 functions run, recorded: a storage's payload is an SSA value that each write replaces.
 
-Not done: donation of overwritten buffers (inputs are copied by XLA); the autograd
-device thread and the main thread share one graph under a lock.
+Ops recorded on autograd's device thread (the backward pass) join the same graph; a
+lock keeps recording and syncing from interleaving. Not done: donating the buffers a
+step overwrites (XLA writes updated parameters to new buffers).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax._src.lax.lax import _convert_element_type
+from jax._src.lax.lax import _convert_element_type  # private: the only way to re-weaken a traced float
 
 from tpu_backend import tensor as tpu_tensor
 
@@ -158,8 +159,13 @@ def _abstract(value):
     return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
 
 
-def _output_shapes(key, fn: Callable, inputs: list) -> tuple:
-    cache_key = (key, tuple(_aval(v) for v in inputs))
+def _abstract_input(value) -> jax.ShapeDtypeStruct:
+    # Shapes only: keeping the last step's arrays would hold a second copy of the parameters.
+    return jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=bool(getattr(value, "weak_type", False)))
+
+
+def _output_shapes(key, fn: Callable, inputs: list, avals: tuple) -> tuple:
+    cache_key = (key, avals)
     found = _shape_cache.get(cache_key)
     if found is None:
         out = jax.eval_shape(fn, *[_abstract(v) for v in inputs])
@@ -172,16 +178,16 @@ def record(key, fn: Callable, inputs: list):
     """Record `fn(*inputs)` (JAX arrays, placeholders or Python floats) and return
     placeholders shaped like its result. `key` must identify `fn` exactly (op and static
     arguments): graphs with equal keys and wiring share one compiled program."""
-    treedef, avals = _output_shapes(key, fn, inputs)
+    treedef, avals = _output_shapes(key, fn, inputs, tuple([_aval(v) for v in inputs]))
     with _lock:
         graph = _graph
-        node = _Node(key, fn, tuple(graph.input_ref(v) for v in inputs), len(graph.nodes))
+        node = _Node(key, fn, tuple([graph.input_ref(v) for v in inputs]), len(graph.nodes))
         node.treedef = treedef
         results = [LazyArray(aval, node, i) for i, aval in enumerate(avals)]
         node.outputs = [weakref.ref(r) for r in results]
         graph.nodes.append(node)
         full = len(graph.nodes) >= _max_nodes
-    out = jax.tree_util.tree_unflatten(treedef, results)
+    out = results[0] if treedef.num_leaves == 1 and treedef.num_nodes == 1 else treedef.unflatten(results)
     if full:
         sync()
     return out
@@ -258,7 +264,7 @@ def sync() -> None:
         floats = frozenset(graph.external_floats)
         fingerprint = (tuple((n.key, n.inputs) for n in graph.nodes), tuple(outputs), floats)
         compiled = _compiled_for(fingerprint, graph.nodes, outputs, floats)
-        _last.update(compiled=compiled, external=graph.external)
+        _last.update(compiled=compiled, external=[_abstract_input(x) for x in graph.external])
         results = compiled.program(*graph.external) if outputs else []
         for placeholder, value in zip(placeholders, results):
             placeholder.value, placeholder.node = value, None

@@ -191,11 +191,37 @@ def _view_indices(shape, strides, offset):
     return index
 
 
+def _permuted_block(shape, strides, offset):
+    """The view as a transpose (plus broadcast of stride-0 dims) of one contiguous block of
+    the storage, or None. Transposed and expanded views (`.t()`, `.permute`, `.expand`)
+    are most of the non-contiguous reads in training; a transpose compiles and runs much
+    faster than a general gather."""
+    dims = [d for d, (size, stride) in enumerate(zip(shape, strides)) if size != 1 and stride != 0]
+    order = sorted(dims, key=lambda d: strides[d], reverse=True)  # outermost in memory first
+    numel = 1
+    for d in reversed(order):
+        if strides[d] != numel:
+            return None
+        numel *= shape[d]
+    block_shape = [shape[d] for d in order]
+    axes = [order.index(d) for d in dims]
+    kept_shape = [shape[d] if d in dims else 1 for d in range(len(shape))]
+
+    def gather(base):
+        block = jax.lax.slice(base.reshape(-1), (offset,), (offset + numel,)).reshape(block_shape)
+        return jnp.broadcast_to(jnp.transpose(block, axes).reshape(kept_shape), shape)
+
+    return gather
+
+
 @functools.lru_cache(maxsize=4096)
 def _gather_fn(shape, strides, offset):
     numel = math.prod(shape)
     if _is_contiguous(shape, strides):
         return jax.jit(lambda base: jax.lax.slice(base.reshape(-1), (offset,), (offset + numel,)).reshape(shape))
+    permuted = _permuted_block(shape, strides, offset)
+    if permuted is not None:
+        return jax.jit(permuted)
     return jax.jit(lambda base: base.reshape(-1)[_view_indices(shape, strides, offset)])
 
 

@@ -8,6 +8,7 @@ training models give CPU's losses at every step with no compile after the warm-u
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -30,6 +31,11 @@ def fused_mode():
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
+
+
+@pytest.mark.skipif("TPU_EAGER_MODE" in os.environ, reason="the eager mode was chosen by the environment")
+def test_fused_mode_is_opt_in():
+    assert tpu_backend.get_eager_mode() == "strict"
 
 
 # ----------------------------------------------------------------------------- views and in-place
@@ -213,8 +219,21 @@ def _train(model, case, optimizer_name, batches, device, cache_only_after=None) 
     return losses
 
 
-@pytest.mark.parametrize("optimizer_name", ["sgd", "adamw"])
-@pytest.mark.parametrize("model_name", ["mlp", "cnn", "transformer"])
+# Each case compiles two step programs (6-20 s on CPU): two of the six run with -m slow.
+TRAINING_CASES = [
+    pytest.param(model, optimizer, id=f"{model}-{optimizer}", marks=[pytest.mark.slow] if slow else [])
+    for model, optimizer, slow in [
+        ("mlp", "sgd", False),
+        ("mlp", "adamw", False),
+        ("cnn", "sgd", False),
+        ("cnn", "adamw", True),
+        ("transformer", "sgd", True),
+        ("transformer", "adamw", False),
+    ]
+]
+
+
+@pytest.mark.parametrize("model_name, optimizer_name", TRAINING_CASES)
 def test_training_matches_cpu_with_one_program_per_step(fused_mode, model_name, optimizer_name):
     case = MODEL_CASES[model_name]
     torch.manual_seed(0)

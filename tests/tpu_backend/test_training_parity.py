@@ -14,6 +14,7 @@ model in `torch.compile(backend="tpu")` (`tpu_backend.compile`; skipped if it fa
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 
 import pytest
@@ -43,7 +44,7 @@ def execution_mode(request):
         import torch._dynamo
 
         try:
-            import tpu_backend.compile  # noqa: F401 - registers the "tpu" Dynamo backend
+            importlib.import_module("tpu_backend.compile")  # registers the "tpu" Dynamo backend
         except ImportError as error:
             pytest.skip(f'torch.compile(backend="tpu") is not available: {error}')
         torch._dynamo.reset()  # graphs compiled for another test's model must not be reused

@@ -24,7 +24,7 @@ def cpu_tensor_to_jax(t: torch.Tensor) -> jax.Array:
 def tensor_to_jax(t: torch.Tensor) -> jax.Array:
     """The JAX value of a tpu tensor (its payload) or of a CPU tensor (a copy)."""
     if t.device.type == BACKEND_NAME:
-        return device_tensor.read(t)
+        return device_tensor.concrete(device_tensor.read(t))  # fused eager: a compiled graph is a sync point
     if t.device.type == "cpu":
         return cpu_tensor_to_jax(t)
     raise ValueError(
