@@ -11,8 +11,8 @@ like `nn.MultiheadAttention` (one packed input projection), exact GELU, next-tok
 cross-entropy. A step is `jax.value_and_grad` of the loss and a hand-written AdamW with
 PyTorch's formula and `make_optimizer("adamw")`'s settings (decay on every parameter),
 all inside one `jax.jit` whose parameter and state buffers are donated (updated in place,
-as PyTorch's optimizer does). By default the weights are the torch model's from the same
-seed (`params_from_torch`), so the losses are those of every mode of
+as PyTorch's optimizer does). The weights are the torch model's from the same seed
+(`params_from_torch`), and so is the batch, so the losses are those of every mode of
 `benchmarks/backend_bench.py`, which imports `JaxTrainer` from here.
 
 Nothing here goes through PyTorch's dispatcher: it is what the device could reach if its
@@ -96,14 +96,6 @@ def params_from_torch(model: TinyGPT) -> Params:
         "norm": {"weight": get("norm.weight"), "bias": get("norm.bias")},
         "head": {"weight": get("head.weight"), "bias": get("head.bias")},
     }
-
-
-def init_params(config: GPTConfig, seed: int = 0) -> Params:
-    """Weights from `torch.manual_seed(seed)` and TinyGPT's own initialisation."""
-    import torch
-
-    torch.manual_seed(seed)
-    return params_from_torch(TinyGPT(config))
 
 
 def parameter_count(params: Params) -> int:

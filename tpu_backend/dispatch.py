@@ -493,7 +493,8 @@ def _inplace_kernel(functional):
             for tensor, value in zip(self, result):
                 tpu_tensor.write(tensor, value)
             return None
-        result_dtype = tpu_tensor.torch_dtype(result.dtype) if isinstance(result, (jax.Array, tpu_tensor.LazyValue)) else self.dtype
+        is_array = isinstance(result, (jax.Array, tpu_tensor.LazyValue))
+        result_dtype = tpu_tensor.torch_dtype(result.dtype) if is_array else self.dtype
         if result_dtype != self.dtype and not torch.can_cast(result_dtype, self.dtype):
             raise RuntimeError(  # ATen's rule for in-place ops, e.g. int_tensor.mul_(0.5)
                 f"{functional}: result type {result_dtype} can't be cast to the in-place "

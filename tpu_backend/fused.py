@@ -226,11 +226,29 @@ def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], floats: 
     return run
 
 
+def _render(template, refs: list[str]) -> str:
+    """A static argument template with its dynamic slots shown as the values wired in."""
+    if type(template).__name__ == "_Slot":  # dispatch's placeholder for the i-th dynamic value
+        return refs[template.index]
+    if type(template) is tuple:
+        return "[" + ", ".join(_render(t, refs) for t in template) + "]"
+    return repr(template)
+
+
+def _describe_node(node: _Node) -> str:
+    refs = [f"%{r[1]}.{r[2]}" if r[0] == "n" else f"in{r[1]}" for r in node.inputs]
+    key = node.key
+    if isinstance(key[0], str):  # a storage access: ("gather", shape, strides, offset)...
+        return f"{key[0]}{tuple(key[1:])}({', '.join(refs)})"
+    op, template_args, template_kwargs = key
+    args = [_render(t, refs) for t in template_args] + [f"{k}={_render(t, refs)}" for k, t in template_kwargs]
+    return f"{op}({', '.join(args)})"
+
+
 def _describe_ops(nodes: list[_Node], outputs: list[tuple[int, int]]) -> str:
     lines = [f"# fused graph: {len(nodes)} nodes, {len(outputs)} outputs"]
     for node in nodes:
-        refs = ", ".join(f"%{r[1]}.{r[2]}" if r[0] == "n" else f"in{r[1]}" for r in node.inputs)
-        lines.append(f"%{node.position} = {node.key!r}({refs})")
+        lines.append(f"%{node.position} = {_describe_node(node)}")
     lines.append("return " + ", ".join(f"%{p}.{i}" for p, i in outputs))
     return "\n".join(lines)
 

@@ -8,7 +8,10 @@ training models give CPU's losses at every step with no compile after the warm-u
 from __future__ import annotations
 
 import copy
+import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -76,12 +79,19 @@ def _diagonal_fill_and_expand(x):
     return y + row.expand(4, 4)
 
 
-@pytest.mark.parametrize(
-    "program",
-    [_slice_then_scale, _write_through_transpose, _view_chain_and_alias, _index_put_through_view, _diagonal_fill_and_expand],
-)
+VIEW_PROGRAMS = [
+    _slice_then_scale,
+    _write_through_transpose,
+    _view_chain_and_alias,
+    _index_put_through_view,
+    _diagonal_fill_and_expand,
+]
+
+
+@pytest.mark.parametrize("program", VIEW_PROGRAMS)
 def test_views_and_inplace_match_cpu(fused_mode, program):
-    x = torch.arange(12.0).reshape(3, 4) if program is not _diagonal_fill_and_expand else torch.arange(16.0).reshape(4, 4)
+    side = 4 if program is _diagonal_fill_and_expand else 3
+    x = torch.arange(side * 4.0).reshape(side, 4)
     expected = program(x.clone())
     got = program(x.to("tpu"))
     assert fused.pending_nodes() > 0, "fused mode ran ops eagerly"
@@ -252,3 +262,29 @@ def test_training_matches_cpu_with_one_program_per_step(fused_mode, model_name, 
     for step, (got, want) in enumerate(zip(device_losses, cpu_losses)):
         relative = abs(got - want) / max(abs(want), 1e-12)
         assert relative <= RELATIVE_TOLERANCE, f"step {step}: fused {got} vs cpu {want}\n{device_losses}\n{cpu_losses}"
+
+
+# ----------------------------------------------------------------------------- graph shape
+
+
+def test_dead_intermediates_are_not_outputs(fused_mode):
+    tpu_backend.mark_step()
+    x = torch.ones(3, device="tpu")
+    y = ((x + 1) * 2).exp()  # `x + 1` and `* 2` die here: XLA may fuse them away
+    assert y.sum().item() == pytest.approx(3 * math.exp(4), rel=1e-6)
+    ops, _ = fused.last_program_text()
+    assert ops.splitlines()[0].endswith("3 outputs"), ops  # x, y and the sum; not the intermediates
+
+
+def test_environment_variable_selects_fused_mode():
+    code = (
+        "import torch, tpu_backend\n"
+        "from tpu_backend import fused\n"
+        "y = torch.ones(2, device='tpu') * 3\n"
+        "assert fused.pending_nodes() > 0\n"
+        "print(tpu_backend.get_eager_mode(), y.sum().item())\n"
+    )
+    env = dict(os.environ, TPU_EAGER_MODE="fused")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fused", "6.0"]
