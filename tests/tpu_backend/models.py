@@ -129,6 +129,14 @@ class ModelCase:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def training_batches(case: ModelCase, steps: int, distinct: int = 4) -> list:
+    """`steps` batches cycling through `distinct` fixed ones drawn from seed 1: with
+    random labels a model can only learn by memorising, so the loss must fall."""
+    generator = torch.Generator().manual_seed(1)
+    pool = [case.batch(generator) for _ in range(distinct)]
+    return [pool[step % distinct] for step in range(steps)]
+
+
 def _class_batch(shape: tuple[int, ...], classes: int = 10):
     def draw(generator: torch.Generator):
         inputs = torch.randn(shape, generator=generator)

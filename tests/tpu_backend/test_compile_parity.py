@@ -35,7 +35,7 @@ import torch._dynamo
 
 import tpu_backend
 import tpu_backend.compile as tpu_compile
-from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step
+from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
 
 STEPS = 20
 CACHE_ONLY_FROM = 2  # 0-based: the third step and every later one run under cache_only()
@@ -113,10 +113,7 @@ def test_compiled_training_matches_cpu_and_runs_from_cache(model_name, optimizer
     torch.manual_seed(0)
     cpu_model = case.build()
     device_model = copy.deepcopy(cpu_model).to("tpu")
-    generator = torch.Generator().manual_seed(1)
-    # Random labels are learnable only by memorising: cycle a few batches so loss falls.
-    distinct = [case.batch(generator) for _ in range(DISTINCT_BATCHES)]
-    batches = [distinct[step % DISTINCT_BATCHES] for step in range(STEPS)]
+    batches = training_batches(case, STEPS, DISTINCT_BATCHES)
 
     cpu_optimizer = make_optimizer(optimizer_name, cpu_model.parameters())
     cpu_losses = [train_step(cpu_model, cpu_optimizer, case, x, y).item() for x, y in batches]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import tpu_backend
-from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step
+from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
 from tpu_backend import fused
 from tpu_backend.compile import cache_only, compile_stats
 
@@ -249,9 +249,7 @@ def test_training_matches_cpu_with_one_program_per_step(fused_mode, model_name, 
     torch.manual_seed(0)
     cpu_model = case.build()
     device_model = copy.deepcopy(cpu_model).to("tpu")
-    generator = torch.Generator().manual_seed(1)
-    distinct = [case.batch(generator) for _ in range(DISTINCT_BATCHES)]
-    batches = [distinct[step % DISTINCT_BATCHES] for step in range(STEPS)]
+    batches = training_batches(case, STEPS, DISTINCT_BATCHES)
 
     cpu_losses = _train(cpu_model, case, optimizer_name, batches, "cpu")
     before = compile_stats().total()

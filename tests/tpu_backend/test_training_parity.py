@@ -20,7 +20,7 @@ import os
 import pytest
 import torch
 
-from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step
+from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
 
 DEVICE = os.environ.get("PARITY_DEVICE", "tpu")
 STEPS = 20
@@ -93,10 +93,7 @@ def test_losses_match_cpu_every_step(model_name, optimizer_name, execution_mode)
     torch.manual_seed(0)
     cpu_model = case.build()
     device_model = copy.deepcopy(cpu_model).to(DEVICE)
-    generator = torch.Generator().manual_seed(1)
-    # Random labels are learnable only by memorising: cycle a few batches so loss falls.
-    distinct = [case.batch(generator) for _ in range(DISTINCT_BATCHES)]
-    batches = [distinct[step % DISTINCT_BATCHES] for step in range(STEPS)]
+    batches = training_batches(case, STEPS, DISTINCT_BATCHES)
 
     cpu_losses = train_losses(cpu_model, case, optimizer_name, batches, "cpu")
     run_model = torch.compile(device_model, backend=COMPILE_BACKEND) if execution_mode == "compile" else device_model

@@ -21,11 +21,8 @@ RELATIVE_TOLERANCE = 1e-5
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    tpu_compile.compile_stats().reset()
-    yield
-    torch._dynamo.reset()
+def _fresh_dynamo(fresh_dynamo):
+    """Every test here starts from a fresh Dynamo (see conftest.py)."""
 
 
 def programs(kind: str) -> list[str]:
