@@ -351,8 +351,10 @@ def optimize(model: ir.Model) -> ir.Model:
 
 def convert_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
                    dynamic_shapes=None, strict_export: bool = False, eval_mode: bool = True,
-                   progress: Progress | None = None, run_passes: bool = True) -> ir.Model:
-    """nn.Module + sample inputs -> optimized IR Model (one graph, 'serving_default')."""
+                   progress: Progress | None = None, run_passes: bool = True,
+                   name: str = "serving_default") -> ir.Model:
+    """nn.Module + sample inputs -> optimized IR Model (one graph, named `name`: the
+    SignatureDef key)."""
     progress = progress or Progress(False)
     with progress.stage("export", type(module).__name__):
         program = export_module(module, args, kwargs, dynamic_shapes=dynamic_shapes,
@@ -360,7 +362,7 @@ def convert_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
     with progress.stage("decompose"):
         program = decompose(program)
     with progress.stage("lower"):
-        graph = lower_program(program)
+        graph = lower_program(program, name=name)
     model = ir.Model([graph])
     if run_passes:
         with progress.stage("optimize"):

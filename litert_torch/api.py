@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from converter import ir
 from converter.pipeline import convert_module
 from converter.progress import Progress
 from converter.writer import write_flatbuffer
@@ -28,8 +31,20 @@ def _sample_args(sample_args) -> tuple:
     raise TypeError(f"sample_args must be a tuple of example inputs (or one tensor); got {what}. Pass {hint}.")
 
 
+@dataclass
+class SignatureSpec:
+    """One signature of a model: a module and its sample inputs, under a name."""
+
+    name: str
+    module: torch.nn.Module
+    sample_args: tuple
+    sample_kwargs: dict | None = None
+    dynamic_shapes: object = None
+
+
 def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = None, *,
             dynamic_shapes=None, strict_export: bool = False, eval_mode: bool = True,
+            quant_config=None, calibration_data=None, target: str | None = None,
             progress: bool | None = None) -> EdgeModel:
     """Convert `module` to a LiteRT model.
 
@@ -42,22 +57,67 @@ def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = N
         strict_export: `torch.export`'s strict (TorchDynamo) tracing; non-strict by default.
         eval_mode: export in eval mode (dropout off, batch norm on running statistics).
             The module's own train/eval flags are restored afterwards.
+        quant_config: a quantization scheme (`litert_torch.quantize`); None keeps float32.
+        calibration_data: an iterable of sample args, for schemes that need activation
+            ranges (full-integer).
+        target: a deployment target profile ("android-gpu", "web", "micro", ...): its
+            rewrites are applied, then its rules checked (`edge.target_report`).
         progress: show conversion stages; default: only on an interactive terminal
             (or when LITERT_TORCH_PROGRESS=1).
 
     Returns: an EdgeModel (call it, `.export(path)` it, `.model_content()` for bytes).
     Raises: UnsupportedOpsError (lists every op without a lowering), ConversionError.
     """
-    args = _sample_args(sample_args)
-    if sample_kwargs is not None and not isinstance(sample_kwargs, dict):
-        raise TypeError(f"sample_kwargs must be a dict of keyword inputs, got {type(sample_kwargs).__name__}")
+    spec = SignatureSpec("serving_default", module, _sample_args(sample_args), sample_kwargs, dynamic_shapes)
+    return convert_signatures([spec], strict_export=strict_export, eval_mode=eval_mode,
+                              quant_config=quant_config, calibration_data=calibration_data,
+                              target=target, progress=progress)
+
+
+def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = False, eval_mode: bool = True,
+                       quant_config=None, calibration_data=None, target: str | None = None,
+                       progress: bool | None = None) -> EdgeModel:
+    """Convert one or more signatures into one model; constants with equal bytes (shared
+    weights) are stored once. The pipeline: validate every option (before any work),
+    convert each signature, quantize, apply and check the target, write."""
+    if not specs:
+        raise ValueError("no signatures to convert")
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"signature names must be unique, got {names}")
+    for spec in specs:
+        if spec.sample_kwargs is not None and not isinstance(spec.sample_kwargs, dict):
+            raise TypeError(f"sample_kwargs must be a dict of keyword inputs, got {type(spec.sample_kwargs).__name__}")
+    if quant_config is not None:
+        from converter.quantize import validate_config
+        quant_config = validate_config(quant_config, calibration_data, specs)
+    profile = None
+    if target is not None:
+        from runtimes.targets import get_profile
+        profile = get_profile(target)
+
     stages = Progress(progress)
-    model = convert_module(module, args, sample_kwargs, dynamic_shapes=dynamic_shapes,
-                           strict_export=strict_export, eval_mode=eval_mode, progress=stages)
+    graphs = []
+    for spec in specs:
+        part = convert_module(spec.module, spec.sample_args, spec.sample_kwargs,
+                              dynamic_shapes=spec.dynamic_shapes, strict_export=strict_export,
+                              eval_mode=eval_mode, progress=stages, name=spec.name)
+        graphs += part.graphs
+    model = ir.Model(graphs)
+    if quant_config is not None:
+        from converter.quantize import quantize
+        with stages.stage("quantize", str(quant_config)):
+            model = quantize(model, quant_config, calibration_data)
+    report = None
+    if profile is not None:
+        from runtimes.targets import prepare_for_target
+        with stages.stage("target", profile.name):
+            model, report = prepare_for_target(model, profile)
     with stages.stage("write"):
         content = write_flatbuffer(model)
     stages.note(f"{len(content):,} bytes")
     edge = EdgeModel(content)
     edge.ir_model = model
     edge.timings = dict(stages.timings)
+    edge.target_report = report
     return edge

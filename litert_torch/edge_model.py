@@ -50,6 +50,7 @@ class EdgeModel:
         self._runtime: LiteRTModel | None = None
         self.ir_model = None  # the converter's IR, when this model came from convert()
         self.timings: dict[str, float] = {}
+        self.target_report = None  # runtimes.targets report, when converted with target=
 
     # ---- inspection -------------------------------------------------------------------
     @property
