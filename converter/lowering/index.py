@@ -5,6 +5,8 @@
   `dim`, constant iotas on every other axis.
 - several leading index tensors (`x[i, j]`) -> GATHER_ND with the broadcast indices
   stacked on a new last axis.
+- several adjacent index tensors after full slices (`x[:, i, j]`) -> the indexed axes
+  merged by a RESHAPE and one GATHER with the linear index `i * size_j + j`.
 Constant indices are normalised here (negative -> from the end); boolean masks are
 data-dependent and refused with a clear error.
 """
@@ -73,9 +75,11 @@ def index(ctx, x, indices):
     used = [i for i, t in enumerate(indices) if t is not None]
     if len(used) == 1:
         return _gather(ctx, x, indices[used[0]], used[0])
-    if used != list(range(len(used))):
-        raise emit.unsupported(ctx, "advanced indexing with index tensors that are not the leading axes",
-                               "Index leading axes only (x[i, j]), or use index_select / gather per axis.")
+    if used != list(range(used[0], used[-1] + 1)):
+        raise emit.unsupported(ctx, "advanced indexing with index tensors on axes that are not adjacent",
+                               "Index adjacent axes (x[:, i, j]), or use index_select / gather per axis.")
+    if used[0] > 0:
+        return _index_adjacent_axes(ctx, x, indices, used)
     tensors = [_indices(ctx, indices[i], x.shape[i]) for i in used]
     shape = tuple(np.broadcast_shapes(*[t.shape for t in tensors]))
     columns = []
@@ -87,3 +91,27 @@ def index(ctx, x, indices):
         columns.append(emit.reshape(ctx, t, (*shape, 1)))
     coords = emit.concat(ctx, columns, axis=len(shape))
     return ctx.emit("GATHER_ND", [x, coords])
+
+
+def _index_adjacent_axes(ctx, x: Tensor, indices, used: list[int]) -> Tensor:
+    """x[:, i, j] (adjacent index tensors after full slices): merge the indexed axes and
+    GATHER with the linear index; the result keeps PyTorch's order (prefix, broadcast
+    index shape, suffix)."""
+    first, last = used[0], used[-1] + 1
+    sizes = x.shape[first:last]
+    strides = [int(np.prod(sizes[k + 1:])) for k in range(len(sizes))]
+    tensors = [_indices(ctx, indices[a], x.shape[a]) for a in used]
+    if all(t.is_const for t in tensors):
+        linear = ctx.const(sum(t.data.astype(np.int64) * stride for t, stride in zip(tensors, strides)).astype(np.int32))
+    else:
+        linear = None
+        for t, stride in zip(tensors, strides):
+            term = emit.cast(ctx, t, np.int32)
+            if stride != 1:
+                term = emit.op(ctx, "MUL", [term, ctx.const(np.int32(stride))], shape=term.shape, dtype=np.int32)
+            if linear is not None:
+                shape = tuple(np.broadcast_shapes(linear.shape, term.shape))
+                term = emit.op(ctx, "ADD", [linear, term], shape=shape, dtype=np.int32)
+            linear = term
+    merged = emit.reshape(ctx, x, (*x.shape[:first], int(np.prod(sizes)), *x.shape[last:]))
+    return ctx.emit("GATHER", [merged, linear], {"axis": first, "batchDims": 0})

@@ -36,6 +36,8 @@ CASES = {
     "gather_middle": (Fn(lambda x, i: torch.gather(x, 1, i)), (X, torch.randint(0, 5, (4, 2, 6)))),
     "gather_const": (ConstIndex(lambda x, i: torch.gather(x, 0, i), torch.randint(0, 4, (2, 5, 6))), (X,)),
     "getitem_const_negative": (ConstIndex(lambda x, i: x[:, i], torch.tensor([-1, 0, -2])), (X,)),
+    "getitem_adjacent_after_slice": (Fn(lambda x, i, j: x[:, i, j]), (X, torch.tensor([[4, 0], [1, 2]]), IDX[:2])),
+    "getitem_const_pairs_after_slice": (ConstIndex(lambda x, p: x[:, p[0], p[1]], torch.triu_indices(5, 6, 1)), (X,)),
     "take_along_dim_argsort_free": (Fn(lambda x, i: x.gather(-1, x.argmax(-1, keepdim=True))), (X, IDX)),
 }
 
@@ -55,3 +57,10 @@ def test_boolean_mask_is_refused_with_a_hint():
 
     with pytest.raises(ConversionError, match="where"):
         assert_converts(Fn(lambda x, m: x[m]), (X, X > 0))
+
+
+def test_non_adjacent_index_tensors_are_refused_with_a_hint():
+    from converter.errors import ConversionError
+
+    with pytest.raises(ConversionError, match="not adjacent"):
+        assert_converts(Fn(lambda x, i: x[i, :, i]), (X, IDX))
