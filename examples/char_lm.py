@@ -3,7 +3,7 @@ text in LiteRT that matches PyTorch token for token.
 
     .venv/bin/python examples/char_lm.py                    # TinyLlama, 300 steps
     .venv/bin/python examples/char_lm.py --model qwen3      # transformers' Qwen3 (or llama)
-    .venv/bin/python examples/char_lm.py --steps 40         # the quick form
+    .venv/bin/python examples/char_lm.py --steps 30         # the quick form
 
 Text: seven Shakespeare sonnets shipped in `examples/data/` (public domain); one token
 per character. Models (random initial weights, nothing downloads):

@@ -1,7 +1,7 @@
 """Train a ResNet-style CNN on "tpu", ship it to LiteRT as float32 and full int8.
 
     .venv/bin/python examples/digits_cnn.py             # 4 epochs (about a minute)
-    .venv/bin/python examples/digits_cnn.py --epochs 1  # the quick form
+    .venv/bin/python examples/digits_cnn.py --epochs 2  # the quick form (the quickstart)
 
 Data: scikit-learn's handwritten digits (1,797 8x8 images, shipped inside the package,
 nothing downloads), split 80/20 with a fixed seed. The model trains on the "tpu"

@@ -1,7 +1,7 @@
 """Train a small UNet on "tpu" to segment generated shapes, ship it to LiteRT.
 
     .venv/bin/python examples/unet_segmentation.py               # 300 steps
-    .venv/bin/python examples/unet_segmentation.py --steps 60    # the quick form
+    .venv/bin/python examples/unet_segmentation.py --steps 40    # the quick form
 
 Data is generated: 32x32 grey images with a random disc (class 1) and a random square
 (class 2) on a noisy background (class 0). The model is a two-level UNet (conv blocks,
