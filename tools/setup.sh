@@ -1,10 +1,34 @@
 #!/usr/bin/env bash
 # Create .venv with pinned dependencies (constraints.txt) and install this project in it, editable.
+# --web also installs what the browser runtime needs: Chromium (Debian's package, when it is
+# missing and apt-get can run) and the pinned @litertjs/core (npm ci in runtimes/web).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WEB=0
+for arg in "$@"; do
+  case "$arg" in
+    --web) WEB=1 ;;
+    *) echo "usage: tools/setup.sh [--web]" >&2; exit 2 ;;
+  esac
+done
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__)'))"
+if [ "$WEB" = 1 ]; then
+  if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+      echo "setup: no Chromium and no root apt-get: the browser tests will skip (install chromium)" >&2
+    fi
+  fi
+  if command -v npm >/dev/null; then
+    (cd runtimes/web && npm ci --no-audit --no-fund --silent)
+    echo "setup: web runtime ready (@litertjs/core in runtimes/web/node_modules)"
+  else
+    echo "setup: npm not found: the browser tests will skip (install Node.js and npm)" >&2
+  fi
+fi
