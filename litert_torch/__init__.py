@@ -7,7 +7,9 @@
 """
 
 from converter.errors import ConversionError, UnsupportedOpsError
+from litert_torch import quantize
 from litert_torch.api import convert
 from litert_torch.edge_model import EdgeModel, load
+from litert_torch.signatures import SignatureBuilder, signature
 
-__all__ = ["convert", "load", "EdgeModel", "ConversionError", "UnsupportedOpsError"]
+__all__ = ["convert", "quantize", "signature", "SignatureBuilder", "load", "EdgeModel", "ConversionError", "UnsupportedOpsError"]

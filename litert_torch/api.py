@@ -10,7 +10,7 @@ import torch
 from converter import ir
 from converter.pipeline import convert_module
 from converter.progress import Progress
-from converter.writer import write_flatbuffer
+from converter.writer import write_flatbuffer_parts
 from litert_torch.edge_model import EdgeModel
 
 
@@ -40,12 +40,21 @@ class SignatureSpec:
     sample_args: tuple
     sample_kwargs: dict | None = None
     dynamic_shapes: object = None
+    output_names: list[str] | None = None  # the signature's output names (default output_0, ...)
+
+
+def _name_outputs(graph: ir.Graph, spec: SignatureSpec) -> None:
+    names = list(spec.output_names)
+    if len(names) != len(graph.outputs) or len(set(names)) != len(names):
+        raise ValueError(f"signature '{spec.name}': output_names must be {len(graph.outputs)} distinct "
+                         f"names (forward() returns {len(graph.outputs)} tensors), got {names}")
+    graph.output_names = names
 
 
 def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = None, *,
             dynamic_shapes=None, strict_export: bool = False, eval_mode: bool = True,
             quant_config=None, calibration_data=None, target: str | None = None,
-            progress: bool | None = None) -> EdgeModel:
+            target_check: str = "error", progress: bool | None = None) -> EdgeModel:
     """Convert `module` to a LiteRT model.
 
     Args:
@@ -62,6 +71,8 @@ def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = N
             ranges (full-integer).
         target: a deployment target profile ("android-gpu", "web", "micro", ...): its
             rewrites are applied, then its rules checked (`edge.target_report`).
+        target_check: "error" (default) raises TargetError when the model breaks a rule of
+            the target; "warn" keeps the model and leaves the report on `edge.target_report`.
         progress: show conversion stages; default: only on an interactive terminal
             (or when LITERT_TORCH_PROGRESS=1).
 
@@ -71,12 +82,12 @@ def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = N
     spec = SignatureSpec("serving_default", module, _sample_args(sample_args), sample_kwargs, dynamic_shapes)
     return convert_signatures([spec], strict_export=strict_export, eval_mode=eval_mode,
                               quant_config=quant_config, calibration_data=calibration_data,
-                              target=target, progress=progress)
+                              target=target, target_check=target_check, progress=progress)
 
 
 def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = False, eval_mode: bool = True,
                        quant_config=None, calibration_data=None, target: str | None = None,
-                       progress: bool | None = None) -> EdgeModel:
+                       target_check: str = "error", progress: bool | None = None) -> EdgeModel:
     """Convert one or more signatures into one model; constants with equal bytes (shared
     weights) are stored once. The pipeline: validate every option (before any work),
     convert each signature, quantize, apply and check the target, write."""
@@ -93,8 +104,10 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
         quant_config = validate_config(quant_config, calibration_data, specs)
     profile = None
     if target is not None:
-        from runtimes.targets import get_profile
+        from runtimes.targets import CHECK_MODES, get_profile
         profile = get_profile(target)
+        if target_check not in CHECK_MODES:
+            raise ValueError(f"target_check must be one of {CHECK_MODES}, got {target_check!r}")
 
     stages = Progress(progress)
     graphs = []
@@ -102,8 +115,15 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
         part = convert_module(spec.module, spec.sample_args, spec.sample_kwargs,
                               dynamic_shapes=spec.dynamic_shapes, strict_export=strict_export,
                               eval_mode=eval_mode, progress=stages, name=spec.name)
+        if spec.output_names is not None:
+            _name_outputs(part.graphs[0], spec)
         graphs += part.graphs
     model = ir.Model(graphs)
+    if quant_config is None:  # a torch.ao PT2E/QAT model: honour its quantize/dequantize pairs
+        from converter.quantize.qdq import has_qdq
+        if has_qdq(model):
+            from converter.quantize import QuantConfig
+            quant_config = QuantConfig("pt2e")
     if quant_config is not None:
         from converter.quantize import quantize
         with stages.stage("quantize", str(quant_config)):
@@ -112,9 +132,9 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     if profile is not None:
         from runtimes.targets import prepare_for_target
         with stages.stage("target", profile.name):
-            model, report = prepare_for_target(model, profile)
+            model, report = prepare_for_target(model, profile, on_violation=target_check)
     with stages.stage("write"):
-        content = write_flatbuffer(model)
+        content = write_flatbuffer_parts(model)  # pieces: large weights are not joined in memory
     stages.note(f"{len(content):,} bytes")
     edge = EdgeModel(content)
     edge.ir_model = model

@@ -8,6 +8,7 @@ import tempfile
 import numpy as np
 
 from runtimes.litert import LiteRTModel, Signature
+from runtimes.verify import verify_model
 
 TFLITE_IDENTIFIER = b"TFL3"
 
@@ -39,26 +40,47 @@ class EdgeModel:
     """A LiteRT model: its bytes, its signatures, and a call that runs it.
 
     `model(*args)` takes torch tensors or numpy arrays in the signature's input order
-    and returns numpy: one array for one output, a tuple otherwise.
+    and returns numpy: one array for one output, a tuple otherwise. With several
+    signatures, `signature_name` (here or per call) says which one runs.
     """
 
-    def __init__(self, model_content: bytes, *, num_threads: int | None = None):
-        if bytes(model_content[4:8]) != TFLITE_IDENTIFIER:
+    def __init__(self, model_content: bytes, *, num_threads: int | None = None,
+                 signature_name: str | None = None):
+        # A converter.writer.ModelParts (the writer's pieces: a model with weights after
+        # the flatbuffer is kept as views of those weights, joined only when needed).
+        pieces = list(getattr(model_content, "pieces", [model_content]))
+        head = pieces[0]
+        if bytes(head[4:8]) != TFLITE_IDENTIFIER:
             raise ValueError("these bytes are not a LiteRT/TFLite model (no 'TFL3' file identifier)")
-        self._content = bytes(model_content)
+        # Offsets and indices are checked before the interpreter sees the bytes (some
+        # malformed files crash it): raises runtimes.verify.InvalidModelError (a ValueError).
+        verify_model(head, "this model", size=sum(len(p) for p in pieces))
+        self._pieces = [head if isinstance(head, (bytes, memoryview)) else bytes(head)] + pieces[1:]
         self._num_threads = num_threads
         self._runtime: LiteRTModel | None = None
         self.ir_model = None  # the converter's IR, when this model came from convert()
         self.timings: dict[str, float] = {}
         self.target_report = None  # runtimes.targets report, when converted with target=
+        self.signature_name = signature_name  # the default signature of calls (checked on set)
 
     # ---- inspection -------------------------------------------------------------------
     @property
     def runtime(self) -> LiteRTModel:
         """The LiteRT interpreter, created on first use."""
         if self._runtime is None:
-            self._runtime = LiteRTModel(self._content, num_threads=self._num_threads)
+            self._runtime = LiteRTModel(self.model_content(), num_threads=self._num_threads)
         return self._runtime
+
+    @property
+    def signature_name(self) -> str | None:
+        """The signature that calls without `signature_name=` run (None: the only one)."""
+        return self._signature_name
+
+    @signature_name.setter
+    def signature_name(self, name: str | None) -> None:
+        if name is not None:
+            self.runtime.signature(name)  # raises KeyError naming the model's signatures
+        self._signature_name = name
 
     @property
     def signatures(self) -> list[Signature]:
@@ -66,22 +88,30 @@ class EdgeModel:
         return list(self.runtime.signatures)
 
     def model_content(self) -> bytes:
-        return self._content
+        """The .tflite bytes. For a model whose weights live after the flatbuffer (over
+        2 GB) this joins them into one new bytes object: `export` does not need to."""
+        if len(self._pieces) > 1:
+            return b"".join(self._pieces)
+        if not isinstance(self._pieces[0], bytes):  # the writer's view: become bytes once
+            self._pieces[0] = bytes(self._pieces[0])
+        return self._pieces[0]
 
     def __len__(self) -> int:
-        return len(self._content)
+        return sum(len(p) for p in self._pieces)
 
     def __repr__(self) -> str:
         sigs = "; ".join(
             f"{s.key}({', '.join(map(str, s.inputs))}) -> ({', '.join(map(str, s.outputs))})"
             for s in self.signatures)
-        return f"EdgeModel({len(self._content):,} bytes; {sigs})"
+        return f"EdgeModel({len(self):,} bytes; {sigs})"
 
     # ---- running ------------------------------------------------------------------------
     def __call__(self, *args, signature_name: str | None = None, **kwargs):
         """Run the model. Positional inputs fill the signature's inputs in order (nested
         lists/tuples are flattened as torch.export flattens them); keyword inputs are
         matched by name (the forward() argument names)."""
+        if signature_name is None:
+            signature_name = self._signature_name
         inputs = [_to_numpy(x) for x in _flatten_inputs(args)]
         if kwargs:
             sig = self.runtime.signature(signature_name)
@@ -106,16 +136,30 @@ class EdgeModel:
 
     # ---- saving -------------------------------------------------------------------------
     def export(self, path: str | os.PathLike) -> str:
-        """Write the .tflite file atomically (a temporary file in the same folder, then
-        `os.replace`): a reader never sees a partial file and a failure leaves nothing."""
+        """Write the .tflite file atomically: the bytes go to a hidden temporary file in
+        the same folder, are flushed to disk, then `os.replace` it over `path`. A reader
+        never sees a partial `path`; a failure (disk full, an exception, Ctrl-C) leaves
+        nothing behind. (A process killed outright can leave its hidden
+        `.litert_torch-*.tflite.tmp`, never a partial `path`.)"""
         path = os.fspath(path)
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
+            if os.path.exists(folder):
+                raise NotADirectoryError(f"cannot write {path}: {folder} is a file, not a folder")
             raise FileNotFoundError(f"cannot write {path}: folder {folder} does not exist (create it first)")
-        fd, tmp = tempfile.mkstemp(prefix=".litert_torch-", suffix=".tflite.tmp", dir=folder)
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"cannot write {path}: it is a folder; give a file name like {path}/model.tflite")
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".litert_torch-", suffix=".tflite.tmp", dir=folder)
+        except PermissionError as e:
+            raise PermissionError(f"cannot write {path}: no permission to create files in {folder} "
+                                  f"({e.strerror})") from e
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write {path}: cannot create a file in {folder} ({e.strerror})") from e
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(self._content)
+                for piece in self._pieces:  # weights after the flatbuffer are written from their own memory
+                    f.write(piece)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -128,8 +172,9 @@ class EdgeModel:
         return path
 
 
-def load(path: str | os.PathLike, *, num_threads: int | None = None) -> EdgeModel:
-    """Load a .tflite file as an EdgeModel."""
+def load(path: str | os.PathLike, *, num_threads: int | None = None,
+         signature_name: str | None = None) -> EdgeModel:
+    """Load a .tflite file as an EdgeModel (`signature_name`: the default signature of calls)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such .tflite file: {path}")
@@ -138,4 +183,5 @@ def load(path: str | os.PathLike, *, num_threads: int | None = None) -> EdgeMode
     if len(content) < 8 or content[4:8] != TFLITE_IDENTIFIER:
         raise ValueError(f"{path} is not a LiteRT/TFLite model (its bytes 4-8 are {content[4:8]!r}, "
                          f"expected {TFLITE_IDENTIFIER!r})")
-    return EdgeModel(content, num_threads=num_threads)
+    verify_model(content, path)  # names the file in the error
+    return EdgeModel(content, num_threads=num_threads, signature_name=signature_name)

@@ -1,0 +1,283 @@
+"""Generative export benchmark: prefill and decode latency in LiteRT for small LMs.
+
+Per model (seeded random weights, built in code): conversion seconds of
+`export_generative` (both signatures), .tflite size, LiteRT latency of one `prefill`
+call (a chunk of --prefill-len tokens) and one `decode` call (one token), both through
+the signature runner with the whole KV cache passed in and returned, as `generate` does
+(XNNPACK, --threads threads, median of --runs calls after warm-up); the same decode step
+in PyTorch eager (the cache-wrapped module, interleaved with LiteRT's); decode tokens/s;
+max relative error of prefill and decode logits against PyTorch; and whether greedy
+generation of --new-tokens tokens matches PyTorch token for token.
+
+    .venv/bin/python benchmarks/generative_bench.py
+    .venv/bin/python benchmarks/generative_bench.py --models tiny_llama --json /tmp/gen.json
+    .venv/bin/python benchmarks/generative_bench.py --decode-write both   # select vs one-hot cache write
+
+The anchor (litert-torch 0.10.0) exports LMs through its own model definitions or its
+`export_hf` flow (a model folder, a tokenizer and the .litertlm bundle); it is not run
+here (see benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from litert_torch.edge_model import EdgeModel  # noqa: E402
+from litert_torch.generative import (TinyLlama, TinyLlamaConfig, export_generative, generate,  # noqa: E402
+                                     kv_cache, reference_generate, with_kv_cache)
+from litert_torch.generative.export import attention_for_export  # noqa: E402
+from litert_torch.generative.kv_cache import attention_bias  # noqa: E402
+from runtimes.litert import LiteRTModel  # noqa: E402
+from runtimes.litert import max_relative_error  # noqa: E402
+
+# "Small": 4 layers, width 256, 8 query / 4 kv heads of 32, vocabulary 4096 (about 7 M parameters).
+SIZE = dict(vocab=4096, dim=256, layers=4, heads=8, kv_heads=4, hidden=688)
+
+
+def tiny_llama() -> torch.nn.Module:
+    cfg = TinyLlamaConfig(vocab_size=SIZE["vocab"], dim=SIZE["dim"], n_layers=SIZE["layers"],
+                          n_heads=SIZE["heads"], n_kv_heads=SIZE["kv_heads"], hidden_dim=SIZE["hidden"],
+                          max_seq_len=1024)
+    return TinyLlama(cfg)
+
+
+def _hf(config_name: str, model_name: str) -> torch.nn.Module:
+    import transformers
+
+    cfg = getattr(transformers, config_name)(
+        vocab_size=SIZE["vocab"], hidden_size=SIZE["dim"], intermediate_size=SIZE["hidden"],
+        num_hidden_layers=SIZE["layers"], num_attention_heads=SIZE["heads"],
+        num_key_value_heads=SIZE["kv_heads"], head_dim=SIZE["dim"] // SIZE["heads"], max_position_embeddings=1024)
+    return getattr(transformers, model_name)(cfg)
+
+
+MODELS = {
+    "tiny_llama": tiny_llama,
+    "hf_llama": lambda: _hf("LlamaConfig", "LlamaForCausalLM"),
+    "hf_qwen3": lambda: _hf("Qwen3Config", "Qwen3ForCausalLM"),
+}
+
+
+def median_ms(fns, runs: int, warmup: int = 3) -> list[float]:
+    """Median milliseconds per call of each function, calls interleaved (ABBA) so that
+    load from other processes hits all alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    samples = [[] for _ in fns]
+    for i in range(runs):
+        order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
+        for k in order:
+            start = time.perf_counter()
+            fns[k]()
+            samples[k].append(time.perf_counter() - start)
+    return [1e3 * statistics.median(s) for s in samples]
+
+
+def export_with_decode_write(model, write: str, opts) -> tuple[EdgeModel, float]:
+    kv_cache.DECODE_WRITE = write
+    try:
+        start = time.perf_counter()
+        edge = export_generative(model, prefill_len=opts.prefill_len, cache_len=opts.cache_len, progress=False)
+        seconds = time.perf_counter() - start
+    finally:
+        kv_cache.DECODE_WRITE = "select"
+    return EdgeModel(edge.model_content(), num_threads=opts.threads), seconds
+
+
+def save_for_anchor(model, folder: str) -> None:
+    """The model's weights and config, plus a word-level tokenizer over its vocabulary
+    (export_hf insists on a tokenizer; nothing is downloaded)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model.save_pretrained(folder)
+    vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="t1", eos_token="t2",
+                                         unk_token="t0").save_pretrained(folder)
+
+
+def run_anchor(name: str, model, ids: torch.Tensor, expected: np.ndarray, opts) -> dict:
+    """Export `model` with the anchor, check its decode logits, and return its figures
+    with two callables ("prefill", "decode") for interleaved timing; {"error": ...} if it fails."""
+    if not name.startswith("hf_"):
+        return {"error": "the anchor's export_hf takes transformers models only"}
+    P, S = opts.prefill_len, opts.cache_len
+    with tempfile.TemporaryDirectory() as work:
+        save_for_anchor(model, work)
+        out = os.path.join(work, "anchor.tflite")
+        proc = subprocess.run([opts.anchor_python, str(HERE / "anchor_generative.py"), work, out, str(P), str(S)],
+                              capture_output=True, text=True, timeout=1800)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        report = json.loads(lines[-1])
+        content = Path(out).read_bytes()
+    runtime = LiteRTModel(content, num_threads=opts.threads)
+
+    def feed(key: str, tokens, positions, caches: dict) -> list:
+        values = {"tokens": tokens, "input_pos": positions,
+                  "mask": attention_bias(torch.from_numpy(positions), S).numpy()[None, None]}
+        sig = runtime.signature(key)
+        return [values[t.name] if t.name in values else caches.get(t.name, np.zeros(t.shape, t.dtype))
+                for t in sig.inputs]
+
+    prefill_key = f"prefill_{P}"
+    prefill_in = feed(prefill_key, ids[:, :P].int().numpy(), np.arange(P, dtype=np.int32), {})
+    names = runtime.signature(prefill_key).output_names
+    caches = dict(zip(names, runtime.run(prefill_in, prefill_key)))
+    decode_in = feed("decode", ids[:, P:].int().numpy(), np.array([P], np.int32), caches)
+    outputs = dict(zip(runtime.signature("decode").output_names, runtime.run(decode_in, "decode")))
+    report.update(bytes=len(content), decode_rel_err=max_relative_error(outputs["logits"], expected[:, P:]),
+                  prefill=lambda: runtime.run(prefill_in, prefill_key),
+                  decode=lambda: runtime.run(decode_in, "decode"))
+    return report
+
+
+def measure(name: str, opts) -> dict:
+    torch.manual_seed(0)
+    model = MODELS[name]().eval()
+    params = sum(p.numel() for p in model.parameters())
+    edge, convert_s = export_with_decode_write(model, "one_hot" if opts.decode_write == "one_hot" else "select",
+                                               opts)
+    runtime = edge.runtime
+    P = opts.prefill_len
+    ids = torch.randint(0, SIZE["vocab"], (1, P + 1), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model(ids)
+    expected = getattr(out, "logits", out).numpy()
+    empty = [np.zeros(s.shape, s.dtype) for s in runtime.signature("prefill").inputs[2:]]
+    prefill_in = [ids[:, :P].int().numpy(), np.arange(P, dtype=np.int32), *empty]
+    logits, *cache = runtime.run(prefill_in, "prefill")
+    prefill_err = max_relative_error(logits, expected[:, :P])
+    decode_in = [ids[:, P:].int().numpy(), np.array([P], np.int32), *cache]
+    logits, *_ = runtime.run(decode_in, "decode")
+    decode_err = max_relative_error(logits, expected[:, P:])
+    anchor = run_anchor(name, model, ids, expected, opts) if opts.anchor_python else None
+    anchor_ok = bool(anchor) and "error" not in anchor
+
+    prefills = [lambda: runtime.run(prefill_in, "prefill")] + ([anchor.pop("prefill")] if anchor_ok else [])
+    prefill_times = median_ms(prefills, opts.runs)
+    prefill_ms = prefill_times[0]
+    lm = with_kv_cache(model, opts.cache_len)
+    torch_decode = [ids[:, P:].int(), torch.tensor([P], dtype=torch.int32), [torch.from_numpy(c) for c in cache]]
+    decodes = [lambda: lm(*torch_decode), lambda: runtime.run(decode_in, "decode")]
+    if opts.decode_write == "both":  # the same decode step with the one-hot cache write
+        one_hot = export_with_decode_write(model, "one_hot", opts)[0].runtime
+        decodes.append(lambda: one_hot.run(decode_in, "decode"))
+    if anchor_ok:
+        decodes.append(anchor.pop("decode"))
+    with torch.no_grad(), attention_for_export(lm):
+        decode_times = median_ms(decodes, opts.runs)
+    torch_ms, decode_ms = decode_times[:2]
+    if anchor_ok:
+        anchor.update(prefill_ms=prefill_times[1], decode_ms=decode_times[-1],
+                      prefill_ratio=prefill_ms / prefill_times[1], decode_ratio=decode_ms / decode_times[-1],
+                      size_ratio=len(edge) / anchor["bytes"], convert_speedup=anchor["export_s"] / convert_s)
+
+    prompt = ids[0, :11]
+    start = time.perf_counter()
+    ours = generate(edge, prompt, opts.new_tokens)
+    generate_s = time.perf_counter() - start
+    matches = ours == reference_generate(model, prompt, opts.new_tokens)
+    return dict(model=name, params=params, convert_s=convert_s, bytes=len(edge), prefill_ms=prefill_ms,
+                decode_ms=decode_ms, torch_decode_ms=torch_ms, decode_tok_s=1e3 / decode_ms, generate_s=generate_s,
+                prefill_rel_err=prefill_err, decode_rel_err=decode_err, greedy_match=matches,
+                decode_one_hot_ms=decode_times[2] if opts.decode_write == "both" else None, anchor=anchor)
+
+
+def anchor_table(rows: list[dict]) -> Table:
+    table = Table(title="Against litert-torch 0.10.0 export_hf (float32; ratios are ours / anchor, "
+                        "speed-up is anchor s / ours s; targets: latency <= 1.05, size <= 1.01)")
+    for col in ("model", "anchor export s", "speed-up", "anchor KiB", "size ratio", "anchor prefill ms",
+                "prefill ratio", "anchor decode ms", "decode ratio", "anchor decode err"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for r in rows:
+        a = r["anchor"] or {}
+        if "error" in a:
+            table.add_row(r["model"], f"[red]{a['error']}[/red]", *[""] * 8)
+        elif a:
+            table.add_row(r["model"], f"{a['export_s']:.1f}", f"{a['convert_speedup']:.1f}x",
+                          f"{a['bytes'] / 1024:,.0f}", f"{a['size_ratio']:.3f}", f"{a['prefill_ms']:.2f}",
+                          f"{a['prefill_ratio']:.2f}", f"{a['decode_ms']:.3f}", f"{a['decode_ratio']:.2f}",
+                          f"{a['decode_rel_err']:.1e}")
+    return table
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {list(MODELS)}")
+    parser.add_argument("--prefill-len", type=int, default=32)
+    parser.add_argument("--cache-len", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--decode-write", choices=["select", "one_hot", "both"], default="select",
+                        help="how decode writes its token into the cache (both: time the two, interleaved)")
+    parser.add_argument("--anchor-python", default=None,
+                        help="python of an environment with litert-torch 0.10.0 (e.g. /tmp/anchor-venv/bin/python): "
+                             "export the transformers models with its export_hf too and compare")
+    parser.add_argument("--json", type=Path, default=None, help="write the results to this JSON file")
+    opts = parser.parse_args(argv)
+    names = [n.strip() for n in opts.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(opts.threads)  # PyTorch's decode step on as many threads as LiteRT's
+    console = Console(width=160)
+    rows = []
+    for name in names:
+        console.print(f"[dim]{name}...[/dim]")
+        rows.append(measure(name, opts))
+
+    table = Table(title=f"Generative export in LiteRT (prefill {opts.prefill_len} tokens, cache "
+                        f"{opts.cache_len}, {opts.threads} thread(s), decode write: {opts.decode_write})")
+    columns = ["model", "params M", "convert s", "KiB", "prefill ms", "decode ms", "torch decode ms", "decode tok/s",
+               "prefill err", "decode err", f"greedy {opts.new_tokens}"]
+    if opts.decode_write == "both":
+        columns.append("decode ms one-hot")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for r in rows:
+        table.add_row(r["model"], f"{r['params'] / 1e6:.2f}", f"{r['convert_s']:.2f}", f"{r['bytes'] / 1024:,.0f}",
+                      f"{r['prefill_ms']:.2f}", f"{r['decode_ms']:.3f}", f"{r['torch_decode_ms']:.3f}", f"{r['decode_tok_s']:.0f}",
+                      f"{r['prefill_rel_err']:.1e}", f"{r['decode_rel_err']:.1e}",
+                      "match" if r["greedy_match"] else "[red]DIFFERS[/red]",
+                      *([f"{r['decode_one_hot_ms']:.3f}"] if opts.decode_write == "both" else []))
+    console.print(table)
+    if opts.anchor_python:
+        console.print(anchor_table(rows))
+    if opts.json:
+        report = dict(settings=dict(vars(opts), json=str(opts.json)), size=SIZE, results=rows,
+                      environment=dict(python=platform.python_version(), torch=torch.__version__,
+                                       machine=platform.machine()))
+        opts.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = opts.json.with_suffix(opts.json.suffix + ".tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        tmp.replace(opts.json)
+        console.print(f"wrote {opts.json}")
+    return 0 if all(r["greedy_match"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

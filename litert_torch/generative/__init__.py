@@ -1,0 +1,15 @@
+"""Generative export: decoder-only LMs with an explicit KV cache, and greedy generation
+running in LiteRT.
+
+    from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
+    edge = export_generative(model, prefill_len=32, cache_len=128)
+    new_ids = generate(edge, prompt_ids, max_new_tokens=20)
+"""
+
+from litert_torch.generative.export import (CachedHFCausalLM, CachedLM, CachedTinyLlama, export_generative,
+                                            with_kv_cache)
+from litert_torch.generative.generate import generate, reference_generate
+from litert_torch.generative.llama import TinyLlamaConfig, TinyLlama
+
+__all__ = ["export_generative", "generate", "reference_generate", "with_kv_cache", "CachedLM",
+           "CachedTinyLlama", "CachedHFCausalLM", "TinyLlamaConfig", "TinyLlama"]
