@@ -1,0 +1,18 @@
+"""Hand-written Pallas kernels for the hot spots of transformer training and serving.
+
+One module per kernel, each with its plain-JAX (XLA) reference next to it:
+
+| module | kernel | reference |
+| --- | --- | --- |
+| `flash_attention` | `flash_attention` (fwd + bwd, causal, masks, GQA/MQA, ragged) | `attention_reference` |
+| `norms` | `rms_norm`, `layer_norm` (fwd + bwd, optional fused residual add) | `norm_reference` |
+| `cross_entropy` | `cross_entropy` (fwd + bwd, chunked over the vocabulary) | `cross_entropy_reference` |
+| `decode_attention` | `decode_attention` (one token over a KV cache, per-sequence length) | `decode_attention_reference` |
+
+`tuning` holds every block size (per backend and shape); `torch_ops` wraps the kernels
+as `torch.ops.tpu_kernels.*` custom ops for the "tpu" device (`tpu_backend.kernels`
+decides when PyTorch calls use them). Every function takes `impl="pallas"` (compiled,
+TPU/GPU), `"interpret"` (Pallas interpreter, any backend) or `"reference"`.
+
+The modules import Pallas (about 1.5 s), so import them directly, not through this package.
+"""

@@ -29,7 +29,7 @@ from tpu_backend import _registration, device  # noqa: E402
 _registration.register_backend(device)
 
 import tpu_backend.ops  # noqa: E402,F401  (fills the lowering table)
-from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, modules, serialization  # noqa: E402
+from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, kernels, modules, serialization  # noqa: E402
 from tpu_backend.dispatch import (  # noqa: E402,F401
     TpuDebugError,
     TpuLoweringError,
@@ -50,6 +50,7 @@ def _install() -> None:
     modules.install()
     host_memory.install()
     integrations.install()  # transformers' save_pretrained on tpu weights
+    kernels.install()  # Pallas kernel routers: attention, norms, cross-entropy (tpu_backend/kernels.py)
     if dispatch.get_eager_mode() == "fused":  # TPU_EAGER_MODE=fused
         fused.enable()
 

@@ -93,6 +93,9 @@ class CompiledGraph:
 
 def compile_for_tpu(gm: torch.fx.GraphModule, name: str) -> CompiledGraph:
     """One AOTAutograd graph as a callable on tensors (usable as an AOTAutograd compiler)."""
+    from tpu_backend.kernels import fuse_residual_norms
+
+    fuse_residual_norms(gm)  # `norm(x + r)` -> one Pallas norm kernel doing the add (when kernels are on)
     return CompiledGraph(compile_graph(gm, name), _output_devices(gm))
 
 

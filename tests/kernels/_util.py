@@ -1,0 +1,44 @@
+"""Shared helpers for the kernel tests: random inputs, JAX <-> torch, error metric.
+
+Tolerances (max |a - b| / max(max |b|, 1e-6), per output):
+- float32: 2e-5 against the JAX reference and against PyTorch CPU (only the order of
+  floating-point sums differs);
+- bfloat16 inputs: 2e-2 (the kernels and the reference both accumulate in float32, but
+  outputs and gradients are rounded to bfloat16, about 3 significant digits).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
+
+
+def tolerance(dtype) -> float:
+    return TOLERANCE[jnp.dtype(dtype).type]
+
+
+def normal(seed: int, shape, dtype=jnp.float32):
+    return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32).astype(dtype)
+
+
+def to_torch(x, requires_grad: bool = False) -> torch.Tensor:
+    """A CPU tensor equal to JAX array `x` (bfloat16 kept)."""
+    t = torch.from_numpy(np.array(x.astype(jnp.float32))).to(getattr(torch, jnp.dtype(x.dtype).name))
+    return t.requires_grad_(requires_grad)
+
+
+def relative_error(actual, expected) -> float:
+    a = np.asarray(jnp.asarray(actual, jnp.float32)) if not isinstance(actual, torch.Tensor) else actual.detach().float().numpy()
+    e = np.asarray(jnp.asarray(expected, jnp.float32)) if not isinstance(expected, torch.Tensor) else expected.detach().float().numpy()
+    assert a.shape == e.shape, f"shape {a.shape} != {e.shape}"
+    assert np.isfinite(a).all(), "non-finite values in the kernel's result"
+    return float(np.max(np.abs(a - e)) / max(float(np.max(np.abs(e))), 1e-6)) if a.size else 0.0
+
+
+def assert_close(actual, expected, tol: float, what: str) -> None:
+    error = relative_error(actual, expected)
+    assert error <= tol, f"{what}: relative error {error:.3g} > {tol:g}"

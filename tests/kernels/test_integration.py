@@ -1,0 +1,200 @@
+"""The kernels on "tpu" tensors through PyTorch's own API: mode switching, routing,
+training parity (kernels forced on in interpret mode vs off, step for step) and
+`torch.compile(backend="tpu")` graphs that contain the custom ops."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tpu_backend  # noqa: F401  (registers the device)
+import tpu_backend.compile as tpu_compile
+from tests.tpu_backend.models import GPTConfig, ModelCase, TinyGPT, sequence_loss, train_step, training_batches
+from tpu_backend import kernels
+
+
+@pytest.fixture(autouse=True)
+def restore_mode():
+    previous = kernels.mode()
+    kernels.reset_stats()
+    yield
+    kernels.set_mode(previous)
+
+
+def test_modes_and_context_manager():
+    kernels.set_mode("off")
+    assert kernels.implementation() == "reference"
+    with kernels.use("interpret"):
+        assert kernels.mode() == "interpret" and kernels.implementation() == "interpret"
+    assert kernels.mode() == "off"
+    kernels.use("on")  # a plain call sets the mode
+    assert kernels.implementation() in ("interpret", "pallas")
+    with pytest.raises(ValueError, match="not one of auto, on, off, interpret"):
+        kernels.use("fast")
+
+
+def test_uncovered_calls_fall_back_and_say_why():
+    q = torch.randn(1, 2, 8, 16, device="tpu")
+    with kernels.use("interpret"):
+        out = F.scaled_dot_product_attention(q, q, q)  # head dim 16: not a kernel shape
+        loss = F.cross_entropy(torch.randn(4, 5, device="tpu"), torch.tensor([0, 1, 2, 3], device="tpu"), label_smoothing=0.1)
+    with kernels.use("off"):
+        F.layer_norm(torch.randn(2, 8, device="tpu"), (8,))
+    expected = F.scaled_dot_product_attention(q.cpu(), q.cpu(), q.cpu())
+    assert torch.allclose(out.cpu(), expected, atol=1e-6)
+    assert torch.isfinite(loss.cpu())
+    assert kernels.stats() == {
+        "scaled_dot_product_attention: xla (head dim 16)": 1,
+        "cross_entropy: xla (label smoothing)": 1,
+        "layer_norm: xla (mode off)": 1,
+    }
+
+
+def test_custom_ops_on_tpu_tensors_match_cpu():
+    """torch.ops.tpu_kernels.* run on tpu tensors (device table) and CPU tensors (host copies)."""
+    torch.manual_seed(0)
+    x, residual, weight = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
+    with kernels.use("interpret"):
+        y, h = kernels.rms_norm(x.to("tpu"), weight.to("tpu"), eps=1e-6, residual=residual.to("tpu"))
+        y_cpu, h_cpu = kernels.rms_norm(x, weight, eps=1e-6, residual=residual)
+    assert y.device.type == "tpu"
+    torch.testing.assert_close(y.cpu(), y_cpu)
+    torch.testing.assert_close(h.cpu(), x + residual)
+    torch.testing.assert_close(y_cpu, F.rms_norm(x + residual, (64,), weight, 1e-6), rtol=2e-5, atol=2e-5)
+
+
+TINY_GPT = GPTConfig(vocab=64, context=16, width=64, heads=2, layers=1)  # head dim 32
+TINY_CASE = ModelCase(
+    "tiny_gpt", lambda: TinyGPT(TINY_GPT),
+    lambda g: (lambda t: (t[:, :-1].contiguous(), t[:, 1:].contiguous()))(torch.randint(0, 64, (2, 17), generator=g)),
+    sequence_loss,
+)
+STEPS = 5
+
+
+def _train(model, mode):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    with kernels.use(mode):
+        for inputs, target in training_batches(TINY_CASE, STEPS):
+            losses.append(train_step(model, optimizer, TINY_CASE, inputs.to("tpu"), target.to("tpu")).item())
+    return losses
+
+
+def test_tiny_gpt_trains_the_same_with_kernels_on():
+    """Attention (nn.MultiheadAttention -> SDPA with an additive causal mask), both
+    LayerNorms and the loss run as kernels; every step's loss matches kernels off."""
+    torch.manual_seed(0)
+    model = TinyGPT(TINY_GPT)
+    reference = _train(copy.deepcopy(model).to("tpu"), "off")
+    kernels.reset_stats()
+    with_kernels = _train(copy.deepcopy(model).to("tpu"), "interpret")
+    routed = kernels.stats()
+    assert routed == {
+        "scaled_dot_product_attention: kernel": STEPS,
+        "layer_norm: kernel": 3 * STEPS,
+        "cross_entropy: kernel": STEPS,
+    }
+    for step, (a, b) in enumerate(zip(with_kernels, reference)):
+        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: loss {a} with kernels vs {b} without"
+    assert with_kernels[-1] < with_kernels[0]
+
+
+class _AttentionHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(32)
+        self.head = torch.nn.Linear(32, 300)
+
+    def forward(self, q, k, v, target):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.cross_entropy(self.head(self.norm(out.reshape(-1, 32))), target)
+
+
+@pytest.mark.slow
+def test_compiled_graph_uses_the_custom_ops(tmp_path: Path):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _AttentionHead().to("tpu")
+    inputs = [torch.randn(1, 2, 24, 32, device="tpu", requires_grad=True) for _ in range(3)]
+    target = torch.randint(0, 300, (48,), device="tpu")
+    with kernels.use("interpret"), tpu_compile.dump(tmp_path):
+        loss = torch.compile(model, backend="tpu")(*inputs, target)
+        loss.backward()
+    compiled_grads = [t.grad.cpu() for t in inputs]
+    graphs = "".join(p.read_text() for p in tmp_path.glob("*.fx.py"))
+    for op in ("tpu_kernels.flash_attention", "tpu_kernels.norm", "tpu_kernels.cross_entropy"):
+        assert op in graphs, f"{op} missing from the compiled graphs"
+    assert "flash_attention_backward" in graphs and "norm_backward" in graphs
+
+    for t in inputs:
+        t.grad = None
+    with kernels.use("off"):
+        eager = model(*inputs, target)
+        eager.backward()
+    torch._dynamo.reset()
+    assert abs(loss.item() - eager.item()) <= 1e-5 * abs(eager.item())
+    for a, t in zip(compiled_grads, inputs):
+        torch.testing.assert_close(a, t.grad.cpu(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_gqa_on_tpu_matches_pytorch_cpu(dtype):
+    """F.scaled_dot_product_attention(enable_gqa=True) on tpu tensors, routed to the kernel,
+    against PyTorch CPU: output and gradients (2e-5 float32, 2e-2 bfloat16 relative)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 40, 64), torch.randn(2, 2, 40, 64), torch.randn(2, 2, 40, 64)
+    cpu = [t.to(dtype).float().clone().requires_grad_() for t in (q, k, v)]
+    dev = [t.to(dtype).to("tpu").detach().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*cpu, is_causal=True, enable_gqa=True)
+    with kernels.use("interpret"):
+        out = F.scaled_dot_product_attention(*dev, is_causal=True, enable_gqa=True)
+    assert kernels.stats() == {"scaled_dot_product_attention: kernel": 1}
+    grad = torch.randn(out.shape)
+    expected.backward(grad)
+    out.backward(grad.to(dtype).to("tpu"))
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    for actual, reference in [(out, expected)] + [(d.grad, c.grad) for d, c in zip(dev, cpu)]:
+        actual = actual.detach().cpu().float()
+        assert actual.dtype == torch.float32 and actual.shape == reference.shape
+        error = ((actual - reference).abs().max() / reference.abs().max()).item()
+        assert error <= tol, f"relative error {error:.3g} > {tol}"
+
+
+class _PreNormBlock(torch.nn.Module):
+    """x + r feeds a norm and continues as the residual stream (a pre-norm block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(64)
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x, r):
+        h = x + r
+        return h + self.proj(self.norm(h))
+
+
+@pytest.mark.slow
+def test_compile_fuses_the_residual_add_into_the_norm(tmp_path: Path):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = _PreNormBlock().to("tpu")
+    x, r = (torch.randn(3, 10, 64, device="tpu", requires_grad=True) for _ in range(2))
+    with kernels.use("interpret"), tpu_compile.dump(tmp_path):
+        out = torch.compile(block, backend="tpu")(x, r)
+        out.sum().backward()
+    compiled = [out.detach().cpu(), x.grad.cpu(), r.grad.cpu()]
+    forward = "".join(p.read_text() for p in tmp_path.glob("*forward*.fx.py"))
+    assert "tpu_kernels.norm.default(primals_1, primals_2" in forward.replace("torch.ops.", ""), forward
+    x.grad = r.grad = None
+    with kernels.use("off"):
+        eager = block(x, r)
+        eager.sum().backward()
+    torch._dynamo.reset()
+    for a, b in zip(compiled, [eager.detach().cpu(), x.grad.cpu(), r.grad.cpu()]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

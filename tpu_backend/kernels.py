@@ -1,0 +1,292 @@
+"""Which implementation the "tpu" device uses for attention, norms and cross-entropy:
+the Pallas kernels of the `kernels/` package or the plain XLA lowerings.
+
+    import tpu_backend
+    tpu_backend.kernels.mode()                 # "auto"
+    tpu_backend.kernels.implementation()       # "reference" on CPU, "pallas" on TPU/GPU
+    with tpu_backend.kernels.use("interpret"):  # force the kernels (Pallas interpreter)
+        loss = model(x)
+    tpu_backend.kernels.use("off")             # a plain call sets the mode for good
+
+Modes (also `TPU_KERNELS=auto|on|off|interpret` in the environment):
+- "auto" (default): compiled Pallas kernels where JAX runs on a TPU or GPU, the XLA
+  reference on CPU;
+- "on": the kernels everywhere (compiled on an accelerator, interpreted on CPU);
+- "interpret": the kernels through Pallas's interpreter, on any backend (debugging);
+- "off": never the kernels.
+
+Where it acts: `F.scaled_dot_product_attention`, `nn.LayerNorm`/`F.layer_norm`,
+`nn.RMSNorm`/`F.rms_norm` and `F.cross_entropy` on "tpu" tensors. These ATen ops are
+composite (they decompose before reaching a backend), so each gets ONE router, on the
+`AutogradPrivateUse1` key (and `PrivateUse1`, which `torch.inference_mode()` reaches): when the mode picks a kernel and the call is one the kernel
+covers, it calls the `torch.ops.tpu_kernels.*` custom op (with its own autograd);
+otherwise it runs the op's usual decomposition. `stats()` counts both outcomes with the
+reason for each fallback. Calls the kernels do not cover: SDPA with dropout, a mask that
+requires grad, head dims outside 32/64/128/256, inputs not 4-D; cross-entropy with class
+weights, label smoothing, probability targets or inputs not (N, C).
+
+The choice is made when an op runs (eager) or is traced (`torch.compile`, fused
+graphs): a compiled function keeps the implementation it was traced with until it
+recompiles (`torch._dynamo.reset()`). Block sizes: `kernels/tuning.py`.
+
+Under `torch.compile`, `fuse_residual_norms` (a graph pass) turns `norm(x + r)` into the
+norm kernel that does the residual add itself; in eager code call `rms_norm(x, w,
+residual=r)` / `layer_norm(...)` below.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+
+import torch
+
+MODES = ("auto", "on", "off", "interpret")
+_mode = os.environ.get("TPU_KERNELS", "auto")
+if _mode not in MODES:
+    raise ValueError(f"TPU_KERNELS={_mode!r}: expected one of {', '.join(MODES)}")
+
+_STATS: collections.Counter = collections.Counter()
+
+
+def mode() -> str:
+    return _mode
+
+
+def set_mode(new_mode: str) -> None:
+    global _mode
+    if new_mode not in MODES:
+        raise ValueError(f"kernel mode {new_mode!r} is not one of {', '.join(MODES)}")
+    _mode = new_mode
+
+
+class use:
+    """Set the kernel mode: `use("on")` sets it; `with use("on"):` restores the previous
+    mode on exit."""
+
+    def __init__(self, new_mode: str):
+        self.previous = _mode
+        set_mode(new_mode)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        set_mode(self.previous)
+        return False
+
+
+def implementation() -> str:
+    """What the current mode means on this JAX backend: "pallas", "interpret" or "reference"."""
+    import jax
+
+    accelerated = jax.default_backend() in ("tpu", "gpu")
+    if _mode == "off" or (_mode == "auto" and not accelerated):
+        return "reference"
+    if _mode == "interpret":
+        return "interpret"
+    return "pallas" if accelerated else "interpret"
+
+
+def stats() -> dict[str, int]:
+    """Calls per "op: kernel" and "op: xla (reason)" since the last `reset_stats()`."""
+    return dict(_STATS)
+
+
+def reset_stats() -> None:
+    _STATS.clear()
+
+
+# --------------------------------------------------------------------------- routers
+
+
+def _route(op_name: str, gaps) -> str | None:
+    """Count the outcome; the implementation to use, or None for the decomposition.
+    `gaps()` says why the kernel cannot take the call (None: it can)."""
+    impl = implementation()
+    reason = f"mode {_mode}" if impl == "reference" else gaps()
+    _STATS[f"{op_name}: xla ({reason})" if reason else f"{op_name}: kernel"] += 1
+    return None if reason else impl
+
+
+def _attention_gaps(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
+    """Why the flash kernel cannot take this call (None: it can)."""
+    from kernels.flash_attention import SUPPORTED_HEAD_DIMS
+
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        return "not 4-D"
+    if dropout_p != 0.0:
+        return "dropout"
+    if attn_mask is not None and (attn_mask.requires_grad or is_causal):
+        return "mask requires grad" if attn_mask.requires_grad else "mask and is_causal"
+    if query.shape[-1] not in SUPPORTED_HEAD_DIMS or value.shape[-1] != query.shape[-1]:
+        return f"head dim {query.shape[-1]}"
+    if key.shape[1] != query.shape[1] and not (enable_gqa and query.shape[1] % key.shape[1] == 0):
+        return "head counts"
+    if not query.dtype.is_floating_point or len({query.dtype, key.dtype, value.dtype}) != 1:
+        return "dtypes"
+    return None
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    impl = _route(
+        "scaled_dot_product_attention",
+        lambda: _attention_gaps(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa),
+    )
+    if impl is None:
+        return torch.ops.aten.scaled_dot_product_attention.default.decompose(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    return torch.ops.tpu_kernels.flash_attention(query, key, value, attn_mask, is_causal, scale, impl)[0]
+
+
+def _norm_gaps(x, normalized_shape, weight, bias) -> str | None:
+    if len(normalized_shape) != 1 or x.ndim == 0:
+        return "normalized over several dims"
+    if any(t is not None and t.dtype != x.dtype for t in (weight, bias)) or not x.dtype.is_floating_point:
+        return "dtypes"
+    return None
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    impl = _route("layer_norm", lambda: _norm_gaps(x, normalized_shape, weight, bias))
+    if impl is None:
+        return torch.ops.aten.layer_norm.default.decompose(x, normalized_shape, weight, bias, eps, cudnn_enable)
+    return torch.ops.tpu_kernels.norm(x, None, weight, bias, True, eps, impl)[0]
+
+
+def _rms_norm(x, normalized_shape, weight=None, eps=None):
+    impl = _route("rms_norm", lambda: _norm_gaps(x, normalized_shape, weight, None))
+    if impl is None:
+        return torch.ops.aten.rms_norm.default.decompose(x, normalized_shape, weight, eps)
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    return torch.ops.tpu_kernels.norm(x, None, weight, None, False, eps, impl)[0]
+
+
+def _cross_entropy_gaps(logits, target, weight, label_smoothing) -> str | None:
+    if logits.ndim != 2 or target.ndim != 1 or target.dtype not in (torch.int64, torch.int32):
+        return "not (N, C) logits with class indices"
+    if weight is not None:
+        return "class weights"
+    if label_smoothing != 0.0:
+        return "label smoothing"
+    return None
+
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _cross_entropy(logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    impl = _route("cross_entropy", lambda: _cross_entropy_gaps(logits, target, weight, label_smoothing))
+    if impl is None:
+        return torch.ops.aten.cross_entropy_loss.default.decompose(
+            logits, target, weight, reduction, ignore_index, label_smoothing
+        )
+    losses = torch.ops.tpu_kernels.cross_entropy(logits, target, ignore_index, impl)[0]
+    if reduction == 0:
+        return losses.to(logits.dtype)
+    total = losses.sum()
+    if reduction == 2:
+        return total.to(logits.dtype)
+    return (total / (target != ignore_index).sum()).to(logits.dtype)
+
+
+_ROUTERS = {
+    "scaled_dot_product_attention": _sdpa,
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "cross_entropy_loss": _cross_entropy,
+}
+
+
+def install() -> None:
+    """Define the custom ops and register the routers (idempotent; called by `import tpu_backend`)."""
+    import kernels.torch_ops  # noqa: F401  (defines torch.ops.tpu_kernels.* and their tpu lowerings)
+    from tpu_backend.dispatch import register_kernel
+
+    for name, router in _ROUTERS.items():
+        op = getattr(torch.ops.aten, name).default
+        register_kernel(op, router, key="AutogradPrivateUse1")
+        register_kernel(op, router, key="PrivateUse1")  # reached directly under torch.inference_mode()
+
+
+# --------------------------------------------------------------------------- direct calls
+
+
+def flash_attention(q, k, v, mask=None, *, causal=False, scale=None):
+    """`torch.ops.tpu_kernels.flash_attention` with the mode's implementation (the
+    reference when the mode is off/auto on CPU). k/v may have fewer heads (GQA)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return torch.ops.tpu_kernels.flash_attention(q, k, v, mask, causal, scale, implementation())[0]
+
+
+def rms_norm(x, weight=None, *, eps=1e-6, residual=None):
+    """RMSNorm over the last dim; with `residual` returns (rms_norm(x + residual), x + residual)."""
+    y, h, _, _ = torch.ops.tpu_kernels.norm(x, residual, weight, None, False, eps, implementation())
+    return y if residual is None else (y, h)
+
+
+def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None):
+    """LayerNorm over the last dim; with `residual` returns (layer_norm(x + residual), x + residual)."""
+    y, h, _, _ = torch.ops.tpu_kernels.norm(x, residual, weight, bias, True, eps, implementation())
+    return y if residual is None else (y, h)
+
+
+def decode_attention(q, k_cache, v_cache, lengths, *, scale=None):
+    """One query token per sequence over its KV cache; `lengths` (B,) valid entries."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return torch.ops.tpu_kernels.decode_attention(q, k_cache, v_cache, lengths, scale, implementation())
+
+
+# --------------------------------------------------------------------------- graph pass
+
+
+def _fusable_add(add, norm_node, order: dict) -> bool:
+    """`add` is `a + b` of two same-shape, same-dtype tensors whose other readers all run
+    after `norm_node` (the fused node takes the norm's place in the graph)."""
+    if add.op != "call_function" or add.target is not torch.ops.aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
+        return False
+    if len(add.args) != 2 or not all(isinstance(t, torch.fx.Node) for t in add.args):
+        return False
+    values = [t.meta.get("val") for t in (*add.args, add)]
+    if any(not isinstance(v, torch.Tensor) for v in values):
+        return False
+    if any(v.shape != values[-1].shape or v.dtype != values[-1].dtype for v in values[:-1]):
+        return False
+    return all(order[user] > order[norm_node] for user in add.users if user is not norm_node)
+
+
+def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
+    """Graph pass for `torch.compile` graphs: `h = x + r; tpu_kernels.norm(h, None, ...)`
+    becomes ONE `tpu_kernels.norm(x, r, ...)` that also returns h (the residual stream),
+    so the add is done inside the norm kernel. Returns how many norms were fused."""
+    import operator
+
+    norm_op = torch.ops.tpu_kernels.norm.default
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    fused_count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not norm_op or node.args[1] is not None:
+            continue
+        add = node.args[0]
+        if not isinstance(add, torch.fx.Node) or not _fusable_add(add, node, order):
+            continue
+        if any(user.target is operator.getitem and user.args[1] == 1 for user in node.users):
+            continue  # someone reads the (empty) residual output: leave it
+        with gm.graph.inserting_before(node):
+            fused = gm.graph.call_function(norm_op, (add.args[0], add.args[1], *node.args[2:]), dict(node.kwargs))
+            h = gm.graph.call_function(operator.getitem, (fused, 1))
+        y, _, mean, rstd = node.meta["val"]
+        fused.meta["val"] = (y, add.meta["val"], mean, rstd)
+        h.meta["val"] = add.meta["val"]
+        node.replace_all_uses_with(fused)
+        gm.graph.erase_node(node)
+        add.replace_all_uses_with(h)
+        gm.graph.erase_node(add)
+        fused_count += 1
+    if fused_count:
+        gm.graph.lint()
+        gm.recompile()
+    return fused_count
