@@ -24,6 +24,7 @@ import copy
 import operator
 import os
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from converter import ir
 from converter.errors import ConversionError, UnsupportedOp, UnsupportedOpsError
 from converter.lowering.context import LoweringContext, numpy_dtype, static_shape
 from converter.lowering.registry import find_lowering
+from converter.lowering import symbolic
 from converter.progress import Progress
 
 # This project's own packages: their frames are never "the user's line".
@@ -105,7 +107,12 @@ def export_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = No
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         where = _user_frame_of(e)
         where = f"\nat {where}" if where else ""
-        hints = "\n".join(f"  - {h}" for h in _export_hints(e, strict_export, dynamic_shapes is not None))
+        hints = _export_hints(e, strict_export, dynamic_shapes is not None)
+        recurrent = [name for name, m in target.named_modules() if isinstance(m, torch.nn.RNNBase)]
+        if recurrent and dynamic_shapes is not None:
+            hints.insert(0, f"recurrent layer(s) {', '.join(recurrent) or type(target).__name__} (nn.LSTM/nn.GRU) "
+                            "fix the sequence length when exported: keep the time dim static (batch may be dynamic)")
+        hints = "\n".join(f"  - {h}" for h in hints)
         raise ConversionError(
             f"torch.export could not capture {type(module).__name__}.forward "
             f"(strict={strict_export}): {type(e).__name__}: {first_line}{where}\nWhat to try:\n{hints}") from e
@@ -120,7 +127,10 @@ def decompose(program: ExportedProgram) -> ExportedProgram:
     from converter.lowering.decompositions import decomposition_table
 
     try:
-        return program.run_decompositions(decomposition_table())
+        with warnings.catch_warnings():
+            # torch's own deep copy of the program's pytree specs warns (torch 2.13); not ours to fix.
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+            return program.run_decompositions(decomposition_table())
     except Exception as e:  # noqa: BLE001
         raise ConversionError(f"decomposing the exported graph failed: {type(e).__name__}: {e}") from e
 
@@ -241,6 +251,18 @@ def _constant(name: str, value) -> ir.Tensor:
     return ir.Tensor(name, data.shape, data.dtype, data=data)
 
 
+def _tag_module(ops: list[ir.Op], node: torch.fx.Node) -> None:
+    """Record on `ops` the innermost nn.Module path that called `node` ("layer1.0.conv1"),
+    so quantization can keep named layers in float."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return
+    path = str(list(stack.values())[-1][0])
+    path = path.removeprefix("L['self'].").removeprefix("L__self__.")
+    for op in ops:
+        op.module = path
+
+
 def lower_program(program: ExportedProgram, *, name: str = "serving_default") -> ir.Graph:
     """Lower a (decomposed) ExportedProgram to one IR graph."""
     graph = ir.Graph(name=name)
@@ -277,8 +299,10 @@ def lower_program(program: ExportedProgram, *, name: str = "serving_default") ->
                 env[node] = _MISSING  # an input could not be lowered: already reported
                 continue
             ctx.node, ctx.source = node, user_source(node)
+            first_new_op = len(graph.ops)
             try:
                 env[node] = lowering(ctx, *args, **kwargs)
+                _tag_module(graph.ops[first_new_op:], node)
             except NotImplementedError as e:
                 record_unsupported(node, str(e) or None)
                 env[node] = _MISSING
@@ -310,6 +334,7 @@ def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: Low
         tensor = ir.Tensor(ctx.unique_name(node.name), shape, numpy_dtype(val.dtype), shape_signature=signature)
         graph.inputs.append(tensor)
         graph.input_names.append(node.name)
+        symbolic.register_input(ctx, tensor, val.shape)  # which input dims define the size symbols
         return tensor
     if kind in (InputKind.PARAMETER, InputKind.BUFFER):
         value = program.state_dict.get(spec.target)

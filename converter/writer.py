@@ -30,6 +30,7 @@ from ai_edge_litert import schema_py_generated as schema
 from converter import ir
 from converter.errors import ConversionError
 from converter.op_versions import min_runtime_version, op_version
+from converter.quantize.numerics import pack_int4
 
 FILE_IDENTIFIER = b"TFL3"
 SCHEMA_VERSION = 3
@@ -134,7 +135,8 @@ class _AlignedBufferT(schema.BufferT):
             n = len(self.payload)
             builder.StartVector(1, n, DATA_ALIGNMENT)
             builder.head -= n
-            builder.Bytes[builder.head:builder.head + n] = self.payload
+            # through a memoryview: bytearray slice assignment would copy a non-bytearray first
+            memoryview(builder.Bytes)[builder.head:builder.head + n] = memoryview(self.payload).cast("B")
             builder.vectorNumElems = n
             data = builder.EndVector()
         schema.BufferStart(builder)
@@ -248,7 +250,7 @@ def validate(model: ir.Model) -> None:
                 if t is None:
                     continue
                 _check_tensor(t, f"{where}, input {k}")
-                if not t.is_const and t.id not in available:
+                if not t.is_const and not t.is_variable and t.id not in available:
                     raise ConversionError(
                         f"{where}: input {k} %{t.name} is not a graph input, a constant or the "
                         f"output of an earlier op (ops must be in topological order)")
@@ -304,10 +306,18 @@ def _build_options(op: ir.Op, where: str) -> tuple[int, Any]:
 # ---- model assembly ---------------------------------------------------------------------------
 
 
-def _quantization(q: ir.QuantParams | None) -> schema.QuantizationParametersT | None:
+def _quantization(q: ir.QuantParams | None, scales_index=None) -> schema.QuantizationParametersT | None:
+    """The tensor's quantization table. Blockwise weights carry no scale/zeroPoint of their
+    own: `BlockwiseQuantization` points at a float16 scales tensor (`scales_index`)."""
     if q is None:
         return None
     out = schema.QuantizationParametersT()
+    if q.block_size:
+        details = schema.BlockwiseQuantizationT()
+        details.scales, details.zeroPoints, details.blockSize = scales_index, -1, int(q.block_size)
+        out.detailsType = schema.QuantizationDetails.BlockwiseQuantization
+        out.details = details
+        return out
     out.scale = [float(s) for s in np.atleast_1d(q.scale)]
     out.zeroPoint = [int(z) for z in np.atleast_1d(q.zero_point)]
     out.quantizedDimension = int(q.axis)
@@ -348,8 +358,17 @@ class _ModelBuilder:
                 if t.shape_signature is not None:
                     tt.shapeSignature = np.asarray(t.shape_signature, dtype=np.int32)
                 tt.type = TENSOR_TYPES[t.dtype]
-                tt.buffer = self.buffers.add_constant(t.data) if t.is_const else self.buffers.add_empty()
-                tt.quantization = _quantization(t.quant)
+                int4 = t.quant is not None and t.quant.int4 and t.is_const
+                if int4:  # data: int8 values in [-8, 7], stored two per byte
+                    tt.type = schema.TensorType.INT4
+                    tt.buffer = self.buffers.add_constant(pack_int4(t.data))
+                else:
+                    tt.buffer = self.buffers.add_constant(t.data) if t.is_const else self.buffers.add_empty()
+                scales_index = None
+                if t.quant is not None and t.quant.block_size:
+                    scales = np.ascontiguousarray(t.quant.scale, dtype=np.float16)
+                    scales_index = tensor_index(ir.Tensor(f"{t.name}_scales", scales.shape, scales.dtype, data=scales))
+                tt.quantization = _quantization(t.quant, scales_index)
                 tt.isVariable = t.is_variable
                 index[t.id] = len(tensors)
                 tensors.append(tt)
@@ -411,10 +430,38 @@ class _ModelBuilder:
         return m
 
 
-def _finish(model_t: schema.ModelT, size_hint: int) -> bytes:
+def _finish(model_t: schema.ModelT, size_hint: int) -> memoryview:
+    """The finished flatbuffer: a read-only view of the builder's own bytearray (built back
+    to front, so the file is its tail). No copy: a model with weights inside the flatbuffer
+    holds them once here, not twice."""
     builder = flatbuffers.Builder(max(1024, size_hint))
     builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
-    return bytes(memoryview(builder.Bytes)[builder.Head():])  # one copy (Output() would make two)
+    return memoryview(builder.Bytes)[builder.Head():].toreadonly()
+
+
+class ModelParts:
+    """A .tflite file as consecutive pieces: the flatbuffer, then (models above the
+    external-data threshold) padding and each buffer's bytes, as memoryviews of the
+    model's own arrays. Exporting writes the pieces one by one, so a model with
+    gigabytes of weights is never joined into a second copy in memory."""
+
+    def __init__(self, pieces: list):
+        self.pieces = pieces
+
+    @property
+    def head(self) -> bytes | memoryview:
+        """The flatbuffer itself (the whole file for models below the threshold)."""
+        return self.pieces[0]
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.pieces)
+
+    def tobytes(self) -> bytes:
+        return bytes(self.pieces[0]) if len(self.pieces) == 1 else b"".join(self.pieces)
+
+    def write_to(self, f) -> None:
+        for piece in self.pieces:
+            f.write(piece)
 
 
 def write_flatbuffer(model: ir.Model, *, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> bytes:
@@ -425,16 +472,24 @@ def write_flatbuffer(model: ir.Model, *, external_data_threshold: int = EXTERNAL
     threshold keeps the flatbuffer under its 2 GiB limit. (Tests lower it to exercise
     the large-model layout cheaply.)
     """
+    return write_flatbuffer_parts(model, external_data_threshold=external_data_threshold).tobytes()
+
+
+def write_flatbuffer_parts(model: ir.Model, *, external_data_threshold: int | None = None) -> ModelParts:
+    """`write_flatbuffer` without joining the pieces (see `ModelParts`); the threshold
+    defaults to the module's EXTERNAL_DATA_THRESHOLD, read at call time."""
+    if external_data_threshold is None:
+        external_data_threshold = EXTERNAL_DATA_THRESHOLD
     validate(model)
     mb = _ModelBuilder(model)
     model_t = mb.build()
     payload_bytes = mb.buffers.total_bytes
     if payload_bytes <= external_data_threshold:
-        return _finish(model_t, payload_bytes + 16 * len(mb.buffers.buffers) + 65536)
+        return ModelParts([_finish(model_t, payload_bytes + 16 * len(mb.buffers.buffers) + 65536)])
     return _write_with_external_data(model_t, mb.buffers)
 
 
-def _write_with_external_data(model_t: schema.ModelT, table: _BufferTable) -> bytes:
+def _write_with_external_data(model_t: schema.ModelT, table: _BufferTable) -> ModelParts:
     """Flatbuffer first, then each buffer's bytes at a 16-byte aligned offset.
 
     Offsets depend on the flatbuffer's length, which depends on the offsets' encoding;
@@ -458,4 +513,4 @@ def _write_with_external_data(model_t: schema.ModelT, table: _BufferTable) -> by
         pieces += [bytes(b.offset - position), p]
         position = b.offset + b.size
     pieces.append(bytes(_align(position) - position + DATA_ALIGNMENT))  # XNNPACK may read 16 bytes past
-    return b"".join(pieces)
+    return ModelParts(pieces)

@@ -63,6 +63,9 @@ class LiteRTModel:
                  use_xnnpack: bool = True, preserve_all_tensors: bool = False):
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+        from runtimes.verify import verify_model
+
+        verify_model(model_content)  # some malformed files crash the interpreter (runtimes/verify.py)
         kwargs = {}
         if not use_xnnpack:
             kwargs["experimental_op_resolver_type"] = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
@@ -132,9 +135,21 @@ class LiteRTModel:
                 if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
                     raise TypeError(f"input '{spec.name}' expects {spec.dtype.name}, got {array.dtype.name}")
                 array = array.astype(spec.dtype)
-            feed[spec.name] = np.ascontiguousarray(array)
+            _check_shape(spec, array.shape)
+            feed[spec.name] = np.ascontiguousarray(array)  # the runner resizes dynamic inputs
         results = self._runner(sig.key)(**feed)
         return [np.asarray(results[spec.name]) for spec in sig.outputs]
+
+
+def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
+    """An input must match the model's shape except where its signature says -1 (dynamic):
+    LiteRT would otherwise resize a static dim and fail (or compute garbage) deep inside a kernel."""
+    expected = spec.shape_signature if spec.shape_signature is not None else spec.shape
+    if len(shape) != len(expected) or any(e != -1 and e != d for e, d in zip(expected, shape)):
+        dims = ", ".join("?" if e == -1 else str(e) for e in expected)
+        hint = (" (only the ? dims may change)" if -1 in expected else
+                "; the model has static shapes: convert with dynamic_shapes= (torch.export.Dim) to vary them")
+        raise ValueError(f"input '{spec.name}' has shape {tuple(shape)}, the model expects [{dims}]{hint}")
 
 
 def max_relative_error(actual, expected) -> float:

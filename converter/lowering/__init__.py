@@ -2,12 +2,13 @@
 
 Families (one file each, one small function per ATen op):
 elementwise, activations, conv, pad, pool, norm, linalg, shape, reduce, index, creation,
-resize. `layout` holds the NCHW <-> NHWC helpers, `emit` the single-op builders they share,
-`decompositions` the table handed to `run_decompositions` (what to keep undecomposed).
+resize, attention (scaled_dot_product_attention), sorting (topk, sort), recurrent (LSTM/GRU), symbolic (dynamic sizes as values). `layout` holds the
+NCHW <-> NHWC helpers, `emit` the single-op builders they share, `decompositions` the table handed to `run_decompositions` (what to keep undecomposed).
 """
 
 from converter.lowering import (  # noqa: F401  (imported to register their lowerings)
     activations,
+    attention,
     conv,
     creation,
     elementwise,
@@ -16,8 +17,12 @@ from converter.lowering import (  # noqa: F401  (imported to register their lowe
     norm,
     pad,
     pool,
+    quantized,
     reduce,
     resize,
+    recurrent,
     shape,
+    sorting,
+    symbolic,
 )
 from converter.lowering.registry import LOWERINGS, find_lowering, lowers  # noqa: F401

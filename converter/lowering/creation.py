@@ -9,10 +9,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from converter.lowering import emit
+from converter.lowering import emit, symbolic
 from converter.lowering.registry import lowers
 
 aten = torch.ops.aten
+
+
+def _is_dynamic(ctx) -> bool:
+    return any(isinstance(d, torch.SymInt) for d in ctx.meta.shape)
 
 
 def _static_output(ctx, name: str):
@@ -25,6 +29,8 @@ def _static_output(ctx, name: str):
 
 @lowers(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def arange(ctx, *args, **kwargs):
+    if _is_dynamic(ctx):
+        return _dynamic_arange(ctx, *args)
     shape, dtype = _static_output(ctx, "arange")
     numbers = [a for a in args if isinstance(a, (int, float))]  # (end), (start, end) or (start, end, step)
     start = numbers[0] if len(numbers) > 1 else 0
@@ -34,7 +40,29 @@ def arange(ctx, *args, **kwargs):
     return ctx.const(values.astype(dtype))
 
 
+def _dynamic_arange(ctx, *args):
+    """RANGE over sizes known only at run time (`torch.arange(x.size(1))`): integer
+    ranges count in int32 and are cast to the node's dtype."""
+    bounds = [a for a in args if isinstance(a, (int, float, torch.SymInt))]
+    start, end = (bounds[0], bounds[1]) if len(bounds) > 1 else (0, bounds[0])
+    step = bounds[2] if len(bounds) > 2 else 1
+    dtype = ctx.out_dtype()
+    if any(isinstance(v, float) for v in (start, end, step)):
+        raise emit.unsupported(ctx, "arange with a dynamic size and float bounds",
+                               "Use integer bounds (and scale the result), or make the size static.")
+
+    def scalar(v):
+        return emit.reshape(ctx, symbolic.sym_value(ctx, v), ())
+
+    values = emit.op(ctx, "RANGE", [scalar(start), scalar(end), scalar(step)],
+                     shape=ctx.out_shape(), dtype=np.int32, signature=(-1,))
+    return emit.cast(ctx, values, dtype)
+
+
 def _filled(ctx, name: str, value):
+    if _is_dynamic(ctx):  # FILL a shape computed from the inputs' shapes
+        dtype = ctx.out_dtype()
+        return ctx.emit("FILL", [symbolic.shape_tensor(ctx, ctx.meta.shape), ctx.const(np.asarray(value, dtype))])
     shape, dtype = _static_output(ctx, name)
     return ctx.const(np.full(shape, value, dtype=dtype))
 

@@ -51,6 +51,9 @@ KEEP = [
     aten.clamp.default,
     aten.hardtanh.default,
     aten.embedding.default,
+    aten.lstm.input,  # recurrent.py: one input projection for all steps, not per-step matmuls
+    aten.gru.input,
+    aten.scaled_dot_product_attention.default,  # attention.py: no per-row softmax guards, no k transpose
 ]
 
 

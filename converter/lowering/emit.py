@@ -128,6 +128,10 @@ def reshape(ctx, x: Tensor, shape: Sequence[int], signature=None) -> Tensor:
         return x
     if x.is_const:
         return ctx.const(x.data.reshape(shape))
+    if x.is_dynamic and signature is None:  # keep the dynamic dims dynamic
+        from converter.lowering.symbolic import dynamic_reshape
+
+        return dynamic_reshape(ctx, x, shape)
     new_shape = list(signature) if signature is not None else list(shape)
     return ctx.emit("RESHAPE", [x, int32(ctx, new_shape)], {"newShape": new_shape},
                     shape=shape, dtype=x.dtype, signature=signature)
@@ -158,15 +162,19 @@ def cast(ctx, x: Tensor, dtype) -> Tensor:
 
 def strided_slice(ctx, x: Tensor, begin, end, strides, shrink_axis_mask: int = 0) -> Tensor:
     """STRIDED_SLICE with explicit (already clamped, non-negative) bounds."""
-    out_shape = []
+    out_shape, out_sig, whole = [], [], 0
+    sig = x.shape_signature or x.shape
     for axis, (b, e, s) in enumerate(zip(begin, end, strides)):
+        if (b, e, s) == (0, x.shape[axis], 1) and sig[axis] == -1:
+            whole |= 1 << axis  # a dynamic axis taken whole: masks, not its sample size
         if shrink_axis_mask >> axis & 1:
             continue
         out_shape.append(max(0, -(-(e - b) // s)))
+        out_sig.append(-1 if whole >> axis & 1 else out_shape[-1])
     return ctx.emit("STRIDED_SLICE", [x, int32(ctx, begin), int32(ctx, end), int32(ctx, strides)],
-                    {"beginMask": 0, "endMask": 0, "ellipsisMask": 0, "newAxisMask": 0,
+                    {"beginMask": whole, "endMask": whole, "ellipsisMask": 0, "newAxisMask": 0,
                      "shrinkAxisMask": shrink_axis_mask, "offset": False},
-                    shape=out_shape, dtype=x.dtype)
+                    shape=out_shape, dtype=x.dtype, signature=tuple(out_sig) if whole else None)
 
 
 def slice_axis(ctx, x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor:
@@ -188,8 +196,12 @@ def concat(ctx, parts: list[Tensor], axis: int) -> Tensor:
         return parts[0]
     shape = list(parts[0].shape)
     shape[axis] = sum(p.shape[axis] for p in parts)
+    signature = None
+    if any(p.is_dynamic for p in parts):
+        signature = [-1 if any(p.is_dynamic and p.shape_signature[k] == -1 for p in parts) else d
+                     for k, d in enumerate(shape)]
     return ctx.emit("CONCATENATION", parts, {"axis": axis, "fusedActivationFunction": "NONE"},
-                    shape=shape, dtype=parts[0].dtype)
+                    shape=shape, dtype=parts[0].dtype, signature=signature)
 
 
 def mean(ctx, x: Tensor, axes: Sequence[int], keep_dims: bool = True) -> Tensor:
@@ -199,11 +211,15 @@ def mean(ctx, x: Tensor, axes: Sequence[int], keep_dims: bool = True) -> Tensor:
 
 def reduce(ctx, opcode: str, x: Tensor, axes: Sequence[int], keep_dims: bool, dtype=None) -> Tensor:
     axes = sorted(normalize_dim(a, x.rank) for a in axes)
+    sig = x.shape_signature or x.shape
     if keep_dims:
         shape = [1 if i in axes else d for i, d in enumerate(x.shape)]
+        signature = [1 if i in axes else d for i, d in enumerate(sig)]
     else:
         shape = [d for i, d in enumerate(x.shape) if i not in axes]
-    return ctx.emit(opcode, [x, int32(ctx, axes)], {"keepDims": keep_dims}, shape=shape, dtype=dtype or x.dtype)
+        signature = [d for i, d in enumerate(sig) if i not in axes]
+    return ctx.emit(opcode, [x, int32(ctx, axes)], {"keepDims": keep_dims}, shape=shape, dtype=dtype or x.dtype,
+                    signature=signature if -1 in signature else None)
 
 
 def channel_vector(ctx, values: np.ndarray, rank: int, dtype) -> Tensor:

@@ -57,6 +57,8 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
 def gather(ctx, x, dim, index, sparse_grad=False):
     """out[p] = x[p with p[dim] replaced by index[p]]: coordinates for GATHER_ND."""
     axis = emit.normalize_dim(dim, x.rank)
+    if index.is_dynamic:
+        return _gather_dynamic(ctx, x, axis, index)
     grids = np.indices(index.shape, dtype=np.int32)
     if index.is_const:
         grids[axis] = np.where(index.data < 0, index.data + x.shape[axis], index.data)
@@ -67,6 +69,38 @@ def gather(ctx, x, dim, index, sparse_grad=False):
                    else ctx.const(grids[a].reshape(column_shape)) for a in range(x.rank)]
         coords = emit.concat(ctx, columns, axis=index.rank)
     return ctx.emit("GATHER_ND", [x, coords])
+
+
+def _gather_dynamic(ctx, x: Tensor, axis: int, index: Tensor) -> Tensor:
+    """torch.gather with an index of dynamic shape: the coordinate of every other axis is
+    an iota along that axis (a constant, or a RANGE when the axis itself is dynamic),
+    broadcast at run time to the index's shape."""
+    from converter.lowering import symbolic
+
+    dims = [*ctx.meta.shape, 1]  # the output has the index's shape
+    full_shape, full_sig = (*index.shape, 1), symbolic.signature_of(dims)
+    target = symbolic.shape_tensor(ctx, dims)
+    columns = []
+    for a in range(x.rank):
+        unit = [1] * (index.rank + 1)
+        unit[a] = index.shape[a]
+        if a == axis:
+            column = emit.cast(ctx, index, np.int32)
+            column = emit.op(ctx, "RESHAPE", [column, target], shape=full_shape, dtype=np.int32, signature=full_sig)
+        elif index.shape_signature[a] != -1:
+            column = ctx.const(np.arange(index.shape[a], dtype=np.int32).reshape(unit))
+        else:
+            size = emit.reshape(ctx, symbolic.sym_value(ctx, ctx.meta.shape[a]), ())
+            iota = emit.op(ctx, "RANGE", [emit.scalar_like(ctx, 0, np.int32), size, emit.scalar_like(ctx, 1, np.int32)],
+                           shape=(index.shape[a],), dtype=np.int32, signature=(-1,))
+            unit_sig = [1] * (index.rank + 1)
+            unit_sig[a] = -1
+            column = emit.op(ctx, "RESHAPE", [iota, emit.int32(ctx, unit_sig)], {"newShape": unit_sig},
+                             shape=unit, dtype=np.int32, signature=tuple(unit_sig))
+        if a != axis:
+            column = emit.op(ctx, "BROADCAST_TO", [column, target], shape=full_shape, dtype=np.int32, signature=full_sig)
+        columns.append(column)
+    return ctx.emit("GATHER_ND", [x, emit.concat(ctx, columns, axis=index.rank)])
 
 
 @lowers(aten.index.Tensor)
@@ -82,6 +116,8 @@ def index(ctx, x, indices):
         return _index_adjacent_axes(ctx, x, indices, used)
     tensors = [_indices(ctx, indices[i], x.shape[i]) for i in used]
     shape = tuple(np.broadcast_shapes(*[t.shape for t in tensors]))
+    if any(t.is_dynamic for t in tensors):
+        return _index_leading_dynamic(ctx, x, tensors, len(shape))
     columns = []
     for t in tensors:
         t = emit.cast(ctx, t, np.int32)
@@ -91,6 +127,25 @@ def index(ctx, x, indices):
         columns.append(emit.reshape(ctx, t, (*shape, 1)))
     coords = emit.concat(ctx, columns, axis=len(shape))
     return ctx.emit("GATHER_ND", [x, coords])
+
+
+def _index_leading_dynamic(ctx, x: Tensor, tensors: list[Tensor], rank: int) -> Tensor:
+    """`_index` for index tensors of dynamic shape: their broadcast shape (the output's
+    leading `rank` dims, possibly symbolic) is computed from the inputs' shapes."""
+    from converter.lowering import symbolic
+
+    dims = list(ctx.meta.shape[:rank])
+    shape, sig = ctx.out_shape()[:rank], symbolic.signature_of(dims)
+    column_dims = [*dims, 1]
+    columns = []
+    for t in tensors:
+        t = emit.cast(ctx, t, np.int32)
+        if t.shape_signature != sig or t.shape != shape:
+            t = emit.op(ctx, "BROADCAST_TO", [t, symbolic.shape_tensor(ctx, dims)], shape=shape, dtype=np.int32,
+                        signature=sig)
+        columns.append(emit.op(ctx, "RESHAPE", [t, symbolic.shape_tensor(ctx, column_dims)], shape=(*shape, 1),
+                               dtype=np.int32, signature=symbolic.signature_of(column_dims)))
+    return ctx.emit("GATHER_ND", [x, emit.concat(ctx, columns, axis=rank)])
 
 
 def _index_adjacent_axes(ctx, x: Tensor, indices, used: list[int]) -> Tensor:

@@ -15,6 +15,7 @@ RESHAPE (N, 1, L, C), and back the same way.
 
 from __future__ import annotations
 
+import torch
 
 from converter.ir import Tensor
 from converter.lowering import emit
@@ -46,7 +47,16 @@ def ncl_to_n1lc(ctx, x: Tensor) -> Tensor:
 def n1lc_to_ncl(ctx, y: Tensor) -> Tensor:
     """(N, 1, L, C) -> (N, C, L), the inverse of `ncl_to_n1lc`."""
     n, _, length, c = y.shape
-    return emit.transpose(ctx, emit.reshape(ctx, y, (n, length, c)), NCL_TO_NLC)
+    meta = ctx.meta  # the 1-D op's own (N, C, L) value: its dynamic sizes, if any
+    dims = [meta.shape[0], meta.shape[2], meta.shape[1]] if getattr(meta, "ndim", 0) == 3 else []
+    if any(isinstance(d, torch.SymInt) for d in dims):
+        from converter.lowering import symbolic
+
+        flat = emit.op(ctx, "RESHAPE", [y, symbolic.shape_tensor(ctx, dims)], shape=(n, length, c),
+                       dtype=y.dtype, signature=symbolic.signature_of(dims))
+    else:
+        flat = emit.reshape(ctx, y, (n, length, c))
+    return emit.transpose(ctx, flat, NCL_TO_NLC)
 
 
 def same_padding(in_size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int, int]:

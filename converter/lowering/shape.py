@@ -11,13 +11,11 @@ reach the graph as ops.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from converter.ir import Tensor
-from converter.lowering import emit, layout
+from converter.lowering import emit, layout, symbolic
 from converter.lowering.context import static_shape
 from converter.lowering.registry import lowers
 
@@ -44,22 +42,7 @@ def no_op(ctx, *args, **kwargs):
     return None
 
 
-@dataclass(frozen=True)
-class DynamicSize:
-    """The size of a dynamic dimension, used as a value (`x.size(0)` in a view's shape).
-    Shape ops take their output shape from the node's metadata, so they never need the
-    number itself; an op that computes with it fails with a clear error instead."""
-
-    tensor: Tensor
-    dim: int
-
-
-@lowers(aten.sym_size.int)
-def sym_size(ctx, x, dim):
-    dim = emit.normalize_dim(dim, x.rank)
-    if x.shape_signature is not None and x.shape_signature[dim] == -1:
-        return DynamicSize(x, dim)
-    return x.shape[dim]
+# Size queries (aten.sym_size) and arithmetic on sizes live in symbolic.py.
 
 
 @lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout)
@@ -78,7 +61,9 @@ def _reshape_to_node(ctx, x: Tensor) -> Tensor:
         return ctx.const(x.data.reshape(shape))
     if shape == x.shape and signature == x.shape_signature:
         return x
-    new_shape = list(signature) if signature is not None and signature.count(-1) == 1 else list(shape)
+    if signature is not None and signature.count(-1) > 1:  # sizes computed from the inputs' shapes
+        return ctx.emit("RESHAPE", [x, symbolic.shape_tensor(ctx, ctx.meta.shape)])
+    new_shape = list(signature) if signature is not None else list(shape)
     return ctx.emit("RESHAPE", [x, emit.int32(ctx, new_shape)], {"newShape": new_shape})
 
 
@@ -175,6 +160,8 @@ def _clamp_index(i, size: int, default: int) -> int:
 @lowers(aten.slice.Tensor, aten.slice_copy.Tensor)
 def slice_(ctx, x, dim=0, start=None, end=None, step=1):
     axis = emit.normalize_dim(dim, x.rank)
+    if x.is_dynamic or symbolic.is_symbolic(start) or symbolic.is_symbolic(end):
+        return _dynamic_slice(ctx, x, axis, start, end, step)
     size = x.shape[axis]
     start = _clamp_index(start, size, 0)
     stop = size if end is None or end >= _INT64_MAX else _clamp_index(end, size, size)
@@ -183,9 +170,36 @@ def slice_(ctx, x, dim=0, start=None, end=None, step=1):
     return emit.slice_axis(ctx, x, axis, start, max(stop, start), step)
 
 
+def _dynamic_slice(ctx, x: Tensor, axis: int, start, end, step, shrink: bool = False) -> Tensor:
+    """STRIDED_SLICE of a dynamic tensor, or with symbolic bounds: untouched axes use the
+    begin/end masks (whatever their size at run time), negative bounds count from the end
+    (the kernel adds the axis size), "to the end" is an end-mask bit, and symbolic bounds
+    are computed from the inputs' shapes."""
+    begin, stop = [0] * x.rank, [0] * x.rank
+    begin_mask = end_mask = ((1 << x.rank) - 1) & ~(1 << axis)
+    if start is None:
+        begin_mask |= 1 << axis
+    else:
+        begin[axis] = start
+    if end is None or (not symbolic.is_symbolic(end) and end >= _INT64_MAX):
+        end_mask |= 1 << axis
+    else:
+        stop[axis] = end
+    strides = [1] * x.rank
+    strides[axis] = int(step)
+    bounds = [symbolic.shape_tensor(ctx, v) if any(map(symbolic.is_symbolic, v)) else emit.int32(ctx, v)
+              for v in (begin, stop, strides)]
+    return ctx.emit("STRIDED_SLICE", [x, *bounds],
+                    {"beginMask": begin_mask, "endMask": end_mask, "ellipsisMask": 0, "newAxisMask": 0,
+                     "shrinkAxisMask": (1 << axis) if shrink else 0, "offset": False})
+
+
 @lowers(aten.select.int, aten.select_copy.int)
 def select(ctx, x, dim, index):
     axis = emit.normalize_dim(dim, x.rank)
+    if x.is_dynamic or symbolic.is_symbolic(index):
+        last = not symbolic.is_symbolic(index) and index == -1
+        return _dynamic_slice(ctx, x, axis, index, None if last else index + 1, 1, shrink=True)
     index = index + x.shape[axis] if index < 0 else index
     if x.is_const:
         return ctx.const(np.take(x.data, index, axis=axis))
@@ -205,7 +219,11 @@ def narrow(ctx, x, dim, start, length):
 
 @lowers(aten.expand.default, aten.expand_copy.default)
 def expand(ctx, x, size, implicit=False):
-    shape = ctx.out_shape()
+    shape, signature = static_shape(ctx.meta.shape)
+    if signature is not None:  # a dynamic target: its sizes are computed from the inputs' shapes
+        if signature == x.shape_signature:
+            return x
+        return ctx.emit("BROADCAST_TO", [x, symbolic.shape_tensor(ctx, ctx.meta.shape)])
     if x.is_const:
         return ctx.const(np.broadcast_to(x.data, shape))
     if tuple(shape) == x.shape:

@@ -15,7 +15,10 @@ from .deduplicate_constants import deduplicate_constants
 from .fold_batch_norm import fold_batch_norm
 from .fold_constants import fold_constants
 from .fold_pad_into_conv import fold_pad_into_conv
+from .fold_reshapes_into_fully_connected import fold_reshapes_into_fully_connected
 from .fuse_activations import fuse_activations
+from .fuse_gelu import fuse_gelu
+from .narrow_int64_indices import narrow_int64_indices
 from .remove_dead_code import remove_dead_code
 from .simplify_reshapes import simplify_reshapes
 from .to_nhwc import to_nhwc
@@ -23,7 +26,8 @@ from .to_nhwc import to_nhwc
 __all__ = [
     "optimize", "optimize_graph", "fold_constants", "to_nhwc", "fold_batch_norm",
     "fuse_activations", "remove_dead_code", "deduplicate_constants", "fold_pad_into_conv",
-    "simplify_reshapes", "opcode_histogram",
+    "simplify_reshapes", "opcode_histogram", "narrow_int64_indices", "fuse_gelu",
+    "fold_reshapes_into_fully_connected",
 ]
 
 MAX_ROUNDS = 4
@@ -36,6 +40,8 @@ def optimize_graph(graph: Graph) -> Graph:
     1. remove_dead_code: less to look at;
     2. fold_constants: weight rearrangements (TRANSPOSE/RESHAPE of constant filters)
        become plain constants, so the layout pass only sees activation transposes;
+       then fuse_gelu: a hand-written tanh GELU (GPT-2) becomes one GELU op, and
+       fold_reshapes_into_fully_connected: flatten -> FC -> unflatten is one FC;
     3. to_nhwc: sink and cancel the NCHW<->NHWC transposes; per-channel constants are
        transposed on the way, so batch norm's MUL/ADD now broadcast on the last axis;
        it ends with simplify_reshapes (unit-dim transposes, reshape chains, a
@@ -44,7 +50,8 @@ def optimize_graph(graph: Graph) -> Graph:
     5. fold_pad_into_conv: explicit zero PADs equal to SAME padding disappear;
     6. fuse_activations: RELU/RELU6 after conv/add/... become fused activations
        (after 4, so the activation is what directly follows the conv);
-    7. remove_dead_code, deduplicate_constants (and CSE).
+    7. remove_dead_code, deduplicate_constants (and CSE);
+    then, once, narrow_int64_indices (int64 indices computed as int32 where exact).
     Repeated while the op count drops (at most MAX_ROUNDS times): a CSE or a fold can
     expose more cancellations.
     """
@@ -52,6 +59,8 @@ def optimize_graph(graph: Graph) -> Graph:
     for _ in range(MAX_ROUNDS):
         count = len(graph.ops)
         fold_constants(graph)
+        fuse_gelu(graph)
+        fold_reshapes_into_fully_connected(graph)
         to_nhwc(graph)
         fold_constants(graph)
         fold_batch_norm(graph)
@@ -61,6 +70,8 @@ def optimize_graph(graph: Graph) -> Graph:
         deduplicate_constants(graph)
         if len(graph.ops) >= count:
             break
+    narrow_int64_indices(graph)
+    remove_dead_code(graph)
     return graph
 
 

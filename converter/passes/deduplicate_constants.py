@@ -36,7 +36,9 @@ def _constant_key(t: Tensor):
     if t.quant is not None:
         quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(),
                  t.quant.axis)
-    return (t.dtype.str, t.shape, hashlib.blake2b(data.tobytes(), digest_size=16).digest(), quant)
+    # hash the array's own memory: tobytes() would copy every weight once more
+    digest = hashlib.blake2b(memoryview(data.reshape(-1)).cast("B"), digest_size=16).digest()
+    return (t.dtype.str, t.shape, digest, quant)
 
 
 def _share_constants(graph: Graph) -> None:
@@ -71,7 +73,7 @@ def _merge_identical_ops(graph: Graph) -> bool:
     seen: dict = {}
     changed = False
     for op in list(graph.ops):
-        if op.opcode in SIDE_EFFECT_OPS or any(t.id in outputs for t in op.outputs):
+        if op.opcode in SIDE_EFFECT_OPS or any(t.id in outputs or t.is_variable for t in op.outputs):
             continue
         key = (op.opcode, tuple(None if t is None else t.id for t in op.inputs),
                _options_key(op.options), tuple(_output_key(t) for t in op.outputs))

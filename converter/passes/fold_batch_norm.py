@@ -63,8 +63,8 @@ def _fold_one(graph: Graph) -> bool:
 def _per_channel_operand(op: Op, y: Tensor) -> tuple[str, np.ndarray] | None:
     """("scale"|"shift", per-channel vector) if `op` is y*c, y/c, y+c, c+y or y-c with a
     constant c broadcast along the last axis only, else None."""
-    if op.opcode not in ("MUL", "DIV", "ADD", "SUB") or len(op.inputs) != 2:
-        return None
+    if op.opcode not in ("MUL", "DIV", "ADD", "SUB") or len(op.inputs) != 2 or op.outputs[0].is_variable:
+        return None  # (an op writing a variable tensor, e.g. an LSTM state refresh, must stay)
     if activation(op) != "NONE" or op.outputs[0].shape != y.shape \
             or op.outputs[0].dtype != y.dtype or op.outputs[0].quant is not None:
         return None

@@ -61,8 +61,8 @@ def fold_constants(graph: Graph, *, fold_dequantize: bool = False) -> Graph:
 
 def _try_fold(op: Op, uses: Uses, fold_dequantize: bool) -> list[np.ndarray] | None:
     """The op's output values if it can and should be folded, else None."""
-    if op.opcode in SIDE_EFFECT_OPS or any(uses.is_output(t) for t in op.outputs):
-        return None
+    if op.opcode in SIDE_EFFECT_OPS or any(uses.is_output(t) or t.is_variable for t in op.outputs):
+        return None  # (writing a variable tensor is a side effect: e.g. an LSTM's state refresh)
     if any(t.quant is not None for t in [*op.inputs, *op.outputs] if t is not None):
         return None
     if op.opcode == "SHAPE":
@@ -127,7 +127,8 @@ def _reshape(op, args):
 
 @evaluates("CAST")
 def _cast(op, args):
-    return [args[0].astype(op.outputs[0].dtype)]
+    with np.errstate(invalid="ignore"):  # +-inf/NaN to integers: the same values as the kernel's cast on x86
+        return [args[0].astype(op.outputs[0].dtype)]
 
 
 @evaluates("DEQUANTIZE")
@@ -158,6 +159,28 @@ def _gather(op, args):
     if op.options.get("batchDims", 0):
         raise ValueError("batched GATHER is not folded")
     return [np.take(args[0], args[1], axis=op.options.get("axis", 0))]
+
+
+@evaluates("GATHER_ND")
+def _gather_nd(op, args):
+    params, indices = args
+    depth = indices.shape[-1]
+    return [params[tuple(np.moveaxis(indices, -1, 0))] if depth else params]
+
+
+@evaluates("CUMSUM")
+def _cumsum(op, args):
+    # Attention masks built from arange/cumsum of constants fold through here.
+    x, axis = args[0], int(_ints(args[1])[0]) % max(args[0].ndim, 1)
+    if op.options.get("reverse", False):
+        x = np.flip(x, axis)
+    out = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if op.options.get("exclusive", False):
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)),
+                              np.take(out, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
+    if op.options.get("reverse", False):
+        out = np.flip(out, axis)
+    return [out]
 
 
 @evaluates("SLICE")
@@ -270,7 +293,9 @@ def _unary(op, args):
     if op.opcode not in ("NEG", "ABS", "SQUARE", "LOGICAL_NOT", "SIGN", "RELU", "RELU6",
                          "RELU_N1_TO_1"):
         _float_only(args[0])
-    with np.errstate(all="raise"):
+    # LOG(0) = -inf is what the LiteRT kernel computes too (T5's relative position
+    # buckets take the log of 0 and discard it with a SELECT): fold it.
+    with np.errstate(all="raise", divide="ignore" if op.opcode == "LOG" else "raise"):
         return [_UNARY[op.opcode](args[0])]
 
 

@@ -5,7 +5,9 @@ Guarantees:
   or has side effects (`SIDE_EFFECT_OPS`, e.g. variable assignment);
 - RESHAPEs to the same static shape, CASTs to the same dtype and identity TRANSPOSEs
   are removed (their readers read the input), unless that would make a graph input or
-  a constant a graph output;
+  a constant a graph output; so is a SELECT/SELECT_V2 whose constant condition picks
+  one operand everywhere (e.g. attention's guard for fully masked rows once the mask
+  folded to a constant) when that operand already has the output's shape;
 - unreferenced constants disappear with the ops that read them (the writer only writes
   tensors reachable from the graph).
 """
@@ -24,6 +26,8 @@ def remove_dead_code(graph: Graph) -> Graph:
     for op in list(graph.ops):
         if _is_noop(op):
             bypass(graph, op, op.inputs[0])
+        elif op.opcode in ("SELECT", "SELECT_V2") and (chosen := _constant_choice(op)) is not None:
+            bypass(graph, op, chosen)
     live = {t.id for t in graph.outputs}
     kept = []
     for op in reversed(graph.ops):
@@ -51,6 +55,23 @@ def _is_noop(op: Op) -> bool:
         return perm is not None and perm.is_const and \
             list(np.asarray(perm.data).reshape(-1)) == list(range(x.rank))
     return False
+
+
+def _constant_choice(op: Op):
+    """The operand a SELECT with an all-true / all-false constant condition returns, if
+    it has the output's shape, dtype and signature; else None."""
+    condition, out = op.inputs[0], op.outputs[0]
+    if condition is None or not condition.is_const or len(op.inputs) != 3 or condition.data.size == 0:
+        return None
+    if condition.data.all():
+        chosen = op.inputs[1]
+    elif not condition.data.any():
+        chosen = op.inputs[2]
+    else:
+        return None
+    same = chosen.shape == out.shape and chosen.dtype == out.dtype and \
+        chosen.shape_signature == out.shape_signature and _same_quant(chosen, out)
+    return chosen if same else None
 
 
 def _same_quant(a, b) -> bool:
