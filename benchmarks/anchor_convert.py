@@ -40,9 +40,10 @@ def import_anchor():
 
 
 def convert_one(litert_torch, zoo, name: str, out_dir: Path, seed: int) -> dict:
-    model, args = zoo.build(name, seed=seed)
     path = out_dir / f"{name}.anchor.tflite"
     try:
+        # Inside the try: a transformers model needs `transformers` in the anchor's environment too.
+        model, args = zoo.build(name, seed=seed)
         # The anchor logs its progress on stdout; keep stdout for our JSON lines.
         with contextlib.redirect_stdout(sys.stderr):
             start = time.perf_counter()

@@ -9,13 +9,14 @@ table; `--json PATH` writes every figure (and the full op histograms).
     .venv/bin/python benchmarks/convert_bench.py                      # every model
     .venv/bin/python benchmarks/convert_bench.py --models resnet18,mobilenet_v2 --json out.json
     .venv/bin/python benchmarks/convert_bench.py --fast               # the default-suite subset
+    .venv/bin/python benchmarks/convert_bench.py --family transformers  # the 12 transformers families
 
 Against the anchor (PyPI `litert-torch` 0.10.0, the reference converter). Its import name
 is `litert_torch`, like ours, so it lives in its own environment; build it once with the
 CPU torch pinned (an unpinned torch pulls a multi-GB CUDA build):
 
     python3 -m venv /tmp/anchor-venv
-    /tmp/anchor-venv/bin/python -m pip install litert-torch==0.10.0 torch==2.13.0
+    /tmp/anchor-venv/bin/python -m pip install litert-torch==0.10.0 torch==2.13.0 transformers==5.24.0
 
 then pass `--anchor-python /tmp/anchor-venv/bin/python`. The anchor converts the same models
 (same seeds, so the same weights) in a subprocess (`anchor_convert.py`, which loads the zoo

@@ -200,7 +200,6 @@ for _target, _opcode in [
     (aten.log.default, "LOG"),
     (aten.sqrt.default, "SQRT"),
     (aten.rsqrt.default, "RSQRT"),
-    (aten.abs.default, "ABS"),
     (aten.neg.default, "NEG"),
     (aten.sin.default, "SIN"),
     (aten.cos.default, "COS"),
@@ -209,6 +208,16 @@ for _target, _opcode in [
     (aten.sign.default, "SIGN"),
 ]:
     lowers(_target)(_unary(_opcode))
+
+
+@lowers(aten.abs.default)
+def abs_(ctx, x):
+    """ABS; int64 (an index sum, a cumsum of int32) as MAXIMUM(x, NEG(x)): LiteRT's ABS
+    kernel refuses INT64 at run time (found by tests/reliability/test_fuzz_convert.py)."""
+    (x,) = _operands(ctx, x)
+    if x.dtype == np.int64:
+        return ctx.emit("MAXIMUM", [x, emit.unary(ctx, "NEG", x)])
+    return ctx.emit("ABS", [x])
 
 
 @lowers(aten.round.default)

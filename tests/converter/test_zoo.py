@@ -45,9 +45,23 @@ def test_zoo_model_matches_pytorch(name):
 def test_zoo_has_twenty_architectures_across_families():
     assert len(ZOO) >= 20
     assert {e.family for e in ZOO.values()} == set(FAMILIES)
-    assert 5 <= len(entries(fast=True)) <= 8
+    fast = entries(fast=True)
+    assert 5 <= len([e for e in fast if e.family != "transformers"]) <= 8
+    assert 3 <= len([e for e in fast if e.family == "transformers"]) <= 4
     for entry in ZOO.values():
         assert entry.summary, f"zoo model {entry.name} needs a docstring saying what it is"
+
+
+TRANSFORMER_FAMILIES = {"bert", "distilbert", "gpt2", "llama", "qwen3", "t5_encoder", "vit", "whisper_encoder",
+                        "clip_text", "mobilevit", "segformer", "wav2vec2"}
+
+
+def test_zoo_has_the_twelve_transformers_families_with_token_inputs():
+    names = {e.name for e in entries() if e.family == "transformers"}
+    assert {f"hf_{family}" for family in TRANSFORMER_FAMILIES} <= names
+    _, (ids,) = build("hf_bert")
+    assert ids.dtype == torch.int64 and ids.shape == ZOO["hf_bert"].inputs[0]
+    assert int(ids.min()) >= 0 and int(ids.max()) < 128
 
 
 def test_build_gives_the_same_model_and_inputs_for_the_same_seed():

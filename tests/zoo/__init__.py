@@ -1,5 +1,6 @@
 """The converter's model zoo: CNN, MLP, segmentation, audio and image-to-image architectures
-defined in code (random seeded weights, nothing downloaded).
+defined in code, and transformer families built from `transformers` configs (random seeded
+weights, nothing downloaded; `transformers` is imported only when such a model is built).
 
     from tests.zoo import ZOO, build, entries
     model, args = build("resnet18")          # eval mode, seeded weights and inputs
@@ -13,6 +14,6 @@ in an environment where `litert_torch` is the reference converter.
 from .registry import FAMILIES, ZOO, ZooEntry, build, entries, randomize_norm_statistics, zoo_model
 
 # Importing the family files registers their models (in this order).
-from . import mlp, cnn, segmentation, audio, image2image  # noqa: E402,F401  isort: skip
+from . import mlp, cnn, segmentation, audio, image2image, transformers_models  # noqa: E402,F401  isort: skip
 
 __all__ = ["FAMILIES", "ZOO", "ZooEntry", "build", "entries", "randomize_norm_statistics", "zoo_model"]

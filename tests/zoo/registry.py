@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-FAMILIES = ("mlp", "cnn", "segmentation", "audio", "image2image")
+FAMILIES = ("mlp", "cnn", "segmentation", "audio", "image2image", "transformers")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,8 @@ class ZooEntry:
     fast: True for the small subset that runs in the default test suite.
     summary: what the model is and what it exercises (shown by the benchmark).
     known_issue: None, or why the converter cannot handle it yet (the zoo test xfails it).
+    make_inputs: None (float32 `torch.randn` of each shape), or a function
+        `(generator) -> tuple of tensors` for other inputs (token ids, masks).
     """
 
     name: str
@@ -36,14 +38,17 @@ class ZooEntry:
     fast: bool = False
     summary: str = ""
     known_issue: str | None = None
+    make_inputs: Callable[[torch.Generator], tuple] | None = None
 
 
 ZOO: dict[str, ZooEntry] = {}
 
 
-def zoo_model(name: str, inputs, family: str, fast: bool = False, known_issue: str | None = None):
+def zoo_model(name: str, inputs, family: str, fast: bool = False, known_issue: str | None = None,
+              make_inputs: Callable[[torch.Generator], tuple] | None = None):
     """Register the decorated factory as zoo model `name`; its docstring's first line
-    becomes the entry's summary."""
+    becomes the entry's summary. `make_inputs(generator)` replaces the float32 randn
+    sample inputs (it must return tensors of the shapes in `inputs`)."""
     if family not in FAMILIES:
         raise ValueError(f"zoo model {name!r}: family {family!r} is not one of {FAMILIES}")
     shapes = tuple(tuple(int(d) for d in shape) for shape in inputs)
@@ -52,7 +57,7 @@ def zoo_model(name: str, inputs, family: str, fast: bool = False, known_issue: s
         if name in ZOO:
             raise ValueError(f"zoo model {name!r} is registered twice")
         summary = (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
-        ZOO[name] = ZooEntry(name, factory, shapes, family, fast, summary, known_issue)
+        ZOO[name] = ZooEntry(name, factory, shapes, family, fast, summary, known_issue, make_inputs)
         return factory
 
     return register
@@ -102,5 +107,8 @@ def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]
     model = entry.factory().eval()
     generator = torch.Generator().manual_seed(seed + 1)
     randomize_norm_statistics(model, generator)
-    args = tuple(torch.randn(shape, generator=generator) for shape in entry.inputs)
+    if entry.make_inputs is not None:
+        args = tuple(entry.make_inputs(generator))
+    else:
+        args = tuple(torch.randn(shape, generator=generator) for shape in entry.inputs)
     return model, args
