@@ -222,6 +222,8 @@ def _run_jitted(fn: Callable, dynamic: list):
     before = fn._cache_size()
     start = time.perf_counter()
     out = fn(*dynamic)
+    if tpu_tensor.SYNC_EACH_COMPUTATION:  # multi-process CPU runs (see tensor.py)
+        jax.block_until_ready(out)
     if fn._cache_size() != before:
         CACHE_STATS.misses += 1
         CACHE_STATS.compile_seconds += time.perf_counter() - start

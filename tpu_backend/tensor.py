@@ -76,6 +76,12 @@ class LazyValue:
 _record = None  # fused mode's `record(key, fn, inputs)`, None when ops run eagerly
 _sync = None  # fused mode's `sync()`
 
+# Wait for every eager computation to finish before issuing the next one. Set by
+# tpu_backend.distributed for multi-process runs on JAX's CPU backend: there, gloo
+# collectives of back-to-back computations could interleave differently in two
+# processes and deadlock (seen with FSDP on 2 processes x 4 devices after ~10 steps).
+SYNC_EACH_COMPUTATION = False
+
 
 def set_lazy_hooks(record, sync) -> None:
     """Installed by `tpu_backend.fused` while fused mode is on (None, None: eager)."""
@@ -87,7 +93,10 @@ def apply(key, fn, *inputs):
     """`fn(*inputs)` now, or recorded as a fused-graph node keyed by `key` in fused mode."""
     if _record is not None:
         return _record(key, fn, list(inputs))
-    return fn(*inputs)
+    out = fn(*inputs)
+    if SYNC_EACH_COMPUTATION:
+        jax.block_until_ready(out)
+    return out
 
 
 def concrete(array):
@@ -330,7 +339,14 @@ def resize_payload(t: torch.Tensor, numel: int) -> None:
 
 
 def to_numpy(array: jax.Array) -> np.ndarray:
-    return np.asarray(jax.device_get(concrete(array)))
+    array = concrete(array)
+    if not array.is_fully_addressable:  # sharded over several processes (tpu_backend.distributed)
+        if array.is_fully_replicated:
+            return np.asarray(array.addressable_data(0))
+        from jax.experimental import multihost_utils  # a collective: every process must read it
+
+        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    return np.asarray(jax.device_get(array))
 
 
 def numpy_to_torch(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -35,7 +35,9 @@ def is_array(value) -> bool:
 
 def _describe(value) -> tuple:
     if is_array(value):
-        return ("array", value.shape, value.dtype, getattr(value, "weak_type", False))
+        # The sharding too: an executable is compiled for its inputs' device placement
+        # (the same step on one device and on a mesh needs two; tpu_backend.distributed).
+        return ("array", value.shape, value.dtype, getattr(value, "weak_type", False), getattr(value, "sharding", None))
     return ("static", type(value), value)  # 1 and 1.0 and True hash alike: keep the type
 
 
