@@ -32,6 +32,12 @@ class QuantParams:
     scale: np.ndarray
     zero_point: np.ndarray
     axis: int = 0
+    # Blockwise (weights only): `scale` is (rows, cols / block_size) float16, one scale per
+    # block of `block_size` consecutive elements along the last axis; the writer stores it
+    # as a constant tensor referenced by BlockwiseQuantization.
+    block_size: int = 0
+    # int4 weights: `data` holds int8 values in [-8, 7], written packed two per byte as INT4.
+    int4: bool = False
 
 
 @dataclass(eq=False)
@@ -80,6 +86,7 @@ class Op:
     outputs: list[Tensor]
     options: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
+    module: str | None = None  # the nn.Module path that produced it ("layer1.0.conv1"), if known
 
     def __repr__(self) -> str:
         ins = ", ".join("-" if t is None else f"%{t.name}" for t in self.inputs)

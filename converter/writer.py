@@ -306,12 +306,46 @@ def _build_options(op: ir.Op, where: str) -> tuple[int, Any]:
 # ---- model assembly ---------------------------------------------------------------------------
 
 
+_SHARED_VECTORS: dict[int, dict] = {}  # id(builder) -> {(dtype, bytes): vector offset}, during one pack
+
+
+class _SharedQuantizationT(schema.QuantizationParametersT):
+    """Quantization parameters whose scale and zero-point vectors are written once per
+    distinct content and shared by offset (flatbuffers allow it). Per-channel weights
+    repeat all-zero int64 zero points, 8 bytes per channel: as much as a 3x3 depthwise
+    filter's int8 weights, about 5% of an int8 MobileNetV2 if each tensor had its own."""
+
+    def Pack(self, builder):  # noqa: N802 (schema naming)
+        shared = _SHARED_VECTORS.setdefault(id(builder), {})  # emptied by _finish
+
+        def vector(values):
+            values = np.ascontiguousarray(values)
+            key = (values.dtype.str, values.tobytes())
+            if key not in shared:
+                shared[key] = builder.CreateNumpyVector(values)
+            return shared[key]
+
+        scale = vector(np.asarray(self.scale, np.float32)) if self.scale is not None else None
+        zero_point = vector(np.asarray(self.zeroPoint, np.int64)) if self.zeroPoint is not None else None
+        details = self.details.Pack(builder) if self.details is not None else None
+        schema.QuantizationParametersStart(builder)
+        if scale is not None:
+            schema.QuantizationParametersAddScale(builder, scale)
+        if zero_point is not None:
+            schema.QuantizationParametersAddZeroPoint(builder, zero_point)
+        schema.QuantizationParametersAddDetailsType(builder, self.detailsType)
+        if details is not None:
+            schema.QuantizationParametersAddDetails(builder, details)
+        schema.QuantizationParametersAddQuantizedDimension(builder, self.quantizedDimension)
+        return schema.QuantizationParametersEnd(builder)
+
+
 def _quantization(q: ir.QuantParams | None, scales_index=None) -> schema.QuantizationParametersT | None:
     """The tensor's quantization table. Blockwise weights carry no scale/zeroPoint of their
     own: `BlockwiseQuantization` points at a float16 scales tensor (`scales_index`)."""
     if q is None:
         return None
-    out = schema.QuantizationParametersT()
+    out = _SharedQuantizationT()
     if q.block_size:
         details = schema.BlockwiseQuantizationT()
         details.scales, details.zeroPoints, details.blockSize = scales_index, -1, int(q.block_size)
@@ -435,7 +469,10 @@ def _finish(model_t: schema.ModelT, size_hint: int) -> memoryview:
     to front, so the file is its tail). No copy: a model with weights inside the flatbuffer
     holds them once here, not twice."""
     builder = flatbuffers.Builder(max(1024, size_hint))
-    builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
+    try:
+        builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
+    finally:
+        _SHARED_VECTORS.pop(id(builder), None)
     return memoryview(builder.Bytes)[builder.Head():].toreadonly()
 
 

@@ -1,0 +1,274 @@
+"""Quantized export on the model zoo: size, accuracy and LiteRT latency per scheme, ours vs the anchor.
+
+For each zoo model and scheme (`litert_torch.quantize`), converts with our converter and,
+with `--anchor-python`, with litert-torch 0.10.0 + ai-edge-quantizer (`anchor_quantize.py`),
+then measures both files in this process:
+
+| column | meaning |
+| --- | --- |
+| size x | file size / our float32 file size (target for int8 schemes: <= 0.27) |
+| max err, mean err | over `--samples` seeded random inputs: max and mean of abs(quantized - torch float), divided by max abs(torch) per input |
+| top-1 | classifiers (2-D logits): share of inputs where the argmax agrees with PyTorch (target for int8: >= 97%) |
+| ms | median latency, 1 thread, XNNPACK (the interpreter's default); ours and the anchor's runs interleaved |
+| lat x | ours / anchor (target <= 1.05) |
+| float io | whether the file takes float inputs; integer-I/O files are fed quantized inputs and their outputs dequantized |
+
+    .venv/bin/python benchmarks/quant_bench.py                                       # default models, all schemes
+    .venv/bin/python benchmarks/quant_bench.py --models resnet18 --schemes full_int8 --samples 50
+    .venv/bin/python benchmarks/quant_bench.py --anchor-python /tmp/anchor-venv/bin/python --json /tmp/quant.json
+
+Calibration (full_int8, int16x8): `--calibration` seeded samples, different from the
+evaluation inputs, the same for both converters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from anchor_quantize import calibration_inputs  # noqa: E402
+from litert_measure import LoadedModel  # noqa: E402
+from zoo_loader import load_zoo  # noqa: E402
+
+import litert_torch  # noqa: E402
+from litert_torch import quantize  # noqa: E402
+
+DEFAULT_MODELS = ["mlp_mixer", "hf_vit", "hf_bert", "hf_gpt2", "mobilenet_v2", "efficientnet_b0", "resnet18"]
+SCHEMES = {
+    "dynamic_int8": quantize.dynamic_int8,
+    "weight_only_int8": quantize.weight_only_int8,
+    "weight_only_int4": lambda: quantize.weight_only_int4(32),
+    "float16": quantize.float16,
+    "full_int8": quantize.full_int8,
+    "int16x8": quantize.int16x8,
+}
+INT8_SCHEMES = ("dynamic_int8", "weight_only_int8", "full_int8")
+
+
+def eval_inputs(zoo, name: str, count: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    entry = zoo.ZOO[name]
+    out = []
+    for i in range(count):
+        generator = torch.Generator().manual_seed(seed * 7919 + i)
+        if entry.make_inputs is not None:
+            out.append(tuple(entry.make_inputs(generator)))
+        else:
+            out.append(tuple(torch.randn(shape, generator=generator) for shape in entry.inputs))
+    return out
+
+
+def _quant_params(detail) -> tuple[float, int]:
+    scale, zero = detail["quantization"]
+    return float(scale), int(zero)
+
+
+def feed(model: LoadedModel, sample) -> list[np.ndarray]:
+    """Inputs for `model`: float as is; integer-quantized inputs are quantized with the
+    file's own parameters (token ids stay ids)."""
+    arrays = []
+    for detail, x in zip(model.inputs, sample):
+        x = x.numpy()
+        scale, zero = _quant_params(detail)
+        if scale and np.dtype(detail["dtype"]) != x.dtype and np.issubdtype(x.dtype, np.floating):
+            info = np.iinfo(detail["dtype"])
+            x = np.clip(np.round(x / scale) + zero, info.min, info.max)
+        arrays.append(x.astype(detail["dtype"]))
+    return arrays
+
+
+def outputs_as_float(model: LoadedModel, outputs) -> list[np.ndarray]:
+    result = []
+    for detail, y in zip(model.outputs, outputs):
+        scale, zero = _quant_params(detail)
+        result.append((y.astype(np.float64) - zero) * scale if scale else y.astype(np.float64))
+    return result
+
+
+def accuracy(model: LoadedModel, samples, references) -> dict:
+    max_err, mean_errs, agree, classifier = 0.0, [], 0, True
+    for sample, expected in zip(samples, references):
+        actual = outputs_as_float(model, model.run(feed(model, sample)))[0]
+        scale = max(float(np.abs(expected).max()), 1e-12)
+        diff = np.abs(actual.reshape(expected.shape) - expected) / scale
+        max_err = max(max_err, float(diff.max()))
+        mean_errs.append(float(diff.mean()))
+        classifier = expected.ndim == 2
+        if classifier:
+            agree += int(np.argmax(actual.reshape(expected.shape), -1)[0] == np.argmax(expected, -1)[0])
+    return {"max_err": max_err, "mean_err": float(np.mean(mean_errs)),
+            "top1": agree / len(samples) if classifier else None}
+
+
+def run_anchor(python: str, models, schemes, out_dir: Path, calibration: int) -> dict:
+    cmd = [python, str(Path(__file__).with_name("anchor_quantize.py")), "--out-dir", str(out_dir),
+           "--schemes", ",".join(schemes), "--calibration", str(calibration), *models]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            results[(record["model"], record["scheme"])] = record
+    if not results:
+        print(f"anchor failed: {proc.stderr[-2000:]}", file=sys.stderr)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    parser.add_argument("--schemes", default=",".join(SCHEMES))
+    parser.add_argument("--samples", type=int, default=200, help="evaluation inputs per model")
+    parser.add_argument("--int16-samples", type=int, default=20,
+                        help="evaluation inputs for int16x8, which runs on LiteRT's slow reference kernels")
+    parser.add_argument("--calibration", type=int, default=16, help="calibration samples (full_int8, int16x8)")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--anchor-python", default=None)
+    parser.add_argument("--anchor-dir", type=Path, default=None,
+                        help="reuse <model>.<scheme>.anchor.tflite files an earlier run kept (--keep) instead of re-running the anchor")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the .tflite files here")
+    options = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    models, schemes = options.models.split(","), options.schemes.split(",")
+    out_dir = options.keep or Path(tempfile.mkdtemp(prefix="quant_bench_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    zoo = load_zoo()
+
+    anchor = {}
+    if options.anchor_dir:
+        for name in models:
+            for scheme in schemes:
+                path = options.anchor_dir / f"{name}.{scheme}.anchor.tflite"
+                anchor[(name, scheme)] = ({"ok": True, "tflite": str(path)} if path.exists()
+                                          else {"ok": False, "error": "no anchor file (its quantizer failed)"})
+    elif options.anchor_python:
+        start = time.perf_counter()
+        anchor = run_anchor(options.anchor_python, models, schemes, out_dir, options.calibration)
+        print(f"anchor: {len(anchor)} results in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+    rows = []
+    for name in models:
+        model, args = zoo.build(name)
+        samples = eval_inputs(zoo, name, options.samples, seed=1)
+        with torch.no_grad():
+            references = [np.asarray(_first_output(model(*s)), np.float64) for s in samples]
+        float_size = len(litert_torch.convert(model, args).model_content())
+        calibration = calibration_inputs(zoo, name, options.calibration, 0)
+        for scheme in schemes:
+            row = {"model": name, "scheme": scheme, "float_bytes": float_size}
+            count = options.int16_samples if scheme == "int16x8" else len(samples)
+            row["samples"] = count
+            try:
+                start = time.perf_counter()
+                edge = litert_torch.convert(model, args, quant_config=SCHEMES[scheme](),
+                                            calibration_data=calibration if scheme in ("full_int8", "int16x8") else None)
+                row["convert_s"] = time.perf_counter() - start
+                content = edge.model_content()
+                (out_dir / f"{name}.{scheme}.tflite").write_bytes(content)
+                ours = LoadedModel(content)
+                row.update(bytes=len(content), size_x=len(content) / float_size,
+                           float_io=_float_io(ours), **accuracy(ours, samples[:count], references[:count]))
+            except Exception as error:  # noqa: BLE001  (report and go on)
+                row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                continue
+            theirs = None
+            record = anchor.get((name, scheme))
+            if record and record.get("ok"):
+                try:
+                    theirs = LoadedModel(Path(record["tflite"]).read_bytes())
+                    a = accuracy(theirs, samples[:count], references[:count])
+                    row.update(anchor_bytes=len(theirs.content), anchor_size_x=len(theirs.content) / float_size,
+                               anchor_max_err=a["max_err"], anchor_mean_err=a["mean_err"], anchor_top1=a["top1"],
+                               anchor_float_io=_float_io(theirs))
+                except Exception as error:  # noqa: BLE001
+                    row["anchor_error"] = f"runs: {type(error).__name__}: {error}".splitlines()[0][:200]
+                    theirs = None
+            elif record:
+                row["anchor_error"] = record.get("error", "")[:200]
+            pair = [ours] + ([theirs] if theirs is not None else [])
+            latencies = _latencies(pair, samples[0], options.runs)
+            row["ms"] = latencies[0] * 1e3
+            if theirs is not None:
+                row["anchor_ms"] = latencies[1] * 1e3
+                row["lat_x"] = latencies[0] / latencies[1]
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            if options.json:  # after every row: a crash in one model keeps the others
+                _write_json(options, rows)
+    _print_table(rows)
+    if options.json:
+        _write_json(options, rows)
+
+
+def _write_json(options, rows) -> None:
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()}
+    options.json.write_text(json.dumps({"rows": rows, "settings": settings}, indent=1, default=str))
+
+
+def _float_io(model: LoadedModel) -> bool:
+    """True unless an input or output is an integer-quantized tensor (token ids do not count)."""
+    return not any(_quant_params(d)[0] for d in model.inputs + model.outputs)
+
+
+def _first_output(out):
+    leaves, _ = torch.utils._pytree.tree_flatten(out)
+    return leaves[0].detach().float().numpy()
+
+
+def _latencies(models: list[LoadedModel], sample, runs: int) -> list[float]:
+    """Median seconds per invoke; each model gets inputs in its own I/O type. Models take
+    turns in blocks of 5 invokes (ABBA order): switching models on every invoke made the
+    first of each pair up to 9x slower here (caches), blocks keep the comparison fair."""
+    import statistics
+
+    for m in models:
+        m.set_inputs(feed(m, sample))
+        m.interpreter.invoke()
+    times = [[] for _ in models]
+    for i in range(max(1, runs // 5)):
+        order = range(len(models)) if i % 2 == 0 else reversed(range(len(models)))
+        for k in order:
+            models[k].set_inputs(feed(models[k], sample))
+            models[k].interpreter.invoke()  # re-warm after the other model ran
+            times[k] += [models[k].invoke_seconds() for _ in range(5)]
+    return [statistics.median(t) for t in times]
+
+
+def _print_table(rows) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="quantized export: ours vs litert-torch 0.10.0 + ai-edge-quantizer")
+    for col in ("model", "scheme", "size x", "max err", "mean err", "top-1", "ms", "float io",
+                "anchor size x", "anchor max err", "anchor top-1", "anchor ms", "lat x", "note"):
+        table.add_column(col)
+
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    for r in rows:
+        table.add_row(r["model"], r["scheme"], f(r.get("size_x"), ".3f"), f(r.get("max_err"), ".4f"),
+                      f(r.get("mean_err"), ".5f"), f(r.get("top1"), ".1%"), f(r.get("ms"), ".2f"),
+                      str(r.get("float_io", "-")), f(r.get("anchor_size_x"), ".3f"), f(r.get("anchor_max_err"), ".4f"),
+                      f(r.get("anchor_top1"), ".1%"), f(r.get("anchor_ms"), ".2f"), f(r.get("lat_x"), ".2f"),
+                      (r.get("error") or r.get("anchor_error")
+                       or ("anchor: integer I/O only" if r.get("anchor_float_io") is False else ""))[:60])
+    Console(width=240).print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Quantization of converted models (the `quant_config=` of `litert_torch.convert`).
+
+`validate_config(config, calibration_data, specs)` runs BEFORE any conversion work and
+raises a clear error for a bad scheme, block size, I/O type, keep_float name or
+calibration set; it returns the config holding the checked calibration samples.
+`quantize(model, config, calibration_data)` rewrites the converted float IR:
+
+| scheme | module |
+| --- | --- |
+| dynamic_int8, weight_only_int8, weight_only_int4, float16 | `weights.py` |
+| full_int8, int16x8 (calibrated) | `calibrate.py` (ranges) + `full_integer.py` |
+| pt2e (torch.ao quantize/dequantize pairs) | `qdq.py` + `full_integer.py` |
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from converter import ir
+from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, QuantConfig
+
+__all__ = ["QuantConfig", "validate_config", "quantize", "SCHEMES"]
+
+_IO_FOR = {"full_int8": ("float", "int8", "uint8"), "int16x8": ("float", "int16"), "pt2e": ("float", "int8")}
+
+
+def _as_config(config) -> QuantConfig:
+    if isinstance(config, QuantConfig):
+        return config
+    if isinstance(config, str) and config in SCHEMES:
+        return QuantConfig(config)
+    raise TypeError(
+        f"quant_config must be a litert_torch.quantize config, e.g. quantize.dynamic_int8() or "
+        f"quantize.full_int8(); got {config!r}. Schemes: {', '.join(SCHEMES)}")
+
+
+def validate_config(config, calibration_data, specs) -> QuantConfig:
+    """Check `config` and `calibration_data` against the signatures; returns the config
+    with `samples` = {signature name: [tuple of numpy arrays]}. Raises ValueError/TypeError."""
+    from converter.quantize.select import check_keep_float
+
+    config = _as_config(config)
+    if config.scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization scheme {config.scheme!r}; one of {', '.join(SCHEMES)}")
+    if config.scheme == "weight_only_int4":
+        _check_block_size(config, specs)
+    allowed_io = _IO_FOR.get(config.scheme, ("float",))
+    if config.io not in allowed_io:
+        raise ValueError(f"io={config.io!r} is not available for {config.scheme}; choose one of {list(allowed_io)}"
+                         + ("" if config.io in IO_TYPES else f" (model I/O types: {list(IO_TYPES)})"))
+    check_keep_float(config.keep_float, [s.module for s in specs])
+    samples = None
+    if config.scheme in CALIBRATED:
+        if calibration_data is None:
+            raise ValueError(
+                f"{config.scheme} needs calibration_data=: an iterable of sample-args tuples shaped like "
+                f"sample_args (a few dozen representative inputs), e.g. "
+                f"calibration_data=[(torch.randn(1, 3, 224, 224),) for _ in range(32)]")
+        samples = _check_calibration(calibration_data, specs)
+    elif calibration_data is not None:
+        warnings.warn(f"calibration_data is ignored by {config.scheme} (only {', '.join(CALIBRATED)} calibrate)",
+                      stacklevel=3)
+    return QuantConfig(config.scheme, tuple(config.keep_float), config.block_size, config.io, samples)
+
+
+def _check_block_size(config: QuantConfig, specs) -> None:
+    from converter.quantize.select import keeps_float
+
+    b = config.block_size
+    if not isinstance(b, int) or isinstance(b, bool) or b <= 0 or b % 32:
+        raise ValueError(f"weight_only_int4: block_size={b!r} must be a positive multiple of 32 "
+                         f"(XNNPACK's blockwise int4 kernels need it), e.g. 32, 64 or 128")
+    for spec in specs:
+        for name, module in spec.module.named_modules():
+            if isinstance(module, torch.nn.Linear) and module.in_features % b:
+                probe = ir.Op("FULLY_CONNECTED", [], [], module=name)
+                if keeps_float(probe, config.keep_float):
+                    continue
+                raise ValueError(
+                    f"weight_only_int4: block_size={b} does not divide the {module.in_features} input "
+                    f"features of layer {name!r} ({module}); choose a block size that divides every "
+                    f"Linear's in_features, or keep_float=[{name!r}]")
+
+
+def _sample_tuple(sample, where: str) -> tuple:
+    if isinstance(sample, (torch.Tensor, np.ndarray)):
+        return (sample,)
+    if isinstance(sample, list):
+        sample = tuple(sample)
+    if not isinstance(sample, tuple):
+        raise TypeError(f"{where} is a {type(sample).__name__}; each calibration sample must be a tuple of "
+                        f"positional inputs like sample_args (or one tensor)")
+    return sample
+
+
+def _check_calibration(calibration_data, specs) -> dict[str, list[tuple]]:
+    if isinstance(calibration_data, dict):
+        missing = [s.name for s in specs if s.name not in calibration_data]
+        unknown = [k for k in calibration_data if k not in {s.name for s in specs}]
+        if missing or unknown:
+            raise ValueError(f"calibration_data by signature: missing {missing}, unknown {unknown}; "
+                             f"give one iterable of samples per signature {[s.name for s in specs]}")
+        per_spec = {s.name: calibration_data[s.name] for s in specs}
+    elif len(specs) == 1:
+        per_spec = {specs[0].name: calibration_data}
+    else:
+        raise TypeError(f"with several signatures, calibration_data must be a dict "
+                        f"{{signature name: iterable of samples}} for {[s.name for s in specs]}")
+    if isinstance(calibration_data, (torch.Tensor, np.ndarray)):
+        raise TypeError("calibration_data is one tensor; pass an iterable of samples, "
+                        "e.g. [(x,) for x in batch.split(1)]")
+    out = {}
+    for spec in specs:
+        if spec.sample_kwargs:
+            raise ValueError(f"signature '{spec.name}' has keyword inputs; calibration passes inputs "
+                             f"positionally: convert with every input in sample_args")
+        samples = []
+        for k, sample in enumerate(per_spec[spec.name]):
+            where = f"calibration sample {k}" + (f" of signature '{spec.name}'" if len(specs) > 1 else "")
+            sample = _sample_tuple(sample, where)
+            if len(sample) != len(spec.sample_args):
+                raise ValueError(f"{where} has {len(sample)} input(s); the model takes {len(spec.sample_args)} "
+                                 f"like sample_args")
+            samples.append(tuple(_check_input(x, ref, f"{where}, input {i}", spec.dynamic_shapes is not None)
+                                 for i, (x, ref) in enumerate(zip(sample, spec.sample_args))))
+        if not samples:
+            raise ValueError(f"calibration_data for '{spec.name}' is empty; give at least one sample "
+                             f"(a few dozen representative inputs work well)")
+        out[spec.name] = samples
+    return out
+
+
+def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        dtype = x.dtype
+        array = (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+    elif isinstance(x, np.ndarray):
+        array, dtype = x, None
+    else:
+        raise TypeError(f"{where} is a {type(x).__name__}; expected a tensor")
+    if isinstance(ref, torch.Tensor):
+        want = tuple(ref.shape)
+        ref_np = torch.empty(0, dtype=ref.dtype).numpy().dtype if ref.dtype != torch.bfloat16 else np.float32
+        if (dtype is not None and dtype != ref.dtype) or (dtype is None and array.dtype != ref_np):
+            raise TypeError(f"{where} has dtype {dtype or array.dtype}; sample_args has {ref.dtype}")
+        if len(array.shape) != len(want) or (not dynamic and tuple(array.shape) != want):
+            raise ValueError(f"{where} has shape {tuple(array.shape)}; sample_args has {want}"
+                             + ("" if dynamic else " (declare dynamic_shapes= to calibrate other sizes)"))
+    return np.ascontiguousarray(array)
+
+
+def quantize(model: ir.Model, config: QuantConfig, calibration_data=None) -> ir.Model:
+    """Apply `config` to the converted float `model` (in place); returns it."""
+    from converter.quantize import full_integer, qdq, weights
+
+    config = _as_config(config)
+    if config.scheme in ("dynamic_int8", "weight_only_int8", "weight_only_int4", "float16"):
+        for graph in model.graphs:
+            weights.quantize_weights(graph, config.scheme, config.keep_float, config.block_size)
+        return model
+    fixed = {g.name: qdq.absorb_qdq(g) for g in model.graphs}  # a torch.ao model's own parameters
+    activations = "int16" if config.scheme == "int16x8" else "int8"
+    ranges = {g.name: {} for g in model.graphs}
+    if config.scheme in CALIBRATED:
+        from converter.quantize.calibrate import collect_ranges
+
+        samples = config.samples
+        if samples is None:
+            raise ValueError("quantize(): the config holds no calibration samples; it must come from "
+                             "validate_config (litert_torch.convert(..., quant_config=, calibration_data=) does this)")
+        ranges = collect_ranges(model, samples)
+    for graph in model.graphs:
+        full_integer.quantize_graph(graph, ranges[graph.name], activations=activations, io=config.io,
+                                    keep_float=config.keep_float, fixed=fixed[graph.name])
+    return model
+

@@ -1,0 +1,72 @@
+"""Quantization schemes for `litert_torch.convert(..., quant_config=...)`.
+
+    from litert_torch import quantize
+    edge = litert_torch.convert(model, args, quant_config=quantize.dynamic_int8())
+    edge = litert_torch.convert(model, args, quant_config=quantize.full_int8(io="int8"),
+                                calibration_data=[(x,) for x in samples])
+
+Every scheme takes `keep_float=`: layer names (as `model.named_modules()` spells them,
+covering their children) and TFLite op types ("SOFTMAX", "CONV_2D") to keep in float32.
+Quantized models are called with float inputs unless integer I/O was asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from converter.quantize.config import SCHEMES, QuantConfig
+
+__all__ = ["QuantConfig", "SCHEMES", "dynamic_int8", "weight_only_int8", "weight_only_int4", "float16",
+           "full_int8", "int16x8", "pt2e"]
+
+
+def _names(keep_float: Iterable[str] | str | None) -> tuple[str, ...]:
+    if keep_float is None:
+        return ()
+    if isinstance(keep_float, str):
+        return (keep_float,)
+    return tuple(keep_float)
+
+
+def dynamic_int8(*, keep_float=None) -> QuantConfig:
+    """int8 per-channel weights, float activations quantized on the fly by LiteRT's hybrid
+    kernels (FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D). About 4x smaller; no calibration."""
+    return QuantConfig("dynamic_int8", _names(keep_float))
+
+
+def weight_only_int8(*, keep_float=None) -> QuantConfig:
+    """int8 per-channel weights dequantized to float when the model loads; float compute.
+    About 4x smaller, float accuracy of activations."""
+    return QuantConfig("weight_only_int8", _names(keep_float))
+
+
+def weight_only_int4(block_size: int = 32, *, keep_float=None) -> QuantConfig:
+    """int4 weights in blocks of `block_size` inputs (a multiple of 32, dividing every
+    Linear's in_features) with float16 scales, in FULLY_CONNECTED; other weights int8."""
+    return QuantConfig("weight_only_int4", _names(keep_float), block_size=block_size)
+
+
+def float16(*, keep_float=None) -> QuantConfig:
+    """float16 weights dequantized to float32 when the model loads: 2x smaller."""
+    return QuantConfig("float16", _names(keep_float))
+
+
+def full_int8(io: str = "float", *, keep_float=None) -> QuantConfig:
+    """Full-integer int8: calibrated per-tensor activations, per-channel weights, int32
+    biases. Needs `calibration_data=`. `io`: "float" (the model quantizes its inputs and
+    dequantizes its outputs), "int8" or "uint8" (microcontrollers, Edge TPU)."""
+    return QuantConfig("full_int8", _names(keep_float), io=io)
+
+
+def int16x8(io: str = "float", *, keep_float=None) -> QuantConfig:
+    """int16 activations, int8 weights, int64 biases: more accurate than int8 where the
+    ranges are wide. Needs `calibration_data=`; `io` is "float" or "int16".
+    (LiteRT runs it with its builtin kernels; XNNPACK has no int16x8.)"""
+    return QuantConfig("int16x8", _names(keep_float), io=io)
+
+
+def pt2e(io: str = "float", *, keep_float=None) -> QuantConfig:
+    """A torch.ao PT2E/QAT model (`convert_pt2e` output): its quantize/dequantize pairs
+    decide every parameter; nothing is re-quantized or calibrated. This is also what
+    `convert` does by itself when it finds such pairs and no quant_config is given."""
+    return QuantConfig("pt2e", _names(keep_float), io=io)
