@@ -198,6 +198,13 @@ def cmd_inspect(ns) -> int:
     if content[4:8] != b"TFL3":
         print(f"error: {path} is not a LiteRT/TFLite model (no TFL3 identifier)", file=sys.stderr)
         return EXIT_USAGE
+    from runtimes.verify import InvalidModelError, verify_model
+
+    try:
+        verify_model(content, path)  # bounds and indices, before anything follows an offset
+    except InvalidModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     info = inspect_model(content)
     console = Console(width=max(100, Console().width))
 
@@ -263,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("model", help="the .tflite file")
     insp.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
     insp.set_defaults(run=cmd_inspect)
+
+    from runtimes.commands import add_commands
+
+    add_commands(sub)  # check, bench
     return parser
 
 

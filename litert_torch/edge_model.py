@@ -48,14 +48,16 @@ class EdgeModel:
                  signature_name: str | None = None):
         # A converter.writer.ModelParts (the writer's pieces: a model with weights after
         # the flatbuffer is kept as views of those weights, joined only when needed).
-        pieces = list(getattr(model_content, "pieces", [model_content]))
+        from_writer = hasattr(model_content, "pieces")
+        pieces = list(model_content.pieces if from_writer else [model_content])
         head = pieces[0]
         if bytes(head[4:8]) != TFLITE_IDENTIFIER:
             raise ValueError("these bytes are not a LiteRT/TFLite model (no 'TFL3' file identifier)")
         # Offsets and indices are checked before the interpreter sees the bytes (some
         # malformed files crash it): raises runtimes.verify.InvalidModelError (a ValueError).
         verify_model(head, "this model", size=sum(len(p) for p in pieces))
-        self._pieces = [head if isinstance(head, (bytes, memoryview)) else bytes(head)] + pieces[1:]
+        # anything else is copied: a caller's bytearray could change after verification
+        self._pieces = [head if from_writer or isinstance(head, bytes) else bytes(head)] + pieces[1:]
         self._num_threads = num_threads
         self._runtime: LiteRTModel | None = None
         self.ir_model = None  # the converter's IR, when this model came from convert()

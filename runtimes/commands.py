@@ -26,6 +26,22 @@ def _console():
     return Console(width=max(150, Console().width))
 
 
+def _invalid_model(paths) -> str | None:
+    """The verification error of the first damaged .tflite among `paths` (runtimes/verify.py),
+    so a damaged file is a one-line error, never a traceback or an interpreter crash."""
+    from runtimes.verify import InvalidModelError, verify_model
+
+    for path in paths:
+        if path and os.path.isfile(path):
+            with open(path, "rb") as f:
+                content = f.read()
+            try:
+                verify_model(content, path)
+            except InvalidModelError as e:
+                return str(e)
+    return None
+
+
 def cmd_check(ns) -> int:
     from rich.table import Table
 
@@ -34,6 +50,9 @@ def cmd_check(ns) -> int:
     if not os.path.isfile(ns.model):
         print(f"error: no such file: {ns.model}", file=sys.stderr)
         return EXIT_USAGE
+    if (problem := _invalid_model([ns.model])) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_FAILED
     targets = list(PROFILES) if ns.target == "all" else [ns.target]
     reports = []
     for target in targets:
@@ -112,6 +131,9 @@ def cmd_bench(ns) -> int:
 
     console = _console()
     options = dict(runs=ns.runs, warmup=ns.warmup)
+    if (problem := _invalid_model(list(ns.models or []) + [ns.compare])) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_FAILED
     if ns.parse:
         with open(ns.parse) as f:
             results = [bench.parse_benchmark_model(f.read(), target=ns.target or "android")]
