@@ -8,6 +8,7 @@ examples about their model and data.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Callable, Iterable
@@ -81,3 +82,19 @@ def results_table(title: str, columns: list[str], rows: list[list]) -> Table:
     for row in rows:
         table.add_row(*[str(cell) for cell in row])
     return table
+
+
+def cli(doc: str, run: Callable, report: Callable, argv=None, *, choices: dict | None = None, **defaults) -> dict:
+    """An example's command line: one flag per keyword of `run` given in `defaults`
+    (`steps=300` -> `--steps 300`; a True default -> `--no-<name>`), then `report(run(...))`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    for name, default in defaults.items():
+        flag = name.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(f"--no-{flag}", dest=name, action="store_false", help=f"skip {flag}")
+        else:
+            parser.add_argument(f"--{flag}", type=type(default), default=default,
+                                choices=(choices or {}).get(name))
+    results = run(**vars(parser.parse_args(argv)))
+    report(results)
+    return results

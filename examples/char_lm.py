@@ -20,7 +20,6 @@ agree, and the time per generated token in LiteRT and in PyTorch (with its cache
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import console, mean_loss, results_table, train  # noqa: E402
+from _flow import cli, console, mean_loss, results_table, train  # noqa: E402
 
 from converter.pipeline import cpu_view  # noqa: E402
 from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate, reference_generate  # noqa: E402
@@ -100,28 +99,28 @@ def pytorch_ms_per_token(model: nn.Module, prompt: torch.Tensor, tokens: int) ->
     return (time.perf_counter() - start) / tokens * 1e3
 
 
-def run(model_name: str = "tinyllama", steps: int = 300, batch_size: int = 16, length: int = 64,
+def run(model: str = "tinyllama", steps: int = 300, batch_size: int = 16, length: int = 64,
         lr: float = 3e-3, new_tokens: int = 40, prompt: str = "Shall I compare thee", seed: int = 0) -> dict:
     text = open(TEXT_PATH, encoding="utf-8").read()
     tokenizer = CharTokenizer(text)
     data = tokenizer.encode(text)
     context = 128
     torch.manual_seed(seed)
-    model = build_model(model_name, len(tokenizer.chars), context).to("tpu")
-    losses = train(model, windows(data, steps=steps, batch_size=batch_size, length=length, seed=seed),
+    lm = build_model(model, len(tokenizer.chars), context).to("tpu")
+    losses = train(lm, windows(data, steps=steps, batch_size=batch_size, length=length, seed=seed),
                    NextTokenLoss(), lr=lr)
 
     start = time.perf_counter()
-    edge = export_generative(model, prefill_len=16, cache_len=context)
+    edge = export_generative(lm, prefill_len=16, cache_len=context)
     export_s = time.perf_counter() - start
     prompt_ids = tokenizer.encode(prompt)
     start = time.perf_counter()
     litert_ids = generate(edge, prompt_ids, new_tokens)
     litert_ms = (time.perf_counter() - start) / new_tokens * 1e3
-    reference = cpu_view(model).eval()
+    reference = cpu_view(lm).eval()
     torch_ids = reference_generate(reference, prompt_ids, new_tokens)
     return {
-        "model": model_name, "steps": steps, "loss_start_end": mean_loss(losses), "export_s": export_s,
+        "model": model, "steps": steps, "loss_start_end": mean_loss(losses), "export_s": export_s,
         "bytes": len(edge.model_content()), "prompt": prompt,
         "litert_text": tokenizer.decode(litert_ids), "pytorch_text": tokenizer.decode(torch_ids),
         "tokens_equal": int(np.sum(np.array(litert_ids) == np.array(torch_ids))), "new_tokens": new_tokens,
@@ -142,17 +141,8 @@ def report(results: dict) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=MODELS, default="tinyllama")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--new-tokens", type=int, default=40)
-    args = parser.parse_args(argv)
-    results = run(args.model, args.steps, args.batch_size, lr=args.lr, new_tokens=args.new_tokens)
-    report(results)
-    return results
-
+    return cli(__doc__, run, report, argv, choices={"model": MODELS},
+               model="tinyllama", steps=300, batch_size=16, lr=3e-3, new_tokens=40)
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Train a ResNet-style CNN on "tpu", ship it to LiteRT as float32 and full int8.
 
-    .venv/bin/python examples/digits_cnn.py             # 4 epochs (about a minute)
+    .venv/bin/python examples/digits_cnn.py             # 4 epochs (about a minute; --no-int8 skips int8)
     .venv/bin/python examples/digits_cnn.py --epochs 2  # the quick form (the quickstart)
 
 Data: scikit-learn's handwritten digits (1,797 8x8 images, shipped inside the package,
@@ -13,7 +13,6 @@ images; float inputs and outputs). Printed: accuracy, agreement with PyTorch, la
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import console, mean_loss, median_us, results_table, torch_cpu_latency_us, train  # noqa: E402
+from _flow import cli, console, mean_loss, median_us, results_table, torch_cpu_latency_us, train  # noqa: E402
 
 import litert_torch  # noqa: E402
 from litert_torch import quantize  # noqa: E402
@@ -137,16 +136,7 @@ def report(results: dict) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--no-int8", action="store_true", help="skip the full-integer model")
-    args = parser.parse_args(argv)
-    results = run(args.epochs, args.batch_size, args.lr, int8=not args.no_int8)
-    report(results)
-    return results
-
+    return cli(__doc__, run, report, argv, epochs=4, batch_size=64, lr=3e-3, int8=True)
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,6 @@ ceiling), the largest difference between the two models, latency and size.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import console, mean_loss, median_us, results_table, torch_cpu_latency_us, train  # noqa: E402
+from _flow import cli, console, mean_loss, median_us, results_table, torch_cpu_latency_us, train  # noqa: E402
 
 import litert_torch  # noqa: E402
 from runtimes.litert import max_relative_error  # noqa: E402
@@ -117,15 +116,7 @@ def report(results: dict) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=1e-2)
-    args = parser.parse_args(argv)
-    results = run(args.steps, args.batch_size, args.lr)
-    report(results)
-    return results
-
+    return cli(__doc__, run, report, argv, steps=400, batch_size=256, lr=1e-2)
 
 if __name__ == "__main__":
     main()
