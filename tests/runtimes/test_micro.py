@@ -46,10 +46,7 @@ def test_int8_ir_models_match_litert_exactly(build):
 @pytest.mark.parametrize("name", ["tcn", "espcn_x3", pytest.param("audio_m5", marks=pytest.mark.slow),
                                   pytest.param("wide_resnet16_4", marks=pytest.mark.slow)])
 def test_full_int8_zoo_models_match_litert_within_one_step(zoo_tflite, name):
-    try:
-        content = zoo_tflite(name, "full_int8")
-    except ImportError as e:  # the quantizer (converter.quantize) is not in this checkout
-        pytest.skip(f"full-int8 quantization unavailable: {e}")
+    content = zoo_tflite(name, "full_int8")
     assert check(content, "micro", quiet=True).ok
     inputs = _int8_inputs(content)
     [want] = LiteRTModel(content).run(inputs)

@@ -11,11 +11,10 @@ import textwrap
 
 import pytest
 import torch
+import transformers
 
 import tpu_backend
 from tpu_backend.integrations import when_imported
-
-transformers = pytest.importorskip("transformers")
 
 VOCAB = 96
 

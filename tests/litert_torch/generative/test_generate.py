@@ -24,7 +24,7 @@ def tiny_llama() -> TinyLlama:
 
 
 def hf_model(family: str):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
