@@ -44,6 +44,12 @@ def train(model: torch.nn.Module, batches: Iterable[tuple], loss_fn: Callable, *
     return losses
 
 
+def run_per_sample(edge, *inputs: torch.Tensor) -> np.ndarray:
+    """LiteRT outputs for a batch, one sample at a time (as an app calls the model),
+    concatenated along the batch axis."""
+    return np.concatenate([np.atleast_1d(edge(*(x[i:i + 1] for x in inputs))) for i in range(len(inputs[0]))])
+
+
 def mean_loss(losses: list[float], n: int = 5) -> tuple[float, float]:
     """(mean of the first n losses, mean of the last n): noise-robust start and end."""
     n = max(1, min(n, len(losses) // 2))

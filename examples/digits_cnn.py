@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import cli, console, mean_loss, median_us, results_table, torch_cpu_latency_us, train  # noqa: E402
+from _flow import (cli, console, mean_loss, median_us, results_table, run_per_sample,  # noqa: E402
+                   torch_cpu_latency_us, train)
 
 import litert_torch  # noqa: E402
 from litert_torch import quantize  # noqa: E402
@@ -80,11 +81,6 @@ def batches(x, y, *, epochs: int, batch_size: int, seed: int = 0):
             yield x[idx], y[idx]
 
 
-def litert_predictions(edge, images: torch.Tensor) -> np.ndarray:
-    """Class scores from LiteRT, one image at a time (as an app would call it)."""
-    return np.concatenate([edge(images[i:i + 1]) for i in range(len(images))])
-
-
 def run(epochs: int = 4, batch_size: int = 64, lr: float = 3e-3, int8: bool = True, seed: int = 0) -> dict:
     """Train, convert, evaluate; returns the figures the table shows."""
     torch.manual_seed(seed)
@@ -110,7 +106,7 @@ def run(epochs: int = 4, batch_size: int = 64, lr: float = 3e-3, int8: bool = Tr
         for name, edge in variants.items():
             path = edge.export(os.path.join(folder, f"digits_{name}.tflite"))
             edge = litert_torch.load(path)  # what the app ships
-            scores = litert_predictions(edge, x_test)
+            scores = run_per_sample(edge, x_test)
             results[name] = {
                 "accuracy": float((scores.argmax(1) == labels).mean()),
                 "agreement": float((scores.argmax(1) == torch_scores.argmax(1)).mean()),

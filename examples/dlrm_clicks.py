@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import cli, console, mean_loss, median_us, results_table, torch_cpu_latency_us, train  # noqa: E402
+from _flow import (cli, console, mean_loss, median_us, results_table, run_per_sample,  # noqa: E402
+                   torch_cpu_latency_us, train)
 
 import litert_torch  # noqa: E402
 from runtimes.litert import max_relative_error  # noqa: E402
@@ -93,7 +94,7 @@ def run(steps: int = 400, batch_size: int = 256, lr: float = 1e-2, seed: int = 0
         path = edge.export(os.path.join(folder, "dlrm.tflite"))
         size = os.path.getsize(path)
         edge = litert_torch.load(path)
-        litert_logits = np.concatenate([np.atleast_1d(edge(dense[i:i + 1], ids[i:i + 1])) for i in range(len(dense))])
+        litert_logits = run_per_sample(edge, dense, ids)
         litert_us = median_us(lambda: edge(*sample))
     labels = clicks.numpy()
     return {"loss_start_end": mean_loss(losses, 20), "steps": steps, "bytes": size,

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import cli, console, mean_loss, median_us, results_table, torch_cpu_latency_us, train  # noqa: E402
+from _flow import (cli, console, mean_loss, median_us, results_table, run_per_sample,  # noqa: E402
+                   torch_cpu_latency_us, train)
 
 import litert_torch  # noqa: E402
 from runtimes.litert import max_relative_error  # noqa: E402
@@ -95,7 +96,7 @@ def run(steps: int = 300, batch_size: int = 16, lr: float = 3e-3, seed: int = 0)
         path = edge.export(os.path.join(folder, "unet.tflite"))
         size = os.path.getsize(path)
         edge = litert_torch.load(path)
-        litert_logits = np.concatenate([edge(images[i:i + 1]) for i in range(len(images))])
+        litert_logits = run_per_sample(edge, images)
         litert_us = median_us(lambda: edge(*sample))
     truth = masks.numpy()
     results = {"loss_start_end": mean_loss(losses), "steps": steps, "bytes": size,
