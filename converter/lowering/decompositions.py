@@ -7,7 +7,6 @@ graph longer and slower. Every op in KEEP needs a lowering (converter/lowering/<
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -71,29 +70,3 @@ def _materialized_table() -> dict:
         table.pop(op, None)
     return dict(table.items())
 
-
-@contextlib.contextmanager
-def keep_ops_whole():
-    """While active, a post-dispatch trace (`torch.export` to ATen IR in one pass) keeps
-    KEEP's CompositeImplicitAutograd ops (linear, matmul, upsample_*, pixel_unshuffle,
-    _pad_circular...) whole instead of inlining their composite kernels, exactly as
-    `run_decompositions(decomposition_table())` does. Ops already in ATen IR need nothing.
-
-    Uses torch.export's own (private) override, the one run_decompositions applies; if
-    it is missing in a future torch, this is a no-op and KEEP ops arrive decomposed
-    (still convertible, only longer graphs)."""
-    try:
-        from torch._export.utils import _special_op_to_preserve_cia
-        from torch.export.exported_program import _override_composite_implicit_decomp
-    except ImportError:
-        yield
-        return
-    with _override_composite_implicit_decomp({op: _special_op_to_preserve_cia for op in _kept_composite_ops()}):
-        yield
-
-
-@functools.cache
-def _kept_composite_ops() -> tuple:
-    from torch._export.utils import _is_cia_op
-
-    return tuple(op for op in KEEP if _is_cia_op(op))

@@ -30,12 +30,6 @@ def per_channel_symmetric(w: np.ndarray, axis: int, bits: int = 8) -> tuple[np.n
     return q, scale.astype(np.float32)
 
 
-def per_tensor_symmetric(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
-    """(int8 values, scale): one symmetric scale for the whole tensor."""
-    scale = np.float32(max(float(np.max(np.abs(w))) if w.size else 0.0, _TINY) / 127)
-    return np.clip(np.round(w / scale), -127, 127).astype(np.int8), scale
-
-
 def blockwise_int4(w: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(int8 values in [-7, 7], float16 scales of shape (rows, cols / block_size)):
     symmetric int4 per block of `block_size` consecutive elements along the last axis of
