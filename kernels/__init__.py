@@ -9,10 +9,14 @@ One module per kernel, each with its plain-JAX (XLA) reference next to it:
 | `cross_entropy` | `cross_entropy` (fwd + bwd, chunked over the vocabulary) | `cross_entropy_reference` |
 | `decode_attention` | `decode_attention` (one token over a KV cache, per-sequence length) | `decode_attention_reference` |
 
-`tuning` holds every block size (per backend and shape); `torch_ops` wraps the kernels
-as `torch.ops.tpu_kernels.*` custom ops for the "tpu" device (`tpu_backend.kernels`
-decides when PyTorch calls use them). Every function takes `impl="pallas"` (compiled,
-TPU/GPU), `"interpret"` (Pallas interpreter, any backend) or `"reference"`.
+`tuning` holds every block size (frozen dataclasses, per backend and shape); `tpu` the
+chip table, the TPU block-layout rule and the per-program VMEM footprint, and
+`tpu.lowering_for(chip)` to lower for a TPU on a machine without one; `check_lowering`
+lowers every kernel over a grid of production shapes for a named chip. The package is
+pure JAX (no torch): `tpu_backend.kernel_ops` wraps the kernels as
+`torch.ops.tpu_kernels.*` custom ops and `tpu_backend.kernels` decides when PyTorch
+calls use them. Every function takes `impl="pallas"` (compiled by Mosaic for TPU),
+`"interpret"` (Pallas interpreter, any backend) or `"reference"`.
 
 The modules import Pallas (about 1.5 s), so import them directly, not through this package.
 """

@@ -2,7 +2,11 @@
 
 A kernel runs in one of three implementations, named by a string that is part of every
 cache key (so switching never reuses a stale compiled program):
-- "pallas": compiled by Pallas (Mosaic on TPU, Triton/Mosaic GPU on NVIDIA GPUs);
+- "pallas": compiled by Pallas's Mosaic TPU backend (on a TPU, or for a named chip
+  inside `kernels.tpu.lowering_for`, e.g. to export for TPU from a CPU machine). The
+  kernels tile keys and vocabularies over sequential ("arbitrary") grid axes with VMEM
+  scratch accumulators, a TPU pipeline that GPU Pallas backends do not offer: on a GPU
+  the kernels run as "reference" or "interpret";
 - "interpret": the same kernel body run by Pallas's interpreter (any backend, CPU
   included: how the kernels are tested here);
 - "reference": the plain JAX (XLA) implementation next to each kernel.
@@ -14,13 +18,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernels import tpu
+
 IMPLEMENTATIONS = ("pallas", "interpret", "reference")
 
 
 def accelerator() -> str | None:
-    """"tpu" or "gpu" when JAX's default backend is one, else None (CPU)."""
-    backend = jax.default_backend()
-    return backend if backend in ("tpu", "gpu") else None
+    """"tpu" when the kernels compile for a TPU (JAX's backend is one, or inside
+    `kernels.tpu.lowering_for`), else None."""
+    if tpu.target_chip() is not None or jax.default_backend() == "tpu":
+        return "tpu"
+    return None
 
 
 def check_implementation(impl: str) -> str:
@@ -28,14 +36,14 @@ def check_implementation(impl: str) -> str:
         raise ValueError(f"kernel implementation {impl!r} is not one of {', '.join(IMPLEMENTATIONS)}")
     if impl == "pallas" and accelerator() is None:
         raise ValueError(
-            "compiled Pallas kernels need a TPU or GPU JAX backend (this one is "
-            f"{jax.default_backend()!r}); use impl='interpret' or 'reference'"
+            "compiled Pallas kernels need a TPU JAX backend or `kernels.tpu.lowering_for(chip)` "
+            f"(this backend is {jax.default_backend()!r}); use impl='interpret' or 'reference'"
         )
     return impl
 
 
 def default_implementation() -> str:
-    """Compiled Pallas on an accelerator, the interpreter on CPU."""
+    """Compiled Pallas on a TPU, the interpreter elsewhere."""
     return "pallas" if accelerator() else "interpret"
 
 
@@ -75,6 +83,26 @@ def dot_nt(a, b):
 def dot_nn(a, b):
     """a @ b, accumulated in float32."""
     return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def pallas_options(impl: str, *semantics: str) -> dict:
+    """`pallas_call` keywords for an implementation: the interpreter flag, or Mosaic's
+    grid semantics ("parallel" axes may be split across cores, "arbitrary" ones run in order)."""
+    if impl == "interpret":
+        return {"interpret": True}
+    return {"compiler_params": tpu.compiler_params(*semantics)}
+
+
+def cost(flops: float, transcendentals: float, bytes_accessed: float):
+    """A `pl.CostEstimate` (lets XLA schedule around the custom call)."""
+    from jax.experimental import pallas as pl
+
+    return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals), bytes_accessed=int(bytes_accessed))
+
+
+def nbytes(*arrays) -> int:
+    """Total bytes of arrays or ShapeDtypeStructs (None entries skipped)."""
+    return sum(int(a.size) * jnp.dtype(a.dtype).itemsize for a in arrays if a is not None)
 
 
 def dot_tn(a, b):

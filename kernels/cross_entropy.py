@@ -3,9 +3,9 @@ kernels, chunked over the vocabulary, with its plain-JAX reference.
 
 logits (N, V), integer targets (N,), `ignore_index` rows contribute nothing.
 
-Forward: a 2-D grid over (row block, vocabulary chunk); each program writes its chunk's
-row max and sum of exponentials, and the (N, chunks) partials are merged outside into
-the logsumexp (N,). The target logit is a gather. Nothing of size (N, V) is written.
+Forward: a 2-D grid over (row block, vocabulary chunk), chunks sequential, keeping an
+online logsumexp per row in VMEM scratch; the target logit is a gather. Nothing of
+size (N, V) is written.
 Backward: the same grid writes d logits = (exp(logits - lse) - onehot(target)) * g per
 tile straight from the logits and the saved logsumexp: no log-softmax or probability
 matrix is ever stored (the decomposed path keeps a float32 (N, V) log-softmax alive from
@@ -15,14 +15,25 @@ edge tiles, masked inside the kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import tuning
-from kernels._common import cdiv, check_implementation, default_implementation, iota, tuning_backend
+from kernels import tpu, tuning
+from kernels._common import (
+    cdiv,
+    check_implementation,
+    cost,
+    default_implementation,
+    iota,
+    nbytes,
+    pallas_options,
+    tuning_backend,
+)
+from kernels.tuning import LANES
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -39,48 +50,88 @@ def cross_entropy_reference(logits, targets, ignore_index=-100):
 
 
 # --------------------------------------------------------------------------- kernels
+#
+# Forward grid (row block, vocabulary chunk), chunks innermost and sequential: an online
+# logsumexp (running max and sum, lane-replicated (block_rows, 128) VMEM scratch) so a
+# program holds one (block_rows, block_vocab) tile whatever the vocabulary. Per-row
+# vectors cross the kernel boundary lane-dense as (rows, 128) with the value repeated
+# over the lanes (a (rows,) array would need (rows,)-blocks that break TPU tiling).
 
 
-def _partials_kernel(x_ref, max_ref, sum_ref, *, vocab):
-    block_rows, block_vocab = x_ref.shape
+def _columns(block_vocab, vocab):
     columns = iota(block_vocab, pl.program_id(1) * block_vocab)
-    x = jnp.where((columns < vocab)[None, :], x_ref[...].astype(jnp.float32), -jnp.inf)
-    row_max = jnp.max(x, axis=1)
-    safe_max = jnp.where(row_max == -jnp.inf, 0.0, row_max)
-    max_ref[...] = row_max
-    sum_ref[...] = jnp.sum(jnp.exp(x - safe_max[:, None]), axis=1)
+    return columns, (columns < vocab)[None, :]
+
+
+def _lse_kernel(x_ref, lse_ref, m_ref, l_ref, *, vocab):
+    c = pl.program_id(1)
+
+    @pl.when(c == 0)
+    def _init():
+        m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+
+    _, in_vocab = _columns(x_ref.shape[1], vocab)
+    x = jnp.where(in_vocab, x_ref[...].astype(jnp.float32), -jnp.inf)
+    m_prev, l_prev = m_ref[...][:, :1], l_ref[...][:, :1]
+    m_new = jnp.maximum(m_prev, jnp.max(x, axis=1, keepdims=True))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    l_new = jnp.exp(m_prev - m_safe) * l_prev + jnp.sum(jnp.exp(x - m_safe), axis=1, keepdims=True)
+    m_ref[...] = jnp.broadcast_to(m_new, m_ref.shape)
+    l_ref[...] = jnp.broadcast_to(l_new, l_ref.shape)
+
+    @pl.when(c == pl.num_programs(1) - 1)
+    def _finish():
+        lse_ref[...] = m_ref[...] + jnp.log(l_ref[...])
 
 
 def _grad_kernel(x_ref, target_ref, lse_ref, scale_ref, dx_ref, *, vocab):
-    block_rows, block_vocab = x_ref.shape
-    columns = iota(block_vocab, pl.program_id(1) * block_vocab)
-    x = jnp.where((columns < vocab)[None, :], x_ref[...].astype(jnp.float32), -jnp.inf)
-    probs = jnp.exp(x - lse_ref[...][:, None])
-    one_hot = (columns[None, :] == target_ref[...][:, None]).astype(jnp.float32)
-    dx_ref[...] = ((probs - one_hot) * scale_ref[...][:, None]).astype(dx_ref.dtype)
+    columns, in_vocab = _columns(x_ref.shape[1], vocab)
+    x = jnp.where(in_vocab, x_ref[...].astype(jnp.float32), -jnp.inf)
+    probs = jnp.exp(x - lse_ref[...][:, :1])
+    one_hot = (columns[None, :] == target_ref[...][:, :1]).astype(jnp.float32)
+    dx_ref[...] = ((probs - one_hot) * scale_ref[...][:, :1]).astype(dx_ref.dtype)
+
+
+# --------------------------------------------------------------------------- pallas calls
+
+
+def cross_entropy_blocks(rows, vocab, dtype, config, backward=False) -> list:
+    """The blocks of the forward (or backward) pallas_call as `kernels.tpu` checks them."""
+    br, bv = config.blocks.block_rows, config.blocks.block_vocab
+    tile = tpu.Block("logits", (rows, vocab), (br, bv), dtype)
+    row = tpu.Block("logsumexp", (rows, LANES), (br, LANES), jnp.float32)
+    if not backward:
+        scratch = tpu.Block("max", (br, LANES), (br, LANES), jnp.float32, "scratch")
+        return [tile, dataclasses.replace(row, role="out"), scratch, dataclasses.replace(scratch, name="sum")]
+    return [
+        tile, dataclasses.replace(row, name="targets", dtype=jnp.int32), row, dataclasses.replace(row, name="scale"),
+        dataclasses.replace(tile, name="dlogits", role="out"),
+    ]
+
+
+def _lanes(vector):
+    """(rows,) -> (rows, 128), the value repeated over the lanes."""
+    return jnp.broadcast_to(vector[:, None], (vector.shape[0], LANES))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _forward(logits, targets, config):
-    ignore_index, impl, block_rows, block_vocab = config
     rows, vocab = logits.shape
-    chunks = cdiv(vocab, block_vocab)
-    partial_spec = pl.BlockSpec((None, block_rows), lambda i, c: (c, i))
-    partial_shape = jax.ShapeDtypeStruct((chunks, rows), jnp.float32)
-    maxes, sums = pl.pallas_call(
-        functools.partial(_partials_kernel, vocab=vocab),
-        out_shape=(partial_shape, partial_shape),
-        grid=(cdiv(rows, block_rows), chunks),
-        in_specs=[pl.BlockSpec((block_rows, block_vocab), lambda i, c: (i, c))],
-        out_specs=(partial_spec, partial_spec),
-        interpret=impl == "interpret",
+    br, bv = config.blocks.block_rows, config.blocks.block_vocab
+    tile, lse_block, *scratch = cross_entropy_blocks(rows, vocab, logits.dtype, config)
+    lse = pl.pallas_call(
+        functools.partial(_lse_kernel, vocab=vocab),
+        out_shape=jax.ShapeDtypeStruct(lse_block.array, jnp.float32),
+        grid=(cdiv(rows, br), cdiv(vocab, bv)),
+        in_specs=[pl.BlockSpec(tile.block, lambda i, c: (i, c))],
+        out_specs=pl.BlockSpec(lse_block.block, lambda i, c: (i, 0)),
+        scratch_shapes=[tpu.vmem_scratch(s.block, s.dtype) for s in scratch],
+        cost_estimate=cost(3 * logits.size, logits.size, nbytes(logits) + rows * LANES * 4),
         name="cross_entropy_forward",
-    )(logits)
-    row_max = jnp.max(maxes, axis=0)
-    safe_max = jnp.where(row_max == -jnp.inf, 0.0, row_max)
-    chunk_max = jnp.where(maxes == -jnp.inf, safe_max, maxes)
-    lse = safe_max + jnp.log(jnp.sum(sums * jnp.exp(chunk_max - safe_max), axis=0))
-    valid = targets != ignore_index
+        **pallas_options(config.impl, "parallel", "arbitrary"),
+    )(logits)[:, 0]
+    valid = targets != config.ignore_index
     safe_targets = jnp.where(valid, targets, 0).astype(jnp.int32)
     picked = jnp.take_along_axis(logits, safe_targets[:, None], axis=-1)[:, 0].astype(jnp.float32)
     return jnp.where(valid, lse - picked, 0.0), lse
@@ -88,44 +139,56 @@ def _forward(logits, targets, config):
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _backward(grad_losses, logits, targets, lse, config):
-    ignore_index, impl, block_rows, block_vocab = config
     rows, vocab = logits.shape
-    valid = targets != ignore_index
+    br, bv = config.blocks.block_rows, config.blocks.block_vocab
+    valid = targets != config.ignore_index
     scale = jnp.where(valid, grad_losses.astype(jnp.float32), 0.0)
-    row_spec = pl.BlockSpec((block_rows,), lambda i, c: (i,))
-    tile_spec = pl.BlockSpec((block_rows, block_vocab), lambda i, c: (i, c))
+    tile, *row_blocks, out = cross_entropy_blocks(rows, vocab, logits.dtype, config, backward=True)
+    tile_spec = pl.BlockSpec(tile.block, lambda i, c: (i, c))
+    row_spec = pl.BlockSpec(row_blocks[0].block, lambda i, c: (i, 0))
     return pl.pallas_call(
         functools.partial(_grad_kernel, vocab=vocab),
         out_shape=jax.ShapeDtypeStruct(logits.shape, logits.dtype),
-        grid=(cdiv(rows, block_rows), cdiv(vocab, block_vocab)),
+        grid=(cdiv(rows, br), cdiv(vocab, bv)),
         in_specs=[tile_spec, row_spec, row_spec, row_spec],
         out_specs=tile_spec,
-        interpret=impl == "interpret",
+        cost_estimate=cost(4 * logits.size, logits.size, 2 * nbytes(logits) + 3 * rows * LANES * 4),
         name="cross_entropy_backward",
-    )(logits, jnp.where(valid, targets, -1).astype(jnp.int32), lse, scale)
+        **pallas_options(config.impl, "parallel", "parallel"),
+    )(logits, _lanes(jnp.where(valid, targets, -1).astype(jnp.int32)), _lanes(lse), _lanes(scale))
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def resolve_config(logits, ignore_index=-100, impl=None, block_rows=None, block_vocab=None) -> tuple:
-    """The static part of a call: (ignore_index, impl, block_rows, block_vocab)."""
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyConfig:
+    """The static part of a call (hashable: jitted programs are keyed by it)."""
+
+    ignore_index: int
+    impl: str
+    blocks: tuning.CrossEntropyBlocks
+
+
+def resolve_config(logits, ignore_index=-100, impl=None, block_rows=None, block_vocab=None) -> CrossEntropyConfig:
+    """The static part of a call on (N, V) logits."""
     impl = check_implementation(impl or default_implementation())
     tuned = tuning.blocks("cross_entropy", tuning_backend(impl), *logits.shape)
-    return (int(ignore_index), impl, block_rows or tuned["block_rows"], block_vocab or tuned["block_vocab"])
+    blocks = tuning.with_explicit(tuned, block_rows=block_rows, block_vocab=block_vocab)
+    return CrossEntropyConfig(int(ignore_index), impl, blocks)
 
 
-def cross_entropy_forward(logits, targets, config):
+def cross_entropy_forward(logits, targets, config: CrossEntropyConfig):
     """(per-row loss (N,) float32, logsumexp (N,) float32) for a resolved config."""
-    if config[1] == "reference":
-        return cross_entropy_reference(logits, targets, config[0])
+    if config.impl == "reference":
+        return cross_entropy_reference(logits, targets, config.ignore_index)
     return _forward(logits, targets, config)
 
 
-def cross_entropy_backward(grad_losses, logits, targets, lse, config):
+def cross_entropy_backward(grad_losses, logits, targets, lse, config: CrossEntropyConfig):
     """d logits for the per-row loss gradient `grad_losses` (N,)."""
-    if config[1] == "reference":
-        _, vjp = jax.vjp(lambda x: cross_entropy_reference(x, targets, config[0])[0], logits)
+    if config.impl == "reference":
+        _, vjp = jax.vjp(lambda x: cross_entropy_reference(x, targets, config.ignore_index)[0], logits)
         return vjp(grad_losses.astype(jnp.float32))[0]
     return _backward(grad_losses, logits, targets, lse, config)
 

@@ -3,14 +3,17 @@ kernel, with its plain-JAX reference. Forward only: this is the serving path.
 
 q (B, H, D); k_cache, v_cache (B, Hkv, S, D) with H a multiple of Hkv; lengths (B,)
 int: sequence b attends to cache positions [0, lengths[b]). One program per
-(batch, KV head) handles the H/Hkv query heads that share it as one (group, D) tile, so
-grouped-query decoding reads each cached K/V block once; the loop stops after the
-block holding position lengths[b] - 1 (blocks past a sequence's length are never read).
+(batch, KV head, cache block) handles the H/Hkv query heads that share it as one
+(group, D) tile, so grouped-query decoding reads each cached K/V block once; cache blocks
+are a sequential grid axis with the online softmax in VMEM scratch (VMEM per program does
+not grow with the cache), and blocks past a sequence's length are neither fetched nor
+computed (the lengths are scalar-prefetched into the index maps).
 A sequence with length 0 gets zeros.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -19,19 +22,22 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import tuning
+from kernels import tpu, tuning
 from kernels._common import (
-    accelerator,
     cdiv,
     check_implementation,
+    cost,
     default_implementation,
     dot_nn,
     dot_nt,
     iota,
+    nbytes,
     pad_axis,
+    pallas_options,
     round_up,
     tuning_backend,
 )
+from kernels.tuning import LANES
 
 
 def decode_attention_reference(q, k_cache, v_cache, lengths, scale=None):
@@ -51,76 +57,112 @@ def decode_attention_reference(q, k_cache, v_cache, lengths, scale=None):
     return out.reshape(batch, heads, head_dim).astype(q.dtype)
 
 
-def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *, scale, block_k):
-    groups, head_dim = q_ref.shape
+def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale):
+    """Grid (batch, KV head, cache block), cache blocks innermost and sequential; the
+    lengths are scalar-prefetched (SMEM), so the index maps and this body know them."""
+    block_k = k_ref.shape[0]
+    j = pl.program_id(2)
     length = lengths_ref[pl.program_id(0)]
-    q = q_ref[...]
 
-    def step(j, carry):
-        m_prev, l_prev, acc = carry
-        start = pl.multiple_of(j * block_k, block_k)
-        k = k_ref[pl.ds(start, block_k), :]
-        v = v_ref[pl.ds(start, block_k), :]
-        s = dot_nt(q, k) * scale
-        s = jnp.where((iota(block_k, start) < length)[None, :], s, -jnp.inf)
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
+    @pl.when(j == 0)
+    def _init():
+        m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+    @pl.when(j * block_k < length)
+    def _step():
+        s = dot_nt(q_ref[...], k_ref[...]) * scale
+        s = jnp.where((iota(block_k, j * block_k) < length)[None, :], s, -jnp.inf)
+        m_prev, l_prev = m_ref[...][:, :1], l_ref[...][:, :1]
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         alpha = jnp.exp(m_prev - m_safe)
-        p = jnp.exp(s - m_safe[:, None])
-        return m_new, alpha * l_prev + jnp.sum(p, axis=1), alpha[:, None] * acc + dot_nn(p.astype(v.dtype), v)
+        p = jnp.exp(s - m_safe)
+        m_ref[...] = jnp.broadcast_to(m_new, m_ref.shape)
+        l_ref[...] = jnp.broadcast_to(alpha * l_prev + jnp.sum(p, axis=1, keepdims=True), l_ref.shape)
+        acc_ref[...] = alpha * acc_ref[...] + dot_nn(p.astype(v_ref.dtype), v_ref[...])
 
-    init = (
-        jnp.full((groups,), -jnp.inf, jnp.float32),
-        jnp.zeros((groups,), jnp.float32),
-        jnp.zeros((groups, head_dim), jnp.float32),
-    )
-    _, l, acc = lax.fori_loop(0, cdiv(length, block_k), step, init)
-    o_ref[...] = (acc / jnp.where(l == 0.0, 1.0, l)[:, None]).astype(o_ref.dtype)
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _finish():
+        l = l_ref[...][:, :1]
+        o_ref[...] = (acc_ref[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
 
 
-def _lengths_spec():
-    """Per-sequence lengths are scalars: SMEM on TPU, a whole small array elsewhere."""
-    if accelerator() == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-
-        return pl.BlockSpec(memory_space=pltpu.SMEM)
-    return pl.BlockSpec(memory_space=None)  # the whole array, unblocked
+def decode_blocks(q_shape, cache_shape, dtype, config) -> list:
+    """The blocks of the pallas_call as `kernels.tpu` checks them."""
+    batch, heads, head_dim = q_shape
+    kv_heads, seq = cache_shape[1], cache_shape[2]
+    groups, bk = heads // kv_heads, config.blocks.block_k
+    seq_pad = round_up(seq, bk)
+    query = tpu.Block("q", (batch, kv_heads, groups, head_dim), (None, None, groups, head_dim), dtype)
+    cache = tpu.Block("k_cache", (batch, kv_heads, seq_pad, head_dim), (None, None, bk, head_dim), dtype)
+    stat = tpu.Block("max", (groups, LANES), (groups, LANES), jnp.float32, "scratch")
+    return [
+        tpu.Block("lengths", (batch,), (batch,), jnp.int32, "smem"),
+        query, cache, dataclasses.replace(cache, name="v_cache"),
+        dataclasses.replace(query, name="out", role="out"),
+        stat, dataclasses.replace(stat, name="sum"),
+        tpu.Block("acc", (groups, head_dim), (groups, head_dim), jnp.float32, "scratch"),
+    ]
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _decode(q, k_cache, v_cache, lengths, config):
-    scale, impl, block_k = config
+    from jax.experimental.pallas import tpu as pltpu
+
     batch, heads, head_dim = q.shape
     kv_heads, seq = k_cache.shape[1], k_cache.shape[2]
-    groups = heads // kv_heads
-    seq_pad = round_up(seq, block_k)
+    groups, bk = heads // kv_heads, config.blocks.block_k
+    seq_pad = round_up(seq, bk)
     kp, vp = pad_axis(k_cache, 2, seq_pad), pad_axis(v_cache, 2, seq_pad)
     lengths = jnp.clip(lengths.astype(jnp.int32), 0, seq)
-    cache_spec = pl.BlockSpec((None, None, seq_pad, head_dim), lambda b, h: (b, h, 0, 0))
-    query_spec = pl.BlockSpec((None, None, groups, head_dim), lambda b, h: (b, h, 0, 0))
-    out = pl.pallas_call(
-        functools.partial(_decode_kernel, scale=scale, block_k=block_k),
-        out_shape=jax.ShapeDtypeStruct((batch, kv_heads, groups, head_dim), q.dtype),
-        grid=(batch, kv_heads),
-        in_specs=[_lengths_spec(), query_spec, cache_spec, cache_spec],
+    _, query, cache, _, out, *scratch = decode_blocks(q.shape, k_cache.shape, q.dtype, config)
+
+    def cache_index(b, h, j, lengths_ref):
+        last = jnp.maximum(cdiv(lengths_ref[b], bk) - 1, 0)  # blocks past the length: no new DMA
+        return (b, h, jnp.minimum(j, last), 0)
+
+    query_spec = pl.BlockSpec(query.block, lambda b, h, j, lengths_ref: (b, h, 0, 0))
+    cache_spec = pl.BlockSpec(cache.block, cache_index)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(batch, kv_heads, seq_pad // bk),
+        in_specs=[query_spec, cache_spec, cache_spec],
         out_specs=query_spec,
-        interpret=impl == "interpret",
+        scratch_shapes=[tpu.vmem_scratch(s.block, s.dtype) for s in scratch],
+    )
+    out = pl.pallas_call(
+        functools.partial(_decode_kernel, scale=config.scale),
+        out_shape=jax.ShapeDtypeStruct(out.array, q.dtype),
+        grid_spec=grid_spec,
+        cost_estimate=cost(4 * batch * heads * seq * head_dim, batch * heads * seq, nbytes(q, kp, vp, q)),
         name="decode_attention",
+        **pallas_options(config.impl, "parallel", "parallel", "arbitrary"),
     )(lengths, q.reshape(batch, kv_heads, groups, head_dim), kp, vp)
     return out.reshape(batch, heads, head_dim)
 
 
-def resolve_config(q, k_cache, scale=None, impl=None, block_k=None) -> tuple:
-    """The static part of a call: (scale, impl, block_k)."""
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """The static part of a call (hashable: jitted programs are keyed by it)."""
+
+    scale: float
+    impl: str
+    blocks: tuning.DecodeBlocks
+
+
+def resolve_config(q, k_cache, scale=None, impl=None, block_k=None) -> DecodeConfig:
+    """The static part of a call on q (B, H, D) and caches (B, Hkv, S, D)."""
     impl = check_implementation(impl or default_implementation())
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     tuned = tuning.blocks("decode_attention", tuning_backend(impl), k_cache.shape[2], q.shape[-1])
-    return (scale, impl, block_k or tuned["block_k"])
+    return DecodeConfig(scale, impl, tuning.with_explicit(tuned, block_k=block_k))
 
 
-def decode_forward(q, k_cache, v_cache, lengths, config):
-    if config[1] == "reference":
-        return decode_attention_reference(q, k_cache, v_cache, lengths, config[0])
+def decode_forward(q, k_cache, v_cache, lengths, config: DecodeConfig):
+    if config.impl == "reference":
+        return decode_attention_reference(q, k_cache, v_cache, lengths, config.scale)
     return _decode(q, k_cache, v_cache, lengths, config)
 
 

@@ -20,6 +20,7 @@ torch integration routes differentiable masks to the reference).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -28,20 +29,23 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import tuning
+from kernels import tpu, tuning
 from kernels._common import (
-    cdiv,
     check_implementation,
     compute_dtype,
+    cost,
     default_implementation,
     dot_nn,
     dot_nt,
     dot_tn,
     iota,
+    nbytes,
     pad_axis,
+    pallas_options,
     round_up,
     tuning_backend,
 )
+from kernels.tuning import LANES
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 
@@ -83,6 +87,14 @@ def attention_reference(q, k, v, mask=None, causal=False, scale=None):
 
 
 # --------------------------------------------------------------------------- kernels
+#
+# Forward grid (batch, head, query block, key block); the key-block axis is innermost and
+# sequential ("arbitrary"): the running max and normaliser (lane-replicated (block_q, 128)
+# tiles) and the output accumulator live in VMEM scratch across it, so a program holds one
+# query block, one key block and one value block whatever the sequence length.
+# Per-row statistics (logsumexp, delta) are stored lane-dense, (B, H, 1, Lq) with
+# (1, block_q) blocks. The backward kernels work on transposed scores s^T = k q^T
+# (block_k, block_q), where those rows broadcast without any relayout.
 
 
 def _key_validity(q_pos, k_pos, kv_len, causal):
@@ -92,106 +104,119 @@ def _key_validity(q_pos, k_pos, kv_len, causal):
     return valid
 
 
-def _scores(q, k, mask_tile, q_pos, k_pos, kv_len, causal, scale):
-    s = dot_nt(q, k) * scale
-    if mask_tile is not None:
-        s = s + mask_tile.astype(jnp.float32)
-    return jnp.where(_key_validity(q_pos, k_pos, kv_len, causal), s, -jnp.inf)
+def _visible(i, j, block_q, block_k, causal):
+    """Whether key block j holds a key some query of block i may see (causal skipping)."""
+    return j * block_k < (i + 1) * block_q if causal else True
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, kv_len, block_k, has_mask):
+def _last_visible_key_block(i, block_q, block_k):
+    return ((i + 1) * block_q - 1) // block_k
+
+
+def _first_visible_query_block(j, block_q, block_k):
+    return (j * block_k) // block_q
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, kv_len, has_mask):
     mask_ref = refs[0] if has_mask else None
-    o_ref, lse_ref = refs[-2:]
-    block_q, head_dim = q_ref.shape
-    i = pl.program_id(2)
-    q = q_ref[...]
-    q_pos = iota(block_q, i * block_q)
-    num_k_blocks = k_ref.shape[0] // block_k
+    o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[-5:]
+    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    i, j = pl.program_id(2), pl.program_id(3)
 
-    def step(j, carry):
-        m_prev, l_prev, acc = carry
-        start = pl.multiple_of(j * block_k, block_k)
-        k = k_ref[pl.ds(start, block_k), :]
-        v = v_ref[pl.ds(start, block_k), :]
-        mask_tile = mask_ref[:, pl.ds(start, block_k)] if has_mask else None
-        s = _scores(q, k, mask_tile, q_pos, iota(block_k, start), kv_len, causal, scale)
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # all keys masked so far
+    @pl.when(j == 0)
+    def _init():
+        m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+    @pl.when(_visible(i, j, block_q, block_k, causal))
+    def _step():
+        s = dot_nt(q_ref[...], k_ref[...]) * scale
+        if has_mask:
+            s = s + mask_ref[...]
+        s = jnp.where(_key_validity(iota(block_q, i * block_q), iota(block_k, j * block_k), kv_len, causal), s, -jnp.inf)
+        m_prev, l_prev = m_ref[...][:, :1], l_ref[...][:, :1]
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # every key so far masked
         alpha = jnp.exp(m_prev - m_safe)
-        p = jnp.exp(s - m_safe[:, None])
-        l_new = alpha * l_prev + jnp.sum(p, axis=1)
-        acc = alpha[:, None] * acc + dot_nn(p.astype(v.dtype), v)
-        return m_new, l_new, acc
+        p = jnp.exp(s - m_safe)
+        m_ref[...] = jnp.broadcast_to(m_new, m_ref.shape)
+        l_ref[...] = jnp.broadcast_to(alpha * l_prev + jnp.sum(p, axis=1, keepdims=True), l_ref.shape)
+        acc_ref[...] = alpha * acc_ref[...] + dot_nn(p.astype(v_ref.dtype), v_ref[...])
 
-    upper = jnp.minimum(num_k_blocks, cdiv((i + 1) * block_q, block_k)) if causal else num_k_blocks
-    init = (
-        jnp.full((block_q,), -jnp.inf, jnp.float32),
-        jnp.zeros((block_q,), jnp.float32),
-        jnp.zeros((block_q, head_dim), jnp.float32),
-    )
-    m, l, acc = lax.fori_loop(0, upper, step, init)
-    empty = l == 0.0
-    l_safe = jnp.where(empty, 1.0, l)
-    o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        l = l_ref[...]
+        empty = l == 0.0
+        l_safe = jnp.where(empty, 1.0, l)
+        o_ref[...] = (acc_ref[...] / l_safe[:, :1]).astype(o_ref.dtype)
+        lse = jnp.where(empty, -jnp.inf, m_ref[...] + jnp.log(l_safe))  # (block_q, 128), rows replicated
+        lse_ref[...] = jnp.transpose(lse)[:1, :]  # one lane-dense row
 
 
-def _probabilities(s, lse):
+def _transposed_probabilities(q, k, mask_t, lse, q_pos, k_pos, kv_len, causal, scale):
+    """p^T (block_k, block_q) recomputed from q, k and the saved logsumexp row."""
+    s = dot_nt(k, q) * scale
+    if mask_t is not None:
+        s = s + mask_t
+    valid = (k_pos < kv_len)[:, None]
+    if causal:
+        valid = valid & (k_pos[:, None] <= q_pos[None, :])
     lse_safe = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # fully masked rows: p = 0
-    return jnp.exp(s - lse_safe[:, None])
+    return jnp.where(valid, jnp.exp(s - lse_safe), 0.0)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, causal, kv_len, block_k, has_mask):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, causal, kv_len, has_mask):
     mask_ref = refs[0] if has_mask else None
-    dq_ref = refs[-1]
-    block_q, head_dim = q_ref.shape
-    i = pl.program_id(2)
-    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-    q_pos = iota(block_q, i * block_q)
-    num_k_blocks = k_ref.shape[0] // block_k
+    dq_ref, acc_ref = refs[-2:]
+    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    i, j = pl.program_id(2), pl.program_id(3)
 
-    def step(j, dq):
-        start = pl.multiple_of(j * block_k, block_k)
-        k = k_ref[pl.ds(start, block_k), :]
-        v = v_ref[pl.ds(start, block_k), :]
-        mask_tile = mask_ref[:, pl.ds(start, block_k)] if has_mask else None
-        p = _probabilities(_scores(q, k, mask_tile, q_pos, iota(block_k, start), kv_len, causal, scale), lse)
-        ds = p * (dot_nt(do, v) - delta[:, None])
-        return dq + dot_nn(ds.astype(k.dtype), k)
+    @pl.when(j == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-    upper = jnp.minimum(num_k_blocks, cdiv((i + 1) * block_q, block_k)) if causal else num_k_blocks
-    dq = lax.fori_loop(0, upper, step, jnp.zeros((block_q, head_dim), jnp.float32))
-    dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+    @pl.when(_visible(i, j, block_q, block_k, causal))
+    def _step():
+        k = k_ref[...]
+        p_t = _transposed_probabilities(
+            q_ref[...], k, mask_ref[...] if has_mask else None, lse_ref[...],
+            iota(block_q, i * block_q), iota(block_k, j * block_k), kv_len, causal, scale,
+        )
+        ds_t = p_t * (dot_nt(v_ref[...], do_ref[...]) - delta_ref[...])
+        acc_ref[...] += dot_tn(ds_t.astype(k.dtype), k)
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        dq_ref[...] = (acc_ref[...] * scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, causal, kv_len, block_q, has_mask):
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, causal, kv_len, has_mask):
     mask_ref = refs[0] if has_mask else None
-    dk_ref, dv_ref = refs[-2:]
-    block_k, head_dim = k_ref.shape
-    j = pl.program_id(2)
-    k, v = k_ref[...], v_ref[...]
-    k_pos = iota(block_k, j * block_k)
-    num_q_blocks = q_ref.shape[0] // block_q
+    dk_ref, dv_ref, dk_acc, dv_acc = refs[-4:]
+    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    j, i = pl.program_id(2), pl.program_id(3)
 
-    def step(i, carry):
-        dk, dv = carry
-        start = pl.multiple_of(i * block_q, block_q)
-        q = q_ref[pl.ds(start, block_q), :]
-        do = do_ref[pl.ds(start, block_q), :]
-        lse = lse_ref[pl.ds(start, block_q)]
-        delta = delta_ref[pl.ds(start, block_q)]
-        mask_tile = mask_ref[pl.ds(start, block_q), :] if has_mask else None
-        p = _probabilities(_scores(q, k, mask_tile, iota(block_q, start), k_pos, kv_len, causal, scale), lse)
-        dv = dv + dot_tn(p.astype(do.dtype), do)
-        ds = p * (dot_nt(do, v) - delta[:, None])
-        dk = dk + dot_tn(ds.astype(q.dtype), q)
-        return dk, dv
+    @pl.when(i == 0)
+    def _init():
+        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
+        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
 
-    lower = (j * block_k) // block_q if causal else 0  # earlier query blocks see none of these keys
-    zeros = jnp.zeros((block_k, head_dim), jnp.float32)
-    dk, dv = lax.fori_loop(lower, num_q_blocks, step, (zeros, zeros))
-    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    @pl.when(_visible(i, j, block_q, block_k, causal))
+    def _step():
+        q, do = q_ref[...], do_ref[...]
+        p_t = _transposed_probabilities(
+            q, k_ref[...], mask_ref[...] if has_mask else None, lse_ref[...],
+            iota(block_q, i * block_q), iota(block_k, j * block_k), kv_len, causal, scale,
+        )
+        dv_acc[...] += dot_nn(p_t.astype(do.dtype), do)
+        ds_t = p_t * (dot_nt(v_ref[...], do) - delta_ref[...])
+        dk_acc[...] += dot_nn(ds_t.astype(q.dtype), q)
+
+    @pl.when(i == pl.num_programs(3) - 1)
+    def _finish():
+        dk_ref[...] = (dk_acc[...] * scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
 # --------------------------------------------------------------------------- pallas calls
@@ -204,114 +229,192 @@ def _mask_4d(mask, q_shape, kv_len):
     return jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], q_shape[2], kv_len))
 
 
-def _mask_spec(mask, rows, cols, index):
-    """BlockSpec for a (Bm, Hm, Lq, Lk) mask whose batch/head dims may be broadcast."""
-    broadcast_b, broadcast_h = mask.shape[0] == 1, mask.shape[1] == 1
+def _padded_mask(mask, q_shape, kv_len, q_pad, k_pad):
+    return pad_axis(pad_axis(_mask_4d(mask, q_shape, kv_len), 2, q_pad), 3, k_pad, -jnp.inf)
 
-    def index_map(b, h, x):
-        row, col = index(x)
+
+def _mask_index(mask_shape, index):
+    """index_map for a (Bm, Hm, ., .) mask whose batch/head dims may be broadcast."""
+    broadcast_b, broadcast_h = mask_shape[0] == 1, mask_shape[1] == 1
+
+    def index_map(b, h, x, y):
+        row, col = index(x, y)
         return (0 if broadcast_b else b, 0 if broadcast_h else h, row, col)
 
-    return pl.BlockSpec((None, None, rows, cols), index_map)
+    return index_map
+
+
+def _spec(block: tpu.Block, index_map):
+    return pl.BlockSpec(block.block, index_map)
+
+
+def attention_blocks(q_shape, kv_shape, dtype, config, mask_shape=None, backward=False) -> list:
+    """The blocks of the forward (or the two backward) pallas_calls, as `kernels.tpu`
+    checks them: the same shapes the BlockSpecs and scratch below use."""
+    batch, heads, length, head_dim = q_shape
+    kv_heads, kv_len = kv_shape[1], kv_shape[2]
+    bq, bk = config.blocks.block_q, config.blocks.block_k
+    q_pad, k_pad = round_up(length, bq), round_up(kv_len, bk)
+    f32 = jnp.float32
+    q_rows = tpu.Block("q", (batch, heads, q_pad, head_dim), (None, None, bq, head_dim), dtype)
+    kv_rows = tpu.Block("k", (batch, kv_heads, k_pad, head_dim), (None, None, bk, head_dim), dtype)
+    stat = tpu.Block("logsumexp", (batch, heads, 1, q_pad), (None, None, 1, bq), f32)
+    mask = []
+    if mask_shape is not None:
+        rows_cols = (k_pad, q_pad) if backward else (q_pad, k_pad)
+        tile = (bk, bq) if backward else (bq, bk)
+        mask = [tpu.Block("mask", (*mask_shape[:2], *rows_cols), (None, None, *tile), f32)]
+    if not backward:
+        return [
+            q_rows, kv_rows, dataclasses.replace(kv_rows, name="v"), *mask,
+            dataclasses.replace(q_rows, name="out", role="out"), dataclasses.replace(stat, role="out"),
+            tpu.Block("max", (bq, LANES), (bq, LANES), f32, "scratch"),
+            tpu.Block("sum", (bq, LANES), (bq, LANES), f32, "scratch"),
+            tpu.Block("acc", (bq, head_dim), (bq, head_dim), f32, "scratch"),
+        ]
+    grad_dtype = dtype if heads == kv_heads else f32
+    common = [
+        q_rows, kv_rows, dataclasses.replace(kv_rows, name="v"), dataclasses.replace(q_rows, name="dout"),
+        stat, dataclasses.replace(stat, name="delta"), *mask,
+    ]
+    dq = common + [
+        dataclasses.replace(q_rows, name="dq", role="out"),
+        tpu.Block("dq_acc", (bq, head_dim), (bq, head_dim), f32, "scratch"),
+    ]
+    dk_out = tpu.Block("dk", (batch, heads, k_pad, head_dim), (None, None, bk, head_dim), grad_dtype, "out")
+    dkv = common + [
+        dk_out, dataclasses.replace(dk_out, name="dv"),
+        tpu.Block("dk_acc", (bk, head_dim), (bk, head_dim), f32, "scratch"),
+        tpu.Block("dv_acc", (bk, head_dim), (bk, head_dim), f32, "scratch"),
+    ]
+    return [dq, dkv]
+
+
+def _key_block_index(config, num_k_blocks):
+    """Key block for program (i, j): causal programs past the diagonal re-read the last
+    visible block (no DMA) and skip their body."""
+    bq, bk = config.blocks.block_q, config.blocks.block_k
+    if not config.causal:
+        return lambda i, j: j
+    return lambda i, j: jnp.minimum(j, jnp.minimum(_last_visible_key_block(i, bq, bk), num_k_blocks - 1))
+
+
+def _query_block_index(config):
+    bq, bk = config.blocks.block_q, config.blocks.block_k
+    if not config.causal:
+        return lambda j, i: i
+    return lambda j, i: jnp.maximum(i, _first_visible_query_block(j, bq, bk))
+
+
+def _attention_cost(q, k, causal, passes):
+    batch, heads, length, head_dim = q.shape
+    pairs = batch * heads * length * k.shape[2] * (0.5 if causal else 1.0)
+    return pairs * head_dim * 2 * passes, pairs
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _forward(q, k, v, mask, config):
-    causal, scale, impl, block_q, block_k = config
     batch, heads, length, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     groups = heads // kv_heads
-    q_pad, k_pad = round_up(length, block_q), round_up(kv_len, block_k)
+    bq, bk = config.blocks.block_q, config.blocks.block_k
+    q_pad, k_pad = round_up(length, bq), round_up(kv_len, bk)
     qp = pad_axis(q, 2, q_pad)
     kp, vp = pad_axis(k, 2, k_pad), pad_axis(v, 2, k_pad)
-    in_specs = [
-        pl.BlockSpec((None, None, block_q, head_dim), lambda b, h, i: (b, h, i, 0)),
-        pl.BlockSpec((None, None, k_pad, head_dim), lambda b, h, i: (b, h // groups, 0, 0)),
-        pl.BlockSpec((None, None, k_pad, head_dim), lambda b, h, i: (b, h // groups, 0, 0)),
-    ]
     operands = [qp, kp, vp]
     if mask is not None:
-        mask = pad_axis(pad_axis(_mask_4d(mask, q.shape, kv_len), 2, q_pad), 3, k_pad, -jnp.inf)
-        in_specs.append(_mask_spec(mask, block_q, k_pad, lambda i: (i, 0)))
+        mask = _padded_mask(mask, q.shape, kv_len, q_pad, k_pad)
         operands.append(mask)
-    kernel = functools.partial(
-        _forward_kernel, scale=scale, causal=causal, kv_len=kv_len, block_k=block_k, has_mask=mask is not None
-    )
+    blocks = attention_blocks(q.shape, k.shape, q.dtype, config, None if mask is None else mask.shape)
+    key_block = _key_block_index(config, k_pad // bk)
+    q_index = lambda b, h, i, j: (b, h, i, 0)
+    kv_index = lambda b, h, i, j: (b, h // groups, key_block(i, j), 0)
+    in_specs = [_spec(blocks[0], q_index), _spec(blocks[1], kv_index), _spec(blocks[2], kv_index)]
+    if mask is not None:
+        in_specs.append(_spec(blocks[3], _mask_index(mask.shape, lambda i, j: (i, key_block(i, j)))))
+    out_block, lse_block, *scratch = blocks[-5:]
+    kernel = functools.partial(_forward_kernel, scale=config.scale, causal=config.causal, kv_len=kv_len, has_mask=mask is not None)
+    flops, exps = _attention_cost(q, k, config.causal, passes=2)
     out, lse = pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((batch, heads, q_pad, head_dim), q.dtype),
-            jax.ShapeDtypeStruct((batch, heads, q_pad), jnp.float32),
+            jax.ShapeDtypeStruct(out_block.array, q.dtype),
+            jax.ShapeDtypeStruct(lse_block.array, jnp.float32),
         ),
-        grid=(batch, heads, q_pad // block_q),
+        grid=(batch, heads, q_pad // bq, k_pad // bk),
         in_specs=in_specs,
-        out_specs=(
-            pl.BlockSpec((None, None, block_q, head_dim), lambda b, h, i: (b, h, i, 0)),
-            pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i)),
-        ),
-        interpret=impl == "interpret",
+        out_specs=(_spec(out_block, q_index), _spec(lse_block, lambda b, h, i, j: (b, h, 0, i))),
+        scratch_shapes=[tpu.vmem_scratch(s.block, s.dtype) for s in scratch],
+        cost_estimate=cost(flops, exps, nbytes(*operands) + nbytes(qp)),
         name="flash_attention_forward",
+        **pallas_options(config.impl, "parallel", "parallel", "parallel", "arbitrary"),
     )(*operands)
-    return out[:, :, :length], lse[:, :, :length]
+    return out[:, :, :length], lse[:, :, 0, :length]
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _backward(dout, q, k, v, mask, out, lse, config):
-    causal, scale, impl, block_q, block_k = config
     batch, heads, length, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     groups = heads // kv_heads
-    q_pad, k_pad = round_up(length, block_q), round_up(kv_len, block_k)
+    bq, bk = config.blocks.block_q, config.blocks.block_k
+    q_pad, k_pad = round_up(length, bq), round_up(kv_len, bk)
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     qp, dop = pad_axis(q, 2, q_pad), pad_axis(dout, 2, q_pad)
-    lsep, deltap = pad_axis(lse, 2, q_pad, jnp.inf), pad_axis(delta, 2, q_pad)
+    lsep = pad_axis(lse, 2, q_pad, jnp.inf)[:, :, None, :]
+    deltap = pad_axis(delta, 2, q_pad)[:, :, None, :]
     kp, vp = pad_axis(k, 2, k_pad), pad_axis(v, 2, k_pad)
-    if mask is not None:
-        mask = pad_axis(pad_axis(_mask_4d(mask, q.shape, kv_len), 2, q_pad), 3, k_pad, -jnp.inf)
+    operands = [qp, kp, vp, dop, lsep, deltap]
+    if mask is not None:  # transposed once here: both kernels read (key, query) tiles
+        operands.append(jnp.swapaxes(_padded_mask(mask, q.shape, kv_len, q_pad, k_pad), 2, 3))
     has_mask = mask is not None
-    static = dict(scale=scale, causal=causal, kv_len=kv_len, has_mask=has_mask)
+    static = dict(scale=config.scale, causal=config.causal, kv_len=kv_len, has_mask=has_mask)
+    dq_blocks, dkv_blocks = attention_blocks(
+        q.shape, k.shape, q.dtype, config, operands[-1].shape if has_mask else None, backward=True
+    )
+    flops, exps = _attention_cost(q, k, config.causal, passes=2)
+    inputs = nbytes(*operands)
 
-    q_block = pl.BlockSpec((None, None, block_q, head_dim), lambda b, h, i: (b, h, i, 0))
-    row_block = pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i))
-    kv_whole = pl.BlockSpec((None, None, k_pad, head_dim), lambda b, h, i: (b, h // groups, 0, 0))
-    dq_specs = [q_block, kv_whole, kv_whole, q_block, row_block, row_block]
-    dq_operands = [qp, kp, vp, dop, lsep, deltap]
-    if has_mask:
-        dq_specs.append(_mask_spec(mask, block_q, k_pad, lambda i: (i, 0)))
-        dq_operands.append(mask)
+    def specs(blocks, query_index, key_index):
+        """in_specs for (q, k, v, dout, lse, delta, mask?) given a program's query and key block."""
+        q_map = lambda b, h, x, y: (b, h, query_index(x, y), 0)
+        kv_map = lambda b, h, x, y: (b, h // groups, key_index(x, y), 0)
+        row_map = lambda b, h, x, y: (b, h, 0, query_index(x, y))
+        maps = [q_map, kv_map, kv_map, q_map, row_map, row_map]
+        if has_mask:
+            maps.append(_mask_index(operands[-1].shape, lambda x, y: (key_index(x, y), query_index(x, y))))
+        return [_spec(block, index) for block, index in zip(blocks, maps)]
+
+    # dQ: grid (batch, head, query block, key block), keys innermost.
+    key_block = _key_block_index(config, k_pad // bk)
+    dq_out, dq_acc = dq_blocks[-2:]
     dq = pl.pallas_call(
-        functools.partial(_dq_kernel, block_k=block_k, **static),
-        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
-        grid=(batch, heads, q_pad // block_q),
-        in_specs=dq_specs,
-        out_specs=q_block,
-        interpret=impl == "interpret",
+        functools.partial(_dq_kernel, **static),
+        out_shape=jax.ShapeDtypeStruct(dq_out.array, q.dtype),
+        grid=(batch, heads, q_pad // bq, k_pad // bk),
+        in_specs=specs(dq_blocks, lambda i, j: i, key_block),
+        out_specs=_spec(dq_out, lambda b, h, i, j: (b, h, i, 0)),
+        scratch_shapes=[tpu.vmem_scratch(dq_acc.block, dq_acc.dtype)],
+        cost_estimate=cost(flops * 1.5, exps, inputs + nbytes(qp)),
         name="flash_attention_dq",
-    )(*dq_operands)
+        **pallas_options(config.impl, "parallel", "parallel", "parallel", "arbitrary"),
+    )(*operands)
 
-    # dK/dV per query head (one program per key block), then summed over each KV group.
-    q_whole = pl.BlockSpec((None, None, q_pad, head_dim), lambda b, h, j: (b, h, 0, 0))
-    row_whole = pl.BlockSpec((None, None, q_pad), lambda b, h, j: (b, h, 0))
-    kv_block = pl.BlockSpec((None, None, block_k, head_dim), lambda b, h, j: (b, h // groups, j, 0))
-    out_block = pl.BlockSpec((None, None, block_k, head_dim), lambda b, h, j: (b, h, j, 0))
-    dkv_specs = [q_whole, kv_block, kv_block, q_whole, row_whole, row_whole]
-    dkv_operands = [qp, kp, vp, dop, lsep, deltap]
-    if has_mask:
-        dkv_specs.append(_mask_spec(mask, q_pad, block_k, lambda j: (0, j)))
-        dkv_operands.append(mask)
-    grad_dtype = k.dtype if groups == 1 else jnp.float32
+    # dK/dV per query head: grid (batch, head, key block, query block), queries innermost;
+    # summed over each KV group outside.
+    query_block = _query_block_index(config)
+    dk_out, dv_out, *scratch = dkv_blocks[-4:]
     dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, block_q=block_q, **static),
-        out_shape=(
-            jax.ShapeDtypeStruct((batch, heads, k_pad, head_dim), grad_dtype),
-            jax.ShapeDtypeStruct((batch, heads, k_pad, head_dim), grad_dtype),
-        ),
-        grid=(batch, heads, k_pad // block_k),
-        in_specs=dkv_specs,
-        out_specs=(out_block, out_block),
-        interpret=impl == "interpret",
+        functools.partial(_dkv_kernel, **static),
+        out_shape=(jax.ShapeDtypeStruct(dk_out.array, dk_out.dtype), jax.ShapeDtypeStruct(dv_out.array, dv_out.dtype)),
+        grid=(batch, heads, k_pad // bk, q_pad // bq),
+        in_specs=specs(dkv_blocks, query_block, lambda j, i: j),
+        out_specs=(_spec(dk_out, lambda b, h, j, i: (b, h, j, 0)), _spec(dv_out, lambda b, h, j, i: (b, h, j, 0))),
+        scratch_shapes=[tpu.vmem_scratch(s.block, s.dtype) for s in scratch],
+        cost_estimate=cost(flops * 2, exps, inputs + 2 * nbytes(kp) * groups),
         name="flash_attention_dkv",
-    )(*dkv_operands)
+        **pallas_options(config.impl, "parallel", "parallel", "parallel", "arbitrary"),
+    )(*operands)
     if groups > 1:
         dk = dk.reshape(batch, kv_heads, groups, k_pad, head_dim).sum(axis=2).astype(k.dtype)
         dv = dv.reshape(batch, kv_heads, groups, k_pad, head_dim).sum(axis=2).astype(v.dtype)
@@ -335,25 +438,35 @@ def _check_shapes(q, k, v, mask):
             raise ValueError(f"flash_attention: mask {tuple(mask.shape)} does not broadcast to (batch, heads, q_seq, kv_seq) = {full}")
 
 
-def resolve_config(q, k, causal=False, scale=None, impl=None, block_q=None, block_k=None) -> tuple:
-    """The static part of a call: (causal, scale, impl, block_q, block_k)."""
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """The static part of a call (hashable: jitted programs are keyed by it)."""
+
+    causal: bool
+    scale: float
+    impl: str
+    blocks: tuning.AttentionBlocks
+
+
+def resolve_config(q, k, causal=False, scale=None, impl=None, block_q=None, block_k=None) -> AttentionConfig:
+    """The static part of a call on q (B, H, Lq, D) and k (B, Hkv, Lk, D)."""
     impl = check_implementation(impl or default_implementation())
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     tuned = tuning.blocks("attention", tuning_backend(impl), q.shape[2], k.shape[2], q.shape[3])
-    return (bool(causal), scale, impl, block_q or tuned["block_q"], block_k or tuned["block_k"])
+    return AttentionConfig(bool(causal), scale, impl, tuning.with_explicit(tuned, block_q=block_q, block_k=block_k))
 
 
-def attention_forward(q, k, v, mask, config):
+def attention_forward(q, k, v, mask, config: AttentionConfig):
     """(out, logsumexp) for a resolved config (see `resolve_config`)."""
-    if config[2] == "reference":
-        return attention_reference(q, k, v, mask, config[0], config[1])
+    if config.impl == "reference":
+        return attention_reference(q, k, v, mask, config.causal, config.scale)
     return _forward(q, k, v, mask, config)
 
 
-def attention_backward(dout, q, k, v, mask, out, lse, config):
+def attention_backward(dout, q, k, v, mask, out, lse, config: AttentionConfig):
     """(dq, dk, dv) from the saved output and logsumexp."""
-    if config[2] == "reference":
-        _, vjp = jax.vjp(lambda a, b, c: attention_reference(a, b, c, mask, config[0], config[1])[0], q, k, v)
+    if config.impl == "reference":
+        _, vjp = jax.vjp(lambda a, b, c: attention_reference(a, b, c, mask, config.causal, config.scale)[0], q, k, v)
         return vjp(dout)
     return _backward(dout, q, k, v, mask, out, lse, config)
 

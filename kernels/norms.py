@@ -10,21 +10,32 @@ With `residual`, the kernel computes h = x + residual and y = norm(h), returning
 residual, two writes, instead of an add kernel plus a norm kernel.
 
 Statistics are float32 (PyTorch's opmath for half inputs). Backward recomputes the
-normalised rows from h and the saved mean/rstd; weight and bias gradients are summed
+row statistics and normalised rows from h (no per-row vector is stored: on a TPU a
+(rows,) output would be a narrow, padded layout); weight and bias gradients are summed
 per row block inside the kernel and over blocks outside it. Ragged row counts use
 partial edge blocks (rows past the end are masked out of the sums).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import tuning
-from kernels._common import cdiv, check_implementation, default_implementation, iota, tuning_backend
+from kernels import tpu, tuning
+from kernels._common import (
+    cdiv,
+    check_implementation,
+    cost,
+    default_implementation,
+    iota,
+    nbytes,
+    pallas_options,
+    tuning_backend,
+)
 
 # --------------------------------------------------------------------------- reference
 
@@ -46,6 +57,17 @@ def norm_reference(x, residual, weight, bias, centered, eps):
 
 
 # --------------------------------------------------------------------------- kernels
+#
+# One program per row block ("parallel" grid). No per-row statistic leaves a kernel: the
+# backward recomputes mean and rstd from h (one more reduction over a row it reads
+# anyway), so nothing narrower than a (block_rows, D) tile is ever stored.
+
+
+def _statistics(hf, centered, eps):
+    """Row mean (zeros when not centered) and rstd, float32, as (rows, 1) columns."""
+    mean = jnp.mean(hf, axis=1, keepdims=True) if centered else jnp.zeros((hf.shape[0], 1), jnp.float32)
+    centred = hf - mean
+    return mean, jax.lax.rsqrt(jnp.mean(centred * centred, axis=1, keepdims=True) + eps)
 
 
 def _forward_kernel(*refs, centered, eps, has_residual, has_weight, has_bias):
@@ -56,41 +78,36 @@ def _forward_kernel(*refs, centered, eps, has_residual, has_weight, has_bias):
     weight = refs.pop(0)[...].astype(jnp.float32) if has_weight else None
     bias = refs.pop(0)[...].astype(jnp.float32) if has_bias else None
     y_ref = refs.pop(0)
-    h_ref = refs.pop(0) if has_residual else None
-    mean_ref, rstd_ref = refs
     hf = x.astype(jnp.float32)
-    mean = jnp.mean(hf, axis=1) if centered else jnp.zeros(hf.shape[:1], jnp.float32)
-    centred = hf - mean[:, None]
-    rstd = jax.lax.rsqrt(jnp.mean(centred * centred, axis=1) + eps)
-    y = centred * rstd[:, None]
+    mean, rstd = _statistics(hf, centered, eps)
+    y = (hf - mean) * rstd
     if has_weight:
         y = y * weight
     if has_bias:
         y = y + bias
     y_ref[...] = y.astype(y_ref.dtype)
     if has_residual:
-        h_ref[...] = x.astype(h_ref.dtype)
-    mean_ref[...] = mean
-    rstd_ref[...] = rstd
+        refs.pop(0)[...] = x.astype(y_ref.dtype)
 
 
-def _backward_kernel(*refs, centered, rows, has_extra_grad, has_weight, has_bias):
+def _backward_kernel(*refs, centered, eps, rows, has_extra_grad, has_weight, has_bias):
     refs = list(refs)
     dy = refs.pop(0)[...].astype(jnp.float32)
     extra = refs.pop(0)[...].astype(jnp.float32) if has_extra_grad else None
     h = refs.pop(0)[...].astype(jnp.float32)
     weight = refs.pop(0)[...].astype(jnp.float32) if has_weight else None
-    mean, rstd = refs.pop(0)[...], refs.pop(0)[...]
     dx_ref = refs.pop(0)
     block_rows = h.shape[0]
     valid = (iota(block_rows, pl.program_id(0) * block_rows) < rows)[:, None]
-    x_hat = jnp.where(valid, (h - mean[:, None]) * rstd[:, None], 0.0)
+    h = jnp.where(valid, h, 0.0)  # rows past the end of a partial block hold garbage
+    mean, rstd = _statistics(h, centered, eps)
+    x_hat = (h - mean) * rstd
     dy = jnp.where(valid, dy, 0.0)
     g = dy * weight if has_weight else dy
     dx = g - x_hat * jnp.mean(g * x_hat, axis=1, keepdims=True)
     if centered:
         dx = dx - jnp.mean(g, axis=1, keepdims=True)
-    dx = dx * rstd[:, None]
+    dx = dx * rstd
     if has_extra_grad:
         dx = dx + extra  # the gradient reaching h from the residual stream
     dx_ref[...] = dx.astype(dx_ref.dtype)
@@ -100,12 +117,28 @@ def _backward_kernel(*refs, centered, rows, has_extra_grad, has_weight, has_bias
         refs.pop(0)[...] = jnp.sum(dy, axis=0, keepdims=True)
 
 
+# --------------------------------------------------------------------------- pallas calls
+
+
+def norm_blocks(rows, dim, dtype, config, *, residual=False, weight=True, bias=False, backward=False) -> list:
+    """The blocks of the forward (or backward) pallas_call as `kernels.tpu` checks them."""
+    br = config.blocks.block_rows
+    tile = tpu.Block("x", (rows, dim), (br, dim), dtype)
+    vector = tpu.Block("weight", (1, dim), (1, dim), dtype)
+    if not backward:
+        blocks = [tile] + ([dataclasses.replace(tile, name="residual")] if residual else [])
+        blocks += [vector] * weight + [dataclasses.replace(vector, name="bias")] * bias
+        blocks += [dataclasses.replace(tile, name="y", role="out")]
+        return blocks + ([dataclasses.replace(tile, name="h", role="out")] if residual else [])
+    blocks = [dataclasses.replace(tile, name="dy")] + ([dataclasses.replace(tile, name="dh")] if residual else [])
+    blocks += [dataclasses.replace(tile, name="h")] + [vector] * weight
+    blocks += [dataclasses.replace(tile, name="dx", role="out")]
+    partial = tpu.Block("dweight", (cdiv(rows, br), 1, dim), (None, 1, dim), jnp.float32, "out")
+    return blocks + [partial] * weight + [dataclasses.replace(partial, name="dbias")] * bias
+
+
 def _row_spec(block_rows, dim):
     return pl.BlockSpec((block_rows, dim), lambda i: (i, 0))
-
-
-def _stat_spec(block_rows):
-    return pl.BlockSpec((block_rows,), lambda i: (i,))
 
 
 def _vector_spec(dim):
@@ -114,7 +147,7 @@ def _vector_spec(dim):
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _forward(x, residual, weight, bias, config):
-    centered, eps, impl, block_rows = config
+    block_rows = config.blocks.block_rows
     rows, dim = x.shape
     operands, specs = [x], [_row_spec(block_rows, dim)]
     if residual is not None:
@@ -124,30 +157,27 @@ def _forward(x, residual, weight, bias, config):
         if vector is not None:
             operands.append(vector.reshape(1, dim))
             specs.append(_vector_spec(dim))
-    out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
-    out_specs = [_row_spec(block_rows, dim)]
-    if residual is not None:
-        out_shape.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
-        out_specs.append(_row_spec(block_rows, dim))
-    out_shape += [jax.ShapeDtypeStruct((rows,), jnp.float32)] * 2
-    out_specs += [_stat_spec(block_rows)] * 2
+    outputs = 1 if residual is None else 2
     kernel = functools.partial(
-        _forward_kernel, centered=centered, eps=eps, has_residual=residual is not None,
+        _forward_kernel, centered=config.centered, eps=config.eps, has_residual=residual is not None,
         has_weight=weight is not None, has_bias=bias is not None,
     )
     outs = pl.pallas_call(
-        kernel, out_shape=tuple(out_shape), grid=(cdiv(rows, block_rows),), in_specs=specs,
-        out_specs=tuple(out_specs), interpret=impl == "interpret", name="norm_forward",
+        kernel,
+        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),) * outputs,
+        grid=(cdiv(rows, block_rows),),
+        in_specs=specs,
+        out_specs=(_row_spec(block_rows, dim),) * outputs,
+        cost_estimate=cost(8 * x.size, rows, nbytes(*operands) + outputs * nbytes(x)),
+        name="norm_forward",
+        **pallas_options(config.impl, "parallel"),
     )(*operands)
-    if residual is None:
-        y, mean, rstd = outs
-        return y, x, mean, rstd
-    return outs
+    return outs[0], (x if residual is None else outs[1])
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _backward(dy, dh, h, weight, bias, mean, rstd, config):
-    centered, eps, impl, block_rows = config
+def _backward(dy, dh, h, weight, bias, config):
+    block_rows = config.blocks.block_rows
     rows, dim = h.shape
     blocks = cdiv(rows, block_rows)
     operands, specs = [dy], [_row_spec(block_rows, dim)]
@@ -159,8 +189,6 @@ def _backward(dy, dh, h, weight, bias, mean, rstd, config):
     if weight is not None:
         operands.append(weight.reshape(1, dim))
         specs.append(_vector_spec(dim))
-    operands += [mean, rstd]
-    specs += [_stat_spec(block_rows)] * 2
     partial_spec = pl.BlockSpec((None, 1, dim), lambda i: (i, 0, 0))
     partial_shape = jax.ShapeDtypeStruct((blocks, 1, dim), jnp.float32)
     out_shape, out_specs = [jax.ShapeDtypeStruct(h.shape, h.dtype)], [_row_spec(block_rows, dim)]
@@ -169,12 +197,18 @@ def _backward(dy, dh, h, weight, bias, mean, rstd, config):
             out_shape.append(partial_shape)
             out_specs.append(partial_spec)
     kernel = functools.partial(
-        _backward_kernel, centered=centered, rows=rows, has_extra_grad=dh is not None,
+        _backward_kernel, centered=config.centered, eps=config.eps, rows=rows, has_extra_grad=dh is not None,
         has_weight=weight is not None, has_bias=bias is not None,
     )
     outs = list(pl.pallas_call(
-        kernel, out_shape=tuple(out_shape), grid=(blocks,), in_specs=specs,
-        out_specs=tuple(out_specs), interpret=impl == "interpret", name="norm_backward",
+        kernel,
+        out_shape=tuple(out_shape),
+        grid=(blocks,),
+        in_specs=specs,
+        out_specs=tuple(out_specs),
+        cost_estimate=cost(14 * h.size, rows, nbytes(*operands) + nbytes(h)),
+        name="norm_backward",
+        **pallas_options(config.impl, "parallel"),
     )(*operands))
     dx = outs.pop(0)
     dw = outs.pop(0).sum(axis=(0, 1)).astype(weight.dtype) if weight is not None else None
@@ -185,46 +219,54 @@ def _backward(dy, dh, h, weight, bias, mean, rstd, config):
 # --------------------------------------------------------------------------- public API
 
 
-def resolve_config(x, centered, eps, impl=None, block_rows=None) -> tuple:
-    """The static part of a call on (N, D) rows: (centered, eps, impl, block_rows)."""
+@dataclasses.dataclass(frozen=True)
+class NormConfig:
+    """The static part of a call (hashable: jitted programs are keyed by it)."""
+
+    centered: bool
+    eps: float
+    impl: str
+    blocks: tuning.NormBlocks
+
+
+def resolve_config(x, centered, eps, impl=None, block_rows=None) -> NormConfig:
+    """The static part of a call on (N, D) rows."""
     impl = check_implementation(impl or default_implementation())
     tuned = tuning.blocks("norm", tuning_backend(impl), x.shape[0], x.shape[1])
-    return (bool(centered), float(eps), impl, block_rows or tuned["block_rows"])
+    return NormConfig(bool(centered), float(eps), impl, tuning.with_explicit(tuned, block_rows=block_rows))
 
 
-def norm_forward(x, residual, weight, bias, config):
-    """(y, h, mean, rstd) on (N, D) rows for a resolved config."""
-    if config[2] == "reference":
-        return norm_reference(x, residual, weight, bias, config[0], config[1])
+def norm_forward(x, residual, weight, bias, config: NormConfig):
+    """(y, h) on (N, D) rows for a resolved config; h = x + residual (x without one)."""
+    if config.impl == "reference":
+        return norm_reference(x, residual, weight, bias, config.centered, config.eps)[:2]
     return _forward(x, residual, weight, bias, config)
 
 
-def norm_backward(dy, dh, h, weight, bias, mean, rstd, config):
+def norm_backward(dy, dh, h, weight, bias, config: NormConfig):
     """(dx, dweight, dbias): dx is also the residual's gradient; `dh` is the gradient
     reaching h directly (None when h is not used)."""
-    if config[2] == "reference":
-        centered, eps = config[:2]
-        _, vjp = jax.vjp(lambda a, w, b: norm_reference(a, None, w, b, centered, eps)[0], h, weight, bias)
+    if config.impl == "reference":
+        _, vjp = jax.vjp(lambda a, w, b: norm_reference(a, None, w, b, config.centered, config.eps)[0], h, weight, bias)
         dx, dw, db = vjp(dy)
         return (dx if dh is None else dx + dh), dw, db
-    return _backward(dy, dh, h, weight, bias, mean, rstd, config)
+    return _backward(dy, dh, h, weight, bias, config)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _norm(x, residual, weight, bias, config):
-    y, h, _, _ = norm_forward(x, residual, weight, bias, config)
-    return y, h
+    return norm_forward(x, residual, weight, bias, config)
 
 
 def _norm_fwd(x, residual, weight, bias, config):
-    y, h, mean, rstd = norm_forward(x, residual, weight, bias, config)
-    return (y, h), (h, weight, bias, mean, rstd, residual is not None)
+    y, h = norm_forward(x, residual, weight, bias, config)
+    return (y, h), (h, weight, bias, residual is not None)
 
 
 def _norm_bwd(config, saved, grads):
-    h, weight, bias, mean, rstd, has_residual = saved
+    h, weight, bias, has_residual = saved
     dy, dh = grads
-    dx, dw, db = norm_backward(dy, dh, h, weight, bias, mean, rstd, config)
+    dx, dw, db = norm_backward(dy, dh, h, weight, bias, config)
     return dx, (dx if has_residual else None), dw, db
 
 

@@ -1,13 +1,16 @@
 """Block sizes for every kernel, per backend and shape: the one place to tune them.
 
-Keys: "tpu", "gpu" (compiled Pallas) and "interpret" (Pallas's interpreter, any
-backend). Rules of thumb behind the numbers:
-- TPU: blocks whose last two dims are multiples of (8, 128) fill the vector unit and
-  the MXU; 128-row query blocks and 128-512 key blocks keep K/V tiles in VMEM.
-- GPU (Triton): block dims must be powers of two; 64x64 attention tiles keep a
-  head-dim-128 tile in registers/shared memory; smaller for head dim 256.
-- Interpret mode costs roughly 0.1 ms per grid point and per loop step, so blocks are
-  as large as the shape allows (tests pass smaller blocks explicitly to exercise tiling).
+Each kernel's blocks are a frozen dataclass (hashable: they are part of the static
+config a jitted kernel is keyed by). Keys: "tpu" (compiled Pallas/Mosaic) and
+"interpret" (Pallas's interpreter, any backend). Rules of thumb behind the numbers:
+- TPU: the last two dims of every block are multiples of (8, 128) (Pallas's layout
+  rule, `kernels.tpu.violations`); query and key blocks are multiples of 128 (full MXU
+  passes, lane-dense per-row statistics); every program's blocks, double-buffered, stay
+  well inside the smallest default scoped VMEM of `kernels.tpu.CHIPS` (16 MiB) whatever
+  the sequence length or row count, because keys, vocabulary chunks and rows are tiled
+  by the grid. `tests/kernels/test_tuning.py` checks every block this table produces.
+- Interpret mode costs roughly 0.1 ms per grid point, so blocks are as large as the
+  shape allows (tests pass smaller blocks explicitly to exercise tiling).
 
 `kernels.tuning.override(kernel, **blocks)` replaces a rule's answer (for benchmarks and
 tests); it is a context manager.
@@ -16,6 +19,39 @@ tests); it is a context manager.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+
+LANES = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBlocks:
+    """Flash attention: query rows and key rows per program (forward and backward)."""
+
+    block_q: int
+    block_k: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeBlocks:
+    """Decode attention: cache positions per program."""
+
+    block_k: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NormBlocks:
+    """RMSNorm/LayerNorm: rows per program (a row is held whole)."""
+
+    block_rows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyBlocks:
+    """Cross-entropy: rows and vocabulary columns per program."""
+
+    block_rows: int
+    block_vocab: int
 
 
 def _pow2_at_most(n: int, cap: int, floor: int = 8) -> int:
@@ -26,38 +62,30 @@ def _pow2_at_most(n: int, cap: int, floor: int = 8) -> int:
     return size
 
 
-def _attention(backend: str, seq_q: int, seq_k: int, head_dim: int) -> dict:
+def _attention(backend: str, seq_q: int, seq_k: int, head_dim: int) -> AttentionBlocks:
     if backend == "tpu":
-        return {"block_q": min(128, _pow2_at_most(seq_q, 128)), "block_k": min(512, _pow2_at_most(seq_k, 512, 128))}
-    if backend == "gpu":
-        cap = 32 if head_dim > 128 else 64
-        return {"block_q": _pow2_at_most(seq_q, cap, 16), "block_k": _pow2_at_most(seq_k, cap, 16)}
-    return {"block_q": _pow2_at_most(seq_q, 256), "block_k": _pow2_at_most(seq_k, 256)}
+        return AttentionBlocks(LANES, _pow2_at_most(seq_k, 512 if head_dim <= 128 else 256, LANES))
+    return AttentionBlocks(_pow2_at_most(seq_q, 256), _pow2_at_most(seq_k, 256))
 
 
-def _decode_attention(backend: str, seq_k: int, head_dim: int) -> dict:
+def _decode_attention(backend: str, seq_k: int, head_dim: int) -> DecodeBlocks:
     if backend == "tpu":
-        return {"block_k": _pow2_at_most(seq_k, 512, 128)}
-    if backend == "gpu":
-        return {"block_k": _pow2_at_most(seq_k, 64 if head_dim > 128 else 128, 16)}
-    return {"block_k": _pow2_at_most(seq_k, 512)}
+        return DecodeBlocks(_pow2_at_most(seq_k, 1024 if head_dim <= 128 else 512, LANES))
+    return DecodeBlocks(_pow2_at_most(seq_k, 512))
 
 
-def _norm(backend: str, rows: int, dim: int) -> dict:
+def _norm(backend: str, rows: int, dim: int) -> NormBlocks:
     if backend == "tpu":
-        # about 2 MiB of float32 per input tile
-        return {"block_rows": _pow2_at_most(rows, max(8, (1 << 19) // max(dim, 1)))}
-    if backend == "gpu":
-        return {"block_rows": _pow2_at_most(rows, 16, 1)}
-    return {"block_rows": _pow2_at_most(rows, 1024)}
+        # about 1 MiB of float32 per row tile: forward with a residual moves four tiles,
+        # double-buffered (8 MiB), inside v5e's 16 MiB scoped VMEM up to hidden 32k
+        return NormBlocks(_pow2_at_most(rows, max(8, (1 << 18) // max(dim, 1)), 8))
+    return NormBlocks(_pow2_at_most(rows, 1024))
 
 
-def _cross_entropy(backend: str, rows: int, vocab: int) -> dict:
+def _cross_entropy(backend: str, rows: int, vocab: int) -> CrossEntropyBlocks:
     if backend == "tpu":
-        return {"block_rows": _pow2_at_most(rows, 128), "block_vocab": _pow2_at_most(vocab, 2048, 128)}
-    if backend == "gpu":
-        return {"block_rows": _pow2_at_most(rows, 16, 16), "block_vocab": _pow2_at_most(vocab, 1024, 128)}
-    return {"block_rows": _pow2_at_most(rows, 512), "block_vocab": _pow2_at_most(vocab, 8192)}
+        return CrossEntropyBlocks(_pow2_at_most(rows, 128, 8), _pow2_at_most(vocab, 2048, LANES))
+    return CrossEntropyBlocks(_pow2_at_most(rows, 512), _pow2_at_most(vocab, 8192))
 
 
 _RULES = {
@@ -66,15 +94,23 @@ _RULES = {
     "norm": _norm,
     "cross_entropy": _cross_entropy,
 }
+BACKENDS = ("tpu", "interpret")
 _OVERRIDES: dict[str, dict] = {}
 
 
-def blocks(kernel: str, backend: str, *shape: int) -> dict:
+def blocks(kernel: str, backend: str, *shape: int):
     """Block sizes for `kernel` ("attention", "decode_attention", "norm",
-    "cross_entropy") on `backend` ("tpu", "gpu", "interpret") for a problem `shape`."""
+    "cross_entropy") on `backend` ("tpu", "interpret") for a problem `shape`."""
     if kernel not in _RULES:
         raise KeyError(f"no tuning rule for kernel {kernel!r}; known: {', '.join(_RULES)}")
-    return {**_RULES[kernel](backend, *shape), **_OVERRIDES.get(kernel, {})}
+    if backend not in BACKENDS:
+        raise KeyError(f"no tuning for backend {backend!r}; known: {', '.join(BACKENDS)}")
+    return dataclasses.replace(_RULES[kernel](backend, *shape), **_OVERRIDES.get(kernel, {}))
+
+
+def with_explicit(tuned, **explicit):
+    """`tuned` with the block sizes a caller passed (None: keep the tuned one)."""
+    return dataclasses.replace(tuned, **{k: v for k, v in explicit.items() if v is not None})
 
 
 @contextlib.contextmanager

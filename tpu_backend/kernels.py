@@ -3,15 +3,15 @@ the Pallas kernels of the `kernels/` package or the plain XLA lowerings.
 
     import tpu_backend
     tpu_backend.kernels.mode()                 # "auto"
-    tpu_backend.kernels.implementation()       # "reference" on CPU, "pallas" on TPU/GPU
+    tpu_backend.kernels.implementation()       # "reference" on CPU/GPU, "pallas" on TPU
     with tpu_backend.kernels.use("interpret"):  # force the kernels (Pallas interpreter)
         loss = model(x)
     tpu_backend.kernels.use("off")             # a plain call sets the mode for good
 
 Modes (also `TPU_KERNELS=auto|on|off|interpret` in the environment):
-- "auto" (default): compiled Pallas kernels where JAX runs on a TPU or GPU, the XLA
-  reference on CPU;
-- "on": the kernels everywhere (compiled on an accelerator, interpreted on CPU);
+- "auto" (default): compiled Pallas kernels where JAX runs on a TPU (or lowers for one,
+  inside `kernels.tpu.lowering_for`), the XLA reference elsewhere;
+- "on": the kernels everywhere (compiled on a TPU, interpreted elsewhere);
 - "interpret": the kernels through Pallas's interpreter, on any backend (debugging);
 - "off": never the kernels.
 
@@ -79,14 +79,14 @@ class use:
 
 def implementation() -> str:
     """What the current mode means on this JAX backend: "pallas", "interpret" or "reference"."""
-    import jax
+    from kernels._common import accelerator
 
-    accelerated = jax.default_backend() in ("tpu", "gpu")
-    if _mode == "off" or (_mode == "auto" and not accelerated):
+    on_tpu = accelerator() == "tpu"
+    if _mode == "off" or (_mode == "auto" and not on_tpu):
         return "reference"
     if _mode == "interpret":
         return "interpret"
-    return "pallas" if accelerated else "interpret"
+    return "pallas" if on_tpu else "interpret"
 
 
 def stats() -> dict[str, int]:
@@ -203,7 +203,7 @@ _ROUTERS = {
 
 def install() -> None:
     """Define the custom ops and register the routers (idempotent; called by `import tpu_backend`)."""
-    import kernels.torch_ops  # noqa: F401  (defines torch.ops.tpu_kernels.* and their tpu lowerings)
+    import tpu_backend.kernel_ops  # noqa: F401  (defines torch.ops.tpu_kernels.* and their tpu lowerings)
     from tpu_backend.dispatch import register_kernel
 
     for name, router in _ROUTERS.items():
@@ -224,13 +224,13 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None):
 
 def rms_norm(x, weight=None, *, eps=1e-6, residual=None):
     """RMSNorm over the last dim; with `residual` returns (rms_norm(x + residual), x + residual)."""
-    y, h, _, _ = torch.ops.tpu_kernels.norm(x, residual, weight, None, False, eps, implementation())
+    y, h = torch.ops.tpu_kernels.norm(x, residual, weight, None, False, eps, implementation())
     return y if residual is None else (y, h)
 
 
 def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None):
     """LayerNorm over the last dim; with `residual` returns (layer_norm(x + residual), x + residual)."""
-    y, h, _, _ = torch.ops.tpu_kernels.norm(x, residual, weight, bias, True, eps, implementation())
+    y, h = torch.ops.tpu_kernels.norm(x, residual, weight, bias, True, eps, implementation())
     return y if residual is None else (y, h)
 
 
@@ -278,8 +278,8 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
         with gm.graph.inserting_before(node):
             fused = gm.graph.call_function(norm_op, (add.args[0], add.args[1], *node.args[2:]), dict(node.kwargs))
             h = gm.graph.call_function(operator.getitem, (fused, 1))
-        y, _, mean, rstd = node.meta["val"]
-        fused.meta["val"] = (y, add.meta["val"], mean, rstd)
+        y, _ = node.meta["val"]
+        fused.meta["val"] = (y, add.meta["val"])
         h.meta["val"] = add.meta["val"]
         node.replace_all_uses_with(fused)
         gm.graph.erase_node(node)

@@ -10,11 +10,13 @@ The last argument of every op, `impl`, names the implementation ("pallas",
 "interpret", "reference"; see `kernels._common`). It is a static argument, so jitted
 programs, fused graphs and compiled graphs are keyed by it and never reuse a program
 built for another choice. `tpu_backend.kernels` fills it from the current mode.
+(The kernels themselves, `kernels/`, are pure JAX; this module is the torch side.)
 
 Ops (forward -> saved for backward):
 - flash_attention(q, k, v, mask?, causal, scale, impl) -> (out, logsumexp)
-- norm(x, residual?, weight?, bias?, centered, eps, impl) -> (y, h, mean, rstd): RMSNorm
-  (centered=False) or LayerNorm over the last dim, h = x + residual ((0,) when no residual)
+- norm(x, residual?, weight?, bias?, centered, eps, impl) -> (y, h): RMSNorm
+  (centered=False) or LayerNorm over the last dim, h = x + residual ((0,) when no residual;
+  the backward recomputes the row statistics from h)
 - cross_entropy(logits, targets, ignore_index, impl) -> (per-row loss, logsumexp)
 - decode_attention(q, k_cache, v_cache, lengths, scale, impl) -> out (no backward)
 """
@@ -57,17 +59,17 @@ def norm_jax(x, residual, weight, bias, centered, eps, impl):
     from kernels import norms
 
     rows = _rows(x)
-    y, h, mean, rstd = norms.norm_forward(rows, _rows(residual), weight, bias, norms.resolve_config(rows, centered, eps, impl))
+    y, h = norms.norm_forward(rows, _rows(residual), weight, bias, norms.resolve_config(rows, centered, eps, impl))
     h = h.reshape(x.shape) if residual is not None else jnp.zeros((0,), x.dtype)
-    return y.reshape(x.shape), h, mean, rstd
+    return y.reshape(x.shape), h
 
 
-def norm_backward_jax(dy, dh, h, weight, bias, mean, rstd, centered, eps, impl):
+def norm_backward_jax(dy, dh, h, weight, bias, centered, eps, impl):
     from kernels import norms
 
     rows = _rows(h)
     config = norms.resolve_config(rows, centered, eps, impl)
-    dx, dw, db = norms.norm_backward(_rows(dy), _rows(dh), rows, weight, bias, mean, rstd, config)
+    dx, dw, db = norms.norm_backward(_rows(dy), _rows(dh), rows, weight, bias, config)
     empty = jnp.zeros((0,), h.dtype)
     return dx.reshape(h.shape), empty if dw is None else dw, empty if db is None else db
 
@@ -153,28 +155,26 @@ flash_attention.register_autograd(_flash_backward, setup_context=_flash_setup)
 def norm(
     x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
     centered: bool, eps: float, impl: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     return _on_cpu(norm_jax, x, residual, weight, bias, centered, eps, impl)
 
 
 @norm.register_fake
 def _(x, residual, weight, bias, centered, eps, impl):
-    rows = x.numel() // x.shape[-1]
-    stats = x.new_empty((rows,), dtype=torch.float32)
     h = torch.empty_like(x) if residual is not None else x.new_empty((0,))
-    return torch.empty_like(x), h, stats, torch.empty_like(stats)
+    return torch.empty_like(x), h
 
 
 @torch.library.custom_op(f"{NAMESPACE}::norm_backward", mutates_args=())
 def norm_backward(
     dy: Tensor, dh: Optional[Tensor], h: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-    mean: Tensor, rstd: Tensor, centered: bool, eps: float, impl: str,
+    centered: bool, eps: float, impl: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _on_cpu(norm_backward_jax, dy, dh, h, weight, bias, mean, rstd, centered, eps, impl)
+    return _on_cpu(norm_backward_jax, dy, dh, h, weight, bias, centered, eps, impl)
 
 
 @norm_backward.register_fake
-def _(dy, dh, h, weight, bias, mean, rstd, centered, eps, impl):
+def _(dy, dh, h, weight, bias, centered, eps, impl):
     empty = h.new_empty((0,))
     return (
         torch.empty_like(h),
@@ -185,16 +185,16 @@ def _(dy, dh, h, weight, bias, mean, rstd, centered, eps, impl):
 
 def _norm_setup(ctx, inputs, output):
     x, residual, weight, bias, centered, eps, impl = inputs
-    y, h, mean, rstd = output
-    ctx.save_for_backward(h if residual is not None else x, weight, bias, mean, rstd)
+    y, h = output
+    ctx.save_for_backward(h if residual is not None else x, weight, bias)
     ctx.has_residual = residual is not None
     ctx.static = (centered, eps, impl)
 
 
-def _norm_backward(ctx, dy, dh, dmean, drstd):
-    h, weight, bias, mean, rstd = ctx.saved_tensors
+def _norm_backward(ctx, dy, dh):
+    h, weight, bias = ctx.saved_tensors
     dh = dh if ctx.has_residual else None
-    dx, dw, db = norm_backward(dy.contiguous(), dh, h, weight, bias, mean, rstd, *ctx.static)
+    dx, dw, db = norm_backward(dy.contiguous(), dh, h, weight, bias, *ctx.static)
     return (
         dx,
         dx if ctx.has_residual else None,

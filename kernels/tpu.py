@@ -1,0 +1,197 @@
+"""What a TPU asks of a kernel: the chip table, Pallas's block-layout rule, the VMEM a
+program needs, and lowering for a named chip on a machine without one.
+
+Every kernel describes its `pallas_call` as a list of `Block`s (the same shapes its
+BlockSpecs and scratch use). `violations(blocks, chip)` and `vmem_bytes(blocks, chip)`
+read that list; `kernels.check_lowering`, `kernels.tuning` and the "tpu" device's router
+(`tpu_backend.kernels`) all decide with these functions, so a shape the router sends to
+a kernel is one that `check_lowering` has shown to lower and fit.
+
+Chip parameters (per TensorCore):
+| chip | device kind | sublanes x lanes | VMEM | default scoped VMEM | MXU |
+| --- | --- | --- | --- | --- | --- |
+| v5e | "TPU v5 lite" | 8 x 128 | 128 MiB | 16 MiB | 4 x 128x128 |
+| v5p | "TPU v5" | 8 x 128 | 64 MiB | 16 MiB | 4 x 128x128 |
+| v6e | "TPU v6 lite" | 8 x 128 | 128 MiB | 32 MiB | 2 x 256x256 |
+Sources: VMEM size, MXU count and width, lanes and sublanes: JAX 0.10.2
+`jax/_src/pallas/mosaic/tpu_info.py` (`_get_tpu_info_impl`); device kinds: the same
+file's `chip_version_from_device_kind`; scoped VMEM (what a kernel may use without
+raising `vmem_limit_bytes`): XLA's `xla_tpu_scoped_vmem_limit_kib` default as given in
+the Pallas TPU documentation (docs.jax.dev, "Pallas TPU: pipelining"/"TPU details").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import numpy as np
+
+MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    name: str
+    device_kind: str
+    sublanes: int
+    lanes: int
+    vmem_bytes: int
+    scoped_vmem_bytes: int
+    mxus: int
+    mxu_size: int
+
+
+CHIPS = {
+    "v5e": Chip("v5e", "TPU v5 lite", 8, 128, 128 * MiB, 16 * MiB, 4, 128),
+    "v5p": Chip("v5p", "TPU v5", 8, 128, 64 * MiB, 16 * MiB, 4, 128),
+    "v6e": Chip("v6e", "TPU v6 lite", 8, 128, 128 * MiB, 32 * MiB, 2, 256),
+}
+DEFAULT_CHIP = "v5e"  # the smallest scoped VMEM of the table: blocks that fit it fit all
+
+
+def chip(name: str | Chip | None = None) -> Chip:
+    if isinstance(name, Chip):
+        return name
+    name = name or DEFAULT_CHIP
+    if name not in CHIPS:
+        raise ValueError(f"unknown TPU chip {name!r}; known: {', '.join(CHIPS)}")
+    return CHIPS[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One operand of a `pallas_call` as a program sees it. `block` uses None for a
+    squeezed dim (Pallas's convention); role: "in", "out", "scratch" or "smem"."""
+
+    name: str
+    array: tuple
+    block: tuple
+    dtype: object
+    role: str = "in"
+
+    @property
+    def dims(self) -> tuple:
+        return tuple(1 if b is None else b for b in self.block)
+
+
+def _sublane_multiple(dtype, c: Chip) -> int:
+    """Rows per (sublane) tile: 8 for 32-bit, 16 for bf16, 32 for 8-bit (packed)."""
+    return c.sublanes * max(1, 4 // np.dtype(dtype).itemsize)
+
+
+def violations(blocks, c: Chip | str | None = None) -> list[str]:
+    """Pallas TPU's block rule for every blocked operand: the last two block dims are
+    multiples of (sublanes, lanes) or equal to the array's (rank-1 blocks: the whole
+    array, a multiple of sublanes x lanes, or a power of two >= lanes x packing)."""
+    c = chip(c)
+    problems = []
+    for b in blocks:
+        if b.role in ("scratch", "smem"):
+            continue
+        dims = b.dims
+        if len(dims) >= 2:
+            ok = (dims[-1] == b.array[-1] or dims[-1] % c.lanes == 0) and (
+                dims[-2] == b.array[-2] or dims[-2] % c.sublanes == 0
+            )
+        else:
+            size, packing = dims[0], max(1, 4 // np.dtype(b.dtype).itemsize)
+            ok = size == b.array[0] or size % (c.sublanes * c.lanes) == 0 or (
+                size >= c.lanes * packing and size & (size - 1) == 0
+            )
+        if not ok:
+            problems.append(
+                f"{b.name}: block {tuple(b.block)} over array {tuple(b.array)} breaks the "
+                f"({c.sublanes}, {c.lanes}) rule"
+            )
+    return problems
+
+
+def _tile_bytes(dims, dtype, c: Chip) -> int:
+    """Bytes of a VMEM buffer, its last two dims padded to whole (sublane, lane) tiles."""
+    dims = (1,) * max(0, 2 - len(dims)) + tuple(dims)
+    rows = -(-dims[-2] // _sublane_multiple(dtype, c)) * _sublane_multiple(dtype, c)
+    cols = -(-dims[-1] // c.lanes) * c.lanes
+    return math.prod(dims[:-2]) * rows * cols * np.dtype(dtype).itemsize
+
+
+def vmem_bytes(blocks, c: Chip | str | None = None) -> int:
+    """Per-program VMEM: every input and output block twice (Pallas double-buffers the
+    pipeline), scratch once, tile-padded."""
+    c = chip(c)
+    total = 0
+    for b in blocks:
+        if b.role == "smem":
+            continue
+        copies = 1 if b.role == "scratch" else 2
+        total += copies * _tile_bytes(b.dims, b.dtype, c)
+    return total
+
+
+def fits(blocks, c: Chip | str | None = None) -> bool:
+    return vmem_bytes(blocks, c) <= chip(c).scoped_vmem_bytes
+
+
+def rejection(blocks, c: Chip | str | None = None) -> str | None:
+    """Why a TPU cannot run these blocks (None: it can): a layout rule or the VMEM budget."""
+    c = chip(c)
+    problems = violations(blocks, c)
+    if problems:
+        return "layout: " + problems[0]
+    used = vmem_bytes(blocks, c)
+    if used > c.scoped_vmem_bytes:
+        return f"VMEM {used / MiB:.1f} MiB > {c.scoped_vmem_bytes / MiB:.0f} MiB scoped on {c.name}"
+    return None
+
+
+# --------------------------------------------------------------------------- lowering target
+
+_TARGET: list[str] = []  # the chip a `lowering_for` block lowers for (innermost last)
+
+
+def target_chip() -> str | None:
+    """The chip `lowering_for` names, or None outside it."""
+    return _TARGET[-1] if _TARGET else None
+
+
+def _abstract_mesh(c: Chip):
+    """A one-device abstract mesh whose device is the chip: Mosaic reads the TPU
+    generation (tiling, bf16 support) from the current mesh's device kind."""
+    try:
+        from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+    except ImportError as error:  # pragma: no cover - JAX outside the supported range
+        raise ImportError(
+            "lowering for a named TPU needs jax.sharding.AbstractDevice/use_abstract_mesh "
+            "(JAX >= 0.10); install jax>=0.10,<0.12"
+        ) from error
+    device = AbstractDevice(device_kind=c.device_kind, num_cores=1, platform="tpu")
+    return use_abstract_mesh(AbstractMesh((1,), ("_chip",), abstract_device=device))
+
+
+@contextlib.contextmanager
+def lowering_for(name: str | Chip | None = None):
+    """Inside: the kernels take their compiled TPU path (impl="pallas") whatever JAX's
+    backend is, and Mosaic sees chip `name`, as on that device. For
+    `jax.export.export(..., platforms=["tpu"])` on a machine without a TPU."""
+    c = chip(name)
+    _TARGET.append(c.name)
+    try:
+        with _abstract_mesh(c):
+            yield c
+    finally:
+        _TARGET.pop()
+
+
+def compiler_params(*semantics: str):
+    """Mosaic compiler parameters: the grid's dimension semantics ("parallel" or
+    "arbitrary"; the last is a sequential reduction axis)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
+
+
+def vmem_scratch(shape, dtype):
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.VMEM(tuple(shape), dtype)
