@@ -78,7 +78,8 @@ def _norm(backend: str, rows: int, dim: int) -> NormBlocks:
     if backend == "tpu":
         # about 1 MiB of float32 per row tile: forward with a residual moves four tiles,
         # double-buffered (8 MiB), inside v5e's 16 MiB scoped VMEM up to hidden 32k
-        return NormBlocks(_pow2_at_most(rows, max(8, (1 << 18) // max(dim, 1)), 8))
+        lanes = -(-dim // LANES) * LANES  # a row occupies whole 128-lane vregs
+        return NormBlocks(_pow2_at_most(rows, max(8, (1 << 18) // lanes), 8))
     return NormBlocks(_pow2_at_most(rows, 1024))
 
 
