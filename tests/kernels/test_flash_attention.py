@@ -48,9 +48,9 @@ def _torch_attention(q, k, v, mask, causal):
     return out, (tq, tk, tv)
 
 
-def check_case(batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind):
+def check_case(batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind, block_q=BLOCK, block_k=BLOCK):
     q, k, v, mask = _inputs(batch, heads, kv_heads, length, kv_length, head_dim, dtype, mask_kind)
-    kernel = lambda a, b, c: flash_attention(a, b, c, mask, causal=causal, impl="interpret", block_q=BLOCK, block_k=BLOCK)
+    kernel = lambda a, b, c: flash_attention(a, b, c, mask, causal=causal, impl="interpret", block_q=block_q, block_k=block_k)
     reference = lambda a, b, c: attention_reference(a, b, c, mask, causal)[0]
     out, kernel_vjp = jax.vjp(kernel, q, k, v)
     expected, reference_vjp = jax.vjp(reference, q, k, v)
@@ -108,6 +108,27 @@ def test_flash_attention_rejects_bad_shapes():
     if jax.default_backend() == "cpu":
         with pytest.raises(ValueError, match="impl='interpret'"):
             flash_attention(q, q, q, impl="pallas")
+
+
+UNEQUAL = [
+    # causal bounds mix both block sizes and both lengths: Lq != Lk, block_q != block_k,
+    # partial last blocks on both sides (#22 item 9)
+    pytest.param(1, 4, 2, 40, 72, 32, jnp.float32, True, None, 8, 32, id="causal-gqa-lq<lk-bq8-bk32"),
+    pytest.param(1, 2, 1, 70, 30, 32, jnp.float32, True, "bool", 32, 8, id="causal-mqa-mask-lq>lk-bq32-bk8", marks=pytest.mark.slow),
+    pytest.param(1, 2, 2, 50, 50, 64, jnp.float32, False, "additive", 16, 48, id="additive-bk-not-pow2", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,length,kv_length,head_dim,dtype,causal,mask_kind,block_q,block_k", UNEQUAL)
+def test_flash_attention_unequal_blocks_and_lengths(batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind, block_q, block_k):
+    check_case(batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind, block_q, block_k)
+
+
+@pytest.mark.slow
+def test_flash_attention_long_sequence_gqa():
+    """The grid-tiled path at a long context: 2048 x 2048 over 16 key blocks per query
+    block, GQA 4:1, causal, with the TPU tuning's 128-row blocks."""
+    check_case(1, 4, 1, 2048, 2048, 64, jnp.float32, True, None, 128, 128)
 
 
 @pytest.mark.slow

@@ -73,7 +73,7 @@ def check_case(kind, shape, dtype, fused):
     "kind,shape,dtype,fused",
     [
         pytest.param("rms", (3, 13, 64), jnp.float32, True, id="rms-fused-residual-f32"),
-        pytest.param("layer", (37, 128), jnp.float32, False, id="layer-f32", marks=pytest.mark.slow),
+        pytest.param("layer", (37, 128), jnp.bfloat16, False, id="layer-bf16"),
     ],
 )
 def test_norm(kind, shape, dtype, fused):
