@@ -23,7 +23,10 @@ covers, it calls the `torch.ops.tpu_kernels.*` custom op (with its own autograd)
 otherwise it runs the op's usual decomposition. `stats()` counts both outcomes with the
 reason for each fallback. Calls the kernels do not cover: SDPA with dropout, a mask that
 requires grad, head dims outside 32/64/128/256, inputs not 4-D; cross-entropy with class
-weights, label smoothing, probability targets or inputs not (N, C).
+weights, label smoothing, probability targets or inputs not (N, C). For the compiled TPU
+kernels also any call whose blocks break the TPU layout rule or exceed the chip's scoped
+VMEM, or whose dtype Mosaic does not take (float16): the same rule functions
+`python -m kernels.check_lowering` lowers with (`kernels.check_lowering.*_rejection`).
 
 The choice is made when an op runs (eager) or is traced (`torch.compile`, fused
 graphs): a compiled function keeps the implementation it was traced with until it
@@ -101,13 +104,65 @@ def reset_stats() -> None:
 # --------------------------------------------------------------------------- routers
 
 
-def _route(op_name: str, gaps) -> str | None:
-    """Count the outcome; the implementation to use, or None for the decomposition.
-    `gaps()` says why the kernel cannot take the call (None: it can)."""
+def chip() -> str:
+    """The TPU chip the compiled kernels are checked against: the one being lowered for
+    (`kernels.tpu.lowering_for`), else JAX's first device's, else the smallest of the table."""
+    from kernels import tpu
+
+    if tpu.target_chip():
+        return tpu.target_chip()
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    return next((c.name for c in tpu.CHIPS.values() if c.device_kind == kind), tpu.DEFAULT_CHIP)
+
+
+def _route(op_name: str, gaps, tpu_rules=None) -> str | None:
+    """Count the outcome; the implementation to use, or None for the XLA path.
+    `gaps()` says why the kernel cannot take the call (None: it can); for the compiled
+    TPU kernels, `tpu_rules(chip)` adds the layout and VMEM rules `kernels.check_lowering`
+    lowers with, so a call no TPU kernel can take goes to XLA instead of failing."""
     impl = implementation()
     reason = f"mode {_mode}" if impl == "reference" else gaps()
+    if reason is None and impl == "pallas" and tpu_rules is not None:
+        reason = tpu_rules(chip())
     _STATS[f"{op_name}: xla ({reason})" if reason else f"{op_name}: kernel"] += 1
     return None if reason else impl
+
+
+def _dtype_name(tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _attention_rules(query, key, attn_mask, is_causal):
+    from kernels.check_lowering import attention_rejection
+
+    mask_shape = None if attn_mask is None else tuple(attn_mask.shape)
+    return lambda chip: attention_rejection(
+        tuple(query.shape), tuple(key.shape), _dtype_name(query), causal=is_causal, mask_shape=mask_shape, chip=chip
+    )
+
+
+def _norm_rules(x, residual, weight, bias):
+    from kernels.check_lowering import norm_rejection
+
+    dim = x.shape[-1]
+    return lambda chip: norm_rejection(
+        x.numel() // max(dim, 1), dim, _dtype_name(x), residual=residual is not None,
+        weight=weight is not None, bias=bias is not None, chip=chip,
+    )
+
+
+def _cross_entropy_rules(logits):
+    from kernels.check_lowering import cross_entropy_rejection
+
+    return lambda chip: cross_entropy_rejection(*logits.shape, _dtype_name(logits), chip=chip)
+
+
+def _decode_rules(q, k_cache):
+    from kernels.check_lowering import decode_rejection
+
+    return lambda chip: decode_rejection(tuple(q.shape), tuple(k_cache.shape), _dtype_name(q), chip=chip)
 
 
 def _attention_gaps(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
@@ -133,6 +188,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     impl = _route(
         "scaled_dot_product_attention",
         lambda: _attention_gaps(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa),
+        _attention_rules(query, key, attn_mask, is_causal),
     )
     if impl is None:
         return torch.ops.aten.scaled_dot_product_attention.default.decompose(
@@ -151,14 +207,14 @@ def _norm_gaps(x, normalized_shape, weight, bias) -> str | None:
 
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
-    impl = _route("layer_norm", lambda: _norm_gaps(x, normalized_shape, weight, bias))
+    impl = _route("layer_norm", lambda: _norm_gaps(x, normalized_shape, weight, bias), _norm_rules(x, None, weight, bias))
     if impl is None:
         return torch.ops.aten.layer_norm.default.decompose(x, normalized_shape, weight, bias, eps, cudnn_enable)
     return torch.ops.tpu_kernels.norm(x, None, weight, bias, True, eps, impl)[0]
 
 
 def _rms_norm(x, normalized_shape, weight=None, eps=None):
-    impl = _route("rms_norm", lambda: _norm_gaps(x, normalized_shape, weight, None))
+    impl = _route("rms_norm", lambda: _norm_gaps(x, normalized_shape, weight, None), _norm_rules(x, None, weight, None))
     if impl is None:
         return torch.ops.aten.rms_norm.default.decompose(x, normalized_shape, weight, eps)
     eps = torch.finfo(x.dtype).eps if eps is None else eps
@@ -179,7 +235,9 @@ _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
 def _cross_entropy(logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
-    impl = _route("cross_entropy", lambda: _cross_entropy_gaps(logits, target, weight, label_smoothing))
+    impl = _route(
+        "cross_entropy", lambda: _cross_entropy_gaps(logits, target, weight, label_smoothing), _cross_entropy_rules(logits)
+    )
     if impl is None:
         return torch.ops.aten.cross_entropy_loss.default.decompose(
             logits, target, weight, reduction, ignore_index, label_smoothing
@@ -215,29 +273,39 @@ def install() -> None:
 # --------------------------------------------------------------------------- direct calls
 
 
+def _direct(op_name: str, tpu_rules) -> str:
+    """The implementation for a direct call: the mode's, or the custom op's XLA reference
+    when the compiled kernel cannot take it (counted like the routers' fallbacks)."""
+    return _route(op_name, lambda: None, tpu_rules) or "reference"
+
+
 def flash_attention(q, k, v, mask=None, *, causal=False, scale=None):
     """`torch.ops.tpu_kernels.flash_attention` with the mode's implementation (the
     reference when the mode is off/auto on CPU). k/v may have fewer heads (GQA)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return torch.ops.tpu_kernels.flash_attention(q, k, v, mask, causal, scale, implementation())[0]
+    impl = _direct("flash_attention", _attention_rules(q, k, mask, causal))
+    return torch.ops.tpu_kernels.flash_attention(q, k, v, mask, causal, scale, impl)[0]
 
 
 def rms_norm(x, weight=None, *, eps=1e-6, residual=None):
     """RMSNorm over the last dim; with `residual` returns (rms_norm(x + residual), x + residual)."""
-    y, h = torch.ops.tpu_kernels.norm(x, residual, weight, None, False, eps, implementation())
+    impl = _direct("rms_norm", _norm_rules(x, residual, weight, None))
+    y, h = torch.ops.tpu_kernels.norm(x, residual, weight, None, False, eps, impl)
     return y if residual is None else (y, h)
 
 
 def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None):
     """LayerNorm over the last dim; with `residual` returns (layer_norm(x + residual), x + residual)."""
-    y, h = torch.ops.tpu_kernels.norm(x, residual, weight, bias, True, eps, implementation())
+    impl = _direct("layer_norm", _norm_rules(x, residual, weight, bias))
+    y, h = torch.ops.tpu_kernels.norm(x, residual, weight, bias, True, eps, impl)
     return y if residual is None else (y, h)
 
 
 def decode_attention(q, k_cache, v_cache, lengths, *, scale=None):
     """One query token per sequence over its KV cache; `lengths` (B,) valid entries."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return torch.ops.tpu_kernels.decode_attention(q, k_cache, v_cache, lengths, scale, implementation())
+    impl = _direct("decode_attention", _decode_rules(q, k_cache))
+    return torch.ops.tpu_kernels.decode_attention(q, k_cache, v_cache, lengths, scale, impl)
 
 
 # --------------------------------------------------------------------------- graph pass

@@ -54,6 +54,27 @@ def test_uncovered_calls_fall_back_and_say_why():
     }
 
 
+def test_calls_no_tpu_kernel_can_take_fall_back_with_counted_reason():
+    """With the compiled TPU kernels selected (lowering for a v5e), a row too wide for
+    VMEM and a float16 SDPA go to XLA, with the reason `kernels.check_lowering` gives;
+    nothing raises and the values are PyTorch's."""
+    from kernels import tpu
+
+    wide = torch.randn(8, 131072, device="tpu")  # backward: dy, h, dx tiles of 4 MiB, double-buffered
+    q = torch.randn(1, 2, 8, 64, dtype=torch.float16, device="tpu")
+    with tpu.lowering_for("v5e"):
+        assert kernels.implementation() == "pallas"
+        y = F.rms_norm(wide, (131072,), eps=1e-6)
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert torch.allclose(y.cpu(), F.rms_norm(wide.cpu(), (131072,), eps=1e-6), atol=1e-5)
+    expected = F.scaled_dot_product_attention(q.cpu().float(), q.cpu().float(), q.cpu().float(), is_causal=True)
+    assert torch.allclose(out.cpu().float(), expected, atol=2e-3)
+    assert kernels.stats() == {
+        "rms_norm: xla (VMEM 24.0 MiB > 16 MiB scoped on v5e)": 1,
+        "scaled_dot_product_attention: xla (dtype float16 (TPU kernels take bfloat16, float32))": 1,
+    }
+
+
 def test_custom_ops_on_tpu_tensors_match_cpu():
     """torch.ops.tpu_kernels.* run on tpu tensors (device table) and CPU tensors (host copies)."""
     torch.manual_seed(0)
