@@ -39,6 +39,7 @@ from tpu_backend.dispatch import (  # noqa: E402,F401
     set_eager_mode,
 )
 from tpu_backend.fused import mark_step  # noqa: E402,F401
+from tpu_backend.program_export import export  # noqa: E402,F401
 from tpu_backend.tensor import payload_count  # noqa: E402,F401
 
 def _install() -> None:
@@ -67,6 +68,7 @@ __all__ = [
     "TpuDebugError",
     "TpuLoweringError",
     "cpu_fallback_counts",
+    "export",
     "get_eager_mode",
     "mark_step",
     "payload_count",

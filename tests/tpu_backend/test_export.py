@@ -1,0 +1,138 @@
+"""`tpu_backend.export`: every example's training step (forward + backward, gradients for
+every parameter) lowers for TPU with the Pallas kernels on, from this CPU machine; the
+exported program serializes, and run on CPU it gives PyTorch's loss and gradients."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import tpu_backend
+from tpu_backend import kernels
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+sys.path.insert(0, EXAMPLES)
+
+import char_lm  # noqa: E402
+import digits_cnn  # noqa: E402
+import dlrm_clicks  # noqa: E402
+import unet_segmentation  # noqa: E402
+
+
+class TrainStep(nn.Module):
+    """model + loss as one module returning the scalar loss (what export(train_step=True) takes)."""
+
+    def __init__(self, model, loss):
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, *batch):
+        *inputs, target = batch
+        return self.loss(self.model(*inputs), target)
+
+
+def _example(name):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    if name == "digits":
+        return TrainStep(digits_cnn.DigitsResNet(), nn.functional.cross_entropy), (torch.rand(64, 1, 8, 8), torch.randint(0, 10, (64,)))
+    if name == "unet":
+        return TrainStep(unet_segmentation.UNet(), nn.functional.cross_entropy), unet_segmentation.shapes_batch(16, gen)
+    if name == "dlrm":
+        dense, ids, clicks, _ = dlrm_clicks.ClickRule(0).sample(256, gen)
+        return TrainStep(dlrm_clicks.DLRM(), nn.functional.binary_cross_entropy_with_logits), (dense, ids, clicks)
+    model = char_lm.build_model(name, 65, 128)
+    tokens = torch.randint(0, 65, (16, 65), generator=gen)
+    return TrainStep(model, char_lm.NextTokenLoss()), (tokens[:, :-1], tokens[:, 1:])
+
+
+def _check_gradients_layout(exported, step):
+    params = list(step.parameters())
+    assert exported.out_avals[0].shape == ()
+    assert [tuple(a.shape) for a in exported.out_avals[1:]] == [tuple(p.shape) for p in params]
+
+
+# cross-entropy on (N, C) logits: the classifiers and LMs (UNet's per-pixel loss and DLRM's
+# BCE are not kernel calls; the examples' LMs have head dim 16, outside the flash kernel's)
+KERNEL_CALLS = {"digits": 2, "unet": 0, "dlrm": 0, "tinyllama": 2, "llama": 2, "qwen3": 2}
+
+
+@pytest.mark.parametrize("name", ["digits", "unet", "dlrm", "tinyllama", "llama", "qwen3"])
+def test_example_training_step_lowers_for_tpu_with_kernels(name):
+    step, batch = _example(name)
+    kernels.reset_stats()
+    with kernels.use("auto"):
+        exported = tpu_backend.export(step, batch, platforms=("tpu",), train_step=True)
+    assert exported.platforms == ("tpu",)
+    _check_gradients_layout(exported, step)
+    text = exported.mlir_module()
+    # cross-entropy (classifiers, LMs), flash attention and RMSNorm (transformers): Pallas
+    assert text.count("tpu_custom_call") == KERNEL_CALLS[name], kernels.stats()
+    again = jax.export.deserialize(exported.serialize())
+    assert again.mlir_module() == text
+
+
+def test_exported_step_runs_on_cpu_with_pytorch_gradients():
+    """The same export for CPU, run: loss and every gradient equal PyTorch's autograd."""
+    step, batch = _example("tinyllama")
+    exported = tpu_backend.export(step, batch, platforms=("cpu",), train_step=True)
+    arrays = [t.detach().numpy() for t in (*step.parameters(), *step.buffers(), *batch)]
+    loss, *grads = exported.call(*arrays)
+    expected = step(*batch)
+    expected.backward()
+    assert np.allclose(float(loss), float(expected), rtol=1e-5)
+    for g, p in zip(grads, step.parameters()):
+        np.testing.assert_allclose(np.asarray(g), p.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_meta_parameters_and_forward_export():
+    """Parameters on the meta device (nothing allocated); a forward export returns the outputs."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4096, 4096), nn.GELU(), nn.Linear(4096, 10))
+    x = torch.empty(8, 4096, device="meta")
+    exported = tpu_backend.export(model, (x,), platforms=("tpu",))
+    assert [tuple(a.shape) for a in exported.out_avals] == [(8, 10)]
+    assert [tuple(a.shape) for a in exported.in_avals] == [(4096, 4096), (4096,), (10, 4096), (10,), (8, 4096)]
+
+
+def test_train_step_needs_a_scalar_loss():
+    with pytest.raises(ValueError, match="must return a scalar loss, got a tensor of shape \\(2, 3\\)"):
+        tpu_backend.export(nn.Linear(4, 3), (torch.zeros(2, 4),), train_step=True)
+
+
+def _llm_config(name):
+    import transformers
+
+    if name == "llama-3-1b":
+        return transformers.LlamaForCausalLM, transformers.LlamaConfig(
+            vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096, tie_word_embeddings=True,
+            torch_dtype=torch.bfloat16,
+        )
+    return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True,
+        torch_dtype=torch.bfloat16,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-3-1b", "qwen3-0.6b"])
+def test_billion_parameter_configs_lower_at_4096(name):
+    """Llama-3-1B / Qwen3-0.6B shapes, bf16, sequence 4096: built on meta, never allocated."""
+    cls, config = _llm_config(name)
+    with torch.device("meta"):
+        model = cls(config).to(torch.bfloat16)
+    tokens = torch.empty(1, 4096, dtype=torch.long, device="meta")
+    step = TrainStep(model, char_lm.NextTokenLoss())
+    with kernels.use("auto"):
+        exported = tpu_backend.export(step, (tokens, tokens), platforms=("tpu",), train_step=True)
+    _check_gradients_layout(exported, step)
+    text = exported.mlir_module()
+    assert text.count("tpu_custom_call") >= 3 * config.num_hidden_layers
