@@ -136,3 +136,19 @@ def test_billion_parameter_configs_lower_at_4096(name):
     _check_gradients_layout(exported, step)
     text = exported.mlir_module()
     assert text.count("tpu_custom_call") >= 3 * config.num_hidden_layers
+
+
+def test_compiled_programs_lower_for_another_platform():
+    """Programs of the compile cache (here a torch.compile graph built on CPU) export for TPU."""
+    import tpu_backend.compile as tpu_compile
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("tpu")
+    compiled = torch.compile(model, backend="tpu")
+    x = torch.randn(8, 16, device="tpu")
+    compiled(x)
+    mine = [p for p in tpu_compile.programs() if any(item[1] == (8, 16) for sig in p.signatures for item in sig)]
+    assert mine, [p.name for p in tpu_compile.programs()]
+    (exported,) = mine[-1].export(platforms=("tpu",))
+    assert exported.platforms == ("tpu",)
+    assert tuple(exported.out_avals[0].shape) == (8, 4)  # then the activations saved for backward
+    assert "stablehlo.dot_general" in exported.mlir_module()

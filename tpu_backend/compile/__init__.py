@@ -11,7 +11,9 @@ Importing this package registers the Dynamo backend "tpu". Public API:
   `using_cache_dir(path)` for a block;
 - `cache_only()`: a context in which any compile raises `CacheMissError`;
 - `dump(folder)` (or `$TPU_DUMP_DIR`): write each compiled program's StableHLO and the
-  FX graph it came from.
+  FX graph it came from;
+- `programs()`: the compiled programs alive now; `Program.export(platforms=("tpu",))`
+  lowers each of a program's signatures for another platform (`jax.export.Exported`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from tpu_backend.compile.interpreter import (
     fx_to_jax,
     missing_lowerings,
 )
-from tpu_backend.compile.program import Program
+from tpu_backend.compile.program import Program, programs
 
 __all__ = [
     "BACKEND_NAME",
@@ -62,6 +64,7 @@ __all__ = [
     "ensure_persistent_cache",
     "fx_to_jax",
     "missing_lowerings",
+    "programs",
     "record_compile",
     "record_hit",
     "set_cache_dir",

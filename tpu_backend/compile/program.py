@@ -13,7 +13,9 @@ recorded while tracing and returned as they were: XLA only returns arrays.
 
 from __future__ import annotations
 
+import contextlib
 import time
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -71,6 +73,20 @@ class _Executable:
         return jax.tree_util.tree_unflatten(self.treedef, leaves)
 
 
+_LIVE: "weakref.WeakSet[Program]" = weakref.WeakSet()
+
+
+def programs() -> list["Program"]:
+    """The programs alive now that have compiled at least one signature (fused eager
+    programs and `torch.compile(backend="tpu")` graphs), e.g. to `export()` them."""
+    return [p for p in list(_LIVE) if p.signatures]
+
+
+def _abstract(item: tuple):
+    """A signature entry as what `jax.export` traces with: a ShapeDtypeStruct or the static value."""
+    return jax.ShapeDtypeStruct(item[1], item[2], weak_type=item[3]) if item[0] == "array" else item[2]
+
+
 class Program:
     """`fn(*args)` compiled per signature; counted in `compile_stats()` under `name`.
 
@@ -83,6 +99,24 @@ class Program:
         self.fn = fn
         self.source = source
         self._executables: dict[tuple, _Executable] = {}
+        _LIVE.add(self)
+
+    def export(self, platforms=("tpu",), *, chip: str | None = None) -> list:
+        """Each compiled signature lowered for `platforms` as a `jax.export.Exported`
+        (arguments: the signature's arrays; static values are baked in). For TPU alone
+        the lowering sees chip `chip` (`kernels.tpu.lowering_for`). The kernel choice
+        (Pallas or XLA) is the one made when the program was traced."""
+        from kernels import tpu
+
+        platforms = tuple(platforms)
+        exported = []
+        with tpu.lowering_for(chip) if platforms == ("tpu",) else contextlib.nullcontext():
+            for sig in self._executables:
+                args = [_abstract(item) for item in sig]
+                on_arrays, _ = self._array_function(args)
+                arrays = [a for a in args if isinstance(a, jax.ShapeDtypeStruct)]
+                exported.append(jax.export.export(jax.jit(on_arrays), platforms=platforms)(*arrays))
+        return exported
 
     def __repr__(self) -> str:
         return f"Program({self.name!r}, {len(self._executables)} compiled signature(s))"
@@ -107,24 +141,9 @@ class Program:
                 f"cache_only(): program {self.name!r} {format_signature(sig)} would compile, "
                 "but the persistent compilation cache is disabled (set TPU_CACHE_DIR or call set_cache_dir())"
             )
-        array_positions = [i for i, a in enumerate(args) if is_array(a)]
-        statics = {i: a for i, a in enumerate(args) if not is_array(a)}
-        traced: dict[str, Any] = {}
-
-        def on_arrays(*arrays):
-            full = list(range(len(args)))
-            for i, array in zip(array_positions, arrays):
-                full[i] = array
-            for i, value in statics.items():
-                full[i] = value
-            leaves, treedef = jax.tree_util.tree_flatten(self.fn(*full), is_leaf=lambda x: x is None)
-            traced["treedef"] = treedef
-            traced["n_leaves"] = len(leaves)
-            traced["static"] = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, jax.Array)}
-            return [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
-
+        on_arrays, traced = self._array_function(args)
         start = time.perf_counter()
-        lowered = jax.jit(on_arrays).lower(*[args[i] for i in array_positions])
+        lowered = jax.jit(on_arrays).lower(*[a for a in args if is_array(a)])
         traced_at = time.perf_counter()
         disk_hits_before = storage.hits if storage is not None else 0
         try:
@@ -144,5 +163,27 @@ class Program:
         self._executables[sig] = executable
         return executable
 
+    def _array_function(self, args):
+        """(function of the array arguments only, dict its tracing fills with the output
+        structure and static outputs)."""
+        is_input_array = lambda a: is_array(a) or isinstance(a, jax.ShapeDtypeStruct)
+        array_positions = [i for i, a in enumerate(args) if is_input_array(a)]
+        statics = {i: a for i, a in enumerate(args) if not is_input_array(a)}
+        traced: dict[str, Any] = {}
 
-__all__ = ["Program", "format_signature", "is_array", "signature"]
+        def on_arrays(*arrays):
+            full = list(range(len(args)))
+            for i, array in zip(array_positions, arrays):
+                full[i] = array
+            for i, value in statics.items():
+                full[i] = value
+            leaves, treedef = jax.tree_util.tree_flatten(self.fn(*full), is_leaf=lambda x: x is None)
+            traced["treedef"] = treedef
+            traced["n_leaves"] = len(leaves)
+            traced["static"] = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, jax.Array)}
+            return [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
+
+        return on_arrays, traced
+
+
+__all__ = ["Program", "format_signature", "is_array", "programs", "signature"]
