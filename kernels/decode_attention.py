@@ -109,8 +109,6 @@ def decode_blocks(q_shape, cache_shape, dtype, config) -> list:
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _decode(q, k_cache, v_cache, lengths, config):
-    from jax.experimental.pallas import tpu as pltpu
-
     batch, heads, head_dim = q.shape
     kv_heads, seq = k_cache.shape[1], k_cache.shape[2]
     groups, bk = heads // kv_heads, config.blocks.block_k
@@ -125,7 +123,7 @@ def _decode(q, k_cache, v_cache, lengths, config):
 
     query_spec = pl.BlockSpec(query.block, lambda b, h, j, lengths_ref: (b, h, 0, 0))
     cache_spec = pl.BlockSpec(cache.block, cache_index)
-    grid_spec = pltpu.PrefetchScalarGridSpec(
+    grid_spec = tpu.pallas_tpu().PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
         grid=(batch, kv_heads, seq_pad // bk),
         in_specs=[query_spec, cache_spec, cache_spec],

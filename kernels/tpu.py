@@ -163,7 +163,7 @@ def _abstract_mesh(c: Chip):
     except ImportError as error:  # pragma: no cover - JAX outside the supported range
         raise ImportError(
             "lowering for a named TPU needs jax.sharding.AbstractDevice/use_abstract_mesh "
-            "(JAX >= 0.10); install jax>=0.10,<0.12"
+            f"(JAX >= 0.10); install jax{SUPPORTED_JAX}"
         ) from error
     device = AbstractDevice(device_kind=c.device_kind, num_cores=1, platform="tpu")
     return use_abstract_mesh(AbstractMesh((1,), ("_chip",), abstract_device=device))
@@ -183,15 +183,29 @@ def lowering_for(name: str | Chip | None = None):
         _TARGET.pop()
 
 
+SUPPORTED_JAX = ">=0.10,<0.12"
+
+
+def pallas_tpu():
+    """`jax.experimental.pallas.tpu`, checked for what the kernels use (its API is
+    experimental: a rename in a JAX outside the tested range fails here, by name)."""
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    missing = [n for n in ("CompilerParams", "PrefetchScalarGridSpec", "VMEM") if not hasattr(pltpu, n)]
+    if missing:
+        raise ImportError(
+            f"kernels: jax.experimental.pallas.tpu in JAX {jax.__version__} lacks {', '.join(missing)}; "
+            f"the kernels are tested with jax{SUPPORTED_JAX}"
+        )
+    return pltpu
+
+
 def compiler_params(*semantics: str):
     """Mosaic compiler parameters: the grid's dimension semantics ("parallel" or
     "arbitrary"; the last is a sequential reduction axis)."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
+    return pallas_tpu().CompilerParams(dimension_semantics=tuple(semantics))
 
 
 def vmem_scratch(shape, dtype):
-    from jax.experimental.pallas import tpu as pltpu
-
-    return pltpu.VMEM(tuple(shape), dtype)
+    return pallas_tpu().VMEM(tuple(shape), dtype)

@@ -57,3 +57,18 @@ def test_whole_grid_lowers_and_fits(chip):
     results = check_lowering.check(None, chip)
     failures = [(r.point.kernel, r.point.dtype, r.point.label, r.error, r.vmem_bytes) for r in results if not r.ok]
     assert not failures, failures[:5]
+
+
+def test_kernels_package_is_pure_jax():
+    """kernels/ imports neither torch nor tpu_backend (#18): usable by a JAX user without torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['tpu_backend'] = None\n"
+        "import kernels.check_lowering, kernels.flash_attention, kernels.norms, kernels.cross_entropy, "
+        "kernels.decode_attention, kernels.tuning, kernels.tpu\n"
+        "print(kernels.check_lowering.check_point(kernels.check_lowering.grid(fast=True)[3], 'v6e').ok)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr[-2000:]
