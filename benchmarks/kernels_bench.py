@@ -59,6 +59,7 @@ class Row:
     temp_bytes: dict = field(default_factory=dict)  # impl -> compiled temporary bytes (fwd+bwd)
     peak_bytes: dict = field(default_factory=dict)
     max_rel_diff: float = 0.0
+    blocks: str = ""  # the kernel's block config (kernels.tuning dataclass) for this shape
 
 
 def _time(fn, args, warmup: int, iters: int) -> float:
@@ -110,12 +111,18 @@ def _key(i):
     return jax.random.PRNGKey(i)
 
 
+def _blocks(config) -> str:
+    """A tuning dataclass as "block_q=128 block_k=512"."""
+    return " ".join(f"{k}={v}" for k, v in asdict(config).items())
+
+
 def bench_attention(seq, sizes, impl, dtype, warmup, iters) -> Row:
     batch, heads, kv_heads, head_dim = sizes["attention"]
     q = jax.random.normal(_key(1), (batch, heads, seq, head_dim), dtype)
     k = jax.random.normal(_key(2), (batch, kv_heads, seq, head_dim), dtype)
     v = jax.random.normal(_key(3), (batch, kv_heads, seq, head_dim), dtype)
     row = Row("flash_attention (causal)", seq, f"B{batch} H{heads}/{kv_heads} D{head_dim}", impl)
+    row.blocks = _blocks(fa.resolve_config(q, k, True, impl=impl).blocks)
 
     def make(which):
         if which == "reference":
@@ -132,6 +139,7 @@ def bench_norm(seq, sizes, impl, dtype, warmup, iters) -> Row:
     residual = jax.random.normal(_key(2), x.shape, dtype)
     weight = jnp.ones((dim,), dtype)
     row = Row("rms_norm + residual", seq, f"rows {batch}x{seq} D{dim}", impl)
+    row.blocks = _blocks(norms.resolve_config(x, False, 1e-6, impl).blocks)
 
     def make(which):
         return lambda x, r, w: norms.rms_norm(x, w, residual=r, impl=which)[0]
@@ -145,6 +153,7 @@ def bench_cross_entropy(seq, sizes, impl, dtype, warmup, iters) -> Row:
     logits = jax.random.normal(_key(1), (batch * seq, vocab), dtype)
     targets = jax.random.randint(_key(2), (batch * seq,), 0, vocab)
     row = Row("cross_entropy", seq, f"rows {batch}x{seq} V{vocab}", impl)
+    row.blocks = _blocks(ce.resolve_config(logits, impl=impl).blocks)
 
     def make(which):
         return lambda x: ce.cross_entropy(x, targets, impl=which)
@@ -160,6 +169,7 @@ def bench_decode(seq, sizes, impl, dtype, warmup, iters) -> Row:
     v = jax.random.normal(_key(3), (batch, kv_heads, seq, head_dim), dtype)
     lengths = jax.random.randint(_key(4), (batch,), seq // 2, seq + 1)
     row = Row("decode_attention", seq, f"B{batch} H{heads}/{kv_heads} D{head_dim} cache {seq}", impl)
+    row.blocks = _blocks(da.resolve_config(q, k, impl=impl).blocks)
 
     def make(which):
         return lambda q, k, v: da.decode_attention(q, k, v, lengths, impl=which)
@@ -214,14 +224,14 @@ def print_table(rows: list[Row], checks: list[dict], note: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"Pallas kernels vs XLA on {jax.default_backend()} ({note})")
-    for column in ("kernel", "seq", "shape", "fwd ms (kernel / xla)", "fwd+bwd ms (kernel / xla)", "speedup fwd+bwd", "temp MiB (kernel / xla)", "max rel diff"):
+    for column in ("kernel", "seq", "shape", "blocks", "fwd ms (kernel / xla)", "fwd+bwd ms (kernel / xla)", "speedup fwd+bwd", "temp MiB (kernel / xla)", "max rel diff"):
         table.add_column(column)
     for r in rows:
         speedup = (
             f"{r.fwd_bwd_ms['reference'] / r.fwd_bwd_ms[r.impl]:.2f}x" if r.fwd_bwd_ms else f"{r.fwd_ms['reference'] / r.fwd_ms[r.impl]:.2f}x (fwd)"
         )
         table.add_row(
-            r.kernel, str(r.seq), r.shape,
+            r.kernel, str(r.seq), r.shape, r.blocks,
             f"{_fmt_ms(r.fwd_ms, r.impl)} / {_fmt_ms(r.fwd_ms, 'reference')}",
             f"{_fmt_ms(r.fwd_bwd_ms, r.impl)} / {_fmt_ms(r.fwd_bwd_ms, 'reference')}",
             speedup,
