@@ -5,12 +5,16 @@ multi-query attention read the shared K/V head directly: nothing is repeated). O
 mask broadcastable to (B, H, Lq, Lk): boolean (True = attend) or additive float.
 `causal` is PyTorch's `is_causal` (top-left aligned: query i sees keys 0..i).
 
-Forward: one program per (batch, head, query block); an online softmax over key blocks
-keeps a running max, normaliser and output accumulator, so memory is O(sequence) (no
-(Lq, Lk) scores exist outside one tile) and the logsumexp per query row is saved.
-Backward (FlashAttention-2): delta = rowsum(dO * O), then one kernel per query block for
-dQ and one per key block for dK/dV, both recomputing the probabilities from q, k and the
-saved logsumexp. Causal programs skip the key (or query) blocks the mask removes.
+Forward: grid (batch, head, query block, key block), keys innermost and sequential; an
+online softmax keeps a running max, normaliser and output accumulator in VMEM scratch,
+so memory is O(sequence) (no (Lq, Lk) scores exist outside one tile), a program holds
+one block of each of q, k, v whatever the length, and the logsumexp per query row is
+saved (lane-dense, (B, H, 1, Lq)). Backward (FlashAttention-2): delta = rowsum(dO * O),
+then a dQ kernel (key blocks sequential) and a dK/dV kernel (query blocks sequential),
+both recomputing the probabilities from q, k and the saved logsumexp. Causal programs
+past the diagonal skip their body and re-read the previous block (no DMA).
+On TPU every block obeys the (8, 128) rule; `attention_blocks` lists them for
+`kernels.tpu` and `kernels.check_lowering`.
 
 Ragged lengths: q/k/v are zero-padded to block multiples outside the kernel and padded
 keys are masked inside. Fully masked query rows give zeros (PyTorch's safe softmax).
