@@ -23,7 +23,8 @@ def _assert_tpu_ok(calls, what):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_attention_blocks(dtype):
-    for seq, kv_seq, head_dim, (heads, kv_heads) in itertools.product(LENGTHS, LENGTHS, (32, 64, 128, 256), ((8, 8), (8, 1))):
+    pairs = [(n, n) for n in LENGTHS] + [(1000, 4096), (4096, 1000), (7, 131072), (131072, 129)]
+    for (seq, kv_seq), head_dim, (heads, kv_heads) in itertools.product(pairs, (32, 64, 128, 256), ((8, 8), (8, 1))):
         q, kv = (1, heads, seq, head_dim), (1, kv_heads, kv_seq, head_dim)
         for mask in (None, (1, 1, seq, kv_seq)):
             _assert_tpu_ok(check_lowering.attention_calls(q, kv, dtype, causal=True, mask_shape=mask), (q, kv, mask))
