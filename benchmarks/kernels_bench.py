@@ -11,7 +11,7 @@ For every kernel and sequence length: time of the forward and of forward + backw
 O(seq^2) score matrix would show) and, where the device reports it, the process's peak
 bytes in use (`device.memory_stats()`, cumulative over the run).
 
-On a TPU or GPU the kernels are compiled ("pallas"); shapes are transformer-sized
+On a TPU the kernels are compiled ("pallas"); shapes are transformer-sized
 (bfloat16, head dim 128, sequence 512..8192) and the targets are checked:
 - flash attention forward + backward at least 1.5x faster than XLA at sequence 4096;
 - no O(seq^2) memory: the kernel's temporary bytes grow at most ~linearly with the

@@ -497,8 +497,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, impl=None, block_q=None, block_k=None):
     """softmax(q k^T * scale + mask) v with O(sequence) memory; differentiable in q, k, v.
 
-    impl: "pallas" (TPU/GPU), "interpret" (Pallas interpreter, any backend) or
-    "reference" (plain XLA); default: compiled on an accelerator, interpreted on CPU.
+    impl: "pallas" (TPU), "interpret" (Pallas interpreter, any backend) or
+    "reference" (plain XLA); default: compiled on a TPU, interpreted elsewhere.
     Block sizes default to `kernels.tuning`. The mask is not differentiated.
     """
     _check_shapes(q, k, v, mask)
