@@ -81,12 +81,13 @@ def test_example_training_step_lowers_for_tpu_with_kernels(name):
 def test_exported_step_runs_on_cpu_with_pytorch_gradients():
     """The same export for CPU, run: loss and every gradient equal PyTorch's autograd."""
     step, batch = _example("tinyllama")
+    batch = tuple(b[:2, :32] for b in batch)  # small: the program is compiled and run on CPU
     exported = tpu_backend.export(step, batch, platforms=("cpu",), train_step=True)
     arrays = [t.detach().numpy() for t in (*step.parameters(), *step.buffers(), *batch)]
     loss, *grads = exported.call(*arrays)
     expected = step(*batch)
     expected.backward()
-    assert np.allclose(float(loss), float(expected), rtol=1e-5)
+    assert np.allclose(float(loss), float(expected.detach()), rtol=1e-5)
     for g, p in zip(grads, step.parameters()):
         np.testing.assert_allclose(np.asarray(g), p.grad.numpy(), rtol=1e-4, atol=1e-6)
 
