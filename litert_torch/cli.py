@@ -17,7 +17,6 @@ import os
 import sys
 import time
 
-import numpy as np
 
 EXIT_USAGE, EXIT_FAILED = 2, 1
 
@@ -111,18 +110,6 @@ def _check(model, sample_args, edge, console) -> int:
     return 0
 
 
-def _tensor_type_names():
-    from ai_edge_litert import schema_py_generated as schema
-
-    return {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
-
-
-def _op_names():
-    from ai_edge_litert import schema_py_generated as schema
-
-    return {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
-
-
 def _human(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -132,57 +119,22 @@ def _human(n: int) -> str:
 
 
 def inspect_model(content: bytes) -> dict:
-    """A summary of a .tflite file: ops, tensors, signatures, buffers (plain data)."""
-    from ai_edge_litert import schema_py_generated as schema
+    """A summary of a .tflite file: ops, tensors, signatures, buffers (plain data), read
+    through `runtimes.targets.read_model` (the project's one flatbuffer reader)."""
+    from runtimes.targets.model_view import read_model
 
-    m = schema.Model.GetRootAsModel(content, 0)
-    op_names, type_names = _op_names(), _tensor_type_names()
-    ops: collections.Counter = collections.Counter()
-    tensors = []
-    for s in range(m.SubgraphsLength()):
-        sg = m.Subgraphs(s)
-        for i in range(sg.OperatorsLength()):
-            oc = m.OperatorCodes(sg.Operators(i).OpcodeIndex())
-            code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
-            ops[(op_names.get(code, f"#{code}"), oc.Version())] += 1
-        for i in range(sg.TensorsLength()):
-            t = sg.Tensors(i)
-            sig = t.ShapeSignatureAsNumpy() if t.ShapeSignatureLength() else t.ShapeAsNumpy()
-            shape = [int(d) for d in (sig if not isinstance(sig, int) else [])]
-            tensors.append({"subgraph": s, "name": (t.Name() or b"").decode(), "shape": shape,
-                            "dtype": type_names.get(t.Type(), str(t.Type())).lower(),
-                            "buffer": t.Buffer()})
-    buffer_sizes = []
-    for i in range(m.BuffersLength()):
-        b = m.Buffers(i)
-        buffer_sizes.append(b.DataLength() or (b.Size() if b.Offset() else 0))
-    signatures = []
-    for i in range(m.SignatureDefsLength()):
-        sd = m.SignatureDefs(i)
-        sg = m.Subgraphs(sd.SubgraphIndex())
-        by_index = {k: t for k, t in enumerate(tensors) if t["subgraph"] == sd.SubgraphIndex()}
-        offset = min(by_index) if by_index else 0
+    view = read_model(content)
+    ops = collections.Counter((op.opcode, op.version) for sg in view.subgraphs for op in sg.ops)
+    tensors = [{"subgraph": sg.index, "name": t.name, "shape": list(t.shape_signature), "dtype": t.dtype,
+                "buffer": t.buffer} for sg in view.subgraphs for t in sg.tensors]
 
-        def io(maps, n):
-            out = []
-            for k in range(n):
-                tm = maps(k)
-                t = by_index[offset + tm.TensorIndex()]
-                out.append({"name": tm.Name().decode(), "shape": t["shape"], "dtype": t["dtype"]})
-            return out
+    def io(pairs):
+        return [{"name": name, "shape": list(t.shape_signature), "dtype": t.dtype} for name, t in pairs]
 
-        signatures.append({"key": sd.SignatureKey().decode(), "subgraph": sd.SubgraphIndex(),
-                           "inputs": io(sd.Inputs, sd.InputsLength()),
-                           "outputs": io(sd.Outputs, sd.OutputsLength())})
-        del sg
-    metadata = {}
-    for i in range(m.MetadataLength()):
-        md = m.Metadata(i)
-        raw = m.Buffers(md.Buffer()).DataAsNumpy()
-        raw = raw.tobytes() if isinstance(raw, np.ndarray) else b""
-        metadata[md.Name().decode()] = raw.rstrip(b"\0").decode(errors="replace") if len(raw) <= 64 else f"{len(raw)} bytes"
-    return {"ops": ops, "tensors": tensors, "signatures": signatures, "buffer_sizes": buffer_sizes,
-            "metadata": metadata, "total_bytes": len(content), "description": (m.Description() or b"").decode()}
+    signatures = [{"key": s.key, "subgraph": s.subgraph, "inputs": io(s.inputs), "outputs": io(s.outputs)}
+                  for s in view.signature_defs]
+    return {"ops": ops, "tensors": tensors, "signatures": signatures, "buffer_sizes": view.buffer_sizes,
+            "metadata": view.metadata, "total_bytes": view.file_size, "description": view.description}
 
 
 def cmd_inspect(ns) -> int:

@@ -151,9 +151,6 @@ def bench_web(model, *, runs: int = 20, warmup: int = 3, accelerator: str = "was
 
 # ---------------------------------------------------------------------------------- per-op profile
 
-_CONTROL_FLOW = {"WHILE", "IF", "CALL_ONCE", "STABLEHLO_COMPOSITE"}
-
-
 def _single_op_model(schema, model_t, sg, op) -> bytes:
     """A model holding only `op` of subgraph `sg`: its computed inputs become the graph's
     inputs, its constants keep their data."""
@@ -226,17 +223,18 @@ def op_profile(model, *, runs: int = 20, threads: int | None = None, use_xnnpack
     Rows: index, op, median_us, percent (of the sum), or error."""
     from ai_edge_litert import schema_py_generated as schema
 
+    from common.tflite_schema import CONTROL_FLOW, opcode_name
+
     content, _ = _read(model)
     model_t = schema.ModelT.InitFromPackedBuf(content, 0)
     sg = model_t.subgraphs[subgraph]
-    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
     rows = []
     for i, op in enumerate(sg.operators):
         code = model_t.operatorCodes[op.opcodeIndex]
-        name = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "?")
+        name = opcode_name(code.builtinCode, code.deprecatedBuiltinCode)
         row = {"index": i, "op": name}
         try:
-            if name in _CONTROL_FLOW:
+            if name in CONTROL_FLOW:
                 raise ValueError("control flow calls other subgraphs")
             row["median_us"] = _time_alone(_single_op_model(schema, model_t, sg, op), runs, threads, use_xnnpack)
         except (ValueError, RuntimeError) as e:
