@@ -106,14 +106,17 @@ def _options(schema, op) -> dict:
     return options
 
 
-def read_model(content: bytes | bytearray | memoryview) -> ModelView:
-    """Parse .tflite bytes into a ModelView. Raises ValueError when they are not a LiteRT model."""
+def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None = None) -> ModelView:
+    """Parse .tflite bytes into a ModelView. Raises ValueError when they are not a LiteRT model.
+
+    `content` may be the flatbuffer part alone of a file whose weights follow it (models
+    over 2 GB); `file_size` is then the whole file's size (constant data is never read)."""
     from ai_edge_litert import schema_py_generated as schema
 
     from common.tflite_schema import TENSOR_TYPE_NAMES as type_names
     from common.tflite_schema import opcode_name
 
-    content = bytes(content)
+    content = content if isinstance(content, bytes) else bytes(content)
     if len(content) < 8 or content[4:8] != b"TFL3":
         raise ValueError("not a LiteRT/TFLite model: the file identifier 'TFL3' is missing")
     m = schema.Model.GetRootAsModel(content, 0)
@@ -184,7 +187,7 @@ def read_model(content: bytes | bytearray | memoryview) -> ModelView:
 
             signature_defs.append(SignatureView(key, index, io(sd.Inputs, sd.InputsLength()),
                                                 io(sd.Outputs, sd.OutputsLength())))
-    return ModelView(subgraphs, signatures, len(content),
+    return ModelView(subgraphs, signatures, len(content) if file_size is None else file_size,
                      constant_bytes=sum(size for _, size, _ in buffers),
                      uses_external_buffers=any(ext for _, _, ext in buffers),
                      buffer_sizes=[size for _, size, _ in buffers], signature_defs=signature_defs,

@@ -13,8 +13,9 @@ import litert_torch
 import runtimes
 from converter import ir
 from converter.writer import write_flatbuffer
+from litert_torch.targets import prepare_for_target
 from runtimes.litert import LiteRTModel
-from runtimes.targets import PROFILES, TargetError, check, get_profile, prepare_for_target, read_model
+from runtimes.targets import PROFILES, TargetError, check, get_profile, read_model
 from tests.runtimes.int8_models import int8_conv, int8_mlp
 
 
