@@ -127,7 +127,8 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     if quant_config is not None:
         from converter.quantize import quantize
         with stages.stage("quantize", str(quant_config)):
-            model = quantize(model, quant_config, calibration_data)
+            from runtimes.litert import LiteRTModel
+            model = quantize(model, quant_config, calibration_data, runner=LiteRTModel)
     report = None
     if profile is not None:
         from litert_torch.targets import write_for_target
