@@ -37,8 +37,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_backend import tensor as tpu_tensor
-from tpu_backend.ops import DATA_DEPENDENT, DATA_DEPENDENT_WHEN, FUNCTIONALIZED
-from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
+from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering, on_register
 
 aten = torch.ops.aten
 
@@ -243,8 +242,6 @@ class OpRunner:
     def __init__(self, op, lowering: Lowering):
         self.op = op
         self.lowering = lowering
-        self.data_dependent = op in DATA_DEPENDENT
-        self.data_dependent_when = DATA_DEPENDENT_WHEN.get(op)  # e.g. index with a bool mask
         self.dynamic_floats = True  # turned off if the lowering needs concrete floats
         self.jitted: dict[tuple, Callable] = {}
 
@@ -266,7 +263,7 @@ class OpRunner:
             from tpu_backend import random as tpu_random
 
             kwargs = dict(kwargs, key=tpu_random.next_key())
-        if self.data_dependent or (self.data_dependent_when is not None and self.data_dependent_when(args, kwargs)):
+        if self.lowering.runs_on_host(args, kwargs):
             # output shape depends on values: run eagerly (a host sync)
             dynamic, template_args, template_kwargs = flatten_args(args, kwargs, False)
             dynamic = [tpu_tensor.concrete(value) for value in dynamic]  # fused mode: sync
@@ -557,7 +554,7 @@ def _is_composite_implicit(op) -> bool:
 def _functionalized_kernel(op):
     """A mutating op (native_batch_norm's running stats) run through its functional
     lowering: write the new values into the mutated arguments (see ops/norm.py)."""
-    spec = FUNCTIONALIZED[op]
+    spec = JAX_LOWERINGS[op].functionalized
     run = runner(spec.functional)
 
     def kernel(*args, **kwargs):
@@ -570,20 +567,31 @@ def _functionalized_kernel(op):
     return kernel
 
 
+def _register_op(op) -> int:
+    """Register `op`'s kernel and its derived in-place and out variants; returns how many."""
+    if (op, "PrivateUse1") in _REGISTERED or _is_composite_implicit(op):
+        return 0
+    lowering = JAX_LOWERINGS[op]
+    added = register_kernel(op, _functionalized_kernel(op) if lowering.functionalized else _functional_kernel(op))
+    inplace = inplace_variant(op)
+    if inplace is not None and inplace not in JAX_LOWERINGS:
+        added += register_kernel(inplace, _inplace_kernel(op))
+    out_op = out_variant(op)
+    if out_op is not None and out_op not in JAX_LOWERINGS:
+        added += register_kernel(out_op, _out_kernel(op, out_op))
+    return added
+
+
+def _connect_late_lowering(op, lowering: Lowering) -> None:
+    if lowering.kind == "op":
+        _register_op(op)
+
+
 def register_table() -> int:
-    """Register every table entry (functional, in-place, out) on PrivateUse1; idempotent."""
-    added = 0
-    for op in list(JAX_LOWERINGS):
-        if (op, "PrivateUse1") in _REGISTERED or _is_composite_implicit(op):
-            continue
-        kernel = _functionalized_kernel(op) if op in FUNCTIONALIZED else _functional_kernel(op)
-        added += register_kernel(op, kernel)
-        inplace = inplace_variant(op)
-        if inplace is not None and inplace not in JAX_LOWERINGS:
-            added += register_kernel(inplace, _inplace_kernel(op))
-        out_op = out_variant(op)
-        if out_op is not None and out_op not in JAX_LOWERINGS:
-            added += register_kernel(out_op, _out_kernel(op, out_op))
+    """Register every table entry (functional, in-place, out) on PrivateUse1, and connect
+    every lowering registered from now on as it is registered; idempotent."""
+    added = sum(_register_op(op) for op in list(JAX_LOWERINGS))
+    on_register(_connect_late_lowering)
     return added
 
 
