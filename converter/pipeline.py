@@ -35,9 +35,9 @@ from torch.export.graph_signature import InputKind, OutputKind
 import converter.lowering  # noqa: F401  (importing it registers every lowering family)
 from converter import ir
 from converter.errors import ConversionError, UnsupportedOp, UnsupportedOpsError
+from converter.lowering import symbolic
 from converter.lowering.context import LoweringContext, numpy_dtype, static_shape
 from converter.lowering.registry import find_lowering
-from converter.lowering import symbolic
 from converter.progress import Progress
 
 

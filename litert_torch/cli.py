@@ -17,7 +17,6 @@ import os
 import sys
 import time
 
-
 EXIT_USAGE, EXIT_FAILED = 2, 1
 
 
@@ -25,7 +24,7 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--args expects comma-separated integers like 1,3,224,224, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--args expects comma-separated integers like 1,3,224,224, got {text!r}") from None
     if not shape or any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"--args needs positive dimensions, got {text!r}")
     return shape
@@ -40,11 +39,11 @@ def _load_factory(spec: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise SystemExit(f"error: cannot import {module_name!r}: {e}")
+        raise SystemExit(f"error: cannot import {module_name!r}: {e}") from e
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise SystemExit(f"error: {module_name!r} has no attribute {attr!r}")
+        raise SystemExit(f"error: {module_name!r} has no attribute {attr!r}") from None
 
 
 def _model_and_args(factory, shapes, dtype_name: str):
@@ -71,8 +70,9 @@ def _model_and_args(factory, shapes, dtype_name: str):
 
 
 def cmd_convert(ns) -> int:
-    import litert_torch
     from rich.console import Console
+
+    import litert_torch
 
     console = Console(stderr=True)
     model, sample_args = _model_and_args(_load_factory(ns.factory), ns.args, ns.dtype)

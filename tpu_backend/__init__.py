@@ -22,7 +22,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_cpu_enable_async_dispatch", False)
 
-import torch  # noqa: E402
+import torch  # noqa: E402,F401  (torch before the backend registration)
 
 from tpu_backend import _registration, device  # noqa: E402
 
@@ -40,6 +40,7 @@ from tpu_backend.dispatch import (  # noqa: E402,F401
 )
 from tpu_backend.fused import mark_step  # noqa: E402,F401
 from tpu_backend.tensor import payload_count  # noqa: E402,F401
+
 
 def _install() -> None:
     core_ops.register()  # before the table: allocation, copies and views win

@@ -19,6 +19,7 @@ from converter.ir import Graph, Op
 
 from ._graph import Uses, bypass, int32_const, remove_ops, shape_signature, static_dims, transpose_perm
 
+
 def simplify_reshapes(graph: Graph) -> Graph:
     """Apply the rewrites above to a fixed point (in place); returns the graph."""
     _transposes_to_reshapes(graph)

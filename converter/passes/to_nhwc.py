@@ -30,8 +30,7 @@ import numpy as np
 from common.tflite_schema import BROADCASTING, LAST_AXIS, PADS, REDUCTIONS, UNARY
 from converter.ir import Graph, Op, QuantParams, Tensor
 
-from ._graph import (Uses, fresh_name, insert_after, int32_const, remove_ops,
-                     restore, snapshot, transpose_perm)
+from ._graph import Uses, fresh_name, insert_after, int32_const, remove_ops, restore, snapshot, transpose_perm
 from ._reshape_layout import reshape_first
 from .simplify_reshapes import simplify_reshapes
 

@@ -43,6 +43,6 @@ def collect_ranges(model: ir.Model, samples: dict[str, list[tuple[np.ndarray, ..
                 if value.size:
                     lows[t.id] = min(lows[t.id], float(np.min(value)))
                     highs[t.id] = max(highs[t.id], float(np.max(value)))
-        result[graph.name] = {tid: (lows[tid], highs[tid]) for tid in lows 
+        result[graph.name] = {tid: (lows[tid], highs[tid]) for tid in lows
                               if np.isfinite(lows[tid]) and np.isfinite(highs[tid])}  # +-inf: stays float
     return result

@@ -158,7 +158,7 @@ def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None
                                       quantized=scales > 0, scales=scales,
                                       data_offset=offset, data_size=size, buffer=t.Buffer()))
 
-        def pick(indices):
+        def pick(indices, tensors=tensors):
             return [tensors[k] if k >= 0 else None for k in indices]
 
         ops = []
@@ -182,7 +182,7 @@ def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None
             subgraphs[index].name = key
             tensors = subgraphs[index].tensors
 
-            def io(maps, n):
+            def io(maps, n, tensors=tensors):
                 return [(maps(k).Name().decode(), tensors[maps(k).TensorIndex()]) for k in range(n)]
 
             signature_defs.append(SignatureView(key, index, io(sd.Inputs, sd.InputsLength()),

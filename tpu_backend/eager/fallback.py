@@ -18,7 +18,6 @@ from tpu_backend.eager.errors import TpuLoweringError, user_frame
 from tpu_backend.eager.registration import _opaque_to_dynamo
 from tpu_backend.eager.variants import _out_names, functional_variant, write_result
 
-
 _active = threading.local()
 
 

@@ -7,7 +7,6 @@ import torch
 
 from tpu_backend import tensor as tpu_tensor
 
-
 _INPLACE_NAMES = {"normal_functional": "normal_"}
 
 

@@ -20,6 +20,7 @@ from torch._prims_common import elementwise_dtypes
 
 from tpu_backend.ops.registry import DATA_DEPENDENT, DATA_DEPENDENT_WHEN, jax_dtype, mark, torch_dtype  # noqa: F401
 
+
 def is_array(value) -> bool:
     """True for a JAX (or numpy) array, False for Python scalars and None."""
     return hasattr(value, "dtype") and hasattr(value, "shape")
