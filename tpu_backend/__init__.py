@@ -7,20 +7,24 @@ Importing this package registers the device on PyTorch's PrivateUse1 key, create
 `torch.tpu`, fills the ATen -> JAX lowering table (`tpu_backend.ops`) and connects it to
 the dispatcher. On a machine without a TPU, JAX's CPU (or GPU) runtime runs the ops.
 
-JAX is configured at import:
-- `jax_enable_x64`: int64 is PyTorch's index dtype, so 64-bit JAX types must exist
+Importing it changes two PROCESS-WIDE JAX settings (`JAX_SETTINGS`, applied here and
+nowhere else), which other JAX code in the same process sees too:
+- `jax_enable_x64=True`: int64 is PyTorch's index dtype, so 64-bit JAX types must exist
   (without it int64 silently becomes int32). Every lowering keeps float32 float32: JAX
   then only produces float64 where PyTorch would.
 - `jax_cpu_enable_async_dispatch=False`: on the CPU runtime a small op costs ~5 us
   synchronously versus 25-45 us asynchronously; strict eager is per-op bound there.
+(The persistent compile cache, `tpu_backend/compile/cache.py`, sets JAX's
+compilation-cache options when it is enabled.)
 """
 
 from __future__ import annotations
 
 import jax
 
-jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_cpu_enable_async_dispatch", False)
+JAX_SETTINGS = {"jax_enable_x64": True, "jax_cpu_enable_async_dispatch": False}
+for _name, _value in JAX_SETTINGS.items():
+    jax.config.update(_name, _value)
 
 import torch  # noqa: E402,F401  (torch before the backend registration)
 

@@ -184,11 +184,6 @@ def insert_after(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
     graph.ops[i + 1:i + 1] = new_ops
 
 
-def insert_before(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
-    i = next(k for k, op in enumerate(graph.ops) if op is anchor)
-    graph.ops[i:i] = new_ops
-
-
 def remove_ops(graph: Graph, dead: list[Op]) -> None:
     ids = {id(op) for op in dead}
     graph.ops = [op for op in graph.ops if id(op) not in ids]
