@@ -94,6 +94,15 @@ def bucketize(x, boundaries, *, out_int32=False, right=False):
     return jnp.searchsorted(boundaries, x, side="right" if right else "left").astype(jnp.int32 if out_int32 else jnp.int64)
 
 
+@lowers(aten.bucketize.Scalar)
+def bucketize_scalar(value, boundaries, *, out_int32=False, right=False):
+    """The bucket of one number (0-d). It promotes like ATen's wrapped scalar: a float
+    against integer boundaries compares as float32, anything else in their dtype."""
+    float_value = jnp.issubdtype(jnp.result_type(value), jnp.floating)
+    dtype = jnp.float32 if float_value and not is_floating(boundaries.dtype) else boundaries.dtype
+    return bucketize(jnp.asarray(value, dtype), boundaries.astype(dtype), out_int32=out_int32, right=right)
+
+
 @lowers(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
     """Equal-width histogram over [min, max]; min == max means the data's own range."""
