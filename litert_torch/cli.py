@@ -1,7 +1,9 @@
-"""The `litert-torch` command line.
+"""The `litert-torch` command line: one entry point (`main`), one exit-code convention.
 
     litert-torch convert my_pkg.models:build --args 1,3,224,224 -o model.tflite
     litert-torch inspect model.tflite
+    litert-torch check model.tflite --target android-gpu     (litert_torch/runtime_commands.py)
+    litert-torch bench model.tflite --json out.json          (litert_torch/runtime_commands.py)
 
 `convert` imports `module:factory`; the factory returns an nn.Module, or a
 (module, sample_args) pair; without sample args from the factory, `--args` gives one
@@ -17,7 +19,9 @@ import os
 import sys
 import time
 
-EXIT_USAGE, EXIT_FAILED = 2, 1
+# Exit codes of every subcommand: 0 done (a check passed), 1 the model or a check failed,
+# 2 bad usage (missing file, bad arguments).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
@@ -90,7 +94,7 @@ def cmd_convert(ns) -> int:
         console.print(f"wrote {ns.output} ({len(edge):,} bytes) in {seconds:.2f} s")
     if ns.check:
         return _check(model, sample_args, edge, console)
-    return 0
+    return EXIT_OK
 
 
 def _check(model, sample_args, edge, console) -> int:
@@ -107,7 +111,7 @@ def _check(model, sample_args, edge, console) -> int:
     for i, (a, b) in enumerate(zip(actual, expected)):
         b = b.detach().to("cpu").float().numpy()
         console.print(f"output {i} {list(b.shape)}: max relative error {max_relative_error(a, b):.3g}")
-    return 0
+    return EXIT_OK
 
 
 def _human(n: int) -> str:
@@ -200,7 +204,7 @@ def cmd_inspect(ns) -> int:
         console.print(f"metadata {key}: {value}")
     console.print(f"constant data: {_human(sum(sizes))}; file: {_human(info['total_bytes'])} "
                   f"({info['total_bytes']:,} bytes)")
-    return 0
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
     insp.set_defaults(run=cmd_inspect)
 
-    from runtimes.commands import add_commands
+    from litert_torch.runtime_commands import add_commands
 
     add_commands(sub)  # check, bench
     return parser
