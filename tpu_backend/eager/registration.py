@@ -8,6 +8,7 @@ are registered (`registry.on_register`).
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import jax
@@ -146,8 +147,17 @@ def _register_op(op) -> int:
 
 
 def _connect_late_lowering(op, lowering: Lowering) -> None:
-    if lowering.kind == "op":
-        _register_op(op)
+    if lowering.kind != "op":
+        return
+    if _is_composite_implicit(op):
+        warnings.warn(
+            f"{op} has a CompositeImplicitAutograd kernel: eager mode decomposes it before the tpu device "
+            "sees it, so this lowering serves torch.compile and fused graphs only; lower the ops it "
+            "decomposes into for eager mode (docs/architecture.md, 'Adding a device op')",
+            stacklevel=4,
+        )
+        return
+    _register_op(op)
 
 
 def register_table() -> int:
