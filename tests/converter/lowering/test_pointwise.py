@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,7 +78,10 @@ UNARY = {
 def test_hypot_neither_overflows_nor_divides_zero_by_zero():
     big = torch.tensor([1e20, 3e30, 0.0, -4.0, 0.0])
     other = torch.tensor([1e20, -4e30, 0.0, 3.0, -2.5])
-    assert_converts(Fn(torch.hypot), (big, other))
+    edge = assert_converts(Fn(torch.hypot), (big, other))
+    inf = float("inf")
+    infinite = (torch.tensor([inf, -inf, 1.0, 0.0, 5.0]), torch.tensor([inf, 2.0, -inf, 0.0, 12.0]))
+    np.testing.assert_array_equal(edge(*infinite), torch.hypot(*infinite).numpy())  # inf, not inf / inf
 
 
 @pytest.mark.parametrize("name", list(UNARY))
