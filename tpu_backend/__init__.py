@@ -64,7 +64,8 @@ _install()
 
 
 def register_new_lowerings() -> int:
-    """Connect lowerings added to the table after import; returns how many kernels were added."""
+    """Connect lowerings added to the table after import; returns how many kernels were added.
+    Not needed any more (a lowering registered after import connects itself); kept for callers."""
     return dispatch.register_table()
 
 
