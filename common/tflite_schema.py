@@ -80,7 +80,7 @@ UNARY = frozenset({
     "ABS", "CEIL", "COS", "DEQUANTIZE", "ELU", "EXP", "FLOOR", "GELU", "HARD_SWISH",
     "LEAKY_RELU", "LOG", "LOGICAL_NOT", "LOGISTIC", "NEG", "QUANTIZE", "RELU",
     "RELU6", "RELU_0_TO_1", "RELU_N1_TO_1", "ROUND", "RSQRT", "SIGN", "SIN", "SQRT",
-    "SQUARE", "TANH", "CAST", "ZEROS_LIKE", "ONES_LIKE", "EXPM1", "LOG1P",
+    "SQUARE", "TANH", "CAST", "ZEROS_LIKE",
 })
 
 # out = f(a, b, ...) with numpy broadcasting over all inputs.
