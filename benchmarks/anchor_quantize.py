@@ -27,9 +27,7 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
-
 from zoo_loader import load_zoo
 
 
@@ -80,8 +78,9 @@ def main() -> None:
     options.out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with contextlib.redirect_stdout(sys.stderr):
-        import litert_torch
         from ai_edge_quantizer import quantizer
+
+        import litert_torch
     zoo = load_zoo()
     for name in options.models:
         model, args = zoo.build(name, seed=options.seed)

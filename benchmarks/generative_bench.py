@@ -40,12 +40,18 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from litert_torch.edge_model import EdgeModel  # noqa: E402
-from litert_torch.generative import (TinyLlama, TinyLlamaConfig, export_generative, generate,  # noqa: E402
-                                     kv_cache, reference_generate, with_kv_cache)
+from litert_torch.generative import (  # noqa: E402
+    TinyLlama,
+    TinyLlamaConfig,
+    export_generative,
+    generate,
+    kv_cache,
+    reference_generate,
+    with_kv_cache,
+)
 from litert_torch.generative.export import attention_for_export  # noqa: E402
 from litert_torch.generative.kv_cache import attention_bias  # noqa: E402
-from runtimes.litert import LiteRTModel  # noqa: E402
-from runtimes.litert import max_relative_error  # noqa: E402
+from runtimes.litert import LiteRTModel, max_relative_error  # noqa: E402
 
 # "Small": 4 layers, width 256, 8 query / 4 kv heads of 32, vocabulary 4096 (about 7 M parameters).
 SIZE = dict(vocab=4096, dim=256, layers=4, heads=8, kv_heads=4, hidden=688)

@@ -15,7 +15,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
 
-_BUILTIN_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+from common.tflite_schema import BUILTIN_NAMES
 
 
 class LoadedModel:
@@ -86,7 +86,7 @@ def op_histogram(content: bytes) -> Counter:
         code = model.OperatorCodes(i)
         builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
         custom = code.CustomCode()
-        names.append(custom.decode() if custom else _BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}"))
+        names.append(custom.decode() if custom else BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}"))
     histogram: Counter = Counter()
     for s in range(model.SubgraphsLength()):
         subgraph = model.Subgraphs(s)

@@ -17,7 +17,6 @@ all and `--plot PNG` a host-vs-browser chart.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile

@@ -35,15 +35,24 @@ from torch.export.graph_signature import InputKind, OutputKind
 import converter.lowering  # noqa: F401  (importing it registers every lowering family)
 from converter import ir
 from converter.errors import ConversionError, UnsupportedOp, UnsupportedOpsError
+from converter.lowering import symbolic
 from converter.lowering.context import LoweringContext, numpy_dtype, static_shape
 from converter.lowering.registry import find_lowering
-from converter.lowering import symbolic
 from converter.progress import Progress
 
-# This project's own packages: their frames are never "the user's line".
+
+def _own_package_dirs(root: str) -> tuple[str, ...]:
+    """This project's own packages (every package beside `converter`, except `tests`,
+    whose frames stand for a user's code): their frames are never "the user's line".
+    Installed, they sit in site-packages, which counts as library code anyway."""
+    if os.sep + "site-packages" + os.sep in root + os.sep:
+        return ()
+    return tuple(os.path.join(root, name) + os.sep for name in sorted(os.listdir(root))
+                 if name != "tests" and os.path.isfile(os.path.join(root, name, "__init__.py")))
+
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(converter.__file__)))
-_OWN_DIRS = tuple(os.path.join(_ROOT, pkg) + os.sep
-                  for pkg in ("converter", "litert_torch", "runtimes", "tpu_backend", "kernels"))
+_OWN_DIRS = _own_package_dirs(_ROOT)
 
 
 # ---- 1. export -----------------------------------------------------------------------------

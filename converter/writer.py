@@ -27,6 +27,7 @@ import flatbuffers
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
+from common.tflite_schema import BUILTIN_CODES, DTYPE_TYPE_CODES
 from converter import ir
 from converter.errors import ConversionError
 from converter.op_versions import min_runtime_version, op_version
@@ -41,8 +42,6 @@ EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
 
 # ---- schema name tables --------------------------------------------------------------------
 
-BUILTIN_CODES: dict[str, int] = {
-    k: v for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 _BUILTIN_OPTIONS: dict[str, int] = {
     k: v for k, v in vars(schema.BuiltinOptions).items() if not k.startswith("_")}
 
@@ -93,21 +92,7 @@ _FIELD_ENUMS = {
     "quantizedBiasType": schema.TensorType,
 }
 
-TENSOR_TYPES: dict[np.dtype, int] = {
-    np.dtype(np.float32): schema.TensorType.FLOAT32,
-    np.dtype(np.float16): schema.TensorType.FLOAT16,
-    np.dtype(np.float64): schema.TensorType.FLOAT64,
-    np.dtype(np.int8): schema.TensorType.INT8,
-    np.dtype(np.uint8): schema.TensorType.UINT8,
-    np.dtype(np.int16): schema.TensorType.INT16,
-    np.dtype(np.uint16): schema.TensorType.UINT16,
-    np.dtype(np.int32): schema.TensorType.INT32,
-    np.dtype(np.uint32): schema.TensorType.UINT32,
-    np.dtype(np.int64): schema.TensorType.INT64,
-    np.dtype(np.uint64): schema.TensorType.UINT64,
-    np.dtype(np.bool_): schema.TensorType.BOOL,
-    np.dtype(np.complex64): schema.TensorType.COMPLEX64,
-}
+TENSOR_TYPES = DTYPE_TYPE_CODES  # numpy dtype -> TensorType code
 
 
 def _align(n: int, to: int = DATA_ALIGNMENT) -> int:

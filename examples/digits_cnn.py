@@ -22,8 +22,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import (cli, console, mean_loss, median_us, results_table, run_per_sample,  # noqa: E402
-                   torch_cpu_latency_us, train)
+from _flow import cli, console, mean_loss, median_us, results_table, run_per_sample, torch_cpu_latency_us, train  # noqa: E402
 
 import litert_torch  # noqa: E402
 from litert_torch import quantize  # noqa: E402
@@ -111,7 +110,7 @@ def run(epochs: int = 4, batch_size: int = 64, lr: float = 3e-3, int8: bool = Tr
                 "accuracy": float((scores.argmax(1) == labels).mean()),
                 "agreement": float((scores.argmax(1) == torch_scores.argmax(1)).mean()),
                 "max_abs_error": float(np.abs(scores - torch_scores).max()),
-                "latency_us": median_us(lambda: edge(x_test[:1])),
+                "latency_us": median_us(lambda edge=edge: edge(x_test[:1])),
                 "bytes": os.path.getsize(path),
             }
     return results

@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import (cli, console, mean_loss, median_us, results_table, run_per_sample,  # noqa: E402
-                   torch_cpu_latency_us, train)
+from _flow import cli, console, mean_loss, median_us, results_table, run_per_sample, torch_cpu_latency_us, train  # noqa: E402
 
 import litert_torch  # noqa: E402
 from runtimes.litert import max_relative_error  # noqa: E402

@@ -127,14 +127,16 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     if quant_config is not None:
         from converter.quantize import quantize
         with stages.stage("quantize", str(quant_config)):
-            model = quantize(model, quant_config, calibration_data)
+            from runtimes.litert import LiteRTModel
+            model = quantize(model, quant_config, calibration_data, runner=LiteRTModel)
     report = None
     if profile is not None:
-        from runtimes.targets import prepare_for_target
-        with stages.stage("target", profile.name):
-            model, report = prepare_for_target(model, profile, on_violation=target_check)
-    with stages.stage("write"):
-        content = write_flatbuffer_parts(model)  # pieces: large weights are not joined in memory
+        from litert_torch.targets import write_for_target
+        with stages.stage("target", profile.name):  # rewrites, the one write, the check
+            content, report = write_for_target(model, profile, on_violation=target_check)
+    else:
+        with stages.stage("write"):
+            content = write_flatbuffer_parts(model)  # pieces: large weights are not joined in memory
     stages.note(f"{len(content):,} bytes")
     edge = EdgeModel(content)
     edge.ir_model = model

@@ -1,7 +1,9 @@
-"""The `litert-torch` command line.
+"""The `litert-torch` command line: one entry point (`main`), one exit-code convention.
 
     litert-torch convert my_pkg.models:build --args 1,3,224,224 -o model.tflite
     litert-torch inspect model.tflite
+    litert-torch check model.tflite --target android-gpu     (litert_torch/runtime_commands.py)
+    litert-torch bench model.tflite --json out.json          (litert_torch/runtime_commands.py)
 
 `convert` imports `module:factory`; the factory returns an nn.Module, or a
 (module, sample_args) pair; without sample args from the factory, `--args` gives one
@@ -17,16 +19,16 @@ import os
 import sys
 import time
 
-import numpy as np
-
-EXIT_USAGE, EXIT_FAILED = 2, 1
+# Exit codes of every subcommand: 0 done (a check passed), 1 the model or a check failed,
+# 2 bad usage (missing file, bad arguments).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--args expects comma-separated integers like 1,3,224,224, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--args expects comma-separated integers like 1,3,224,224, got {text!r}") from None
     if not shape or any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"--args needs positive dimensions, got {text!r}")
     return shape
@@ -41,11 +43,11 @@ def _load_factory(spec: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise SystemExit(f"error: cannot import {module_name!r}: {e}")
+        raise SystemExit(f"error: cannot import {module_name!r}: {e}") from e
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise SystemExit(f"error: {module_name!r} has no attribute {attr!r}")
+        raise SystemExit(f"error: {module_name!r} has no attribute {attr!r}") from None
 
 
 def _model_and_args(factory, shapes, dtype_name: str):
@@ -72,8 +74,9 @@ def _model_and_args(factory, shapes, dtype_name: str):
 
 
 def cmd_convert(ns) -> int:
-    import litert_torch
     from rich.console import Console
+
+    import litert_torch
 
     console = Console(stderr=True)
     model, sample_args = _model_and_args(_load_factory(ns.factory), ns.args, ns.dtype)
@@ -91,7 +94,7 @@ def cmd_convert(ns) -> int:
         console.print(f"wrote {ns.output} ({len(edge):,} bytes) in {seconds:.2f} s")
     if ns.check:
         return _check(model, sample_args, edge, console)
-    return 0
+    return EXIT_OK
 
 
 def _check(model, sample_args, edge, console) -> int:
@@ -108,19 +111,7 @@ def _check(model, sample_args, edge, console) -> int:
     for i, (a, b) in enumerate(zip(actual, expected)):
         b = b.detach().to("cpu").float().numpy()
         console.print(f"output {i} {list(b.shape)}: max relative error {max_relative_error(a, b):.3g}")
-    return 0
-
-
-def _tensor_type_names():
-    from ai_edge_litert import schema_py_generated as schema
-
-    return {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
-
-
-def _op_names():
-    from ai_edge_litert import schema_py_generated as schema
-
-    return {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    return EXIT_OK
 
 
 def _human(n: int) -> str:
@@ -132,57 +123,22 @@ def _human(n: int) -> str:
 
 
 def inspect_model(content: bytes) -> dict:
-    """A summary of a .tflite file: ops, tensors, signatures, buffers (plain data)."""
-    from ai_edge_litert import schema_py_generated as schema
+    """A summary of a .tflite file: ops, tensors, signatures, buffers (plain data), read
+    through `runtimes.targets.read_model` (the project's one flatbuffer reader)."""
+    from runtimes.targets.model_view import read_model
 
-    m = schema.Model.GetRootAsModel(content, 0)
-    op_names, type_names = _op_names(), _tensor_type_names()
-    ops: collections.Counter = collections.Counter()
-    tensors = []
-    for s in range(m.SubgraphsLength()):
-        sg = m.Subgraphs(s)
-        for i in range(sg.OperatorsLength()):
-            oc = m.OperatorCodes(sg.Operators(i).OpcodeIndex())
-            code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
-            ops[(op_names.get(code, f"#{code}"), oc.Version())] += 1
-        for i in range(sg.TensorsLength()):
-            t = sg.Tensors(i)
-            sig = t.ShapeSignatureAsNumpy() if t.ShapeSignatureLength() else t.ShapeAsNumpy()
-            shape = [int(d) for d in (sig if not isinstance(sig, int) else [])]
-            tensors.append({"subgraph": s, "name": (t.Name() or b"").decode(), "shape": shape,
-                            "dtype": type_names.get(t.Type(), str(t.Type())).lower(),
-                            "buffer": t.Buffer()})
-    buffer_sizes = []
-    for i in range(m.BuffersLength()):
-        b = m.Buffers(i)
-        buffer_sizes.append(b.DataLength() or (b.Size() if b.Offset() else 0))
-    signatures = []
-    for i in range(m.SignatureDefsLength()):
-        sd = m.SignatureDefs(i)
-        sg = m.Subgraphs(sd.SubgraphIndex())
-        by_index = {k: t for k, t in enumerate(tensors) if t["subgraph"] == sd.SubgraphIndex()}
-        offset = min(by_index) if by_index else 0
+    view = read_model(content)
+    ops = collections.Counter((op.opcode, op.version) for sg in view.subgraphs for op in sg.ops)
+    tensors = [{"subgraph": sg.index, "name": t.name, "shape": list(t.shape_signature), "dtype": t.dtype,
+                "buffer": t.buffer} for sg in view.subgraphs for t in sg.tensors]
 
-        def io(maps, n):
-            out = []
-            for k in range(n):
-                tm = maps(k)
-                t = by_index[offset + tm.TensorIndex()]
-                out.append({"name": tm.Name().decode(), "shape": t["shape"], "dtype": t["dtype"]})
-            return out
+    def io(pairs):
+        return [{"name": name, "shape": list(t.shape_signature), "dtype": t.dtype} for name, t in pairs]
 
-        signatures.append({"key": sd.SignatureKey().decode(), "subgraph": sd.SubgraphIndex(),
-                           "inputs": io(sd.Inputs, sd.InputsLength()),
-                           "outputs": io(sd.Outputs, sd.OutputsLength())})
-        del sg
-    metadata = {}
-    for i in range(m.MetadataLength()):
-        md = m.Metadata(i)
-        raw = m.Buffers(md.Buffer()).DataAsNumpy()
-        raw = raw.tobytes() if isinstance(raw, np.ndarray) else b""
-        metadata[md.Name().decode()] = raw.rstrip(b"\0").decode(errors="replace") if len(raw) <= 64 else f"{len(raw)} bytes"
-    return {"ops": ops, "tensors": tensors, "signatures": signatures, "buffer_sizes": buffer_sizes,
-            "metadata": metadata, "total_bytes": len(content), "description": (m.Description() or b"").decode()}
+    signatures = [{"key": s.key, "subgraph": s.subgraph, "inputs": io(s.inputs), "outputs": io(s.outputs)}
+                  for s in view.signature_defs]
+    return {"ops": ops, "tensors": tensors, "signatures": signatures, "buffer_sizes": view.buffer_sizes,
+            "metadata": view.metadata, "total_bytes": view.file_size, "description": view.description}
 
 
 def cmd_inspect(ns) -> int:
@@ -248,7 +204,7 @@ def cmd_inspect(ns) -> int:
         console.print(f"metadata {key}: {value}")
     console.print(f"constant data: {_human(sum(sizes))}; file: {_human(info['total_bytes'])} "
                   f"({info['total_bytes']:,} bytes)")
-    return 0
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
     insp.set_defaults(run=cmd_inspect)
 
-    from runtimes.commands import add_commands
+    from litert_torch.runtime_commands import add_commands
 
     add_commands(sub)  # check, bench
     return parser

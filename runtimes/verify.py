@@ -47,16 +47,15 @@ class InvalidModelError(ValueError):
 
 
 def _builtin_codes(names) -> set[int]:
-    from ai_edge_litert import schema_py_generated as schema
+    from common.tflite_schema import BUILTIN_CODES  # lazy: the schema module takes ~0.4 s to import
 
-    return {getattr(schema.BuiltinOperator, n) for n in names if hasattr(schema.BuiltinOperator, n)}
+    return {BUILTIN_CODES[n] for n in names if n in BUILTIN_CODES}
 
 
 def _builtin_name(code: int) -> str:
-    from ai_edge_litert import schema_py_generated as schema
+    from common.tflite_schema import builtin_name
 
-    return next((k for k, v in vars(schema.BuiltinOperator).items() if v == code and not k.startswith("_")),
-                f"#{code}")
+    return builtin_name(code)
 
 
 _OPTIONAL_CODES: set[int] | None = None
@@ -70,10 +69,9 @@ def _optional_input_codes() -> set[int]:
 
 
 def _enum_max(name: str) -> int:
-    from ai_edge_litert import schema_py_generated as schema
+    from common.tflite_schema import enum_max
 
-    enum = getattr(schema, name)
-    return max(v for k, v in vars(enum).items() if not k.startswith("_"))
+    return enum_max(name)
 
 
 class _Reader:

@@ -22,6 +22,7 @@ import litert_torch
 from litert_torch.edge_model import EdgeModel
 from runtimes.litert import max_relative_error  # the metric (see the module docstring)
 
+
 def max_abs_error(actual, expected) -> float:
     a, b = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
     return float(np.max(np.abs(a - b))) if a.size else 0.0

@@ -7,22 +7,26 @@ Importing this package registers the device on PyTorch's PrivateUse1 key, create
 `torch.tpu`, fills the ATen -> JAX lowering table (`tpu_backend.ops`) and connects it to
 the dispatcher. On a machine without a TPU, JAX's CPU (or GPU) runtime runs the ops.
 
-JAX is configured at import:
-- `jax_enable_x64`: int64 is PyTorch's index dtype, so 64-bit JAX types must exist
+Importing it changes two PROCESS-WIDE JAX settings (`JAX_SETTINGS`, applied here and
+nowhere else), which other JAX code in the same process sees too:
+- `jax_enable_x64=True`: int64 is PyTorch's index dtype, so 64-bit JAX types must exist
   (without it int64 silently becomes int32). Every lowering keeps float32 float32: JAX
   then only produces float64 where PyTorch would.
 - `jax_cpu_enable_async_dispatch=False`: on the CPU runtime a small op costs ~5 us
   synchronously versus 25-45 us asynchronously; strict eager is per-op bound there.
+(The persistent compile cache, `tpu_backend/compile/cache.py`, sets JAX's
+compilation-cache options when it is enabled.)
 """
 
 from __future__ import annotations
 
 import jax
 
-jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_cpu_enable_async_dispatch", False)
+JAX_SETTINGS = {"jax_enable_x64": True, "jax_cpu_enable_async_dispatch": False}
+for _name, _value in JAX_SETTINGS.items():
+    jax.config.update(_name, _value)
 
-import torch  # noqa: E402
+import torch  # noqa: E402,F401  (torch before the backend registration)
 
 from tpu_backend import _registration, device  # noqa: E402
 
@@ -42,6 +46,7 @@ from tpu_backend.fused import mark_step  # noqa: E402,F401
 from tpu_backend.program_export import export  # noqa: E402,F401
 from tpu_backend.tensor import payload_count  # noqa: E402,F401
 
+
 def _install() -> None:
     core_ops.register()  # before the table: allocation, copies and views win
     dispatch.register_table()
@@ -60,7 +65,8 @@ _install()
 
 
 def register_new_lowerings() -> int:
-    """Connect lowerings added to the table after import; returns how many kernels were added."""
+    """Connect lowerings added to the table after import; returns how many kernels were added.
+    Not needed any more (a lowering registered after import connects itself); kept for callers."""
     return dispatch.register_table()
 
 

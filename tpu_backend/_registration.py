@@ -51,22 +51,27 @@ def check_torch_version() -> None:
         )
 
 
-class _TpuHooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self) -> bool:
-        return True
+def _hook_classes():
+    """The hook and device-guard classes. They subclass private torch types, so they are
+    defined only after `check_torch_version` has confirmed those exist."""
 
-    def has_primary_context(self, device_index) -> bool:
-        return True
+    class _TpuHooks(torch._C._acc.PrivateUse1Hooks):
+        def is_available(self) -> bool:
+            return True
 
-    def is_built(self) -> bool:
-        return True
+        def has_primary_context(self, device_index) -> bool:
+            return True
 
+        def is_built(self) -> bool:
+            return True
 
-class _TpuDeviceGuard(torch._C._acc.DeviceGuard):
-    """One device, index 0: multi-chip work goes through JAX sharding, not tpu:1."""
+    class _TpuDeviceGuard(torch._C._acc.DeviceGuard):
+        """One device, index 0: multi-chip work goes through JAX sharding, not tpu:1."""
 
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        def type_(self):
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    return _TpuHooks, _TpuDeviceGuard
 
 
 _registered = False
@@ -78,11 +83,12 @@ def register_backend(device_module) -> None:
     if _registered:
         return
     check_torch_version()
+    hooks, device_guard = _hook_classes()
     torch.utils.backend_registration._setup_privateuseone_for_python_backend(
         rename=DEVICE_NAME,
         backend_module=device_module,
-        hook=_TpuHooks(),
-        device_guard=_TpuDeviceGuard(),
+        hook=hooks(),
+        device_guard=device_guard(),
     )
     _registered = True
 

@@ -41,7 +41,6 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax._src.lax.lax import _convert_element_type  # private: the only way to re-weaken a traced float
 
 from tpu_backend import tensor as tpu_tensor
 
@@ -207,15 +206,30 @@ _programs: dict[tuple, _Compiled] = {}
 _last: dict[str, Any] = {}
 
 
+def _weak_type_converter() -> Callable:
+    """JAX's private `_convert_element_type`, the only way to re-weaken a traced float.
+    Imported on first use (never at `import tpu_backend`), with a message naming the JAX
+    version when a JAX upgrade moves it."""
+    try:
+        from jax._src.lax.lax import _convert_element_type
+    except ImportError as e:
+        raise ImportError(
+            f"fused eager mode needs jax._src.lax.lax._convert_element_type, which JAX {jax.__version__} "
+            "no longer has (tested with jax 0.10); use set_eager_mode('strict') or the pinned JAX "
+            "(constraints.txt)") from e
+    return _convert_element_type
+
+
 def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], floats: frozenset) -> Callable:
     """The recorded graph as one function of its external inputs, returning live outputs."""
     steps = [(node.fn, node.inputs) for node in nodes]
+    convert_element_type = _weak_type_converter()
 
     def run(*external):
         # Python floats arrive as float64 arrays; make them weakly typed again, as in
         # strict mode, so `float32_tensor * lr` stays float32.
         external = [
-            _convert_element_type(x, weak_type=True) if i in floats else x for i, x in enumerate(external)
+            convert_element_type(x, weak_type=True) if i in floats else x for i, x in enumerate(external)
         ]
         values: list[list] = []
         for fn, refs in steps:
@@ -306,13 +320,6 @@ def last_program_text() -> tuple[str, str]:
     compiled = _last["compiled"]
     lowered = jax.jit(compiled.program.fn).lower(*_last["external"])
     return compiled.ops_text, lowered.as_text()
-
-
-def clear_cache() -> None:
-    """Forget the compiled fused programs (and the cached output shapes)."""
-    _programs.clear()
-    _shape_cache.clear()
-    _last.clear()
 
 
 def enable() -> None:

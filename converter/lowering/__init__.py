@@ -1,8 +1,9 @@
 """ATen -> TFLite lowering: importing this package registers every family's lowerings.
 
 Families (one file each, one small function per ATen op):
-elementwise, activations, conv, pad, pool, norm, linalg, shape, reduce, index, creation,
-resize, attention (scaled_dot_product_attention), sorting (topk, sort), recurrent (LSTM/GRU), symbolic (dynamic sizes as values). `layout` holds the
+pointwise, activations, conv, pad, pooling, norm, linalg, shape, reduction, indexing, creation,
+resize, attention (scaled_dot_product_attention), sort (topk, sort), recurrent (LSTM/GRU), symbolic (dynamic sizes as values).
+Families with the same role carry the same name as in `tpu_backend/ops/`. `layout` holds the
 NCHW <-> NHWC helpers, `emit` the single-op builders they share, `decompositions` the table handed to `run_decompositions` (what to keep undecomposed).
 """
 
@@ -11,18 +12,18 @@ from converter.lowering import (  # noqa: F401  (imported to register their lowe
     attention,
     conv,
     creation,
-    elementwise,
-    index,
+    indexing,
     linalg,
     norm,
     pad,
-    pool,
+    pointwise,
+    pooling,
     quantized,
-    reduce,
-    resize,
     recurrent,
+    reduction,
+    resize,
     shape,
-    sorting,
+    sort,
     symbolic,
 )
 from converter.lowering.registry import LOWERINGS, find_lowering, lowers  # noqa: F401

@@ -12,7 +12,7 @@ import torch
 
 from converter.ir import Tensor
 from converter.lowering import emit
-from converter.lowering.elementwise import _operands
+from converter.lowering.pointwise import _operands
 from converter.lowering.registry import lowers
 
 aten = torch.ops.aten

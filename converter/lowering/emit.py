@@ -18,24 +18,11 @@ from typing import Sequence
 
 import numpy as np
 
+from common.tflite_schema import DTYPE_TYPE_NAMES
+from common.tflite_schema import tensor_type_name as tflite_type_name
 from converter.ir import Tensor
 
-# numpy dtype -> TFLite TensorType enum name (for CAST / ARG_MAX / SHAPE options).
-TFLITE_TYPE_NAMES = {
-    np.dtype(np.float32): "FLOAT32",
-    np.dtype(np.float16): "FLOAT16",
-    np.dtype(np.float64): "FLOAT64",
-    np.dtype(np.int8): "INT8",
-    np.dtype(np.uint8): "UINT8",
-    np.dtype(np.int16): "INT16",
-    np.dtype(np.int32): "INT32",
-    np.dtype(np.int64): "INT64",
-    np.dtype(np.bool_): "BOOL",
-}
-
-
-def tflite_type_name(dtype) -> str:
-    return TFLITE_TYPE_NAMES[np.dtype(dtype)]
+TFLITE_TYPE_NAMES = DTYPE_TYPE_NAMES  # numpy dtype -> TensorType name (CAST / ARG_MAX / SHAPE options)
 
 
 def unsupported(ctx, what: str, hint: str) -> NotImplementedError:

@@ -6,7 +6,7 @@ A lowering function is registered with `@lowers(aten.op.overload, ...)` and call
 It emits TFLite ops through `ctx` (see `context.LoweringContext`) and returns the
 Tensor (or tuple of Tensors) that stands for the node's value.
 
-Family files (`elementwise.py`, `conv.py`, ...) hold the functions; importing
+Family files (`pointwise.py`, `conv.py`, ...) hold the functions; importing
 `converter.lowering` registers them all. Nothing else needs to know the table.
 """
 

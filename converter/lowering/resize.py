@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from common.resampling import linear_weights, nearest_indices, source_scale
 from converter.ir import Tensor
 from converter.lowering import emit, layout
 from converter.lowering.registry import lowers
@@ -26,20 +27,6 @@ def _scales(scale_factors, scales_h=None, scales_w=None):
     if scale_factors:
         return list(scale_factors)
     return [scales_h, scales_w]
-
-
-def _torch_scale(in_size: int, out_size: int, scale_factor) -> np.float32:
-    """PyTorch's source-per-destination scale (float32, as its CPU kernels compute it)."""
-    if scale_factor:
-        return np.float32(1.0 / scale_factor)
-    return np.float32(in_size) / np.float32(out_size)
-
-
-def _nearest_sources(in_size, out_size, scale_factor, half_pixel=False) -> np.ndarray:
-    scale = _torch_scale(in_size, out_size, scale_factor)
-    offset = np.float32(0.5) if half_pixel else np.float32(0)
-    dst = np.arange(out_size, dtype=np.float32)
-    return np.minimum(np.floor((dst + offset) * scale).astype(np.int64), in_size - 1)
 
 
 def _resize_nhwc(ctx, opcode, x, out_hw, align_corners=False, half_pixel=False) -> Tensor:
@@ -54,8 +41,8 @@ def _upsample_nearest(ctx, x, scales, half_pixel):
     if x.rank != 4:
         raise emit.unsupported(ctx, f"nearest interpolation of a rank-{x.rank} tensor", "Use 4-D (N, C, H, W) input.")
     out_hw = ctx.out_shape()[2:]
-    sources = [_nearest_sources(size, out, s, half_pixel) for size, out, s in zip(x.shape[2:], out_hw, scales)]
-    tflite = [_nearest_sources(size, out, None, half_pixel) for size, out in zip(x.shape[2:], out_hw)]
+    sources = [nearest_indices(size, out, s, half_pixel) for size, out, s in zip(x.shape[2:], out_hw, scales)]
+    tflite = [nearest_indices(size, out, None, half_pixel) for size, out in zip(x.shape[2:], out_hw)]
     if all(np.array_equal(a, b) for a, b in zip(sources, tflite)):
         return _resize_nhwc(ctx, "RESIZE_NEAREST_NEIGHBOR", x, out_hw, half_pixel=half_pixel)
     for axis, rows in zip((2, 3), sources):  # exact PyTorch sampling
@@ -86,22 +73,6 @@ def upsample_nearest_exact2d(ctx, x, output_size, scales_h=None, scales_w=None):
     return _upsample_nearest(ctx, x, _scales(None, scales_h, scales_w), half_pixel=True)
 
 
-def _bilinear_matrix(in_size: int, out_size: int, align_corners: bool, scale_factor) -> np.ndarray:
-    """(out, in) matrix of PyTorch's linear interpolation weights along one axis."""
-    dst = np.arange(out_size, dtype=np.float64)
-    if align_corners:
-        src = dst * ((in_size - 1) / (out_size - 1) if out_size > 1 else 0.0)
-    else:
-        src = np.maximum((dst + 0.5) * float(_torch_scale(in_size, out_size, scale_factor)) - 0.5, 0.0)
-    low = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
-    high = np.minimum(low + 1, in_size - 1)
-    frac = src - low
-    m = np.zeros((out_size, in_size))
-    np.add.at(m, (np.arange(out_size), low), 1.0 - frac)
-    np.add.at(m, (np.arange(out_size), high), frac)
-    return m
-
-
 def _upsample_bilinear(ctx, x, align_corners, scales):
     if x.rank != 4:
         raise emit.unsupported(ctx, f"bilinear interpolation of a rank-{x.rank} tensor", "Use 4-D (N, C, H, W) input.")
@@ -109,12 +80,12 @@ def _upsample_bilinear(ctx, x, align_corners, scales):
     out_hw = ctx.out_shape()[2:]
     if align_corners:
         return _resize_nhwc(ctx, "RESIZE_BILINEAR", x, out_hw, align_corners=True)
-    matches = all(s is None or _torch_scale(size, out, s) == _torch_scale(size, out, None)
+    matches = all(s is None or source_scale(size, out, s) == source_scale(size, out, None)
                   for size, out, s in zip((h, w), out_hw, scales))
     if matches:
         return _resize_nhwc(ctx, "RESIZE_BILINEAR", x, out_hw, half_pixel=True)
-    a_h = ctx.const(_bilinear_matrix(h, out_hw[0], False, scales[0]).astype(x.dtype))
-    a_w_t = ctx.const(_bilinear_matrix(w, out_hw[1], False, scales[1]).T.astype(x.dtype))
+    a_h = ctx.const(linear_weights(h, out_hw[0], False, scales[0]).astype(x.dtype))
+    a_w_t = ctx.const(linear_weights(w, out_hw[1], False, scales[1]).T.astype(x.dtype))
     options = {"adjX": False, "adjY": False, "asymmetricQuantizeInputs": False}
     rows = emit.op(ctx, "BATCH_MATMUL", [a_h, x], options, shape=(n, c, out_hw[0], w), dtype=x.dtype)
     return ctx.emit("BATCH_MATMUL", [rows, a_w_t], options)

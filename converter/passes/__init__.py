@@ -2,12 +2,19 @@
 
 One pass per module, each a function `Graph -> Graph` (editing in place and returning
 the graph) whose docstring says what it guarantees. `optimize` runs them all, in the
-order below, on every graph of a model, repeating the cheap loop until the graph stops
-shrinking.
+order below, on every graph of a model, repeating the loop while a pass changed the
+graph. `run_pass` runs one pass and reports whether it changed the graph (its ops, their
+inputs, outputs and options, the graph's outputs); with `LITERT_TORCH_VALIDATE_PASSES=1`
+(the test suite sets it; set it in debug runs) the IR is validated after every pass, and
+a malformed graph raises `ConversionError` naming the pass that broke it.
 """
 
 from __future__ import annotations
 
+import os
+from typing import Callable
+
+from converter.errors import ConversionError
 from converter.ir import Graph, Model
 
 from ._graph import opcode_histogram
@@ -27,10 +34,46 @@ __all__ = [
     "optimize", "optimize_graph", "fold_constants", "to_nhwc", "fold_batch_norm",
     "fuse_activations", "remove_dead_code", "deduplicate_constants", "fold_pad_into_conv",
     "simplify_reshapes", "opcode_histogram", "narrow_int64_indices", "fuse_gelu",
-    "fold_reshapes_into_fully_connected",
+    "fold_reshapes_into_fully_connected", "run_pass", "validate_between_passes",
 ]
 
 MAX_ROUNDS = 4
+
+
+def validate_between_passes() -> bool:
+    """Whether `run_pass` validates the IR after each pass (read at call time)."""
+    return os.environ.get("LITERT_TORCH_VALIDATE_PASSES", "0").lower() in ("1", "true", "yes", "on")
+
+
+def _structure(graph: Graph) -> tuple:
+    """What a pass may change, as comparable values: ops with their tensors and options,
+    and the graph's outputs (tensors are compared by identity: passes never mutate one)."""
+    return (tuple((id(op), op.opcode, tuple(id(t) for t in op.inputs), tuple(id(t) for t in op.outputs),
+                   repr(op.options)) for op in graph.ops),
+            tuple(id(t) for t in graph.outputs))
+
+
+def _validate(graph: Graph, after: str) -> None:
+    from converter.writer import validate
+
+    try:
+        validate(Model([graph]))
+    except ConversionError as e:
+        raise ConversionError(f"the IR is malformed after pass {after}: {e}") from e
+
+
+def run_pass(graph_pass: Callable[[Graph], Graph], graph: Graph) -> bool:
+    """Run `graph_pass` on `graph` (in place); returns whether it changed the graph."""
+    before = _structure(graph)
+    graph_pass(graph)
+    if validate_between_passes():
+        _validate(graph, graph_pass.__name__)
+    return _structure(graph) != before
+
+
+# One round of the loop, in order (see optimize_graph).
+ROUND = (fold_constants, fuse_gelu, fold_reshapes_into_fully_connected, to_nhwc, fold_constants,
+         fold_batch_norm, fold_pad_into_conv, fuse_activations, remove_dead_code, deduplicate_constants)
 
 
 def optimize_graph(graph: Graph) -> Graph:
@@ -52,26 +95,16 @@ def optimize_graph(graph: Graph) -> Graph:
        (after 4, so the activation is what directly follows the conv);
     7. remove_dead_code, deduplicate_constants (and CSE);
     then, once, narrow_int64_indices (int64 indices computed as int32 where exact).
-    Repeated while the op count drops (at most MAX_ROUNDS times): a CSE or a fold can
-    expose more cancellations.
+    Repeated while some pass changed the graph (at most MAX_ROUNDS times): a CSE or a
+    fold can expose more cancellations.
     """
-    remove_dead_code(graph)
+    run_pass(remove_dead_code, graph)
     for _ in range(MAX_ROUNDS):
-        count = len(graph.ops)
-        fold_constants(graph)
-        fuse_gelu(graph)
-        fold_reshapes_into_fully_connected(graph)
-        to_nhwc(graph)
-        fold_constants(graph)
-        fold_batch_norm(graph)
-        fold_pad_into_conv(graph)
-        fuse_activations(graph)
-        remove_dead_code(graph)
-        deduplicate_constants(graph)
-        if len(graph.ops) >= count:
+        changed = [run_pass(graph_pass, graph) for graph_pass in ROUND]
+        if not any(changed):
             break
-    narrow_int64_indices(graph)
-    remove_dead_code(graph)
+    run_pass(narrow_int64_indices, graph)
+    run_pass(remove_dead_code, graph)
     return graph
 
 

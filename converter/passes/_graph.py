@@ -10,16 +10,12 @@ import itertools
 
 import numpy as np
 
+from common.tflite_schema import ACTIVATION_NAMES, SIDE_EFFECT_OPS  # noqa: F401 (re-exported to passes)
 from converter.ir import Graph, Op, Tensor
 
 _fresh = itertools.count()
 
-# Ops whose effect is not visible in their outputs: never removed, folded or merged.
-SIDE_EFFECT_OPS = frozenset({
-    "ASSIGN_VARIABLE", "READ_VARIABLE", "VAR_HANDLE", "CALL_ONCE", "CUSTOM",
-    "WHILE", "IF", "CALL", "STABLEHLO_COMPOSITE", "RANDOM_STANDARD_NORMAL",
-    "RANDOM_UNIFORM", "MULTINOMIAL",
-})
+# SIDE_EFFECT_OPS (never removed, folded or merged): common.tflite_schema.
 
 
 def fresh_name(base: str) -> str:
@@ -45,8 +41,7 @@ def activation(op: Op) -> str:
         return "NONE"
     if isinstance(value, str):
         return value
-    names = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}
-    return names.get(int(value), str(value))
+    return ACTIVATION_NAMES.get(int(value), str(value))
 
 
 def shape_signature(t: Tensor) -> tuple[int, ...]:
@@ -187,11 +182,6 @@ def insert_after(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
     """Insert `new_ops` right after `anchor` (keeps the op list topological)."""
     i = next(k for k, op in enumerate(graph.ops) if op is anchor)
     graph.ops[i + 1:i + 1] = new_ops
-
-
-def insert_before(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
-    i = next(k for k, op in enumerate(graph.ops) if op is anchor)
-    graph.ops[i:i] = new_ops
 
 
 def remove_ops(graph: Graph, dead: list[Op]) -> None:

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.tflite_schema import REDUCTIONS
 from converter.ir import Graph, Op
 
 from ._graph import Uses, bypass, int32_const, remove_ops, shape_signature, static_dims, transpose_perm
-
-REDUCTIONS = frozenset({
-    "MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "REDUCE_ANY", "REDUCE_ALL",
-})
 
 
 def simplify_reshapes(graph: Graph) -> Graph:

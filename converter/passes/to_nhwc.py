@@ -27,38 +27,14 @@ from typing import Callable
 
 import numpy as np
 
+from common.tflite_schema import BROADCASTING, LAST_AXIS, PADS, REDUCTIONS, UNARY
 from converter.ir import Graph, Op, QuantParams, Tensor
 
-from ._graph import (Uses, fresh_name, insert_after, int32_const, remove_ops,
-                     restore, snapshot, transpose_perm)
+from ._graph import Uses, fresh_name, insert_after, int32_const, remove_ops, restore, snapshot, transpose_perm
 from ._reshape_layout import reshape_first
 from .simplify_reshapes import simplify_reshapes
 
-# out = f(x) elementwise, the op's other inputs (if any) are not tensors in the layout.
-UNARY = frozenset({
-    "ABS", "CEIL", "COS", "DEQUANTIZE", "ELU", "EXP", "FLOOR", "GELU", "HARD_SWISH",
-    "LEAKY_RELU", "LOG", "LOGICAL_NOT", "LOGISTIC", "NEG", "QUANTIZE", "RELU",
-    "RELU6", "RELU_0_TO_1", "RELU_N1_TO_1", "ROUND", "RSQRT", "SIGN", "SIN", "SQRT",
-    "SQUARE", "TANH", "CAST", "ZEROS_LIKE", "ONES_LIKE", "EXPM1", "LOG1P",
-})
-
-# out = f(a, b, ...) with numpy broadcasting over all inputs.
-BROADCASTING = frozenset({
-    "ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
-    "FLOOR_DIV", "FLOOR_MOD", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL",
-    "EQUAL", "NOT_EQUAL", "LOGICAL_AND", "LOGICAL_OR", "PRELU", "SELECT_V2", "ADD_N",
-    "ATAN2",
-})
-
-# Ops reducing over a constant list of axes (input 1), with option keepDims.
-REDUCTIONS = frozenset({
-    "MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "REDUCE_ANY", "REDUCE_ALL",
-})
-
-# Ops working along the last axis only: fine while the last axis stays last.
-LAST_AXIS = frozenset({"SOFTMAX", "LOG_SOFTMAX", "L2_NORMALIZATION"})
-
-PADS = frozenset({"PAD", "PADV2", "MIRROR_PAD"})
+# Op groups (UNARY, BROADCASTING, REDUCTIONS, LAST_AXIS, PADS): common.tflite_schema.
 
 
 def to_nhwc(graph: Graph) -> Graph:

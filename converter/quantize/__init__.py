@@ -153,8 +153,9 @@ def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def quantize(model: ir.Model, config: QuantConfig, calibration_data=None) -> ir.Model:
-    """Apply `config` to the converted float `model` (in place); returns it."""
+def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, runner=None) -> ir.Model:
+    """Apply `config` to the converted float `model` (in place); returns it. Calibrated
+    schemes run the float model through `runner` (see `calibrate.collect_ranges`)."""
     from converter.quantize import full_integer, qdq, weights
 
     config = _as_config(config)
@@ -172,7 +173,10 @@ def quantize(model: ir.Model, config: QuantConfig, calibration_data=None) -> ir.
         if samples is None:
             raise ValueError("quantize(): the config holds no calibration samples; it must come from "
                              "validate_config (litert_torch.convert(..., quant_config=, calibration_data=) does this)")
-        ranges = collect_ranges(model, samples)
+        if runner is None:
+            raise ValueError(f"quantize(): {config.scheme} calibrates in the LiteRT interpreter; pass "
+                             f"runner=runtimes.litert.LiteRTModel (litert_torch.convert does this)")
+        ranges = collect_ranges(model, samples, runner)
     for graph in model.graphs:
         full_integer.quantize_graph(graph, ranges[graph.name], activations=activations, io=config.io,
                                     keep_float=config.keep_float, fixed=fixed[graph.name])

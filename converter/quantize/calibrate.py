@@ -20,12 +20,16 @@ from converter import ir
 Ranges = dict[int, tuple[float, float]]  # tensor id -> (min, max)
 
 
-def collect_ranges(model: ir.Model, samples: dict[str, list[tuple[np.ndarray, ...]]]) -> dict[str, Ranges]:
-    """Per graph name: tensor id -> (min, max) of every float32 non-constant tensor."""
-    from converter.writer import write_flatbuffer
-    from runtimes.litert import LiteRTModel
+def collect_ranges(model: ir.Model, samples: dict[str, list[tuple[np.ndarray, ...]]], runner) -> dict[str, Ranges]:
+    """Per graph name: tensor id -> (min, max) of every float32 non-constant tensor.
 
-    runtime = LiteRTModel(write_flatbuffer(model), use_xnnpack=False, preserve_all_tensors=True)
+    `runner` loads .tflite bytes into the LiteRT interpreter (the API layer passes
+    `runtimes.litert.LiteRTModel`; the converter does not import the runtimes):
+    `runner(content, use_xnnpack=False, preserve_all_tensors=True)` returns an object
+    with `.run(inputs, signature)` and `.interpreter`."""
+    from converter.writer import write_flatbuffer
+
+    runtime = runner(write_flatbuffer(model), use_xnnpack=False, preserve_all_tensors=True)
     interpreter = runtime.interpreter
     result: dict[str, Ranges] = {}
     for graph_index, graph in enumerate(model.graphs):
@@ -39,6 +43,6 @@ def collect_ranges(model: ir.Model, samples: dict[str, list[tuple[np.ndarray, ..
                 if value.size:
                     lows[t.id] = min(lows[t.id], float(np.min(value)))
                     highs[t.id] = max(highs[t.id], float(np.max(value)))
-        result[graph.name] = {tid: (lows[tid], highs[tid]) for tid in lows 
+        result[graph.name] = {tid: (lows[tid], highs[tid]) for tid in lows
                               if np.isfinite(lows[tid]) and np.isfinite(highs[tid])}  # +-inf: stays float
     return result

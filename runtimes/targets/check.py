@@ -312,7 +312,7 @@ def check_view(view: ModelView, profile: Profile) -> TargetReport:
 
 
 def _content(model) -> bytes:
-    """Bytes of a path, bytes, EdgeModel or converter IR model."""
+    """Bytes of a path, bytes, or anything with `model_content()` (an EdgeModel, a converter IR model)."""
     if isinstance(model, (str, os.PathLike)):
         if not os.path.isfile(model):
             raise FileNotFoundError(f"no such model file: {model}")
@@ -322,12 +322,6 @@ def _content(model) -> bytes:
         return bytes(model)
     if hasattr(model, "model_content"):
         return bytes(model.model_content())
-    from converter import ir
-
-    if isinstance(model, ir.Model):
-        from converter.writer import write_flatbuffer
-
-        return write_flatbuffer(model)
     raise TypeError(f"check() takes a .tflite path, bytes, an EdgeModel or an IR model; got {type(model).__name__}")
 
 

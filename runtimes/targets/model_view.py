@@ -33,6 +33,7 @@ class TensorView:
     scales: int  # how many quantization scales (1: per-tensor, >1: per-channel)
     data_offset: int | None  # where the constant bytes start in the file (None: no data)
     data_size: int
+    buffer: int = 0  # index into the model's buffers (0: the empty sentinel)
 
     @property
     def rank(self) -> int:
@@ -71,19 +72,29 @@ class SubgraphView:
 
 
 @dataclass
+class SignatureView:
+    key: str
+    subgraph: int
+    inputs: list[tuple[str, TensorView]]  # (the user's name, the tensor)
+    outputs: list[tuple[str, TensorView]]
+
+
+@dataclass
 class ModelView:
     subgraphs: list[SubgraphView]
     signatures: dict[str, int]  # signature key -> subgraph index
     file_size: int
     constant_bytes: int
     uses_external_buffers: bool  # data stored after the flatbuffer (files over 2 GB)
-
-
-def _names(enum_class) -> dict[int, str]:
-    return {v: k for k, v in vars(enum_class).items() if not k.startswith("_")}
+    buffer_sizes: list[int] = field(default_factory=list)  # bytes of data per buffer
+    signature_defs: list[SignatureView] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)  # short entries as text, others "<n> bytes"
+    description: str = ""
 
 
 def _options(schema, op) -> dict:
+    from common.tflite_schema import enum_names
+
     kind = op.BuiltinOptionsType()
     if not kind or op.BuiltinOptions() is None:
         return {}
@@ -91,19 +102,24 @@ def _options(schema, op) -> dict:
     options = {k: v for k, v in vars(obj).items() if not k.startswith("_")}
     for key, enum_name in _ENUM_FIELDS.items():
         if key in options and hasattr(schema, enum_name):
-            options[key] = _names(getattr(schema, enum_name)).get(options[key], options[key])
+            options[key] = enum_names(enum_name).get(options[key], options[key])
     return options
 
 
-def read_model(content: bytes | bytearray | memoryview) -> ModelView:
-    """Parse .tflite bytes into a ModelView. Raises ValueError when they are not a LiteRT model."""
+def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None = None) -> ModelView:
+    """Parse .tflite bytes into a ModelView. Raises ValueError when they are not a LiteRT model.
+
+    `content` may be the flatbuffer part alone of a file whose weights follow it (models
+    over 2 GB); `file_size` is then the whole file's size (constant data is never read)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    content = bytes(content)
+    from common.tflite_schema import TENSOR_TYPE_NAMES as type_names
+    from common.tflite_schema import opcode_name
+
+    content = content if isinstance(content, bytes) else bytes(content)
     if len(content) < 8 or content[4:8] != b"TFL3":
         raise ValueError("not a LiteRT/TFLite model: the file identifier 'TFL3' is missing")
     m = schema.Model.GetRootAsModel(content, 0)
-    op_names, type_names = _names(schema.BuiltinOperator), _names(schema.TensorType)
     base = np.frombuffer(content, dtype=np.uint8).__array_interface__["data"][0]
 
     buffers = []  # (file offset or None, size, external)
@@ -120,8 +136,7 @@ def read_model(content: bytes | bytearray | memoryview) -> ModelView:
     opcodes = []
     for i in range(m.OperatorCodesLength()):
         oc = m.OperatorCodes(i)
-        code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
-        name = op_names.get(code, f"#{code}")
+        name = opcode_name(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
         if name == "CUSTOM":
             name = f"CUSTOM:{(oc.CustomCode() or b'').decode()}"
         opcodes.append((name, oc.Version()))
@@ -141,9 +156,9 @@ def read_model(content: bytes | bytearray | memoryview) -> ModelView:
                                       type_names.get(t.Type(), str(t.Type())).lower(),
                                       is_const=size > 0, is_variable=bool(t.IsVariable()),
                                       quantized=scales > 0, scales=scales,
-                                      data_offset=offset, data_size=size))
+                                      data_offset=offset, data_size=size, buffer=t.Buffer()))
 
-        def pick(indices):
+        def pick(indices, tensors=tensors):
             return [tensors[k] if k >= 0 else None for k in indices]
 
         ops = []
@@ -158,12 +173,33 @@ def read_model(content: bytes | bytearray | memoryview) -> ModelView:
         subgraphs.append(SubgraphView(s, (sg.Name() or b"").decode() or f"subgraph{s}", tensors, ops,
                                       [t for t in inputs if t], [t for t in outputs if t]))
 
-    signatures = {}
+    signatures, signature_defs = {}, []
     for i in range(m.SignatureDefsLength()):
         sd = m.SignatureDefs(i)
-        signatures[sd.SignatureKey().decode()] = sd.SubgraphIndex()
-        if sd.SubgraphIndex() < len(subgraphs):
-            subgraphs[sd.SubgraphIndex()].name = sd.SignatureKey().decode()
-    return ModelView(subgraphs, signatures, len(content),
+        key, index = sd.SignatureKey().decode(), sd.SubgraphIndex()
+        signatures[key] = index
+        if index < len(subgraphs):
+            subgraphs[index].name = key
+            tensors = subgraphs[index].tensors
+
+            def io(maps, n, tensors=tensors):
+                return [(maps(k).Name().decode(), tensors[maps(k).TensorIndex()]) for k in range(n)]
+
+            signature_defs.append(SignatureView(key, index, io(sd.Inputs, sd.InputsLength()),
+                                                io(sd.Outputs, sd.OutputsLength())))
+    return ModelView(subgraphs, signatures, len(content) if file_size is None else file_size,
                      constant_bytes=sum(size for _, size, _ in buffers),
-                     uses_external_buffers=any(ext for _, _, ext in buffers))
+                     uses_external_buffers=any(ext for _, _, ext in buffers),
+                     buffer_sizes=[size for _, size, _ in buffers], signature_defs=signature_defs,
+                     metadata=_metadata(m, content, buffers), description=(m.Description() or b"").decode())
+
+
+def _metadata(m, content: bytes, buffers) -> dict[str, str]:
+    """Metadata entries: short ones (version strings) as text, longer ones by size."""
+    out = {}
+    for i in range(m.MetadataLength()):
+        md = m.Metadata(i)
+        start, size, _ = buffers[md.Buffer()] if md.Buffer() < len(buffers) else (None, 0, False)
+        raw = content[start:start + size] if start is not None and size <= 64 else b""
+        out[md.Name().decode()] = raw.rstrip(b"\0").decode(errors="replace") if size <= 64 else f"{size} bytes"
+    return out

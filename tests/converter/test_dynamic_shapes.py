@@ -203,7 +203,7 @@ def test_data_dependent_size_names_the_op_and_line():
 
 
 def _hf_case(name: str):
-    from transformers import (BertConfig, BertModel, GPT2Config, GPT2Model, LlamaConfig, LlamaModel)
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, LlamaConfig, LlamaModel
 
     small = dict(num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, max_position_embeddings=64)
     if name == "bert":

@@ -10,14 +10,7 @@ import litert_torch
 from converter.errors import ConversionError, UnsupportedOpsError
 from converter.pipeline import convert_module, cpu_view
 from converter.progress import Progress, progress_enabled
-from tests.converter.fallback_lowerings import basic_lowerings
 from tests.helpers import assert_converts
-
-
-@pytest.fixture(autouse=True)
-def _lowerings():
-    with basic_lowerings():
-        yield
 
 
 class TinyMLP(torch.nn.Module):

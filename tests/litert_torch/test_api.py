@@ -10,13 +10,6 @@ import torch
 
 import litert_torch
 from litert_torch import EdgeModel
-from tests.converter.fallback_lowerings import basic_lowerings
-
-
-@pytest.fixture(autouse=True)
-def _lowerings():
-    with basic_lowerings():
-        yield
 
 
 class AddRelu(torch.nn.Module):
@@ -36,9 +29,8 @@ class Affine(torch.nn.Module):
 @pytest.fixture(scope="module")
 def affine():
     torch.manual_seed(0)
-    with basic_lowerings():
-        m = Affine()
-        return m, litert_torch.convert(m, (torch.randn(2, 4),))
+    m = Affine()
+    return m, litert_torch.convert(m, (torch.randn(2, 4),))
 
 
 # ---- convert() arguments ---------------------------------------------------------------------

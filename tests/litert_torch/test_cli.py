@@ -12,15 +12,8 @@ import torch
 
 import litert_torch
 from litert_torch.cli import main
-from tests.converter.fallback_lowerings import basic_lowerings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(autouse=True)
-def _lowerings():
-    with basic_lowerings():
-        yield
 
 
 def test_convert_with_shape_args_then_run(tmp_path, capsys):

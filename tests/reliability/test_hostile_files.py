@@ -83,6 +83,7 @@ def test_an_absurd_vector_length_is_refused_without_allocating(corpus):
     content = bytearray(mutations.pack(m))
     # the subgraph's tensor vector: find its length word (the number of tensors) and inflate it
     import struct
+
     from ai_edge_litert import schema_py_generated as schema
 
     sg = schema.Model.GetRootAsModel(bytes(content), 0).Subgraphs(0)

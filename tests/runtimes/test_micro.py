@@ -12,8 +12,15 @@ import pytest
 
 from converter.writer import write_flatbuffer
 from runtimes.litert import LiteRTModel
-from runtimes.micro import (MicroError, c_source, export_c_source, measure_arena, micro_unavailable,
-                            resolver_method, run_micro)
+from runtimes.micro import (
+    MicroError,
+    c_source,
+    export_c_source,
+    measure_arena,
+    micro_unavailable,
+    resolver_method,
+    run_micro,
+)
 from runtimes.targets import check
 from tests.runtimes.int8_models import int8_conv, int8_mlp
 

@@ -13,8 +13,9 @@ import litert_torch
 import runtimes
 from converter import ir
 from converter.writer import write_flatbuffer
+from litert_torch.targets import prepare_for_target
 from runtimes.litert import LiteRTModel
-from runtimes.targets import PROFILES, TargetError, check, get_profile, prepare_for_target, read_model
+from runtimes.targets import PROFILES, TargetError, check, get_profile, read_model
 from tests.runtimes.int8_models import int8_conv, int8_mlp
 
 
@@ -269,3 +270,25 @@ def test_unaligned_weights_are_caught_for_micro():
     assert report.errors and {v.rule for v in report.errors} == {"alignment"}
     assert "not a multiple of 16" in report.errors[0].why and "tflite_flatbuffer_align" in report.errors[0].fix
     assert check(bytes(builder.Output()), "android-cpu", quiet=True).ok
+
+
+def test_convert_with_a_target_writes_the_model_once(monkeypatch):
+    """The target check reads the bytes that ship: no second write (which would also join
+    a >2 GB model's pieces in memory)."""
+    import converter.writer
+    import litert_torch.api
+    import litert_torch.targets
+
+    writes = []
+    real = converter.writer.write_flatbuffer_parts
+
+    def counting(model, **kwargs):
+        writes.append(model)
+        return real(model, **kwargs)
+
+    for module in (converter.writer, litert_torch.api, litert_torch.targets):
+        monkeypatch.setattr(module, "write_flatbuffer_parts", counting)
+    x = torch.randn(1, 4)
+    edge = litert_torch.convert(torch.nn.Linear(4, 3), (x,), target="android-gpu", progress=False)
+    assert len(writes) == 1 and edge.target_report.ok
+    assert edge.target_report.file_size == len(edge.model_content())

@@ -1,6 +1,5 @@
 """Seeding torch makes device randomness reproducible."""
 
-import pytest
 import torch
 
 import tpu_backend  # noqa: F401

@@ -16,17 +16,12 @@ from tpu_backend.ops.registry import torch_dtype
 BACKEND_NAME = "tpu"
 
 
-def cpu_tensor_to_jax(t: torch.Tensor) -> jax.Array:
-    """A JAX copy of a CPU tensor (never aliasing torch-owned memory)."""
-    return device_tensor.cpu_to_jax(t)
-
-
 def tensor_to_jax(t: torch.Tensor) -> jax.Array:
     """The JAX value of a tpu tensor (its payload) or of a CPU tensor (a copy)."""
     if t.device.type == BACKEND_NAME:
         return device_tensor.concrete(device_tensor.read(t))  # fused eager: a compiled graph is a sync point
     if t.device.type == "cpu":
-        return cpu_tensor_to_jax(t)
+        return device_tensor.cpu_to_jax(t)  # a copy, never aliasing torch-owned memory
     raise ValueError(
         f"torch.compile(backend='tpu') got a tensor on {t.device}; move inputs and the model to 'tpu' (or 'cpu')"
     )
@@ -40,4 +35,4 @@ def jax_to_tensor(array: jax.Array, device: torch.device) -> torch.Tensor:
     return device_tensor.numpy_to_torch(host, torch_dtype(array.dtype))
 
 
-__all__ = ["cpu_tensor_to_jax", "jax_to_tensor", "tensor_to_jax"]
+__all__ = ["jax_to_tensor", "tensor_to_jax"]

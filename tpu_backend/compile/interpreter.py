@@ -1,11 +1,10 @@
 """Run an ATen-level FX graph as a JAX function, through the one ATen -> JAX lowering table.
 
 `GraphFunction(gm)` walks `gm.graph` node by node; each `call_function` on an ATen
-overload is looked up, in this order, in
-
-1. `tpu_backend.ops.JAX_LOWERINGS`: the table every execution mode shares;
-2. `tpu_backend.ops.views.VIEW_LOWERINGS`: view ops, pure functions in a functional graph;
-3. `tpu_backend.compile.prims.GRAPH_LOWERINGS`: prims, size queries, assertions.
+overload is looked up in the one table, `tpu_backend.ops.registry.LOWERINGS`, whatever
+the record's kind: "op" (what every execution mode shares), "view" (view ops, pure
+functions in a functional graph) or "graph" (prims, size queries, assertions:
+`tpu_backend.compile.prims`).
 
 Control flow (`torch.cond`, `while_loop`) becomes `lax.cond` / `lax.while_loop` over
 the branch subgraphs, interpreted the same way.
@@ -32,14 +31,11 @@ import jax.numpy as jnp
 import torch
 import torch.fx
 
-import tpu_backend.ops  # noqa: F401  (fills JAX_LOWERINGS)
+import tpu_backend.compile.prims  # noqa: F401  (registers the graph-only lowerings)
+import tpu_backend.ops  # noqa: F401  (fills the table)
 from tpu_backend.compile.interop import tensor_to_jax
-from tpu_backend.compile.prims import GRAPH_LOWERINGS
 from tpu_backend.compile.program import Program
-from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering, jax_dtype
-from tpu_backend.ops.views import VIEW_LOWERINGS
-
-_TABLES = (JAX_LOWERINGS, VIEW_LOWERINGS, GRAPH_LOWERINGS)
+from tpu_backend.ops.registry import LOWERINGS, Lowering, jax_dtype
 
 
 class UnsupportedGraphError(NotImplementedError):
@@ -47,12 +43,8 @@ class UnsupportedGraphError(NotImplementedError):
 
 
 def lowering_for(target) -> Lowering | None:
-    """The JAX lowering of an ATen/prims overload, or None if no table has one."""
-    for table in _TABLES:
-        lowering = table.get(target)
-        if lowering is not None:
-            return lowering
-    return None
+    """The JAX lowering of an ATen/prims overload (any kind), or None."""
+    return LOWERINGS.get(target)
 
 
 def is_covered(target) -> bool:
@@ -60,8 +52,8 @@ def is_covered(target) -> bool:
 
 
 def lowering_tables_version() -> tuple[int, ...]:
-    """Changes whenever a lowering is added to a table (they only grow)."""
-    return tuple(len(table) for table in _TABLES)
+    """Changes whenever a lowering is added to the table (it only grows)."""
+    return (len(LOWERINGS),)
 
 
 def _is_python_callable(target) -> bool:

@@ -14,22 +14,18 @@ import jax.numpy as jnp
 import torch
 
 from tpu_backend.ops._common import canonical_dim
-from tpu_backend.ops.registry import Lowering, jax_dtype
+from tpu_backend.ops.registry import GRAPH_LOWERINGS, jax_dtype, lowers
 from tpu_backend.ops.views import view_dtype
 
 prims = torch.ops.prims
 aten = torch.ops.aten
 
-GRAPH_LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
 
 
 def graph_lowering(*targets):
-    def register(fn):
-        for target in targets:
-            GRAPH_LOWERINGS[target] = Lowering(fn)
-        return fn
-
-    return register
+    """Register a lowering that only compiled graphs reach (`lowers(*targets, kind="graph")`;
+    a target is lowered once across the whole table)."""
+    return lowers(*targets, kind="graph")
 
 
 # --------------------------------------------------------------------- prims

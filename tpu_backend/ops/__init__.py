@@ -1,16 +1,13 @@
 """The ATen -> JAX lowering table, split by op family; importing this package fills it.
 
-`JAX_LOWERINGS` (from `registry.py`) maps each ATen overload to its lowering.
-`covered_overloads()` lists them, for parity suites and coverage reports;
-`coverage_by_family()` counts them per family file.
-`DATA_DEPENDENT` names the lowerings whose output shape depends on tensor values
-(nonzero, masked_select, unique...): they read their inputs on the host, so they
-cannot run inside `jax.jit`; the device must call them eagerly (a sync point).
-`DATA_DEPENDENT_WHEN` maps ops that are data-dependent only for some arguments
-(`index.Tensor` with a bool mask) to a predicate `(args, kwargs) -> bool`.
-`FUNCTIONALIZED` maps ATen ops that mutate an input besides `self`/`out`
-(`native_batch_norm`'s running stats) to the functional lowering to run and the
-outputs to write back (see `norm.py`).
+`LOWERINGS` (from `registry.py`) maps each ATen overload to its one `Lowering` record:
+the JAX function, its kind (op / view / graph primitive), whether it needs RNG, is data
+dependent (and when), or is functionalized (see `registry.py`).
+`JAX_LOWERINGS` is its "op" part (the eager kernels); `covered_overloads()` lists them,
+for parity suites and coverage reports; `coverage_by_family()` counts them per family
+file. `DATA_DEPENDENT`, `DATA_DEPENDENT_WHEN` and `FUNCTIONALIZED` are read-only views
+of the records' fields (nonzero/unique run eagerly on host values; `index.Tensor` only
+with a bool mask; `native_batch_norm` writes its running statistics back).
 """
 
 from __future__ import annotations
@@ -32,10 +29,20 @@ from tpu_backend.ops import (  # noqa: F401  (each import registers a family)
     sampling,
     shape,
     sort,
+    views,
 )
-from tpu_backend.ops._common import DATA_DEPENDENT, DATA_DEPENDENT_WHEN
-from tpu_backend.ops.norm import FUNCTIONALIZED, Functionalized
-from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering, jax_dtype, lowers, torch_dtype
+from tpu_backend.ops.registry import (
+    DATA_DEPENDENT,
+    DATA_DEPENDENT_WHEN,
+    FUNCTIONALIZED,
+    JAX_LOWERINGS,
+    LOWERINGS,
+    Functionalized,
+    Lowering,
+    jax_dtype,
+    lowers,
+    torch_dtype,
+)
 
 
 def covered_overloads() -> list:
@@ -58,6 +65,7 @@ __all__ = [
     "FUNCTIONALIZED",
     "Functionalized",
     "JAX_LOWERINGS",
+    "LOWERINGS",
     "Lowering",
     "coverage_by_family",
     "covered_overloads",

@@ -6,8 +6,8 @@ have the arrays' dtypes and ranks (zero-dim tensors promote differently from
 dimensioned ones). This costs a little Python at trace time only: lowerings run
 inside `jax.jit`, so it never runs per call.
 
-It also holds the markers the dispatcher reads: `DATA_DEPENDENT` (ops that must run
-eagerly on host values) and `DATA_DEPENDENT_WHEN` (ops that must for some arguments).
+`data_dependent` / `data_dependent_when` are decorator forms of the `Lowering` record's
+fields of the same names (`@lowers(..., data_dependent=True)` says the same).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promotion
 from torch._prims_common import elementwise_dtypes
 
-from tpu_backend.ops.registry import jax_dtype, torch_dtype
+from tpu_backend.ops.registry import DATA_DEPENDENT, DATA_DEPENDENT_WHEN, jax_dtype, mark, torch_dtype  # noqa: F401
+
 
 def is_array(value) -> bool:
     """True for a JAX (or numpy) array, False for Python scalars and None."""
@@ -140,31 +141,25 @@ def reduction_dtype(x, dtype):
 
 
 
-# Lowerings whose output shape depends on tensor values (filled by `data_dependent`).
-DATA_DEPENDENT: set = set()
-
-
-# Lowerings whose output shape depends on values only for some arguments: op -> predicate
-# called with the op's (args, kwargs); when it returns True, run the lowering eagerly.
-DATA_DEPENDENT_WHEN: dict = {}
-
-
 def data_dependent_when(*targets, predicate):
-    """Mark ATen overloads that need host values when `predicate(args, kwargs)` holds."""
+    """Mark ATen overloads that need host values when `predicate(args, kwargs)` holds
+    (same as `@lowers(..., data_dependent_when=predicate)`)."""
 
-    def mark(fn):
+    def decorate(fn):
         for target in targets:
-            DATA_DEPENDENT_WHEN[target] = predicate
+            mark(target, data_dependent_when=predicate)
         return fn
 
-    return mark
+    return decorate
 
 
 def data_dependent(*targets):
-    """Mark ATen overloads whose lowering reads values on the host (cannot be jitted)."""
+    """Mark ATen overloads whose lowering reads values on the host (cannot be jitted);
+    same as `@lowers(..., data_dependent=True)`."""
 
-    def mark(fn):
-        DATA_DEPENDENT.update(targets)
+    def decorate(fn):
+        for target in targets:
+            mark(target, data_dependent=True)
         return fn
 
-    return mark
+    return decorate

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_backend.ops._common import canonical_dim, data_dependent, data_dependent_when, is_array, is_floating
+from tpu_backend.ops._common import canonical_dim, is_array, is_floating
 from tpu_backend.ops.registry import lowers
 
 aten = torch.ops.aten
@@ -71,8 +71,7 @@ def _mask_put_needs_host(args, kwargs) -> bool:
     return _single_mask_fill(args[0], args[1], args[2] if len(args) > 2 else kwargs["values"]) is None
 
 
-@data_dependent_when(aten.index.Tensor, predicate=_has_bool_index)
-@lowers(aten.index.Tensor)
+@lowers(aten.index.Tensor, data_dependent_when=_has_bool_index)
 def index(x, indices):
     return x[_index_tuple(indices)]
 
@@ -86,8 +85,7 @@ def _single_mask_fill(x, indices, values):
     return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
 
 
-@data_dependent_when(aten.index_put.default, aten._index_put_impl.default, predicate=_mask_put_needs_host)
-@lowers(aten.index_put.default, aten._index_put_impl.default)
+@lowers(aten.index_put.default, aten._index_put_impl.default, data_dependent_when=_mask_put_needs_host)
 def index_put(x, indices, values, accumulate=False, unsafe=False):
     mask = _single_mask_fill(x, indices, values)
     values = values.astype(x.dtype)
@@ -243,8 +241,7 @@ def put(x, index, source, accumulate=False):
     return (flat.add(values) if accumulate else flat.set(values)).reshape(x.shape)
 
 
-@data_dependent(aten.masked_select.default)
-@lowers(aten.masked_select.default)
+@lowers(aten.masked_select.default, data_dependent=True)
 def masked_select(x, mask):
     """Data-dependent size: runs eagerly on concrete arrays (a host sync)."""
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
@@ -261,8 +258,7 @@ def masked_scatter(x, mask, source):
     return jnp.where(mask, picked.astype(x.dtype), jnp.broadcast_to(x, shape))
 
 
-@data_dependent(aten.nonzero.default)
-@lowers(aten.nonzero.default)
+@lowers(aten.nonzero.default, data_dependent=True)
 def nonzero(x):
     """Data-dependent size: runs eagerly on concrete arrays (a host sync)."""
     host = np.asarray(x)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import jax.scipy.linalg as jsl
+import numpy as np
 import torch
 from jax.lax import linalg as lax_linalg
 
-from tpu_backend.ops.activation import gelu
 from tpu_backend.ops._common import canonical_dim, is_static_number, jax_dtype, result_dtype
+from tpu_backend.ops.activation import gelu
 from tpu_backend.ops.registry import lowers
 
 aten = torch.ops.aten

@@ -10,7 +10,7 @@ mode), but a lowering is a pure function. So:
   (out, save_mean, save_invstd, new_running_mean, new_running_var): this is the form
   AOTAutograd/`torch.compile` graphs contain.
 - `native_batch_norm` and `_native_batch_norm_legit` return ATen's three outputs.
-  `FUNCTIONALIZED` (below) tells the eager dispatcher how to honour their mutation:
+  Their records' `functionalized=` tells the eager dispatcher how to honour the mutation:
   run the functional op's lowering on the same arguments, write its outputs 3 and 4
   back into arguments 3 and 4 (running_mean, running_var) and return outputs 0..2.
   Without that write-back the running statistics would silently stay unchanged.
@@ -18,14 +18,12 @@ mode), but a lowering is a pure function. So:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import jax
 import jax.numpy as jnp
 import torch
 
 from tpu_backend.ops._common import canonical_dim
-from tpu_backend.ops.registry import jax_dtype, lowers
+from tpu_backend.ops.registry import Functionalized, jax_dtype, lowers
 
 aten = torch.ops.aten
 
@@ -175,9 +173,13 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
     return out, empty, empty, running_mean, running_var
 
 
-@lowers(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
+# Running stats: run the functional op, write its outputs 3, 4 into arguments 3, 4.
+_RUNNING_STATS = Functionalized(aten._native_batch_norm_legit_functional.default, {3: 3, 4: 4}, 3)
+
+
+@lowers(aten.native_batch_norm.default, aten._native_batch_norm_legit.default, functionalized=_RUNNING_STATS)
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    """(out, save_mean, save_invstd). Running stats: see FUNCTIONALIZED (module docstring)."""
+    """(out, save_mean, save_invstd). Running stats: `functionalized` (module docstring)."""
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
 
 
@@ -230,9 +232,10 @@ def _reserve():
     return jnp.zeros((0,), jnp.uint8)
 
 
-@lowers(aten._batch_norm_with_update.default)
+@lowers(aten._batch_norm_with_update.default,
+        functionalized=Functionalized(aten._batch_norm_with_update_functional.default, {3: 4, 4: 5}, 4))
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
-    """(out, save_mean, save_invstd, reserve). Running stats: see FUNCTIONALIZED."""
+    """(out, save_mean, save_invstd, reserve). Running stats: `functionalized`."""
     out, mean, invstd, _, _ = _batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, _reserve()
 
@@ -323,27 +326,3 @@ def weight_norm_interface(v, g, dim=0):
 def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     _, vjp = jax.vjp(lambda v, g: weight_norm_interface(v, g, dim)[0], saved_v, saved_g)
     return vjp(grad_w)
-
-
-# --- mutation contract for the dispatcher ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Functionalized:
-    """How to run a mutating ATen op through a functional lowering.
-
-    Call `functional`'s lowering with the op's arguments; for each (arg_index,
-    output_index) in `writes`, write that output into the argument (skip when the
-    argument is None); return the first `outputs` outputs.
-    """
-
-    functional: object
-    writes: dict = field(default_factory=dict)
-    outputs: int = 1
-
-
-FUNCTIONALIZED = {
-    aten.native_batch_norm.default: Functionalized(aten._native_batch_norm_legit_functional.default, {3: 3, 4: 4}, 3),
-    aten._native_batch_norm_legit.default: Functionalized(aten._native_batch_norm_legit_functional.default, {3: 3, 4: 4}, 3),
-    aten._batch_norm_with_update.default: Functionalized(aten._batch_norm_with_update_functional.default, {3: 4, 4: 5}, 4),
-}

@@ -15,7 +15,15 @@ import jax.scipy.special as jsp
 import torch
 from jax import lax
 
-from tpu_backend.ops._common import Promotion, dtypes_for, elementwise, is_floating, is_integral, is_static_number, result_dtype
+from tpu_backend.ops._common import (
+    Promotion,
+    dtypes_for,
+    elementwise,
+    is_floating,
+    is_integral,
+    is_static_number,
+    result_dtype,
+)
 from tpu_backend.ops.registry import lowers
 
 aten = torch.ops.aten

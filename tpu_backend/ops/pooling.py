@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from common import resampling
 from tpu_backend.ops._common import expand_param, is_floating
 from tpu_backend.ops.registry import lowers
 
@@ -155,19 +156,8 @@ def avg_pool3d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode,
 # --- adaptive pooling ---------------------------------------------------------------------
 
 
-def _adaptive_bounds(size, out):
-    """ATen's adaptive windows: [floor(i*size/out), ceil((i+1)*size/out))."""
-    starts = [(i * size) // out for i in range(out)]
-    ends = [-(-((i + 1) * size) // out) for i in range(out)]
-    return starts, ends
-
-
 def _adaptive_average_matrix(size, out, dtype):
-    starts, ends = _adaptive_bounds(size, out)
-    matrix = np.zeros((out, size), np.float64)
-    for i, (s, e) in enumerate(zip(starts, ends)):
-        matrix[i, s:e] = 1.0 / (e - s)
-    return jnp.asarray(matrix, dtype)
+    return jnp.asarray(resampling.adaptive_average_matrix(size, out), dtype)
 
 
 def _adaptive_avg_pool(x, output_size):
@@ -195,18 +185,11 @@ def adaptive_avg_pool3d_backward(grad_output, x):
     return jax.vjp(lambda v: _adaptive_avg_pool(v, grad_output.shape[-3:]), x)[1](grad_output)[0]
 
 
-def _adaptive_window_index(size, out):
-    """(out, width) input positions of each adaptive window, its last cell repeated to pad."""
-    starts, ends = _adaptive_bounds(size, out)
-    width = max(e - s for s, e in zip(starts, ends))
-    return np.array([[min(s + j, e - 1) for j in range(width)] for s, e in zip(starts, ends)])
-
-
 @lowers(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(x, output_size):
     """(values, flat indices): gather every window (padded by repeating its last cell)."""
     out_h, out_w = expand_param(output_size, 2)
-    rows, cols = (_adaptive_window_index(size, out) for size, out in zip(x.shape[-2:], (out_h, out_w)))
+    rows, cols = (resampling.adaptive_window_index(size, out) for size, out in zip(x.shape[-2:], (out_h, out_w)))
     g = jnp.take(x, jnp.asarray(rows.reshape(-1)), axis=-2).reshape(x.shape[:-2] + rows.shape + x.shape[-1:])
     g = jnp.take(g, jnp.asarray(cols.reshape(-1)), axis=-1).reshape(g.shape[:-1] + cols.shape)  # (..., OH, KH, OW, KW)
     windows = jnp.swapaxes(g, -3, -2).reshape(g.shape[:-4] + (out_h, out_w, -1))
@@ -226,40 +209,16 @@ def adaptive_max_pool2d_backward(grad_output, x, indices):
 # --- upsampling ---------------------------------------------------------------------------
 
 
-def _scale(in_size, out_size, scale):
-    """Output-to-input coordinate ratio: 1/scale when the user gave a scale factor."""
-    return in_size / out_size if scale is None else 1.0 / scale
-
-
-def _nearest_index(in_size, out_size, scale, exact):
-    ratio = _scale(in_size, out_size, scale)
-    positions = jnp.arange(out_size, dtype=jnp.float32)
-    source = jnp.floor((positions + 0.5) * ratio) if exact else jnp.floor(positions * ratio)
-    return jnp.minimum(source.astype(jnp.int32), in_size - 1)
-
-
 def _upsample_nearest(x, output_size, scales, exact=False):
     spatial = len(output_size)
     for dim, (out, scale) in enumerate(zip(output_size, scales)):
         axis = x.ndim - spatial + dim
-        x = jnp.take(x, _nearest_index(x.shape[axis], out, scale, exact), axis=axis)
+        x = jnp.take(x, resampling.nearest_indices(x.shape[axis], out, scale, exact).astype(np.int32), axis=axis)
     return x
 
 
 def _linear_matrix(in_size, out_size, align_corners, scale, dtype):
-    """(out, in) interpolation weights: two non-zeros per row, like ATen's linear kernels."""
-    positions = jnp.arange(out_size, dtype=jnp.float32)
-    if align_corners:
-        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
-        source = positions * ratio
-    else:
-        source = jnp.maximum((positions + 0.5) * _scale(in_size, out_size, scale) - 0.5, 0.0)
-    low = jnp.minimum(jnp.floor(source).astype(jnp.int32), in_size - 1)
-    high = jnp.minimum(low + 1, in_size - 1)
-    frac = source - low
-    columns = jnp.arange(in_size)
-    matrix = (columns == low[:, None]) * (1 - frac)[:, None] + (columns == high[:, None]) * frac[:, None]
-    return matrix.astype(dtype)
+    return jnp.asarray(resampling.linear_weights(in_size, out_size, align_corners, scale), dtype)
 
 
 def _upsample_linear(x, output_size, align_corners, scales):
@@ -279,7 +238,7 @@ def _cubic_matrix(in_size, out_size, align_corners, scale, dtype):
     if align_corners:
         source = positions * ((in_size - 1) / (out_size - 1) if out_size > 1 else 0.0)
     else:
-        source = (positions + 0.5) * _scale(in_size, out_size, scale) - 0.5  # not clamped for cubic
+        source = (positions + 0.5) * resampling.source_scale(in_size, out_size, scale) - 0.5  # not clamped for cubic
     base = jnp.floor(source)
     t = source - base
     taps = [

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_backend.ops._common import canonical_dim, data_dependent, is_floating
+from tpu_backend.ops._common import canonical_dim, is_floating
 from tpu_backend.ops.registry import lowers
 
 aten = torch.ops.aten
@@ -94,6 +94,15 @@ def bucketize(x, boundaries, *, out_int32=False, right=False):
     return jnp.searchsorted(boundaries, x, side="right" if right else "left").astype(jnp.int32 if out_int32 else jnp.int64)
 
 
+@lowers(aten.bucketize.Scalar)
+def bucketize_scalar(value, boundaries, *, out_int32=False, right=False):
+    """The bucket of one number (0-d). It promotes like ATen's wrapped scalar: a float
+    against integer boundaries compares as float32, anything else in their dtype."""
+    float_value = jnp.issubdtype(jnp.result_type(value), jnp.floating)
+    dtype = jnp.float32 if float_value and not is_floating(boundaries.dtype) else boundaries.dtype
+    return bucketize(jnp.asarray(value, dtype), boundaries.astype(dtype), out_int32=out_int32, right=right)
+
+
 @lowers(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
     """Equal-width histogram over [min, max]; min == max means the data's own range."""
@@ -127,24 +136,21 @@ def _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, i
     return jnp.asarray(values, x.dtype), jnp.asarray(inverse_out), jnp.asarray(counts_out)
 
 
-@data_dependent(aten._unique2.default)
-@lowers(aten._unique2.default)
+@lowers(aten._unique2.default, data_dependent=True)
 def unique2(x, sorted=True, return_inverse=False, return_counts=False):
     """(unique values, inverse, counts); unused outputs are empty, as in ATen."""
     values, inverse, counts = np.unique(_host(x).reshape(-1), return_inverse=True, return_counts=True)
     return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, x.shape)
 
 
-@data_dependent(aten.unique_dim.default)
-@lowers(aten.unique_dim.default)
+@lowers(aten.unique_dim.default, data_dependent=True)
 def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
     axis = canonical_dim(dim, x.ndim)
     values, inverse, counts = np.unique(_host(x), axis=axis, return_inverse=True, return_counts=True)
     return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, (x.shape[axis],))
 
 
-@data_dependent(aten.unique_consecutive.default)
-@lowers(aten.unique_consecutive.default)
+@lowers(aten.unique_consecutive.default, data_dependent=True)
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     host = _host(x)
     if dim is None:
@@ -164,8 +170,7 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, inverse_shape)
 
 
-@data_dependent(aten.bincount.default)
-@lowers(aten.bincount.default)
+@lowers(aten.bincount.default, data_dependent=True)
 def bincount(x, weights=None, minlength=0):
     host = _host(x)
     length = max(int(host.max()) + 1 if host.size else 0, minlength)

@@ -5,8 +5,9 @@ its storage, which the device models itself (`tpu_backend/tensor.py`). In a *fun
 graph (what AOTAutograd hands `torch.compile(backend="tpu")`, or what a fused eager trace
 records) nothing is written through a view, so a view is just a function of its base:
 `view` is a reshape, `slice` a slice, `expand` a broadcast. This table holds those
-functions, with the same calling convention as `JAX_LOWERINGS` (arrays in, array or
-tuple of arrays out, non-tensor arguments static). The `*_copy` overloads (what
+functions, registered as `Lowering` records of kind "view" in the one table, with the
+same calling convention as any lowering (arrays in, array or tuple of arrays out,
+non-tensor arguments static). The `*_copy` overloads (what
 `torch.export`'s core ATen set spells views as) share the same functions.
 
 `as_strided` is the one view that needs the base's storage layout: here the base is
@@ -25,24 +26,16 @@ import jax.numpy as jnp
 import torch
 
 from tpu_backend.ops._common import canonical_dim
-from tpu_backend.ops.registry import Lowering, jax_dtype
+from tpu_backend.ops.registry import VIEW_LOWERINGS, jax_dtype, lowers
 
 aten = torch.ops.aten
 
-VIEW_LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
 
 
 def view_lowering(*targets: torch._ops.OpOverload) -> Callable:
-    """Register the decorated function as the functional meaning of each view overload."""
-
-    def register(fn: Callable) -> Callable:
-        for target in targets:
-            if target in VIEW_LOWERINGS:
-                raise ValueError(f"{target} is lowered twice: {VIEW_LOWERINGS[target].fn.__name__} and {fn.__name__}")
-            VIEW_LOWERINGS[target] = Lowering(fn)
-        return fn
-
-    return register
+    """Register the decorated function as the functional meaning of each view overload
+    (`lowers(*targets, kind="view")`)."""
+    return lowers(*targets, kind="view")
 
 
 def _infer_size(size: Sequence[int], numel: int) -> tuple[int, ...]:

@@ -2,8 +2,7 @@
 
 import numpy as np
 
-from converter.passes import (deduplicate_constants, fold_pad_into_conv, remove_dead_code,
-                              simplify_reshapes)
+from converter.passes import deduplicate_constants, fold_pad_into_conv, remove_dead_code, simplify_reshapes
 from tests.converter.passes.passes_helpers import GraphBuilder, check_pass, histogram
 
 

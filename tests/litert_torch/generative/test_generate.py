@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from litert_torch.generative import (TinyLlama, TinyLlamaConfig, export_generative, generate,
-                                     reference_generate)
+from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate, reference_generate
 from runtimes.litert import max_relative_error
 
 PREFILL, CACHE, NEW_TOKENS = 8, 40, 20

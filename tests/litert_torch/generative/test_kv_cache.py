@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from litert_torch.generative import (TinyLlama, TinyLlamaConfig, export_generative, generate,
-                                     reference_generate, with_kv_cache)
+from litert_torch.generative import (
+    TinyLlama,
+    TinyLlamaConfig,
+    export_generative,
+    generate,
+    reference_generate,
+    with_kv_cache,
+)
 from litert_torch.generative.kv_cache import MASKED_SCORE, attention_bias, write_cache
 
 

@@ -36,7 +36,14 @@ import torch  # noqa: E402
 
 import tpu_backend  # noqa: E402
 import tpu_backend.distributed as dist  # noqa: E402  (joins the launcher's run, if any)
-from tests.tpu_backend.models import MODEL_CASES, GPTConfig, _class_batch, _token_batch, make_optimizer, training_batches  # noqa: E402
+from tests.tpu_backend.models import (  # noqa: E402
+    MODEL_CASES,
+    GPTConfig,
+    _class_batch,
+    _token_batch,
+    make_optimizer,
+    training_batches,
+)
 
 BATCH = 16  # divisible by every mesh used in the tests
 

@@ -43,6 +43,17 @@ def test_search():
     check(aten.bucketize.Tensor, values, seq, right=True, out_int32=True)
 
 
+def test_bucketize_a_number():
+    seq = torch.tensor([1.0, 2.0, 2.0, 5.0])
+    for value in (0.0, 2.0, 3.5, 9.0):
+        check(aten.bucketize.Scalar, value, seq)
+        check(aten.bucketize.Scalar, value, seq, right=True, out_int32=True)
+    check(aten.bucketize.Scalar, 2.5, torch.tensor([1, 2, 3]))  # a float between integer boundaries
+    check(aten.bucketize.Scalar, 2, torch.tensor([1, 2, 3]), right=True)
+    on_device = torch.bucketize(3.5, seq.to("tpu"))  # what a user writes
+    assert on_device.device.type == "tpu" and on_device.item() == torch.bucketize(3.5, seq).item() == 3
+
+
 def test_histc():
     x = torch.randn(100)
     check(aten.histc.default, x, 10, -1.0, 1.0)

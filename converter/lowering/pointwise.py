@@ -182,6 +182,21 @@ def maximum(ctx, a, b):
     return ctx.emit("MAXIMUM", _operands(ctx, a, b))
 
 
+@lowers(aten.hypot.default)
+def hypot(ctx, a, b):
+    """sqrt(a^2 + b^2) without overflow: big * sqrt(1 + (small / big)^2), so 1e20 and
+    1e20 give 1.41e20 in float32 where the squares alone would be inf; an infinite
+    operand gives inf (inf / inf would be NaN)."""
+    a, b = (emit.unary(ctx, "ABS", x) for x in _operands(ctx, a, b))
+    big, small = emit.binary(ctx, "MAXIMUM", a, b), emit.binary(ctx, "MINIMUM", a, b)
+    tiny = emit.scalar_like(ctx, np.finfo(big.dtype).tiny, big.dtype)  # 0 / 0 would be NaN
+    ratio = emit.binary(ctx, "DIV", small, emit.binary(ctx, "MAXIMUM", big, tiny))
+    one_plus = emit.binary(ctx, "ADD", emit.binary(ctx, "MUL", ratio, ratio), emit.scalar_like(ctx, 1, big.dtype))
+    scaled = emit.binary(ctx, "MUL", big, emit.unary(ctx, "SQRT", one_plus))
+    infinite = emit.binary(ctx, "EQUAL", big, emit.scalar_like(ctx, np.inf, big.dtype), dtype=np.bool_)
+    return ctx.emit("SELECT_V2", [infinite, big, scaled])
+
+
 # ---- unary math ---------------------------------------------------------------------------
 
 

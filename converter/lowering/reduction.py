@@ -14,7 +14,7 @@ import torch
 
 from converter.ir import Tensor
 from converter.lowering import emit
-from converter.lowering.elementwise import _as_bool
+from converter.lowering.pointwise import _as_bool
 from converter.lowering.registry import lowers
 
 aten = torch.ops.aten

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,6 +38,8 @@ BINARY = {
     "div_floor": lambda a, b: torch.div(a, b.abs() + 0.5, rounding_mode="floor"),
     "pow_tensor": lambda a, b: torch.pow(a.abs() + 0.5, b),
     "pow_scalar_base": lambda a, b: torch.pow(2.0, a),
+    "hypot": torch.hypot,
+    "hypot_broadcast": lambda a, b: torch.hypot(a, b[0, :, :1]),
 }
 
 
@@ -70,6 +73,15 @@ UNARY = {
     "expm1": torch.expm1,
     "log1p": lambda x: torch.log1p(x.abs()),
 }
+
+
+def test_hypot_neither_overflows_nor_divides_zero_by_zero():
+    big = torch.tensor([1e20, 3e30, 0.0, -4.0, 0.0])
+    other = torch.tensor([1e20, -4e30, 0.0, 3.0, -2.5])
+    edge = assert_converts(Fn(torch.hypot), (big, other))
+    inf = float("inf")
+    infinite = (torch.tensor([inf, -inf, 1.0, 0.0, 5.0]), torch.tensor([inf, 2.0, -inf, 0.0, 12.0]))
+    np.testing.assert_array_equal(edge(*infinite), torch.hypot(*infinite).numpy())  # inf, not inf / inf
 
 
 @pytest.mark.parametrize("name", list(UNARY))

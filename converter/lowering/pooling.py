@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from common.resampling import adaptive_average_matrix
 from converter.ir import Tensor
 from converter.lowering import emit, layout
 from converter.lowering.registry import lowers
@@ -132,15 +133,6 @@ def _adaptive_out(x: Tensor, output_size) -> tuple[int, int]:
     return (h if oh is None else oh, w if ow is None else ow)
 
 
-def _averaging_matrix(size: int, out: int) -> np.ndarray:
-    """(out, size) matrix whose rows average PyTorch's adaptive windows."""
-    m = np.zeros((out, size))
-    for i in range(out):
-        start, end = (i * size) // out, -(-((i + 1) * size) // out)
-        m[i, start:end] = 1.0 / (end - start)
-    return m
-
-
 @lowers(aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(ctx, x, output_size):
     n, c, h, w = x.shape
@@ -152,8 +144,8 @@ def adaptive_avg_pool2d(ctx, x, output_size):
         y = _pool_nhwc(ctx, "AVERAGE_POOL_2D", layout.to_nhwc(ctx, x), kernel, kernel, "VALID", (oh, ow))
         return layout.to_nchw(ctx, y)
     # Separable and linear: rows = A_h @ x, then columns = rows @ A_w^T.
-    a_h = ctx.const(_averaging_matrix(h, oh).astype(x.dtype))
-    a_w_t = ctx.const(_averaging_matrix(w, ow).T.astype(x.dtype))
+    a_h = ctx.const(adaptive_average_matrix(h, oh).astype(x.dtype))
+    a_w_t = ctx.const(adaptive_average_matrix(w, ow).T.astype(x.dtype))
     rows = emit.op(ctx, "BATCH_MATMUL", [a_h, x], {"adjX": False, "adjY": False}, shape=(n, c, oh, w), dtype=x.dtype)
     return ctx.emit("BATCH_MATMUL", [rows, a_w_t], {"adjX": False, "adjY": False})
 

@@ -1,19 +1,19 @@
-"""Graph rewrites a target profile asks for, applied to our IR before the check.
+"""Graph rewrites a deployment target asks for, applied to our IR before it is written.
 
-Each rewrite is a function `(ir.Model) -> list[str]` that edits the model in place and
-returns one line per change (they land in the report's `rewrites`). A rewrite never
-changes what the model computes: it swaps ops for equivalents the target runs, or moves
-dtype conversions to the model's edges.
+A target profile (`runtimes.targets.profiles`) names the rewrites it needs
+(`Profile.rewrites`); `apply_target_rewrites(model, profile.rewrites)` runs them in that
+order. Each rewrite is a function `(ir.Model) -> list[str]` that edits the model in place
+and returns one line per change (they land in the target report's `rewrites`). A rewrite
+never changes what the model computes: it swaps ops for equivalents the target runs, or
+moves dtype conversions to the model's edges.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from common.tflite_schema import ELEMENTWISE_SAME_SHAPE, tensor_type_name
 from converter import ir
-
-TYPE_NAMES = {np.dtype(np.float32): "FLOAT32", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
-              np.dtype(np.uint8): "UINT8", np.dtype(np.bool_): "BOOL", np.dtype(np.int8): "INT8"}
 
 
 def reshape_for_expand_squeeze(model: ir.Model) -> list[str]:
@@ -35,7 +35,7 @@ def reshape_for_expand_squeeze(model: ir.Model) -> list[str]:
 
 
 def _cast(x: ir.Tensor, y: ir.Tensor) -> ir.Op:
-    return ir.Op("CAST", [x], [y], {"inDataType": TYPE_NAMES[x.dtype], "outDataType": TYPE_NAMES[y.dtype]})
+    return ir.Op("CAST", [x], [y], {"inDataType": tensor_type_name(x.dtype), "outDataType": tensor_type_name(y.dtype)})
 
 
 # Web I/O dtypes LiteRT.js cannot pass, and what to pass instead.
@@ -81,10 +81,6 @@ def static_shapes(model: ir.Model) -> list[str]:
     return changes
 
 
-# Ops that compute element by element: on same-shape operands any reshape commutes with them.
-ELEMENTWISE = {"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE", "ABS", "NEG",
-               "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "SIN", "COS", "TANH", "LOGISTIC", "RELU", "RELU6",
-               "LEAKY_RELU", "ELU", "HARD_SWISH", "GELU", "FLOOR", "CEIL", "ROUND", "SIGN", "CAST"}
 GPU_MAX_RANK = 4
 
 
@@ -133,7 +129,7 @@ def reduce_rank(model: ir.Model) -> list[str]:
         for op in graph.ops:
             tensors = [t for t in [*op.inputs, *op.outputs] if t is not None and not t.is_const]
             shapes = {t.shape for t in tensors}
-            if (op.opcode not in ELEMENTWISE or len(shapes) != 1 or any(t.is_dynamic for t in tensors)
+            if (op.opcode not in ELEMENTWISE_SAME_SHAPE or len(shapes) != 1 or any(t.is_dynamic for t in tensors)
                     or len(next(iter(shapes))) <= GPU_MAX_RANK
                     or any(t.is_const and t.data.size > 1 for t in op.inputs if t is not None)):
                 ops.append(op)
@@ -164,3 +160,15 @@ def reduce_rank(model: ir.Model) -> list[str]:
 
 
 REWRITES = {f.__name__: f for f in (reshape_for_expand_squeeze, reduce_rank, web_io_dtypes, static_shapes)}
+
+
+def apply_target_rewrites(model: ir.Model, names) -> list[str]:
+    """Run the rewrites `names` (a profile's `rewrites`, in order) on `model` in place;
+    returns one line per change."""
+    unknown = [n for n in names if n not in REWRITES]
+    if unknown:
+        raise ValueError(f"unknown target rewrite(s) {unknown}; known: {sorted(REWRITES)}")
+    changes = []
+    for name in names:
+        changes += REWRITES[name](model)
+    return changes

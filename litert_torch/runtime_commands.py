@@ -1,4 +1,5 @@
-"""The `litert-torch check` and `litert-torch bench` commands (registered by litert_torch.cli).
+"""The `litert-torch check` and `litert-torch bench` commands: the CLI's front end for
+`runtimes` (registered by `litert_torch.cli`, which owns `main` and the exit codes).
 
     litert-torch check model.tflite --target android-gpu      # exit 1 when it breaks a rule
     litert-torch bench model.tflite --json out.json           # host timings (--op-profile: per op)
@@ -10,14 +11,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import stat
 import subprocess
 import sys
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from litert_torch.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def _console():
@@ -220,13 +220,3 @@ def add_commands(sub) -> None:
     b.add_argument("--plot", metavar="PNG", help="write a bar chart of the results")
     b.set_defaults(run=cmd_bench)
 
-
-def main(argv=None) -> int:  # for `python -m runtimes.commands`
-    parser = argparse.ArgumentParser(prog="litert-torch")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    ns = parser.parse_args(argv)
-    return ns.run(ns)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

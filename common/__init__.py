@@ -1,0 +1,9 @@
+"""Leaf package shared by both halves of the project: it imports no package of this
+project, so any layer may import it (`converter`, `runtimes`, `litert_torch`,
+`tpu_backend`).
+
+- `common.tflite_schema`: LiteRT builtin op names, TensorType names and named op groups.
+- `common.resampling`: the sampling arithmetic PyTorch's pooling and interpolation kernels
+  use (adaptive windows, linear weights, nearest indices), as numpy arrays both the
+  converter and the tpu device build their ops from.
+"""

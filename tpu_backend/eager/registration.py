@@ -1,0 +1,168 @@
+"""PrivateUse1 kernels built from the lowering table.
+
+For every functional overload in `JAX_LOWERINGS` a kernel is registered, plus the
+in-place and `.out` variants derived from it (compute the functional result, write it
+back through `tensor.write`). Lowerings registered after import are connected as they
+are registered (`registry.on_register`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import jax
+import torch
+
+from tpu_backend import tensor as tpu_tensor
+from tpu_backend.eager.errors import user_frame
+from tpu_backend.eager.runner import runner
+from tpu_backend.eager.variants import _out_names, inplace_variant, out_variant, write_result
+from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering, on_register
+
+
+def _wrap_outputs(out):
+    if isinstance(out, (tuple, list)):
+        return tuple(_wrap_outputs(o) for o in out)
+    if isinstance(out, (jax.Array, tpu_tensor.LazyValue)):
+        return tpu_tensor.wrap(out)
+    return out
+
+
+def check_device_index(device) -> None:
+    """Factory ops name a device; only tpu:0 exists."""
+    if device is not None and torch.device(device).index not in (None, 0):
+        raise RuntimeError(
+            f"device {device} does not exist: the tpu device has one index (tpu:0); "
+            "use JAX sharding (a mesh) for several chips"
+        )
+
+
+def _functional_kernel(op):
+    run = runner(op)
+
+    def kernel(*args, **kwargs):
+        if "device" in kwargs:
+            check_device_index(kwargs["device"])
+        return _wrap_outputs(run(args, kwargs))
+
+    return kernel
+
+
+def _inplace_kernel(functional):
+    run = runner(functional)
+
+    def kernel(self, *args, **kwargs):
+        result = run((self, *args), kwargs)
+        if isinstance(self, (list, tuple)):  # _foreach_*_: one result per list element, returns ()
+            for tensor, value in zip(self, result):
+                tpu_tensor.write(tensor, value)
+            return None
+        is_array = isinstance(result, (jax.Array, tpu_tensor.LazyValue))
+        result_dtype = tpu_tensor.torch_dtype(result.dtype) if is_array else self.dtype
+        if result_dtype != self.dtype and not torch.can_cast(result_dtype, self.dtype):
+            raise RuntimeError(  # ATen's rule for in-place ops, e.g. int_tensor.mul_(0.5)
+                f"{functional}: result type {result_dtype} can't be cast to the in-place "
+                f"output type {self.dtype} (called from {user_frame()})"
+            )
+        tpu_tensor.write(self, result)
+        return self
+
+    return kernel
+
+
+def _out_kernel(functional, out_op):
+    names = _out_names(out_op)
+    run = runner(functional)
+
+    def kernel(*args, **kwargs):
+        outs = [kwargs.pop(name) for name in names]
+        result = run(args, kwargs)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for dst, value in zip(outs, results):
+            write_result(dst, value)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return kernel
+
+
+_LIBRARIES: dict[str, torch.library.Library] = {}
+
+
+def _opaque_to_dynamo(kernel: Callable) -> Callable:
+    """Hide a device kernel from Dynamo. When code between compiled graphs (a graph
+    break, `loss.backward()` inside a compiled step) runs eagerly on tpu tensors, Dynamo
+    would otherwise try to trace our Python kernels and the JAX code under them."""
+    return torch.compiler.disable(kernel, recursive=True)
+_REGISTERED: set = set()
+
+
+def register_kernel(op, kernel: Callable, key: str = "PrivateUse1") -> bool:
+    """Register `kernel` for `op` on `key` once; returns False if it was already there."""
+    if (op, key) in _REGISTERED:
+        return False
+    namespace = op._schema.name.split("::")[0]
+    if namespace not in _LIBRARIES:
+        _LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")
+    _LIBRARIES[namespace].impl(op, _opaque_to_dynamo(kernel), key)
+    _REGISTERED.add((op, key))
+    return True
+
+
+def _is_composite_implicit(op) -> bool:
+    # A backend kernel on a CompositeImplicitAutograd op would hide its autograd formula
+    # (gradients would silently stop): let those decompose and use the table in compile only.
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
+def _functionalized_kernel(op):
+    """A mutating op (native_batch_norm's running stats) run through its functional
+    lowering: write the new values into the mutated arguments (see ops/norm.py)."""
+    spec = JAX_LOWERINGS[op].functionalized
+    run = runner(spec.functional)
+
+    def kernel(*args, **kwargs):
+        results = run(args, kwargs)
+        for arg_index, out_index in spec.writes.items():
+            if arg_index < len(args) and args[arg_index] is not None and results[out_index] is not None:
+                tpu_tensor.write(args[arg_index], results[out_index])
+        return _wrap_outputs(tuple(results[: spec.outputs]))
+
+    return kernel
+
+
+def _register_op(op) -> int:
+    """Register `op`'s kernel and its derived in-place and out variants; returns how many."""
+    if (op, "PrivateUse1") in _REGISTERED or _is_composite_implicit(op):
+        return 0
+    lowering = JAX_LOWERINGS[op]
+    added = register_kernel(op, _functionalized_kernel(op) if lowering.functionalized else _functional_kernel(op))
+    inplace = inplace_variant(op)
+    if inplace is not None and inplace not in JAX_LOWERINGS:
+        added += register_kernel(inplace, _inplace_kernel(op))
+    out_op = out_variant(op)
+    if out_op is not None and out_op not in JAX_LOWERINGS:
+        added += register_kernel(out_op, _out_kernel(op, out_op))
+    return added
+
+
+def _connect_late_lowering(op, lowering: Lowering) -> None:
+    if lowering.kind != "op":
+        return
+    if _is_composite_implicit(op):
+        warnings.warn(
+            f"{op} has a CompositeImplicitAutograd kernel: eager mode decomposes it before the tpu device "
+            "sees it, so this lowering serves torch.compile and fused graphs only; lower the ops it "
+            "decomposes into for eager mode (docs/architecture.md, 'Adding a device op')",
+            stacklevel=4,
+        )
+        return
+    _register_op(op)
+
+
+def register_table() -> int:
+    """Register every table entry (functional, in-place, out) on PrivateUse1, and connect
+    every lowering registered from now on as it is registered; idempotent."""
+    added = sum(_register_op(op) for op in list(JAX_LOWERINGS))
+    on_register(_connect_late_lowering)
+    return added

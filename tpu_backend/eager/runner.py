@@ -1,0 +1,152 @@
+"""`OpRunner`: runs one op's lowering on torch arguments, JAX results out.
+
+Strict mode builds one `jax.jit` per (op, static arguments) and lets JAX's own cache key
+on shapes and dtypes. Python floats in argument positions are passed to jit as
+*dynamic* weakly-typed scalars, so a learning rate or AdamW's per-step bias correction
+does not recompile every step; a lowering that branches on such a value in Python is
+detected at trace time and its floats become static from then on. Fused mode records
+the same bound function instead of running it (`tpu_backend/fused.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+
+from tpu_backend import tensor as tpu_tensor
+from tpu_backend.eager import modes
+from tpu_backend.eager.arguments import fill_template, flatten_args
+from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
+
+
+class JitCacheStats:
+    """Counters of the strict-mode jit cache (torch.tpu.cache_stats() reports them)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests = 0
+        self.hits = 0
+        self.misses = 0
+        self.compile_seconds = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(
+            requests=self.requests, hits=self.hits, misses=self.misses, compile_seconds=self.compile_seconds
+        )
+
+
+CACHE_STATS = JitCacheStats()
+_TRACE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+def _run_jitted(fn: Callable, dynamic: list):
+    """Call a jitted lowering, counting a miss (and its compile time) when JAX compiles."""
+    CACHE_STATS.requests += 1
+    before = fn._cache_size()
+    start = time.perf_counter()
+    out = fn(*dynamic)
+    if tpu_tensor.SYNC_EACH_COMPUTATION:  # multi-process CPU runs (see tensor.py)
+        jax.block_until_ready(out)
+    if fn._cache_size() != before:
+        CACHE_STATS.misses += 1
+        CACHE_STATS.compile_seconds += time.perf_counter() - start
+    else:
+        CACHE_STATS.hits += 1
+    return out
+
+
+class OpRunner:
+    """Runs one ATen op's lowering on torch arguments; JAX results out.
+
+    Holds the op's jitted functions, one per static-argument template (JAX's own cache
+    then keys on shapes and dtypes). Kernels close over their runner, so the hot path
+    never hashes the OpOverload.
+    """
+
+    def __init__(self, op, lowering: Lowering):
+        self.op = op
+        self.lowering = lowering
+        self.dynamic_floats = True  # turned off if the lowering needs concrete floats
+        self.jitted: dict[tuple, Callable] = {}
+
+    def _bound(self, template_args, template_kwargs) -> Callable:
+        """The lowering as a function of the dynamic values alone (the template is static)."""
+        lowering_fn = self.lowering.fn
+
+        def call(*dynamic):
+            args, kwargs = fill_template(template_args, template_kwargs, dynamic)
+            return lowering_fn(*args, **kwargs)
+
+        return call
+
+    def _jitted(self, template_args, template_kwargs) -> Callable:
+        key = (template_args, template_kwargs)
+        fn = self.jitted.get(key)
+        if fn is None:
+            fn = self.jitted[key] = jax.jit(self._bound(template_args, template_kwargs))
+        return fn
+
+    def __call__(self, args, kwargs):
+        if self.lowering.needs_rng:
+            from tpu_backend import random as tpu_random
+
+            kwargs = dict(kwargs, key=tpu_random.next_key())
+        if self.lowering.runs_on_host(args, kwargs):
+            # output shape depends on values: run eagerly (a host sync)
+            dynamic, template_args, template_kwargs = flatten_args(args, kwargs, False)
+            dynamic = [tpu_tensor.concrete(value) for value in dynamic]  # fused mode: sync
+            args, kwargs = fill_template(template_args, template_kwargs, dynamic)
+            return self.lowering.fn(*args, **kwargs)
+        out = self._run(args, kwargs)
+        if modes._mode == "debug":
+            from tpu_backend.eager.debug import debug_check
+
+            debug_check(self.op, args, kwargs, out)
+        return out
+
+    def _run(self, args, kwargs):
+        """Strict/debug: call the jitted lowering. Fused: record it (placeholders out)."""
+        dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
+        try:
+            if modes._mode == "fused":
+                from tpu_backend import fused
+
+                bound = self._bound(template_args, template_kwargs)
+                return fused.record((self.op, template_args, template_kwargs), bound, dynamic)
+            return _run_jitted(self._jitted(template_args, template_kwargs), dynamic)
+        except _TRACE_ERRORS:
+            if not self.dynamic_floats:
+                raise
+            self.dynamic_floats = False  # the lowering branches on a float: make floats static
+            self.jitted.clear()
+            return self._run(args, kwargs)
+
+
+_RUNNERS: dict = {}
+
+
+def runner(op) -> OpRunner:
+    """The (cached) runner of a table op."""
+    found = _RUNNERS.get(op)
+    if found is None:
+        found = _RUNNERS[op] = OpRunner(op, JAX_LOWERINGS[op])
+    return found
+
+
+def execute(op, args, kwargs):
+    """The seam every mode shares: run table op `op` on torch arguments, JAX results out."""
+    return runner(op)(args, kwargs)
+
+
+def clear_jit_cache() -> None:
+    """Forget the per-op jitted functions (they are rebuilt on next use)."""
+    for op_runner in _RUNNERS.values():
+        op_runner.jitted.clear()
