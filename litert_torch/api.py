@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from converter import ir
+from converter.errors import ConversionError
 from converter.pipeline import convert_module
 from converter.progress import Progress
 from converter.writer import write_flatbuffer_parts
@@ -49,6 +50,27 @@ def _name_outputs(graph: ir.Graph, spec: SignatureSpec) -> None:
         raise ValueError(f"signature '{spec.name}': output_names must be {len(graph.outputs)} distinct "
                          f"names (forward() returns {len(graph.outputs)} tensors), got {names}")
     graph.output_names = names
+
+
+def check_prepares(content: bytes, model: ir.Model) -> None:
+    """Raise ConversionError unless LiteRT (default delegate) can prepare the written model,
+    naming the op it refused and the user's source line that made it."""
+    from runtimes.litert import PrepareError, prepare_model
+
+    try:
+        prepare_model(bytes(content))
+    except PrepareError as e:
+        where = ""
+        if e.subgraph is not None and e.node is not None and e.subgraph < len(model.graphs) \
+                and e.node < len(model.graphs[e.subgraph].ops):
+            graph = model.graphs[e.subgraph]
+            op = graph.ops[e.node]
+            where = f" at {op.opcode} (op {e.node} of signature '{graph.name}'" + (
+                f", from {op.source})" if op.source else ")")
+        raise ConversionError(
+            f"LiteRT cannot prepare the converted model{where}: {e}\n"
+            "The file would not load on a device; this is a converter bug, please report it "
+            "with the model.") from e
 
 
 def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = None, *,
@@ -136,6 +158,9 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     with stages.stage("write"):
         content = write_flatbuffer_parts(model)  # pieces: large weights are not joined in memory
     stages.note(f"{len(content):,} bytes")
+    if len(content.pieces) == 1:  # over 2 GB the check would join the weights into one more copy
+        with stages.stage("prepare"):
+            check_prepares(content.head, model)
     edge = EdgeModel(content)
     edge.ir_model = model
     edge.timings = dict(stages.timings)
