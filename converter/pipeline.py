@@ -24,6 +24,7 @@ import copy
 import operator
 import os
 import re
+import sysconfig
 import warnings
 from typing import Any
 
@@ -143,28 +144,39 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n
                     r'(?:\n(?!\s*File ")(?P<code>[^\n]*))?')
 
 
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
 def _is_library_frame(path: str) -> bool:
+    """Frames never shown as the source of an op: torch itself, the Python standard
+    library and this project's own packages. Other libraries (transformers, timm) count:
+    their line is the one that made the op."""
     if path.startswith("<"):
         return False  # <stdin>, <string>: typed by the user
     norm = os.path.abspath(path)
-    if os.sep + "torch" + os.sep in norm or os.sep + "site-packages" + os.sep in norm:
+    if os.sep + "torch" + os.sep in norm or (norm.startswith(_STDLIB) and os.sep + "site-packages" + os.sep not in norm):
         return True
     return norm.startswith(_OWN_DIRS)
 
 
+def _frame_text(frame: re.Match) -> str:
+    code = (frame.group("code") or "").strip()
+    text = f"{_shown_path(frame.group('file'))}:{frame.group('line')} in {frame.group('fn').strip()}"
+    return f"{text}: {code}" if code else text
+
+
 def user_source(node: torch.fx.Node) -> str | None:
-    """`file:line in fn: code` of the deepest frame of the node's stack trace that is
-    user code (not torch, not site-packages, not this project's own packages)."""
+    """`file:line in fn: code` of the innermost frame of the node's stack trace outside
+    torch, the standard library and this project: the line that made the op (for a
+    transformers model, the line in its modeling_*.py). With LITERT_TORCH_SOURCE_CHAIN=1,
+    every such frame, outermost first, joined by " -> "."""
     trace = node.meta.get("stack_trace") or ""
-    frames = list(_FRAME.finditer(trace))
-    for frame in reversed(frames):
-        path = frame.group("file")
-        if _is_library_frame(path):
-            continue
-        code = (frame.group("code") or "").strip()
-        text = f"{_shown_path(path)}:{frame.group('line')} in {frame.group('fn').strip()}"
-        return f"{text}: {code}" if code else text
-    return None
+    frames = [f for f in _FRAME.finditer(trace) if not _is_library_frame(f.group("file"))]
+    if not frames:
+        return None
+    if os.environ.get("LITERT_TORCH_SOURCE_CHAIN", "") not in ("", "0"):
+        return " -> ".join(_frame_text(f) for f in frames)
+    return _frame_text(frames[-1])
 
 
 def _user_frame_of(error: Exception) -> str | None:

@@ -14,6 +14,6 @@ in an environment where `litert_torch` is the reference converter.
 from .registry import FAMILIES, ZOO, ZooEntry, build, entries, randomize_norm_statistics, zoo_model
 
 # Importing the family files registers their models (in this order).
-from . import mlp, cnn, segmentation, audio, image2image, transformers_models  # noqa: E402,F401  isort: skip
+from . import mlp, cnn, segmentation, audio, image2image, transformers_models, transformers_more, timm_models, video, optical_flow  # noqa: E402,F401  isort: skip
 
 __all__ = ["FAMILIES", "ZOO", "ZooEntry", "build", "entries", "randomize_norm_statistics", "zoo_model"]
