@@ -328,7 +328,7 @@ def lower_program(program: ExportedProgram, *, name: str = "serving_default") ->
         elif node.op == "output":
             if unsupported:
                 continue
-            _set_outputs(node, sig, env, graph, ctx)
+            _set_outputs(node, sig, env, graph, ctx, _output_names(program))
         else:
             raise ConversionError(f"unexpected fx node kind '{node.op}' ({node.name}) in the exported graph")
     if unsupported:
@@ -359,7 +359,28 @@ def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: Low
         f"input '{node.name}' is a {kind.name} (custom objects and tokens cannot be stored in a .tflite model)")
 
 
-def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext) -> None:
+def _output_names(program: ExportedProgram) -> list[str] | None:
+    """Names of forward()'s flattened outputs from its return structure: dict keys (and
+    attribute names of output dataclasses), joined with "_" and list positions where
+    nested ("logits", "hidden_states_1"). None when no key names anything (plain
+    tensors and tuples keep output_0, output_1, ...)."""
+    from torch.utils import _pytree as pytree
+
+    spec = program.call_spec.out_spec
+    if spec is None:
+        return None
+    paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
+    names = []
+    for path, _leaf in paths:
+        parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+        names.append("_".join(parts))
+    named = any(isinstance(k, (pytree.MappingKey, pytree.GetAttrKey)) for path, _ in paths for k in path)
+    if not named or len(set(names)) != len(names):
+        return None
+    return names
+
+
+def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext, names: list[str] | None = None) -> None:
     values = list(node.args[0])
     specs = sig.output_specs
     for k, (value, spec) in enumerate(zip(values, specs)):
@@ -373,7 +394,9 @@ def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext) -> None:
                 f"output {k} of forward() is a {type(out).__name__}; only tensors (and numbers) "
                 "can be model outputs")
         graph.outputs.append(out)
-        graph.output_names.append(f"output_{len(graph.output_names)}")
+        position = len(graph.output_names)
+        graph.output_names.append(names[position] if names and position < len(names)
+                                  else f"output_{position}")
 
 
 # ---- 4. whole pipeline ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,19 @@ def _name_outputs(graph: ir.Graph, spec: SignatureSpec) -> None:
         raise ValueError(f"signature '{spec.name}': output_names must be {len(graph.outputs)} distinct "
                          f"names (forward() returns {len(graph.outputs)} tensors), got {names}")
     graph.output_names = names
+
+
+def _warn_if_bfloat16(spec: SignatureSpec) -> None:
+    """LiteRT has no bfloat16 kernels: bf16 weights and inputs are stored and computed as
+    float32 (twice the bytes, float32 numbers). Say so rather than surprise the user."""
+    tensors = list(spec.module.parameters()) + list(spec.module.buffers()) + [
+        t for t in torch.utils._pytree.tree_leaves((spec.sample_args, spec.sample_kwargs or {}))
+        if isinstance(t, torch.Tensor)]
+    if any(t.dtype == torch.bfloat16 for t in tensors):
+        warnings.warn(
+            f"signature '{spec.name}': the model has bfloat16 weights or inputs; LiteRT has no bfloat16 "
+            "kernels, so the file stores and computes them in float32 (inputs and outputs are float32). "
+            "Use quant_config (e.g. float16 or int8 weights) for a smaller file.", UserWarning, stacklevel=4)
 
 
 def check_prepares(content: bytes, model: ir.Model) -> None:
@@ -134,6 +148,7 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     stages = Progress(progress)
     graphs = []
     for spec in specs:
+        _warn_if_bfloat16(spec)
         part = convert_module(spec.module, spec.sample_args, spec.sample_kwargs,
                               dynamic_shapes=spec.dynamic_shapes, strict_export=strict_export,
                               eval_mode=eval_mode, progress=stages, name=spec.name)
