@@ -190,7 +190,7 @@ def timm_crossvit():
                              num_classes=10).eval()
 
 
-@zoo_model("timm_eva", SMALL, "vit")
+@zoo_model("timm_eva", [(1, 3, 56, 56)], "vit")
 def timm_eva():
     """timm EVA-02: rotary position embedding in 2-D, SwiGLU MLP."""
     return timm_model("eva02_tiny_patch14_224", img_size=56, depth=2, embed_dim=64, num_heads=2, num_classes=10)
