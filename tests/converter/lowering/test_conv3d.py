@@ -39,7 +39,11 @@ LAYERS = {
 }
 
 
-@pytest.mark.parametrize("name", LAYERS)
+# The default suite runs these; -m slow every layer above.
+FAST = {"conv", "conv_transpose_padded", "max_pool_padded_ceil", "avg_pool_padded_exclude", "upsample_trilinear"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in LAYERS])
 def test_3d_layer_matches_pytorch(name):
     layer, opcode = LAYERS[name]
     edge = assert_converts(layer, (X,), rtol=1e-4, atol=0.0)

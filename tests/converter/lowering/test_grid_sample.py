@@ -18,9 +18,13 @@ X = torch.randn(2, 3, 7, 9)
 GRID = torch.rand(2, 5, 6, 2) * 2.6 - 1.3
 
 CASES = list(itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True]))
+# The default suite runs one case per mode, padding and align_corners value; -m slow all 12.
+FAST = {("bilinear", "zeros", False), ("nearest", "border", True), ("bilinear", "reflection", True),
+        ("nearest", "reflection", False)}
+PARAMS = [pytest.param(*c, id="-".join(map(str, c)), marks=() if c in FAST else pytest.mark.slow) for c in CASES]
 
 
-@pytest.mark.parametrize("mode,padding,align", CASES, ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize("mode,padding,align", PARAMS)
 def test_grid_sample_matches_pytorch(mode, padding, align):
     fn = Fn(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=align))
     edge = assert_converts(fn, (X, GRID), rtol=1e-4, atol=0.0)
