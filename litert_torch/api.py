@@ -56,6 +56,8 @@ def _name_outputs(graph: ir.Graph, spec: SignatureSpec) -> None:
 def _warn_if_bfloat16(spec: SignatureSpec) -> None:
     """LiteRT has no bfloat16 kernels: bf16 weights and inputs are stored and computed as
     float32 (twice the bytes, float32 numbers). Say so rather than surprise the user."""
+    if not isinstance(spec.module, torch.nn.Module):
+        return  # export_module says what is wrong with it
     tensors = list(spec.module.parameters()) + list(spec.module.buffers()) + [
         t for t in torch.utils._pytree.tree_leaves((spec.sample_args, spec.sample_kwargs or {}))
         if isinstance(t, torch.Tensor)]
