@@ -79,6 +79,10 @@ def test_video_block_runs_in_ndhwc_between_boundary_transposes():
     ops = opcodes(edge)
     assert ops.count("CONV_3D") == 3 and "CONV_3D_TRANSPOSE" in ops
     assert ops.count("TRANSPOSE") <= 2, ops
+    # Batch norm folded into the CONV_3D weights, the stem's ReLU fused into it.
+    assert "MUL" not in ops, ops
+    stem = next(op for op in edge.ir_model.graphs[0].ops if op.opcode == "CONV_3D")
+    assert stem.options["fusedActivationFunction"] == "RELU"
 
 
 def test_grouped_conv3d_is_refused_with_a_clear_error():
