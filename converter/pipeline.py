@@ -24,6 +24,7 @@ import copy
 import operator
 import os
 import re
+import sysconfig
 import warnings
 from typing import Any
 
@@ -152,28 +153,39 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n
                     r'(?:\n(?!\s*File ")(?P<code>[^\n]*))?')
 
 
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
 def _is_library_frame(path: str) -> bool:
+    """Frames never shown as the source of an op: torch itself, the Python standard
+    library and this project's own packages. Other libraries (transformers, timm) count:
+    their line is the one that made the op."""
     if path.startswith("<"):
         return False  # <stdin>, <string>: typed by the user
     norm = os.path.abspath(path)
-    if os.sep + "torch" + os.sep in norm or os.sep + "site-packages" + os.sep in norm:
+    if os.sep + "torch" + os.sep in norm or (norm.startswith(_STDLIB) and os.sep + "site-packages" + os.sep not in norm):
         return True
     return norm.startswith(_OWN_DIRS)
 
 
+def _frame_text(frame: re.Match) -> str:
+    code = (frame.group("code") or "").strip()
+    text = f"{_shown_path(frame.group('file'))}:{frame.group('line')} in {frame.group('fn').strip()}"
+    return f"{text}: {code}" if code else text
+
+
 def user_source(node: torch.fx.Node) -> str | None:
-    """`file:line in fn: code` of the deepest frame of the node's stack trace that is
-    user code (not torch, not site-packages, not this project's own packages)."""
+    """`file:line in fn: code` of the innermost frame of the node's stack trace outside
+    torch, the standard library and this project: the line that made the op (for a
+    transformers model, the line in its modeling_*.py). With LITERT_TORCH_SOURCE_CHAIN=1,
+    every such frame, outermost first, joined by " -> "."""
     trace = node.meta.get("stack_trace") or ""
-    frames = list(_FRAME.finditer(trace))
-    for frame in reversed(frames):
-        path = frame.group("file")
-        if _is_library_frame(path):
-            continue
-        code = (frame.group("code") or "").strip()
-        text = f"{_shown_path(path)}:{frame.group('line')} in {frame.group('fn').strip()}"
-        return f"{text}: {code}" if code else text
-    return None
+    frames = [f for f in _FRAME.finditer(trace) if not _is_library_frame(f.group("file"))]
+    if not frames:
+        return None
+    if os.environ.get("LITERT_TORCH_SOURCE_CHAIN", "") not in ("", "0"):
+        return " -> ".join(_frame_text(f) for f in frames)
+    return _frame_text(frames[-1])
 
 
 def _user_frame_of(error: Exception) -> str | None:
@@ -325,7 +337,7 @@ def lower_program(program: ExportedProgram, *, name: str = "serving_default") ->
         elif node.op == "output":
             if unsupported:
                 continue
-            _set_outputs(node, sig, env, graph, ctx)
+            _set_outputs(node, sig, env, graph, ctx, _output_names(program))
         else:
             raise ConversionError(f"unexpected fx node kind '{node.op}' ({node.name}) in the exported graph")
     if unsupported:
@@ -356,7 +368,28 @@ def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: Low
         f"input '{node.name}' is a {kind.name} (custom objects and tokens cannot be stored in a .tflite model)")
 
 
-def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext) -> None:
+def _output_names(program: ExportedProgram) -> list[str] | None:
+    """Names of forward()'s flattened outputs from its return structure: dict keys (and
+    attribute names of output dataclasses), joined with "_" and list positions where
+    nested ("logits", "hidden_states_1"). None when no key names anything (plain
+    tensors and tuples keep output_0, output_1, ...)."""
+    from torch.utils import _pytree as pytree
+
+    spec = program.call_spec.out_spec
+    if spec is None:
+        return None
+    paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
+    names = []
+    for path, _leaf in paths:
+        parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+        names.append("_".join(parts))
+    named = any(isinstance(k, (pytree.MappingKey, pytree.GetAttrKey)) for path, _ in paths for k in path)
+    if not named or len(set(names)) != len(names):
+        return None
+    return names
+
+
+def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext, names: list[str] | None = None) -> None:
     values = list(node.args[0])
     specs = sig.output_specs
     for k, (value, spec) in enumerate(zip(values, specs)):
@@ -370,7 +403,9 @@ def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext) -> None:
                 f"output {k} of forward() is a {type(out).__name__}; only tensors (and numbers) "
                 "can be model outputs")
         graph.outputs.append(out)
-        graph.output_names.append(f"output_{len(graph.output_names)}")
+        position = len(graph.output_names)
+        graph.output_names.append(names[position] if names and position < len(names)
+                                  else f"output_{position}")
 
 
 # ---- 4. whole pipeline ------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from converter import ir
+from converter.errors import ConversionError
 from converter.pipeline import convert_module
 from converter.progress import Progress
 from converter.writer import write_flatbuffer_parts
@@ -49,6 +51,42 @@ def _name_outputs(graph: ir.Graph, spec: SignatureSpec) -> None:
         raise ValueError(f"signature '{spec.name}': output_names must be {len(graph.outputs)} distinct "
                          f"names (forward() returns {len(graph.outputs)} tensors), got {names}")
     graph.output_names = names
+
+
+def _warn_if_bfloat16(spec: SignatureSpec) -> None:
+    """LiteRT has no bfloat16 kernels: bf16 weights and inputs are stored and computed as
+    float32 (twice the bytes, float32 numbers). Say so rather than surprise the user."""
+    if not isinstance(spec.module, torch.nn.Module):
+        return  # export_module says what is wrong with it
+    tensors = list(spec.module.parameters()) + list(spec.module.buffers()) + [
+        t for t in torch.utils._pytree.tree_leaves((spec.sample_args, spec.sample_kwargs or {}))
+        if isinstance(t, torch.Tensor)]
+    if any(t.dtype == torch.bfloat16 for t in tensors):
+        warnings.warn(
+            f"signature '{spec.name}': the model has bfloat16 weights or inputs; LiteRT has no bfloat16 "
+            "kernels, so the file stores and computes them in float32 (inputs and outputs are float32). "
+            "Use quant_config (e.g. float16 or int8 weights) for a smaller file.", UserWarning, stacklevel=4)
+
+
+def check_prepares(content: bytes, model: ir.Model) -> None:
+    """Raise ConversionError unless LiteRT (default delegate) can prepare the written model,
+    naming the op it refused and the user's source line that made it."""
+    from runtimes.litert import PrepareError, prepare_model
+
+    try:
+        prepare_model(bytes(content))
+    except PrepareError as e:
+        where = ""
+        if e.subgraph is not None and e.node is not None and e.subgraph < len(model.graphs) \
+                and e.node < len(model.graphs[e.subgraph].ops):
+            graph = model.graphs[e.subgraph]
+            op = graph.ops[e.node]
+            where = f" at {op.opcode} (op {e.node} of signature '{graph.name}'" + (
+                f", from {op.source})" if op.source else ")")
+        raise ConversionError(
+            f"LiteRT cannot prepare the converted model{where}: {e}\n"
+            "The file would not load on a device; this is a converter bug, please report it "
+            "with the model.") from e
 
 
 def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = None, *,
@@ -112,6 +150,7 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     stages = Progress(progress)
     graphs = []
     for spec in specs:
+        _warn_if_bfloat16(spec)
         part = convert_module(spec.module, spec.sample_args, spec.sample_kwargs,
                               dynamic_shapes=spec.dynamic_shapes, strict_export=strict_export,
                               eval_mode=eval_mode, progress=stages, name=spec.name)
@@ -138,6 +177,9 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
         with stages.stage("write"):
             content = write_flatbuffer_parts(model)  # pieces: large weights are not joined in memory
     stages.note(f"{len(content):,} bytes")
+    if len(content.pieces) == 1:  # over 2 GB the check would join the weights into one more copy
+        with stages.stage("prepare"):
+            check_prepares(content.head, model)
     edge = EdgeModel(content)
     edge.ir_model = model
     edge.timings = dict(stages.timings)

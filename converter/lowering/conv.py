@@ -1,4 +1,5 @@
-"""Convolutions: `aten.convolution` -> CONV_2D / DEPTHWISE_CONV_2D / TRANSPOSE_CONV.
+"""Convolutions: `aten.convolution` -> CONV_2D / DEPTHWISE_CONV_2D / TRANSPOSE_CONV, and
+CONV_3D / CONV_3D_TRANSPOSE for 3-D (NDHWC, filters DHWIO / DHWOI; no groups).
 
 All three are NHWC-only in TFLite, so each is wrapped in the layout module's
 NCHW -> NHWC / NHWC -> NCHW transposes. Constant weights are rearranged here in numpy
@@ -30,13 +31,15 @@ IOHW_TO_OHWI = (1, 2, 3, 0)  # transposed: torch (Cin, Cout, kh, kw) -> TFLite (
 
 @lowers(aten.convolution.default)
 def convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if x.rank not in (3, 4):
-        raise emit.unsupported(ctx, f"{x.rank - 2}-D convolution has no lowering yet",
-                               "Only conv1d/conv2d (and their transposed forms) are supported.")
+    if x.rank not in (3, 4, 5):
+        raise emit.unsupported(ctx, f"{x.rank - 2}-D convolution has no lowering",
+                               "Only conv1d/conv2d/conv3d (and their transposed forms) are supported.")
     spatial = x.rank - 2
     # ATen allows one value for every spatial axis ("valid" padding arrives as [0]).
     stride, padding, dilation, output_padding = (
         _per_axis(v, spatial) for v in (stride, padding, dilation, output_padding))
+    if x.rank == 5:
+        return _convolution3d(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     if x.rank == 3:  # a 2-D convolution over a height of 1
         x_nhwc = layout.ncl_to_n1lc(ctx, x)
         weight = emit.reshape(ctx, weight, (*weight.shape[:2], 1, weight.shape[2]))
@@ -154,3 +157,47 @@ def _conv_transpose2d(ctx, x_nhwc, weight, bias, stride, padding, dilation, outp
     if ph or pw:
         y = emit.strided_slice(ctx, y, [0, ph, pw, 0], [n, full_hw[0] - ph, full_hw[1] - pw, cout], [1, 1, 1, 1])
     return y
+
+
+# ---- 3-D: CONV_3D / CONV_3D_TRANSPOSE (NDHWC) ------------------------------------------------
+
+OIDHW_TO_DHWIO = (2, 3, 4, 1, 0)  # CONV_3D filter: (kd, kh, kw, Cin, Cout)
+IODHW_TO_DHWOI = (2, 3, 4, 1, 0)  # CONV_3D_TRANSPOSE filter: (kd, kh, kw, Cout, Cin)
+
+
+def _convolution3d(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """conv3d / conv_transpose3d on NDHWC (wrapped in the layout transposes). Padding is an
+    explicit PAD + VALID (conv) or a crop of the full output (transposed)."""
+    if groups != 1:
+        raise emit.unsupported(ctx, "grouped 3-D convolution (CONV_3D has no groups)",
+                               "Use groups=1, or split the channels into separate Conv3d layers.")
+    x_ndhwc = layout.to_ndhwc(ctx, x)
+    n, d, h, w, cin = x_ndhwc.shape
+    dtype = x.dtype
+    options = {"padding": "VALID", "strideD": stride[0], "strideH": stride[1], "strideW": stride[2],
+               "dilationDFactor": dilation[0], "dilationHFactor": dilation[1], "dilationWFactor": dilation[2],
+               "fusedActivationFunction": "NONE"}
+    if transposed:
+        if tuple(dilation) != (1, 1, 1):
+            raise emit.unsupported(ctx, "dilated 3-D transposed convolution", "Use dilation=1.")
+        cout = weight.shape[1]
+        full = [(size - 1) * s + k + op for size, s, k, op in zip((d, h, w), stride, weight.shape[2:], output_padding)]
+        full_shape = (n, *full, cout)
+        y = emit.op(ctx, "CONV_3D_TRANSPOSE", [emit.int32(ctx, full_shape), emit.transpose(ctx, weight, IODHW_TO_DHWOI),
+                                               x_ndhwc, _bias_or_zeros(ctx, bias, cout, dtype)],
+                    options, shape=full_shape, dtype=dtype)
+        if any(padding):
+            y = emit.strided_slice(ctx, y, [0, *padding, 0], [n, *(f - p for f, p in zip(full, padding)), cout],
+                                   [1] * 5)
+        return layout.to_ncdhw(ctx, y)
+    cout = weight.shape[0]
+    if any(padding):
+        pairs = [[0, 0], *([p, p] for p in padding), [0, 0]]
+        x_ndhwc = emit.op(ctx, "PAD", [x_ndhwc, emit.int32(ctx, pairs)],
+                          shape=(n, *(s + 2 * p for s, p in zip((d, h, w), padding)), cin), dtype=dtype)
+    out = [layout.torch_output_size(size, k, s, p, dl)
+           for size, k, s, p, dl in zip((d, h, w), weight.shape[2:], stride, padding, dilation)]
+    y = emit.op(ctx, "CONV_3D", [x_ndhwc, emit.transpose(ctx, weight, OIDHW_TO_DHWIO),
+                                 _bias_or_zeros(ctx, bias, cout, dtype)],
+                options, shape=(n, *out, cout), dtype=dtype)
+    return layout.to_ncdhw(ctx, y)

@@ -23,6 +23,8 @@ from converter.lowering import emit
 NCHW_TO_NHWC = (0, 2, 3, 1)
 NHWC_TO_NCHW = (0, 3, 1, 2)
 NCL_TO_NLC = (0, 2, 1)  # its own inverse
+NCDHW_TO_NDHWC = (0, 2, 3, 4, 1)  # 3-D ops (CONV_3D, the 3-D pools)
+NDHWC_TO_NCDHW = (0, 4, 1, 2, 3)
 
 
 def to_nhwc(ctx, x: Tensor) -> Tensor:
@@ -33,6 +35,16 @@ def to_nhwc(ctx, x: Tensor) -> Tensor:
 def to_nchw(ctx, y: Tensor) -> Tensor:
     """Back to PyTorch's layout after a layout-bound op."""
     return emit.transpose(ctx, y, NHWC_TO_NCHW)
+
+
+def to_ndhwc(ctx, x: Tensor) -> Tensor:
+    """The NDHWC view of an NCDHW activation (3-D ops)."""
+    return emit.transpose(ctx, x, NCDHW_TO_NDHWC)
+
+
+def to_ncdhw(ctx, y: Tensor) -> Tensor:
+    """Back to PyTorch's NCDHW after a 3-D op."""
+    return emit.transpose(ctx, y, NDHWC_TO_NCDHW)
 
 
 def ncl_to_n1lc(ctx, x: Tensor) -> Tensor:

@@ -73,20 +73,22 @@ def max_pool2d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=
     padding, dilation = _pair(padding), _pair(dilation)
     if dilation != (1, 1):
         raise emit.unsupported(ctx, "dilated max pooling has no TFLite builtin", "Use dilation=1.")
-    n, c, h, w = x.shape
-    out_hw = [layout.torch_output_size(size, k, s, p, 1, ceil_mode)
-              for size, k, s, p in zip((h, w), kernel, stride, padding)]
-    x_nhwc = layout.to_nhwc(ctx, x)
-    if not ceil_mode and layout.is_same_padding((h, w), kernel, stride, padding) and any(padding):
-        y = _pool_nhwc(ctx, "MAX_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw)
-    else:
-        lowest = np.finfo(x.dtype).min if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
-        padded = _pad_for_windows(ctx, x_nhwc, kernel, stride, padding, out_hw, lowest)
-        valid_hw = [_valid_out(size, k, s) for size, k, s in zip(padded.shape[1:3], kernel, stride)]
-        y = _crop_to(ctx, _pool_nhwc(ctx, "MAX_POOL_2D", padded, kernel, stride, "VALID", valid_hw), out_hw)
-    out = layout.to_nchw(ctx, y)
+    out = layout.to_nchw(ctx, _max_pool_nhwc(ctx, layout.to_nhwc(ctx, x), kernel, stride, padding, ceil_mode))
     # max_pool2d_with_indices also returns indices: not representable, fails if used.
     return (out, None) if ctx.node is not None and isinstance(ctx.meta, (tuple, list)) else out
+
+
+def _max_pool_nhwc(ctx, x_nhwc: Tensor, kernel, stride, padding, ceil_mode) -> Tensor:
+    n, h, w, c = x_nhwc.shape
+    out_hw = [layout.torch_output_size(size, k, s, p, 1, ceil_mode)
+              for size, k, s, p in zip((h, w), kernel, stride, padding)]
+    if not ceil_mode and layout.is_same_padding((h, w), kernel, stride, padding) and any(padding):
+        return _pool_nhwc(ctx, "MAX_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw)
+    dtype = x_nhwc.dtype
+    lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+    padded = _pad_for_windows(ctx, x_nhwc, kernel, stride, padding, out_hw, lowest)
+    valid_hw = [_valid_out(size, k, s) for size, k, s in zip(padded.shape[1:3], kernel, stride)]
+    return _crop_to(ctx, _pool_nhwc(ctx, "MAX_POOL_2D", padded, kernel, stride, "VALID", valid_hw), out_hw)
 
 
 def _avg_divisors(in_hw, kernel, stride, padding, out_hw, count_include_pad, divisor_override) -> np.ndarray:
@@ -109,22 +111,27 @@ def avg_pool2d(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count
     kernel = _pair(kernel_size)
     stride = _pair(stride, kernel)
     padding = _pair(padding)
-    n, c, h, w = x.shape
+    y = _avg_pool_nhwc(ctx, layout.to_nhwc(ctx, x), kernel, stride, padding, ceil_mode, count_include_pad,
+                       divisor_override)
+    return layout.to_nchw(ctx, y)
+
+
+def _avg_pool_nhwc(ctx, x_nhwc: Tensor, kernel, stride, padding, ceil_mode, count_include_pad,
+                   divisor_override) -> Tensor:
+    n, h, w, c = x_nhwc.shape
     out_hw = [layout.torch_output_size(size, k, s, p, 1, ceil_mode)
               for size, k, s, p in zip((h, w), kernel, stride, padding)]
-    x_nhwc = layout.to_nhwc(ctx, x)
     if (not ceil_mode and not divisor_override and not count_include_pad and any(padding)
             and layout.is_same_padding((h, w), kernel, stride, padding)):
-        return layout.to_nchw(ctx, _pool_nhwc(ctx, "AVERAGE_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw))
+        return _pool_nhwc(ctx, "AVERAGE_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw)
     padded = _pad_for_windows(ctx, x_nhwc, kernel, stride, padding, out_hw, 0)
     valid_hw = [_valid_out(size, k, s) for size, k, s in zip(padded.shape[1:3], kernel, stride)]
     y = _crop_to(ctx, _pool_nhwc(ctx, "AVERAGE_POOL_2D", padded, kernel, stride, "VALID", valid_hw), out_hw)
-    y = layout.to_nchw(ctx, y)
     scale = kernel[0] * kernel[1] / _avg_divisors((h, w), kernel, stride, padding, out_hw, count_include_pad,
                                                   divisor_override)
     if np.allclose(scale, 1.0):
         return y
-    return ctx.emit("MUL", [y, ctx.const(scale.astype(x.dtype))], {"fusedActivationFunction": "NONE"})
+    return emit.binary(ctx, "MUL", y, ctx.const(scale.astype(x_nhwc.dtype)[:, :, None]))
 
 
 def _adaptive_out(x: Tensor, output_size) -> tuple[int, int]:
@@ -164,3 +171,50 @@ def adaptive_max_pool2d(ctx, x, output_size):
         raise emit.unsupported(ctx, f"adaptive max pooling from {(h, w)} to {(oh, ow)} (sizes do not divide)",
                                "Pick an output size that divides the input, or use adaptive average pooling.")
     return out, None
+
+
+# ---- 3-D pooling: separable, two 2-D pools on NDHWC ------------------------------------------
+# TFLite has no 3-D pool builtin. A max or average over a (kd, kh, kw) box is the same
+# pool over (kh, kw) on each depth slice, then over (kd, 1) along depth (PyTorch's
+# average divisor is a product of per-axis counts, so averages separate too).
+
+
+def _triple(value, default=None) -> tuple[int, int, int]:
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        return default
+    if isinstance(value, int):
+        return (value,) * 3
+    return tuple(int(v) for v in value) * (3 if len(value) == 1 else 1)
+
+
+def _pool3d(ctx, x, kernel, stride, padding, pool_2d) -> Tensor:
+    """`pool_2d(ctx, x_nhwc, kernel, stride, padding)` over H, W then over D; NCDHW in and out."""
+    x_ndhwc = layout.to_ndhwc(ctx, x)
+    n, d, h, w, c = x_ndhwc.shape
+    y = pool_2d(ctx, emit.reshape(ctx, x_ndhwc, (n * d, h, w, c)), kernel[1:], stride[1:], padding[1:])
+    _, oh, ow, _ = y.shape
+    y = pool_2d(ctx, emit.reshape(ctx, y, (n, d, oh * ow, c)), (kernel[0], 1), (stride[0], 1), (padding[0], 0))
+    return layout.to_ncdhw(ctx, emit.reshape(ctx, y, (n, y.shape[1], oh, ow, c)))
+
+
+@lowers(aten.max_pool3d_with_indices.default, aten.max_pool3d.default)
+def max_pool3d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    kernel = _triple(kernel_size)
+    stride, padding = _triple(stride, kernel), _triple(padding)
+    if _triple(dilation) != (1, 1, 1):
+        raise emit.unsupported(ctx, "dilated 3-D max pooling", "Use dilation=1.")
+    out = _pool3d(ctx, x, kernel, stride, padding,
+                  lambda c, t, k, s, p: _max_pool_nhwc(c, t, k, s, p, ceil_mode))
+    # The indices output is not representable: a use of it fails as an unsupported getitem.
+    return (out, None) if isinstance(ctx.meta, (tuple, list)) else out
+
+
+@lowers(aten.avg_pool3d.default)
+def avg_pool3d(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    if divisor_override:
+        raise emit.unsupported(ctx, "3-D average pooling with divisor_override", "Leave divisor_override unset.")
+    kernel = _triple(kernel_size)
+    stride, padding = _triple(stride, kernel), _triple(padding)
+    return _pool3d(ctx, x, kernel, stride, padding,
+                   lambda c, t, k, s, p: _avg_pool_nhwc(c, t, k, s, p, ceil_mode, count_include_pad, None))

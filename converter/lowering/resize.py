@@ -1,4 +1,5 @@
-"""Interpolation: nearest and bilinear upsampling (align_corners both ways).
+"""Interpolation: nearest and bilinear upsampling (align_corners both ways), and grid_sample
+(bilinear / nearest at positions given by a tensor; see the section at the end).
 
 RESIZE_NEAREST_NEIGHBOR / RESIZE_BILINEAR (NHWC, wrapped in the layout transposes) are
 used whenever they sample exactly the source positions PyTorch samples:
@@ -99,3 +100,109 @@ def upsample_bilinear2d_vec(ctx, x, output_size, align_corners, scale_factors):
 @lowers(aten.upsample_bilinear2d.default)
 def upsample_bilinear2d(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
     return _upsample_bilinear(ctx, x, align_corners, _scales(None, scales_h, scales_w))
+
+
+# ---- grid_sample: sampling at positions given by a tensor -----------------------------------
+# Coordinates are computed with elementwise ops (PyTorch's unnormalize, border clip or
+# reflection), the input is flattened to (N*H*W, C) rows, and each corner is one GATHER of
+# rows: bilinear weighs four corners, nearest takes one. With zeros padding a corner
+# outside the image weighs 0; every gathered index is clamped into range.
+
+GRID_MODES = {0: "bilinear", 1: "nearest"}
+GRID_PADDING = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+def _f32(ctx, value) -> Tensor:
+    return ctx.const(np.float32(value))
+
+
+def _source_coordinate(ctx, g: Tensor, size: int, padding: str, align_corners: bool) -> Tensor:
+    """PyTorch's grid_sampler_compute_source_index for one axis (float32)."""
+    if align_corners:  # -1 -> 0, 1 -> size - 1
+        x = emit.binary(ctx, "MUL", emit.binary(ctx, "ADD", g, _f32(ctx, 1)), _f32(ctx, (size - 1) / 2))
+    else:  # -1 -> -0.5, 1 -> size - 0.5
+        x = emit.binary(ctx, "SUB", emit.binary(ctx, "MUL", emit.binary(ctx, "ADD", g, _f32(ctx, 1)),
+                                                _f32(ctx, size / 2)), _f32(ctx, 0.5))
+    if padding == "reflection":
+        x = _reflect(ctx, x, *((0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)))
+    if padding in ("border", "reflection"):
+        x = emit.binary(ctx, "MINIMUM", emit.binary(ctx, "MAXIMUM", x, _f32(ctx, 0)), _f32(ctx, size - 1))
+    return x
+
+
+def _reflect(ctx, x: Tensor, twice_low: int, twice_high: int) -> Tensor:
+    """Reflect x into [twice_low / 2, twice_high / 2] (PyTorch's reflect_coordinates)."""
+    if twice_low == twice_high:
+        return emit.binary(ctx, "MUL", x, _f32(ctx, 0))
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    distance = emit.unary(ctx, "ABS", emit.binary(ctx, "SUB", x, _f32(ctx, low)))
+    extra = emit.binary(ctx, "FLOOR_MOD", distance, _f32(ctx, span))
+    flips = emit.unary(ctx, "FLOOR", emit.binary(ctx, "DIV", distance, _f32(ctx, span)))
+    even = emit.binary(ctx, "EQUAL", emit.binary(ctx, "FLOOR_MOD", flips, _f32(ctx, 2)), _f32(ctx, 0),
+                       dtype=np.bool_)
+    forward = emit.binary(ctx, "ADD", extra, _f32(ctx, low))
+    backward = emit.binary(ctx, "SUB", _f32(ctx, span + low), extra)
+    return emit.op(ctx, "SELECT_V2", [even, forward, backward], shape=x.shape, dtype=x.dtype)
+
+
+def _corner_rows(ctx, ix: Tensor, iy: Tensor, w: int, h: int, batch_offsets: Tensor) -> Tensor:
+    """Row index into the (N*H*W, C) input of integer-valued float corners ix, iy (clamped)."""
+    cx = emit.cast(ctx, emit.binary(ctx, "MINIMUM", emit.binary(ctx, "MAXIMUM", ix, _f32(ctx, 0)),
+                                    _f32(ctx, w - 1)), np.int32)
+    cy = emit.cast(ctx, emit.binary(ctx, "MINIMUM", emit.binary(ctx, "MAXIMUM", iy, _f32(ctx, 0)),
+                                    _f32(ctx, h - 1)), np.int32)
+    rows = emit.binary(ctx, "ADD", emit.binary(ctx, "MUL", cy, ctx.const(np.int32(w))), cx)
+    return emit.reshape(ctx, emit.binary(ctx, "ADD", rows, batch_offsets), (int(np.prod(rows.shape)),))
+
+
+def _inside(ctx, ix: Tensor, iy: Tensor, w: int, h: int) -> Tensor:
+    """1.0 where the corner (ix, iy) lies in the image, else 0.0 (zeros padding)."""
+    checks = [emit.binary(ctx, "GREATER_EQUAL", ix, _f32(ctx, 0), dtype=np.bool_),
+              emit.binary(ctx, "LESS_EQUAL", ix, _f32(ctx, w - 1), dtype=np.bool_),
+              emit.binary(ctx, "GREATER_EQUAL", iy, _f32(ctx, 0), dtype=np.bool_),
+              emit.binary(ctx, "LESS_EQUAL", iy, _f32(ctx, h - 1), dtype=np.bool_)]
+    inside = checks[0]
+    for check in checks[1:]:
+        inside = emit.binary(ctx, "LOGICAL_AND", inside, check, dtype=np.bool_)
+    return emit.cast(ctx, inside, np.float32)
+
+
+@lowers(aten.grid_sampler_2d.default)
+def grid_sampler_2d(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
+    mode, padding = GRID_MODES.get(interpolation_mode), GRID_PADDING.get(padding_mode)
+    if mode is None:
+        raise emit.unsupported(ctx, "grid_sample with mode='bicubic'", "Use mode='bilinear' or 'nearest'.")
+    if x.is_dynamic or grid.is_dynamic or x.dtype != np.float32:
+        raise emit.unsupported(ctx, "grid_sample on dynamic shapes or non-float32 tensors",
+                               "Export with static shapes and float32 inputs.")
+    n, c, h, w = x.shape
+    _, ho, wo, _ = grid.shape
+    rows = emit.reshape(ctx, layout.to_nhwc(ctx, x), (n * h * w, c))
+    gx = emit.reshape(ctx, emit.slice_axis(ctx, grid, 3, 0, 1), (n, ho, wo))
+    gy = emit.reshape(ctx, emit.slice_axis(ctx, grid, 3, 1, 2), (n, ho, wo))
+    ix = _source_coordinate(ctx, gx, w, padding, align_corners)
+    iy = _source_coordinate(ctx, gy, h, padding, align_corners)
+    batch_offsets = ctx.const((np.arange(n, dtype=np.int32) * h * w).reshape(n, 1, 1))
+
+    def sample(cx: Tensor, cy: Tensor, weight: Tensor | None) -> Tensor:
+        picked = emit.op(ctx, "GATHER", [rows, _corner_rows(ctx, cx, cy, w, h, batch_offsets)],
+                         {"axis": 0, "batchDims": 0}, shape=(n * ho * wo, c), dtype=x.dtype)
+        if padding == "zeros":
+            inside = _inside(ctx, cx, cy, w, h)
+            weight = inside if weight is None else emit.binary(ctx, "MUL", weight, inside)
+        if weight is None:
+            return picked
+        return emit.binary(ctx, "MUL", picked, emit.reshape(ctx, weight, (n * ho * wo, 1)))
+
+    if mode == "nearest":
+        out = sample(emit.unary(ctx, "ROUND", ix), emit.unary(ctx, "ROUND", iy), None)  # half to even, as nearbyint
+    else:
+        x0, y0 = emit.unary(ctx, "FLOOR", ix), emit.unary(ctx, "FLOOR", iy)
+        x1, y1 = emit.binary(ctx, "ADD", x0, _f32(ctx, 1)), emit.binary(ctx, "ADD", y0, _f32(ctx, 1))
+        wx1, wy1 = emit.binary(ctx, "SUB", ix, x0), emit.binary(ctx, "SUB", iy, y0)
+        wx0, wy0 = emit.binary(ctx, "SUB", _f32(ctx, 1), wx1), emit.binary(ctx, "SUB", _f32(ctx, 1), wy1)
+        out = None
+        for cx, cy, wx, wy in ((x0, y0, wx0, wy0), (x1, y0, wx1, wy0), (x0, y1, wx0, wy1), (x1, y1, wx1, wy1)):
+            term = sample(cx, cy, emit.binary(ctx, "MUL", wx, wy))
+            out = term if out is None else emit.binary(ctx, "ADD", out, term)
+    return layout.to_nchw(ctx, emit.reshape(ctx, out, (n, ho, wo, c)))

@@ -204,16 +204,18 @@ def bypass(graph: Graph, op: Op, replacement: Tensor) -> bool:
 
 
 def snapshot(graph: Graph):
-    """Everything a pass may change, to undo it with `restore` (tensors are never mutated)."""
+    """Everything a pass may change, to undo it with `restore` (tensors are never mutated).
+    The opcode too: a pass may turn an op into another kind in place (TRANSPOSE ->
+    RESHAPE); restoring its inputs without its opcode made a RESHAPE read a perm."""
     return (list(graph.ops), list(graph.outputs),
-            [(op, list(op.inputs), list(op.outputs), dict(op.options)) for op in graph.ops])
+            [(op, op.opcode, list(op.inputs), list(op.outputs), dict(op.options)) for op in graph.ops])
 
 
 def restore(graph: Graph, state) -> None:
     ops, outputs, op_states = state
     graph.ops, graph.outputs = ops, outputs
-    for op, inputs, outs, options in op_states:
-        op.inputs, op.outputs, op.options = inputs, outs, options
+    for op, opcode, inputs, outs, options in op_states:
+        op.opcode, op.inputs, op.outputs, op.options = opcode, inputs, outs, options
 
 
 def opcode_histogram(graph: Graph) -> dict[str, int]:

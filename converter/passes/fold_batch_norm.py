@@ -1,7 +1,8 @@
 """Affine folding: a per-channel MUL and/or ADD after a conv or FC goes into its weights.
 
 Inference batch norm lowers to `y * scale + shift` with per-channel constants. When
-that follows CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED or TRANSPOSE_CONV, it folds:
+that follows CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV or the 3-D
+convolutions, it folds:
 W'[o] = W[o] * scale[o] and b' = b * scale + shift (a zero bias is created if absent).
 SUB of a constant folds as ADD of its negation and DIV by a constant as MUL by its
 reciprocal.
@@ -30,6 +31,8 @@ AFFINE_OPS = {
     "DEPTHWISE_CONV_2D": (1, 3, 2),
     "FULLY_CONNECTED": (1, 0, 2),
     "TRANSPOSE_CONV": (1, 0, 3),
+    "CONV_3D": (1, 4, 2),  # filter (kd, kh, kw, in, out)
+    "CONV_3D_TRANSPOSE": (1, 3, 3),  # filter (kd, kh, kw, out, in); inputs: shape, filter, x, bias
 }
 
 

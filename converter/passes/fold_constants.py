@@ -168,6 +168,17 @@ def _gather_nd(op, args):
     return [params[tuple(np.moveaxis(indices, -1, 0))] if depth else params]
 
 
+@evaluates("SCATTER_ND")
+def _scatter_nd(op, args):
+    # Index tables written by assignment in forward (index_put) fold through here.
+    indices, updates, shape = args
+    out = np.zeros(tuple(int(d) for d in shape), dtype=updates.dtype)
+    depth = indices.shape[-1]
+    flat = indices.reshape(-1, depth)
+    np.add.at(out, tuple(flat.T), updates.reshape(flat.shape[0], *out.shape[depth:]))  # duplicates add up
+    return [out]
+
+
 @evaluates("CUMSUM")
 def _cumsum(op, args):
     # Attention masks built from arange/cumsum of constants fold through here.

@@ -26,7 +26,7 @@ ACTIVATIONS = frozenset({"RELU", "RELU6", "RELU_N1_TO_1"})
 # Builtins whose options carry fusedActivationFunction and whose kernels honour it.
 FUSIBLE_PRODUCERS = frozenset({
     "ADD", "SUB", "MUL", "DIV", "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED",
-    "TRANSPOSE_CONV", "AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D",
+    "TRANSPOSE_CONV", "AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", "CONV_3D", "CONV_3D_TRANSPOSE",
 })
 
 _FUSIBLE_DTYPES = {np.dtype(d) for d in (np.float32, np.float16, np.int8, np.uint8, np.int16)}

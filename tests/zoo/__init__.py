@@ -1,6 +1,8 @@
-"""The converter's model zoo: CNN, MLP, segmentation, audio and image-to-image architectures
-defined in code, and transformer families built from `transformers` configs (random seeded
-weights, nothing downloaded; `transformers` is imported only when such a model is built).
+"""The converter's model zoo: CNN, MLP, segmentation, audio, image-to-image, video (3-D
+convolution) and optical-flow (grid_sample) architectures defined in code, transformer
+families built from `transformers` configs, and timm families (CNNs, hybrids, ViTs) built
+with `pretrained=False` (random seeded weights, nothing downloaded; `transformers` and
+`timm` are imported only when such a model is built).
 
     from tests.zoo import ZOO, build, entries
     model, args = build("resnet18")          # eval mode, seeded weights and inputs
@@ -14,6 +16,6 @@ in an environment where `litert_torch` is the reference converter.
 from .registry import FAMILIES, ZOO, ZooEntry, build, entries, randomize_norm_statistics, zoo_model
 
 # Importing the family files registers their models (in this order).
-from . import mlp, cnn, segmentation, audio, image2image, transformers_models  # noqa: E402,F401  isort: skip
+from . import mlp, cnn, segmentation, audio, image2image, transformers_models, transformers_more, timm_models, video, optical_flow  # noqa: E402,F401  isort: skip
 
 __all__ = ["FAMILIES", "ZOO", "ZooEntry", "build", "entries", "randomize_norm_statistics", "zoo_model"]

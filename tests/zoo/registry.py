@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-FAMILIES = ("mlp", "cnn", "segmentation", "audio", "image2image", "transformers")
+FAMILIES = ("mlp", "cnn", "segmentation", "audio", "image2image", "transformers", "vit", "video", "optical_flow")
 
 
 @dataclass(frozen=True)
