@@ -16,6 +16,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+# timm without its torchvision dependency (PyPI's torchvision is a CUDA build that cannot load
+# against CPU torch, and transformers would then fail to import); see tests/zoo/_timm_compat.py.
+.venv/bin/python -m pip install -q --no-deps -c constraints.txt timm pyyaml
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__)'))"
 if [ "$WEB" = 1 ]; then
   if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
