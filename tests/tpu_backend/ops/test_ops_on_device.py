@@ -6,6 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tpu_backend  # noqa: F401  (registers the device)
+from tests.tpu_backend.parity import assert_runs_match, record_training
 
 torch.manual_seed(0)
 
@@ -55,22 +56,39 @@ def test_batch_norm_running_stats_update_on_device():
     torch.testing.assert_close(device_model(x.to("tpu")).cpu(), model(x), atol=1e-5, rtol=1e-5)
 
 
-def test_foreach_adamw_step_matches_cpu():
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd", "sgd_momentum"])
+def test_foreach_optimizer_step_with_clipping_matches_cpu(optimizer):
+    """clip_grad_norm_ (which really clips: the norm is above max_norm) then a foreach
+    optimizer step: losses, the clipped gradients of step 1 and the final parameters
+    match CPU. SGD passes the clipped gradient's scale into the parameters; Adam would not."""
+    make = {
+        "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, foreach=True),
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.1, foreach=True),
+        "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    }[optimizer]
+    max_norm = 0.1
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 3))
     device_model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 3))
     device_model.load_state_dict(model.state_dict())
     device_model = device_model.to("tpu")
     x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
-    losses = {}
+    runs, norms = {}, {}
     for name, m, inputs in (("cpu", model, (x, y)), ("tpu", device_model, on_tpu(x, y))):
-        opt = torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True)
-        losses[name] = []
-        for _ in range(3):
-            loss = F.cross_entropy(m(inputs[0]), inputs[1])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-            opt.step()
+        opt = make(m.parameters())
+        norms[name] = []
+
+        def step(inputs, target, m=m, opt=opt, name=name):
             opt.zero_grad()
-            losses[name].append(loss.item())
-    assert losses["tpu"] == pytest.approx(losses["cpu"], rel=1e-5, abs=1e-6)
+            loss = F.cross_entropy(m(inputs), target)
+            loss.backward()
+            norms[name].append(torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm).item())
+            opt.step()
+            return loss
+
+        runs[name] = record_training(m, step, [inputs] * 3)
+    assert min(norms["cpu"]) > max_norm, f"the gradient norms {norms['cpu']} never reach max_norm: nothing clipped"
+    assert norms["tpu"] == pytest.approx(norms["cpu"], rel=1e-5)
+    clipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in runs["tpu"].first_gradients.values()])).item()
+    assert clipped == pytest.approx(max_norm, rel=1e-5)
+    assert_runs_match(runs["tpu"], runs["cpu"], f"{optimizer} with clip_grad_norm_", loss_rtol=1e-5)
