@@ -1,12 +1,14 @@
 """The lowering table through the real "tpu" device: ops users call, against CPU."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import tpu_backend  # noqa: F401  (registers the device)
-from tests.tpu_backend.parity import assert_runs_match, record_training
+from tests.tpu_backend.parity import assert_runs_match, assert_tensors_match, record_training
 
 torch.manual_seed(0)
 
@@ -92,3 +94,31 @@ def test_foreach_optimizer_step_with_clipping_matches_cpu(optimizer):
     clipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in runs["tpu"].first_gradients.values()])).item()
     assert clipped == pytest.approx(max_norm, rel=1e-5)
     assert_runs_match(runs["tpu"], runs["cpu"], f"{optimizer} with clip_grad_norm_", loss_rtol=1e-5)
+
+
+def test_eval_batch_norm_backward_with_transposed_grad_is_right_on_device():
+    """Eval-mode BatchNorm followed by `flatten(2).transpose(1, 2)` (a ViT-style patch
+    embedding) hands batch norm's backward a grad_output with channels-last strides.
+    PyTorch CPU gets the weight and bias gradients wrong there for a batch of one (torch
+    2.13: relative error 1-1.7, in float32 and float64 alike), so CPU is no reference:
+    the device is compared with the math, in float64:
+        d weight = sum(g * x_hat),  d bias = sum(g),  d x = g * weight / sqrt(var + eps)."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(3).eval()
+    with torch.no_grad():
+        bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2.0), bn.weight.normal_(), bn.bias.normal_()
+    x, g = torch.randn(1, 3, 16, 16), torch.randn(1, 256, 3)
+    device_bn = copy.deepcopy(bn).to("tpu")
+    x_device = x.to("tpu").requires_grad_()
+    (device_bn(x_device).flatten(2).transpose(1, 2) * g.to("tpu")).sum().backward()
+
+    inverse_std = (bn.running_var.double() + bn.eps).rsqrt()[None, :, None, None]
+    x_hat = (x.double() - bn.running_mean.double()[None, :, None, None]) * inverse_std
+    g_nchw = g.double().transpose(1, 2).reshape(1, 3, 16, 16)
+    want = {
+        "weight": (g_nchw * x_hat).sum((0, 2, 3)),
+        "bias": g_nchw.sum((0, 2, 3)),
+        "input": g_nchw * bn.weight.double()[None, :, None, None] * inverse_std,
+    }
+    got = {"weight": device_bn.weight.grad, "bias": device_bn.bias.grad, "input": x_device.grad}
+    assert_tensors_match(got, want, "eval batch norm backward on tpu vs the math", rtol=1e-5, floor=1e-6)
