@@ -64,7 +64,8 @@ def _fine_tune(device: str, optimizer_name: str):
     return model, record_training(model, step, [(ids, ids)] * 4)  # one batch, memorised: the loss must fall
 
 
-@pytest.mark.parametrize("optimizer_name", ["adamw", "sgd"])
+# SGD passes a gradient's scale into the weights (Adam divides it out): it is the default case
+@pytest.mark.parametrize("optimizer_name", ["sgd", pytest.param("adamw", marks=pytest.mark.slow)])
 def test_fine_tune_on_tpu_then_save_pretrained_round_trips(tmp_path, optimizer_name):
     """Training steps on "tpu" follow CPU's losses, gradients after step 1 and final
     parameters (SGD: a gradient's scale reaches the weights), and the fine-tuned weights
