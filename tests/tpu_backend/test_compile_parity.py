@@ -11,7 +11,8 @@ steps on the same batches with SGD (momentum) and with AdamW. Two things are com
   update as separate graphs (`loss.backward()` is a graph break).
 
 Checked, as a user would:
-- the losses agree with CPU eager to 1e-4 relative at EVERY step;
+- the losses agree with CPU eager to 1e-4 relative at EVERY step, and so do the gradients
+  after step 1 and the parameters after step 20 (norm-relative, `tests/tpu_backend/parity.py`);
 - steps 3 to 20 run inside `tpu_backend.compile.cache_only()` (any compile would raise
   `CacheMissError`) and, counted explicitly, compile nothing: no compiled-program miss,
   no strict-eager jit miss; the compiled programs are hit at every one of those steps.
@@ -36,11 +37,11 @@ import torch._dynamo
 import tpu_backend
 import tpu_backend.compile as tpu_compile
 from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
+from tests.tpu_backend.parity import assert_runs_match, record_training
 
 STEPS = 20
 CACHE_ONLY_FROM = 2  # 0-based: the third step and every later one run under cache_only()
 DISTINCT_BATCHES = 4
-RELATIVE_TOLERANCE = 1e-4
 # Compiled programs every step runs at least: forward and backward; the whole step adds
 # the optimizer update.
 PROGRAMS_PER_STEP = {"model": 2, "step": 3}
@@ -85,15 +86,6 @@ def program_hits() -> int:
     return tpu_compile.compile_stats().total().hits
 
 
-def assert_losses_match(device_losses: list[float], cpu_losses: list[float]) -> None:
-    for step, (got, want) in enumerate(zip(device_losses, cpu_losses)):
-        relative = abs(got - want) / max(abs(want), 1e-12)
-        assert relative <= RELATIVE_TOLERANCE, (
-            f"step {step + 1}: loss {got:.8g} compiled on tpu vs {want:.8g} on cpu (relative {relative:.2e} > "
-            f"{RELATIVE_TOLERANCE:.0e})\ntpu: {device_losses}\ncpu: {cpu_losses}"
-        )
-
-
 def _param(model: str, optimizer: str, what: str):
     marks = [] if (model, optimizer, what) in DEFAULT_CASES else [pytest.mark.slow]
     return pytest.param(model, optimizer, what, id=f"{model}-{optimizer}-{what}", marks=marks)
@@ -116,20 +108,30 @@ def test_compiled_training_matches_cpu_and_runs_from_cache(model_name, optimizer
     batches = training_batches(case, STEPS, DISTINCT_BATCHES)
 
     cpu_optimizer = make_optimizer(optimizer_name, cpu_model.parameters())
-    cpu_losses = [train_step(cpu_model, cpu_optimizer, case, x, y).item() for x, y in batches]
+    cpu_run = record_training(cpu_model, lambda x, y: train_step(cpu_model, cpu_optimizer, case, x, y), batches)
 
     device_optimizer = make_optimizer(optimizer_name, device_model.parameters())
     run = compiled_runner(what, device_model, device_optimizer, case)
     device_batches = [(x.to("tpu"), y.to("tpu")) for x, y in batches]
-    device_losses = [run(x, y).item() for x, y in device_batches[:CACHE_ONLY_FROM]]
-    misses_before, hits_before = compile_misses(), program_hits()
-    with tpu_compile.cache_only():
-        device_losses += [run(x, y).item() for x, y in device_batches[CACHE_ONLY_FROM:]]
+    guard, counts_before = tpu_compile.cache_only(), []
+
+    def enter_cache_only(step: int) -> None:
+        if step == CACHE_ONLY_FROM:
+            counts_before.extend((compile_misses(), program_hits()))
+            guard.__enter__()
+
+    try:
+        device_run = record_training(device_model, run, device_batches, on_step=enter_cache_only)
+    finally:
+        if counts_before:
+            guard.__exit__(None, None, None)
+    (misses_before, hits_before) = counts_before
     program_misses, eager_misses = (after - before for after, before in zip(compile_misses(), misses_before))
 
+    cpu_losses = cpu_run.losses
     assert cpu_losses[STEPS - DISTINCT_BATCHES] < cpu_losses[0], f"the reference run did not train: {cpu_losses}"
     assert all(p.device.type == "tpu" for p in device_model.parameters())
-    assert_losses_match(device_losses, cpu_losses)
+    assert_runs_match(device_run, cpu_run, f"compiled {what}")
     cached_steps = STEPS - CACHE_ONLY_FROM
     assert (program_misses, eager_misses) == (0, 0), (
         f"steps {CACHE_ONLY_FROM + 1}-{STEPS} compiled {program_misses} program(s) and {eager_misses} eager op(s) "

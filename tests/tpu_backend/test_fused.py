@@ -2,7 +2,8 @@
 
 Checks what a user relies on: values through views and in-place writes equal CPU's,
 seeded randomness repeats, every sync point runs the pending graph, and the three
-training models give CPU's losses at every step with no compile after the warm-up.
+training models give CPU's losses at every step, its gradients after step 1 and its
+parameters after the last step, with no compile after the warm-up.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import torch
 
 import tpu_backend
 from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
+from tests.tpu_backend.parity import TrainingRun, assert_runs_match, record_training
 from tpu_backend import fused
 from tpu_backend.compile import cache_only, compile_stats
-
-RELATIVE_TOLERANCE = 1e-4
 
 
 @pytest.fixture
@@ -215,18 +215,29 @@ WARMUP_STEPS = 2  # step 1 creates optimizer state, step 2 is the steady-state g
 DISTINCT_BATCHES = 4
 
 
-def _train(model, case, optimizer_name, batches, device, cache_only_after=None) -> list[float]:
+def _train(model, case, optimizer_name, batches, device, cache_only_after=None) -> tuple[TrainingRun, int]:
+    """The run and the number of programs its steps asked for (reading gradients and
+    parameters back for the comparison is not part of a step)."""
     optimizer = make_optimizer(optimizer_name, model.parameters())
-    losses = []
-    for step, (inputs, target) in enumerate(batches):
+    guard, entered, requests = cache_only(), [], []
+
+    def enter_cache_only(step: int) -> None:
         if step == cache_only_after:
-            guard = cache_only()
             guard.__enter__()
-        loss = train_step(model, optimizer, case, inputs.to(device), target.to(device))
-        losses.append(loss.item())  # the sync point that ends the step
-    if cache_only_after is not None:
-        guard.__exit__(None, None, None)
-    return losses
+            entered.append(step)
+
+    def step(inputs, target) -> float:
+        before = compile_stats().total().requests
+        loss = train_step(model, optimizer, case, inputs, target).item()  # the sync point that ends the step
+        requests.append(compile_stats().total().requests - before)
+        return loss
+
+    device_batches = [(inputs.to(device), target.to(device)) for inputs, target in batches]
+    try:
+        return record_training(model, step, device_batches, on_step=enter_cache_only), sum(requests)
+    finally:
+        if entered:
+            guard.__exit__(None, None, None)
 
 
 # Each case compiles two step programs (6-20 s on CPU): two of the six run with -m slow.
@@ -251,15 +262,11 @@ def test_training_matches_cpu_with_one_program_per_step(fused_mode, model_name, 
     device_model = copy.deepcopy(cpu_model).to("tpu")
     batches = training_batches(case, STEPS, DISTINCT_BATCHES)
 
-    cpu_losses = _train(cpu_model, case, optimizer_name, batches, "cpu")
-    before = compile_stats().total()
-    requests_before = before.requests
-    device_losses = _train(device_model, case, optimizer_name, batches, "tpu", cache_only_after=WARMUP_STEPS)
+    cpu_run, _ = _train(cpu_model, case, optimizer_name, batches, "cpu")
+    device_run, requests = _train(device_model, case, optimizer_name, batches, "tpu", cache_only_after=WARMUP_STEPS)
 
-    assert compile_stats().total().requests - requests_before == STEPS, "expected one fused program per step"
-    for step, (got, want) in enumerate(zip(device_losses, cpu_losses)):
-        relative = abs(got - want) / max(abs(want), 1e-12)
-        assert relative <= RELATIVE_TOLERANCE, f"step {step}: fused {got} vs cpu {want}\n{device_losses}\n{cpu_losses}"
+    assert requests == STEPS, "expected one fused program per step"
+    assert_runs_match(device_run, cpu_run, "fused")
 
 
 # ----------------------------------------------------------------------------- graph shape

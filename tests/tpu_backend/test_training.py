@@ -1,36 +1,59 @@
 """A user's training loop on the device: parity with CPU, no leaks, tied weights."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 import tpu_backend
+from tests.tpu_backend.parity import TrainingRun, assert_runs_match, gradients, record_training
 
 
 def _mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-def _train(device: str, steps: int = 20) -> list[float]:
+OPTIMIZERS = {
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+}
+
+
+def _train(device: str, optimizer_name: str, steps: int = 20) -> TrainingRun:
     torch.manual_seed(0)
     model = _mlp().to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = OPTIMIZERS[optimizer_name](model.parameters())
     data = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(steps):
-        x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
+    # four batches in turn: random labels can only be learnt by memorising them
+    pool = [(torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)) for _ in range(4)]
+    batches = [pool[i % len(pool)] for i in range(steps)]
+
+    def step(x, y):
         loss = F.cross_entropy(model(x.to(device)), y.to(device))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
+        return loss
+
+    # zero_grad after the step: read the gradients of step 1 before it, in a hook
+    first = {}
+
+    def keep_first_gradients(optimizer, args, kwargs):
+        if not first:
+            first.update(gradients(model))
+
+    handle = optimizer.register_step_pre_hook(keep_first_gradients)
+    run = record_training(model, step, batches)
+    handle.remove()
+    run.first_gradients = first
+    return run
 
 
-def test_mlp_adamw_losses_match_cpu():
-    on_cpu, on_tpu = _train("cpu"), _train("tpu")
-    for step, (a, b) in enumerate(zip(on_cpu, on_tpu)):
-        assert abs(a - b) <= 1e-4 * abs(a), f"step {step}: cpu {a} tpu {b}"
-    assert on_tpu[-1] < on_tpu[0]  # it actually trains
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
+def test_mlp_losses_gradients_and_parameters_match_cpu(optimizer_name):
+    on_cpu, on_tpu = _train("cpu", optimizer_name), _train("tpu", optimizer_name)
+    assert_runs_match(on_tpu, on_cpu, optimizer_name)
+    assert sum(on_tpu.losses[-4:]) < sum(on_tpu.losses[:4]), on_tpu.losses  # it actually trains
 
 
 def test_payload_table_stays_flat_over_1000_steps():

@@ -4,7 +4,9 @@ An MLP, a small CNN and a small transformer (`tests/tpu_backend/models.py`) are 
 CPU from a fixed seed; one deep copy moves to the device. Both train 20 steps on the same
 batches with SGD (momentum) and with AdamW; the losses must agree to 1e-4 relative at
 EVERY step (a wrong gradient or optimizer update shows up within a step or two, long
-before it would show in a final loss).
+before it would show in a final loss), and so must every gradient after step 1 and every
+parameter after step 20 (norm-relative, `tests/tpu_backend/parity.py`): SGD passes a
+gradient's scale straight into the parameters, which Adam would divide out.
 
 `mode` is how the device executes: "strict" and "debug" eager; "compile" wraps the device
 model in `torch.compile(backend="tpu")` (`tpu_backend.compile`; skipped if it fails to import).
@@ -21,13 +23,13 @@ import pytest
 import torch
 
 from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
+from tests.tpu_backend.parity import TrainingRun, assert_runs_match, record_training
 
 DEVICE = os.environ.get("PARITY_DEVICE", "tpu")
 STEPS = 20
 DISTINCT_BATCHES = 4
 # CPU against CPU checks "compile" cases with AOTAutograd's eager backend.
 COMPILE_BACKEND = "aot_eager" if DEVICE == "cpu" else "tpu"
-RELATIVE_TOLERANCE = 1e-4
 
 if DEVICE != "cpu":
     import tpu_backend
@@ -53,22 +55,10 @@ def execution_mode(request):
     tpu_backend.set_eager_mode(previous)
 
 
-def train_losses(model, case, optimizer_name: str, batches, device: str) -> list[float]:
+def train(model, case, optimizer_name: str, batches, device: str) -> TrainingRun:
     optimizer = make_optimizer(optimizer_name, model.parameters())
-    losses = []
-    for inputs, target in batches:
-        loss = train_step(model, optimizer, case, inputs.to(device), target.to(device))
-        losses.append(loss.item())
-    return losses
-
-
-def assert_losses_match(device_losses: list[float], cpu_losses: list[float]) -> None:
-    for step, (got, want) in enumerate(zip(device_losses, cpu_losses)):
-        relative = abs(got - want) / max(abs(want), 1e-12)
-        assert relative <= RELATIVE_TOLERANCE, (
-            f"step {step}: loss {got:.8g} on {DEVICE} vs {want:.8g} on cpu (relative {relative:.2e} > "
-            f"{RELATIVE_TOLERANCE:.0e})\n{DEVICE}: {device_losses}\ncpu:  {cpu_losses}"
-        )
+    device_batches = [(inputs.to(device), target.to(device)) for inputs, target in batches]
+    return record_training(model, lambda x, y: train_step(model, optimizer, case, x, y), device_batches)
 
 
 CASES = [
@@ -92,11 +82,11 @@ def test_losses_match_cpu_every_step(model_name, optimizer_name, execution_mode)
     device_model = copy.deepcopy(cpu_model).to(DEVICE)
     batches = training_batches(case, STEPS, DISTINCT_BATCHES)
 
-    cpu_losses = train_losses(cpu_model, case, optimizer_name, batches, "cpu")
+    cpu_run = train(cpu_model, case, optimizer_name, batches, "cpu")
     run_model = torch.compile(device_model, backend=COMPILE_BACKEND) if execution_mode == "compile" else device_model
-    device_losses = train_losses(run_model, case, optimizer_name, batches, DEVICE)
+    device_run = train(run_model, case, optimizer_name, batches, DEVICE)
 
     same_batch_later = STEPS - DISTINCT_BATCHES
-    assert cpu_losses[same_batch_later] < cpu_losses[0], f"the reference run did not train: {cpu_losses}"
+    assert cpu_run.losses[same_batch_later] < cpu_run.losses[0], f"the reference run did not train: {cpu_run.losses}"
     assert all(p.device.type == torch.device(DEVICE).type for p in device_model.parameters())
-    assert_losses_match(device_losses, cpu_losses)
+    assert_runs_match(device_run, cpu_run, f"{DEVICE} ({execution_mode})")

@@ -14,6 +14,7 @@ import torch
 import transformers
 
 import tpu_backend
+from tests.tpu_backend.parity import assert_runs_match, record_training
 from tpu_backend.integrations import when_imported
 
 VOCAB = 96
@@ -47,25 +48,33 @@ def test_from_pretrained_device_map_tpu_matches_cpu(saved_llama):
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_fine_tune_on_tpu_then_save_pretrained_round_trips(tmp_path):
-    """Training steps on "tpu" follow the same losses as on CPU, and the fine-tuned
-    weights (tied embeddings included) save from the device and reload on CPU."""
-    losses = {}
-    models = {}
+def _fine_tune(device: str, optimizer_name: str):
+    model = tiny_llama().to(device)
+    optimizer = {"adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+                 "sgd": lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9)}[optimizer_name](model.parameters())
+    ids = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(2)).to(device)
+
+    def step(inputs, labels):
+        optimizer.zero_grad()
+        loss = model(input_ids=inputs, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return model, record_training(model, step, [(ids, ids)] * 4)  # one batch, memorised: the loss must fall
+
+
+# SGD passes a gradient's scale into the weights (Adam divides it out): it is the default case
+@pytest.mark.parametrize("optimizer_name", ["sgd", pytest.param("adamw", marks=pytest.mark.slow)])
+def test_fine_tune_on_tpu_then_save_pretrained_round_trips(tmp_path, optimizer_name):
+    """Training steps on "tpu" follow CPU's losses, gradients after step 1 and final
+    parameters (SGD: a gradient's scale reaches the weights), and the fine-tuned weights
+    (tied embeddings included) save from the device and reload on CPU."""
+    models, runs = {}, {}
     for device in ("cpu", "tpu"):
-        model = tiny_llama().to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        ids = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(2)).to(device)
-        losses[device] = []
-        for _ in range(4):  # one batch, memorised: the loss must fall
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses[device].append(loss.item())
-        models[device] = model
-    torch.testing.assert_close(torch.tensor(losses["tpu"]), torch.tensor(losses["cpu"]), rtol=1e-4, atol=1e-5)
-    assert losses["tpu"][-1] < losses["tpu"][0]
+        models[device], runs[device] = _fine_tune(device, optimizer_name)
+    assert_runs_match(runs["tpu"], runs["cpu"], f"llama {optimizer_name}")
+    assert runs["tpu"].losses[-1] < runs["tpu"].losses[0]
 
     tuned = models["tpu"]
     tuned.save_pretrained(tmp_path)

@@ -75,6 +75,9 @@ SDPA_CASES = {
     "custom_scale": (Attention(scale=0.3), qkv()),
     "scale_on_scores": (Attention(), qkv(keys=4, features=32)),
     "causal": (Attention(is_causal=True), qkv(keys=8)),
+    # PyTorch aligns is_causal top-left: query i sees keys 0..i whatever the lengths
+    "causal_more_keys": (Attention(is_causal=True), qkv(length=4, keys=10)),
+    "causal_more_queries": (Attention(is_causal=True), qkv(length=10, keys=4)),
     "bool_mask_input": (Attention(), (*qkv(), bool_mask(fully_masked_row=3))),
     "bool_mask_per_head": (Attention(), (*qkv(), bool_mask(heads=4))),
     "float_mask_input": (Attention(), (*qkv(), float_mask())),
@@ -96,6 +99,31 @@ def test_scaled_dot_product_attention_matches_pytorch(name):
 def test_attention_is_two_batch_matmuls_and_one_softmax():
     edge = assert_converts(Attention(), qkv())
     assert op_counts(edge) == Counter({"BATCH_MATMUL": 2, "SOFTMAX": 1, "MUL": 1})
+
+
+class CachedCausal(nn.Module):
+    """Causal attention of new queries over a cache: query i sits at position offset + i
+    and sees keys 0..offset + i (the mask aligned bottom-right when offset = keys - length)."""
+
+    def __init__(self, offset: int | None = None):
+        super().__init__()
+        self.offset = offset  # None: read it from the input, as a decoder reads its cache position
+
+    def forward(self, q, k, v, offset=None):
+        offset = self.offset if offset is None else offset
+        positions = offset + torch.arange(q.shape[-2])
+        visible = torch.arange(k.shape[-2])[None, :] <= positions[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
+
+@pytest.mark.parametrize("length, keys, offset", [(4, 10, 6), (3, 10, 2), (1, 10, 9)],
+                         ids=["bottom_right", "inside_cache", "one_token_decode"])
+def test_causal_attention_with_a_cache_offset_matches_pytorch(length, keys, offset):
+    assert_converts(CachedCausal(offset), qkv(length=length, keys=keys))
+    # the offset as an input: the mask is built at run time; another offset must also match
+    args = (*qkv(length=length, keys=keys), torch.tensor(offset))
+    assert_converts(CachedCausal(), args,
+                    check_inputs=[(*args[:3], torch.tensor(other)) for other in (0, keys - length)])
 
 
 def test_constant_causal_mask_needs_no_row_guard():

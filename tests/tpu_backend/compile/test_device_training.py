@@ -58,9 +58,12 @@ def test_compiled_mlp_on_the_device_trains_like_cpu():
 
 
 def test_compiled_dropout_on_the_device_follows_torch_manual_seed():
-    model = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.5)).to("tpu").train()
+    """Same seed, same mask; the dropped fraction is p within a binomial tolerance and the
+    kept values are the linear layer's output scaled by 1 / (1 - p)."""
+    p = 0.5
+    model = nn.Sequential(nn.Linear(32, 32), nn.Dropout(p)).to("tpu").train()
     compiled = torch.compile(model, backend="tpu")
-    x = torch.ones(8, 32, device="tpu")
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(3)).to("tpu")
 
     torch.manual_seed(7)
     first, second = compiled(x).cpu(), compiled(x).cpu()
@@ -69,6 +72,16 @@ def test_compiled_dropout_on_the_device_follows_torch_manual_seed():
 
     assert not torch.equal(first == 0, second == 0)
     assert torch.equal(first, again)
+
+    with torch.no_grad():
+        undropped = model[0](x).cpu()
+    assert (undropped != 0).all()  # a zero below could then only be a dropped element
+    for out in (first, second):
+        kept = out != 0
+        dropped, count = (~kept).sum().item(), out.numel()
+        spread = 5 * (count * p * (1 - p)) ** 0.5  # 5 standard deviations of Binomial(count, p)
+        assert abs(dropped - p * count) <= spread, f"dropped {dropped} of {count}, expected {p * count:.0f} +- {spread:.0f}"
+        torch.testing.assert_close(out[kept], undropped[kept] / (1 - p), rtol=1e-5, atol=1e-6)
 
 
 def test_graph_breaks_on_the_device_run_eagerly_and_match_cpu():

@@ -5,7 +5,10 @@ JAX reads the virtual device count (`--xla_force_host_platform_device_count=8`) 
 when it starts, so every multi-device run happens in a subprocess running
 `train_gpt.py` (or `collective_loop.py`) next to this file; the test reads its JSON
 report. Losses must match single-device training of the same model on the same batches
-to 1e-4 relative at every step.
+to 1e-4 relative at every step; the MLP and GPT runs also compare the gradients after
+step 1 and the parameters after the last step (`tests/tpu_backend/parity.py`), and train
+with SGD (momentum) besides AdamW: SGD passes a gradient's scale (a sum instead of a mean
+across replicas) straight into the parameters, where Adam would divide it out.
 
 The default suite trains the MLP (cheap to compile) under every strategy and checks the
 launcher on a tiny collective loop; the small GPT runs (every strategy, two processes,
@@ -22,8 +25,10 @@ import sys
 import time
 
 import pytest
+import torch
 from jax.sharding import AbstractMesh, PartitionSpec
 
+from tests.tpu_backend.parity import GRADIENT_RTOL, ZERO_GRADIENT_FLOOR, assert_parameters_match, assert_tensors_match
 from tpu_backend.distributed import Replicate, Shard, partition_spec
 from tpu_backend.launch import child_env, describe_exit
 
@@ -57,6 +62,28 @@ def train(tmp_path, *args: str, launcher: list[str] | None = None, name: str = "
     run(argv, devices=None if launcher else 8)
     with open(out) as f:
         return json.load(f)
+
+
+def train_with_tensors(tmp_path, *args: str, name: str = "report") -> tuple[dict, dict]:
+    """The report and, per run, its gradients after step 1 and final parameters."""
+    path = tmp_path / f"{name}.pt"
+    report = train(tmp_path, *args, "--tensors", str(path), name=name)
+    return report, torch.load(path)
+
+
+def assert_strategies_match_single(report: dict, tensors: dict, strategies, optimizer: str, what: str) -> None:
+    """Losses, gradients after step 1 and parameters after the last step, per strategy."""
+    key = f"single:{optimizer}"
+    single = report[key]["losses"]
+    assert single[-1] < single[0], f"{what}: single-device {optimizer} run did not train: {single}"
+    for strategy in strategies:
+        run_key = f"{strategy}:{optimizer}"
+        label = f"{what} {strategy} {optimizer}"
+        assert_same_losses(report[run_key]["losses"], single, label)
+        assert_tensors_match(tensors[run_key]["first_gradients"], tensors[key]["first_gradients"],
+                             f"{label}: gradients after step 1", rtol=GRADIENT_RTOL, floor=ZERO_GRADIENT_FLOOR)
+        assert_parameters_match(tensors[run_key]["final_parameters"], tensors[key]["final_parameters"],
+                                tensors[key]["first_gradients"], f"{label}: final parameters")
 
 
 def assert_same_losses(got: list[float], want: list[float], what: str) -> None:
@@ -163,27 +190,28 @@ def test_mesh_and_plan_errors_name_the_problem():
 
 
 def test_mlp_data_parallel_fsdp_tensor_parallel_match_single_device(tmp_path):
-    report = train(tmp_path, "--model", "mlp", "--strategy", "single,dp,fsdp,tp", "--mesh", "8")
-    single = report["single"]["losses"]
-    assert len(single) == 10 and single[-1] < single[0]
-    for strategy in ("dp", "fsdp", "tp"):
-        assert_same_losses(report[strategy]["losses"], single, f"mlp {strategy}")
-    assert_sharded_one_eighth(report["fsdp"], "mlp fsdp")
+    # SGD under every strategy (a gradient's scale shows); AdamW where its state is sharded
+    runs = "single:sgd,dp:sgd,fsdp:sgd,tp:sgd,single:adamw,fsdp:adamw"
+    report, tensors = train_with_tensors(tmp_path, "--model", "mlp", "--strategy", runs, "--mesh", "8")
+    assert len(report["single:sgd"]["losses"]) == 10
+    assert_strategies_match_single(report, tensors, ("dp", "fsdp", "tp"), "sgd", "mlp")
+    assert_strategies_match_single(report, tensors, ("fsdp",), "adamw", "mlp")
+    assert_sharded_one_eighth(report["fsdp:adamw"], "mlp fsdp")
     # data parallel: every device holds the whole model; tensor parallel: the planned layers split
-    dp = report["dp"]
+    dp = report["dp:sgd"]
     assert set(dp["param_bytes_per_device"].values()) == {dp["param_bytes_total"]}
-    assert report["tp"]["specs"]["layers.0.weight"] == "P('data',)"
-    assert report["tp"]["specs"]["layers.2.weight"] == "P(None, 'data')"
+    assert report["tp:sgd"]["specs"]["layers.0.weight"] == "P('data',)"
+    assert report["tp:sgd"]["specs"]["layers.2.weight"] == "P(None, 'data')"
 
 
 @pytest.mark.slow
 def test_gpt_data_parallel_fsdp_tensor_parallel_match_single_device(tmp_path):
-    report = train(tmp_path, "--model", "transformer", "--strategy", "single,dp,fsdp,tp", "--mesh", "8")
-    single = report["single"]["losses"]
-    for strategy in ("dp", "fsdp", "tp"):
-        assert_same_losses(report[strategy]["losses"], single, f"gpt {strategy}")
-    assert_sharded_one_eighth(report["fsdp"], "gpt fsdp")
-    tp_specs = report["tp"]["specs"]
+    runs = ",".join(f"{strategy}:{optimizer}" for optimizer in ("sgd", "adamw") for strategy in ("single", "dp", "fsdp", "tp"))
+    report, tensors = train_with_tensors(tmp_path, "--model", "transformer", "--strategy", runs, "--mesh", "8")
+    for optimizer in ("sgd", "adamw"):
+        assert_strategies_match_single(report, tensors, ("dp", "fsdp", "tp"), optimizer, "gpt")
+    assert_sharded_one_eighth(report["fsdp:adamw"], "gpt fsdp")
+    tp_specs = report["tp:adamw"]["specs"]
     assert tp_specs["blocks.0.attention.in_proj_weight"] == "P('data',)"
     assert tp_specs["blocks.0.mlp.2.weight"] == "P(None, 'data')"
 

@@ -16,7 +16,10 @@ with several processes each feeds its own slice of every batch. The report (writ
 process 0) holds the loss of every step and, for sharded runs, the per-device parameter
 bytes read from the arrays' shardings. `--save-at K --checkpoint DIR` saves a sharded
 checkpoint after step K; `--resume DIR` restores one before training and starts
-counting at the step it was saved after.
+counting at the step it was saved after. A strategy written `dp:sgd` uses that optimizer
+instead of `--optimizer` (the report key is the strategy as written); `--tensors PATH` also
+saves, with `torch.save`, each run's gradients after its first step and parameters after
+its last (on CPU, keyed like the report).
 """
 
 from __future__ import annotations
@@ -66,9 +69,11 @@ TP_PLANS = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(CASES), default="transformer")
-    parser.add_argument("--strategy", default="dp", help="single, dp, fsdp or tp; several comma-separated run in turn")
+    parser.add_argument("--strategy", default="dp", help="single, dp, fsdp or tp, each optionally :sgd or :adamw; "
+                        "several comma-separated run in turn")
     parser.add_argument("--mesh", default="8", help="mesh shape, e.g. 8 or 4x2")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
+    parser.add_argument("--tensors", default=None, help="save first-step gradients and final parameters here")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--save-at", type=int, default=None)
     parser.add_argument("--checkpoint", default=None)
@@ -107,10 +112,17 @@ def build(args, strategy: str):
     return case, model, model, lambda t: dist.shard_batch(t, mesh, mesh.axis_names[:-1])
 
 
-def train(args, strategy: str) -> dict:
-    """Train `args.steps` steps (from a checkpoint if asked) under `strategy`; the report."""
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A (possibly sharded) device tensor's whole value on CPU."""
+    return t.detach().cpu().clone()
+
+
+def train(args, strategy: str, optimizer_name: str, tensors: dict | None) -> dict:
+    """Train `args.steps` steps (from a checkpoint if asked) under `strategy`; the report.
+    Fills `tensors` (if given) with the gradients after the first step and the final
+    parameters (read whole: one process only)."""
     case, model, wrapped, shard = build(args, strategy)
-    optimizer = make_optimizer(args.optimizer, model.parameters())
+    optimizer = make_optimizer(optimizer_name, model.parameters())
     batches = training_batches(case, args.steps)
     first = 0
     if args.resume:
@@ -125,9 +137,13 @@ def train(args, strategy: str) -> dict:
         optimizer.step()
         losses.append(loss.item())
         times.append(time.perf_counter() - start)
+        if step == first and tensors is not None:
+            tensors["first_gradients"] = {n: full_tensor(p.grad) for n, p in model.named_parameters() if p.grad is not None}
         print(f"{strategy} step {step}: loss {losses[-1]:.6f} ({times[-1]:.2f} s)", flush=True)
         if args.save_at is not None and step + 1 == args.save_at:
             dist.save_checkpoint(args.checkpoint, model, optimizer, extra={"step": step + 1})
+    if tensors is not None:
+        tensors["final_parameters"] = {n: full_tensor(p) for n, p in model.named_parameters()}
     report = {"losses": losses, "first_step": first, "step_seconds": times, "processes": dist.process_count()}
     if strategy != "single":
         params = list(model.parameters())
@@ -148,8 +164,14 @@ def main(argv=None) -> None:
     if hasattr(faulthandler, "register"):  # `kill -USR1 <pid>` prints every thread's stack (hang diagnosis)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     tpu_backend.set_eager_mode(args.eager_mode)
-    report = {strategy: train(args, strategy) for strategy in args.strategy.split(",")}
+    report, tensors = {}, {}
+    for key in args.strategy.split(","):
+        strategy, _, optimizer_name = key.partition(":")
+        tensors[key] = {} if args.tensors else None
+        report[key] = train(args, strategy, optimizer_name or args.optimizer, tensors[key])
     if dist.process_index() == 0:
+        if args.tensors:
+            torch.save(tensors, args.tensors)
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:
             json.dump(report, f, indent=1)

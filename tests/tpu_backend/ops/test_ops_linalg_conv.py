@@ -34,29 +34,92 @@ def spd(n=4, batch=(2,)):
     return a @ a.transpose(-1, -2) + n * torch.eye(n)
 
 
+def general(n=4, batch=(2,)):
+    """Well-conditioned, not symmetric, with determinants of both signs in the batch."""
+    a = torch.randn(*batch, n, n) * 0.3 + torch.eye(n) * 2
+    a[0, [0, 1]] = a[0, [1, 0]]  # a row swap flips the first determinant's sign
+    return a
+
+
+def assert_small(value: torch.Tensor, bound: float, what: str) -> None:
+    worst = value.abs().max().item()
+    assert worst <= bound, f"{what}: max |.| = {worst:.3g} > {bound:g}"
+
+
 def test_dense_linear_algebra():
     a = spd()
     check(aten.linalg_inv_ex.default, a, **TOL)
     check(aten.linalg_cholesky_ex.default, a, **TOL)
     check(aten.linalg_cholesky_ex.default, a, upper=True, **TOL)
-    det = run_lowering(aten._linalg_det.default, a)[0]
-    torch.testing.assert_close(det, torch.linalg.det(a), **TOL)
-    sign, logabsdet = run_lowering(aten._linalg_slogdet.default, a)[:2]
-    torch.testing.assert_close(logabsdet, torch.linalg.slogdet(a).logabsdet, **TOL)
-    b = torch.randn(2, 4, 3)
-    torch.testing.assert_close(run_lowering(aten._linalg_solve_ex.default, a, b)[0], torch.linalg.solve(a, b), **TOL)
-    torch.testing.assert_close(run_lowering(aten._linalg_solve_ex.default, a, torch.randn(2, 4))[0].shape, torch.Size([2, 4]))
-    q, r = run_lowering(aten.linalg_qr.default, torch.randn(5, 3))
-    assert q.shape == (5, 3) and r.shape == (3, 3)
     lower = torch.linalg.cholesky(a)
+    b = torch.randn(2, 4, 3)
     check(aten.linalg_solve_triangular.default, lower, b, upper=False, **TOL)
     check(aten.linalg_solve_triangular.default, lower.transpose(-1, -2), b.transpose(-1, -2), upper=True, left=False, **TOL)
     check(aten.triangular_solve.default, b, lower, False, **TOL)
     check(aten.cholesky_solve.default, b, lower, **TOL)
     check(aten.cholesky_inverse.default, lower[0], **TOL)
-    values, _ = run_lowering(aten._linalg_eigh.default, a)
-    torch.testing.assert_close(values, torch.linalg.eigvalsh(a), **TOL)
-    _, s, _ = run_lowering(aten._linalg_svd.default, torch.randn(4, 3))
+
+
+def test_determinants_against_float64():
+    g = general()
+    assert (torch.linalg.det(g.double()) < 0).any() and (torch.linalg.det(g.double()) > 0).any()
+    det = run_lowering(aten._linalg_det.default, g)[0]
+    torch.testing.assert_close(det.double(), torch.linalg.det(g.double()), **TOL)
+    sign, logabsdet = run_lowering(aten._linalg_slogdet.default, g)[:2]
+    want = torch.linalg.slogdet(g.double())
+    torch.testing.assert_close(sign.double(), want.sign, rtol=0, atol=0)
+    torch.testing.assert_close(logabsdet.double(), want.logabsdet, **TOL)
+
+
+@pytest.mark.parametrize("rhs", [(2, 4, 3), (2, 4)], ids=["matrix", "vector"])
+def test_solve_residual_and_float64_solution(rhs):
+    g, b = general(), torch.randn(*rhs)
+    x = run_lowering(aten._linalg_solve_ex.default, g, b)[0]
+    assert x.shape == b.shape
+    matrix_x = x if len(rhs) == 3 else x.unsqueeze(-1)
+    matrix_b = b if len(rhs) == 3 else b.unsqueeze(-1)
+    assert_small(g.double() @ matrix_x.double() - matrix_b.double(), 1e-4, "residual g @ x - b")
+    torch.testing.assert_close(x.double(), torch.linalg.solve(g.double(), b.double()), **TOL)
+
+
+@pytest.mark.parametrize("shape, mode", [((5, 3), "reduced"), ((5, 3), "complete"), ((2, 3, 4), "reduced")])
+def test_qr_reconstructs_with_orthonormal_q_and_triangular_r(shape, mode):
+    m = torch.randn(*shape)
+    q, r = run_lowering(aten.linalg_qr.default, m, mode)
+    want_q, want_r = torch.linalg.qr(m, mode=mode)
+    assert q.shape == want_q.shape and r.shape == want_r.shape
+    q64, r64 = q.double(), r.double()
+    assert_small(q64 @ r64 - m.double(), 1e-5, "q @ r - m")
+    eye = torch.eye(q.shape[-1], dtype=torch.float64)
+    assert_small(q64.transpose(-1, -2) @ q64 - eye, 1e-5, "q^T q - I")
+    assert_small(torch.tril(r64, -1), 0.0, "r below its diagonal")
+    # unique up to the signs of r's diagonal: |r| equals the float64 reference's
+    torch.testing.assert_close(r64.abs(), torch.linalg.qr(m.double(), mode=mode).R.abs(), **TOL)
+
+
+def test_eigh_values_and_vectors():
+    a = spd()
+    values, vectors = run_lowering(aten._linalg_eigh.default, a)
+    torch.testing.assert_close(values.double(), torch.linalg.eigvalsh(a.double()), **TOL)
+    v64 = vectors.double()
+    scale = a.abs().max().item()
+    assert_small(a.double() @ v64 - v64 * values.double()[..., None, :], 1e-5 * scale, "a v - v diag(w)")
+    assert_small(v64.transpose(-1, -2) @ v64 - torch.eye(4, dtype=torch.float64), 1e-5, "v^T v - I")
+
+
+@pytest.mark.parametrize("shape, full", [((4, 3), False), ((3, 5), False), ((2, 4, 3), True)])
+def test_svd_reconstructs_with_float64_singular_values(shape, full):
+    m = torch.randn(*shape)
+    u, s, vh = run_lowering(aten._linalg_svd.default, m, full)
+    want = torch.linalg.svd(m.double(), full_matrices=full)
+    assert (u.shape, s.shape, vh.shape) == (want.U.shape, want.S.shape, want.Vh.shape)
+    torch.testing.assert_close(s.double(), want.S, **TOL)
+    k = s.shape[-1]
+    u64, vh64 = u.double()[..., :k], vh.double()[..., :k, :]
+    assert_small(u64 @ torch.diag_embed(s.double()) @ vh64 - m.double(), 1e-5, "u diag(s) vh - m")
+    for name, basis in (("u", u.double()), ("v", vh.double().transpose(-1, -2))):
+        eye = torch.eye(basis.shape[-1], dtype=torch.float64)
+        assert_small(basis.transpose(-1, -2) @ basis - eye, 1e-5, f"{name}^T {name} - I")
 
 
 CONVS = [

@@ -1,11 +1,14 @@
 """The lowering table through the real "tpu" device: ops users call, against CPU."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import tpu_backend  # noqa: F401  (registers the device)
+from tests.tpu_backend.parity import assert_runs_match, assert_tensors_match, record_training
 
 torch.manual_seed(0)
 
@@ -55,22 +58,67 @@ def test_batch_norm_running_stats_update_on_device():
     torch.testing.assert_close(device_model(x.to("tpu")).cpu(), model(x), atol=1e-5, rtol=1e-5)
 
 
-def test_foreach_adamw_step_matches_cpu():
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd", "sgd_momentum"])
+def test_foreach_optimizer_step_with_clipping_matches_cpu(optimizer):
+    """clip_grad_norm_ (which really clips: the norm is above max_norm) then a foreach
+    optimizer step: losses, the clipped gradients of step 1 and the final parameters
+    match CPU. SGD passes the clipped gradient's scale into the parameters; Adam would not."""
+    make = {
+        "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, foreach=True),
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.1, foreach=True),
+        "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    }[optimizer]
+    max_norm = 0.1
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 3))
     device_model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 3))
     device_model.load_state_dict(model.state_dict())
     device_model = device_model.to("tpu")
     x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
-    losses = {}
+    runs, norms = {}, {}
     for name, m, inputs in (("cpu", model, (x, y)), ("tpu", device_model, on_tpu(x, y))):
-        opt = torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True)
-        losses[name] = []
-        for _ in range(3):
-            loss = F.cross_entropy(m(inputs[0]), inputs[1])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-            opt.step()
+        opt = make(m.parameters())
+        norms[name] = []
+
+        def step(inputs, target, m=m, opt=opt, name=name):
             opt.zero_grad()
-            losses[name].append(loss.item())
-    assert losses["tpu"] == pytest.approx(losses["cpu"], rel=1e-5, abs=1e-6)
+            loss = F.cross_entropy(m(inputs), target)
+            loss.backward()
+            norms[name].append(torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm).item())
+            opt.step()
+            return loss
+
+        runs[name] = record_training(m, step, [inputs] * 3)
+    assert min(norms["cpu"]) > max_norm, f"the gradient norms {norms['cpu']} never reach max_norm: nothing clipped"
+    assert norms["tpu"] == pytest.approx(norms["cpu"], rel=1e-5)
+    clipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in runs["tpu"].first_gradients.values()])).item()
+    assert clipped == pytest.approx(max_norm, rel=1e-5)
+    assert_runs_match(runs["tpu"], runs["cpu"], f"{optimizer} with clip_grad_norm_", loss_rtol=1e-5)
+
+
+def test_eval_batch_norm_backward_with_transposed_grad_is_right_on_device():
+    """Eval-mode BatchNorm followed by `flatten(2).transpose(1, 2)` (a ViT-style patch
+    embedding) hands batch norm's backward a grad_output with channels-last strides.
+    PyTorch CPU gets the weight and bias gradients wrong there for a batch of one (torch
+    2.13: relative error 1-1.7, in float32 and float64 alike), so CPU is no reference:
+    the device is compared with the math, in float64:
+        d weight = sum(g * x_hat),  d bias = sum(g),  d x = g * weight / sqrt(var + eps)."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(3).eval()
+    with torch.no_grad():
+        bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2.0), bn.weight.normal_(), bn.bias.normal_()
+    x, g = torch.randn(1, 3, 16, 16), torch.randn(1, 256, 3)
+    device_bn = copy.deepcopy(bn).to("tpu")
+    x_device = x.to("tpu").requires_grad_()
+    (device_bn(x_device).flatten(2).transpose(1, 2) * g.to("tpu")).sum().backward()
+
+    inverse_std = (bn.running_var.double() + bn.eps).rsqrt()[None, :, None, None]
+    x_hat = (x.double() - bn.running_mean.double()[None, :, None, None]) * inverse_std
+    g_nchw = g.double().transpose(1, 2).reshape(1, 3, 16, 16)
+    want = {
+        "weight": (g_nchw * x_hat).sum((0, 2, 3)),
+        "bias": g_nchw.sum((0, 2, 3)),
+        "input": g_nchw * bn.weight.double()[None, :, None, None] * inverse_std,
+    }
+    got = {"weight": device_bn.weight.grad, "bias": device_bn.bias.grad, "input": x_device.grad}
+    assert_tensors_match(got, want, "eval batch norm backward on tpu vs the math", rtol=1e-5, floor=1e-6)
