@@ -100,9 +100,9 @@ class CachedHFCausalLM(CachedLM):
     """A transformers causal LM run through its own forward with an explicit cache
     (`transformers_lm.TransformersCachedLM`)."""
 
-    def __init__(self, model: nn.Module, cache_len: int, logits: str = "last"):
+    def __init__(self, model: nn.Module, cache_len: int, logits: str = "last", experts: str = "gather"):
         super().__init__(cache_len, logits)
-        self.inner = TransformersCachedLM(model, cache_len, logits)
+        self.inner = TransformersCachedLM(model, cache_len, logits, experts)
         self.model = model
 
     def cache_shapes(self):
@@ -118,30 +118,32 @@ class CachedHFCausalLM(CachedLM):
 def attention_for_export(lm: CachedLM):
     """transformers models attend through `litert_attention` while exported."""
     if isinstance(lm, CachedHFCausalLM):
-        return attention_through_litert(lm.model)
+        return attention_through_litert(lm.model, lm.inner.experts)
     return contextlib.nullcontext()
 
 
-def with_kv_cache(model: nn.Module, cache_len: int, logits: str = "last") -> CachedLM:
-    """Wrap `model` (TinyLlama, a transformers causal LM, or already a CachedLM)."""
+def with_kv_cache(model: nn.Module, cache_len: int, logits: str = "last", experts: str = "gather") -> CachedLM:
+    """Wrap `model` (TinyLlama, a transformers causal LM, or already a CachedLM).
+    `experts`: how mixture-of-experts blocks run ("gather" or "dense", see
+    `transformers_lm.EXPERTS_FORMS`)."""
     if isinstance(model, CachedLM):
         if model.cache_len != cache_len:
             raise ValueError(f"the CachedLM was built for cache_len={model.cache_len}, asked for {cache_len}")
         return model
     if isinstance(model, TinyLlama):
         return CachedTinyLlama(model, cache_len, logits)
-    return CachedHFCausalLM(model, cache_len, logits)
+    return CachedHFCausalLM(model, cache_len, logits, experts)
 
 
 @torch.no_grad()
-def verify_cached_lm(model: nn.Module, cache_len: int, prefill_len: int, steps: int = 64,
-                     tolerance: float = 1e-4) -> float:
+def verify_cached_lm(model: nn.Module, cache_len: int, prefill_len: int, steps: int = 40,
+                     tolerance: float = 1e-4, experts: str = "gather") -> float:
     """Prefill chunks then decode steps through the explicit cache, in PyTorch, against
     the model's own forward over the whole sequence: max relative error of the logits at
     every position (raises UnsupportedModelError above `tolerance`)."""
     from runtimes.litert import max_relative_error
 
-    lm = with_kv_cache(model, cache_len, logits="all")
+    lm = with_kv_cache(model, cache_len, logits="all", experts=experts)
     device = next(model.parameters()).device
     total = min(cache_len, max(steps, 2 * prefill_len + 1))
     ids = torch.randint(0, _vocab_size(model), (1, total), generator=torch.Generator().manual_seed(0))
@@ -194,11 +196,13 @@ def _prefill_lengths(prefill_len, cache_len: int) -> list[int]:
 
 
 def export_generative(model: nn.Module, *, prefill_len: int | list[int] = 32, cache_len: int = 128,
-                      prefill_logits: str = "last", verify: bool = True, **convert_options) -> EdgeModel:
+                      prefill_logits: str = "last", verify: bool = True, experts: str = "gather",
+                      **convert_options) -> EdgeModel:
     """Convert `model` into a LiteRT model with prefill and `decode` signatures sharing
     its weights (see the module docstring for the tensors). `model` may live on any
     device. `verify`: check the cached model against the model's own forward in PyTorch
-    first (transformers models; refuses on a difference). `convert_options` go to
+    first (transformers models; refuses on a difference). `experts`: the form of
+    mixture-of-experts blocks ("gather" or "dense"). `convert_options` go to
     `convert` (quant_config, target, progress...)."""
     lengths = _prefill_lengths(prefill_len, cache_len)
     if prefill_logits not in LOGITS_CHOICES:
@@ -206,10 +210,10 @@ def export_generative(model: nn.Module, *, prefill_len: int | list[int] = 32, ca
     if isinstance(model, CachedLM):
         prefill_lm = decode_lm = with_kv_cache(model, cache_len)
     else:
-        prefill_lm = with_kv_cache(model, cache_len, prefill_logits)
-        decode_lm = with_kv_cache(model, cache_len, "last")
+        prefill_lm = with_kv_cache(model, cache_len, prefill_logits, experts)
+        decode_lm = with_kv_cache(model, cache_len, "last", experts)
         if verify and isinstance(prefill_lm, CachedHFCausalLM):
-            verify_cached_lm(model, cache_len, lengths[0])
+            verify_cached_lm(model, cache_len, lengths[0], experts=experts)
     cache_names = cache_tensor_names(decode_lm)
     prefill_outputs = ([] if prefill_lm.logits == "none" else ["logits"]) + cache_names
     builder = None

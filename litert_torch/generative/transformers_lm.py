@@ -113,9 +113,43 @@ def check_supported(model: nn.Module) -> None:
                                     "sequence length at run time; only static rope types are supported")
     experts = next((getattr(cfg, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
                     if getattr(cfg, n, None)), None)
-    if experts and not getattr(cfg, "litert_moe_supported", False):
+    if experts and not any(_routes_through_experts_interface(m) for m in model.modules()):
         raise UnsupportedModelError(f"{name}: mixture-of-experts routing (num_experts={experts}, "
-                                    f"top-k={getattr(cfg, 'num_experts_per_tok', None)}) is not supported yet")
+                                    f"top-k={getattr(cfg, 'num_experts_per_tok', None)}) whose experts do not go "
+                                    "through transformers' ExpertsInterface")
+
+
+def _routes_through_experts_interface(module: nn.Module) -> bool:
+    return hasattr(module, "has_gate") and hasattr(module, "is_transposed") and hasattr(module, "down_proj")
+
+
+# How mixture-of-experts blocks run in the exported model (transformers' ExpertsInterface):
+# "gather": transformers' own batched_mm form, which gathers the selected experts' weights
+# per token (GATHER + BATCH_MATMUL; compute grows with top-k); "dense": every expert on
+# every token, weighted by the routing weights (zero for experts not selected).
+EXPERTS_FORMS = {"gather": "batched_mm", "dense": "litert_dense_experts"}
+
+
+def dense_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                          top_k_weights: torch.Tensor) -> torch.Tensor:
+    """All experts on all tokens (T, D) -> (T, D), combined with the top-k routing weights."""
+    experts = torch.arange(self.num_experts, device=hidden_states.device)
+    routing = ((top_k_index[..., None] == experts).to(top_k_weights.dtype) * top_k_weights[..., None]).sum(1)
+    x = hidden_states[None]  # (1, T, D) against (E, ...) weights
+
+    def linear(inputs, weight, bias):
+        out = torch.matmul(inputs, weight if self.is_transposed else weight.transpose(1, 2))
+        return out if bias is None else out + bias[:, None, :]
+
+    if self.has_gate:
+        h = self._apply_gate(linear(x, self.gate_up_proj, getattr(self, "gate_up_proj_bias", None)
+                                    if self.has_bias else None))
+    else:
+        h = self.act_fn(linear(x, self.up_proj, getattr(self, "up_proj_bias", None) if self.has_bias else None))
+    out = linear(h, self.down_proj, getattr(self, "down_proj_bias", None) if self.has_bias else None)  # (E, T, D)
+    if self.has_post_expert_norm:
+        out = self.post_expert_norm(out)
+    return (out * routing.transpose(0, 1)[..., None].to(out.dtype)).sum(0).to(hidden_states.dtype)
 
 
 @dataclass
@@ -223,23 +257,30 @@ def litert_mask(*args, **kwargs) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def attention_through_litert(model: nn.Module):
-    """Run a transformers model with `litert_attention` and `litert_mask`; its own
-    setting is restored after."""
+def attention_through_litert(model: nn.Module, experts: str = "gather"):
+    """Run a transformers model with `litert_attention`, `litert_mask` and the experts
+    form `experts` (see EXPERTS_FORMS); its own settings are restored after."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    if experts not in EXPERTS_FORMS:
+        raise ValueError(f"experts must be one of {sorted(EXPERTS_FORMS)}, got {experts!r}")
     AttentionInterface.register(ATTENTION_NAME, litert_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, litert_mask)
-    configs = [m.config for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
-    before = [c._attn_implementation for c in configs]
-    for c in configs:
-        c._attn_implementation = ATTENTION_NAME
+    switches = [("_attn_implementation", ATTENTION_NAME), ("_experts_implementation", EXPERTS_FORMS[experts])]
+    if experts == "dense":
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_FORMS["dense"], dense_experts_forward)
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
+    before = [(c, attr, getattr(c, attr)) for c in configs for attr, _ in switches if hasattr(c, attr)]
+    for c, attr, _ in before:
+        setattr(c, attr, dict(switches)[attr])
     try:
         yield
     finally:
-        for c, b in zip(configs, before):
-            c._attn_implementation = b
+        for c, attr, value in before:
+            setattr(c, attr, value)
 
 
 def _forward_parameters(model: nn.Module) -> set[str]:
@@ -250,7 +291,7 @@ class TransformersCachedLM(nn.Module):
     """`forward(tokens, input_pos, kv_cache) -> (logits?, *new_cache)` for a transformers
     causal LM. `logits`: "last" (the chunk's last position), "all", or "none"."""
 
-    def __init__(self, model: nn.Module, cache_len: int, logits: str = "last"):
+    def __init__(self, model: nn.Module, cache_len: int, logits: str = "last", experts: str = "gather"):
         super().__init__()
         if not hasattr(model, "config") or not hasattr(model.config, "num_hidden_layers"):
             raise TypeError(f"{_model_name(model)} is not a transformers causal LM (no config.num_hidden_layers); "
@@ -262,7 +303,7 @@ class TransformersCachedLM(nn.Module):
         limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
         if limit is not None and cache_len > limit:
             raise ValueError(f"cache_len ({cache_len}) exceeds max_position_embeddings ({limit})")
-        self.model, self.cache_len, self.logits = model, cache_len, logits
+        self.model, self.cache_len, self.logits, self.experts = model, cache_len, logits, experts
         self.windows = layer_windows(cfg, cfg.num_hidden_layers, _model_name(model))
         self.plans = [_LayerPlan(w if w is not None and w < cache_len else None,
                                  w is not None and w < cache_len) for w in self.windows]
@@ -307,13 +348,15 @@ class TransformersCachedLM(nn.Module):
 
     def _run(self, tokens, input_pos, kv_cache, shapes=None):
         cache = explicit_cache_class()(kv_cache, input_pos, self.plans, self.cache_len, shapes)
-        position_ids = input_pos[None, :].long()
+        # Padding (-1) takes position 0 in the model (learned position tables are gathered
+        # with it); the cache and the masks see -1 and ignore it.
+        position_ids = input_pos.clamp(min=0)[None, :].long()
         extra = {}
         if self._keeps_logits and self.logits == "last":
             extra["logits_to_keep"] = 1
         _ACTIVE.append(cache)
         try:
-            with attention_through_litert(self.model):
+            with attention_through_litert(self.model, self.experts):
                 out = self.model(input_ids=tokens, position_ids=position_ids,
                                  **{self._cache_arg: cache}, use_cache=True, **extra)
         finally:

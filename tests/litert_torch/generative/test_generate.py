@@ -131,3 +131,28 @@ def test_a_prompt_that_does_not_fit_the_cache_is_refused(exported):
     with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
         generate(edge, [1, 2], max_new_tokens=-1)
     assert generate(edge, [1, 2], max_new_tokens=0) == []
+
+
+def test_several_prefill_lengths_share_the_weights_and_generate_exactly():
+    """prefill_4 and prefill_8 in one file (weights stored once), prefill without logits:
+    generation picks the chunks (8 + 4 + padded 4) and runs the last prompt token through
+    decode; the result equals PyTorch, and so do the logits of a prefill_4 chunk's cache."""
+    model = tiny_llama()
+    edge = export_generative(model, prefill_len=[8, 4], cache_len=CACHE, prefill_logits="none", progress=False)
+    keys = [s.key for s in edge.runtime.signatures]
+    assert sorted(keys) == ["decode", "prefill_4", "prefill_8"]
+    assert edge.runtime.signature("prefill_4").output_names[0] == "kv_cache_0"  # no logits
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert len(edge) < 1.3 * weights, (len(edge), weights)
+    prompt = torch.randint(0, VOCAB, (15,), generator=torch.Generator().manual_seed(4))
+    assert generate(edge, prompt, 20) == reference_generate(model, prompt, 20)
+    ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(5))
+    runtime = edge.runtime
+    cache = [np.zeros(s.shape, np.float32) for s in runtime.signature("decode").inputs[2:]]
+    cache = runtime.run([ids[:, :4].int().numpy(), np.arange(4, dtype=np.int32), *cache], "prefill_4")
+    errors = []
+    for pos in range(4, 7):
+        logits, *cache = runtime.run([ids[:, pos:pos + 1].int().numpy(), np.array([pos], np.int32), *cache],
+                                     "decode")
+        errors.append(max_relative_error(logits[0, -1], torch_logits(model, ids)[0, pos]))
+    assert max(errors) <= TOLERANCE, errors
