@@ -146,6 +146,8 @@ def verify_cached_lm(model: nn.Module, cache_len: int, prefill_len: int, steps: 
     lm = with_kv_cache(model, cache_len, logits="all", experts=experts)
     device = next(model.parameters()).device
     total = min(cache_len, max(steps, 2 * prefill_len + 1))
+    if total < 2:
+        raise ValueError(f"verify needs a cache of at least 2 slots, got cache_len={cache_len}")
     ids = torch.randint(0, _vocab_size(model), (1, total), generator=torch.Generator().manual_seed(0))
     out = model(ids.to(device))
     expected = getattr(out, "logits", out).float().cpu()

@@ -156,3 +156,19 @@ def test_several_prefill_lengths_share_the_weights_and_generate_exactly():
                                      "decode")
         errors.append(max_relative_error(logits[0, -1], torch_logits(model, ids)[0, pos]))
     assert max(errors) <= TOLERANCE, errors
+
+
+def test_sampler_restricts_to_top_k_and_top_p_and_checks_its_arguments():
+    from litert_torch.generative import Sampler
+
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    rng = np.random.default_rng(0)
+    assert Sampler()(logits, rng) == 0  # greedy
+    assert {Sampler(1.0, top_k=2, seed=0)(logits, rng) for _ in range(200)} == {0, 1}
+    assert {Sampler(1.0, top_p=0.7)(logits, rng) for _ in range(200)} == {0, 1}  # 0.5 + 0.3 reaches 0.7
+    assert {Sampler(1.0, top_p=0.4)(logits, rng) for _ in range(50)} == {0}
+    draws = [Sampler(1.0)(logits, rng) for _ in range(4000)]
+    assert abs(draws.count(3) / 4000 - 0.05) < 0.015  # temperature 1 keeps the model's probabilities
+    for bad in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            Sampler(**bad)
