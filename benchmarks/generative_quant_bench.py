@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from litert_torch import quantize  # noqa: E402
-from litert_torch.edge_model import EdgeModel  # noqa: E402
-from litert_torch.generative import export_generative  # noqa: E402
-from runtimes.litert import max_relative_error  # noqa: E402
+from litert_torch import quantize
+from litert_torch.edge_model import EdgeModel
+from litert_torch.generative import export_generative
+from runtimes.litert import max_relative_error
 
 FULL = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
             num_attention_heads=12, num_key_value_heads=4, head_dim=64)
@@ -84,8 +84,8 @@ def main(argv=None) -> int:
             logits, *cache = runtime.run(decode_in, "decode")
             errors.append(max_relative_error(logits[0, -1], expected[pos]))
         results[name] = dict(bytes=len(edge), convert_s=convert_s, max_rel_err=max(errors),
-                             prefill_ms=timed_ms(lambda: runtime.run(prefill_in, "prefill"), opts.runs),
-                             decode_ms=timed_ms(lambda: runtime.run(decode_in, "decode"), opts.runs))
+                             prefill_ms=timed_ms(lambda r=runtime, x=prefill_in: r.run(x, "prefill"), opts.runs),
+                             decode_ms=timed_ms(lambda r=runtime, x=decode_in: r.run(x, "decode"), opts.runs))
         print(name, results[name], flush=True)
     results["size_ratio"] = results["int4"]["bytes"] / results["float"]["bytes"]
     print(json.dumps(results, indent=1))

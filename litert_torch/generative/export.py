@@ -32,6 +32,7 @@ import contextlib
 import torch
 from torch import nn
 
+from converter.pipeline import cpu_view
 from litert_torch.edge_model import EdgeModel
 from litert_torch.generative.llama import TinyLlama
 from litert_torch.generative.transformers_lm import (TransformersCachedLM, UnsupportedModelError,
@@ -198,13 +199,15 @@ def _prefill_lengths(prefill_len, cache_len: int) -> list[int]:
 
 
 def export_generative(model: nn.Module, *, prefill_len: int | list[int] = 32, cache_len: int = 128,
-                      prefill_logits: str = "last", verify: bool = True, experts: str = "gather",
+                      prefill_logits: str = "last", verify: bool = True, experts: str = "auto",
                       **convert_options) -> EdgeModel:
     """Convert `model` into a LiteRT model with prefill and `decode` signatures sharing
     its weights (see the module docstring for the tensors). `model` may live on any
     device. `verify`: check the cached model against the model's own forward in PyTorch
     first (transformers models; refuses on a difference). `experts`: the form of
-    mixture-of-experts blocks ("gather" or "dense"). `convert_options` go to
+    mixture-of-experts blocks, "gather", "dense", or "auto" (dense in prefill, where
+    gathering every token's experts' weights costs 10x, gather in decode).
+    `convert_options` go to
     `convert` (quant_config, target, progress...)."""
     lengths = _prefill_lengths(prefill_len, cache_len)
     if prefill_logits not in LOGITS_CHOICES:
@@ -212,10 +215,13 @@ def export_generative(model: nn.Module, *, prefill_len: int | list[int] = 32, ca
     if isinstance(model, CachedLM):
         prefill_lm = decode_lm = with_kv_cache(model, cache_len)
     else:
-        prefill_lm = with_kv_cache(model, cache_len, prefill_logits, experts)
-        decode_lm = with_kv_cache(model, cache_len, "last", experts)
+        model = cpu_view(model)  # a model on "tpu" is probed, verified and converted from a CPU copy
+        prefill_experts, decode_experts = ("dense", "gather") if experts == "auto" else (experts, experts)
+        prefill_lm = with_kv_cache(model, cache_len, prefill_logits, prefill_experts)
+        decode_lm = with_kv_cache(model, cache_len, "last", decode_experts)
         if verify and isinstance(prefill_lm, CachedHFCausalLM):
-            verify_cached_lm(model, cache_len, lengths[0], experts=experts)
+            for form in {prefill_experts, decode_experts}:
+                verify_cached_lm(model, cache_len, lengths[0], experts=form)
     cache_names = cache_tensor_names(decode_lm)
     prefill_outputs = ([] if prefill_lm.logits == "none" else ["logits"]) + cache_names
     builder = None
@@ -226,5 +232,4 @@ def export_generative(model: nn.Module, *, prefill_len: int | list[int] = 32, ca
                                                                         output_names=prefill_outputs)
     decode_args = (torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), decode_lm.empty_cache())
     builder = builder.signature("decode", decode_lm, decode_args, output_names=["logits"] + cache_names)
-    with attention_for_export(decode_lm):
-        return builder.convert(**convert_options)
+    return builder.convert(**convert_options)

@@ -315,11 +315,15 @@ class TransformersCachedLM(nn.Module):
     def _probe_shapes(self) -> list[tuple[int, ...]]:
         """Cache tensor shapes read from the keys/values the model writes (head counts and
         dims differ between families and even between layers)."""
+        from converter.pipeline import cpu_view
+
         shapes: dict[int, tuple] = {}
-        device = self._device()
-        with torch.no_grad():
-            self._run(torch.zeros(1, 1, dtype=torch.int32, device=device),
-                      torch.zeros(1, dtype=torch.int32, device=device), [], shapes)
+        model, self.model = self.model, cpu_view(self.model)  # the probe runs on CPU
+        try:
+            with torch.no_grad():
+                self._run(torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), [], shapes)
+        finally:
+            self.model = model
         n = self.model.config.num_hidden_layers
         if sorted(shapes) != list(range(n)):
             raise UnsupportedModelError(f"{_model_name(self.model)}: its layers did not write their keys and values "
@@ -330,9 +334,6 @@ class TransformersCachedLM(nn.Module):
                 slots = self.plans[i].window if self.plans[i].ring else self.cache_len
                 out.append((1, s[1], slots, s[3]))
         return out
-
-    def _device(self):
-        return next(self.model.parameters()).device
 
     def cache_shapes(self) -> list[tuple[int, ...]]:
         return list(self._shapes)
