@@ -6,9 +6,17 @@ running in LiteRT.
     new_ids = generate(edge, prompt_ids, max_new_tokens=20)
 """
 
-from litert_torch.generative.export import CachedHFCausalLM, CachedLM, CachedTinyLlama, export_generative, with_kv_cache
-from litert_torch.generative.generate import generate, reference_generate
+from litert_torch.generative.export import (
+                                            CachedHFCausalLM,
+                                            CachedLM,
+                                            CachedTinyLlama,
+                                            export_generative,
+                                            verify_cached_lm,
+                                            with_kv_cache,
+)
+from litert_torch.generative.generate import Sampler, generate, reference_generate
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
+from litert_torch.generative.transformers_lm import UnsupportedModelError
 
-__all__ = ["export_generative", "generate", "reference_generate", "with_kv_cache", "CachedLM",
-           "CachedTinyLlama", "CachedHFCausalLM", "TinyLlamaConfig", "TinyLlama"]
+__all__ = ["export_generative", "generate", "reference_generate", "with_kv_cache", "verify_cached_lm", "CachedLM",
+           "CachedTinyLlama", "CachedHFCausalLM", "TinyLlamaConfig", "TinyLlama", "Sampler", "UnsupportedModelError"]

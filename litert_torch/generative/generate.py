@@ -1,11 +1,21 @@
-"""Greedy generation: through an exported model in LiteRT, and in PyTorch for reference.
+"""Generation through an exported model in LiteRT, and in PyTorch for reference.
 
-`generate` runs the `prefill` signature over the prompt in chunks of `prefill_len`
-tokens (the last chunk padded; padded slots are overwritten or masked later), then the
-`decode` signature once per new token, carrying the KV cache from outputs to inputs.
+`generate` runs the prompt through the prefill signature(s) in chunks (the smallest
+`prefill_<n>` that holds the rest of the prompt, else the largest; the last chunk padded
+with position -1, which writes nothing), then `decode` once per new token, carrying the
+KV cache from outputs to inputs. When the prefill does not return the logits of the last
+prompt token (prefill_logits "none", or "last" with a padded chunk), that token goes
+through `decode` instead.
+
+Tokens are greedy by default; `temperature` > 0 samples, optionally restricted to the
+`top_k` most likely tokens and to the smallest set whose probability reaches `top_p`,
+from a NumPy generator seeded with `seed`. Generation stops after a token in
+`stop_tokens` (which is returned).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,56 +31,145 @@ def _prompt(prompt_ids) -> np.ndarray:
     return ids
 
 
-def generate(edge_model: EdgeModel, prompt_ids, max_new_tokens: int) -> list[int]:
-    """Greedy continuation of `prompt_ids` (a 1-D sequence) with a model from
-    `export_generative`; returns the `max_new_tokens` new token ids."""
+@dataclass(frozen=True)
+class Sampler:
+    """Picks the next token from one row of logits; greedy when temperature is 0."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed)
+
+    def __call__(self, logits, rng: np.random.Generator) -> int:
+        logits = np.asarray(logits, dtype=np.float64).reshape(-1)
+        if self.temperature == 0:
+            return int(np.argmax(logits))
+        order = np.argsort(-logits, kind="stable")
+        if self.top_k is not None:
+            order = order[:self.top_k]
+        scaled = logits[order] / self.temperature
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
+        if self.top_p is not None:
+            # keep the most likely tokens until their mass reaches top_p (at least one)
+            keep = int(np.searchsorted(np.cumsum(probs), self.top_p)) + 1
+            order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+        return int(order[rng.choice(len(order), p=probs)])
+
+
+def _sampler(temperature, top_k, top_p, seed) -> Sampler:
+    return Sampler(float(temperature or 0.0), top_k, top_p, seed)
+
+
+def _prefill_signatures(runtime) -> dict[int, str]:
+    """Chunk length -> signature key for `prefill` or `prefill_<n>`."""
+    out = {}
+    for sig in runtime.signatures:
+        if sig.key == "prefill" or sig.key.startswith("prefill_"):
+            out[sig.inputs[0].shape[1]] = sig.key
+    if not out:
+        raise KeyError(f"the model has no prefill signature; it has {[s.key for s in runtime.signatures]}")
+    return dict(sorted(out.items()))
+
+
+def _plan_chunks(n_tokens: int, lengths: list[int]) -> list[int]:
+    """Chunk lengths covering n_tokens: the smallest length holding the rest, else the largest."""
+    plan, done = [], 0
+    while done < n_tokens:
+        rest = n_tokens - done
+        size = next((n for n in lengths if n >= rest), lengths[-1])
+        plan.append(size)
+        done += size
+    return plan
+
+
+def generate(edge_model: EdgeModel, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             stop_tokens=()) -> list[int]:
+    """Continuation of `prompt_ids` (a 1-D sequence) with a model from
+    `export_generative`; returns up to `max_new_tokens` new token ids (fewer when a stop
+    token comes). Greedy unless `temperature` > 0 (see the module docstring)."""
     prompt = _prompt(prompt_ids)
+    sampler = _sampler(temperature, top_k, top_p, seed)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:
         return []
+    stop = {int(t) for t in stop_tokens}
     runtime = edge_model.runtime
-    runtime.signature("decode")  # a KeyError naming the model's signatures if it is not generative
-    prefill = runtime.signature("prefill")
-    chunk = prefill.inputs[0].shape[1]
-    cache_len = prefill.inputs[2].shape[2]
-    if len(prompt) + max_new_tokens > cache_len:
+    decode = runtime.signature("decode")  # a KeyError naming the model's signatures if it is not generative
+    prefills = _prefill_signatures(runtime)
+    lengths = list(prefills)
+    # Linear caches bound the context; ring buffers (kv_ring_*) do not.
+    cache_len = max((spec.shape[2] for spec in decode.outputs[1:] if spec.name.startswith("kv_cache")),
+                    default=None)
+    if cache_len is not None and len(prompt) + max_new_tokens > cache_len:
         raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the "
                          f"exported cache length ({cache_len}); export with a larger cache_len")
-    padded_len = -(-len(prompt) // chunk) * chunk
-    if padded_len > cache_len:
-        raise ValueError(f"the prompt padded to whole prefill chunks ({padded_len} tokens) exceeds the "
-                         f"exported cache length ({cache_len}); export with a larger cache_len")
-    cache = [np.zeros(spec.shape, spec.dtype) for spec in prefill.inputs[2:]]
-    for start in range(0, len(prompt), chunk):
-        part = prompt[start:start + chunk]
-        tokens = np.zeros((1, chunk), np.int32)
+    first = runtime.signature(prefills[lengths[0]])
+    has_logits = first.output_names[0] == "logits"
+    all_logits = has_logits and first.outputs[0].shape[1] == lengths[0] > 1
+    plan = _plan_chunks(len(prompt), lengths)
+    # Prefill the whole prompt when its logits come back for the last token, else all but it.
+    whole = all_logits or (has_logits and sum(plan) == len(prompt))
+    n_prefill = len(prompt) if whole else len(prompt) - 1
+    cache = [np.zeros(spec.shape, spec.dtype) for spec in decode.inputs[2:]]
+    start, logits_row = 0, None
+    for size in _plan_chunks(n_prefill, lengths):
+        part = prompt[start:start + size]
+        tokens = np.zeros((1, size), np.int32)
         tokens[0, :len(part)] = part
-        # Padding fills the next slots; decode overwrites each one before attending to it.
-        positions = np.arange(start, start + chunk, dtype=np.int32)
-        logits, *cache = runtime.run([tokens, positions, *cache], "prefill")
-    last = len(prompt) - 1 - (padded_len - chunk)
-    next_token = int(np.argmax(logits[0, last]))
-    out = [next_token]
+        positions = np.full(size, -1, np.int32)
+        positions[:len(part)] = np.arange(start, start + len(part))
+        logits, *cache = _split(runtime.run([tokens, positions, *cache], prefills[size]), has_logits)
+        if logits is not None:
+            logits_row = logits[0, len(part) - 1] if all_logits else logits[0, -1]
+        start += len(part)
+    if not whole:
+        logits, *cache = runtime.run([prompt[None, -1:], np.array([len(prompt) - 1], np.int32), *cache], "decode")
+        logits_row = logits[0, -1]
+    rng = sampler.rng()
+    out = [sampler(logits_row, rng)]
     for pos in range(len(prompt), len(prompt) + max_new_tokens - 1):
-        logits, *cache = runtime.run(
-            [np.array([[next_token]], np.int32), np.array([pos], np.int32), *cache], "decode")
-        next_token = int(np.argmax(logits[0, -1]))
-        out.append(next_token)
+        if out[-1] in stop:
+            break
+        logits, *cache = runtime.run([np.array([[out[-1]]], np.int32), np.array([pos], np.int32), *cache], "decode")
+        out.append(sampler(logits[0, -1], rng))
     return out
 
 
+def _split(outputs: list, has_logits: bool):
+    return outputs if has_logits else [None, *outputs]
+
+
 @torch.no_grad()
-def reference_generate(model: torch.nn.Module, prompt_ids, max_new_tokens: int) -> list[int]:
-    """Greedy continuation in PyTorch without a cache (the whole sequence each step):
+def reference_generate(model: torch.nn.Module, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                       stop_tokens=()) -> list[int]:
+    """The same continuation in PyTorch without a cache (the whole sequence each step):
     the reference `generate` must match. Accepts TinyLlama and transformers models."""
+    sampler = _sampler(temperature, top_k, top_p, seed)
+    stop = {int(t) for t in stop_tokens}
     ids = torch.as_tensor(_prompt(prompt_ids), dtype=torch.long)[None]
     device = next(model.parameters()).device
+    rng = sampler.rng()
     out = []
     for _ in range(max_new_tokens):
         result = model(ids.to(device))
         logits = getattr(result, "logits", result)
-        next_token = int(logits[0, -1].argmax())
-        out.append(next_token)
-        ids = torch.cat([ids, torch.tensor([[next_token]])], dim=1)
+        out.append(sampler(logits[0, -1].float().cpu().numpy(), rng))
+        if out[-1] in stop:
+            break
+        ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
     return out

@@ -143,17 +143,20 @@ class TinyLlama(nn.Module):
         return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
                 for _ in range(cfg.n_layers)]
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache=None):
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache=None,
+                last_only: bool = False):
         """tokens: (batch, seq) ids. Without `cache`: causal self-attention over `tokens`,
         returns logits (batch, seq, vocab). With `cache` (see `empty_cache`) and
-        `positions` (seq,): writes this chunk's keys/values at `positions`, attends over
-        the cache, returns (logits, new_cache)."""
+        `positions` (seq,; -1 marks padding): writes this chunk's keys/values at
+        `positions`, attends over the cache, returns (logits, new_cache). `last_only`:
+        logits of the last position only (batch, 1, vocab)."""
         if positions is None:
             if cache is not None:
                 raise ValueError("pass positions= (the cache slots of these tokens) together with cache=")
             positions = torch.arange(tokens.shape[1], device=tokens.device)
-        cos = self.rope_cos.index_select(0, positions)
-        sin = self.rope_sin.index_select(0, positions)
+        rows = positions.clamp(min=0)  # padding (-1) takes any row: it writes nothing
+        cos = self.rope_cos.index_select(0, rows)
+        sin = self.rope_sin.index_select(0, rows)
         keys_len = tokens.shape[1] if cache is None else cache[0][0].shape[2]
         bias = attention_bias(positions, keys_len)
         x = self.embed(tokens)
@@ -161,5 +164,7 @@ class TinyLlama(nn.Module):
         for i, block in enumerate(self.blocks):
             x, layer_cache = block(x, cos, sin, bias, None if cache is None else cache[i], positions)
             new_cache.append(layer_cache)
+        if last_only:
+            x = x[:, -1:]
         logits = self.lm_head(self.norm(x))
         return logits if cache is None else (logits, new_cache)

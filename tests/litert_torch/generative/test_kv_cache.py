@@ -3,18 +3,23 @@ whose parameters live on the "tpu" device."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from litert_torch.generative import (
     TinyLlama,
     TinyLlamaConfig,
+    UnsupportedModelError,
     export_generative,
     generate,
     reference_generate,
+    verify_cached_lm,
     with_kv_cache,
 )
-from litert_torch.generative.kv_cache import MASKED_SCORE, attention_bias, write_cache
+from litert_torch.generative.kv_cache import MASKED_SCORE, attention_bias, ring_attention_bias, write_cache, write_ring
+from runtimes.litert import max_relative_error
+from tests.litert_torch.generative.families import build
 
 
 @pytest.mark.parametrize("positions", [[5], [0, 1, 2], [7, 3, 9, 0]])
@@ -25,6 +30,38 @@ def test_write_cache_equals_index_copy(positions):
     pos = torch.tensor(positions, dtype=torch.int32)
     expected = cache.index_copy(2, pos.long(), new)
     torch.testing.assert_close(write_cache(cache, new, pos), expected, rtol=0, atol=0)
+
+
+def test_padding_positions_write_nothing():
+    cache = torch.randn(1, 2, 6, 4)
+    new = torch.randn(1, 2, 3, 4)
+    out = write_cache(cache, new, torch.tensor([2, -1, -1], dtype=torch.int32))
+    torch.testing.assert_close(out, cache.index_copy(2, torch.tensor([2]), new[:, :, :1]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("window,chunks", [(4, [[0, 1, 2]]), (4, [[0, 1, 2], [3, 4, 5, -1]]),
+                                           (3, [[0, 1, 2, 3, 4, 5, 6]]), (4, [[0, 1], [2], [3], [4], [5]])])
+def test_ring_buffer_holds_the_last_window_positions(window, chunks):
+    """After each chunk, slot p % window holds position p for the last `window` positions;
+    the mask over [ring, chunk] shows each query exactly the keys of its window."""
+    torch.manual_seed(0)
+    values = torch.randn(1, 1, 32, 2)  # the "key" of position p is values[:, :, p]
+    ring = torch.zeros(1, 1, window, 2)
+    for chunk in chunks:
+        pos = torch.tensor(chunk, dtype=torch.int32)
+        new = values[:, :, pos.clamp(min=0).long()] * (pos >= 0).reshape(1, 1, -1, 1)
+        bias = ring_attention_bias(pos, window)
+        keys = torch.cat([ring, new], dim=2)
+        for i, q in enumerate(chunk):
+            if q < 0:
+                continue
+            seen = keys[0, 0, bias[i] == 0]  # ring slots come in slot order, not position order
+            want = values[0, 0, max(0, q - window + 1):q + 1]
+            torch.testing.assert_close(seen[seen[:, 0].argsort()], want[want[:, 0].argsort()], rtol=0, atol=0)
+        ring = write_ring(ring, new, pos)
+        last = max(chunk)
+        for p in range(max(0, last - window + 1), last + 1):
+            torch.testing.assert_close(ring[0, 0, p % window], values[0, 0, p], rtol=0, atol=0)
 
 
 def test_attention_bias_hides_slots_after_each_position():
@@ -55,18 +92,54 @@ def test_export_arguments_are_checked():
         export_generative(model, prefill_len=8, cache_len=64)
     with pytest.raises(ValueError, match="prefill_len"):
         export_generative(model, prefill_len=16, cache_len=8)
-    with pytest.raises(TypeError, match="Llama layout"):
+    with pytest.raises(TypeError, match="not a transformers causal LM"):
         with_kv_cache(torch.nn.Linear(2, 2), 8)
+    with pytest.raises(ValueError, match="prefill_logits"):
+        export_generative(model, prefill_len=8, cache_len=16, prefill_logits="first")
 
 
-def test_sliding_window_models_are_refused():
-    import transformers
-    cfg = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                   use_sliding_window=True, sliding_window=4, max_window_layers=1)
-    model = transformers.Qwen3ForCausalLM(cfg)
-    with pytest.raises(NotImplementedError, match="sliding_attention"):
-        with_kv_cache(model, 16)
+@pytest.mark.parametrize("family,match", [
+    ("llama (dynamic rope)", "rope_type 'dynamic'"),
+    ("gpt_neo (local attention)", "local attention layers"),
+    ("falcon (alibi)", "config.alibi=True"),
+])
+def test_what_would_not_be_exact_is_refused_by_name(family, match):
+    with pytest.raises(UnsupportedModelError, match=match):
+        with_kv_cache(build(family), 32)
+
+
+def test_an_unknown_layer_type_is_refused():
+    model = build("gemma3 text")
+    model.config.layer_types = ["sliding_attention", "chunked_attention", "full_attention"]
+    with pytest.raises(UnsupportedModelError, match="layer 1 has attention type 'chunked_attention'"):
+        with_kv_cache(model, 32)
+
+
+def test_a_window_the_model_does_not_use_is_refused():
+    """The config and the attention layers disagree (here the config loses its window):
+    the attention function sees the model's own sliding_window and refuses."""
+    model = build("mistral (sliding_window)")
+    lm = with_kv_cache(model, 32)
+    lm.inner.plans[0].window, lm.inner.plans[0].ring = None, False
+    with pytest.raises(UnsupportedModelError, match="attends with sliding_window=8, its config says None"):
+        lm(torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), lm.empty_cache())
+
+
+@pytest.mark.parametrize("experts", ["gather", "dense"])
+def test_mixture_of_experts_is_exact_in_both_forms(experts):
+    """Mixtral-style top-2 of 4 routing through transformers' ExpertsInterface: the gather
+    form (transformers' batched_mm) and the dense all-experts form equal the model's own
+    forward at every position."""
+    assert verify_cached_lm(build("mixtral (MoE)"), cache_len=24, prefill_len=8, experts=experts) <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["mistral (sliding_window)", "qwen2 (use_sliding_window)", "gemma2",
+                                    "phi3 (sliding_window)"])
+def test_sliding_window_models_are_exact_in_pytorch_beyond_the_window(family):
+    """Every spelling of a window (sliding_window, use_sliding_window + max_window_layers,
+    layer_types), soft-capping and query_pre_attn_scalar: the cached model's logits at
+    every position of 40 (5x the window) equal the model's own forward."""
+    assert verify_cached_lm(build(family), cache_len=40, prefill_len=8) <= 1e-5
 
 
 def test_a_model_on_the_tpu_device_exports_and_stays_there():
@@ -93,15 +166,27 @@ def test_grouped_attention_equals_attention_over_repeated_kv_heads():
     torch.testing.assert_close(grouped_attention(q, k, v, bias, 0.25), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow
-def test_convert_options_reach_both_signatures():
+def test_int8_export_agrees_with_the_float_model_in_logits_and_is_smaller():
+    """Weight-only int8 on both signatures: under 0.35x the float file, and the logits of
+    prefill and of every decode step within 2% (max relative) of PyTorch's float model."""
     from litert_torch import quantize
 
     torch.manual_seed(0)
-    model = TinyLlama(TinyLlamaConfig(n_layers=1, max_seq_len=32)).eval()
-    plain = export_generative(model, prefill_len=4, cache_len=32, progress=False)
-    small = export_generative(model, prefill_len=4, cache_len=32, progress=False,
+    model = TinyLlama(TinyLlamaConfig(n_layers=1, dim=128, hidden_dim=256, max_seq_len=32)).eval()
+    plain = export_generative(model, prefill_len=4, cache_len=32, progress=False, prefill_logits="all")
+    small = export_generative(model, prefill_len=4, cache_len=32, progress=False, prefill_logits="all",
                               quant_config=quantize.weight_only_int8())
-    assert len(small) < 0.5 * len(plain), (len(small), len(plain))
-    new = generate(small, [3, 1, 4, 1, 5, 9], 10)
-    assert len(new) == 10 and all(0 <= t < 256 for t in new)
+    assert len(small) < 0.35 * len(plain), (len(small), len(plain))
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(ids.long()).numpy()[0]
+    for edge, tolerance in ((plain, 1e-4), (small, 2e-2)):
+        cache = [np.zeros(s.shape, np.float32) for s in edge.runtime.signature("decode").inputs[2:]]
+        logits, *cache = edge.runtime.run([ids[:, :4].int().numpy(), np.arange(4, dtype=np.int32), *cache],
+                                          "prefill")
+        errors = [max_relative_error(logits[0], expected[:4])]
+        for pos in range(4, 12):
+            logits, *cache = edge.runtime.run([ids[:, pos:pos + 1].int().numpy(), np.array([pos], np.int32),
+                                               *cache], "decode")
+            errors.append(max_relative_error(logits[0, -1], expected[pos]))
+        assert max(errors) <= tolerance, (tolerance, errors)
