@@ -37,7 +37,7 @@ from converter import ir
 from converter.errors import ConversionError, UnsupportedOp, UnsupportedOpsError
 from converter.lowering.context import LoweringContext, numpy_dtype, static_shape
 from converter.lowering.registry import find_lowering
-from converter.lowering import symbolic
+from converter.lowering import decompositions, symbolic
 from converter.progress import Progress
 
 # This project's own packages: their frames are never "the user's line".
@@ -264,64 +264,235 @@ def _tag_module(ops: list[ir.Op], node: torch.fx.Node) -> None:
 
 
 def lower_program(program: ExportedProgram, *, name: str = "serving_default") -> ir.Graph:
-    """Lower a (decomposed) ExportedProgram to one IR graph."""
+    """Lower an ExportedProgram (as `torch.export` gives it, or decomposed) to one IR graph.
+
+    One pass over the graph: a node with a lowering is lowered; one without is decomposed
+    on its own (`decompositions.trace_decomposition`) and its decomposition lowered the
+    same way. In-place ops (`relu_`, `add_`) lower as their functional variants and
+    rebind the value they overwrite; `direct_lowering_blocker` says when that is not
+    exact (callers then decompose the whole program first, see `convert_module`)."""
     graph = ir.Graph(name=name)
     ctx = LoweringContext(graph)
     sig = program.graph_signature
     input_kinds = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
+    walk = _GraphWalk(graph, ctx)
     env: dict[torch.fx.Node, Any] = {}
-    unsupported: dict[str, UnsupportedOp] = {}
-
-    def record_unsupported(node, reason: str | None = None):
-        entry = unsupported.setdefault(_op_name(node.target), UnsupportedOp(_op_name(node.target)))
-        entry.count += 1
-        src = user_source(node)
-        if src:
-            entry.sources.append(src)
-        if reason:
-            entry.reasons.append(reason)
-
+    program.graph.eliminate_dead_code()  # values nobody reads are never lowered (side effects stay)
     for node in program.graph.nodes:
         if node.op == "placeholder":
             env[node] = _placeholder(node, input_kinds.get(node.name), program, graph, ctx)
         elif node.op == "call_function":
-            args = _map_args(node.args, env)
-            kwargs = _map_args(node.kwargs, env)
-            if node.target is operator.getitem:
-                env[node] = _MISSING if _contains_missing(args[0]) else args[0][args[1]]
-                continue
-            lowering = find_lowering(node.target)
-            if lowering is None:
-                record_unsupported(node)
-                env[node] = _MISSING
-                continue
-            if _contains_missing((args, kwargs)):
-                env[node] = _MISSING  # an input could not be lowered: already reported
-                continue
-            ctx.node, ctx.source = node, user_source(node)
-            first_new_op = len(graph.ops)
+            walk.lower_node(node, env)
+        elif node.op == "output":
+            if not walk.unsupported:
+                _set_outputs(node, sig, env, graph, ctx)
+        else:
+            raise ConversionError(f"unexpected fx node kind '{node.op}' ({node.name}) in the exported graph")
+    if walk.unsupported:
+        raise UnsupportedOpsError(list(walk.unsupported.values()))
+    return graph
+
+
+# Decompositions nest (an op decomposes to ops that decompose...); a decomposition that
+# never bottoms out is reported as unsupported, not followed forever.
+_MAX_DECOMPOSITION_DEPTH = 16
+
+
+class _GraphWalk:
+    """Lowers call_function nodes into `graph`, decomposing those without a lowering."""
+
+    def __init__(self, graph: ir.Graph, ctx: LoweringContext):
+        self.graph, self.ctx = graph, ctx
+        self.unsupported: dict[str, UnsupportedOp] = {}
+        self._traces: dict[Any, torch.fx.GraphModule] = {}  # decompositions of equal static calls, traced once
+
+    def record_unsupported(self, node, source: str | None, reason: str | None = None, target=None):
+        name = _op_name(target if target is not None else node.target)
+        entry = self.unsupported.setdefault(name, UnsupportedOp(name))
+        entry.count += 1
+        if source:
+            entry.sources.append(source)
+        if reason:
+            entry.reasons.append(reason)
+
+    def lower_node(self, node: torch.fx.Node, env: dict, origin: torch.fx.Node | None = None, depth: int = 0):
+        """Set env[node]. `origin` is the exported graph's node that `node`'s decomposition
+        came from (its source line and module path are the user's)."""
+        origin = origin or node
+        args = _map_args(node.args, env)
+        if node.target is operator.getitem:
+            env[node] = _MISSING if _contains_missing(args[0]) else args[0][args[1]]
+            return
+        kwargs = _map_args(node.kwargs, env)
+        target = decompositions.functional_variant(node.target)
+        if target is None:  # direct_lowering_blocker keeps such graphs away
+            raise ConversionError(f"{_op_name(node.target)} (node '{node.name}') writes into an argument in a way "
+                                  "that needs functionalization")
+        lowering = find_lowering(target)
+        source = user_source(origin)
+        if _contains_missing((args, kwargs)):
+            # An input could not be lowered (already reported); still report this op if
+            # nothing could ever lower it.
+            if lowering is None and decompositions.decomposition_for(target) is None:
+                self.record_unsupported(node, source, target=target)
+            env[node] = _MISSING
+            return
+        reason = None
+        if lowering is not None:
+            self.ctx.node, self.ctx.source = node, source
+            first_new_op = len(self.graph.ops)
             try:
-                env[node] = lowering(ctx, *args, **kwargs)
-                _tag_module(graph.ops[first_new_op:], node)
+                value = lowering(self.ctx, *args, **kwargs)
             except NotImplementedError as e:
-                record_unsupported(node, str(e) or None)
-                env[node] = _MISSING
+                reason = str(e) or None  # this call needs the general form: decompose it
             except ConversionError:
                 raise
             except Exception as e:  # noqa: BLE001  (a lowering bug: name the op and the user line)
-                where = f" (from {ctx.source})" if ctx.source else ""
+                where = f" (from {source})" if source else ""
                 raise ConversionError(
                     f"lowering {_op_name(node.target)} (node '{node.name}'){where} failed: "
                     f"{type(e).__name__}: {e}") from e
-        elif node.op == "output":
-            if unsupported:
-                continue
-            _set_outputs(node, sig, env, graph, ctx)
+            else:
+                _tag_module(self.graph.ops[first_new_op:], origin)
+                self._set(node, value, env)
+                return
+        if depth < _MAX_DECOMPOSITION_DEPTH and decompositions.decomposition_for(target) is not None:
+            self._set(node, self._lower_decomposition(node, target, env, origin, depth), env)
+            return
+        self.record_unsupported(node, source, reason, target=target)
+        env[node] = _MISSING
+
+    def _set(self, node: torch.fx.Node, value, env: dict) -> None:
+        env[node] = value
+        if node.target is not decompositions.functional_variant(node.target):
+            env[node.args[0]] = value  # in place: later reads of the written tensor see the new value
+
+    def _lower_decomposition(self, node: torch.fx.Node, target, env: dict, origin, depth: int):
+        try:
+            traced = self._trace(node, target)
+        except Exception as e:  # noqa: BLE001  (the decomposition itself refused these arguments)
+            source = user_source(origin)
+            where = f" (from {source})" if source else ""
+            raise ConversionError(f"decomposing {_op_name(target)} (node '{node.name}'){where} failed: "
+                                  f"{type(e).__name__}: {e}") from e
+        inner: dict[torch.fx.Node, Any] = {}
+        # The trace's placeholders are the node's Node arguments, in pytree order.
+        leaves = [leaf for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+                  if isinstance(leaf, torch.fx.Node)]
+        result = None
+        phs = iter(leaves)
+        for sub in traced.graph.nodes:
+            if sub.op == "placeholder":
+                inner[sub] = env[next(phs)]
+            elif sub.op == "call_function":
+                self.lower_node(sub, inner, origin, depth + 1)
+            elif sub.op == "output":
+                result = _map_args(sub.args[0], inner)
+        return _MISSING if _contains_missing(result) else result
+
+    def _trace(self, node: torch.fx.Node, target) -> torch.fx.GraphModule:
+        key = _static_call_key(target, node)
+        traced = self._traces.get(key) if key is not None else None
+        if traced is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = decompositions.trace_decomposition(target, node.args, node.kwargs)
+            if key is not None:
+                self._traces[key] = traced
+        return traced
+
+
+def _static_call_key(target, node: torch.fx.Node):
+    """A hashable description of a call whose arguments are all static (tensors by shape
+    and dtype), or None: equal keys decompose to the same graph."""
+    parts = [target]
+    for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(leaf, torch.fx.Node):
+            val = leaf.meta.get("val")
+            if not isinstance(val, torch.Tensor) or not all(isinstance(d, int) for d in val.shape):
+                return None
+            parts.append((tuple(val.shape), val.dtype, tuple(val.stride())))
+        elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return None
         else:
-            raise ConversionError(f"unexpected fx node kind '{node.op}' ({node.name}) in the exported graph")
-    if unsupported:
-        raise UnsupportedOpsError(list(unsupported.values()))
-    return graph
+            parts.append((type(leaf), leaf))
+    parts.append(torch.utils._pytree.tree_structure((node.args, node.kwargs)))
+    try:
+        hash(tuple(parts))
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
+def direct_lowering_blocker(program: ExportedProgram) -> str | None:
+    """Why `program`'s graph cannot be lowered as `torch.export` gives it, or None.
+
+    The graph is not functionalized: in-place ops write into their first argument.
+    Lowering `y = x.relu_()` as `y = relu(x)` and reading x's later uses as y is exact
+    when nothing else can observe the write: x is not an input, parameter or buffer
+    (their writes are outputs of the program), and no other alias of x (a view of it,
+    the tensor it views, an earlier in-place result) is read after the write. Other
+    mutations, nested graphs (torch.cond, autocast or no_grad regions) need
+    `run_decompositions` (functionalization) first."""
+    nodes = list(program.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    last_read = {n: max((order[u] for u in n.users), default=order[n]) for n in nodes}
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(n):
+        while root.get(n, n) is not n:
+            n = root[n]
+        return n
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra is not rb:
+            root[ra] = rb
+
+    writes = []
+    for node in nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function" or isinstance(node.target, torch._ops.HigherOrderOperator):
+            return f"{node.op} {node.target}: a nested graph"
+        if node.target is operator.getitem:
+            if isinstance(node.args[0], torch.fx.Node) and _returns_alias(node.args[0].target):
+                union(node, node.args[0])
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for out in schema.returns:
+            if out.alias_info is None:
+                continue
+            for arg, value in zip(schema.arguments, node.args):
+                if (arg.alias_info is not None and isinstance(value, torch.fx.Node)
+                        and set(arg.alias_info.before_set) & set(out.alias_info.before_set)):
+                    union(node, value)
+        if decompositions.functional_variant(node.target) is None:
+            return f"{node.target} writes into an argument"
+        if decompositions.functional_variant(node.target) is not node.target:
+            if not isinstance(node.args[0], torch.fx.Node):
+                return f"{node.target} writes into a constant"
+            writes.append(node)
+    if not writes:
+        return None
+    classes: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in nodes:
+        classes.setdefault(find(n), []).append(n)
+    for write in writes:
+        written = write.args[0]
+        for alias in classes[find(written)]:
+            if alias.op == "placeholder":
+                return f"{write.target} writes into input '{alias.name}'"
+            if alias is not written and order[alias] < order[write] < last_read[alias]:
+                return f"{write.target} writes into '{written.name}', whose alias '{alias.name}' is read later"
+    return None
+
+
+def _returns_alias(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and any(
+        r.alias_info is not None for r in target._schema.returns)
 
 
 def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: LoweringContext):
@@ -384,10 +555,18 @@ def convert_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
     with progress.stage("export", type(module).__name__):
         program = export_module(module, args, kwargs, dynamic_shapes=dynamic_shapes,
                                 strict_export=strict_export, eval_mode=eval_mode)
-    with progress.stage("decompose"):
-        program = decompose(program)
-    with progress.stage("lower"):
-        graph = lower_program(program, name=name)
+    blocker = direct_lowering_blocker(program)
+    if blocker is None:
+        try:
+            with progress.stage("lower"):
+                graph = lower_program(program, name=name)
+        except UnsupportedOpsError:
+            blocker = "some op has no lowering"  # let the whole-program decomposition have a try
+    if blocker is not None:
+        with progress.stage("decompose", blocker):
+            program = decompose(program)
+        with progress.stage("lower"):
+            graph = lower_program(program, name=name)
     model = ir.Model([graph])
     if run_passes:
         with progress.stage("optimize"):

@@ -154,3 +154,23 @@ def _conv_transpose2d(ctx, x_nhwc, weight, bias, stride, padding, dilation, outp
     if ph or pw:
         y = emit.strided_slice(ctx, y, [0, ph, pw, 0], [n, full_hw[0] - ph, full_hw[1] - pw, cout], [1, 1, 1, 1])
     return y
+
+
+# ---- the convolution ops torch.export gives (lowered directly, not decomposed first) -------
+
+
+@lowers(aten.conv1d.default, aten.conv2d.default)
+def conv_nd(ctx, x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    return convolution(ctx, x, weight, bias, _ints(stride), _ints(padding), _ints(dilation), False, [0], groups)
+
+
+@lowers(aten.conv_transpose1d.default, aten.conv_transpose2d.input)
+def conv_transpose_nd(ctx, x, weight, bias=None, stride=(1,), padding=(0,), output_padding=(0,), groups=1,
+                      dilation=(1,)):
+    return convolution(ctx, x, weight, bias, _ints(stride), _ints(padding), _ints(dilation), True,
+                       _ints(output_padding), groups)
+
+
+def _ints(value) -> list[int]:
+    """ATen's `SymInt[2] stride=1` may arrive as one int."""
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
