@@ -88,8 +88,19 @@ def _materialized_table() -> dict:
 
 
 def decomposition_for(op) -> Callable | None:
-    """The decomposition of `op` (an OpOverload), or None when it has none."""
-    return _materialized_table().get(op)
+    """The decomposition of `op` (an OpOverload), or None when it has none: its table
+    entry, else its CompositeImplicitAutograd kernel (the table leaves out the composite
+    ops that may return an alias, e.g. `to.device`, which `run_decompositions` handles by
+    functionalizing; outside KEEP they decompose like any other)."""
+    fn = _materialized_table().get(op)
+    if fn is None and op not in KEEP and _is_composite(op):
+        fn = op.decompose
+    return fn
+
+
+def _is_composite(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(
+        op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
 
 
 def functional_variant(op):

@@ -329,3 +329,8 @@ def chunk(ctx, x, chunks, dim=0):
     if x.shape_signature is not None and x.shape_signature[emit.normalize_dim(dim, x.rank)] < 0:
         raise NotImplementedError("chunk along a dynamic dimension")
     return split(ctx, x, -(-size // chunks), dim)
+
+
+@lowers(aten.to.device, aten.to.other)
+def to_device(ctx, x, *args, **kwargs):
+    return to_copy(ctx, x)
