@@ -1,4 +1,4 @@
-"""ExportedProgram -> IR Model: capture, decompose, lower, optimize.
+"""ExportedProgram -> IR Model: capture, lower (decomposing only what has no lowering), optimize.
 
 `convert_module` is the whole front half of `litert_torch.convert`:
 
@@ -9,12 +9,19 @@
    inference artifact needs) unless `eval_mode=False`; its own training flags are
    restored afterwards. Export failures become a `ConversionError` that says what to
    try.
-2. `run_decompositions` with `converter.lowering.decompositions.decomposition_table()`.
-3. `lower_program`: placeholders become graph inputs (user inputs, named after the
-   forward() arguments) or constants (parameters, buffers, lifted constants); each
-   `call_function` node goes through the lowering registry; outputs are flattened to
-   `output_0, output_1, ...`. Every op without a lowering is collected and reported
-   once, together, in an `UnsupportedOpsError`.
+2. `lower_program`, in one pass over the graph torch.export gives: placeholders become
+   graph inputs (user inputs, named after the forward() arguments) or constants
+   (parameters, buffers, lifted constants); each `call_function` node goes through the
+   lowering registry, and a node without a lowering is decomposed on its own
+   (`decompositions.trace_decomposition`) and its pieces lowered the same way; in-place
+   ops lower as their functional variants. Outputs are flattened to `output_0, ...`.
+   Every op without a lowering or decomposition is collected and reported once,
+   together, in an `UnsupportedOpsError`.
+3. Only where the direct pass cannot be exact (`direct_lowering_blocker`: a write into an
+   input or buffer, or through an alias read later; nested graphs) or finds an op it
+   cannot lower: `decompose` (`run_decompositions` with
+   `converter.lowering.decompositions.decomposition_table()`, which functionalizes the
+   whole program) and then `lower_program`.
 4. `converter.passes.optimize`: the graph passes.
 """
 

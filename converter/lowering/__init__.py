@@ -3,7 +3,7 @@
 Families (one file each, one small function per ATen op):
 elementwise, activations, conv, pad, pool, norm, linalg, shape, reduce, index, creation,
 resize, attention (scaled_dot_product_attention), sorting (topk, sort), recurrent (LSTM/GRU), symbolic (dynamic sizes as values). `layout` holds the
-NCHW <-> NHWC helpers, `emit` the single-op builders they share, `decompositions` the table handed to `run_decompositions` (what to keep undecomposed).
+NCHW <-> NHWC helpers, `emit` the single-op builders they share, `decompositions` the per-node decompositions and their table (KEEP: what stays whole).
 """
 
 from converter.lowering import (  # noqa: F401  (imported to register their lowerings)
