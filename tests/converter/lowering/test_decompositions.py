@@ -155,3 +155,29 @@ def test_writes_that_need_functionalization_take_the_whole_program_path(module, 
     edge = litert_torch.convert(module, (torch.randn(3, 4),))
     assert "decompose" in edge.timings
     np.testing.assert_allclose(edge(torch.ones(3, 4)), expected.numpy(), rtol=1e-6)
+
+
+Y = torch.randn(2, 4, 6)
+
+
+@pytest.mark.parametrize("module, args, direct, convert_kwargs", [
+    (nn.Conv1d(4, 3, 3, padding=1), (Y,), aten.conv1d.default, {}),
+    (nn.ConvTranspose1d(4, 3, 3, stride=2), (Y,), aten.conv_transpose1d.default, {}),
+    (nn.ConvTranspose2d(4, 3, 3, stride=2, output_padding=1), (X,), aten.conv_transpose2d.input, {}),
+    (nn.BatchNorm2d(4), (X,), aten.batch_norm.default, {}),
+    (nn.BatchNorm2d(4), (X,), aten.batch_norm.default, {"eval_mode": False}),  # batch statistics
+    (nn.LayerNorm(8), (X,), aten.layer_norm.default, {}),
+    (nn.GroupNorm(2, 4), (X,), aten.group_norm.default, {}),
+    (Fn(F.relu6), (X,), aten.relu6.default, {}),
+    (Fn(lambda x: torch.softmax(x, 1)), (X,), aten.softmax.int, {}),
+    (Fn(lambda x: torch.log_softmax(x, -1)), (X,), aten.log_softmax.int, {}),
+    (nn.Sequential(nn.Dropout(0.5), nn.Hardtanh(inplace=True)), (X,), aten.dropout.default, {}),
+    (Fn(lambda x: torch.cat(x.chunk(3, dim=2)[::-1], 2)), (X,), aten.chunk.default, {}),
+    (Fn(lambda x: x.to("cpu", torch.float32) * 2), (X,), aten.to.device, {}),
+    (Fn(lambda x: ((x > 0) & (x < 1)).float()), (X,), aten.__and__.Tensor, {}),
+    (Fn(lambda x: torch.min(x, x.flip(0))), (X,), aten.min.other, {}),
+])
+def test_ops_torch_export_leaves_whole_lower_directly(monkeypatch, module, args, direct, convert_kwargs):
+    edge, seen = _lowered_targets(monkeypatch, module.eval(), args, **convert_kwargs)
+    assert direct in seen, seen
+    assert "decompose" not in edge.timings
