@@ -364,8 +364,13 @@ class _GraphWalk:
                 self._set(node, value, env)
                 return
         if depth < _MAX_DECOMPOSITION_DEPTH and decompositions.decomposition_for(target) is not None:
-            self._set(node, self._lower_decomposition(node, target, env, origin, depth), env)
-            return
+            try:
+                traced = self._trace(node, target)
+            except Exception as e:  # noqa: BLE001  (the decomposition refused these arguments)
+                reason = f"its decomposition failed: {type(e).__name__}: {str(e).strip()[:200]}"
+            else:
+                self._set(node, self._lower_decomposition(node, traced, env, origin, depth), env)
+                return
         self.record_unsupported(node, source, reason, target=target)
         env[node] = _MISSING
 
@@ -374,14 +379,8 @@ class _GraphWalk:
         if node.target is not decompositions.functional_variant(node.target):
             env[node.args[0]] = value  # in place: later reads of the written tensor see the new value
 
-    def _lower_decomposition(self, node: torch.fx.Node, target, env: dict, origin, depth: int):
-        try:
-            traced = self._trace(node, target)
-        except Exception as e:  # noqa: BLE001  (the decomposition itself refused these arguments)
-            source = user_source(origin)
-            where = f" (from {source})" if source else ""
-            raise ConversionError(f"decomposing {_op_name(target)} (node '{node.name}'){where} failed: "
-                                  f"{type(e).__name__}: {e}") from e
+    def _lower_decomposition(self, node: torch.fx.Node, traced: torch.fx.GraphModule, env: dict, origin,
+                             depth: int):
         inner: dict[torch.fx.Node, Any] = {}
         # The trace's placeholders are the node's Node arguments, in pytree order.
         leaves = [leaf for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
@@ -404,6 +403,11 @@ class _GraphWalk:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 traced = decompositions.trace_decomposition(target, node.args, node.kwargs)
+                if _mutation_blocker(traced.graph) is not None:  # a composite kernel writing into views
+                    traced = decompositions.trace_decomposition(target, node.args, node.kwargs, functional=True)
+            blocker = _mutation_blocker(traced.graph)
+            if blocker is not None:
+                raise NotImplementedError(f"its decomposition {blocker}")
             if key is not None:
                 self._traces[key] = traced
         return traced
@@ -441,7 +445,12 @@ def direct_lowering_blocker(program: ExportedProgram) -> str | None:
     the tensor it views, an earlier in-place result) is read after the write. Other
     mutations, nested graphs (torch.cond, autocast or no_grad regions) need
     `run_decompositions` (functionalization) first."""
-    nodes = list(program.graph.nodes)
+    return _mutation_blocker(program.graph)
+
+
+def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
+    """`direct_lowering_blocker` for one fx graph (placeholders are its inputs)."""
+    nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     last_read = {n: max((order[u] for u in n.users), default=order[n]) for n in nodes}
     root: dict[torch.fx.Node, torch.fx.Node] = {}

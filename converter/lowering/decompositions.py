@@ -119,13 +119,14 @@ def functional_variant(op):
     return getattr(packet, op._overloadname, None) if packet is not None else None
 
 
-def trace_decomposition(op, args: tuple, kwargs: dict) -> torch.fx.GraphModule:
+def trace_decomposition(op, args: tuple, kwargs: dict, *, functional: bool = False) -> torch.fx.GraphModule:
     """The decomposition of one call of `op`, traced into an fx graph.
 
     `args`/`kwargs` are the node's arguments, fx Nodes included: each Node becomes a
     placeholder (in the order `pytree` flattens them) traced with its example value
     (`meta["val"]`), so sizes stay the program's own symbols. Nodes of the result carry
-    `meta["val"]`."""
+    `meta["val"]`. `functional=True` traces through `torch.func.functionalize` (for
+    decompositions that write into views of a fresh tensor, as some composite kernels do)."""
     fn = decomposition_for(op)
     if fn is None:
         raise KeyError(op)
@@ -143,7 +144,8 @@ def trace_decomposition(op, args: tuple, kwargs: dict) -> torch.fx.GraphModule:
     fake_mode = torch._guards.detect_fake_mode(examples)
     with fake_mode if fake_mode is not None else contextlib.nullcontext(), _keep_composite_ops_whole():
         # "symbolic" reuses the examples' fake mode and shape environment (no new symbols).
-        traced = make_fx(call, tracing_mode="symbolic")(*examples)
+        fn_to_trace = torch.func.functionalize(call, remove="mutations_and_views") if functional else call
+        traced = make_fx(fn_to_trace, tracing_mode="symbolic")(*examples)
     traced.graph.eliminate_dead_code()  # e.g. the unused indices of max_pool1d's max_pool2d_with_indices
     return traced
 

@@ -4,6 +4,8 @@ functionalization take the whole-program path."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -181,3 +183,28 @@ def test_ops_torch_export_leaves_whole_lower_directly(monkeypatch, module, args,
     edge, seen = _lowered_targets(monkeypatch, module.eval(), args, **convert_kwargs)
     assert direct in seen, seen
     assert "decompose" not in edge.timings
+
+
+def _pad_rows(x):
+    """A decomposition that fills a fresh tensor through slice views (as some of
+    PyTorch's composite kernels do, e.g. _pad_circular's)."""
+    out = x.new_empty((x.shape[0] + 2, *x.shape[1:]))
+    out[1:-1].copy_(x)
+    out[:1].copy_(x[-1:])
+    out[-1:].copy_(x[:1])
+    return out
+
+
+def test_a_decomposition_that_writes_into_views_is_traced_functionalized(monkeypatch):
+    from converter.lowering import decompositions
+
+    monkeypatch.setattr(decompositions, "decomposition_for", lambda op: _pad_rows)
+    x = next(n for n in export_module(Fn(lambda x: x * 2), (Y,)).graph.nodes if n.op == "placeholder")
+    plain = trace_decomposition(aten.pad.default, (x,), {})
+    # lowered write by write, the writes into `out` would be lost: the walk must not take it
+    assert aten.copy_.default in [n.target for n in plain.graph.nodes]
+    assert "alias" in direct_lowering_blocker(SimpleNamespace(graph=plain.graph))
+    functional = trace_decomposition(aten.pad.default, (x,), {}, functional=True)
+    targets = [n.target for n in functional.graph.nodes if n.op == "call_function"]
+    assert aten.copy_.default not in targets and aten.slice_scatter.default in targets, targets
+    assert direct_lowering_blocker(SimpleNamespace(graph=functional.graph)) is None
