@@ -125,13 +125,18 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def convert_ours(model, args, timeout: float) -> tuple[bytes, float]:
+def convert_ours(model, args, timeout: float, stages: dict | None = None) -> tuple[bytes, float]:
+    """(file, seconds); `stages` (if given) receives the conversion's per-stage seconds."""
     import litert_torch
 
     with time_limit(timeout):
         start = time.perf_counter()
-        content = litert_torch.convert(model, args, progress=False).model_content()
-        return content, time.perf_counter() - start
+        edge = litert_torch.convert(model, args, progress=False)
+        content = edge.model_content()
+        seconds = time.perf_counter() - start
+    if stages is not None:
+        stages.update(edge.timings)
+    return content, seconds
 
 
 def bare_export_seconds(model, args) -> float:
@@ -144,12 +149,13 @@ def bare_export_seconds(model, args) -> float:
 def convert_and_export_times(model, args, options) -> tuple[bytes, float, float]:
     """(file, convert seconds, bare export seconds): each the minimum of --repeats runs,
     alternated so that machine noise hits both alike."""
-    converts, exports = [], []
+    converts, exports, stages = [], [], []
     for _ in range(max(1, options.repeats)):
-        content, seconds = convert_ours(model, args, options.model_timeout)
+        stages.append({})
+        content, seconds = convert_ours(model, args, options.model_timeout, stages[-1])
         converts.append(seconds)
         exports.append(bare_export_seconds(model, args))
-    return content, min(converts), min(exports)
+    return content, min(converts), min(exports), stages[converts.index(min(converts))]
 
 
 def torch_reference(model, args) -> list[np.ndarray]:
@@ -221,11 +227,12 @@ def bench_model(zoo, name: str, options, anchor: AnchorRunner | None, out_dir: P
     row = {"model": name, "family": entry.family, "inputs": [list(s) for s in entry.inputs], "ours": None, "anchor": None}
     loaded = []
     try:
-        content, seconds, export_s = convert_and_export_times(model, args, options)
+        content, seconds, export_s, stages = convert_and_export_times(model, args, options)
         (out_dir / f"{name}.tflite").write_bytes(content)
         ours_model, figures = measure_file(content, arrays, expected)
+        # stages: convert()'s own timings (export, lower, optimize, write...) of its fastest run
         row["ours"] = {"ok": True, "convert_s": seconds, "export_s": export_s, "export_ratio": seconds / export_s,
-                       **figures}
+                       "stages": stages, **figures}
         loaded.append(("ours", ours_model))
     except Exception as error:
         row["ours"] = {"ok": False, "error": short_error(error)}

@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 import os
 import re
@@ -200,10 +201,16 @@ def _user_frame_of(error: Exception) -> str | None:
 
 
 def _shown_path(path: str) -> str:
+    return _shown_path_from(path, os.getcwd())
+
+
+@functools.lru_cache(maxsize=1024)
+def _shown_path_from(path: str, cwd: str) -> str:
+    # Cached: asked for every frame of every node's stack trace (os.path.relpath is slow).
     if path.startswith("<"):
         return path
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(path, cwd)
     except ValueError:
         return path
     return rel if not rel.startswith("..") else path
