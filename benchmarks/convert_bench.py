@@ -3,8 +3,11 @@
 Per model (tests/zoo/, seeded random weights): seconds for `litert_torch.convert(...)` up
 to the flatbuffer bytes, .tflite bytes, LiteRT latency (Python interpreter, XNNPACK, 1
 thread, median of --runs invokes after --warmup), max relative error against PyTorch
-(max|litert - torch| / max|torch|), op count and the most frequent ops. Printed as a rich
-table; `--json PATH` writes every figure (and the full op histograms).
+(max|litert - torch| / max|torch|), op count and the most frequent ops, and the ratio of
+the conversion time to a bare `torch.export.export` of the same module ("vs export": the
+floor of this design, since conversion starts with that export; target <= 1.3). Both
+times are the minimum of --repeats alternating runs. Printed as a rich table; `--json
+PATH` writes every figure (and the full op histograms).
 
     .venv/bin/python benchmarks/convert_bench.py                      # every model
     .venv/bin/python benchmarks/convert_bench.py --models resnet18,mobilenet_v2 --json out.json
@@ -59,6 +62,7 @@ from litert_measure import LoadedModel, histogram_summary, max_relative_error, m
 from zoo_loader import load_zoo  # noqa: E402
 
 TARGETS = {"speedup": 5.0, "latency_ratio": 1.05, "size_ratio": 1.01}
+EXPORT_RATIO_TARGET = 1.3  # convert() time / bare torch.export.export time
 WARMUP_MODEL = "lenet5"  # small, with conv, pooling and dense layers
 
 
@@ -76,6 +80,8 @@ def parse_args(argv=None):
     parser.add_argument("--runs", type=int, default=20, help="timed invokes per model (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed invokes before timing")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="conversions (and bare exports, alternating) per model; the minimum is reported")
     parser.add_argument("--keep", type=Path, default=None, help="keep the .tflite files in this folder")
     parser.add_argument("--model-timeout", type=float, default=300, help="seconds allowed for one conversion of ours")
     parser.add_argument("--anchor-timeout", type=float, default=1800, help="seconds for all anchor conversions")
@@ -119,13 +125,37 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def convert_ours(model, args, timeout: float) -> tuple[bytes, float]:
+def convert_ours(model, args, timeout: float, stages: dict | None = None) -> tuple[bytes, float]:
+    """(file, seconds); `stages` (if given) receives the conversion's per-stage seconds."""
     import litert_torch
 
     with time_limit(timeout):
         start = time.perf_counter()
-        content = litert_torch.convert(model, args, progress=False).model_content()
-        return content, time.perf_counter() - start
+        edge = litert_torch.convert(model, args, progress=False)
+        content = edge.model_content()
+        seconds = time.perf_counter() - start
+    if stages is not None:
+        stages.update(edge.timings)
+    return content, seconds
+
+
+def bare_export_seconds(model, args) -> float:
+    """Seconds for `torch.export.export` alone (non-strict, eval mode, as convert() exports)."""
+    start = time.perf_counter()
+    torch.export.export(model.eval(), tuple(args), strict=False)
+    return time.perf_counter() - start
+
+
+def convert_and_export_times(model, args, options) -> tuple[bytes, float, float]:
+    """(file, convert seconds, bare export seconds): each the minimum of --repeats runs,
+    alternated so that machine noise hits both alike."""
+    converts, exports, stages = [], [], []
+    for _ in range(max(1, options.repeats)):
+        stages.append({})
+        content, seconds = convert_ours(model, args, options.model_timeout, stages[-1])
+        converts.append(seconds)
+        exports.append(bare_export_seconds(model, args))
+    return content, min(converts), min(exports), stages[converts.index(min(converts))]
 
 
 def torch_reference(model, args) -> list[np.ndarray]:
@@ -197,10 +227,12 @@ def bench_model(zoo, name: str, options, anchor: AnchorRunner | None, out_dir: P
     row = {"model": name, "family": entry.family, "inputs": [list(s) for s in entry.inputs], "ours": None, "anchor": None}
     loaded = []
     try:
-        content, seconds = convert_ours(model, args, options.model_timeout)
+        content, seconds, export_s, stages = convert_and_export_times(model, args, options)
         (out_dir / f"{name}.tflite").write_bytes(content)
         ours_model, figures = measure_file(content, arrays, expected)
-        row["ours"] = {"ok": True, "convert_s": seconds, **figures}
+        # stages: convert()'s own timings (export, lower, optimize, write...) of its fastest run
+        row["ours"] = {"ok": True, "convert_s": seconds, "export_s": export_s, "export_ratio": seconds / export_s,
+                       "stages": stages, **figures}
         loaded.append(("ours", ours_model))
     except Exception as error:
         row["ours"] = {"ok": False, "error": short_error(error)}
@@ -244,6 +276,13 @@ def summarize(rows: list[dict]) -> dict:
         "within_1e-4": sum(1 for r in ok if r["ours"]["max_rel_error"] <= 1e-4),
         "failed": {r["model"]: r["ours"]["error"] for r in rows if not r["ours"]["ok"]},
     }
+    export_ratios = sorted(r["ours"]["export_ratio"] for r in ok)
+    if export_ratios:
+        worst = max(ok, key=lambda r: r["ours"]["export_ratio"])
+        summary["export_ratio"] = {"median": export_ratios[len(export_ratios) // 2], "worst": export_ratios[-1],
+                                   "worst_model": worst["model"], "target": EXPORT_RATIO_TARGET,
+                                   "models_meeting_target": sum(v <= EXPORT_RATIO_TARGET for v in export_ratios),
+                                   "models": len(export_ratios)}
     paired = [r["ratios"] for r in rows if "ratios" in r]
     if paired:
         for key, target in TARGETS.items():
@@ -260,7 +299,7 @@ def fmt(value, pattern, missing="-"):
 
 def render(rows: list[dict], summary: dict, with_anchor: bool, console: Console) -> None:
     table = Table(title="Zoo conversion benchmark (LiteRT: XNNPACK, 1 thread, median latency)")
-    for column in ["model", "convert s", "KiB", "latency ms", "max rel err", "ops"]:
+    for column in ["model", "convert s", "vs export", "KiB", "latency ms", "max rel err", "ops"]:
         table.add_column(column, justify="left" if column == "model" else "right")
     if with_anchor:
         for column in ["anchor s", "speed-up", "anchor ms", "lat ratio", "anchor KiB", "size ratio", "anchor ops"]:
@@ -274,11 +313,14 @@ def render(rows: list[dict], summary: dict, with_anchor: bool, console: Console)
         ours, theirs, ratios = row["ours"], row.get("anchor") or {}, row.get("ratios", {})
         if ours["ok"]:
             err = ours["max_rel_error"]
-            cells = [fmt(ours["convert_s"], ".2f"), fmt(ours["bytes"] / 1024, ",.0f"), fmt(ours.get("latency_ms"), ".2f"),
+            ratio = ours["export_ratio"]
+            cells = [fmt(ours["convert_s"], ".2f"),
+                     f"[{'green' if ratio <= EXPORT_RATIO_TARGET else 'red'}]{ratio:.2f}x[/]",
+                     fmt(ours["bytes"] / 1024, ",.0f"), fmt(ours.get("latency_ms"), ".2f"),
                      f"[{'green' if err <= 1e-4 else 'red'}]{err:.1e}[/]", str(ours["op_count"])]  # fmt: skip
             mix_cells = [histogram_summary(ours["op_histogram"])]
         else:
-            cells = ["[red]fail[/]", "", "", "", ""]
+            cells = ["[red]fail[/]", "", "", "", "", ""]
             mix_cells = [f"[red]{ours['error'][:120]}[/]"]
         if with_anchor:
             if theirs.get("ok"):
@@ -294,6 +336,10 @@ def render(rows: list[dict], summary: dict, with_anchor: bool, console: Console)
     console.print(table)
     console.print(mix)
     line = f"converted {summary['converted']}/{summary['models']}, within 1e-4: {summary['within_1e-4']}"
+    if "export_ratio" in summary:
+        e = summary["export_ratio"]
+        line += (f"; convert/torch.export median {e['median']:.2f}, worst {e['worst']:.2f} ({e['worst_model']}; "
+                 f"target <= {e['target']}, met by {e['models_meeting_target']}/{e['models']})")
     for key in TARGETS:
         if key in summary:
             s = summary[key]
@@ -355,6 +401,7 @@ def main(argv=None) -> int:
     summary = summarize(rows)
     if options.json:
         report = {"environment": environment(), "settings": {"runs": options.runs, "warmup": options.warmup,
+                  "repeats": options.repeats,
                   "threads": 1, "delegate": "XNNPACK (interpreter default)", "seed": options.seed,
                   "anchor_python": options.anchor_python, "anchor_import_s": anchor.import_s if anchor else None},
                   "summary": summary, "models": rows}  # fmt: skip

@@ -1,4 +1,4 @@
-"""ExportedProgram -> IR Model: capture, decompose, lower, optimize.
+"""ExportedProgram -> IR Model: capture, lower (decomposing only what has no lowering), optimize.
 
 `convert_module` is the whole front half of `litert_torch.convert`:
 
@@ -9,18 +9,26 @@
    inference artifact needs) unless `eval_mode=False`; its own training flags are
    restored afterwards. Export failures become a `ConversionError` that says what to
    try.
-2. `run_decompositions` with `converter.lowering.decompositions.decomposition_table()`.
-3. `lower_program`: placeholders become graph inputs (user inputs, named after the
-   forward() arguments) or constants (parameters, buffers, lifted constants); each
-   `call_function` node goes through the lowering registry; outputs are flattened to
-   `output_0, output_1, ...`. Every op without a lowering is collected and reported
-   once, together, in an `UnsupportedOpsError`.
+2. `lower_program`, in one pass over the graph torch.export gives: placeholders become
+   graph inputs (user inputs, named after the forward() arguments) or constants
+   (parameters, buffers, lifted constants); each `call_function` node goes through the
+   lowering registry, and a node without a lowering is decomposed on its own
+   (`decompositions.trace_decomposition`) and its pieces lowered the same way; in-place
+   ops lower as their functional variants. Outputs are flattened to `output_0, ...`.
+   Every op without a lowering or decomposition is collected and reported once,
+   together, in an `UnsupportedOpsError`.
+3. Only where the direct pass cannot be exact (`direct_lowering_blocker`: a write into an
+   input or buffer, or through an alias read later; nested graphs) or finds an op it
+   cannot lower: `decompose` (`run_decompositions` with
+   `converter.lowering.decompositions.decomposition_table()`, which functionalizes the
+   whole program) and then `lower_program`.
 4. `converter.passes.optimize`: the graph passes.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 import os
 import re
@@ -36,7 +44,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 import converter.lowering  # noqa: F401  (importing it registers every lowering family)
 from converter import ir
 from converter.errors import ConversionError, UnsupportedOp, UnsupportedOpsError
-from converter.lowering import symbolic
+from converter.lowering import decompositions, symbolic
 from converter.lowering.context import LoweringContext, numpy_dtype, static_shape
 from converter.lowering.registry import find_lowering
 from converter.progress import Progress
@@ -214,10 +222,16 @@ def _user_frame_of(error: Exception) -> str | None:
 
 
 def _shown_path(path: str) -> str:
+    return _shown_path_from(path, os.getcwd())
+
+
+@functools.lru_cache(maxsize=1024)
+def _shown_path_from(path: str, cwd: str) -> str:
+    # Cached: asked for every frame of every node's stack trace (os.path.relpath is slow).
     if path.startswith("<"):
         return path
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(path, cwd)
     except ValueError:
         return path
     return rel if not rel.startswith("..") else path
@@ -285,64 +299,244 @@ def _tag_module(ops: list[ir.Op], node: torch.fx.Node) -> None:
 
 
 def lower_program(program: ExportedProgram, *, name: str = "serving_default") -> ir.Graph:
-    """Lower a (decomposed) ExportedProgram to one IR graph."""
+    """Lower an ExportedProgram (as `torch.export` gives it, or decomposed) to one IR graph.
+
+    One pass over the graph: a node with a lowering is lowered; one without is decomposed
+    on its own (`decompositions.trace_decomposition`) and its decomposition lowered the
+    same way. In-place ops (`relu_`, `add_`) lower as their functional variants and
+    rebind the value they overwrite; `direct_lowering_blocker` says when that is not
+    exact (callers then decompose the whole program first, see `convert_module`)."""
     graph = ir.Graph(name=name)
     ctx = LoweringContext(graph)
     sig = program.graph_signature
     input_kinds = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
+    walk = _GraphWalk(graph, ctx)
     env: dict[torch.fx.Node, Any] = {}
-    unsupported: dict[str, UnsupportedOp] = {}
-
-    def record_unsupported(node, reason: str | None = None):
-        entry = unsupported.setdefault(_op_name(node.target), UnsupportedOp(_op_name(node.target)))
-        entry.count += 1
-        src = user_source(node)
-        if src:
-            entry.sources.append(src)
-        if reason:
-            entry.reasons.append(reason)
-
+    program.graph.eliminate_dead_code()  # values nobody reads are never lowered (side effects stay)
     for node in program.graph.nodes:
         if node.op == "placeholder":
             env[node] = _placeholder(node, input_kinds.get(node.name), program, graph, ctx)
         elif node.op == "call_function":
-            args = _map_args(node.args, env)
-            kwargs = _map_args(node.kwargs, env)
-            if node.target is operator.getitem:
-                env[node] = _MISSING if _contains_missing(args[0]) else args[0][args[1]]
-                continue
-            lowering = find_lowering(node.target)
-            if lowering is None:
-                record_unsupported(node)
-                env[node] = _MISSING
-                continue
-            if _contains_missing((args, kwargs)):
-                env[node] = _MISSING  # an input could not be lowered: already reported
-                continue
-            ctx.node, ctx.source = node, user_source(node)
-            first_new_op = len(graph.ops)
+            walk.lower_node(node, env)
+        elif node.op == "output":
+            if not walk.unsupported:
+                _set_outputs(node, sig, env, graph, ctx, _output_names(program))
+        else:
+            raise ConversionError(f"unexpected fx node kind '{node.op}' ({node.name}) in the exported graph")
+    if walk.unsupported:
+        raise UnsupportedOpsError(list(walk.unsupported.values()))
+    return graph
+
+
+# Decompositions nest (an op decomposes to ops that decompose...); a decomposition that
+# never bottoms out is reported as unsupported, not followed forever.
+_MAX_DECOMPOSITION_DEPTH = 16
+
+
+class _GraphWalk:
+    """Lowers call_function nodes into `graph`, decomposing those without a lowering."""
+
+    def __init__(self, graph: ir.Graph, ctx: LoweringContext):
+        self.graph, self.ctx = graph, ctx
+        self.unsupported: dict[str, UnsupportedOp] = {}
+        self._traces: dict[Any, torch.fx.GraphModule] = {}  # decompositions of equal static calls, traced once
+
+    def record_unsupported(self, node, source: str | None, reason: str | None = None, target=None):
+        name = _op_name(target if target is not None else node.target)
+        entry = self.unsupported.setdefault(name, UnsupportedOp(name))
+        entry.count += 1
+        if source:
+            entry.sources.append(source)
+        if reason:
+            entry.reasons.append(reason)
+
+    def lower_node(self, node: torch.fx.Node, env: dict, origin: torch.fx.Node | None = None, depth: int = 0):
+        """Set env[node]. `origin` is the exported graph's node that `node`'s decomposition
+        came from (its source line and module path are the user's)."""
+        origin = origin or node
+        args = _map_args(node.args, env)
+        if node.target is operator.getitem:
+            env[node] = _MISSING if _contains_missing(args[0]) else args[0][args[1]]
+            return
+        kwargs = _map_args(node.kwargs, env)
+        target = decompositions.functional_variant(node.target)
+        if target is None:  # direct_lowering_blocker keeps such graphs away
+            raise ConversionError(f"{_op_name(node.target)} (node '{node.name}') writes into an argument in a way "
+                                  "that needs functionalization")
+        lowering = find_lowering(target)
+        source = user_source(origin)
+        if _contains_missing((args, kwargs)):
+            # An input could not be lowered (already reported); still report this op if
+            # nothing could ever lower it.
+            if lowering is None and decompositions.decomposition_for(target) is None:
+                self.record_unsupported(node, source, target=target)
+            env[node] = _MISSING
+            return
+        reason = None
+        if lowering is not None:
+            self.ctx.node, self.ctx.source = node, source
+            first_new_op = len(self.graph.ops)
             try:
-                env[node] = lowering(ctx, *args, **kwargs)
-                _tag_module(graph.ops[first_new_op:], node)
+                value = lowering(self.ctx, *args, **kwargs)
             except NotImplementedError as e:
-                record_unsupported(node, str(e) or None)
-                env[node] = _MISSING
+                reason = str(e) or None  # this call needs the general form: decompose it
             except ConversionError:
                 raise
             except Exception as e:  # noqa: BLE001  (a lowering bug: name the op and the user line)
-                where = f" (from {ctx.source})" if ctx.source else ""
+                where = f" (from {source})" if source else ""
                 raise ConversionError(
                     f"lowering {_op_name(node.target)} (node '{node.name}'){where} failed: "
                     f"{type(e).__name__}: {e}") from e
-        elif node.op == "output":
-            if unsupported:
-                continue
-            _set_outputs(node, sig, env, graph, ctx, _output_names(program))
+            else:
+                _tag_module(self.graph.ops[first_new_op:], origin)
+                self._set(node, value, env)
+                return
+        if depth < _MAX_DECOMPOSITION_DEPTH and decompositions.decomposition_for(target) is not None:
+            try:
+                traced = self._trace(node, target)
+            except Exception as e:  # noqa: BLE001  (the decomposition refused these arguments)
+                reason = f"its decomposition failed: {type(e).__name__}: {str(e).strip()[:200]}"
+            else:
+                self._set(node, self._lower_decomposition(node, traced, env, origin, depth), env)
+                return
+        self.record_unsupported(node, source, reason, target=target)
+        env[node] = _MISSING
+
+    def _set(self, node: torch.fx.Node, value, env: dict) -> None:
+        env[node] = value
+        if node.target is not decompositions.functional_variant(node.target):
+            env[node.args[0]] = value  # in place: later reads of the written tensor see the new value
+
+    def _lower_decomposition(self, node: torch.fx.Node, traced: torch.fx.GraphModule, env: dict, origin,
+                             depth: int):
+        inner: dict[torch.fx.Node, Any] = {}
+        # The trace's placeholders are the node's Node arguments, in pytree order.
+        leaves = [leaf for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+                  if isinstance(leaf, torch.fx.Node)]
+        result = None
+        phs = iter(leaves)
+        for sub in traced.graph.nodes:
+            if sub.op == "placeholder":
+                inner[sub] = env[next(phs)]
+            elif sub.op == "call_function":
+                self.lower_node(sub, inner, origin, depth + 1)
+            elif sub.op == "output":
+                result = _map_args(sub.args[0], inner)
+        return _MISSING if _contains_missing(result) else result
+
+    def _trace(self, node: torch.fx.Node, target) -> torch.fx.GraphModule:
+        key = _static_call_key(target, node)
+        traced = self._traces.get(key) if key is not None else None
+        if traced is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = decompositions.trace_decomposition(target, node.args, node.kwargs)
+                if _mutation_blocker(traced.graph) is not None:  # a composite kernel writing into views
+                    traced = decompositions.trace_decomposition(target, node.args, node.kwargs, functional=True)
+            blocker = _mutation_blocker(traced.graph)
+            if blocker is not None:
+                raise NotImplementedError(f"its decomposition {blocker}")
+            if key is not None:
+                self._traces[key] = traced
+        return traced
+
+
+def _static_call_key(target, node: torch.fx.Node):
+    """A hashable description of a call whose arguments are all static (tensors by shape
+    and dtype), or None: equal keys decompose to the same graph."""
+    parts = [target]
+    for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(leaf, torch.fx.Node):
+            val = leaf.meta.get("val")
+            if not isinstance(val, torch.Tensor) or not all(isinstance(d, int) for d in val.shape):
+                return None
+            parts.append((tuple(val.shape), val.dtype, tuple(val.stride())))
+        elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return None
         else:
-            raise ConversionError(f"unexpected fx node kind '{node.op}' ({node.name}) in the exported graph")
-    if unsupported:
-        raise UnsupportedOpsError(list(unsupported.values()))
-    return graph
+            parts.append((type(leaf), leaf))
+    parts.append(torch.utils._pytree.tree_structure((node.args, node.kwargs)))
+    try:
+        hash(tuple(parts))
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
+def direct_lowering_blocker(program: ExportedProgram) -> str | None:
+    """Why `program`'s graph cannot be lowered as `torch.export` gives it, or None.
+
+    The graph is not functionalized: in-place ops write into their first argument.
+    Lowering `y = x.relu_()` as `y = relu(x)` and reading x's later uses as y is exact
+    when nothing else can observe the write: x is not an input, parameter or buffer
+    (their writes are outputs of the program), and no other alias of x (a view of it,
+    the tensor it views, an earlier in-place result) is read after the write. Other
+    mutations, nested graphs (torch.cond, autocast or no_grad regions) need
+    `run_decompositions` (functionalization) first."""
+    return _mutation_blocker(program.graph)
+
+
+def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
+    """`direct_lowering_blocker` for one fx graph (placeholders are its inputs)."""
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    last_read = {n: max((order[u] for u in n.users), default=order[n]) for n in nodes}
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(n):
+        while root.get(n, n) is not n:
+            n = root[n]
+        return n
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra is not rb:
+            root[ra] = rb
+
+    writes = []
+    for node in nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function" or isinstance(node.target, torch._ops.HigherOrderOperator):
+            return f"{node.op} {node.target}: a nested graph"
+        if node.target is operator.getitem:
+            if isinstance(node.args[0], torch.fx.Node) and _returns_alias(node.args[0].target):
+                union(node, node.args[0])
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for out in schema.returns:
+            if out.alias_info is None:
+                continue
+            for arg, value in zip(schema.arguments, node.args):
+                if (arg.alias_info is not None and isinstance(value, torch.fx.Node)
+                        and set(arg.alias_info.before_set) & set(out.alias_info.before_set)):
+                    union(node, value)
+        if decompositions.functional_variant(node.target) is None:
+            return f"{node.target} writes into an argument"
+        if decompositions.functional_variant(node.target) is not node.target:
+            if not isinstance(node.args[0], torch.fx.Node):
+                return f"{node.target} writes into a constant"
+            writes.append(node)
+    if not writes:
+        return None
+    classes: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in nodes:
+        classes.setdefault(find(n), []).append(n)
+    for write in writes:
+        written = write.args[0]
+        for alias in classes[find(written)]:
+            if alias.op == "placeholder":
+                return f"{write.target} writes into input '{alias.name}'"
+            if alias is not written and order[alias] < order[write] < last_read[alias]:
+                return f"{write.target} writes into '{written.name}', whose alias '{alias.name}' is read later"
+    return None
+
+
+def _returns_alias(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and any(
+        r.alias_info is not None for r in target._schema.returns)
 
 
 def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: LoweringContext):
@@ -428,10 +622,18 @@ def convert_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = N
     with progress.stage("export", type(module).__name__):
         program = export_module(module, args, kwargs, dynamic_shapes=dynamic_shapes,
                                 strict_export=strict_export, eval_mode=eval_mode)
-    with progress.stage("decompose"):
-        program = decompose(program)
-    with progress.stage("lower"):
-        graph = lower_program(program, name=name)
+    blocker = direct_lowering_blocker(program)
+    if blocker is None:
+        try:
+            with progress.stage("lower"):
+                graph = lower_program(program, name=name)
+        except UnsupportedOpsError:
+            blocker = "some op has no lowering"  # let the whole-program decomposition have a try
+    if blocker is not None:
+        with progress.stage("decompose", blocker):
+            program = decompose(program)
+        with progress.stage("lower"):
+            graph = lower_program(program, name=name)
     model = ir.Model([graph])
     if run_passes:
         with progress.stage("optimize"):

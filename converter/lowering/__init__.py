@@ -4,7 +4,7 @@ Families (one file each, one small function per ATen op):
 pointwise, activations, conv, pad, pooling, norm, linalg, shape, reduction, indexing, creation,
 resize, attention (scaled_dot_product_attention), sort (topk, sort), recurrent (LSTM/GRU), symbolic (dynamic sizes as values).
 Families with the same role carry the same name as in `tpu_backend/ops/`. `layout` holds the
-NCHW <-> NHWC helpers, `emit` the single-op builders they share, `decompositions` the table handed to `run_decompositions` (what to keep undecomposed).
+NCHW <-> NHWC helpers, `emit` the single-op builders they share, `decompositions` the per-node decompositions and their table (KEEP: what stays whole).
 """
 
 from converter.lowering import (  # noqa: F401  (imported to register their lowerings)

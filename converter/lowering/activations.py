@@ -171,3 +171,25 @@ def softmax(ctx, x, dim, half_to_float=False):
 @lowers(aten._log_softmax.default)
 def log_softmax(ctx, x, dim, half_to_float=False):
     return _on_last_axis(ctx, "LOG_SOFTMAX", x, dim, {})
+
+
+# ---- the ops torch.export gives (lowered directly, not decomposed first) ----------------------
+
+
+@lowers(aten.relu6.default)
+def relu6(ctx, x):
+    return hardtanh(ctx, x, 0.0, 6.0)
+
+
+@lowers(aten.softmax.int)
+def softmax_whole(ctx, x, dim, dtype=None):
+    if dtype is not None:
+        raise NotImplementedError("softmax with a dtype")  # its decomposition casts first
+    return softmax(ctx, x, dim)
+
+
+@lowers(aten.log_softmax.int)
+def log_softmax_whole(ctx, x, dim, dtype=None):
+    if dtype is not None:
+        raise NotImplementedError("log_softmax with a dtype")
+    return log_softmax(ctx, x, dim)

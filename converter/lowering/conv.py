@@ -201,3 +201,23 @@ def _convolution3d(ctx, x, weight, bias, stride, padding, dilation, transposed, 
                                  _bias_or_zeros(ctx, bias, cout, dtype)],
                 options, shape=(n, *out, cout), dtype=dtype)
     return layout.to_ncdhw(ctx, y)
+
+
+# ---- the convolution ops torch.export gives (lowered directly, not decomposed first) -------
+
+
+@lowers(aten.conv1d.default, aten.conv2d.default)
+def conv_nd(ctx, x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    return convolution(ctx, x, weight, bias, _ints(stride), _ints(padding), _ints(dilation), False, [0], groups)
+
+
+@lowers(aten.conv_transpose1d.default, aten.conv_transpose2d.input)
+def conv_transpose_nd(ctx, x, weight, bias=None, stride=(1,), padding=(0,), output_padding=(0,), groups=1,
+                      dilation=(1,)):
+    return convolution(ctx, x, weight, bias, _ints(stride), _ints(padding), _ints(dilation), True,
+                       _ints(output_padding), groups)
+
+
+def _ints(value) -> list[int]:
+    """ATen's `SymInt[2] stride=1` may arrive as one int."""
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]

@@ -95,3 +95,26 @@ def layer_norm(ctx, x, normalized_shape, weight, bias, eps):
     if bias is not None:
         y = emit.binary(ctx, "ADD", y, bias)
     return y, None, None
+
+
+# ---- the normalisation ops torch.export gives (lowered directly, not decomposed first) -----
+
+
+@lowers(aten.batch_norm.default)
+def batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True):
+    if not training and running_mean is not None and running_var is not None:
+        return batch_norm_inference(ctx, x, weight, bias, running_mean, running_var, momentum, eps)[0]
+    # Batch statistics; the running-statistics update does not exist at inference.
+    return _affine(ctx, _normalize(ctx, x, [0] + list(range(2, x.rank)), eps), weight, bias)
+
+
+@lowers(aten.layer_norm.default)
+def layer_norm_whole(ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    return layer_norm(ctx, x, normalized_shape, weight, bias, eps)[0]
+
+
+@lowers(aten.group_norm.default)
+def group_norm_whole(ctx, x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    if x.shape_signature is not None:
+        raise NotImplementedError("group_norm with dynamic sizes")  # its decomposition handles them
+    return group_norm(ctx, x, weight, bias, None, None, None, num_groups, eps)[0]

@@ -419,3 +419,31 @@ def bitwise_not(ctx, x):
 def where(ctx, condition, a, b):
     a, b = _operands(ctx, a, b)
     return ctx.emit("SELECT_V2", [_as_bool(ctx, condition), a, b])
+
+
+# ---- Python-operator spellings torch.export leaves whole (lowered directly) ----------------
+
+
+@lowers(aten.__and__.Tensor, aten.__and__.Scalar)
+def and_operator(ctx, a, b):
+    return bitwise_and(ctx, a, b)
+
+
+@lowers(aten.__or__.Tensor, aten.__or__.Scalar)
+def or_operator(ctx, a, b):
+    return bitwise_or(ctx, a, b)
+
+
+@lowers(aten.__xor__.Tensor, aten.__xor__.Scalar)
+def xor_operator(ctx, a, b):
+    return bitwise_xor(ctx, a, b)
+
+
+@lowers(aten.min.other)
+def min_other(ctx, a, b):
+    return minimum(ctx, a, b)
+
+
+@lowers(aten.max.other)
+def max_other(ctx, a, b):
+    return maximum(ctx, a, b)

@@ -218,3 +218,15 @@ def avg_pool3d(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count
     stride, padding = _triple(stride, kernel), _triple(padding)
     return _pool3d(ctx, x, kernel, stride, padding,
                    lambda c, t, k, s, p: _avg_pool_nhwc(c, t, k, s, p, ceil_mode, count_include_pad, None))
+
+
+@lowers(aten.max_pool1d.default)
+def max_pool1d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """A 2-D max pool over a height of 1 (what its decomposition does, without tracing it)."""
+    if x.rank != 3 or x.is_dynamic:
+        raise NotImplementedError("max_pool1d on a batched 3-D static input only")
+    kernel, stride = _pair(kernel_size)[-1], (_pair(stride) or _pair(kernel_size))[-1]
+    padding, dilation = _pair(padding)[-1], _pair(dilation)[-1]
+    x4 = emit.reshape(ctx, x, (x.shape[0], x.shape[1], 1, x.shape[2]))
+    y4 = max_pool2d(ctx, x4, (1, kernel), (1, stride), (0, padding), (1, dilation), ceil_mode)
+    return emit.reshape(ctx, y4, ctx.out_shape())

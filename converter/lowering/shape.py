@@ -312,3 +312,25 @@ def pixel_unshuffle(ctx, x, downscale_factor):
     t = np.arange(c * r * r)
     y = _gather_channels(ctx, y, (t % (r * r)) * c + t // (r * r))
     return layout.to_nchw(ctx, y)
+
+
+@lowers(aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default,
+        aten.feature_alpha_dropout.default)
+def dropout(ctx, x, p, train):
+    """Inference dropout is the identity; training-mode dropout decomposes (random masks)."""
+    if train and p > 0:
+        raise NotImplementedError("dropout in training mode")
+    return x
+
+
+@lowers(aten.chunk.default)
+def chunk(ctx, x, chunks, dim=0):
+    size = x.shape[emit.normalize_dim(dim, x.rank)]
+    if x.shape_signature is not None and x.shape_signature[emit.normalize_dim(dim, x.rank)] < 0:
+        raise NotImplementedError("chunk along a dynamic dimension")
+    return split(ctx, x, -(-size // chunks), dim)
+
+
+@lowers(aten.to.device, aten.to.other)
+def to_device(ctx, x, *args, **kwargs):
+    return to_copy(ctx, x)

@@ -124,7 +124,7 @@ def _fold(op: Op, kind: str, vector: np.ndarray) -> bool:
     if kind == "scale":
         shape = [1] * w.rank
         shape[axis] = out_channels
-        new_w = (np.asarray(w.data, np.float64) * vector.reshape(shape)).astype(np.float32)
+        new_w = _scaled(w.data, vector.reshape(shape))
         op.inputs[w_index] = Tensor(fresh_name(w.name), new_w.shape, np.float32, data=new_w)
         b = b * vector
         if bias is None:
@@ -138,3 +138,13 @@ def _fold(op: Op, kind: str, vector: np.ndarray) -> bool:
         op.inputs.append(None)
     op.inputs[b_index] = bias_tensor
     return True
+
+
+def _scaled(weights: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """float32(weights * scale), rounded once. When the scale is float32 (a MUL by a
+    float32 constant) the float32 product is already that (a product of two float32
+    values is exact in float64), without two float64 copies of every weight."""
+    scale32 = scale.astype(np.float32)
+    if np.array_equal(scale32, scale):
+        return np.multiply(weights, scale32, dtype=np.float32)
+    return (np.asarray(weights, np.float64) * scale).astype(np.float32)

@@ -177,7 +177,7 @@ def test_progress_is_quiet_under_pytest_and_controllable(monkeypatch, capsys):
     monkeypatch.delenv("LITERT_TORCH_PROGRESS")
     stages = Progress(True)
     model = convert_module(TinyMLP(), (torch.randn(1, 8),), progress=stages)
-    assert set(stages.timings) >= {"export", "decompose", "lower", "optimize"}
+    assert set(stages.timings) >= {"export", "lower", "optimize"}  # "decompose" only where a graph needs it
     assert "export" in capsys.readouterr().err
     assert model.graphs[0].ops
 
