@@ -565,7 +565,7 @@ def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: Low
 def _output_names(program: ExportedProgram) -> list[str] | None:
     """Names of forward()'s flattened outputs from its return structure: dict keys (and
     attribute names of output dataclasses), joined with "_" and list positions where
-    nested ("logits", "hidden_states_1"). None when no key names anything (plain
+    nested ("logits", "hidden_states_1"; a top-level tuple position reads "output_1"). None when no key names anything (plain
     tensors and tuples keep output_0, output_1, ...)."""
     from torch.utils import _pytree as pytree
 
@@ -576,6 +576,8 @@ def _output_names(program: ExportedProgram) -> list[str] | None:
     names = []
     for path, _leaf in paths:
         parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+        if path and isinstance(path[0], pytree.SequenceKey):  # (x, {"a": y}) -> output_0, output_1_a
+            parts[0] = f"output_{parts[0]}"
         names.append("_".join(parts))
     named = any(isinstance(k, (pytree.MappingKey, pytree.GetAttrKey)) for path, _ in paths for k in path)
     if not named or len(set(names)) != len(names):

@@ -45,7 +45,7 @@ def test_inputs_named_after_forward_arguments_and_outputs_flattened():
     edge = assert_converts(m, (torch.randn(2, 3), torch.randn(2, 3)))
     sig = edge.signatures[0]
     assert sig.input_names == ["image", "mask"]
-    assert sig.output_names == ["output_0", "output_1", "output_2"]
+    assert sig.output_names == ["output_0", "output_1_scaled", "output_1_const"]
 
 
 class Scaled(torch.nn.Module):
