@@ -218,6 +218,38 @@ def adaptive_max_pool2d(x, output_size):
     return values, (h * x.shape[-1] + w).astype(jnp.int64)
 
 
+def _adaptive_window_flat_index(spatial_shape, output_size):
+    """(*output_size, window) flat input positions of every adaptive window (numpy, static);
+    windows narrower than the widest repeat their last cell."""
+    per_dim = [_adaptive_window_index(size, out) for size, out in zip(spatial_shape, output_size)]
+    strides = [math.prod(spatial_shape[d + 1 :]) for d in range(len(spatial_shape))]
+    flat = np.zeros((), np.int64)
+    for index, stride in zip(per_dim, strides):
+        # (..., O_d, K_d): grow one output and one window axis per dim, then merge windows
+        flat = flat[..., None, None] + (index * stride).reshape((1,) * (flat.ndim) + index.shape)
+    rank = len(spatial_shape)
+    order = [2 * d for d in range(rank)] + [2 * d + 1 for d in range(rank)]
+    flat = flat.transpose(order)
+    return flat.reshape(tuple(output_size) + (-1,))
+
+
+@lowers(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(x, output_size):
+    """(values, flat indices over D*H*W): every window gathered, its first maximum taken."""
+    output_size = expand_param(output_size, 3)
+    flat = _adaptive_window_flat_index(x.shape[-3:], output_size)
+    windows = x.reshape(x.shape[:-3] + (-1,))[..., jnp.asarray(flat)]
+    best = jnp.argmax(windows, axis=-1)
+    values = jnp.take_along_axis(windows, best[..., None], axis=-1)[..., 0]
+    indices = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(flat), windows.shape), best[..., None], axis=-1)[..., 0]
+    return values, indices.astype(jnp.int64)
+
+
+@lowers(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, x, indices):
+    return _scatter_to_indices(grad_output, x, indices, 3)
+
+
 @lowers(aten.adaptive_max_pool2d_backward.default)
 def adaptive_max_pool2d_backward(grad_output, x, indices):
     return _scatter_to_indices(grad_output, x, indices, 2)
@@ -376,6 +408,17 @@ def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=Non
 @lowers(aten._upsample_nearest_exact2d_backward.default)
 def upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
     forward = lambda v: _upsample_nearest(v, output_size, (scales_h, scales_w), exact=True)
+    return _input_grad(forward, grad_output, input_size)
+
+
+@lowers(aten._upsample_nearest_exact1d_backward.default)
+def upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scales=None):
+    return _input_grad(lambda v: _upsample_nearest(v, output_size, (scales,), exact=True), grad_output, input_size)
+
+
+@lowers(aten._upsample_nearest_exact3d_backward.default)
+def upsample_nearest_exact3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_nearest(v, output_size, (scales_d, scales_h, scales_w), exact=True)
     return _input_grad(forward, grad_output, input_size)
 
 

@@ -8,6 +8,9 @@ are stable, which is also a valid answer where ATen does not promise stability.
 
 from __future__ import annotations
 
+import math
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -69,12 +72,15 @@ def _search(sorted_sequence, values, right, sorter):
     side = "right" if right else "left"
     if sorter is not None:
         sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    if sorted_sequence.shape[-1] == 0 or values.size == 0:  # nothing to search, or in
+        return jnp.zeros(values.shape, jnp.int64)
     if sorted_sequence.ndim == 1:
         return jnp.searchsorted(sorted_sequence, values, side=side)
+    # batched: row i of the values searches row i of the sequence (shapes explicit: rows may be empty)
     flat_seq = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
-    flat_val = values.reshape(flat_seq.shape[0], -1)
-    rows = [jnp.searchsorted(flat_seq[i], flat_val[i], side=side) for i in range(flat_seq.shape[0])]
-    return jnp.stack(rows).reshape(values.shape)
+    flat_val = values.reshape(flat_seq.shape[0], values.shape[-1])
+    rows = jax.vmap(lambda seq, val: jnp.searchsorted(seq, val, side=side))(flat_seq, flat_val)
+    return rows.reshape(values.shape)
 
 
 @lowers(aten.searchsorted.Tensor)
@@ -97,6 +103,8 @@ def bucketize(x, boundaries, *, out_int32=False, right=False):
 @lowers(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
     """Equal-width histogram over [min, max]; min == max means the data's own range."""
+    if x.size == 0:
+        return jnp.zeros((bins,), x.dtype)
     lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
     same = lo == hi
     lo, hi = jnp.where(same, jnp.min(x), lo), jnp.where(same, jnp.max(x), hi)
@@ -135,6 +143,14 @@ def unique2(x, sorted=True, return_inverse=False, return_counts=False):
     return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, x.shape)
 
 
+@data_dependent(aten._unique.default)
+@lowers(aten._unique.default)
+def unique(x, sorted=True, return_inverse=False):
+    """(sorted unique values, inverse or empty)."""
+    values, inverse, _ = unique2(x, sorted, return_inverse, False)
+    return values, inverse
+
+
 @data_dependent(aten.unique_dim.default)
 @lowers(aten.unique_dim.default)
 def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
@@ -155,13 +171,21 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     else:
         axis = canonical_dim(dim, x.ndim)
         moved = np.moveaxis(host, axis, 0)
-        changed = np.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, -1), axis=1) if moved.shape[0] else np.zeros((0,), bool)
+        changed = np.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, math.prod(moved.shape[1:])), axis=1) if moved.shape[0] else np.zeros((0,), bool)
         starts = np.concatenate([[True], changed]) if moved.shape[0] else changed
         values = np.moveaxis(moved[starts], 0, axis)
         inverse_shape = (x.shape[axis],)
     inverse = np.cumsum(starts) - 1
     counts = np.diff(np.append(np.flatnonzero(starts), starts.size))
     return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, inverse_shape)
+
+
+@data_dependent(aten.repeat_interleave.Tensor)
+@lowers(aten.repeat_interleave.Tensor)
+def repeat_interleave_indices(repeats, *, output_size=None):
+    """i repeated repeats[i] times (the index form; repeat_interleave(x, tensor) gathers by it)."""
+    counts = _host(repeats).reshape(-1)
+    return jnp.asarray(np.repeat(np.arange(counts.size, dtype=np.int64), counts))
 
 
 @data_dependent(aten.bincount.default)
