@@ -17,6 +17,14 @@ records, i.e. status, failing sample and message, and the reason in words; a tes
 only when the op fails with exactly that error, so a new bug in a known-failing op still
 fails; regenerate with `opinfo_report --emit-known-failures`).
 
+Two comparison rules besides plain tolerances: a float32 value mismatch is re-judged against
+the op computed in float64 on CPU (`_judge_by_float64`: the device passes if it is within the
+float32 tolerance of that reference or no further from it than CPU's own float32 result; the
+measured errors are kept in `OpResult.notes` and printed by the report), and eigen/singular
+vectors are compared up to sign (`SIGN_INVARIANT`: PyTorch leaves the sign unspecified).
+Samples that build their tensor arguments on CPU on purpose keep them there (`HOST_ARGS`), and
+factory samples without tensors or `device=` run under `torch.device(DEVICE)`.
+
 Environment: `PARITY_DEVICE=cpu` runs the whole harness CPU against CPU (a sanity check of
 the harness itself, used while the device is being built).
 """
