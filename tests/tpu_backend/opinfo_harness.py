@@ -193,14 +193,6 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
         'fail at sample 0: TpuLoweringError: no tpu lowering for aten._upsample_bilinear2d_aa.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK',
         'no lowering for aten._upsample_bilinear2d_aa.out yet',
     ),
-    'nn.functional.multi_margin_loss': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.multi_margin_loss_backward.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True)',
-        'no lowering for aten.multi_margin_loss_backward.default yet (its backward)',
-    ),
-    'nn.functional.multilabel_margin_loss': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.multilabel_margin_loss_backward.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(',
-        'no lowering for aten.multilabel_margin_loss_backward.default yet (its backward)',
-    ),
     'nn.functional.fractional_max_pool2d': KnownFailure(
         'fail at sample 0: TpuLoweringError: no tpu lowering for aten.fractional_max_pool2d.output. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBAC',
         'no lowering for aten.fractional_max_pool2d.output yet',
@@ -223,15 +215,11 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
     ),
     'logcumsumexp': KnownFailure(
         'mismatch at sample 0: Mismatch: grad[0]: Tensor-likes are not close! |  | Mismatched elements: 7 / 125 (5.6%) | Greatest absolute difference: 0.004711627960205078 at index (0, 0, 0) (up to 0.0001 allowed) (vs float64: devi',
-        "gradient on samples with large-magnitude inputs: ATen's logcumsumexp backward and the device's differ beyond tolerance even against a float64 reference; not fixed yet",
+        "float32 cancellation in ATen's own logcumsumexp backward formula (the device runs the same composite): on a gradient element near 0 CPU is 2.8e-3 and the device 4.3e-3 from the float64 value (1e-4 allowed)",
     ),
     'nn.functional.grid_sample': KnownFailure(
         'fail at sample 12: NotImplementedError: aten.grid_sampler_2d: bicubic mode is not supported on the tpu device yet',
         'bicubic mode of grid_sampler_2d is not written yet',
-    ),
-    'grid_sampler_3d': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.grid_sampler_3d.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-        'no lowering for aten.grid_sampler_3d.default yet',
     ),
     'hash_tensor': KnownFailure(
         'fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
@@ -293,21 +281,9 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 250 (0.4%) | Greatest absolute difference: 0.025390625 at index (2, 4, 1) (up to 0.01 allowed)',
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'corrcoef': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.equal.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.equal.default yet',
-        ),
-        'cov': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.equal.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.equal.default yet',
-        ),
         'cumsum': KnownFailure(
             'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 125 (0.8%) | Greatest absolute difference: 0.03125 at index (4, 2, 3) (up to 0.01 allowed)',
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
-        ),
-        'equal': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.equal.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.equal.default yet',
         ),
         'matrix_exp': KnownFailure(
             'fail at sample 0: TypeError: A.dtype=bfloat16 is not supported.',
@@ -316,10 +292,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
         'nn.functional.adaptive_avg_pool3d': KnownFailure(
             'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 5 / 1120 (0.4%) | Greatest absolute difference: 0.02734375 at index (5, 3, 1, 1) (up to 0.01 allowed)',
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
-        ),
-        'nn.functional.adaptive_max_pool3d': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.adaptive_max_pool3d.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.adaptive_max_pool3d.out yet',
         ),
         'nn.functional.conv_transpose3d': KnownFailure(
             'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 648 (0.2%) | Greatest absolute difference: 0.0234375 at index (0, 1, 4, 0, 3) (up to 0.01 allowed)',
@@ -345,37 +317,13 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             'mismatch at sample 1: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 4 / 75 (5.3%) | Greatest absolute difference: 7 at index (2, 1, 4)',
             'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
         ),
-        'polygamma.polygamma_n_0': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 25 (4.0%) | Greatest absolute difference: 2.96875 at index (0, 0) (up to 0.01 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
-        ),
-        'polygamma.polygamma_n_1': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 25 (4.0%) | Greatest absolute difference: 2.96875 at index (0, 0) (up to 0.01 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
-        ),
-        'polygamma.polygamma_n_2': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 25 (4.0%) | Greatest absolute difference: 2.96875 at index (0, 0) (up to 0.01 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
-        ),
-        'polygamma.polygamma_n_3': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 25 (4.0%) | Greatest absolute difference: 2.96875 at index (0, 0) (up to 0.01 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
-        ),
-        'polygamma.polygamma_n_4': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 25 (4.0%) | Greatest absolute difference: 2.96875 at index (0, 0) (up to 0.01 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
-        ),
         'sort': KnownFailure(
             'mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 7113 / 8000 (88.9%) | Greatest absolute difference: 7974 at index (7314,)',
             'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
         ),
         'nn.functional.embedding_bag': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten._embedding_bag_forward_only.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_',
-            'no lowering for aten._embedding_bag yet',
-        ),
-        'nn.functional.multi_head_attention_forward': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 4 / 6 (66.7%) | Greatest absolute difference: 328.0 at index (1, 0) (up to 0.01 allowed)',
-            'wrong result (large error): under investigation, not a rounding difference',
+            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 10 (10.0%) | Greatest absolute difference: 0.13671875 at index (0, 4) (up to 0.01 allowed)',
+            "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
         'nn.functional.grid_sample': KnownFailure(
             'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 150 (2.0%) | Greatest absolute difference: 0.03515625 at index (0, 2, 3, 1) (up to 0.01 allowed)',
@@ -386,8 +334,8 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             'bfloat16 rounding: the sampling weights are computed in bfloat16 on CPU and in float32 on the device',
         ),
         'grid_sampler_3d': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.grid_sampler_3d.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.grid_sampler_3d.default yet',
+            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 56 / 7920 (0.7%) | Greatest absolute difference: 0.05859375 at index (1, 1, 8, 3, 3) (up to 0.01 allowed)',
+            'bfloat16 rounding: the sampling weights are computed in bfloat16 on CPU and in float32 on the device',
         ),
         'hash_tensor': KnownFailure(
             'fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
@@ -397,35 +345,11 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not equal! |  | Mismatched elements: 7113 / 8000 (88.9%) | Greatest absolute difference: 7974 at index (7314,)',
             'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
         ),
-        '_segment_reduce.lengths': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.segment_reduce.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.segment_reduce.default yet',
-        ),
-        '_segment_reduce.offsets': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.segment_reduce.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.segment_reduce.default yet',
-        ),
-        'special.polygamma.special_polygamma_n_0': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 25 (4.0%) | Greatest absolute difference: 2.96875 at index (0, 0) (up to 0.01 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
-        ),
     },
     torch.int64: {
         'addmv': KnownFailure(
             'mismatch at sample 1: Mismatch: output[0]: got (5,) torch.float64, expected (5,) torch.int64',
             'integer input with a float beta: the device returns float64 where ATen casts back to int64; not fixed yet',
-        ),
-        'corrcoef': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.equal.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.equal.default yet',
-        ),
-        'cov': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.equal.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.equal.default yet',
-        ),
-        'equal': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.equal.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.equal.default yet',
         ),
         'kthvalue': KnownFailure(
             'mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 6 / 25 (24.0%) | Greatest absolute difference: 3 at index (1, 0)',
