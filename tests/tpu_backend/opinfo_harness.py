@@ -205,10 +205,6 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
         'fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)',
         'no lowering for aten.rrelu_with_noise.default yet',
     ),
-    'histogram': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.histogram.bin_ct. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-        'no lowering for aten.histogram.bin_ct yet',
-    ),
     'histogramdd': KnownFailure(
         'fail at sample 0: TpuLoweringError: no tpu lowering for aten._histogramdd_bin_edges.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB',
         'no lowering for aten._histogramdd_bin_edges.default yet',

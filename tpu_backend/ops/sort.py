@@ -115,6 +115,41 @@ def histc(x, bins=100, min=0, max=0):
     return jnp.zeros((bins,), x.dtype).at[position].add(inside.astype(x.dtype))
 
 
+def _histogram_counts(x, edges, weight, density):
+    """Counts (or weights) per bin [edges[i], edges[i+1]); the last bin also holds its right
+    edge; values outside are dropped. density divides by the total and the bin widths."""
+    flat = x.reshape(-1)
+    bins = edges.shape[0] - 1
+    position = jnp.searchsorted(edges, flat, side="right") - 1
+    position = jnp.where(flat == edges[-1], bins - 1, position)
+    inside = (flat >= edges[0]) & (flat <= edges[-1])
+    amount = (weight.reshape(-1) if weight is not None else jnp.ones_like(flat)).astype(x.dtype)
+    hist = jnp.zeros((bins,), x.dtype).at[jnp.clip(position, 0, bins - 1)].add(jnp.where(inside, amount, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
+    return hist
+
+
+@lowers(aten.histogram.bin_ct)
+def histogram(x, bins=100, *, range=None, weight=None, density=False):
+    """bins equal-width bins over `range`, else over the data's [min, max] (widened by 0.5
+    each side when they are equal; [0, 1] for empty input), as ATen."""
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
+    elif x.size == 0:
+        lo, hi = jnp.asarray(0, x.dtype), jnp.asarray(1, x.dtype)
+    else:
+        lo, hi = jnp.min(x), jnp.max(x)
+    lo, hi = jnp.where(lo == hi, lo - 0.5, lo), jnp.where(lo == hi, hi + 0.5, hi)
+    edges = jnp.linspace(lo, hi, bins + 1, dtype=x.dtype)
+    return _histogram_counts(x, edges, weight, density), edges
+
+
+@lowers(aten.histogram.bins_tensor)
+def histogram_edges(x, bins, *, weight=None, density=False):
+    return _histogram_counts(x, bins.astype(x.dtype), weight, density), bins
+
+
 @lowers(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
 def isin(elements, test_elements, *, assume_unique=False, invert=False):
     found = jnp.isin(jnp.asarray(elements), jnp.asarray(test_elements))
