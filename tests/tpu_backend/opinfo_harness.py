@@ -205,10 +205,6 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
         'fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)',
         'no lowering for aten.rrelu_with_noise.default yet',
     ),
-    'histogramdd': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten._histogramdd_bin_edges.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB',
-        'no lowering for aten._histogramdd_bin_edges.default yet',
-    ),
     'logcumsumexp': KnownFailure(
         'mismatch at sample 0: Mismatch: grad[0]: Tensor-likes are not close! |  | Mismatched elements: 7 / 125 (5.6%) | Greatest absolute difference: 0.004711627960205078 at index (0, 0, 0) (up to 0.0001 allowed) (vs float64: devi',
         "float32 cancellation in ATen's own logcumsumexp backward formula (the device runs the same composite): on a gradient element near 0 CPU is 2.8e-3 and the device 4.3e-3 from the float64 value (1e-4 allowed)",

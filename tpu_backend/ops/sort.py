@@ -8,6 +8,7 @@ are stable, which is also a valid answer where ATen does not promise stability.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -148,6 +149,55 @@ def histogram(x, bins=100, *, range=None, weight=None, density=False):
 @lowers(aten.histogram.bins_tensor)
 def histogram_edges(x, bins, *, weight=None, density=False):
     return _histogram_counts(x, bins.astype(x.dtype), weight, density), bins
+
+
+def _histogramdd_edges(x, bins, range):
+    """Per dim: equal-width edges over range[2d:2d+2] or the column's [min, max] (as histogram)."""
+    points = x.reshape(-1, x.shape[-1])
+    edges = []
+    for d, count in enumerate(bins):
+        if range is not None:
+            lo, hi = jnp.asarray(range[2 * d], x.dtype), jnp.asarray(range[2 * d + 1], x.dtype)
+        elif points.shape[0] == 0:
+            lo, hi = jnp.asarray(0, x.dtype), jnp.asarray(1, x.dtype)
+        else:
+            lo, hi = jnp.min(points[:, d]), jnp.max(points[:, d])
+        lo, hi = jnp.where(lo == hi, lo - 0.5, lo), jnp.where(lo == hi, hi + 0.5, hi)
+        edges.append(jnp.linspace(lo, hi, count + 1, dtype=x.dtype))
+    return edges
+
+
+def _histogramdd_counts(x, edges, weight, density):
+    points = x.reshape(-1, x.shape[-1])
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    inside = jnp.ones(points.shape[0], bool)
+    positions = []
+    for d, e in enumerate(edges):
+        column = points[:, d]
+        position = jnp.where(column == e[-1], shape[d] - 1, jnp.searchsorted(e, column, side="right") - 1)
+        positions.append(jnp.clip(position, 0, shape[d] - 1))
+        inside &= (column >= e[0]) & (column <= e[-1])
+    amount = (weight.reshape(-1) if weight is not None else jnp.ones(points.shape[0])).astype(x.dtype)
+    hist = jnp.zeros(shape, x.dtype).at[tuple(positions)].add(jnp.where(inside, amount, 0))
+    if density:
+        volume = functools.reduce(jnp.multiply, jnp.ix_(*[e[1:] - e[:-1] for e in edges]))
+        hist = hist / (jnp.sum(hist) * volume)
+    return hist
+
+
+@lowers(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_edges(x, bins, range)
+
+
+@lowers(aten._histogramdd_from_bin_cts.default)
+def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_counts(x, _histogramdd_edges(x, bins, range), weight, density)
+
+
+@lowers(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    return _histogramdd_counts(x, [b.astype(x.dtype) for b in bins], weight, density)
 
 
 @lowers(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
