@@ -189,10 +189,6 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
 KNOWN_FAILURES: dict[str, KnownFailure] = {
-    '_upsample_bilinear2d_aa': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten._upsample_bilinear2d_aa.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK',
-        'no lowering for aten._upsample_bilinear2d_aa.out yet',
-    ),
     'nn.functional.fractional_max_pool2d': KnownFailure(
         'fail at sample 0: TpuLoweringError: no tpu lowering for aten.fractional_max_pool2d.output. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBAC',
         'no lowering for aten.fractional_max_pool2d.output yet',

@@ -338,6 +338,47 @@ def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=No
     return out
 
 
+def _antialias_matrix(in_size, out_size, align_corners, scale, dtype):
+    """(out, in) weights of antialiased linear resampling: a triangle filter stretched by the
+    downscale factor (support 1 when upsampling), normalised per output, as ATen's _aa ops."""
+    if align_corners:
+        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    else:
+        ratio = _scale(in_size, out_size, scale)
+    support = ratio if ratio >= 1.0 else 1.0
+    inverse = 1.0 / ratio if ratio >= 1.0 else 1.0
+    matrix = np.zeros((out_size, in_size))
+    for i in range(out_size):
+        center = ratio * (i + 0.5)
+        low = max(int(center - support + 0.5), 0)
+        high = min(int(center + support + 0.5), in_size)
+        taps = np.arange(low, high)
+        weights = np.maximum(0.0, 1.0 - np.abs((taps - center + 0.5) * inverse))
+        total = weights.sum()
+        matrix[i, low:high] = weights / total if total > 0 else weights
+    return jnp.asarray(matrix, dtype)
+
+
+def _upsample_bilinear_aa(x, output_size, align_corners, scales):
+    out = x
+    for dim, (size_out, scale) in enumerate(zip(output_size, scales)):
+        axis = x.ndim - 2 + dim
+        matrix = _antialias_matrix(x.shape[axis], size_out, align_corners, scale, x.dtype)
+        out = jnp.moveaxis(jnp.tensordot(out, matrix, axes=[[axis], [1]], precision="highest"), -1, axis)
+    return out
+
+
+@lowers(aten._upsample_bilinear2d_aa.default)
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_bilinear_aa(x, output_size, align_corners, (scales_h, scales_w))
+
+
+@lowers(aten._upsample_bilinear2d_aa_backward.default)
+def upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_bilinear_aa(v, output_size, align_corners, (scales_h, scales_w))
+    return _input_grad(forward, grad_output, input_size)
+
+
 @lowers(aten.upsample_nearest1d.default)
 def upsample_nearest1d(x, output_size, scales=None):
     return _upsample_nearest(x, output_size, (scales,))
