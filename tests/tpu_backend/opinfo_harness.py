@@ -189,14 +189,6 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
 KNOWN_FAILURES: dict[str, KnownFailure] = {
-    'nn.functional.fractional_max_pool2d': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.fractional_max_pool2d.output. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBAC',
-        'no lowering for aten.fractional_max_pool2d.output yet',
-    ),
-    'nn.functional.fractional_max_pool3d': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.fractional_max_pool3d.output. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBAC',
-        'no lowering for aten.fractional_max_pool3d.output yet',
-    ),
     'nn.functional.rrelu': KnownFailure(
         'fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)',
         'no lowering for aten.rrelu_with_noise.default yet',
@@ -288,14 +280,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
         'nn.functional.interpolate.trilinear': KnownFailure(
             'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 750 (0.1%) | Greatest absolute difference: 0.0126953125 at index (1, 2, 1, 2, 3) (up to 0.01 allowed)',
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
-        ),
-        'nn.functional.fractional_max_pool2d': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.fractional_max_pool2d.output. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBAC',
-            'no lowering for aten.fractional_max_pool2d.output yet',
-        ),
-        'nn.functional.fractional_max_pool3d': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.fractional_max_pool3d.output. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBAC',
-            'no lowering for aten.fractional_max_pool3d.output yet',
         ),
         'nn.functional.rrelu': KnownFailure(
             'fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)',

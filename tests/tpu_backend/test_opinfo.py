@@ -107,3 +107,19 @@ def test_known_failure_matches_only_its_recorded_error():
         harness.OpResult("op", torch.float32, "fail", failed_sample=2, message=recorded.message),
     ):
         assert not known.matches(changed), changed.signature
+
+
+@pytest.mark.skipif(harness.DEVICE == "cpu", reason="checks the device's lowering")
+@pytest.mark.parametrize("spatial", (2, 3))
+def test_fractional_max_pool_matches_cpu_for_given_samples(spatial):
+    """OpInfo compares fractional max pooling by shape only (it draws its window offsets);
+    with the offsets given, values and indices must match CPU exactly."""
+    torch.manual_seed(0)
+    x = torch.randn((2, 3, 9, 8, 7)[: 2 + spatial])
+    samples = torch.rand(2, 3, spatial)
+    pool = torch.ops.aten.fractional_max_pool2d if spatial == 2 else torch.ops.aten.fractional_max_pool3d
+    kernel, output = (2, 3, 2)[:spatial], (4, 3, 2)[:spatial]
+    want_values, want_indices = pool(x, kernel, output, samples)
+    got_values, got_indices = pool(x.to(harness.DEVICE), kernel, output, samples.to(harness.DEVICE))
+    torch.testing.assert_close(got_values.cpu(), want_values, rtol=0, atol=0)
+    torch.testing.assert_close(got_indices.cpu(), want_indices, rtol=0, atol=0)

@@ -250,6 +250,67 @@ def adaptive_max_pool3d_backward(grad_output, x, indices):
     return _scatter_to_indices(grad_output, x, indices, 3)
 
 
+def _fractional_starts(sample, in_size, out_size, pool):
+    """ATen's pseudo-random window starts from one uniform sample per plane: (..., out_size)."""
+    if out_size == 1:
+        return jnp.full(sample.shape + (1,), in_size - pool, jnp.int64)
+    alpha = jnp.asarray((in_size - pool) / (out_size - 1), sample.dtype)
+    steps = jnp.arange(out_size - 1, dtype=sample.dtype)
+    starts = ((steps + sample[..., None]) * alpha).astype(jnp.int64) - (sample[..., None] * alpha).astype(jnp.int64)
+    return jnp.concatenate([starts, jnp.full(sample.shape + (1,), in_size - pool, jnp.int64)], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, random_samples, spatial):
+    """(values, flat indices) of max pooling over windows placed by `random_samples`
+    (N, C, spatial): one uniform sample per plane and spatial dim."""
+    batched = x.ndim == spatial + 2
+    planes = x if batched else x[None]
+    kernel, outputs = expand_param(kernel_size, spatial), expand_param(output_size, spatial)
+    sizes = planes.shape[2:]
+    flat_positions = 0
+    for d in range(spatial):
+        # ATen's sample order: (W, H) for 2-d pooling, but (T, H, W) for 3-d
+        sample = random_samples[..., spatial - 1 - d] if spatial == 2 else random_samples[..., d]
+        starts = _fractional_starts(sample, sizes[d], outputs[d], kernel[d])  # (N, C, O_d)
+        taps = starts[..., :, None] + jnp.arange(kernel[d])  # (N, C, O_d, K_d)
+        stride = math.prod(sizes[d + 1 :])
+        shape = [1] * (2 * spatial)
+        shape[d], shape[spatial + d] = outputs[d], kernel[d]
+        # (N, C, O_0.., K_0..): output axes first, then window axes
+        taps = jnp.moveaxis(taps, -1, 2).reshape(taps.shape[:2] + (kernel[d], outputs[d]))
+        taps = jnp.swapaxes(taps, 2, 3).reshape(taps.shape[:2] + tuple(shape))
+        flat_positions = flat_positions + taps * stride
+    window = math.prod(kernel)  # explicit sizes: -1 cannot be inferred for an empty batch
+    flat_positions = flat_positions.reshape(planes.shape[:2] + tuple(outputs) + (window,))
+    flat_input = planes.reshape(planes.shape[:2] + (math.prod(sizes),))
+    gathered = flat_positions.reshape(planes.shape[:2] + (math.prod(outputs) * window,))
+    values = jnp.take_along_axis(flat_input, gathered, axis=-1).reshape(flat_positions.shape)
+    best = jnp.argmax(values, axis=-1)
+    out = jnp.take_along_axis(values, best[..., None], axis=-1)[..., 0]
+    indices = jnp.take_along_axis(flat_positions, best[..., None], axis=-1)[..., 0]
+    return (out, indices) if batched else (out[0], indices[0])
+
+
+@lowers(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 2)
+
+
+@lowers(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 3)
+
+
+@lowers(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _scatter_to_indices(grad_output, x, indices, 2)
+
+
+@lowers(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _scatter_to_indices(grad_output, x, indices, 3)
+
+
 @lowers(aten.adaptive_max_pool2d_backward.default)
 def adaptive_max_pool2d_backward(grad_output, x, indices):
     return _scatter_to_indices(grad_output, x, indices, 2)
