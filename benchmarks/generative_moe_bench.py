@@ -16,31 +16,45 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-warnings.simplefilter("ignore")
-from litert_torch.generative import export_generative
-from litert_torch.edge_model import EdgeModel
-torch.manual_seed(0)
-cfg = transformers.Qwen3MoeConfig(vocab_size=4096, hidden_size=256, intermediate_size=512, moe_intermediate_size=256,
-    num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_experts=8,
-    num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=512)
-m = transformers.Qwen3MoeForCausalLM(cfg).eval()
-rts = {}
-for form in ("gather", "dense"):
-    t = time.time()
-    e = export_generative(m, prefill_len=32, cache_len=128, progress=False, experts=form)
-    print(form, "export s", round(time.time()-t, 1), "bytes", len(e), flush=True)
-    rts[form] = EdgeModel(e.model_content(), num_threads=1).runtime
-ids = torch.randint(0, 4096, (1, 33), generator=torch.Generator().manual_seed(1))
-cache = [np.zeros(s.shape, np.float32) for s in rts["gather"].signature("decode").inputs[2:]]
-pre = [ids[:, :32].int().numpy(), np.arange(32, dtype=np.int32), *cache]
-dec = [ids[:, 32:].int().numpy(), np.array([32], np.int32), *cache]
-times = {(f, s): [] for f in rts for s in ("prefill", "decode")}
-for _ in range(3):
-    for f, rt in rts.items(): rt.run(pre, "prefill"); rt.run(dec, "decode")
-for _ in range(30):
-    for f, rt in rts.items():
-        for s, inp in (("prefill", pre), ("decode", dec)):
-            t = time.perf_counter(); rt.run(inp, s); times[(f, s)].append((time.perf_counter() - t) * 1e3)
-for k, v in times.items(): print(k, f"{statistics.median(v):.3f} ms")
-a = rts["gather"].run(dec, "decode")[0]; b = rts["dense"].run(dec, "decode")[0]
-print("gather vs dense decode logits max abs diff", float(np.abs(a - b).max()))
+from litert_torch.edge_model import EdgeModel  # noqa: E402  (after the path insert)
+from litert_torch.generative import export_generative  # noqa: E402
+
+PREFILL, CACHE, ROUNDS = 32, 128, 30
+
+
+def main():
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=4096, hidden_size=256, intermediate_size=512, moe_intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_experts=8, num_experts_per_tok=2,
+        decoder_sparse_step=1, max_position_embeddings=512)
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    runtimes = {}
+    for form in ("gather", "dense"):
+        start = time.time()
+        edge = export_generative(model, prefill_len=PREFILL, cache_len=CACHE, progress=False, experts=form)
+        print(form, "export s", round(time.time() - start, 1), "bytes", len(edge), flush=True)
+        runtimes[form] = EdgeModel(edge.model_content(), num_threads=1).runtime
+    ids = torch.randint(0, cfg.vocab_size, (1, PREFILL + 1), generator=torch.Generator().manual_seed(1))
+    cache = [np.zeros(s.shape, np.float32) for s in runtimes["gather"].signature("decode").inputs[2:]]
+    inputs = {"prefill": [ids[:, :PREFILL].int().numpy(), np.arange(PREFILL, dtype=np.int32), *cache],
+              "decode": [ids[:, PREFILL:].int().numpy(), np.array([PREFILL], np.int32), *cache]}
+    times = {(form, sig): [] for form in runtimes for sig in inputs}
+    for rt in runtimes.values():  # warm-up
+        for sig, args in inputs.items():
+            rt.run(args, sig)
+    for _ in range(ROUNDS):  # interleaved, so load from other processes hits both forms
+        for form, rt in runtimes.items():
+            for sig, args in inputs.items():
+                start = time.perf_counter()
+                rt.run(args, sig)
+                times[(form, sig)].append((time.perf_counter() - start) * 1e3)
+    for (form, sig), values in times.items():
+        print(f"{form:7s} {sig:8s} {statistics.median(values):.3f} ms")
+    a, b = (runtimes[form].run(inputs["decode"], "decode")[0] for form in ("gather", "dense"))
+    print("gather vs dense decode logits max abs diff", float(np.abs(a - b).max()))
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels import tpu, tuning

@@ -131,6 +131,13 @@ def local_scalar_dense(t: torch.Tensor):
     return tpu_tensor.read(t).item()
 
 
+def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """`torch.equal`: same shape and same values (a Python bool, so a device -> host sync)."""
+    if a.shape != b.shape:
+        return False
+    return bool(jnp.array_equal(tpu_tensor.read(a), tpu_tensor.read(b)))
+
+
 def register() -> None:
     register_kernel(aten.empty.memory_format, empty)
     register_kernel(aten.empty_strided.default, empty_strided)
@@ -145,6 +152,7 @@ def register() -> None:
     if aten.index_put.default in JAX_LOWERINGS:
         register_kernel(aten._index_put_impl_.default, index_put_impl_)
     register_kernel(aten._local_scalar_dense.default, local_scalar_dense)
+    register_kernel(aten.equal.default, equal)
     register_kernel(aten._to_copy.default, to_copy)
     for view_op in (aten.view.default, aten.as_strided.default, aten._reshape_alias.default, aten.unfold.default):
         register_kernel(view_op, _meta_view(view_op))

@@ -13,7 +13,15 @@ import torch.nn.functional as F
 
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
-from tests.tpu_backend.models import GPTConfig, ModelCase, TinyGPT, make_optimizer, sequence_loss, train_step, training_batches
+from tests.tpu_backend.models import (
+    GPTConfig,
+    ModelCase,
+    TinyGPT,
+    make_optimizer,
+    sequence_loss,
+    train_step,
+    training_batches,
+)
 from tpu_backend import kernels
 
 

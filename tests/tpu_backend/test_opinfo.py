@@ -33,10 +33,15 @@ def run_and_assert(op_name: str, dtype: torch.dtype, max_samples: int | None, ch
         result = harness.check_op(op, dtype, max_samples=max_samples, check_grad=check_grad)
     if result.status in ("skip", "n/a"):
         pytest.skip(result.detail)
-    if known_failures and op_name in known_failures:
-        if result.ok:
-            return  # fixed since the list was written: fine, drop it from KNOWN_FAILURES
-        pytest.xfail(known_failures[op_name])
+    known = (known_failures or {}).get(op_name)
+    if known is not None and not result.ok:
+        # xfail only for the recorded error: a new bug in a known-failing op must fail
+        assert known.matches(result), (
+            f"{op_name} ({dtype}) fails differently from its KNOWN_FAILURES entry:\n"
+            f"  recorded: {known.error}\n  now:      {result.signature}\n  {result.detail} {result.where}"
+        )
+        pytest.xfail(f"{known.reason} ({known.error})")
+    # a known failure that passes (fixed, or its sample lies beyond max_samples) passes
     assert result.ok, f"{op_name} ({dtype}): {result.status}: {result.detail} {result.where}"
     assert result.samples > 0, f"{op_name} ({dtype}): OpInfo gave no samples"
 
@@ -77,8 +82,44 @@ def test_every_listed_op_exists_and_has_a_reason():
     }
     ops = harness.ops_by_id()
     for list_name, entries in lists.items():
-        for name, reason in entries.items():
+        for name, entry in entries.items():
             assert name in ops.keys(), f"{list_name} names {name!r}, which is not an OpInfo entry"
+            reason = entry.reason if isinstance(entry, harness.KnownFailure) else entry
             assert reason.strip(), f"{list_name}[{name!r}] has no reason"
+            if isinstance(entry, harness.KnownFailure):
+                assert entry.error.startswith(("fail at sample ", "mismatch at sample ")), (
+                    f"{list_name}[{name!r}] records no error signature: {entry.error!r}"
+                )
+    for list_name in ("KNOWN_FAILURES", *[k for k in lists if k.startswith("KNOWN_FAILURES_BY_DTYPE")]):
+        assert all(isinstance(e, harness.KnownFailure) for e in lists[list_name].values()), list_name
     missing = [name for name in harness.FAST_OPS + FAST_OTHER_DTYPE_OPS if name not in ops]
     assert not missing, f"not OpInfo entries: {missing}"
+
+
+def test_known_failure_matches_only_its_recorded_error():
+    """An xfail is tied to the exact error: another sample, message or mismatch size fails."""
+    recorded = harness.OpResult("op", torch.float32, "mismatch", failed_sample=2, message="Mismatch: grad[0]: 1e-4 at (0,)")
+    known = harness.KnownFailure(recorded.signature, "reason")
+    assert known.matches(recorded)
+    for changed in (
+        harness.OpResult("op", torch.float32, "mismatch", failed_sample=0, message=recorded.message),
+        harness.OpResult("op", torch.float32, "mismatch", failed_sample=2, message="Mismatch: grad[0]: 374 at (0,)"),
+        harness.OpResult("op", torch.float32, "fail", failed_sample=2, message=recorded.message),
+    ):
+        assert not known.matches(changed), changed.signature
+
+
+@pytest.mark.skipif(harness.DEVICE == "cpu", reason="checks the device's lowering")
+@pytest.mark.parametrize("spatial", (2, 3))
+def test_fractional_max_pool_matches_cpu_for_given_samples(spatial):
+    """OpInfo compares fractional max pooling by shape only (it draws its window offsets);
+    with the offsets given, values and indices must match CPU exactly."""
+    torch.manual_seed(0)
+    x = torch.randn((2, 3, 9, 8, 7)[: 2 + spatial])
+    samples = torch.rand(2, 3, spatial)
+    pool = torch.ops.aten.fractional_max_pool2d if spatial == 2 else torch.ops.aten.fractional_max_pool3d
+    kernel, output = (2, 3, 2)[:spatial], (4, 3, 2)[:spatial]
+    want_values, want_indices = pool(x, kernel, output, samples)
+    got_values, got_indices = pool(x.to(harness.DEVICE), kernel, output, samples.to(harness.DEVICE))
+    torch.testing.assert_close(got_values.cpu(), want_values, rtol=0, atol=0)
+    torch.testing.assert_close(got_indices.cpu(), want_indices, rtol=0, atol=0)

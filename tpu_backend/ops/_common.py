@@ -12,6 +12,9 @@ fields of the same names (`@lowers(..., data_dependent=True)` says the same).
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -105,6 +108,25 @@ def canonical_dim(dim: int, ndim: int) -> int:
     if not -rank <= dim < rank:
         raise IndexError(f"dimension {dim} is out of range for a tensor of rank {ndim}")
     return dim % rank
+
+
+def scalar_as_vector(lowering):
+    """Run a lowering that works along a `dim` on 0-d inputs as on 1-element vectors.
+
+    ATen treats dim 0 / -1 of a 0-d tensor as its single element; JAX has no axis there.
+    When every array argument is 0-d they are reshaped to (1,) and the array outputs
+    back to ().
+    """
+
+    @functools.wraps(lowering)
+    def wrapper(*args, **kwargs):
+        arrays = [a for a in args if is_array(a)]
+        if not arrays or any(a.ndim for a in arrays):
+            return lowering(*args, **kwargs)
+        out = lowering(*(a.reshape(1) if is_array(a) else a for a in args), **kwargs)
+        return jax.tree.map(lambda o: o.reshape(()) if is_array(o) else o, out)
+
+    return wrapper
 
 
 def canonical_dims(dims, ndim: int) -> tuple[int, ...]:

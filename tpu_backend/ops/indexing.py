@@ -138,6 +138,8 @@ def _scatter_grid(index, dim):
 
 @lowers(aten.gather.default)
 def gather(x, dim, index, *, sparse_grad=False):
+    if index.size == 0:  # ATen allows any shape of empty index
+        return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
     return x[_scatter_grid(index, dim)]
@@ -153,6 +155,8 @@ _SCATTER_REDUCE_ALIASES = {"add": "sum", "multiply": "prod"}
 
 
 def _scatter(x, dim, index, src, reduce=None):
+    if index.size == 0:  # ATen allows any shape of empty index: nothing is written
+        return x
     if x.ndim == 0:
         x, index = x.reshape(1), index.reshape(-1)
         return _scatter(x, 0, index, src if not is_array(src) else src.reshape(-1), reduce).reshape(())
@@ -194,6 +198,8 @@ def _reduction_identity(reduce, dtype):
 
 @lowers(aten.scatter_reduce.two)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if index.size == 0:
+        return x
     if x.ndim == 0:
         return scatter_reduce(x.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce, include_self=include_self).reshape(())
     grid = _scatter_grid(index, dim)
@@ -253,6 +259,8 @@ def masked_scatter(x, mask, source):
     # The k-th True position takes source's k-th element: a cumulative count, no sync.
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     mask = jnp.broadcast_to(mask, shape)
+    if source.size == 0:  # nothing to write (ATen requires as many source elements as True)
+        return jnp.broadcast_to(x, shape)
     positions = jnp.cumsum(mask.reshape(-1)) - 1
     picked = source.reshape(-1)[jnp.clip(positions, 0, max(source.size - 1, 0))].reshape(shape)
     return jnp.where(mask, picked.astype(x.dtype), jnp.broadcast_to(x, shape))
@@ -271,6 +279,8 @@ def nonzero(x):
 def nonzero_static(x, *, size, fill_value=-1):
     if x.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
+    if x.size == 0:  # no nonzero: every row is padding (jnp.nonzero pads with 0 here)
+        return jnp.full((size, x.ndim), fill_value, jnp.int64)
     coords = jnp.nonzero(x, size=size, fill_value=fill_value)
     return jnp.stack(coords, axis=1).astype(jnp.int64) if coords else jnp.zeros((size, 0), jnp.int64)
 
@@ -341,3 +351,82 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
         counts = jnp.zeros((num_weights,), grads.dtype).at[flat].add(1)
         grads = grads / counts[flat][:, None]
     return jnp.zeros((num_weights, grads.shape[1]), grad_output.dtype).at[flat].add(grads)
+
+
+# --- embedding_bag: bags of embedding rows reduced by sum (0), mean (1) or max (2) ------------
+# The auxiliary outputs (offset2bag, bag_size, max_indices) feed only this file's backward.
+
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+def _bags(indices, offsets, include_last_offset):
+    """(bag of each index, number of bags)."""
+    bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    positions = jnp.arange(indices.shape[0])
+    owner = jnp.searchsorted(offsets, positions, side="right") - 1
+    return jnp.clip(owner, 0, max(bags - 1, 0)), bags
+
+
+@lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """(output, offset2bag, bag_size, max_indices); padding_idx entries are left out of every
+    bag (and of the mean's count); empty bags give zeros."""
+    owner, bags = _bags(indices, offsets, include_last_offset)
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    rows = jnp.take(weight, indices, axis=0)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    size = jnp.zeros((bags,), jnp.int64).at[owner].add(valid.astype(jnp.int64))
+    max_indices = jnp.zeros((bags, weight.shape[1]), jnp.int64)
+    if mode == _BAG_MAX:
+        lowest = jnp.asarray(-jnp.inf, rows.dtype)
+        masked = jnp.where(valid[:, None], rows, lowest)
+        output = jnp.full((bags, weight.shape[1]), lowest).at[owner].max(masked)
+        # the first index (in bag order) reaching the maximum, as ATen's loop keeps
+        is_max = valid[:, None] & (masked == output[owner])
+        order = jnp.where(is_max, jnp.arange(indices.shape[0])[:, None], indices.shape[0])
+        first = jnp.full((bags, weight.shape[1]), indices.shape[0]).at[owner].min(order)
+        max_indices = jnp.where(size[:, None] > 0, indices[jnp.minimum(first, indices.shape[0] - 1)], 0).astype(jnp.int64)
+        output = jnp.where(size[:, None] > 0, output, 0)
+    else:
+        output = jnp.zeros((bags, weight.shape[1]), rows.dtype).at[owner].add(jnp.where(valid[:, None], rows, 0))
+        if mode == _BAG_MEAN:
+            output = output / jnp.maximum(size, 1)[:, None].astype(rows.dtype)
+    return output.astype(weight.dtype), owner.astype(jnp.int64), size, max_indices
+
+
+@lowers(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    if mode == _BAG_MAX:
+        columns = jnp.arange(grad.shape[1])[None, :]
+        taken = jnp.where((bag_size > 0)[:, None], grad, 0)
+        return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[maximum_indices, columns].add(taken)
+    per_index = grad[offset2bag]
+    if mode == _BAG_MEAN:
+        per_index = per_index / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(grad.dtype)
+    if per_sample_weights is not None:
+        per_index = per_index * per_sample_weights[:, None].astype(grad.dtype)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[indices].add(1)
+        per_index = per_index / counts[indices][:, None]
+    per_index = jnp.where(valid[:, None], per_index, 0)
+    return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[indices].add(per_index)
+
+
+@lowers(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """d output / d per_sample_weights (sum mode only): <grad of the bag, the index's row>."""
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    products = jnp.sum(grad[offset2bag] * jnp.take(weight, indices, axis=0), axis=1)
+    return jnp.where(valid, products, 0).astype(grad.dtype)
+
+
+@lowers(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    """The weight gradient, dense whatever `sparse` says (the device holds dense tensors)."""
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)

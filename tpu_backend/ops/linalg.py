@@ -134,9 +134,9 @@ def linalg_qr(a, mode="reduced"):
 
 @lowers(aten._linalg_det.default)
 def linalg_det(a):
-    """(det, LU, pivots): det is exact; LU and pivots come from JAX's LU and may differ
-    from LAPACK's where pivoting has ties (autograd only uses them for singular inputs)."""
-    lu, pivots, _ = _lu(a)
+    """(det, LU, pivots): LU and pivots factor A^T, as ATen does for a contiguous A (its
+    backward then solves with them as factors of A^T; device tensors are contiguous)."""
+    lu, pivots, _ = _lu(jnp.swapaxes(a, -1, -2))
     return jnp.linalg.det(a), lu, pivots
 
 
@@ -149,7 +149,7 @@ def _lu(a):
 @lowers(aten._linalg_slogdet.default)
 def linalg_slogdet(a):
     sign, logabsdet = jnp.linalg.slogdet(a)
-    lu, pivots, _ = _lu(a)
+    lu, pivots, _ = _lu(jnp.swapaxes(a, -1, -2))  # of A^T, as in linalg_det
     return sign, logabsdet, lu, pivots
 
 
@@ -207,6 +207,140 @@ def cholesky_inverse(factor, upper=False):
     return jsl.cho_solve((factor, not upper), eye)
 
 
+# --- LU, QR (Householder) and least squares ---------------------------------------------
+# JAX's LU uses partial pivoting as LAPACK's getrf does, so LU and pivots match PyTorch's
+# (pivots are LAPACK's 1-based row swaps, int32) wherever the pivot choice has no ties.
+
+
+def _broadcast_batch(a, b):
+    """`a` and `b` with their batch dims (all but the last two) broadcast together."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-2:])
+
+
+def _pivots_to_permutation(pivots, rows):
+    """Row order `perm` with A[perm] = L @ U, from LAPACK's 1-based sequential swaps."""
+    return lax_linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, rows)
+
+
+def _permutation_matrix(perm, dtype):
+    """P with A = P @ L @ U, i.e. P[perm[i], i] = 1."""
+    return jnp.swapaxes(jax.nn.one_hot(perm, perm.shape[-1], dtype=dtype), -1, -2)
+
+
+def _unpack_lu(lu):
+    """(L, U) of a packed LU: L unit lower (m x k), U upper (k x n), k = min(m, n)."""
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    return lower, jnp.triu(lu[..., :k, :])
+
+
+@lowers(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
+    if not pivot:
+        raise NotImplementedError("aten.linalg_lu_factor_ex: LU without pivoting is not implemented (as on CPU)")
+    lu, pivots, _ = _lu(a)
+    singular = jnp.any(jnp.diagonal(lu, axis1=-2, axis2=-1) == 0, axis=-1)
+    return lu, pivots, _info(a, singular)
+
+
+@lowers(aten.linalg_lu.default)
+def linalg_lu(a, *, pivot=True):
+    if not pivot:
+        raise NotImplementedError("aten.linalg_lu: LU without pivoting is not implemented (as on CPU)")
+    lu, _, perm = _lu(a)
+    lower, upper = _unpack_lu(lu)
+    return _permutation_matrix(perm, a.dtype), lower, upper
+
+
+@lowers(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    empty = jnp.zeros((0,), lu.dtype)
+    lower, upper = _unpack_lu(lu) if unpack_data else (empty, empty)
+    if not unpack_pivots:
+        return empty, lower, upper
+    perm = _pivots_to_permutation(pivots, lu.shape[-2])
+    return _permutation_matrix(perm, lu.dtype), lower, upper
+
+
+def _lu_solve_left(lu, pivots, b, adjoint):
+    """X with A @ X = B (or A^T @ X = B), where P^T A = L U is packed in `lu`."""
+    lu, b = _broadcast_batch(lu, b)
+    perm = jnp.broadcast_to(_pivots_to_permutation(pivots, lu.shape[-1]), b.shape[:-2] + lu.shape[-1:])
+    if not adjoint:
+        permuted = jnp.take_along_axis(b, perm[..., None], axis=-2)
+        y = jsl.solve_triangular(lu, permuted, lower=True, unit_diagonal=True)
+        return jsl.solve_triangular(lu, y, lower=False)
+    y = jsl.solve_triangular(lu, b, lower=False, trans=1)
+    z = jsl.solve_triangular(lu, y, lower=True, unit_diagonal=True, trans=1)
+    return jnp.take_along_axis(z, jnp.argsort(perm, axis=-1)[..., None], axis=-2)
+
+
+@lowers(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    if left:
+        return _lu_solve_left(lu, pivots, b, adjoint)
+    # X A = B  <=>  A^T X^T = B^T (real dtypes: the adjoint is the transpose)
+    return jnp.swapaxes(_lu_solve_left(lu, pivots, jnp.swapaxes(b, -1, -2), not adjoint), -1, -2)
+
+
+@lowers(aten.cholesky.default)
+def cholesky(a, upper=False):
+    return linalg_cholesky_ex(a, upper=upper)[0]
+
+
+@lowers(aten.geqrf.default)
+def geqrf(a):
+    """LAPACK's compact QR (Householder vectors below R, and their scales tau); numpy's
+    "raw" mode returns the same factors transposed."""
+    packed, tau = jnp.linalg.qr(a, mode="raw")
+    return jnp.swapaxes(packed, -1, -2), tau
+
+
+@lowers(aten.linalg_householder_product.default)
+def linalg_householder_product(a, tau):
+    return lax_linalg.householder_product(a, tau)
+
+
+@lowers(aten.ormqr.default)
+def ormqr(a, tau, other, left=True, transpose=False):
+    """op(Q) @ other (left) or other @ op(Q), Q the full m x m product of the reflectors."""
+    m = a.shape[-2]
+    padded = jnp.zeros(a.shape[:-1] + (m,), a.dtype).at[..., : a.shape[-1]].set(a[..., :m])
+    # zero-scale reflectors are identities: they complete Q to a square matrix
+    scales = jnp.zeros(tau.shape[:-1] + (m,), tau.dtype).at[..., : tau.shape[-1]].set(tau)
+    q = lax_linalg.householder_product(padded, scales)
+    if transpose:
+        q = jnp.swapaxes(q, -1, -2)
+    return jnp.matmul(q, other) if left else jnp.matmul(other, q)
+
+
+@lowers(aten.linalg_lstsq.default)
+def linalg_lstsq(a, b, rcond=None, *, driver=None):
+    """(solution, residuals, rank, singular_values) as CPU's LAPACK drivers fill them.
+
+    The solution is the minimum-norm least-squares one (SVD), which is what every driver
+    returns for full-rank inputs; `rank` counts singular values above rcond * s_max (gelsy
+    decides with a pivoted QR, which agrees except for values at the threshold).
+    """
+    driver = driver or "gelsy"
+    m, n = a.shape[-2:]
+    vector_rhs = b.ndim == a.ndim - 1
+    rhs = b[..., None] if vector_rhs else b
+    a_b, rhs = _broadcast_batch(a, rhs)
+    singular = jnp.linalg.svd(a_b, compute_uv=False)
+    cutoff = (jnp.finfo(a.dtype).eps * max(m, n) if rcond is None or rcond < 0 else rcond) * singular[..., :1]
+    solution = jnp.matmul(jnp.linalg.pinv(a_b, rtol=None if rcond is None else rcond), rhs)
+    empty = jnp.zeros((0,), a.dtype)
+    rank = jnp.sum(singular > cutoff, axis=-1).astype(jnp.int64) if driver != "gels" else jnp.zeros((0,), jnp.int64)
+    residuals = empty
+    if m > n and driver != "gelsy":
+        residuals = jnp.sum((jnp.matmul(a_b, solution) - rhs) ** 2, axis=-2)
+    values = singular if driver in ("gelsd", "gelss") else empty
+    return (solution[..., 0] if vector_rhs else solution), residuals, rank, values
+
+
 # --- pairwise distances -------------------------------------------------------------------
 
 
@@ -232,6 +366,8 @@ def cdist_forward(x1, x2, p, compute_mode=None):
 def cdist_backward(grad, x1, x2, p, cdist):
     """Gradient for x1 (ATen's op has only that one); zero where a distance is zero."""
     diff = x1[..., :, None, :] - x2[..., None, :, :]
+    if p == 0:  # counts nonzero differences: piecewise constant, gradient 0 (as ATen)
+        return jnp.zeros_like(x1)
     if p == 1:
         local = jnp.sign(diff)
     elif p == 2:

@@ -162,3 +162,48 @@ def soft_margin_loss(x, target, reduction=MEAN):
 def soft_margin_loss_backward(grad_output, x, target, reduction):
     z = jnp.exp(-target * x)
     return -target * z / (1 + z) * _reduce_grad(grad_output, x.shape, reduction)
+
+
+# --- margin losses over classes (their forwards reach the device decomposed; the backwards
+# are the vjp of the same formulas) ---------------------------------------------------------
+
+
+def _multi_margin_loss(x, target, p, margin, weight, reduction):
+    """mean over classes j != y of (w[y] *) max(0, margin - x[y] + x[j])^p, per sample."""
+    classes = x.shape[-1] if x.ndim else 1  # a 0-d input is one sample of one class
+    rows = x.reshape(-1, classes)
+    labels = target.reshape(-1)
+    picked = jnp.take_along_axis(rows, labels[:, None], axis=1)
+    hinge = jnp.maximum(margin - picked + rows, 0) ** p
+    if weight is not None:
+        hinge = hinge * weight[labels][:, None]
+    hinge = jnp.where(jnp.arange(rows.shape[1])[None, :] == labels[:, None], 0, hinge)
+    loss = jnp.sum(hinge, axis=1) / rows.shape[1]
+    return _reduce(loss.reshape(x.shape[:-1] if x.ndim else ()), reduction)
+
+
+@lowers(aten.multi_margin_loss_backward.default)
+def multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, reduction=MEAN):
+    forward = lambda v: _multi_margin_loss(v, target, p, margin, weight, reduction)
+    return jax.vjp(forward, x)[1](grad_output.astype(x.dtype))[0]
+
+
+def _multilabel_margin_loss(x, target, reduction):
+    """sum over target classes j and non-target classes c of max(0, 1 - x[j] + x[c]) / C;
+    a row's targets are its leading entries before the first -1."""
+    width = x.shape[-1] if x.ndim else 1  # a 0-d input is one sample of one class
+    rows, labels = x.reshape(-1, width), target.reshape(-1, width)
+    listed = jnp.cumprod(labels >= 0, axis=1).astype(bool)
+    classes = jnp.arange(rows.shape[1])
+    is_target = jnp.any(listed[:, :, None] & (labels[:, :, None] == classes[None, None, :]), axis=1)
+    target_values = jnp.take_along_axis(rows, jnp.maximum(labels, 0), axis=1)  # (N, slots)
+    hinge = jnp.maximum(1 - target_values[:, :, None] + rows[:, None, :], 0)
+    hinge = jnp.where(listed[:, :, None] & ~is_target[:, None, :], hinge, 0)
+    loss = jnp.sum(hinge, axis=(1, 2)) / rows.shape[1]
+    return _reduce(loss.reshape(x.shape[:-1] if x.ndim else ()), reduction)
+
+
+@lowers(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
+    forward = lambda v: _multilabel_margin_loss(v, target, reduction)
+    return jax.vjp(forward, x)[1](grad_output.astype(x.dtype))[0]

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_backend.ops._common import canonical_dim
+from tpu_backend.ops._common import canonical_dim, scalar_as_vector
 from tpu_backend.ops.registry import Functionalized, jax_dtype, lowers
 
 aten = torch.ops.aten
@@ -37,18 +37,21 @@ def _opmath(x):
 
 
 @lowers(aten._softmax.default)
+@scalar_as_vector
 def softmax(x, dim, half_to_float):
-    out = jax.nn.softmax(_opmath(x), axis=canonical_dim(dim, x.ndim)) if x.ndim else jnp.ones_like(_opmath(x))
+    out = jax.nn.softmax(_opmath(x), axis=canonical_dim(dim, x.ndim))
     return out if half_to_float else out.astype(x.dtype)
 
 
 @lowers(aten._log_softmax.default)
+@scalar_as_vector
 def log_softmax(x, dim, half_to_float):
-    out = jax.nn.log_softmax(_opmath(x), axis=canonical_dim(dim, x.ndim)) if x.ndim else jnp.zeros_like(_opmath(x))
+    out = jax.nn.log_softmax(_opmath(x), axis=canonical_dim(dim, x.ndim))
     return out if half_to_float else out.astype(x.dtype)
 
 
 @lowers(aten._safe_softmax.default)
+@scalar_as_vector
 def safe_softmax(x, dim, dtype=None):
     """Softmax whose fully masked rows (all -inf) give zeros instead of NaN (SDPA's math path)."""
     xf = _opmath(x if dtype is None else x.astype(jax_dtype(dtype)))
@@ -60,6 +63,7 @@ def safe_softmax(x, dim, dtype=None):
 
 
 @lowers(aten._softmax_backward_data.default)
+@scalar_as_vector
 def softmax_backward_data(grad_output, output, dim, input_dtype):
     axis = canonical_dim(dim, output.ndim)
     g, y = _opmath(grad_output), _opmath(output)
@@ -68,6 +72,7 @@ def softmax_backward_data(grad_output, output, dim, input_dtype):
 
 
 @lowers(aten._log_softmax_backward_data.default)
+@scalar_as_vector
 def log_softmax_backward_data(grad_output, output, dim, input_dtype):
     axis = canonical_dim(dim, output.ndim)
     g, y = _opmath(grad_output), _opmath(output)
@@ -289,14 +294,15 @@ def native_group_norm_backward(grad_out, x, mean, rstd, weight, N, C, HxW, group
     """(grad_input, grad_weight, grad_bias) from the saved mean/rstd; None where
     output_mask is False."""
     shape = _channel_shape(x)
-    grouped = _opmath(x).reshape(N, group, -1)
+    per_group = (C // group) * HxW  # explicit: -1 cannot be inferred for an empty batch
+    grouped = _opmath(x).reshape(N, group, per_group)
     x_hat = ((grouped - _opmath(mean)[..., None]) * _opmath(rstd)[..., None]).reshape(x.shape)
     g = _opmath(grad_out)
     axes = _reduce_axes(x)
     grad_weight = jnp.sum(g * x_hat, axis=axes)
     grad_bias = jnp.sum(g, axis=axes)
-    g_hat = (g * _opmath(weight).reshape(shape) if weight is not None else g).reshape(N, group, -1)
-    x_hat_grouped = x_hat.reshape(N, group, -1)
+    g_hat = (g * _opmath(weight).reshape(shape) if weight is not None else g).reshape(N, group, per_group)
+    x_hat_grouped = x_hat.reshape(N, group, per_group)
     grad_input = _opmath(rstd)[..., None] * (
         g_hat - jnp.mean(g_hat, axis=-1, keepdims=True) - x_hat_grouped * jnp.mean(g_hat * x_hat_grouped, axis=-1, keepdims=True)
     )

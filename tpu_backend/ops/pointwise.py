@@ -9,6 +9,8 @@ Neural-network activations and their backward ops live in `activation.py`.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
@@ -203,11 +205,24 @@ def digamma(x):
     return _float_unary(lambda v: jnp.where(v == 0, -jnp.inf, jsp.digamma(v)), x)
 
 
+def _polygamma_positive_order(n: int, v):
+    """psi^(n)(v), n >= 1. JAX's (through the Hurwitz zeta) is wrong for v < 0, so negative
+    v are shifted up by m = ceil(-v) with psi^(n)(v) = psi^(n)(v + m) - (-1)^n n! sum_{k<m} (v + k)^-(n+1)."""
+    shift = jnp.where(v < 0, jnp.ceil(-v), 0).astype(v.dtype)
+
+    def add_term(k, total):
+        k = k.astype(v.dtype)
+        return total + jnp.where(k < shift, (v + k) ** -(n + 1), 0)
+
+    total = lax.fori_loop(0, jnp.max(shift, initial=0).astype(jnp.int32), add_term, jnp.zeros_like(v))
+    return jsp.polygamma(n, v + shift) - (-1) ** n * math.factorial(n) * total
+
+
 @lowers(aten.polygamma.default)
 def polygamma(n, x):
     if n == 0:
         return digamma(x)
-    return _float_unary(lambda v: jsp.polygamma(n, v), x)
+    return _float_unary(lambda v: _polygamma_positive_order(n, v), x)
 
 
 @lowers(aten.mvlgamma.default)
@@ -261,6 +276,131 @@ def special_bessel_j0(x):
 @lowers(aten.special_bessel_j1.default)
 def special_bessel_j1(x):
     return _float_unary(lambda v: jnp.sign(v) * _bessel_j(v, 1), x)
+
+
+@lowers(aten.special_modified_bessel_i0.default)
+def special_modified_bessel_i0(x):
+    return _float_unary(jsp.i0, x)
+
+
+@lowers(aten.special_modified_bessel_i1.default)
+def special_modified_bessel_i1(x):
+    return _float_unary(jsp.i1, x)
+
+
+@lowers(aten.special_spherical_bessel_j0.default)
+def special_spherical_bessel_j0(x):
+    """sin(x) / x; 0 at +-inf, as ATen."""
+    return _float_unary(lambda v: jnp.where(jnp.isinf(v), 0, jnp.sinc(v / jnp.pi)).astype(v.dtype), x)
+
+
+# --- orthogonal polynomials (special.*_polynomial_*) --------------------------------------
+# ATen truncates the degree n to an integer and evaluates the three-term recurrence; for
+# some polynomials it switches to a trigonometric form for large n inside (-1, 1) and
+# returns exact values at x = +-1. The same branches are reproduced here.
+
+
+def _recurrence(n, p0, p1, step):
+    """P_n elementwise from P_0, P_1 and P_{k+1} = step(k, P_k, P_{k-1}) (loops to max n)."""
+
+    def body(k, state):
+        previous, current = state
+        advance = k < n  # this step makes P_{k+1}, wanted where k + 1 <= n
+        following = step(k.astype(current.dtype), current, previous)
+        return jnp.where(advance, current, previous), jnp.where(advance, following, current)
+
+    _, out = lax.fori_loop(1, jnp.max(n, initial=1).astype(jnp.int32), body, (p0, p1))
+    return jnp.where(n == 0, p0, out)
+
+
+def _polynomial(evaluate):
+    """A lowering for the three overloads (x, n) / (Scalar x, n) / (x, Scalar n)."""
+
+    def lowering(x, n):
+        compute, result = dtypes_for(x, n, kind=FLOAT)
+        x, n = jnp.broadcast_arrays(jnp.asarray(x, compute), jnp.trunc(jnp.asarray(n, compute)))
+        return jnp.where(n < 0, 0, evaluate(x, n)).astype(result)
+
+    return lowering
+
+
+def _odd(n):
+    return jnp.remainder(n, 2) == 1
+
+
+def _chebyshev_t(x, n):
+    out = _recurrence(n, jnp.ones_like(x), x, lambda k, p, q: 2 * x * p - q)
+    out = jnp.where((n > 6) & (jnp.abs(x) < 1), jnp.cos(n * jnp.arccos(x)), out)
+    return jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~_odd(n), 1, -1), out)
+
+
+def _chebyshev_u(x, n):
+    out = _recurrence(n, jnp.ones_like(x), 2 * x, lambda k, p, q: 2 * x * p - q)
+    theta = jnp.arccos(x)
+    trig = jnp.where(jnp.sin(theta) != 0, jnp.sin((n + 1) * theta) / jnp.sin(theta), (n + 1) * jnp.cos((n + 1) * theta) * x)
+    out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+    return jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~_odd(n), n + 1, -(n + 1)), out)
+
+
+def _chebyshev_v(x, n):
+    out = _recurrence(n, jnp.ones_like(x), 2 * x - 1, lambda k, p, q: 2 * x * p - q)
+    theta = jnp.arccos(x)
+    at_minus_one = jnp.where(_odd(n), -(2 * n + 1), 2 * n + 1)
+    trig = jnp.where(jnp.sin(theta / 2) != 1, jnp.cos((n + 0.5) * theta) / jnp.cos(theta / 2), at_minus_one)
+    out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+    return jnp.where(jnp.abs(x) == 1, jnp.where(x > 0, 1, at_minus_one), out)
+
+
+def _chebyshev_w(x, n):
+    out = _recurrence(n, jnp.ones_like(x), 2 * x + 1, lambda k, p, q: 2 * x * p - q)
+    theta = jnp.arccos(x)
+    at_ends = jnp.where(x > 0, 2 * n + 1, jnp.where(_odd(n), -1, 1))
+    trig = jnp.where(jnp.cos(theta / 2) != 1, jnp.sin((n + 0.5) * theta) / jnp.sin(theta / 2), at_ends)
+    out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+    return jnp.where(jnp.abs(x) == 1, at_ends, out)
+
+
+def _shifted(evaluate):
+    """The polynomial on [0, 1]: P*(x) = P(2x - 1)."""
+    return lambda x, n: evaluate(2 * x - 1, n)
+
+
+def _hermite_h(x, n):
+    return _recurrence(n, jnp.ones_like(x), 2 * x, lambda k, p, q: 2 * x * p - 2 * k * q)
+
+
+def _hermite_he(x, n):
+    return _recurrence(n, jnp.ones_like(x), x, lambda k, p, q: x * p - k * q)
+
+
+def _laguerre_l(x, n):
+    out = _recurrence(n, jnp.ones_like(x), 1 - x, lambda k, p, q: ((2 * k + 1 - x) * p - k * q) / (k + 1))
+    return jnp.where(x == 0, 1, out)
+
+
+def _legendre_p(x, n):
+    out = _recurrence(n, jnp.ones_like(x), x, lambda k, p, q: ((2 * k + 1) * x * p - k * q) / (k + 1))
+    return jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~_odd(n), 1, -1), out)
+
+
+for _name, _evaluate in {
+    "chebyshev_polynomial_t": _chebyshev_t,
+    "chebyshev_polynomial_u": _chebyshev_u,
+    "chebyshev_polynomial_v": _chebyshev_v,
+    "chebyshev_polynomial_w": _chebyshev_w,
+    "shifted_chebyshev_polynomial_t": _shifted(_chebyshev_t),
+    "shifted_chebyshev_polynomial_u": _shifted(_chebyshev_u),
+    "shifted_chebyshev_polynomial_v": _shifted(_chebyshev_v),
+    "shifted_chebyshev_polynomial_w": _shifted(_chebyshev_w),
+    "hermite_polynomial_h": _hermite_h,
+    "hermite_polynomial_he": _hermite_he,
+    "laguerre_polynomial_l": _laguerre_l,
+    "legendre_polynomial_p": _legendre_p,
+}.items():
+    _packet = getattr(aten, f"special_{_name}")
+    _lowering = _polynomial(_evaluate)
+    _lowering.__name__ = f"special_{_name}"
+    lowers(_packet.default, _packet.x_scalar, _packet.n_scalar)(_lowering)
 
 
 @lowers(aten.sinc.default)

@@ -201,6 +201,99 @@ def adaptive_max_pool2d(x, output_size):
     return values, (h * x.shape[-1] + w).astype(jnp.int64)
 
 
+def _adaptive_window_flat_index(spatial_shape, output_size):
+    """(*output_size, window) flat input positions of every adaptive window (numpy, static);
+    windows narrower than the widest repeat their last cell."""
+    per_dim = [resampling.adaptive_window_index(size, out) for size, out in zip(spatial_shape, output_size)]
+    strides = [math.prod(spatial_shape[d + 1 :]) for d in range(len(spatial_shape))]
+    flat = np.zeros((), np.int64)
+    for index, stride in zip(per_dim, strides):
+        # (..., O_d, K_d): grow one output and one window axis per dim, then merge windows
+        flat = flat[..., None, None] + (index * stride).reshape((1,) * (flat.ndim) + index.shape)
+    rank = len(spatial_shape)
+    order = [2 * d for d in range(rank)] + [2 * d + 1 for d in range(rank)]
+    flat = flat.transpose(order)
+    return flat.reshape(tuple(output_size) + (-1,))
+
+
+@lowers(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(x, output_size):
+    """(values, flat indices over D*H*W): every window gathered, its first maximum taken."""
+    output_size = expand_param(output_size, 3)
+    flat = _adaptive_window_flat_index(x.shape[-3:], output_size)
+    windows = x.reshape(x.shape[:-3] + (-1,))[..., jnp.asarray(flat)]
+    best = jnp.argmax(windows, axis=-1)
+    values = jnp.take_along_axis(windows, best[..., None], axis=-1)[..., 0]
+    indices = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(flat), windows.shape), best[..., None], axis=-1)[..., 0]
+    return values, indices.astype(jnp.int64)
+
+
+@lowers(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, x, indices):
+    return _scatter_to_indices(grad_output, x, indices, 3)
+
+
+def _fractional_starts(sample, in_size, out_size, pool):
+    """ATen's pseudo-random window starts from one uniform sample per plane: (..., out_size)."""
+    if out_size == 1:
+        return jnp.full(sample.shape + (1,), in_size - pool, jnp.int64)
+    alpha = jnp.asarray((in_size - pool) / (out_size - 1), sample.dtype)
+    steps = jnp.arange(out_size - 1, dtype=sample.dtype)
+    starts = ((steps + sample[..., None]) * alpha).astype(jnp.int64) - (sample[..., None] * alpha).astype(jnp.int64)
+    return jnp.concatenate([starts, jnp.full(sample.shape + (1,), in_size - pool, jnp.int64)], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, random_samples, spatial):
+    """(values, flat indices) of max pooling over windows placed by `random_samples`
+    (N, C, spatial): one uniform sample per plane and spatial dim."""
+    batched = x.ndim == spatial + 2
+    planes = x if batched else x[None]
+    kernel, outputs = expand_param(kernel_size, spatial), expand_param(output_size, spatial)
+    sizes = planes.shape[2:]
+    flat_positions = 0
+    for d in range(spatial):
+        # ATen's sample order: (W, H) for 2-d pooling, but (T, H, W) for 3-d
+        sample = random_samples[..., spatial - 1 - d] if spatial == 2 else random_samples[..., d]
+        starts = _fractional_starts(sample, sizes[d], outputs[d], kernel[d])  # (N, C, O_d)
+        taps = starts[..., :, None] + jnp.arange(kernel[d])  # (N, C, O_d, K_d)
+        stride = math.prod(sizes[d + 1 :])
+        shape = [1] * (2 * spatial)
+        shape[d], shape[spatial + d] = outputs[d], kernel[d]
+        # (N, C, O_0.., K_0..): output axes first, then window axes
+        taps = jnp.moveaxis(taps, -1, 2).reshape(taps.shape[:2] + (kernel[d], outputs[d]))
+        taps = jnp.swapaxes(taps, 2, 3).reshape(taps.shape[:2] + tuple(shape))
+        flat_positions = flat_positions + taps * stride
+    window = math.prod(kernel)  # explicit sizes: -1 cannot be inferred for an empty batch
+    flat_positions = flat_positions.reshape(planes.shape[:2] + tuple(outputs) + (window,))
+    flat_input = planes.reshape(planes.shape[:2] + (math.prod(sizes),))
+    gathered = flat_positions.reshape(planes.shape[:2] + (math.prod(outputs) * window,))
+    values = jnp.take_along_axis(flat_input, gathered, axis=-1).reshape(flat_positions.shape)
+    best = jnp.argmax(values, axis=-1)
+    out = jnp.take_along_axis(values, best[..., None], axis=-1)[..., 0]
+    indices = jnp.take_along_axis(flat_positions, best[..., None], axis=-1)[..., 0]
+    return (out, indices) if batched else (out[0], indices[0])
+
+
+@lowers(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 2)
+
+
+@lowers(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 3)
+
+
+@lowers(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _scatter_to_indices(grad_output, x, indices, 2)
+
+
+@lowers(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _scatter_to_indices(grad_output, x, indices, 3)
+
+
 @lowers(aten.adaptive_max_pool2d_backward.default)
 def adaptive_max_pool2d_backward(grad_output, x, indices):
     return _scatter_to_indices(grad_output, x, indices, 2)
@@ -263,6 +356,47 @@ def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=No
         matrix = _cubic_matrix(x.shape[axis], size_out, align_corners, scale, x.dtype)
         out = jnp.moveaxis(jnp.tensordot(out, matrix, axes=[[axis], [1]], precision="highest"), -1, axis)
     return out
+
+
+def _antialias_matrix(in_size, out_size, align_corners, scale, dtype):
+    """(out, in) weights of antialiased linear resampling: a triangle filter stretched by the
+    downscale factor (support 1 when upsampling), normalised per output, as ATen's _aa ops."""
+    if align_corners:
+        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    else:
+        ratio = float(resampling.source_scale(in_size, out_size, scale))
+    support = ratio if ratio >= 1.0 else 1.0
+    inverse = 1.0 / ratio if ratio >= 1.0 else 1.0
+    matrix = np.zeros((out_size, in_size))
+    for i in range(out_size):
+        center = ratio * (i + 0.5)
+        low = max(int(center - support + 0.5), 0)
+        high = min(int(center + support + 0.5), in_size)
+        taps = np.arange(low, high)
+        weights = np.maximum(0.0, 1.0 - np.abs((taps - center + 0.5) * inverse))
+        total = weights.sum()
+        matrix[i, low:high] = weights / total if total > 0 else weights
+    return jnp.asarray(matrix, dtype)
+
+
+def _upsample_bilinear_aa(x, output_size, align_corners, scales):
+    out = x
+    for dim, (size_out, scale) in enumerate(zip(output_size, scales)):
+        axis = x.ndim - 2 + dim
+        matrix = _antialias_matrix(x.shape[axis], size_out, align_corners, scale, x.dtype)
+        out = jnp.moveaxis(jnp.tensordot(out, matrix, axes=[[axis], [1]], precision="highest"), -1, axis)
+    return out
+
+
+@lowers(aten._upsample_bilinear2d_aa.default)
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_bilinear_aa(x, output_size, align_corners, (scales_h, scales_w))
+
+
+@lowers(aten._upsample_bilinear2d_aa_backward.default)
+def upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_bilinear_aa(v, output_size, align_corners, (scales_h, scales_w))
+    return _input_grad(forward, grad_output, input_size)
 
 
 @lowers(aten.upsample_nearest1d.default)
@@ -335,6 +469,17 @@ def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=Non
 @lowers(aten._upsample_nearest_exact2d_backward.default)
 def upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
     forward = lambda v: _upsample_nearest(v, output_size, (scales_h, scales_w), exact=True)
+    return _input_grad(forward, grad_output, input_size)
+
+
+@lowers(aten._upsample_nearest_exact1d_backward.default)
+def upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scales=None):
+    return _input_grad(lambda v: _upsample_nearest(v, output_size, (scales,), exact=True), grad_output, input_size)
+
+
+@lowers(aten._upsample_nearest_exact3d_backward.default)
+def upsample_nearest_exact3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
+    forward = lambda v: _upsample_nearest(v, output_size, (scales_d, scales_h, scales_w), exact=True)
     return _input_grad(forward, grad_output, input_size)
 
 

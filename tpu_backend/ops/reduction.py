@@ -8,6 +8,8 @@ propagate NaN; cummax/cummin report the last index of a tie; var/std take a
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -328,3 +330,79 @@ def mode(x, dim=-1, keepdim=False):
     if not keepdim:
         value, index = jnp.squeeze(value, axis), jnp.squeeze(index, axis)
     return value, index
+
+
+# --- segment_reduce: reductions over consecutive runs of `axis` given their lengths -------------
+
+_SEGMENT_OPS = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "prod": jax.ops.segment_prod,
+                "max": jax.ops.segment_max, "min": jax.ops.segment_min}
+_SEGMENT_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -jnp.inf, "min": jnp.inf}
+
+
+def _segment_reduce(data, reduce, lengths, axis, initial):
+    """ATen's rule: every segment starts from `initial` (else the reduction's identity); mean
+    divides by the length; an empty segment gives `initial`, or NaN for mean without one."""
+    axis = canonical_dim(axis, data.ndim)
+    leading, size, trailing = data.shape[:axis], data.shape[axis], data.shape[axis + 1 :]
+    batch = math.prod(leading)
+    segments = lengths.shape[-1]
+    rows = data.reshape((batch, size, math.prod(trailing)))
+    counts = jnp.broadcast_to(lengths.reshape((-1, segments)), (batch, segments))
+
+    def one_row(values, row_lengths):
+        ids = jnp.searchsorted(jnp.cumsum(row_lengths), jnp.arange(size), side="right")  # ids >= segments are dropped
+        return _SEGMENT_OPS[reduce](values, ids, num_segments=segments)
+
+    out = jax.vmap(one_row)(rows, counts)
+    start = _SEGMENT_IDENTITY[reduce] if initial is None else initial
+    empty = (counts == 0)[..., None]
+    if reduce in ("sum", "mean"):
+        out = out + start
+    elif reduce == "prod":
+        out = out * start
+    else:
+        out = jnp.where(empty, start, (jnp.maximum if reduce == "max" else jnp.minimum)(out, start))
+    if reduce == "mean":
+        out = out / jnp.maximum(counts, 1)[..., None].astype(out.dtype)
+        out = jnp.where(empty, jnp.nan if initial is None else initial, out)
+    return out.astype(data.dtype).reshape(leading + (segments,) + trailing)
+
+
+def _segment_lengths(lengths, offsets):
+    return lengths if lengths is not None else offsets[..., 1:] - offsets[..., :-1]
+
+
+@lowers(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    if indices is not None:
+        raise NotImplementedError("aten.segment_reduce: `indices` is not supported (ATen does not support it either)")
+    return _segment_reduce(data, reduce, _segment_lengths(lengths, offsets), axis, initial)
+
+
+@lowers(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    lengths = _segment_lengths(lengths, offsets)
+    if reduce == "prod":
+        return _segment_prod_backward(grad, data, lengths, axis, initial)
+    forward = lambda values: _segment_reduce(values, reduce, lengths, axis, initial)
+    return jax.vjp(forward, data)[1](grad.astype(data.dtype))[0]
+
+
+def _segment_prod_backward(grad, data, lengths, axis, initial):
+    """d prod / d x_i = initial * (product of the other elements of i's segment), exact with
+    zeros (JAX has no gradient for a scatter-multiply). Quadratic in the segmented size."""
+    axis = canonical_dim(axis, data.ndim)
+    leading, size, trailing = data.shape[:axis], data.shape[axis], data.shape[axis + 1 :]
+    batch, segments = math.prod(leading), lengths.shape[-1]
+    rows = data.reshape((batch, size, math.prod(trailing)))
+    grads = grad.reshape((batch, segments, math.prod(trailing)))
+    counts = jnp.broadcast_to(lengths.reshape((-1, segments)), (batch, segments))
+
+    def one_row(values, row_grad, row_lengths):
+        ids = jnp.searchsorted(jnp.cumsum(row_lengths), jnp.arange(size), side="right")
+        others = (ids[:, None] == ids[None, :]) & ~jnp.eye(size, dtype=bool)  # (i, j): j in i's segment, j != i
+        product = jnp.prod(jnp.where(others[..., None], values[None, :, :], 1), axis=1)
+        upstream = row_grad[jnp.minimum(ids, segments - 1)] * (ids < segments)[:, None]
+        return upstream * product * (1.0 if initial is None else initial)
+
+    return jax.vmap(one_row)(rows, grads, counts).astype(data.dtype).reshape(data.shape)

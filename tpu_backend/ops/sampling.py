@@ -1,4 +1,4 @@
-"""`grid_sampler_2d` (F.grid_sample) and its backward.
+"""`grid_sampler_2d` and `grid_sampler_3d` (F.grid_sample) and their backwards.
 
 Grid coordinates in [-1, 1] are mapped to pixels (`align_corners` decides whether -1
 is the first pixel's centre or its outer edge), folded by the padding mode (zeros,
@@ -85,5 +85,54 @@ def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
 def grid_sampler_2d_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
     """(grad_input, grad_grid); None where output_mask is False."""
     forward = lambda image, coords: _grid_sample(image, coords, interpolation_mode, padding_mode, align_corners)
+    grad_input, grad_grid = jax.vjp(forward, x, grid)[1](grad_output)
+    return tuple(g if wanted else None for g, wanted in zip((grad_input, grad_grid), output_mask))
+
+
+# --- 3-D (volumes): grid (N, Do, Ho, Wo, 3) holds (x, y, z); nearest or trilinear -----------
+
+
+def _read_volume(volume, zs, ys, xs):
+    """volume (N, C, D, H, W) at integer (N, Do, Ho, Wo) positions; 0 outside -> (N, C, Do, Ho, Wo)."""
+    depth, height, width = volume.shape[-3:]
+    inside = (zs >= 0) & (zs < depth) & (ys >= 0) & (ys < height) & (xs >= 0) & (xs < width)
+    batch = jnp.arange(volume.shape[0])[:, None, None, None]
+    values = volume[batch, :, jnp.clip(zs, 0, depth - 1), jnp.clip(ys, 0, height - 1), jnp.clip(xs, 0, width - 1)]
+    values = jnp.where(inside[..., None], values, 0)
+    return jnp.moveaxis(values, -1, 1)
+
+
+def _grid_sample_3d(volume, grid, interpolation_mode, padding_mode, align_corners):
+    if volume.dtype in (jnp.float16, jnp.bfloat16):  # interpolate in float32, round once
+        out = _grid_sample_3d(volume.astype(jnp.float32), grid.astype(jnp.float32), interpolation_mode, padding_mode, align_corners)
+        return out.astype(volume.dtype)
+    depth, height, width = volume.shape[-3:]
+    x = _source_coordinate(grid[..., 0], width, padding_mode, align_corners)
+    y = _source_coordinate(grid[..., 1], height, padding_mode, align_corners)
+    z = _source_coordinate(grid[..., 2], depth, padding_mode, align_corners)
+    if interpolation_mode == NEAREST:
+        return _read_volume(volume, *(jnp.round(c).astype(jnp.int32) for c in (z, y, x)))
+    if interpolation_mode != BILINEAR:  # ATen has no bicubic for volumes either
+        raise NotImplementedError("aten.grid_sampler_3d: only nearest and bilinear (trilinear) modes exist")
+    x0, y0, z0 = jnp.floor(x), jnp.floor(y), jnp.floor(z)
+    wx, wy, wz = (x - x0)[:, None], (y - y0)[:, None], (z - z0)[:, None]
+    x0, y0, z0 = x0.astype(jnp.int32), y0.astype(jnp.int32), z0.astype(jnp.int32)
+    out = 0
+    for dz, fz in ((0, 1 - wz), (1, wz)):
+        for dy, fy in ((0, 1 - wy), (1, wy)):
+            for dx, fx in ((0, 1 - wx), (1, wx)):
+                out = out + _read_volume(volume, z0 + dz, y0 + dy, x0 + dx) * (fz * fy * fx)
+    return out.astype(volume.dtype)
+
+
+@lowers(aten.grid_sampler_3d.default)
+def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample_3d(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowers(aten.grid_sampler_3d_backward.default)
+def grid_sampler_3d_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    """(grad_input, grad_grid); None where output_mask is False."""
+    forward = lambda volume, coords: _grid_sample_3d(volume, coords, interpolation_mode, padding_mode, align_corners)
     grad_input, grad_grid = jax.vjp(forward, x, grid)[1](grad_output)
     return tuple(g if wanted else None for g, wanted in zip((grad_input, grad_grid), output_mask))

@@ -8,6 +8,10 @@ are stable, which is also a valid answer where ATen does not promise stability.
 
 from __future__ import annotations
 
+import functools
+import math
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -69,12 +73,15 @@ def _search(sorted_sequence, values, right, sorter):
     side = "right" if right else "left"
     if sorter is not None:
         sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    if sorted_sequence.shape[-1] == 0 or values.size == 0:  # nothing to search, or in
+        return jnp.zeros(values.shape, jnp.int64)
     if sorted_sequence.ndim == 1:
         return jnp.searchsorted(sorted_sequence, values, side=side)
+    # batched: row i of the values searches row i of the sequence (shapes explicit: rows may be empty)
     flat_seq = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
-    flat_val = values.reshape(flat_seq.shape[0], -1)
-    rows = [jnp.searchsorted(flat_seq[i], flat_val[i], side=side) for i in range(flat_seq.shape[0])]
-    return jnp.stack(rows).reshape(values.shape)
+    flat_val = values.reshape(flat_seq.shape[0], values.shape[-1])
+    rows = jax.vmap(lambda seq, val: jnp.searchsorted(seq, val, side=side))(flat_seq, flat_val)
+    return rows.reshape(values.shape)
 
 
 @lowers(aten.searchsorted.Tensor)
@@ -106,6 +113,8 @@ def bucketize_scalar(value, boundaries, *, out_int32=False, right=False):
 @lowers(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
     """Equal-width histogram over [min, max]; min == max means the data's own range."""
+    if x.size == 0:
+        return jnp.zeros((bins,), x.dtype)
     lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
     same = lo == hi
     lo, hi = jnp.where(same, jnp.min(x), lo), jnp.where(same, jnp.max(x), hi)
@@ -114,6 +123,90 @@ def histc(x, bins=100, min=0, max=0):
     position = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int32)
     position = jnp.clip(position, 0, bins - 1)  # x == max falls in the last bin
     return jnp.zeros((bins,), x.dtype).at[position].add(inside.astype(x.dtype))
+
+
+def _histogram_counts(x, edges, weight, density):
+    """Counts (or weights) per bin [edges[i], edges[i+1]); the last bin also holds its right
+    edge; values outside are dropped. density divides by the total and the bin widths."""
+    flat = x.reshape(-1)
+    bins = edges.shape[0] - 1
+    position = jnp.searchsorted(edges, flat, side="right") - 1
+    position = jnp.where(flat == edges[-1], bins - 1, position)
+    inside = (flat >= edges[0]) & (flat <= edges[-1])
+    amount = (weight.reshape(-1) if weight is not None else jnp.ones_like(flat)).astype(x.dtype)
+    hist = jnp.zeros((bins,), x.dtype).at[jnp.clip(position, 0, bins - 1)].add(jnp.where(inside, amount, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
+    return hist
+
+
+@lowers(aten.histogram.bin_ct)
+def histogram(x, bins=100, *, range=None, weight=None, density=False):
+    """bins equal-width bins over `range`, else over the data's [min, max] (widened by 0.5
+    each side when they are equal; [0, 1] for empty input), as ATen."""
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
+    elif x.size == 0:
+        lo, hi = jnp.asarray(0, x.dtype), jnp.asarray(1, x.dtype)
+    else:
+        lo, hi = jnp.min(x), jnp.max(x)
+    lo, hi = jnp.where(lo == hi, lo - 0.5, lo), jnp.where(lo == hi, hi + 0.5, hi)
+    edges = jnp.linspace(lo, hi, bins + 1, dtype=x.dtype)
+    return _histogram_counts(x, edges, weight, density), edges
+
+
+@lowers(aten.histogram.bins_tensor)
+def histogram_edges(x, bins, *, weight=None, density=False):
+    return _histogram_counts(x, bins.astype(x.dtype), weight, density), bins
+
+
+def _histogramdd_edges(x, bins, range):
+    """Per dim: equal-width edges over range[2d:2d+2] or the column's [min, max] (as histogram)."""
+    points = x.reshape(-1, x.shape[-1])
+    edges = []
+    for d, count in enumerate(bins):
+        if range is not None:
+            lo, hi = jnp.asarray(range[2 * d], x.dtype), jnp.asarray(range[2 * d + 1], x.dtype)
+        elif points.shape[0] == 0:
+            lo, hi = jnp.asarray(0, x.dtype), jnp.asarray(1, x.dtype)
+        else:
+            lo, hi = jnp.min(points[:, d]), jnp.max(points[:, d])
+        lo, hi = jnp.where(lo == hi, lo - 0.5, lo), jnp.where(lo == hi, hi + 0.5, hi)
+        edges.append(jnp.linspace(lo, hi, count + 1, dtype=x.dtype))
+    return edges
+
+
+def _histogramdd_counts(x, edges, weight, density):
+    points = x.reshape(-1, x.shape[-1])
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    inside = jnp.ones(points.shape[0], bool)
+    positions = []
+    for d, e in enumerate(edges):
+        column = points[:, d]
+        position = jnp.where(column == e[-1], shape[d] - 1, jnp.searchsorted(e, column, side="right") - 1)
+        positions.append(jnp.clip(position, 0, shape[d] - 1))
+        inside &= (column >= e[0]) & (column <= e[-1])
+    amount = (weight.reshape(-1) if weight is not None else jnp.ones(points.shape[0])).astype(x.dtype)
+    hist = jnp.zeros(shape, x.dtype).at[tuple(positions)].add(jnp.where(inside, amount, 0))
+    if density:
+        volume = functools.reduce(jnp.multiply, jnp.ix_(*[e[1:] - e[:-1] for e in edges]))
+        hist = hist / (jnp.sum(hist) * volume)
+    return hist
+
+
+@lowers(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_edges(x, bins, range)
+
+
+@lowers(aten._histogramdd_from_bin_cts.default)
+def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_counts(x, _histogramdd_edges(x, bins, range), weight, density)
+
+
+@lowers(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    return _histogramdd_counts(x, [b.astype(x.dtype) for b in bins], weight, density)
 
 
 @lowers(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
@@ -143,6 +236,13 @@ def unique2(x, sorted=True, return_inverse=False, return_counts=False):
     return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, x.shape)
 
 
+@lowers(aten._unique.default, data_dependent=True)
+def unique(x, sorted=True, return_inverse=False):
+    """(sorted unique values, inverse or empty)."""
+    values, inverse, _ = unique2(x, sorted, return_inverse, False)
+    return values, inverse
+
+
 @lowers(aten.unique_dim.default, data_dependent=True)
 def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
     axis = canonical_dim(dim, x.ndim)
@@ -161,13 +261,20 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     else:
         axis = canonical_dim(dim, x.ndim)
         moved = np.moveaxis(host, axis, 0)
-        changed = np.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, -1), axis=1) if moved.shape[0] else np.zeros((0,), bool)
+        changed = np.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, math.prod(moved.shape[1:])), axis=1) if moved.shape[0] else np.zeros((0,), bool)
         starts = np.concatenate([[True], changed]) if moved.shape[0] else changed
         values = np.moveaxis(moved[starts], 0, axis)
         inverse_shape = (x.shape[axis],)
     inverse = np.cumsum(starts) - 1
     counts = np.diff(np.append(np.flatnonzero(starts), starts.size))
     return _unique_outputs(values, inverse, counts, x, return_inverse, return_counts, inverse_shape)
+
+
+@lowers(aten.repeat_interleave.Tensor, data_dependent=True)
+def repeat_interleave_indices(repeats, *, output_size=None):
+    """i repeated repeats[i] times (the index form; repeat_interleave(x, tensor) gathers by it)."""
+    counts = _host(repeats).reshape(-1)
+    return jnp.asarray(np.repeat(np.arange(counts.size, dtype=np.int64), counts))
 
 
 @lowers(aten.bincount.default, data_dependent=True)

@@ -8,7 +8,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.converter.lowering.conftest import Fn
 from tests.helpers import assert_converts
 
 torch.manual_seed(0)
