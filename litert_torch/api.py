@@ -124,10 +124,11 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
         if has_qdq(model):
             from converter.quantize import QuantConfig
             quant_config = QuantConfig("pt2e")
+    quant_report = None
     if quant_config is not None:
         from converter.quantize import quantize
         with stages.stage("quantize", str(quant_config)):
-            model = quantize(model, quant_config, calibration_data)
+            quant_report = quantize(model, quant_config, calibration_data)  # rewrites model in place
     report = None
     if profile is not None:
         from runtimes.targets import prepare_for_target
@@ -140,4 +141,5 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     edge.ir_model = model
     edge.timings = dict(stages.timings)
     edge.target_report = report
+    edge.quant_report = quant_report
     return edge

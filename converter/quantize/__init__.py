@@ -21,8 +21,10 @@ import torch
 
 from converter import ir
 from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, QuantConfig
+from converter.quantize.report import FloatOp, QuantizationWarning, QuantReport
 
-__all__ = ["QuantConfig", "validate_config", "quantize", "SCHEMES"]
+__all__ = ["QuantConfig", "QuantReport", "FloatOp", "QuantizationWarning", "validate_config", "quantize",
+           "SCHEMES"]
 
 _IO_FOR = {"full_int8": ("float", "int8", "uint8"), "int16x8": ("float", "int16"), "pt2e": ("float", "int8")}
 
@@ -153,15 +155,17 @@ def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def quantize(model: ir.Model, config: QuantConfig, calibration_data=None) -> ir.Model:
-    """Apply `config` to the converted float `model` (in place); returns it."""
+def quantize(model: ir.Model, config: QuantConfig, calibration_data=None) -> QuantReport | None:
+    """Apply `config` to the converted float `model` (in place). Full-integer schemes
+    return a QuantReport listing every op left in float (and warn about those the user did
+    not ask for); weight-only schemes return None."""
     from converter.quantize import full_integer, qdq, weights
 
     config = _as_config(config)
     if config.scheme in ("dynamic_int8", "weight_only_int8", "weight_only_int4", "float16"):
         for graph in model.graphs:
             weights.quantize_weights(graph, config.scheme, config.keep_float, config.block_size)
-        return model
+        return None
     fixed = {g.name: qdq.absorb_qdq(g) for g in model.graphs}  # a torch.ao model's own parameters
     activations = "int16" if config.scheme == "int16x8" else "int8"
     ranges = {g.name: {} for g in model.graphs}
@@ -173,8 +177,13 @@ def quantize(model: ir.Model, config: QuantConfig, calibration_data=None) -> ir.
             raise ValueError("quantize(): the config holds no calibration samples; it must come from "
                              "validate_config (litert_torch.convert(..., quant_config=, calibration_data=) does this)")
         ranges = collect_ranges(model, samples)
+    report = QuantReport(str(config))
     for graph in model.graphs:
-        full_integer.quantize_graph(graph, ranges[graph.name], activations=activations, io=config.io,
-                                    keep_float=config.keep_float, fixed=fixed[graph.name])
-    return model
+        count, float_ops = full_integer.quantize_graph(graph, ranges[graph.name], activations=activations,
+                                                       io=config.io, keep_float=config.keep_float,
+                                                       fixed=fixed[graph.name])
+        report.quantized_ops += count
+        report.float_ops += float_ops
+    report.warn(stacklevel=5)  # the user's call of litert_torch.convert
+    return report
 

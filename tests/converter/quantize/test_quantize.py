@@ -62,6 +62,28 @@ def _rel_error(actual, expected) -> float:
     return float(np.max(np.abs(np.asarray(actual, np.float64) - expected)) / np.max(np.abs(expected)))
 
 
+def assert_fully_integer(edge, act=np.int8) -> None:
+    """Every op computes in integers: no float32 tensor but the model's float inputs, the
+    QUANTIZE of those inputs and the DEQUANTIZE of its outputs; nothing left float in
+    `edge.quant_report`."""
+    for graph in edge.ir_model.graphs:
+        inputs = {t.id for t in graph.inputs}
+        outputs = {t.id for t in graph.outputs}
+        for op in graph.ops:
+            where = f"{op.opcode} of layer {op.module!r}: {op!r}"
+            if op.opcode == "QUANTIZE":
+                assert op.inputs[0].id in inputs or op.inputs[0].dtype == act, where
+            elif op.opcode == "DEQUANTIZE":
+                assert op.outputs[0].id in outputs, f"float island mid-graph: {where}"
+            for t in op.outputs:
+                assert t.dtype != np.float32 or t.id in outputs, f"float32 output: {where}"
+                assert t.dtype in (np.dtype(act), np.float32) or not np.issubdtype(t.dtype, np.floating), where
+            if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
+                assert op.inputs[1].dtype == np.int8, where
+    report = edge.quant_report
+    assert report is not None and report.float_ops == [], str(report)
+
+
 def _tensor_types(edge) -> dict[str, str]:
     return {d["name"]: np.dtype(d["dtype"]).name for d in edge.runtime.interpreter.get_tensor_details()}
 
