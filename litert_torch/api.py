@@ -128,7 +128,9 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     if quant_config is not None:
         from converter.quantize import quantize
         with stages.stage("quantize", str(quant_config)):
-            quant_report = quantize(model, quant_config, calibration_data)  # rewrites model in place
+            from litert_torch.quantize import calibration_runner
+            quant_report = quantize(model, quant_config, calibration_data,  # rewrites model in place
+                                    runner=calibration_runner, progress=stages)
     report = None
     if profile is not None:
         from runtimes.targets import prepare_for_target

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from converter.quantize.config import SCHEMES, QuantConfig
+from converter.quantize.config import CALIBRATIONS, SCHEMES, QuantConfig
 
-__all__ = ["QuantConfig", "SCHEMES", "dynamic_int8", "weight_only_int8", "weight_only_int4", "float16",
+__all__ = ["QuantConfig", "SCHEMES", "CALIBRATIONS", "dynamic_int8", "weight_only_int8", "weight_only_int4", "float16",
            "full_int8", "int16x8", "pt2e"]
 
 
@@ -51,18 +51,29 @@ def float16(*, keep_float=None) -> QuantConfig:
     return QuantConfig("float16", _names(keep_float))
 
 
-def full_int8(io: str = "float", *, keep_float=None) -> QuantConfig:
+def full_int8(io: str = "float", *, keep_float=None, calibration: str = "minmax", percentile: float = 99.99,
+              averaging_constant: float = 0.1) -> QuantConfig:
     """Full-integer int8: calibrated per-tensor activations, per-channel weights, int32
     biases. Needs `calibration_data=`. `io`: "float" (the model quantizes its inputs and
-    dequantizes its outputs), "int8" or "uint8" (microcontrollers, Edge TPU)."""
-    return QuantConfig("full_int8", _names(keep_float), io=io)
+    dequantizes its outputs), "int8" or "uint8" (microcontrollers, Edge TPU).
+
+    calibration: how each activation's range is estimated from the samples:
+        "minmax" (every value representable; outliers widen the range), "percentile"
+        (clip the (100 - `percentile`)% most extreme values at each end), "mse" (the
+        range minimising the squared quantization error), "moving_average" (moving
+        average of each sample's min/max, weight `averaging_constant`).
+    Ops that stay float are listed in `edge.quant_report` (and warned about)."""
+    return QuantConfig("full_int8", _names(keep_float), io=io, calibration=calibration, percentile=percentile,
+                       averaging_constant=averaging_constant).check()
 
 
-def int16x8(io: str = "float", *, keep_float=None) -> QuantConfig:
+def int16x8(io: str = "float", *, keep_float=None, calibration: str = "minmax", percentile: float = 99.99,
+            averaging_constant: float = 0.1) -> QuantConfig:
     """int16 activations, int8 weights, int64 biases: more accurate than int8 where the
-    ranges are wide. Needs `calibration_data=`; `io` is "float" or "int16".
-    (LiteRT runs it with its builtin kernels; XNNPACK has no int16x8.)"""
-    return QuantConfig("int16x8", _names(keep_float), io=io)
+    ranges are wide. Needs `calibration_data=`; `io` is "float" or "int16"; `calibration`
+    as for `full_int8`. (LiteRT runs it with its builtin kernels; XNNPACK has no int16x8.)"""
+    return QuantConfig("int16x8", _names(keep_float), io=io, calibration=calibration, percentile=percentile,
+                       averaging_constant=averaging_constant).check()
 
 
 def pt2e(io: str = "float", *, keep_float=None) -> QuantConfig:
@@ -70,3 +81,22 @@ def pt2e(io: str = "float", *, keep_float=None) -> QuantConfig:
     decide every parameter; nothing is re-quantized or calibrated. This is also what
     `convert` does by itself when it finds such pairs and no quant_config is given."""
     return QuantConfig("pt2e", _names(keep_float), io=io)
+
+
+class _CalibrationRunner:
+    """The float model in LiteRT's builtin kernels (no XNNPACK), every intermediate kept:
+    what `converter.quantize` calibrates with."""
+
+    def __init__(self, model_content: bytes):
+        from runtimes.litert import LiteRTModel
+
+        self._model = LiteRTModel(model_content, use_xnnpack=False, preserve_all_tensors=True)
+
+    def run(self, inputs, signature: str):
+        return self._model.run(inputs, signature)
+
+    def get_tensor(self, index: int, subgraph: int):
+        return self._model.interpreter.get_tensor(index, subgraph)
+
+
+calibration_runner = _CalibrationRunner

@@ -14,7 +14,10 @@ calibration set; it returns the config holding the checked calibration samples.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -47,6 +50,7 @@ def validate_config(config, calibration_data, specs) -> QuantConfig:
     config = _as_config(config)
     if config.scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {config.scheme!r}; one of {', '.join(SCHEMES)}")
+    config.check()
     if config.scheme == "weight_only_int4":
         _check_block_size(config, specs)
     allowed_io = _IO_FOR.get(config.scheme, ("float",))
@@ -65,7 +69,7 @@ def validate_config(config, calibration_data, specs) -> QuantConfig:
     elif calibration_data is not None:
         warnings.warn(f"calibration_data is ignored by {config.scheme} (only {', '.join(CALIBRATED)} calibrate)",
                       stacklevel=3)
-    return QuantConfig(config.scheme, tuple(config.keep_float), config.block_size, config.io, samples)
+    return dataclasses.replace(config, keep_float=tuple(config.keep_float), samples=samples)
 
 
 def _check_block_size(config: QuantConfig, specs) -> None:
@@ -98,7 +102,7 @@ def _sample_tuple(sample, where: str) -> tuple:
     return sample
 
 
-def _check_calibration(calibration_data, specs) -> dict[str, list[tuple]]:
+def _check_calibration(calibration_data, specs) -> dict[str, "CalibrationSamples"]:
     if isinstance(calibration_data, dict):
         missing = [s.name for s in specs if s.name not in calibration_data]
         unknown = [k for k in calibration_data if k not in {s.name for s in specs}]
@@ -119,20 +123,60 @@ def _check_calibration(calibration_data, specs) -> dict[str, list[tuple]]:
         if spec.sample_kwargs:
             raise ValueError(f"signature '{spec.name}' has keyword inputs; calibration passes inputs "
                              f"positionally: convert with every input in sample_args")
-        samples = []
-        for k, sample in enumerate(per_spec[spec.name]):
-            where = f"calibration sample {k}" + (f" of signature '{spec.name}'" if len(specs) > 1 else "")
-            sample = _sample_tuple(sample, where)
-            if len(sample) != len(spec.sample_args):
-                raise ValueError(f"{where} has {len(sample)} input(s); the model takes {len(spec.sample_args)} "
-                                 f"like sample_args")
-            samples.append(tuple(_check_input(x, ref, f"{where}, input {i}", spec.dynamic_shapes is not None)
-                                 for i, (x, ref) in enumerate(zip(sample, spec.sample_args))))
-        if not samples:
+        out[spec.name] = CalibrationSamples(per_spec[spec.name], spec, len(specs) > 1)
+    return out
+
+
+class CalibrationSamples:
+    """One signature's calibration samples, checked before any conversion work and then
+    streamed (each converted to numpy as it is used, none kept).
+
+    A sequence (list, tuple, Dataset-like) is checked whole up front and can be read
+    several times; a one-shot iterator (a generator) has its first sample checked up
+    front and the others as they stream (an error names the sample)."""
+
+    def __init__(self, source, spec, several: bool):
+        self.spec, self.several = spec, several
+        if isinstance(source, (str, bytes)) or not hasattr(source, "__iter__"):
+            raise TypeError(f"calibration_data must be an iterable of samples, got {type(source).__name__}")
+        if isinstance(source, Sequence) or (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+            self.source, self.one_shot = source, False
+            for k in range(len(source)):
+                self._checked(source[k], k)
+            count = len(source)
+        else:
+            iterator = iter(source)
+            first = next(iterator, None)
+            if first is not None:
+                self._checked(first, 0)
+            self.source, self.one_shot = (itertools.chain([first], iterator) if first is not None else ()), True
+            count = int(first is not None)
+        if not count:
             raise ValueError(f"calibration_data for '{spec.name}' is empty; give at least one sample "
                              f"(a few dozen representative inputs work well)")
-        out[spec.name] = samples
-    return out
+        self._used = False
+
+    def __len__(self) -> int:
+        if self.one_shot:
+            raise TypeError("a one-shot iterator of samples has no known length")
+        return len(self.source)
+
+    def __iter__(self):
+        if self.one_shot and self._used:
+            raise RuntimeError("the calibration samples came from a one-shot iterator (a generator) that "
+                               "is used up; pass a list (or another sequence) to calibrate more than once")
+        self._used = True
+        for k, sample in enumerate(self.source):
+            yield self._checked(sample, k)
+
+    def _checked(self, sample, k: int) -> tuple:
+        where = f"calibration sample {k}" + (f" of signature '{self.spec.name}'" if self.several else "")
+        sample = _sample_tuple(sample, where)
+        args = self.spec.sample_args
+        if len(sample) != len(args):
+            raise ValueError(f"{where} has {len(sample)} input(s); the model takes {len(args)} like sample_args")
+        return tuple(_check_input(x, ref, f"{where}, input {i}", self.spec.dynamic_shapes is not None)
+                     for i, (x, ref) in enumerate(zip(sample, args)))
 
 
 def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
@@ -155,10 +199,15 @@ def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def quantize(model: ir.Model, config: QuantConfig, calibration_data=None) -> QuantReport | None:
+def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, runner=None,
+             progress=None) -> QuantReport | None:
     """Apply `config` to the converted float `model` (in place). Full-integer schemes
     return a QuantReport listing every op left in float (and warn about those the user did
-    not ask for); weight-only schemes return None."""
+    not ask for); weight-only schemes return None.
+
+    runner: for calibrated schemes, model bytes -> an interpreter that keeps every tensor
+    (`litert_torch.quantize.calibration_runner`; see `calibrate.py`).
+    progress: a converter.progress.Progress showing the calibration samples done."""
     from converter.quantize import full_integer, qdq, weights
 
     config = _as_config(config)
@@ -176,7 +225,12 @@ def quantize(model: ir.Model, config: QuantConfig, calibration_data=None) -> Qua
         if samples is None:
             raise ValueError("quantize(): the config holds no calibration samples; it must come from "
                              "validate_config (litert_torch.convert(..., quant_config=, calibration_data=) does this)")
-        ranges = collect_ranges(model, samples)
+        if runner is None:
+            raise ValueError("quantize(): calibrated schemes need runner= (an interpreter factory, "
+                             "litert_torch.quantize.calibration_runner)")
+        ranges = collect_ranges(model, samples, runner, method=config.calibration, percentile=config.percentile,
+                                averaging_constant=config.averaging_constant, activations=activations,
+                                progress=progress)
     report = QuantReport(str(config))
     for graph in model.graphs:
         count, float_ops = full_integer.quantize_graph(graph, ranges[graph.name], activations=activations,
