@@ -193,15 +193,25 @@ def test_keep_float_by_layer_name_and_op_type(cnn):
 
 
 def test_transformer_block_full_int8():
-    model = _model(TinyBlock)
-    x = torch.randn(1, 4, 32)
-    calibration = [(torch.randn(1, 4, 32, generator=torch.Generator().manual_seed(i)),) for i in range(6)]
-    with torch.no_grad():
-        expected = model(x).numpy()
+    # The block returns x + attn(x) + mlp(...): compare what the block adds to its input
+    # (the residual alone would pass any tolerance relative to max|out|), on fresh inputs.
+    torch.manual_seed(0)
+    model = TinyBlock(64, 4).eval()
+    x = torch.randn(1, 8, 64)
+    calibration = [(torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(i)),) for i in range(16)]
     edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=calibration)
-    assert _rel_error(edge(x), expected) < 0.1
-    int8_ops = {op.opcode for op in edge.ir_model.graphs[0].ops if op.outputs[0].dtype == np.int8}
-    assert {"FULLY_CONNECTED", "SOFTMAX", "ADD"} <= int8_ops
+    assert_fully_integer(edge)  # layer norm (decomposed), attention matmuls, softmax, GELU, residual adds
+    opcodes = {op.opcode for op in edge.ir_model.graphs[0].ops}
+    assert {"FULLY_CONNECTED", "BATCH_MATMUL", "SOFTMAX", "GELU", "RSQRT", "MEAN", "ADD"} <= opcodes
+    for seed in range(3):
+        fresh = torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(100 + seed))
+        with torch.no_grad():
+            added = (model(fresh) - fresh).numpy()
+        got = edge(fresh) - fresh.numpy()
+        assert _rel_error(got, added) < 0.12  # measured 0.071 (minmax calibration)
+        assert np.sqrt(np.mean((got - added) ** 2) / np.mean(added**2)) < 0.1  # measured 0.069
+    float_size = len(litert_torch.convert(model, (x,)).model_content())
+    assert len(edge.model_content()) < 0.36 * float_size  # 50k parameters: measured 0.339
 
 
 # ---- errors before any work ----------------------------------------------------------------
