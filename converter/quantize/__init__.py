@@ -23,17 +23,17 @@ import numpy as np
 import torch
 
 from converter import ir
-from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, QuantConfig
+from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, AutoConfig, QuantConfig
 from converter.quantize.report import FloatOp, QuantizationWarning, QuantReport
 
-__all__ = ["QuantConfig", "QuantReport", "FloatOp", "QuantizationWarning", "validate_config", "quantize",
+__all__ = ["QuantConfig", "AutoConfig", "CalibrationSamples", "calibrated_ranges", "QuantReport", "FloatOp", "QuantizationWarning", "validate_config", "quantize",
            "SCHEMES"]
 
 _IO_FOR = {"full_int8": ("float", "int8", "uint8"), "int16x8": ("float", "int16"), "pt2e": ("float", "int8")}
 
 
 def _as_config(config) -> QuantConfig:
-    if isinstance(config, QuantConfig):
+    if isinstance(config, (QuantConfig, AutoConfig)):
         return config
     if isinstance(config, str) and config in SCHEMES:
         return QuantConfig(config)
@@ -48,6 +48,16 @@ def validate_config(config, calibration_data, specs) -> QuantConfig:
     from converter.quantize.select import check_keep_float
 
     config = _as_config(config)
+    if isinstance(config, AutoConfig):
+        config.check()
+        base = validate_config(config.base, calibration_data, specs)
+        if len(specs) != 1:
+            raise ValueError("auto: mixed precision for a budget takes a model with one signature")
+        evals = CalibrationSamples(config.eval_data, specs[0], False)
+        if evals.one_shot:
+            raise TypeError("auto: eval_data must be a list (or another sequence) of samples: "
+                            "it is evaluated once per candidate")
+        return dataclasses.replace(config, base=base, eval_samples={specs[0].name: evals})
     if config.scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {config.scheme!r}; one of {', '.join(SCHEMES)}")
     config.check()
@@ -211,6 +221,10 @@ def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, run
     from converter.quantize import full_integer, qdq, weights
 
     config = _as_config(config)
+    if isinstance(config, AutoConfig):
+        from converter.quantize.mixed import quantize_for_budget
+
+        return quantize_for_budget(model, config, runner, progress)
     if config.scheme in ("dynamic_int8", "weight_only_int8", "weight_only_int4", "float16"):
         for graph in model.graphs:
             weights.quantize_weights(graph, config.scheme, config.keep_float, config.block_size)
@@ -219,18 +233,7 @@ def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, run
     activations = "int16" if config.scheme == "int16x8" else "int8"
     ranges = {g.name: {} for g in model.graphs}
     if config.scheme in CALIBRATED:
-        from converter.quantize.calibrate import collect_ranges
-
-        samples = config.samples
-        if samples is None:
-            raise ValueError("quantize(): the config holds no calibration samples; it must come from "
-                             "validate_config (litert_torch.convert(..., quant_config=, calibration_data=) does this)")
-        if runner is None:
-            raise ValueError("quantize(): calibrated schemes need runner= (an interpreter factory, "
-                             "litert_torch.quantize.calibration_runner)")
-        ranges = collect_ranges(model, samples, runner, method=config.calibration, percentile=config.percentile,
-                                averaging_constant=config.averaging_constant, activations=activations,
-                                progress=progress)
+        ranges = calibrated_ranges(model, config, runner, progress)
     report = QuantReport(str(config))
     for graph in model.graphs:
         count, float_ops = full_integer.quantize_graph(graph, ranges[graph.name], activations=activations,
@@ -241,3 +244,18 @@ def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, run
     report.warn(stacklevel=5)  # the user's call of litert_torch.convert
     return report
 
+
+
+def calibrated_ranges(model: ir.Model, config: QuantConfig, runner, progress=None) -> dict:
+    """Per graph name: tensor id -> (min, max), by `config`'s calibration method."""
+    from converter.quantize.calibrate import collect_ranges
+
+    if config.samples is None:
+        raise ValueError("the config holds no calibration samples; it must come from validate_config "
+                         "(litert_torch.convert(..., quant_config=, calibration_data=) does this)")
+    if runner is None:
+        raise ValueError("calibrated schemes need runner= (an interpreter factory, "
+                         "litert_torch.quantize.calibration_runner)")
+    return collect_ranges(model, config.samples, runner, method=config.calibration, percentile=config.percentile,
+                          averaging_constant=config.averaging_constant,
+                          activations="int16" if config.scheme == "int16x8" else "int8", progress=progress)

@@ -76,3 +76,58 @@ class QuantConfig:
     @property
     def activation_dtype(self) -> str | None:
         return {"full_int8": "int8", "int16x8": "int16", "pt2e": "int8"}.get(self.scheme)
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """Mixed precision for an accuracy budget: `base` (full_int8 or int16x8) with the
+    fewest layers kept float that meet `max_error` (relative RMS error of the outputs)
+    or `min_agreement` (top-1 agreement with the float model) on `eval_data`, chosen in
+    the sensitivity order (`converter/quantize/sensitivity.py`)."""
+
+    base: QuantConfig
+    max_error: float | None = None
+    min_agreement: float | None = None
+    eval_data: object = field(default=None, compare=False, repr=False)
+    eval_samples: dict = field(default=None, compare=False, repr=False)  # filled by validate_config
+
+    @property
+    def scheme(self) -> str:
+        return self.base.scheme
+
+    @property
+    def keep_float(self) -> tuple[str, ...]:
+        return self.base.keep_float
+
+    @property
+    def io(self) -> str:
+        return self.base.io
+
+    def check(self) -> "AutoConfig":
+        if not isinstance(self.base, QuantConfig) or self.base.scheme not in CALIBRATED:
+            raise ValueError(f"auto: scheme must be quantize.full_int8(...) or quantize.int16x8(...), got {self.base!r}")
+        self.base.check()
+        if (self.max_error is None) == (self.min_agreement is None):
+            raise ValueError("auto: give exactly one budget, max_error= (relative RMS error of the outputs, e.g. "
+                             "0.02) or min_agreement= (top-1 agreement with the float model, e.g. 0.99)")
+        if self.max_error is not None and not (isinstance(self.max_error, (int, float)) and self.max_error > 0):
+            raise ValueError(f"auto: max_error={self.max_error!r} must be a positive number, e.g. 0.02")
+        if self.min_agreement is not None and not (isinstance(self.min_agreement, (int, float))
+                                                   and 0 < self.min_agreement <= 1):
+            raise ValueError(f"auto: min_agreement={self.min_agreement!r} must be in (0, 1], e.g. 0.99")
+        if self.eval_data is None:
+            raise ValueError("auto: eval_data= is required: a list of sample-args tuples (representative inputs, "
+                             "different from the calibration samples) on which the budget is measured")
+        return self
+
+    def meets(self, error: float, agreement: float | None) -> bool:
+        if self.max_error is not None:
+            return error <= self.max_error
+        if agreement is None:
+            raise ValueError("auto: min_agreement= needs a classifier (first output shaped (batch, classes)); "
+                             "use max_error= for this model")
+        return agreement >= self.min_agreement
+
+    def __str__(self) -> str:
+        budget = f"max_error={self.max_error}" if self.max_error is not None else f"min_agreement={self.min_agreement}"
+        return f"auto({self.base}, {budget})"

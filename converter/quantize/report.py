@@ -34,6 +34,8 @@ class QuantReport:
     scheme: str
     quantized_ops: int = 0
     float_ops: list[FloatOp] = field(default_factory=list)
+    # quantize.auto: chosen keep_float, float_layers, layers, error, agreement, met, sensitivity
+    auto: dict | None = None
 
     @property
     def unrequested(self) -> list[FloatOp]:
@@ -45,13 +47,29 @@ class QuantReport:
         return not self.unrequested
 
     def to_dict(self) -> dict:
-        return {"scheme": self.scheme, "quantized_ops": self.quantized_ops,
-                "float_ops": [asdict(f) for f in self.float_ops]}
+        out = {"scheme": self.scheme, "quantized_ops": self.quantized_ops,
+               "float_ops": [asdict(f) for f in self.float_ops]}
+        if self.auto is not None:
+            out["auto"] = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in self.auto.items()}
+        return out
 
     def __str__(self) -> str:
         head = (f"{self.scheme}: {self.quantized_ops} ops quantized, {len(self.float_ops)} float "
                 f"({len(self.unrequested)} not requested)")
-        lines = [head] + [f"  {'[keep_float] ' if f.requested else ''}{f}" for f in self.float_ops]
+        lines = [head]
+        if self.auto is not None:
+            a = self.auto
+            agree = "" if a["agreement"] is None else f", top-1 agreement {a['agreement']:.1%}"
+            lines.append(f"  auto: {a['float_layers']} of {a['layers']} layers kept float "
+                         f"(error {a['error']:.4g}{agree}; fully quantized {a['fully_quantized_error']:.4g}): "
+                         f"keep_float={a['keep_float']}")
+        kept: dict[tuple[str, str], list[str]] = {}  # requested ones, one line per layer
+        for f in self.float_ops:
+            if f.requested:
+                kept.setdefault((f.layer or "(no layer)", f.reason), []).append(f.op)
+        lines += [f"  [keep_float] {layer}: {len(ops)} op(s) ({', '.join(sorted(set(ops)))}) {reason}"
+                  for (layer, reason), ops in kept.items()]
+        lines += [f"  {f}" for f in self.unrequested]
         return "\n".join(lines)
 
     def warn(self, stacklevel: int = 2) -> None:

@@ -93,7 +93,7 @@ def test_kept_layers_are_reported_as_requested_and_missing_kernels_warned():
     by_op = {f.op: f for f in edge.quant_report.float_ops}
     assert by_op["FULLY_CONNECTED"].requested and by_op["FULLY_CONNECTED"].layer == "head"
     assert not by_op["EXP"].requested and "no int8 kernel for EXP" in by_op["EXP"].reason
-    assert "[keep_float] FULLY_CONNECTED in head" in str(edge.quant_report)
+    assert "[keep_float] head: 1 op(s) (FULLY_CONNECTED)" in str(edge.quant_report)
 
 
 def test_weight_only_schemes_have_no_report():
