@@ -272,3 +272,31 @@ def test_mask_sentinels_stay_float_instead_of_breaking_int8_kernels():
     ops = edge.ir_model.graphs[0].ops
     assert any(op.opcode == "FULLY_CONNECTED" and op.outputs[0].dtype == np.int8 for op in ops)
     assert any(op.opcode == "ADD" and op.outputs[0].dtype == np.float32 for op in ops)  # the masking add
+
+
+class MatmulWeights(nn.Module):
+    """x @ W with a constant W whose columns span three decades (BATCH_MATMUL with a weight)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 64, 48) * torch.logspace(-2, 1, 48))
+
+    def forward(self, x):
+        return torch.matmul(x, self.w)
+
+
+def test_dynamic_int8_batch_matmul_uses_the_hybrid_kernel_per_column():
+    model = _model(MatmulWeights)
+    x = torch.randn(2, 8, 64)
+    edge = litert_torch.convert(model, (x,), quant_config=quantize.dynamic_int8())
+    ops = edge.ir_model.graphs[0].ops
+    assert [op.opcode for op in ops] == ["BATCH_MATMUL"]  # no DEQUANTIZE: the op reads int8
+    w = ops[0].inputs[1]
+    assert w.dtype == np.int8 and np.size(w.quant.scale) == 48
+    with torch.no_grad():
+        expected = model(x).numpy()
+    actual = edge(x)
+    # per column: with one scale for the tensor the smallest column would round to zero
+    column_error = np.abs(actual - expected).max(axis=(0, 1)) / np.abs(expected).max(axis=(0, 1))
+    assert column_error.max() < 0.03
+    assert len(edge.model_content()) < 0.35 * len(litert_torch.convert(model, (x,)).model_content())
