@@ -42,7 +42,8 @@ def weight_only_int8(*, keep_float=None) -> QuantConfig:
 
 def weight_only_int4(block_size: int = 32, *, keep_float=None) -> QuantConfig:
     """int4 weights in blocks of `block_size` inputs (a multiple of 32, dividing every
-    Linear's in_features) with float16 scales, in FULLY_CONNECTED; other weights int8."""
+    Linear's in_features) with float16 scales, in FULLY_CONNECTED; int4 per output channel
+    in 1x1 convolutions and per row in embedding tables; other weights int8."""
     return QuantConfig("weight_only_int4", _names(keep_float), block_size=block_size)
 
 

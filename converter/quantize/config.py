@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 SCHEMES = {
     "dynamic_int8": "int8 per-channel weights, float activations (hybrid kernels)",
     "weight_only_int8": "int8 per-channel weights dequantized to float at load (DEQUANTIZE)",
-    "weight_only_int4": "int4 blockwise weights (fp16 scales) in FULLY_CONNECTED, int8 per-channel elsewhere",
+    "weight_only_int4": "int4 blockwise weights (fp16 scales) in FULLY_CONNECTED, int4 per channel in 1x1 CONV_2D "
+                        "and embeddings (GATHER), int8 per-channel elsewhere",
     "float16": "float16 weights dequantized to float32 at load (DEQUANTIZE)",
     "full_int8": "int8 activations (calibrated, per-tensor) and int8 per-channel weights, int32 biases",
     "int16x8": "int16 activations (symmetric, calibrated) and int8 per-channel weights, int64 biases",
