@@ -99,6 +99,7 @@ class _Rewriter:
         self.constants: dict[tuple, ir.Tensor] = {}
         self.quantized_ops = 0
         self.float_ops: list[FloatOp] = []
+        self.consumers = graph.consumers()  # of the float graph (tensor ids are kept)
 
     # ---- parameters ----------------------------------------------------------------------
     def is_int(self, t: ir.Tensor) -> bool:
@@ -205,7 +206,8 @@ class _Rewriter:
                     return f"its bias (input {i}) is not a float32 constant"
             elif t.is_const:
                 if t.dtype == np.float32:
-                    if t.data.size and not _sane(float(t.data.min()), float(t.data.max())):
+                    if t.data.size and not _sane(float(t.data.min()), float(t.data.max())) \
+                            and not self._max_padding(op, i):
                         return f"constant input {i} holds sentinel values (|x| >= {SENTINEL:g}, e.g. a mask)"
                 elif np.issubdtype(t.dtype, np.floating) or (t.quant is not None and not (filt and i == filt[0])):
                     return f"constant input {i} is {t.dtype.name}"
@@ -224,6 +226,15 @@ class _Rewriter:
                 if t is not None and not t.is_const and t.dtype == np.float32 and self.range_of(t) is None:
                     return self._range_problem(t, "an input")
         return None
+
+    def _max_padding(self, op: ir.Op, i: int) -> bool:
+        """PADV2 padding with -inf (-3.4e38) for a max pool (how padded max pools lower):
+        in integers, padding with the lowest level gives the same maxima."""
+        if op.opcode != "PADV2" or i != 2 or float(op.inputs[2].data.max()) > -SENTINEL:
+            return False
+        readers = self.consumers.get(op.outputs[0].id, [])
+        return bool(readers) and all(r.opcode in ("MAX_POOL_2D", "REDUCE_MAX") for r in readers) \
+            and op.outputs[0] not in self.graph.outputs
 
     def _range_problem(self, t: ir.Tensor, what: str) -> str:
         if t.id not in self.ranges:

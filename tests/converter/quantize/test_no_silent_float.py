@@ -100,3 +100,27 @@ def test_weight_only_schemes_have_no_report():
     model = _model(ConvGelu)
     edge = litert_torch.convert(model, (torch.randn(1, 3, 8, 8),), quant_config=quantize.dynamic_int8())
     assert edge.quant_report is None
+
+
+class PaddedMaxPool(nn.Module):
+    """ResNet's stem: conv, batch norm, relu, 3x3/2 max pool with padding 1 (lowered as a
+    PADV2 with -3.4e38 padding and a MAX_POOL_2D)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+
+    def forward(self, x):
+        return self.pool(self.conv(x))  # no relu: negative maxima at the border matter
+
+
+def test_max_pool_padding_with_minus_infinity_quantizes():
+    model = _model(PaddedMaxPool)
+    x = torch.randn(1, 3, 12, 12)
+    calibration = [(torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
+    edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=calibration)
+    assert "PADV2" in [op.opcode for op in edge.ir_model.graphs[0].ops]
+    assert_fully_integer(edge)
+    with torch.no_grad():
+        assert _rel_error(edge(x), model(x).numpy()) < 0.03
