@@ -72,6 +72,7 @@ def _params(scale, zero_point, axis: int = 0) -> ir.QuantParams:
 # initialised Inception-v3 reaches 6e11 in its last blocks, and int8 is scale-free.
 SENTINEL = 1e30
 KEPT = "kept float by keep_float="
+MASK_MARGIN = 12.0  # masked logits sit this far below the lowest kept one: n x exp(-12) << 1/256
 NOT_FLOAT = "computes no float values"
 
 
@@ -100,6 +101,10 @@ class _Rewriter:
         self.quantized_ops = 0
         self.float_ops: list[FloatOp] = []
         self.consumers = graph.consumers()  # of the float graph (tensor ids are kept)
+        self.fixed = dict(fixed)
+        self.masks: set[int] = set()  # ids of sentinel mask constants added before a softmax
+        for op in graph.ops:
+            self._plan_mask_add(op)
 
     # ---- parameters ----------------------------------------------------------------------
     def is_int(self, t: ir.Tensor) -> bool:
@@ -207,7 +212,7 @@ class _Rewriter:
             elif t.is_const:
                 if t.dtype == np.float32:
                     if t.data.size and not _sane(float(t.data.min()), float(t.data.max())) \
-                            and not self._max_padding(op, i):
+                            and not self._max_padding(op, i) and t.id not in self.masks:
                         return f"constant input {i} holds sentinel values (|x| >= {SENTINEL:g}, e.g. a mask)"
                 elif np.issubdtype(t.dtype, np.floating) or (t.quant is not None and not (filt and i == filt[0])):
                     return f"constant input {i} is {t.dtype.name}"
@@ -226,6 +231,31 @@ class _Rewriter:
                 if t is not None and not t.is_const and t.dtype == np.float32 and self.range_of(t) is None:
                     return self._range_problem(t, "an input")
         return None
+
+    def _plan_mask_add(self, op: ir.Op) -> None:
+        """ADD(scores, mask) -> SOFTMAX with a -inf (-3.4e38) mask constant: the sum gets the
+        scores' range widened MASK_MARGIN / beta below, and the mask saturates at the lowest
+        level, so a masked logit weighs at most exp(-MASK_MARGIN) against any kept one."""
+        if op.opcode != "ADD" or len(op.inputs) != 2:
+            return
+        masks = [t for t in op.inputs if t is not None and t.is_const and t.dtype == np.float32
+                 and t.data.size and float(t.data.min()) <= -SENTINEL]
+        others = [t for t in op.inputs if t is not None and not t.is_const]
+        readers = self.consumers.get(op.outputs[0].id, [])
+        if len(masks) != 1 or len(others) != 1 or not readers or any(r.opcode != "SOFTMAX" for r in readers):
+            return
+        if op.outputs[0] in self.graph.outputs or others[0].id not in self.ranges \
+                or not _sane(*self.ranges[others[0].id]):
+            return
+        kept = masks[0].data[masks[0].data > -SENTINEL]
+        if kept.size and not _sane(float(kept.min()), float(kept.max())):
+            return
+        lo, hi = self.ranges[others[0].id]
+        lo, hi = lo + (float(kept.min()) if kept.size else 0.0), hi + (float(kept.max()) if kept.size else 0.0)
+        beta = min(float(r.options.get("beta", 1.0)) for r in readers)
+        lo = min(lo, hi) - MASK_MARGIN / max(beta, 1e-6)
+        self.fixed[op.outputs[0].id] = _params(*numerics.activation_params(lo, hi, self.act))
+        self.masks.add(masks[0].id)
 
     def _max_padding(self, op: ir.Op, i: int) -> bool:
         """PADV2 padding with -inf (-3.4e38) for a max pool (how padded max pools lower):
@@ -266,7 +296,10 @@ class _Rewriter:
                 inputs[i] = self.filter(t, filt[1] % t.rank)
             elif t.is_const:
                 if t.dtype == np.float32:
-                    inputs[i] = self.constant(t, out_params if rule in (SAME, CONCAT) else None)
+                    if t.id in self.masks:  # saturates at the sum's lowest level
+                        inputs[i] = self.constant(t, self.fixed[op.outputs[0].id])
+                    else:
+                        inputs[i] = self.constant(t, out_params if rule in (SAME, CONCAT) else None)
             elif t.dtype == np.float32 or self.is_int(t):  # (indices, shapes stay as they are)
                 inputs[i] = self.as_int(t, out_params if rule in (SAME, CONCAT) else None, op.source)
         if filt and len(inputs) > filt[2] and inputs[filt[2]] is not None:

@@ -260,18 +260,25 @@ class MaskedScores(nn.Module):
         return torch.softmax(h @ h.transpose(-1, -2) + self.mask, dim=-1) @ h
 
 
-def test_mask_sentinels_stay_float_instead_of_breaking_int8_kernels():
-    # A -3.4e38 mask cannot share int8 with ordinary values; quantizing it made LiteRT abort.
+def test_minus_infinity_mask_before_softmax_quantizes():
+    # A -3.4e38 mask cannot share int8 with the scores as it is (quantizing its range made
+    # LiteRT abort); it saturates at the lowest level of a range reaching 12 below the
+    # scores, so a masked weight stays below exp(-12). As accurate as a float mask.
     model = _model(MaskedScores)
     x = torch.randn(1, 6, 16)
     calibration = [(torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
-    with torch.no_grad():
-        expected = model(x).numpy()
     edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=calibration)
-    assert _rel_error(edge(x), expected) < 0.15  # int8 softmax (steps of 1/256) times int8 values
-    ops = edge.ir_model.graphs[0].ops
-    assert any(op.opcode == "FULLY_CONNECTED" and op.outputs[0].dtype == np.int8 for op in ops)
-    assert any(op.opcode == "ADD" and op.outputs[0].dtype == np.float32 for op in ops)  # the masking add
+    assert_fully_integer(edge)
+    float_mask = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(keep_float=["ADD", "SOFTMAX"]),
+                                      calibration_data=calibration)
+    assert {op.opcode for op in float_mask.ir_model.graphs[0].ops if op.outputs[0].dtype == np.float32} \
+        >= {"ADD", "SOFTMAX"}
+    for seed in range(4):
+        fresh = torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(100 + seed))
+        with torch.no_grad():
+            expected = model(fresh).numpy()
+        error = _rel_error(edge(fresh), expected)
+        assert error < 0.25 and error < 1.5 * _rel_error(float_mask(fresh), expected) + 0.02, seed
 
 
 class MatmulWeights(nn.Module):
