@@ -325,6 +325,7 @@ class _Rewriter:
         if io != "float":
             self._integer_inputs(io)
         for op in g.ops:
+            _divide_as_multiply(op, self.keep_float)
             reason = self.float_reason(op)
             if reason is None:
                 self.quantize_op(op)
@@ -367,6 +368,20 @@ class _Rewriter:
             self.ops.append(ir.Op("QUANTIZE", [q], [u]))
             return u
         return q
+
+
+def _divide_as_multiply(op: ir.Op, keep_float) -> None:
+    """DIV by a nonzero float constant becomes MUL by its reciprocal (within an ulp): LiteRT
+    has no int8 DIV, and hard-sigmoid gates (relu6(x + 3) / 6) divide by constants."""
+    if op.opcode != "DIV" or len(op.inputs) != 2 or keeps_float(op, keep_float):
+        return
+    divisor = op.inputs[1]
+    if divisor is None or not divisor.is_const or divisor.dtype != np.float32 or not np.all(divisor.data != 0) \
+            or not np.all(np.isfinite(divisor.data)):
+        return
+    reciprocal = np.asarray(1.0 / np.asarray(divisor.data, np.float64), np.float32).reshape(divisor.shape)
+    op.opcode = "MUL"
+    op.inputs = [op.inputs[0], ir.Tensor(f"{divisor.name}_reciprocal", divisor.shape, np.float32, data=reciprocal)]
 
 
 def quantize_graph(graph: ir.Graph, ranges: dict, *, activations: str = "int8", io: str = "float",

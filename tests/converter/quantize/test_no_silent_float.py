@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 import litert_torch
 from converter.quantize import QuantizationWarning
@@ -137,3 +138,33 @@ def test_max_pool_padding_with_minus_infinity_quantizes():
     assert_fully_integer(edge)
     with torch.no_grad():
         assert _rel_error(edge(x), model(x).numpy()) < 0.03
+
+
+class HardSigmoidGate(nn.Module):
+    """GhostNet/MobileNetV3's gate written by hand: x * relu6(x + 3) / 6 (a DIV by a constant)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y * (F.relu6(y + 3) / 6)
+
+
+def test_division_by_a_constant_quantizes_as_a_multiplication():
+    model = _model(HardSigmoidGate)
+    x = torch.randn(1, 3, 8, 8)
+    calibration = [(torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
+    float_ops = [op.opcode for op in litert_torch.convert(model, (x,)).ir_model.graphs[0].ops]
+    assert "DIV" in float_ops
+    edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=calibration)
+    assert_fully_integer(edge)
+    kept = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(keep_float=["DIV"]),
+                                calibration_data=calibration)
+    assert "DIV" in [op.opcode for op in kept.ir_model.graphs[0].ops]
+    with torch.no_grad():
+        expected = model(x).numpy()
+    # as accurate as with the division in float (both ~0.12 RMS here: the same with MUL,
+    # ADD or CONV_2D kept float, so it is the input's range from 4 calibration samples)
+    assert _rel_error(edge(x), expected) <= 1.05 * _rel_error(kept(x), expected) + 0.005
