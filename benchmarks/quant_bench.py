@@ -18,7 +18,13 @@ then measures both files in this process:
     .venv/bin/python benchmarks/quant_bench.py --anchor-python /tmp/anchor-venv/bin/python --json /tmp/quant.json
 
 Calibration (full_int8, int16x8): `--calibration` seeded samples, different from the
-evaluation inputs, the same for both converters.
+evaluation inputs, the same for both converters. `--methods minmax,percentile,mse` adds
+one row per calibration method for the calibrated schemes (scheme shown as
+`full_int8:mse`; the anchor row is its own static recipe, measured once per scheme).
+`float ops` counts the ops our full-integer files left in float (`edge.quant_report`).
+
+    .venv/bin/python benchmarks/quant_bench.py --schemes full_int8 --methods minmax,percentile,mse,moving_average \
+        --samples 500 --anchor-python /tmp/anchor-venv/bin/python --json /tmp/quant.json
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ SCHEMES = {
     "weight_only_int8": quantize.weight_only_int8,
     "weight_only_int4": lambda: quantize.weight_only_int4(32),
     "float16": quantize.float16,
-    "full_int8": quantize.full_int8,
+    "full_int8": quantize.full_int8,  # (calibration=...) for --methods
     "int16x8": quantize.int16x8,
 }
 INT8_SCHEMES = ("dynamic_int8", "weight_only_int8", "full_int8")
@@ -133,6 +139,9 @@ def main() -> None:
     parser.add_argument("--int16-samples", type=int, default=20,
                         help="evaluation inputs for int16x8, which runs on LiteRT's slow reference kernels")
     parser.add_argument("--calibration", type=int, default=16, help="calibration samples (full_int8, int16x8)")
+    parser.add_argument("--methods", default="minmax",
+                        help="calibration methods for full_int8/int16x8, comma-separated (minmax, percentile, "
+                             "mse, moving_average)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--anchor-python", default=None)
     parser.add_argument("--anchor-dir", type=Path, default=None,
@@ -166,17 +175,24 @@ def main() -> None:
             references = [np.asarray(_first_output(model(*s)), np.float64) for s in samples]
         float_size = len(litert_torch.convert(model, args).model_content())
         calibration = calibration_inputs(zoo, name, options.calibration, 0)
-        for scheme in schemes:
-            row = {"model": name, "scheme": scheme, "float_bytes": float_size}
+        variants = [(scheme, method) for scheme in schemes
+                    for method in (options.methods.split(",") if scheme in ("full_int8", "int16x8") else [None])]
+        for scheme, method in variants:
+            label = scheme if method is None else f"{scheme}:{method}"
+            row = {"model": name, "scheme": label, "float_bytes": float_size}
             count = options.int16_samples if scheme == "int16x8" else len(samples)
             row["samples"] = count
             try:
                 start = time.perf_counter()
-                edge = litert_torch.convert(model, args, quant_config=SCHEMES[scheme](),
+                config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](calibration=method)
+                edge = litert_torch.convert(model, args, quant_config=config,
                                             calibration_data=calibration if scheme in ("full_int8", "int16x8") else None)
                 row["convert_s"] = time.perf_counter() - start
+                if edge.quant_report is not None:
+                    row["float_ops"] = len(edge.quant_report.unrequested)
+                    row["float_op_list"] = [str(f) for f in edge.quant_report.unrequested[:5]]
                 content = edge.model_content()
-                (out_dir / f"{name}.{scheme}.tflite").write_bytes(content)
+                (out_dir / f"{name}.{label.replace(':', '.')}.tflite").write_bytes(content)
                 ours = LoadedModel(content)
                 row.update(bytes=len(content), size_x=len(content) / float_size,
                            float_io=_float_io(ours), **accuracy(ours, samples[:count], references[:count]))
@@ -186,7 +202,7 @@ def main() -> None:
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 continue
             theirs = None
-            record = anchor.get((name, scheme))
+            record = anchor.get((name, scheme)) if method in (None, options.methods.split(",")[0]) else None
             if record and record.get("ok"):
                 try:
                     theirs = LoadedModel(Path(record["tflite"]).read_bytes())
@@ -253,7 +269,7 @@ def _print_table(rows) -> None:
     from rich.table import Table
 
     table = Table(title="quantized export: ours vs litert-torch 0.10.0 + ai-edge-quantizer")
-    for col in ("model", "scheme", "size x", "max err", "mean err", "top-1", "ms", "float io",
+    for col in ("model", "scheme", "size x", "max err", "mean err", "top-1", "ms", "float io", "float ops",
                 "anchor size x", "anchor max err", "anchor top-1", "anchor ms", "lat x", "note"):
         table.add_column(col)
 
@@ -263,7 +279,7 @@ def _print_table(rows) -> None:
     for r in rows:
         table.add_row(r["model"], r["scheme"], f(r.get("size_x"), ".3f"), f(r.get("max_err"), ".4f"),
                       f(r.get("mean_err"), ".5f"), f(r.get("top1"), ".1%"), f(r.get("ms"), ".2f"),
-                      str(r.get("float_io", "-")), f(r.get("anchor_size_x"), ".3f"), f(r.get("anchor_max_err"), ".4f"),
+                      str(r.get("float_io", "-")), str(r.get("float_ops", "-")), f(r.get("anchor_size_x"), ".3f"), f(r.get("anchor_max_err"), ".4f"),
                       f(r.get("anchor_top1"), ".1%"), f(r.get("anchor_ms"), ".2f"), f(r.get("lat_x"), ".2f"),
                       (r.get("error") or r.get("anchor_error")
                        or ("anchor: integer I/O only" if r.get("anchor_float_io") is False else ""))[:60])

@@ -34,6 +34,7 @@ class Progress:
         self.enabled = progress_enabled(enabled)
         self.timings: dict[str, float] = {}
         self._console = None
+        self._status = None  # the running stage's status line (rich), updated by track()
         if self.enabled:
             from rich.console import Console
 
@@ -46,14 +47,29 @@ class Progress:
         ok = False
         try:
             with status:
+                self._status = status if self.enabled else None
                 yield
             ok = True
         finally:
+            self._status = None
             seconds = time.perf_counter() - start
             self.timings[name] = self.timings.get(name, 0.0) + seconds
             if self.enabled:
                 mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
                 self._console.print(f"{mark} {name:<10} {seconds:7.2f} s  {detail}".rstrip())
+
+    def track(self, iterable, description: str):
+        """Iterate `iterable`, showing `description` and the items done (of len() when
+        known) on the running stage's status line."""
+        try:
+            total = len(iterable)
+        except TypeError:  # a generator
+            total = None
+        status = self._status
+        for done, item in enumerate(iterable, 1):
+            yield item
+            if status is not None:
+                status.update(f"{description}: {done}" + (f"/{total}" if total else ""))
 
     def note(self, message: str) -> None:
         if self.enabled:

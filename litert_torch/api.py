@@ -163,11 +163,13 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
         if has_qdq(model):
             from converter.quantize import QuantConfig
             quant_config = QuantConfig("pt2e")
+    quant_report = None
     if quant_config is not None:
         from converter.quantize import quantize
         with stages.stage("quantize", str(quant_config)):
-            from runtimes.litert import LiteRTModel
-            model = quantize(model, quant_config, calibration_data, runner=LiteRTModel)
+            from litert_torch.quantize import calibration_runner
+            quant_report = quantize(model, quant_config, calibration_data,  # rewrites model in place
+                                    runner=calibration_runner, progress=stages)
     report = None
     if profile is not None:
         from litert_torch.targets import write_for_target
@@ -184,4 +186,5 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     edge.ir_model = model
     edge.timings = dict(stages.timings)
     edge.target_report = report
+    edge.quant_report = quant_report
     return edge

@@ -63,6 +63,7 @@ class EdgeModel:
         self.ir_model = None  # the converter's IR, when this model came from convert()
         self.timings: dict[str, float] = {}
         self.target_report = None  # runtimes.targets report, when converted with target=
+        self.quant_report = None  # converter.quantize.QuantReport: ops a full-integer scheme left float
         self.signature_name = signature_name  # the default signature of calls (checked on set)
 
     # ---- inspection -------------------------------------------------------------------

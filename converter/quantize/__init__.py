@@ -14,21 +14,26 @@ calibration set; it returns the config holding the checked calibration samples.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from converter import ir
-from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, QuantConfig
+from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, AutoConfig, QuantConfig
+from converter.quantize.report import FloatOp, QuantizationWarning, QuantReport
 
-__all__ = ["QuantConfig", "validate_config", "quantize", "SCHEMES"]
+__all__ = ["QuantConfig", "AutoConfig", "CalibrationSamples", "calibrated_ranges", "QuantReport", "FloatOp", "QuantizationWarning", "validate_config", "quantize",
+           "SCHEMES"]
 
 _IO_FOR = {"full_int8": ("float", "int8", "uint8"), "int16x8": ("float", "int16"), "pt2e": ("float", "int8")}
 
 
 def _as_config(config) -> QuantConfig:
-    if isinstance(config, QuantConfig):
+    if isinstance(config, (QuantConfig, AutoConfig)):
         return config
     if isinstance(config, str) and config in SCHEMES:
         return QuantConfig(config)
@@ -43,8 +48,19 @@ def validate_config(config, calibration_data, specs) -> QuantConfig:
     from converter.quantize.select import check_keep_float
 
     config = _as_config(config)
+    if isinstance(config, AutoConfig):
+        config.check()
+        base = validate_config(config.base, calibration_data, specs)
+        if len(specs) != 1:
+            raise ValueError("auto: mixed precision for a budget takes a model with one signature")
+        evals = CalibrationSamples(config.eval_data, specs[0], False)
+        if evals.one_shot:
+            raise TypeError("auto: eval_data must be a list (or another sequence) of samples: "
+                            "it is evaluated once per candidate")
+        return dataclasses.replace(config, base=base, eval_samples={specs[0].name: evals})
     if config.scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {config.scheme!r}; one of {', '.join(SCHEMES)}")
+    config.check()
     if config.scheme == "weight_only_int4":
         _check_block_size(config, specs)
     allowed_io = _IO_FOR.get(config.scheme, ("float",))
@@ -63,7 +79,7 @@ def validate_config(config, calibration_data, specs) -> QuantConfig:
     elif calibration_data is not None:
         warnings.warn(f"calibration_data is ignored by {config.scheme} (only {', '.join(CALIBRATED)} calibrate)",
                       stacklevel=3)
-    return QuantConfig(config.scheme, tuple(config.keep_float), config.block_size, config.io, samples)
+    return dataclasses.replace(config, keep_float=tuple(config.keep_float), samples=samples)
 
 
 def _check_block_size(config: QuantConfig, specs) -> None:
@@ -96,7 +112,7 @@ def _sample_tuple(sample, where: str) -> tuple:
     return sample
 
 
-def _check_calibration(calibration_data, specs) -> dict[str, list[tuple]]:
+def _check_calibration(calibration_data, specs) -> dict[str, "CalibrationSamples"]:
     if isinstance(calibration_data, dict):
         missing = [s.name for s in specs if s.name not in calibration_data]
         unknown = [k for k in calibration_data if k not in {s.name for s in specs}]
@@ -117,20 +133,60 @@ def _check_calibration(calibration_data, specs) -> dict[str, list[tuple]]:
         if spec.sample_kwargs:
             raise ValueError(f"signature '{spec.name}' has keyword inputs; calibration passes inputs "
                              f"positionally: convert with every input in sample_args")
-        samples = []
-        for k, sample in enumerate(per_spec[spec.name]):
-            where = f"calibration sample {k}" + (f" of signature '{spec.name}'" if len(specs) > 1 else "")
-            sample = _sample_tuple(sample, where)
-            if len(sample) != len(spec.sample_args):
-                raise ValueError(f"{where} has {len(sample)} input(s); the model takes {len(spec.sample_args)} "
-                                 f"like sample_args")
-            samples.append(tuple(_check_input(x, ref, f"{where}, input {i}", spec.dynamic_shapes is not None)
-                                 for i, (x, ref) in enumerate(zip(sample, spec.sample_args))))
-        if not samples:
+        out[spec.name] = CalibrationSamples(per_spec[spec.name], spec, len(specs) > 1)
+    return out
+
+
+class CalibrationSamples:
+    """One signature's calibration samples, checked before any conversion work and then
+    streamed (each converted to numpy as it is used, none kept).
+
+    A sequence (list, tuple, Dataset-like) is checked whole up front and can be read
+    several times; a one-shot iterator (a generator) has its first sample checked up
+    front and the others as they stream (an error names the sample)."""
+
+    def __init__(self, source, spec, several: bool):
+        self.spec, self.several = spec, several
+        if isinstance(source, (str, bytes)) or not hasattr(source, "__iter__"):
+            raise TypeError(f"calibration_data must be an iterable of samples, got {type(source).__name__}")
+        if isinstance(source, Sequence) or (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+            self.source, self.one_shot = source, False
+            for k in range(len(source)):
+                self._checked(source[k], k)
+            count = len(source)
+        else:
+            iterator = iter(source)
+            first = next(iterator, None)
+            if first is not None:
+                self._checked(first, 0)
+            self.source, self.one_shot = (itertools.chain([first], iterator) if first is not None else ()), True
+            count = int(first is not None)
+        if not count:
             raise ValueError(f"calibration_data for '{spec.name}' is empty; give at least one sample "
                              f"(a few dozen representative inputs work well)")
-        out[spec.name] = samples
-    return out
+        self._used = False
+
+    def __len__(self) -> int:
+        if self.one_shot:
+            raise TypeError("a one-shot iterator of samples has no known length")
+        return len(self.source)
+
+    def __iter__(self):
+        if self.one_shot and self._used:
+            raise RuntimeError("the calibration samples came from a one-shot iterator (a generator) that "
+                               "is used up; pass a list (or another sequence) to calibrate more than once")
+        self._used = True
+        for k, sample in enumerate(self.source):
+            yield self._checked(sample, k)
+
+    def _checked(self, sample, k: int) -> tuple:
+        where = f"calibration sample {k}" + (f" of signature '{self.spec.name}'" if self.several else "")
+        sample = _sample_tuple(sample, where)
+        args = self.spec.sample_args
+        if len(sample) != len(args):
+            raise ValueError(f"{where} has {len(sample)} input(s); the model takes {len(args)} like sample_args")
+        return tuple(_check_input(x, ref, f"{where}, input {i}", self.spec.dynamic_shapes is not None)
+                     for i, (x, ref) in enumerate(zip(sample, args)))
 
 
 def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
@@ -153,32 +209,53 @@ def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, runner=None) -> ir.Model:
-    """Apply `config` to the converted float `model` (in place); returns it. Calibrated
-    schemes run the float model through `runner` (see `calibrate.collect_ranges`)."""
+def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, runner=None,
+             progress=None) -> QuantReport | None:
+    """Apply `config` to the converted float `model` (in place). Full-integer schemes
+    return a QuantReport listing every op left in float (and warn about those the user did
+    not ask for); weight-only schemes return None.
+
+    runner: for calibrated schemes, model bytes -> an interpreter that keeps every tensor
+    (`litert_torch.quantize.calibration_runner`; see `calibrate.py`).
+    progress: a converter.progress.Progress showing the calibration samples done."""
     from converter.quantize import full_integer, qdq, weights
 
     config = _as_config(config)
+    if isinstance(config, AutoConfig):
+        from converter.quantize.mixed import quantize_for_budget
+
+        return quantize_for_budget(model, config, runner, progress)
     if config.scheme in ("dynamic_int8", "weight_only_int8", "weight_only_int4", "float16"):
         for graph in model.graphs:
             weights.quantize_weights(graph, config.scheme, config.keep_float, config.block_size)
-        return model
+        return None
     fixed = {g.name: qdq.absorb_qdq(g) for g in model.graphs}  # a torch.ao model's own parameters
     activations = "int16" if config.scheme == "int16x8" else "int8"
     ranges = {g.name: {} for g in model.graphs}
     if config.scheme in CALIBRATED:
-        from converter.quantize.calibrate import collect_ranges
-
-        samples = config.samples
-        if samples is None:
-            raise ValueError("quantize(): the config holds no calibration samples; it must come from "
-                             "validate_config (litert_torch.convert(..., quant_config=, calibration_data=) does this)")
-        if runner is None:
-            raise ValueError(f"quantize(): {config.scheme} calibrates in the LiteRT interpreter; pass "
-                             f"runner=runtimes.litert.LiteRTModel (litert_torch.convert does this)")
-        ranges = collect_ranges(model, samples, runner)
+        ranges = calibrated_ranges(model, config, runner, progress)
+    report = QuantReport(str(config))
     for graph in model.graphs:
-        full_integer.quantize_graph(graph, ranges[graph.name], activations=activations, io=config.io,
-                                    keep_float=config.keep_float, fixed=fixed[graph.name])
-    return model
+        count, float_ops = full_integer.quantize_graph(graph, ranges[graph.name], activations=activations,
+                                                       io=config.io, keep_float=config.keep_float,
+                                                       fixed=fixed[graph.name])
+        report.quantized_ops += count
+        report.float_ops += float_ops
+    report.warn(stacklevel=5)  # the user's call of litert_torch.convert
+    return report
 
+
+
+def calibrated_ranges(model: ir.Model, config: QuantConfig, runner, progress=None) -> dict:
+    """Per graph name: tensor id -> (min, max), by `config`'s calibration method."""
+    from converter.quantize.calibrate import collect_ranges
+
+    if config.samples is None:
+        raise ValueError("the config holds no calibration samples; it must come from validate_config "
+                         "(litert_torch.convert(..., quant_config=, calibration_data=) does this)")
+    if runner is None:
+        raise ValueError("calibrated schemes need runner= (an interpreter factory, "
+                         "litert_torch.quantize.calibration_runner)")
+    return collect_ranges(model, config.samples, runner, method=config.calibration, percentile=config.percentile,
+                          averaging_constant=config.averaging_constant,
+                          activations="int16" if config.scheme == "int16x8" else "int8", progress=progress)

@@ -29,6 +29,7 @@ import numpy as np
 
 from converter import ir
 from converter.quantize import numerics
+from converter.quantize.report import FloatOp
 from converter.quantize.select import keeps_float
 
 OWN, SAME, CONCAT = "own", "same", "concat"
@@ -64,14 +65,19 @@ def _params(scale, zero_point, axis: int = 0) -> ir.QuantParams:
                           np.atleast_1d(np.asarray(zero_point, np.int64)), axis)
 
 
-# Values beyond this magnitude are masks and sentinels (-3.4e38 "minus infinity" in
-# attention masks): int8 cannot hold them next to ordinary activations, and LiteRT's
-# kernels abort when the rescaling multipliers such ranges imply overflow. Stay float.
-MAX_MAGNITUDE = 1e6
+# Values beyond this magnitude are sentinels (-3.4e38 "minus infinity" in attention
+# masks), not activations: int8 cannot hold them next to ordinary values, and LiteRT's
+# kernels abort when the rescaling multipliers such ranges imply overflow. Ops touching
+# them stay float (and are reported). Ordinary activations may be large: a randomly
+# initialised Inception-v3 reaches 6e11 in its last blocks, and int8 is scale-free.
+SENTINEL = 1e30
+KEPT = "kept float by keep_float="
+MASK_MARGIN = 12.0  # masked logits sit this far below the lowest kept one: n x exp(-12) << 1/256
+NOT_FLOAT = "computes no float values"
 
 
 def _sane(lo: float, hi: float) -> bool:
-    return max(abs(lo), abs(hi)) <= MAX_MAGNITUDE
+    return max(abs(lo), abs(hi)) < SENTINEL
 
 
 def _same_params(a: ir.QuantParams, b: ir.QuantParams) -> bool:
@@ -93,6 +99,12 @@ class _Rewriter:
         self.requantized: dict[tuple, ir.Tensor] = {}
         self.constants: dict[tuple, ir.Tensor] = {}
         self.quantized_ops = 0
+        self.float_ops: list[FloatOp] = []
+        self.consumers = graph.consumers()  # of the float graph (tensor ids are kept)
+        self.fixed = dict(fixed)
+        self.masks: set[int] = set()  # ids of sentinel mask constants added before a softmax
+        for op in graph.ops:
+            self._plan_mask_add(op)
 
     # ---- parameters ----------------------------------------------------------------------
     def is_int(self, t: ir.Tensor) -> bool:
@@ -176,46 +188,91 @@ class _Rewriter:
                          quant=_params(scale, np.zeros(scale.size), 0))
 
     # ---- deciding -------------------------------------------------------------------------
-    def quantizable(self, op: ir.Op) -> bool:
+    def float_reason(self, op: ir.Op) -> str | None:
+        """Why `op` stays float32; None when it is quantized, NOT_FLOAT for ops that read
+        and write no float activation (index arithmetic), which are not reported."""
+        activations = [t for t in op.inputs if t is not None and not t.is_const
+                       and (t.dtype == np.float32 or self.is_int(t))]
+        if not activations and not any(t.dtype == np.float32 for t in op.outputs):  # index arithmetic
+            return NOT_FLOAT
+        if keeps_float(op, self.keep_float):
+            return KEPT
         rule = self.rules.get(op.opcode)
-        if rule is None or keeps_float(op, self.keep_float):
-            return False
+        if rule is None:
+            return f"LiteRT has no {self.act_name} kernel for {op.opcode}"
+        if not activations and not any(t is not None and t.is_const and t.dtype == np.float32 for t in op.inputs):
+            return "it reads no float input"
         filt = _FILTERS.get(op.opcode)
-        float_seen = False
         for i, t in enumerate(op.inputs):
             if t is None:
                 continue
             if filt and i == filt[2]:
                 if not t.is_const or t.dtype != np.float32:
-                    return False
-                continue
-            if t.is_const:
+                    return f"its bias (input {i}) is not a float32 constant"
+            elif t.is_const:
                 if t.dtype == np.float32:
-                    if t.data.size and not _sane(float(t.data.min()), float(t.data.max())):
-                        return False
-                    float_seen = True
+                    if t.data.size and not _sane(float(t.data.min()), float(t.data.max())) \
+                            and not self._max_padding(op, i) and t.id not in self.masks:
+                        return f"constant input {i} holds sentinel values (|x| >= {SENTINEL:g}, e.g. a mask)"
                 elif np.issubdtype(t.dtype, np.floating) or (t.quant is not None and not (filt and i == filt[0])):
-                    return False
-                continue
-            if self.is_int(t):
-                float_seen = True
-            elif t.dtype == np.float32:
+                    return f"constant input {i} is {t.dtype.name}"
+            elif t.dtype == np.float32 and not self.is_int(t):
                 if self.activation_params(t) is None and t.id not in self.int_of:
-                    return False
-                float_seen = True
-            elif np.issubdtype(t.dtype, np.floating):
-                return False
-        if not float_seen:
-            return False
+                    return self._range_problem(t, f"input {i}")
+            elif np.issubdtype(t.dtype, np.floating) and not self.is_int(t):
+                return f"input {i} is {t.dtype.name}"
         for t in op.outputs:
             if t.dtype != np.float32:
-                return False
+                return f"output {t.name} is {t.dtype.name}"
             if rule == OWN and self.activation_params(t) is None:
-                return False
-        if rule == CONCAT and any(self.range_of(t) is None for t in op.inputs
-                                  if t is not None and not t.is_const and t.dtype == np.float32):
+                return self._range_problem(t, "its output")
+        if rule == CONCAT:
+            for t in op.inputs:
+                if t is not None and not t.is_const and t.dtype == np.float32 and self.range_of(t) is None:
+                    return self._range_problem(t, "an input")
+        return None
+
+    def _plan_mask_add(self, op: ir.Op) -> None:
+        """ADD(scores, mask) -> SOFTMAX with a -inf (-3.4e38) mask constant: the sum gets the
+        scores' range widened MASK_MARGIN / beta below, and the mask saturates at the lowest
+        level, so a masked logit weighs at most exp(-MASK_MARGIN) against any kept one."""
+        if op.opcode != "ADD" or len(op.inputs) != 2:
+            return
+        masks = [t for t in op.inputs if t is not None and t.is_const and t.dtype == np.float32
+                 and t.data.size and float(t.data.min()) <= -SENTINEL]
+        others = [t for t in op.inputs if t is not None and not t.is_const]
+        readers = self.consumers.get(op.outputs[0].id, [])
+        if len(masks) != 1 or len(others) != 1 or not readers or any(r.opcode != "SOFTMAX" for r in readers):
+            return
+        if op.outputs[0] in self.graph.outputs or others[0].id not in self.ranges \
+                or not _sane(*self.ranges[others[0].id]):
+            return
+        kept = masks[0].data[masks[0].data > -SENTINEL]
+        if kept.size and not _sane(float(kept.min()), float(kept.max())):
+            return
+        lo, hi = self.ranges[others[0].id]
+        lo, hi = lo + (float(kept.min()) if kept.size else 0.0), hi + (float(kept.max()) if kept.size else 0.0)
+        beta = min(float(r.options.get("beta", 1.0)) for r in readers)
+        lo = min(lo, hi) - MASK_MARGIN / max(beta, 1e-6)
+        self.fixed[op.outputs[0].id] = _params(*numerics.activation_params(lo, hi, self.act))
+        self.masks.add(masks[0].id)
+
+    def _max_padding(self, op: ir.Op, i: int) -> bool:
+        """PADV2 padding with -inf (-3.4e38) for a max pool (how padded max pools lower):
+        in integers, padding with the lowest level gives the same maxima."""
+        if op.opcode != "PADV2" or i != 2 or float(op.inputs[2].data.max()) > -SENTINEL:
             return False
-        return True
+        readers = self.consumers.get(op.outputs[0].id, [])
+        return bool(readers) and all(r.opcode in ("MAX_POOL_2D", "REDUCE_MAX") for r in readers) \
+            and op.outputs[0] not in self.graph.outputs
+
+    def _range_problem(self, t: ir.Tensor, what: str) -> str:
+        if t.id not in self.ranges:
+            return (f"{what} ({t.name}) has no calibrated range (never finite in the calibration samples, "
+                    f"or not reached by them)")
+        lo, hi = self.ranges[t.id]
+        return (f"{what} ({t.name}) reaches sentinel values ({lo:.3g} .. {hi:.3g}; |x| >= {SENTINEL:g}, "
+                f"e.g. a -inf mask) that int8 cannot share with ordinary values")
 
     # ---- rewriting one op ---------------------------------------------------------------------
     def quantize_op(self, op: ir.Op) -> None:
@@ -239,7 +296,10 @@ class _Rewriter:
                 inputs[i] = self.filter(t, filt[1] % t.rank)
             elif t.is_const:
                 if t.dtype == np.float32:
-                    inputs[i] = self.constant(t, out_params if rule in (SAME, CONCAT) else None)
+                    if t.id in self.masks:  # saturates at the sum's lowest level
+                        inputs[i] = self.constant(t, self.fixed[op.outputs[0].id])
+                    else:
+                        inputs[i] = self.constant(t, out_params if rule in (SAME, CONCAT) else None)
             elif t.dtype == np.float32 or self.is_int(t):  # (indices, shapes stay as they are)
                 inputs[i] = self.as_int(t, out_params if rule in (SAME, CONCAT) else None, op.source)
         if filt and len(inputs) > filt[2] and inputs[filt[2]] is not None:
@@ -265,9 +325,13 @@ class _Rewriter:
         if io != "float":
             self._integer_inputs(io)
         for op in g.ops:
-            if self.quantizable(op):
+            _divide_as_multiply(op, self.keep_float)
+            reason = self.float_reason(op)
+            if reason is None:
                 self.quantize_op(op)
             else:
+                if reason != NOT_FLOAT:
+                    self.float_ops.append(FloatOp(op.opcode, op.module, reason, reason == KEPT, g.name))
                 op.inputs = [None if t is None else self.as_float(t, op.source) for t in op.inputs]
                 self.ops.append(op)
         g.outputs = [self._output(t, io) for t in g.outputs]
@@ -306,15 +370,31 @@ class _Rewriter:
         return q
 
 
+def _divide_as_multiply(op: ir.Op, keep_float) -> None:
+    """DIV by a nonzero float constant becomes MUL by its reciprocal (within an ulp): LiteRT
+    has no int8 DIV, and hard-sigmoid gates (relu6(x + 3) / 6) divide by constants."""
+    if op.opcode != "DIV" or len(op.inputs) != 2 or keeps_float(op, keep_float):
+        return
+    divisor = op.inputs[1]
+    if divisor is None or not divisor.is_const or divisor.dtype != np.float32 or not np.all(divisor.data != 0) \
+            or not np.all(np.isfinite(divisor.data)):
+        return
+    reciprocal = np.asarray(1.0 / np.asarray(divisor.data, np.float64), np.float32).reshape(divisor.shape)
+    op.opcode = "MUL"
+    op.inputs = [op.inputs[0], ir.Tensor(f"{divisor.name}_reciprocal", divisor.shape, np.float32, data=reciprocal)]
+
+
 def quantize_graph(graph: ir.Graph, ranges: dict, *, activations: str = "int8", io: str = "float",
-                   keep_float=(), fixed: dict | None = None) -> int:
-    """Rewrite `graph` in place to integer arithmetic; returns how many ops were quantized.
+                   keep_float=(), fixed: dict | None = None) -> tuple[int, list[FloatOp]]:
+    """Rewrite `graph` in place to integer arithmetic; returns how many ops were quantized
+    and the ops left in float (with the reason).
 
     ranges: tensor id -> (min, max) of float activations (from calibration).
     fixed: tensor id -> QuantParams that override ranges (a PT2E model's own choices).
     """
     from converter.passes.remove_dead_code import remove_dead_code
 
-    count = _Rewriter(graph, ranges, fixed or {}, activations, keep_float).run(io)
+    rewriter = _Rewriter(graph, ranges, fixed or {}, activations, keep_float)
+    count = rewriter.run(io)
     remove_dead_code(graph)
-    return count
+    return count, rewriter.float_ops

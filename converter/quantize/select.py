@@ -16,7 +16,10 @@ from converter import ir
 
 
 def keeps_float(op: ir.Op, keep_float) -> bool:
-    """True when `op` must stay in float32 under `keep_float`."""
+    """True when `op` must stay in float32 under `keep_float` (names and op types, or a
+    predicate op -> bool, which the sensitivity analysis uses)."""
+    if callable(keep_float):
+        return bool(keep_float(op))
     if not keep_float:
         return False
     if op.opcode in keep_float:
