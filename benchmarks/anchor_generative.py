@@ -41,8 +41,15 @@ def main(model_dir: str, out_path: str, prefill_len: int, cache_len: int) -> Non
     import_s = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as work:
         start = time.perf_counter()
-        export.export(model=model_dir, output_dir=work, prefill_lengths=[prefill_len], cache_length=cache_len,
-                      bundle_litert_lm=False, quantization_recipe="none", keep_temporary_files=True)
+        export.export(
+            model=model_dir,
+            output_dir=work,
+            prefill_lengths=[prefill_len],
+            cache_length=cache_len,
+            bundle_litert_lm=False,
+            quantization_recipe="none",
+            keep_temporary_files=True,
+        )
         export_s = time.perf_counter() - start
         found = sorted(glob.glob(os.path.join(work, "**", "model.tflite"), recursive=True))
         if not found:

@@ -40,13 +40,26 @@ def _recipe(scheme: str):
         return recipe.weight_only_wi8_afp32()
     if scheme == "weight_only_int4":
         manager = recipe_manager.RecipeManager()
-        manager.add_dynamic_config(regex=".*", operation_name=qtyping.TFLOperationName.ALL_SUPPORTED, num_bits=4,
-                                   granularity=qtyping.QuantGranularity.BLOCKWISE_32)
+        manager.add_dynamic_config(
+            regex=".*",
+            operation_name=qtyping.TFLOperationName.ALL_SUPPORTED,
+            num_bits=4,
+            granularity=qtyping.QuantGranularity.BLOCKWISE_32,
+        )
         return manager.get_quantization_recipe()
     if scheme == "float16":
-        return [{"regex": ".*", "operation": "*", "algorithm_key": "float_casting",
-                 "op_config": {"weight_tensor_config": {"num_bits": 16, "dtype": "FLOAT"},
-                               "compute_precision": "FLOAT", "explicit_dequantize": True}}]
+        return [
+            {
+                "regex": ".*",
+                "operation": "*",
+                "algorithm_key": "float_casting",
+                "op_config": {
+                    "weight_tensor_config": {"num_bits": 16, "dtype": "FLOAT"},
+                    "compute_precision": "FLOAT",
+                    "explicit_dequantize": True,
+                },
+            }
+        ]
     if scheme == "full_int8":
         return recipe.static_wi8_ai8()
     if scheme == "int16x8":
@@ -89,8 +102,17 @@ def main() -> None:
                 float_model = litert_torch.convert(model, args).model_content()
         except Exception as error:  # noqa: BLE001
             for scheme in options.schemes.split(","):
-                print(json.dumps({"model": name, "scheme": scheme, "ok": False,
-                                  "error": f"float conversion: {type(error).__name__}: {error}"[:400]}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "model": name,
+                            "scheme": scheme,
+                            "ok": False,
+                            "error": f"float conversion: {type(error).__name__}: {error}"[:400],
+                        }
+                    ),
+                    flush=True,
+                )
             continue
         for scheme in options.schemes.split(","):
             path = options.out_dir / f"{name}.{scheme}.anchor.tflite"
@@ -105,15 +127,26 @@ def main() -> None:
                         runner = Interpreter(model_content=float_model).get_signature_runner()
                         details = runner.get_input_details()
                         names = sorted(details)  # args_0, args_1 ...; token ids are int32 in the anchor's files
-                        samples = [{n: t.numpy().astype(details[n]["dtype"]) for n, t in zip(names, sample)}
-                                   for sample in calibration_inputs(zoo, name, options.calibration, options.seed)]
+                        samples = [
+                            {n: t.numpy().astype(details[n]["dtype"]) for n, t in zip(names, sample)}
+                            for sample in calibration_inputs(zoo, name, options.calibration, options.seed)
+                        ]
                         calibration = q.calibrate({"serving_default": samples})
                     content = q.quantize(calibration).quantized_model
                 path.write_bytes(content)
                 print(json.dumps({"model": name, "scheme": scheme, "ok": True, "tflite": str(path)}), flush=True)
             except Exception as error:  # noqa: BLE001
-                print(json.dumps({"model": name, "scheme": scheme, "ok": False,
-                                  "error": f"{type(error).__name__}: {error}".splitlines()[0][:400]}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "model": name,
+                            "scheme": scheme,
+                            "ok": False,
+                            "error": f"{type(error).__name__}: {error}".splitlines()[0][:400],
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

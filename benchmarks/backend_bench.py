@@ -91,8 +91,15 @@ MODES: dict[str, Mode] = {
     "cpu-inductor": Mode("cpu", 'torch.compile(backend="inductor") on CPU', prepare=_compiled("inductor")),
     "tpu-strict": Mode("tpu", "tpu device, strict eager (one jit-cached JAX program per op)", eager_mode="strict"),
     "tpu-debug": Mode("tpu", "tpu device, debug eager (synchronous, checked)", eager_mode="debug"),
-    "tpu-fused": Mode("tpu", "tpu device, fused eager (each step recorded, run as one XLA program)", eager_mode="fused"),
-    "tpu-compile": Mode("tpu", 'torch.compile(backend="tpu") (AOTAutograd graphs in one jax.jit)', eager_mode="strict", prepare=_compiled("tpu")),
+    "tpu-fused": Mode(
+        "tpu", "tpu device, fused eager (each step recorded, run as one XLA program)", eager_mode="fused"
+    ),
+    "tpu-compile": Mode(
+        "tpu",
+        'torch.compile(backend="tpu") (AOTAutograd graphs in one jax.jit)',
+        eager_mode="strict",
+        prepare=_compiled("tpu"),
+    ),
     "jax": Mode("jax", "the same step written directly in JAX (benchmarks/jax_mingpt.py): the ceiling"),
 }
 DEFAULT_MODES = "cpu-eager,tpu-strict"
@@ -245,7 +252,9 @@ def bench_interleaved(model_name: str, mode_names: list[str], steps: int, warmup
             runners[m] = step
         except Exception as error:  # noqa: BLE001 - report the mode as failed and go on
             results[m].error = _describe_error(error)
-        print(f"  {m}: warmed up ({results[m].error or f'first step {results[m].first_step_s:.1f} s'})", file=sys.stderr)
+        print(
+            f"  {m}: warmed up ({results[m].error or f'first step {results[m].first_step_s:.1f} s'})", file=sys.stderr
+        )
     for round_index in range(steps):
         shift = round_index % max(len(runners), 1)
         order = list(runners)[shift:] + list(runners)[:shift]
@@ -281,7 +290,10 @@ def tpu_peak_flops() -> float | None:
     if jax.default_backend() != "tpu":
         return None
     kind = jax.devices()[0].device_kind
-    return next((peak for name, peak in sorted(TPU_PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])) if kind.startswith(name)), None)
+    return next(
+        (peak for name, peak in sorted(TPU_PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])) if kind.startswith(name)),
+        None,
+    )
 
 
 OP_CASES: dict[str, Callable] = {
@@ -331,18 +343,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--modes", default=DEFAULT_MODES, help=f"comma-separated, from: {', '.join(MODES)}; or 'all' ({ALL_MODES})"
     )
-    parser.add_argument("--skip-inductor", action="store_true", help="leave cpu-inductor out (its compile is slow here)")
+    parser.add_argument(
+        "--skip-inductor", action="store_true", help="leave cpu-inductor out (its compile is slow here)"
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument(
-        "--sequential", action="store_true",
+        "--sequential",
+        action="store_true",
         help="time each mode's steps in one block, mode after mode (default: warm every mode up, then "
         "time rounds of one step per mode, so load from other processes hits all modes alike)",
     )
     parser.add_argument("--op-iterations", type=int, default=2000, help="calls per dispatch-overhead figure")
     parser.add_argument("--skip-ops", action="store_true", help="no dispatch-overhead figures")
     parser.add_argument(
-        "--threads", type=int, default=None,
+        "--threads",
+        type=int,
+        default=None,
         help="torch CPU threads (default: torch's choice; on a machine shared with other processes, "
         "1 avoids OpenMP oversubscription that can slow small CPU ops 10-100x)",
     )
@@ -420,7 +437,11 @@ def print_tables(
         if s.error:
             console.print(f"    [red]{s.error}[/]", soft_wrap=True)
     if flops:
-        mfu = "MFU: on a TPU only (JAX runs on a TPU we know the peak of)" if not peak else f"TPU peak {peak / 1e12:.0f} TFLOP/s"
+        mfu = (
+            "MFU: on a TPU only (JAX runs on a TPU we know the peak of)"
+            if not peak
+            else f"TPU peak {peak / 1e12:.0f} TFLOP/s"
+        )
         console.print(f"  model FLOPs per step: {flops / 1e9:.2f} GFLOP; {mfu}")
     if CEILING_MODE in ran:
         from benchmarks.jax_mingpt import torchax_status
@@ -460,7 +481,9 @@ def main(argv=None) -> int:
         import tpu_backend  # noqa: F401 - registers the device
 
     config = MODEL_CASES[args.model]
-    print(f"benchmarking {config.name}: modes {modes}, {args.warmup} warm-up + {args.steps} timed steps", file=sys.stderr)
+    print(
+        f"benchmarking {config.name}: modes {modes}, {args.warmup} warm-up + {args.steps} timed steps", file=sys.stderr
+    )
     load = {"cpus": os.cpu_count(), "before": os.getloadavg()}
     if args.sequential:
         steps = [bench_training(args.model, m, args.steps, args.warmup) for m in modes]

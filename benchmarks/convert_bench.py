@@ -80,8 +80,12 @@ def parse_args(argv=None):
     parser.add_argument("--runs", type=int, default=20, help="timed invokes per model (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed invokes before timing")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="conversions (and bare exports, alternating) per model; the minimum is reported")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="conversions (and bare exports, alternating) per model; the minimum is reported",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the .tflite files in this folder")
     parser.add_argument("--model-timeout", type=float, default=300, help="seconds allowed for one conversion of ours")
     parser.add_argument("--anchor-timeout", type=float, default=1800, help="seconds for all anchor conversions")
@@ -224,15 +228,27 @@ def bench_model(zoo, name: str, options, anchor: AnchorRunner | None, out_dir: P
     model, args = zoo.build(name, seed=options.seed)
     arrays = [a.numpy() for a in args]
     expected = torch_reference(model, args)
-    row = {"model": name, "family": entry.family, "inputs": [list(s) for s in entry.inputs], "ours": None, "anchor": None}
+    row = {
+        "model": name,
+        "family": entry.family,
+        "inputs": [list(s) for s in entry.inputs],
+        "ours": None,
+        "anchor": None,
+    }
     loaded = []
     try:
         content, seconds, export_s, stages = convert_and_export_times(model, args, options)
         (out_dir / f"{name}.tflite").write_bytes(content)
         ours_model, figures = measure_file(content, arrays, expected)
         # stages: convert()'s own timings (export, lower, optimize, write...) of its fastest run
-        row["ours"] = {"ok": True, "convert_s": seconds, "export_s": export_s, "export_ratio": seconds / export_s,
-                       "stages": stages, **figures}
+        row["ours"] = {
+            "ok": True,
+            "convert_s": seconds,
+            "export_s": export_s,
+            "export_ratio": seconds / export_s,
+            "stages": stages,
+            **figures,
+        }
         loaded.append(("ours", ours_model))
     except Exception as error:
         row["ours"] = {"ok": False, "error": short_error(error)}
@@ -279,10 +295,14 @@ def summarize(rows: list[dict]) -> dict:
     export_ratios = sorted(r["ours"]["export_ratio"] for r in ok)
     if export_ratios:
         worst = max(ok, key=lambda r: r["ours"]["export_ratio"])
-        summary["export_ratio"] = {"median": export_ratios[len(export_ratios) // 2], "worst": export_ratios[-1],
-                                   "worst_model": worst["model"], "target": EXPORT_RATIO_TARGET,
-                                   "models_meeting_target": sum(v <= EXPORT_RATIO_TARGET for v in export_ratios),
-                                   "models": len(export_ratios)}
+        summary["export_ratio"] = {
+            "median": export_ratios[len(export_ratios) // 2],
+            "worst": export_ratios[-1],
+            "worst_model": worst["model"],
+            "target": EXPORT_RATIO_TARGET,
+            "models_meeting_target": sum(v <= EXPORT_RATIO_TARGET for v in export_ratios),
+            "models": len(export_ratios),
+        }
     paired = [r["ratios"] for r in rows if "ratios" in r]
     if paired:
         for key, target in TARGETS.items():
@@ -338,8 +358,10 @@ def render(rows: list[dict], summary: dict, with_anchor: bool, console: Console)
     line = f"converted {summary['converted']}/{summary['models']}, within 1e-4: {summary['within_1e-4']}"
     if "export_ratio" in summary:
         e = summary["export_ratio"]
-        line += (f"; convert/torch.export median {e['median']:.2f}, worst {e['worst']:.2f} ({e['worst_model']}; "
-                 f"target <= {e['target']}, met by {e['models_meeting_target']}/{e['models']})")
+        line += (
+            f"; convert/torch.export median {e['median']:.2f}, worst {e['worst']:.2f} ({e['worst_model']}; "
+            f"target <= {e['target']}, met by {e['models_meeting_target']}/{e['models']})"
+        )
     for key in TARGETS:
         if key in summary:
             s = summary[key]

@@ -47,7 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 args = parse_args() if __name__ == "__main__" else None
 if args is not None and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     # Before JAX starts: the virtual device count is read once.
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.cpu_devices}"
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.cpu_devices}"
+    )
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -74,6 +76,7 @@ def make_model(name: str):
     """(model on CPU, batch(global_size) -> (inputs, target), loss fn, items per sample, plan)."""
     torch.manual_seed(0)
     if name == "mlp":
+
         def batch(size):
             g = torch.Generator().manual_seed(1)
             return torch.randn(size, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
@@ -131,8 +134,16 @@ def run_config(model_name: str, strategy: str, count: int, opts) -> dict:
         loss = step()
         times.append(time.perf_counter() - start)
     median = statistics.median(times)
-    return dict(strategy=strategy, devices=count, global_batch=size, first_step_s=first, step_s=median,
-                min_step_s=min(times), items_per_s=size * items / median, loss=loss)
+    return dict(
+        strategy=strategy,
+        devices=count,
+        global_batch=size,
+        first_step_s=first,
+        step_s=median,
+        min_step_s=min(times),
+        items_per_s=size * items / median,
+        loss=loss,
+    )
 
 
 def main(opts) -> list[dict]:
@@ -157,23 +168,51 @@ def main(opts) -> list[dict]:
     for r in results:
         r["scaling_efficiency"] = base[r["strategy"]] / r["step_s"]  # against the smallest count
     unit = "tokens/s" if opts.model != "mlp" else "samples/s"
-    table = Table(title=f"{opts.model}, weak scaling ({opts.batch_per_device} per device), "
-                        f"{jax.default_backend()} ({jax.devices()[0].device_kind})")
-    for column in ("strategy", "devices", "global batch", "first step s", "step ms (median)", "min ms", unit, "efficiency", "loss"):
+    table = Table(
+        title=f"{opts.model}, weak scaling ({opts.batch_per_device} per device), "
+        f"{jax.default_backend()} ({jax.devices()[0].device_kind})"
+    )
+    for column in (
+        "strategy",
+        "devices",
+        "global batch",
+        "first step s",
+        "step ms (median)",
+        "min ms",
+        unit,
+        "efficiency",
+        "loss",
+    ):
         table.add_column(column, justify="right" if column not in ("strategy",) else "left")
     for r in results:
-        table.add_row(r["strategy"], str(r["devices"]), str(r["global_batch"]), f"{r['first_step_s']:.1f}",
-                      f"{r['step_s'] * 1e3:.1f}", f"{r['min_step_s'] * 1e3:.1f}", f"{r['items_per_s']:.0f}",
-                      f"{r['scaling_efficiency']:.2f}", f"{r['loss']:.4f}")
+        table.add_row(
+            r["strategy"],
+            str(r["devices"]),
+            str(r["global_batch"]),
+            f"{r['first_step_s']:.1f}",
+            f"{r['step_s'] * 1e3:.1f}",
+            f"{r['min_step_s'] * 1e3:.1f}",
+            f"{r['items_per_s']:.0f}",
+            f"{r['scaling_efficiency']:.2f}",
+            f"{r['loss']:.4f}",
+        )
     console.print(table)
     if jax.default_backend() == "cpu":
-        console.print("CPU: the virtual devices share the same cores, so this measures partitioning overhead, "
-                      "not speed-up (efficiency near 1/n is expected).", highlight=False)
+        console.print(
+            "CPU: the virtual devices share the same cores, so this measures partitioning overhead, "
+            "not speed-up (efficiency near 1/n is expected).",
+            highlight=False,
+        )
     load_after = os.getloadavg()[0]
     console.print(f"load average before/after: {load_before:.1f} / {load_after:.1f}", highlight=False)
     if opts.json:
-        payload = dict(settings=vars(opts), backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
-                       load_average=[load_before, load_after], results=results)
+        payload = dict(
+            settings=vars(opts),
+            backend=jax.default_backend(),
+            device_kind=jax.devices()[0].device_kind,
+            load_average=[load_before, load_after],
+            results=results,
+        )
         text = json.dumps(payload, indent=1)
         if opts.json == "-":
             print(text)

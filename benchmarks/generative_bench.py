@@ -58,9 +58,15 @@ SIZE = dict(vocab=4096, dim=256, layers=4, heads=8, kv_heads=4, hidden=688)
 
 
 def tiny_llama() -> torch.nn.Module:
-    cfg = TinyLlamaConfig(vocab_size=SIZE["vocab"], dim=SIZE["dim"], n_layers=SIZE["layers"],
-                          n_heads=SIZE["heads"], n_kv_heads=SIZE["kv_heads"], hidden_dim=SIZE["hidden"],
-                          max_seq_len=1024)
+    cfg = TinyLlamaConfig(
+        vocab_size=SIZE["vocab"],
+        dim=SIZE["dim"],
+        n_layers=SIZE["layers"],
+        n_heads=SIZE["heads"],
+        n_kv_heads=SIZE["kv_heads"],
+        hidden_dim=SIZE["hidden"],
+        max_seq_len=1024,
+    )
     return TinyLlama(cfg)
 
 
@@ -68,9 +74,15 @@ def _hf(config_name: str, model_name: str) -> torch.nn.Module:
     import transformers
 
     cfg = getattr(transformers, config_name)(
-        vocab_size=SIZE["vocab"], hidden_size=SIZE["dim"], intermediate_size=SIZE["hidden"],
-        num_hidden_layers=SIZE["layers"], num_attention_heads=SIZE["heads"],
-        num_key_value_heads=SIZE["kv_heads"], head_dim=SIZE["dim"] // SIZE["heads"], max_position_embeddings=1024)
+        vocab_size=SIZE["vocab"],
+        hidden_size=SIZE["dim"],
+        intermediate_size=SIZE["hidden"],
+        num_hidden_layers=SIZE["layers"],
+        num_attention_heads=SIZE["heads"],
+        num_key_value_heads=SIZE["kv_heads"],
+        head_dim=SIZE["dim"] // SIZE["heads"],
+        max_position_embeddings=1024,
+    )
     return getattr(transformers, model_name)(cfg)
 
 
@@ -101,8 +113,13 @@ def export_with_decode_write(model, write: str, opts) -> tuple[EdgeModel, float]
     kv_cache.DECODE_WRITE = write
     try:
         start = time.perf_counter()
-        edge = export_generative(model, prefill_len=opts.prefill_len, cache_len=opts.cache_len, progress=False,
-                                 prefill_logits=opts.prefill_logits)
+        edge = export_generative(
+            model,
+            prefill_len=opts.prefill_len,
+            cache_len=opts.cache_len,
+            progress=False,
+            prefill_logits=opts.prefill_logits,
+        )
         seconds = time.perf_counter() - start
     finally:
         kv_cache.DECODE_WRITE = "select"
@@ -119,8 +136,9 @@ def save_for_anchor(model, folder: str) -> None:
     vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="t1", eos_token="t2",
-                                         unk_token="t0").save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="t1", eos_token="t2", unk_token="t0"
+    ).save_pretrained(folder)
 
 
 def run_anchor(name: str, model, ids: torch.Tensor, expected: np.ndarray, opts) -> dict:
@@ -132,8 +150,12 @@ def run_anchor(name: str, model, ids: torch.Tensor, expected: np.ndarray, opts) 
     with tempfile.TemporaryDirectory() as work:
         save_for_anchor(model, work)
         out = os.path.join(work, "anchor.tflite")
-        proc = subprocess.run([opts.anchor_python, str(HERE / "anchor_generative.py"), work, out, str(P), str(S)],
-                              capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            [opts.anchor_python, str(HERE / "anchor_generative.py"), work, out, str(P), str(S)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode != 0 or not lines:
             return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
@@ -142,11 +164,15 @@ def run_anchor(name: str, model, ids: torch.Tensor, expected: np.ndarray, opts) 
     runtime = LiteRTModel(content, num_threads=opts.threads)
 
     def feed(key: str, tokens, positions, caches: dict) -> list:
-        values = {"tokens": tokens, "input_pos": positions,
-                  "mask": attention_bias(torch.from_numpy(positions), S).numpy()[None, None]}
+        values = {
+            "tokens": tokens,
+            "input_pos": positions,
+            "mask": attention_bias(torch.from_numpy(positions), S).numpy()[None, None],
+        }
         sig = runtime.signature(key)
-        return [values[t.name] if t.name in values else caches.get(t.name, np.zeros(t.shape, t.dtype))
-                for t in sig.inputs]
+        return [
+            values[t.name] if t.name in values else caches.get(t.name, np.zeros(t.shape, t.dtype)) for t in sig.inputs
+        ]
 
     prefill_key = f"prefill_{P}"
     prefill_in = feed(prefill_key, ids[:, :P].int().numpy(), np.arange(P, dtype=np.int32), {})
@@ -154,9 +180,12 @@ def run_anchor(name: str, model, ids: torch.Tensor, expected: np.ndarray, opts) 
     caches = dict(zip(names, runtime.run(prefill_in, prefill_key)))
     decode_in = feed("decode", ids[:, P:].int().numpy(), np.array([P], np.int32), caches)
     outputs = dict(zip(runtime.signature("decode").output_names, runtime.run(decode_in, "decode")))
-    report.update(bytes=len(content), decode_rel_err=max_relative_error(outputs["logits"], expected[:, P:]),
-                  prefill=lambda: runtime.run(prefill_in, prefill_key),
-                  decode=lambda: runtime.run(decode_in, "decode"))
+    report.update(
+        bytes=len(content),
+        decode_rel_err=max_relative_error(outputs["logits"], expected[:, P:]),
+        prefill=lambda: runtime.run(prefill_in, prefill_key),
+        decode=lambda: runtime.run(decode_in, "decode"),
+    )
     return report
 
 
@@ -164,8 +193,7 @@ def measure(name: str, opts) -> dict:
     torch.manual_seed(0)
     model = MODELS[name]().eval()
     params = sum(p.numel() for p in model.parameters())
-    edge, convert_s = export_with_decode_write(model, "one_hot" if opts.decode_write == "one_hot" else "select",
-                                               opts)
+    edge, convert_s = export_with_decode_write(model, "one_hot" if opts.decode_write == "one_hot" else "select", opts)
     runtime = edge.runtime
     P = opts.prefill_len
     ids = torch.randint(0, SIZE["vocab"], (1, P + 1), generator=torch.Generator().manual_seed(1))
@@ -179,7 +207,7 @@ def measure(name: str, opts) -> dict:
         prefill_err, cache = None, outputs
     else:
         logits, *cache = outputs
-        prefill_err = max_relative_error(logits, expected[:, P - logits.shape[1]:P])  # "last": position P-1
+        prefill_err = max_relative_error(logits, expected[:, P - logits.shape[1] : P])  # "last": position P-1
     decode_in = [ids[:, P:].int().numpy(), np.array([P], np.int32), *cache]
     logits, *_ = runtime.run(decode_in, "decode")
     decode_err = max_relative_error(logits, expected[:, P:])
@@ -201,36 +229,73 @@ def measure(name: str, opts) -> dict:
         decode_times = median_ms(decodes, opts.runs)
     torch_ms, decode_ms = decode_times[:2]
     if anchor_ok:
-        anchor.update(prefill_ms=prefill_times[1], decode_ms=decode_times[-1],
-                      prefill_ratio=prefill_ms / prefill_times[1], decode_ratio=decode_ms / decode_times[-1],
-                      size_ratio=len(edge) / anchor["bytes"], convert_speedup=anchor["export_s"] / convert_s)
+        anchor.update(
+            prefill_ms=prefill_times[1],
+            decode_ms=decode_times[-1],
+            prefill_ratio=prefill_ms / prefill_times[1],
+            decode_ratio=decode_ms / decode_times[-1],
+            size_ratio=len(edge) / anchor["bytes"],
+            convert_speedup=anchor["export_s"] / convert_s,
+        )
 
     prompt = ids[0, :11]
     start = time.perf_counter()
     ours = generate(edge, prompt, opts.new_tokens)
     generate_s = time.perf_counter() - start
     matches = ours == reference_generate(model, prompt, opts.new_tokens)
-    return dict(model=name, params=params, convert_s=convert_s, bytes=len(edge), prefill_ms=prefill_ms,
-                decode_ms=decode_ms, torch_decode_ms=torch_ms, decode_tok_s=1e3 / decode_ms, generate_s=generate_s,
-                prefill_rel_err=prefill_err, decode_rel_err=decode_err, greedy_match=matches,
-                decode_one_hot_ms=decode_times[2] if opts.decode_write == "both" else None, anchor=anchor)
+    return dict(
+        model=name,
+        params=params,
+        convert_s=convert_s,
+        bytes=len(edge),
+        prefill_ms=prefill_ms,
+        decode_ms=decode_ms,
+        torch_decode_ms=torch_ms,
+        decode_tok_s=1e3 / decode_ms,
+        generate_s=generate_s,
+        prefill_rel_err=prefill_err,
+        decode_rel_err=decode_err,
+        greedy_match=matches,
+        decode_one_hot_ms=decode_times[2] if opts.decode_write == "both" else None,
+        anchor=anchor,
+    )
 
 
 def anchor_table(rows: list[dict]) -> Table:
-    table = Table(title="Against litert-torch 0.10.0 export_hf (float32; ratios are ours / anchor, "
-                        "speed-up is anchor s / ours s; targets: latency <= 1.05, size <= 1.01)")
-    for col in ("model", "anchor export s", "speed-up", "anchor KiB", "size ratio", "anchor prefill ms",
-                "prefill ratio", "anchor decode ms", "decode ratio", "anchor decode err"):
+    table = Table(
+        title="Against litert-torch 0.10.0 export_hf (float32; ratios are ours / anchor, "
+        "speed-up is anchor s / ours s; targets: latency <= 1.05, size <= 1.01)"
+    )
+    for col in (
+        "model",
+        "anchor export s",
+        "speed-up",
+        "anchor KiB",
+        "size ratio",
+        "anchor prefill ms",
+        "prefill ratio",
+        "anchor decode ms",
+        "decode ratio",
+        "anchor decode err",
+    ):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         a = r["anchor"] or {}
         if "error" in a:
             table.add_row(r["model"], f"[red]{a['error']}[/red]", *[""] * 8)
         elif a:
-            table.add_row(r["model"], f"{a['export_s']:.1f}", f"{a['convert_speedup']:.1f}x",
-                          f"{a['bytes'] / 1024:,.0f}", f"{a['size_ratio']:.3f}", f"{a['prefill_ms']:.2f}",
-                          f"{a['prefill_ratio']:.2f}", f"{a['decode_ms']:.3f}", f"{a['decode_ratio']:.2f}",
-                          f"{a['decode_rel_err']:.1e}")
+            table.add_row(
+                r["model"],
+                f"{a['export_s']:.1f}",
+                f"{a['convert_speedup']:.1f}x",
+                f"{a['bytes'] / 1024:,.0f}",
+                f"{a['size_ratio']:.3f}",
+                f"{a['prefill_ms']:.2f}",
+                f"{a['prefill_ratio']:.2f}",
+                f"{a['decode_ms']:.3f}",
+                f"{a['decode_ratio']:.2f}",
+                f"{a['decode_rel_err']:.1e}",
+            )
     return table
 
 
@@ -240,15 +305,26 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-len", type=int, default=32)
     parser.add_argument("--cache-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=20)
-    parser.add_argument("--prefill-logits", choices=["last", "all", "none"], default="last",
-                        help="which positions' logits the prefill signature returns")
+    parser.add_argument(
+        "--prefill-logits",
+        choices=["last", "all", "none"],
+        default="last",
+        help="which positions' logits the prefill signature returns",
+    )
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--decode-write", choices=["select", "one_hot", "both"], default="select",
-                        help="how decode writes its token into the cache (both: time the two, interleaved)")
-    parser.add_argument("--anchor-python", default=None,
-                        help="python of an environment with litert-torch 0.10.0 (e.g. /tmp/anchor-venv/bin/python): "
-                             "export the transformers models with its export_hf too and compare")
+    parser.add_argument(
+        "--decode-write",
+        choices=["select", "one_hot", "both"],
+        default="select",
+        help="how decode writes its token into the cache (both: time the two, interleaved)",
+    )
+    parser.add_argument(
+        "--anchor-python",
+        default=None,
+        help="python of an environment with litert-torch 0.10.0 (e.g. /tmp/anchor-venv/bin/python): "
+        "export the transformers models with its export_hf too and compare",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results to this JSON file")
     opts = parser.parse_args(argv)
     names = [n.strip() for n in opts.models.split(",") if n.strip()]
@@ -263,27 +339,52 @@ def main(argv=None) -> int:
         console.print(f"[dim]{name}...[/dim]")
         rows.append(measure(name, opts))
 
-    table = Table(title=f"Generative export in LiteRT (prefill {opts.prefill_len} tokens, cache "
-                        f"{opts.cache_len}, {opts.threads} thread(s), decode write: {opts.decode_write})")
-    columns = ["model", "params M", "convert s", "KiB", "prefill ms", "decode ms", "torch decode ms", "decode tok/s",
-               "prefill err", "decode err", f"greedy {opts.new_tokens}"]
+    table = Table(
+        title=f"Generative export in LiteRT (prefill {opts.prefill_len} tokens, cache "
+        f"{opts.cache_len}, {opts.threads} thread(s), decode write: {opts.decode_write})"
+    )
+    columns = [
+        "model",
+        "params M",
+        "convert s",
+        "KiB",
+        "prefill ms",
+        "decode ms",
+        "torch decode ms",
+        "decode tok/s",
+        "prefill err",
+        "decode err",
+        f"greedy {opts.new_tokens}",
+    ]
     if opts.decode_write == "both":
         columns.append("decode ms one-hot")
     for col in columns:
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
-        table.add_row(r["model"], f"{r['params'] / 1e6:.2f}", f"{r['convert_s']:.2f}", f"{r['bytes'] / 1024:,.0f}",
-                      f"{r['prefill_ms']:.2f}", f"{r['decode_ms']:.3f}", f"{r['torch_decode_ms']:.3f}", f"{r['decode_tok_s']:.0f}",
-                      ("-" if r['prefill_rel_err'] is None else f"{r['prefill_rel_err']:.1e}"), f"{r['decode_rel_err']:.1e}",
-                      "match" if r["greedy_match"] else "[red]DIFFERS[/red]",
-                      *([f"{r['decode_one_hot_ms']:.3f}"] if opts.decode_write == "both" else []))
+        table.add_row(
+            r["model"],
+            f"{r['params'] / 1e6:.2f}",
+            f"{r['convert_s']:.2f}",
+            f"{r['bytes'] / 1024:,.0f}",
+            f"{r['prefill_ms']:.2f}",
+            f"{r['decode_ms']:.3f}",
+            f"{r['torch_decode_ms']:.3f}",
+            f"{r['decode_tok_s']:.0f}",
+            ("-" if r["prefill_rel_err"] is None else f"{r['prefill_rel_err']:.1e}"),
+            f"{r['decode_rel_err']:.1e}",
+            "match" if r["greedy_match"] else "[red]DIFFERS[/red]",
+            *([f"{r['decode_one_hot_ms']:.3f}"] if opts.decode_write == "both" else []),
+        )
     console.print(table)
     if opts.anchor_python:
         console.print(anchor_table(rows))
     if opts.json:
-        report = dict(settings=dict(vars(opts), json=str(opts.json)), size=SIZE, results=rows,
-                      environment=dict(python=platform.python_version(), torch=torch.__version__,
-                                       machine=platform.machine()))
+        report = dict(
+            settings=dict(vars(opts), json=str(opts.json)),
+            size=SIZE,
+            results=rows,
+            environment=dict(python=platform.python_version(), torch=torch.__version__, machine=platform.machine()),
+        )
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         tmp = opts.json.with_suffix(opts.json.suffix + ".tmp")
         tmp.write_text(json.dumps(report, indent=2))

@@ -26,9 +26,19 @@ def main():
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=4096, hidden_size=256, intermediate_size=512, moe_intermediate_size=256, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_experts=8, num_experts_per_tok=2,
-        decoder_sparse_step=1, max_position_embeddings=512)
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        max_position_embeddings=512,
+    )
     model = transformers.Qwen3MoeForCausalLM(cfg).eval()
     runtimes = {}
     for form in ("gather", "dense"):
@@ -38,8 +48,10 @@ def main():
         runtimes[form] = EdgeModel(edge.model_content(), num_threads=1).runtime
     ids = torch.randint(0, cfg.vocab_size, (1, PREFILL + 1), generator=torch.Generator().manual_seed(1))
     cache = [np.zeros(s.shape, np.float32) for s in runtimes["gather"].signature("decode").inputs[2:]]
-    inputs = {"prefill": [ids[:, :PREFILL].int().numpy(), np.arange(PREFILL, dtype=np.int32), *cache],
-              "decode": [ids[:, PREFILL:].int().numpy(), np.array([PREFILL], np.int32), *cache]}
+    inputs = {
+        "prefill": [ids[:, :PREFILL].int().numpy(), np.arange(PREFILL, dtype=np.int32), *cache],
+        "decode": [ids[:, PREFILL:].int().numpy(), np.array([PREFILL], np.int32), *cache],
+    }
     times = {(form, sig): [] for form in runtimes for sig in inputs}
     for rt in runtimes.values():  # warm-up
         for sig, args in inputs.items():

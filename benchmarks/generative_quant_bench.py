@@ -27,10 +27,24 @@ from litert_torch.edge_model import EdgeModel
 from litert_torch.generative import export_generative
 from runtimes.litert import max_relative_error
 
-FULL = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
-            num_attention_heads=12, num_key_value_heads=4, head_dim=64)
-SMALL = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-             num_attention_heads=8, num_key_value_heads=4, head_dim=32)
+FULL = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=8,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    head_dim=64,
+)
+SMALL = dict(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=704,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+)
 
 
 def model_of(size: dict):
@@ -71,8 +85,14 @@ def main(argv=None) -> int:
     results = {"params": params}
     for name, config in (("float", None), ("int4", quantize.weight_only_int4())):
         start = time.perf_counter()
-        edge = export_generative(model, prefill_len=P, cache_len=opts.cache_len, progress=False, verify=False,
-                                 **({"quant_config": config} if config else {}))
+        edge = export_generative(
+            model,
+            prefill_len=P,
+            cache_len=opts.cache_len,
+            progress=False,
+            verify=False,
+            **({"quant_config": config} if config else {}),
+        )
         convert_s = time.perf_counter() - start
         runtime = EdgeModel(edge.model_content(), num_threads=1).runtime
         cache = [np.zeros(s.shape, np.float32) for s in runtime.signature("decode").inputs[2:]]
@@ -80,12 +100,16 @@ def main(argv=None) -> int:
         logits, *cache = runtime.run(prefill_in, "prefill")
         errors = [max_relative_error(logits[0, -1], expected[P - 1])]
         for pos in range(P, P + 8):
-            decode_in = [ids[:, pos:pos + 1].int().numpy(), np.array([pos], np.int32), *cache]
+            decode_in = [ids[:, pos : pos + 1].int().numpy(), np.array([pos], np.int32), *cache]
             logits, *cache = runtime.run(decode_in, "decode")
             errors.append(max_relative_error(logits[0, -1], expected[pos]))
-        results[name] = dict(bytes=len(edge), convert_s=convert_s, max_rel_err=max(errors),
-                             prefill_ms=timed_ms(lambda r=runtime, x=prefill_in: r.run(x, "prefill"), opts.runs),
-                             decode_ms=timed_ms(lambda r=runtime, x=decode_in: r.run(x, "decode"), opts.runs))
+        results[name] = dict(
+            bytes=len(edge),
+            convert_s=convert_s,
+            max_rel_err=max(errors),
+            prefill_ms=timed_ms(lambda r=runtime, x=prefill_in: r.run(x, "prefill"), opts.runs),
+            decode_ms=timed_ms(lambda r=runtime, x=decode_in: r.run(x, "decode"), opts.runs),
+        )
         print(name, results[name], flush=True)
     results["size_ratio"] = results["int4"]["bytes"] / results["float"]["bytes"]
     print(json.dumps(results, indent=1))

@@ -82,8 +82,14 @@ def params_from_torch(model: TinyGPT) -> Params:
         blocks.append(
             {
                 "norm1": {"weight": get(prefix + "norm1.weight"), "bias": get(prefix + "norm1.bias")},
-                "qkv": {"weight": get(prefix + "attention.in_proj_weight"), "bias": get(prefix + "attention.in_proj_bias")},
-                "proj": {"weight": get(prefix + "attention.out_proj.weight"), "bias": get(prefix + "attention.out_proj.bias")},
+                "qkv": {
+                    "weight": get(prefix + "attention.in_proj_weight"),
+                    "bias": get(prefix + "attention.in_proj_bias"),
+                },
+                "proj": {
+                    "weight": get(prefix + "attention.out_proj.weight"),
+                    "bias": get(prefix + "attention.out_proj.bias"),
+                },
                 "norm2": {"weight": get(prefix + "norm2.weight"), "bias": get(prefix + "norm2.bias")},
                 "fc": {"weight": get(prefix + "mlp.0.weight"), "bias": get(prefix + "mlp.0.bias")},
                 "out": {"weight": get(prefix + "mlp.2.weight"), "bias": get(prefix + "mlp.2.bias")},

@@ -178,7 +178,12 @@ def bench_decode(seq, sizes, impl, dtype, warmup, iters) -> Row:
     return row
 
 
-BENCHES = {"attention": bench_attention, "norm": bench_norm, "cross_entropy": bench_cross_entropy, "decode": bench_decode}
+BENCHES = {
+    "attention": bench_attention,
+    "norm": bench_norm,
+    "cross_entropy": bench_cross_entropy,
+    "decode": bench_decode,
+}
 
 ACCELERATOR_SIZES = {
     "attention": (2, 16, 8, 128),  # batch, heads, kv heads, head dim
@@ -197,16 +202,24 @@ def check_targets(rows: list[Row]) -> list[dict]:
     if at_target:
         r = at_target[0]
         speedup = r.fwd_bwd_ms["reference"] / r.fwd_bwd_ms[r.impl]
-        checks.append({"target": f"flash fwd+bwd >= {SPEEDUP_TARGET}x XLA at seq {TARGET_SEQ}", "value": round(speedup, 2), "met": speedup >= SPEEDUP_TARGET})
+        checks.append(
+            {
+                "target": f"flash fwd+bwd >= {SPEEDUP_TARGET}x XLA at seq {TARGET_SEQ}",
+                "value": round(speedup, 2),
+                "met": speedup >= SPEEDUP_TARGET,
+            }
+        )
     if len(attention) >= 2 and all(attention[i].temp_bytes.get(attention[i].impl) for i in (-1, -2)):
         a, b = attention[-2], attention[-1]
         growth = b.temp_bytes[b.impl] / a.temp_bytes[a.impl]
         seq_growth = b.seq / a.seq
-        checks.append({
-            "target": f"flash memory O(seq): temp bytes x{seq_growth:g} seq -> < x{1.5 * seq_growth:g}",
-            "value": round(growth, 2),
-            "met": growth < 1.5 * seq_growth,
-        })
+        checks.append(
+            {
+                "target": f"flash memory O(seq): temp bytes x{seq_growth:g} seq -> < x{1.5 * seq_growth:g}",
+                "value": round(growth, 2),
+                "met": growth < 1.5 * seq_growth,
+            }
+        )
     return checks
 
 
@@ -224,14 +237,29 @@ def print_table(rows: list[Row], checks: list[dict], note: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"Pallas kernels vs XLA on {jax.default_backend()} ({note})")
-    for column in ("kernel", "seq", "shape", "blocks", "fwd ms (kernel / xla)", "fwd+bwd ms (kernel / xla)", "speedup fwd+bwd", "temp MiB (kernel / xla)", "max rel diff"):
+    for column in (
+        "kernel",
+        "seq",
+        "shape",
+        "blocks",
+        "fwd ms (kernel / xla)",
+        "fwd+bwd ms (kernel / xla)",
+        "speedup fwd+bwd",
+        "temp MiB (kernel / xla)",
+        "max rel diff",
+    ):
         table.add_column(column)
     for r in rows:
         speedup = (
-            f"{r.fwd_bwd_ms['reference'] / r.fwd_bwd_ms[r.impl]:.2f}x" if r.fwd_bwd_ms else f"{r.fwd_ms['reference'] / r.fwd_ms[r.impl]:.2f}x (fwd)"
+            f"{r.fwd_bwd_ms['reference'] / r.fwd_bwd_ms[r.impl]:.2f}x"
+            if r.fwd_bwd_ms
+            else f"{r.fwd_ms['reference'] / r.fwd_ms[r.impl]:.2f}x (fwd)"
         )
         table.add_row(
-            r.kernel, str(r.seq), r.shape, r.blocks,
+            r.kernel,
+            str(r.seq),
+            r.shape,
+            r.blocks,
             f"{_fmt_ms(r.fwd_ms, r.impl)} / {_fmt_ms(r.fwd_ms, 'reference')}",
             f"{_fmt_ms(r.fwd_bwd_ms, r.impl)} / {_fmt_ms(r.fwd_bwd_ms, 'reference')}",
             speedup,
@@ -247,9 +275,15 @@ def print_table(rows: list[Row], checks: list[dict], note: str) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernels", default=",".join(BENCHES), help=f"comma list of {', '.join(BENCHES)}")
-    parser.add_argument("--seq", default=None, help="comma list of sequence lengths (default: 512..8192 on an accelerator, 128,256 on CPU)")
+    parser.add_argument(
+        "--seq",
+        default=None,
+        help="comma list of sequence lengths (default: 512..8192 on an accelerator, 128,256 on CPU)",
+    )
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=None, help="timed calls per figure (default 10 on an accelerator, 2 on CPU)")
+    parser.add_argument(
+        "--iters", type=int, default=None, help="timed calls per figure (default 10 on an accelerator, 2 on CPU)"
+    )
     parser.add_argument("--json", default=None, help="write the figures as JSON to this file ('-': stdout)")
     return parser.parse_args(argv)
 
@@ -260,7 +294,11 @@ def main(argv=None) -> int:
     impl = "pallas" if on_accelerator else "interpret"
     dtype = jnp.bfloat16 if on_accelerator else jnp.float32
     sizes = ACCELERATOR_SIZES if on_accelerator else CPU_SIZES
-    seqs = [int(s) for s in args.seq.split(",")] if args.seq else ([512, 1024, 2048, 4096, 8192] if on_accelerator else [128, 256])
+    seqs = (
+        [int(s) for s in args.seq.split(",")]
+        if args.seq
+        else ([512, 1024, 2048, 4096, 8192] if on_accelerator else [128, 256])
+    )
     iters = args.iters or (10 if on_accelerator else 2)
     note = "compiled Pallas" if on_accelerator else "Pallas INTERPRET mode on CPU: correctness only, not performance"
     rows, errors = [], []

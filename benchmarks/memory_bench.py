@@ -88,18 +88,30 @@ def child(gb: float, threshold: int | None, export: str | None, check: bool = Fa
     edge = litert_torch.convert(model, args, progress=False)
     seconds = time.perf_counter() - start
     peak_convert = _status("VmHWM")
-    result = {"gb": gb, "weight_bytes": weights, "file_bytes": len(edge), "convert_s": round(seconds, 2),
-              "external_data": len(edge) > writer.EXTERNAL_DATA_THRESHOLD,
-              "rss_before_model": base, "rss_with_model": with_model, "peak_convert": peak_convert,
-              "convert_peak/weights": round((peak_convert - base) / weights, 3),
-              "convert_extra/weights": round((peak_convert - with_model) / weights, 3)}
+    result = {
+        "gb": gb,
+        "weight_bytes": weights,
+        "file_bytes": len(edge),
+        "convert_s": round(seconds, 2),
+        "external_data": len(edge) > writer.EXTERNAL_DATA_THRESHOLD,
+        "rss_before_model": base,
+        "rss_with_model": with_model,
+        "peak_convert": peak_convert,
+        "convert_peak/weights": round((peak_convert - base) / weights, 3),
+        "convert_extra/weights": round((peak_convert - with_model) / weights, 3),
+    }
     if export:
         start = time.perf_counter()
         edge.export(export)
         peak = _status("VmHWM")
-        result.update({"export_s": round(time.perf_counter() - start, 2), "peak_export": peak,
-                       "export_peak/weights": round((peak - base) / weights, 3),
-                       "export_extra/weights": round((peak - with_model) / weights, 3)})
+        result.update(
+            {
+                "export_s": round(time.perf_counter() - start, 2),
+                "peak_export": peak,
+                "export_peak/weights": round((peak - base) / weights, 3),
+                "export_extra/weights": round((peak - with_model) / weights, 3),
+            }
+        )
     if check:  # after the peaks were read: load the file back and compare with PyTorch
         del edge
         from runtimes.litert import max_relative_error
@@ -120,8 +132,9 @@ def measure(gb: float, threshold: int | None = None, export: str | None = None, 
         cmd += ["--threshold", str(threshold)]
     if export:
         cmd += ["--export", export]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT, LITERT_TORCH_PROGRESS="0"))
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, LITERT_TORCH_PROGRESS="0")
+    )
     if done.returncode:
         raise RuntimeError(f"memory child failed ({done.returncode}): {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -130,8 +143,12 @@ def measure(gb: float, threshold: int | None = None, export: str | None = None, 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gb", type=float, nargs="+", default=[0.5], help="GiB of weights per measurement")
-    parser.add_argument("--threshold", type=int, default=None,
-                        help="bytes of constants above which data goes after the flatbuffer (default 2 GiB - 64 MiB)")
+    parser.add_argument(
+        "--threshold",
+        type=int,
+        default=None,
+        help="bytes of constants above which data goes after the flatbuffer (default 2 GiB - 64 MiB)",
+    )
     parser.add_argument("--export", default=None, help="also export to this path (deleted afterwards)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--check", action="store_true", help="load the exported file back and compare with PyTorch")
@@ -152,14 +169,26 @@ def main(argv=None) -> int:
             if ns.export and os.path.exists(ns.export):
                 os.unlink(ns.export)
     table = Table(title="Peak memory of conversion (RSS, relative to weight bytes)")
-    for col in ("weights", "layout", "convert s", "convert peak/weights", "convert extra/weights",
-                "export peak/weights", "max rel error"):
+    for col in (
+        "weights",
+        "layout",
+        "convert s",
+        "convert peak/weights",
+        "convert extra/weights",
+        "export peak/weights",
+        "max rel error",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(f"{r['weight_bytes'] / 2**30:.2f} GiB", "external" if r["external_data"] else "inline",
-                      f"{r['convert_s']:.1f}", f"{r['convert_peak/weights']:.2f}", f"{r['convert_extra/weights']:.2f}",
-                      f"{r.get('export_peak/weights', float('nan')):.2f}",
-                      f"{r['max_relative_error']:.1e}" if "max_relative_error" in r else "-")
+        table.add_row(
+            f"{r['weight_bytes'] / 2**30:.2f} GiB",
+            "external" if r["external_data"] else "inline",
+            f"{r['convert_s']:.1f}",
+            f"{r['convert_peak/weights']:.2f}",
+            f"{r['convert_extra/weights']:.2f}",
+            f"{r.get('export_peak/weights', float('nan')):.2f}",
+            f"{r['max_relative_error']:.1e}" if "max_relative_error" in r else "-",
+        )
     Console().print(table)
     if ns.json:
         with open(ns.json, "w") as f:

@@ -113,13 +113,25 @@ def accuracy(model: LoadedModel, samples, references) -> dict:
         classifier = expected.ndim == 2
         if classifier:
             agree += int(np.argmax(actual.reshape(expected.shape), -1)[0] == np.argmax(expected, -1)[0])
-    return {"max_err": max_err, "mean_err": float(np.mean(mean_errs)),
-            "top1": agree / len(samples) if classifier else None}
+    return {
+        "max_err": max_err,
+        "mean_err": float(np.mean(mean_errs)),
+        "top1": agree / len(samples) if classifier else None,
+    }
 
 
 def run_anchor(python: str, models, schemes, out_dir: Path, calibration: int) -> dict:
-    cmd = [python, str(Path(__file__).with_name("anchor_quantize.py")), "--out-dir", str(out_dir),
-           "--schemes", ",".join(schemes), "--calibration", str(calibration), *models]
+    cmd = [
+        python,
+        str(Path(__file__).with_name("anchor_quantize.py")),
+        "--out-dir",
+        str(out_dir),
+        "--schemes",
+        ",".join(schemes),
+        "--calibration",
+        str(calibration),
+        *models,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
     results = {}
     for line in proc.stdout.splitlines():
@@ -136,16 +148,26 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--samples", type=int, default=200, help="evaluation inputs per model")
-    parser.add_argument("--int16-samples", type=int, default=20,
-                        help="evaluation inputs for int16x8, which runs on LiteRT's slow reference kernels")
+    parser.add_argument(
+        "--int16-samples",
+        type=int,
+        default=20,
+        help="evaluation inputs for int16x8, which runs on LiteRT's slow reference kernels",
+    )
     parser.add_argument("--calibration", type=int, default=16, help="calibration samples (full_int8, int16x8)")
-    parser.add_argument("--methods", default="minmax",
-                        help="calibration methods for full_int8/int16x8, comma-separated (minmax, percentile, "
-                             "mse, moving_average)")
+    parser.add_argument(
+        "--methods",
+        default="minmax",
+        help="calibration methods for full_int8/int16x8, comma-separated (minmax, percentile, mse, moving_average)",
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--anchor-python", default=None)
-    parser.add_argument("--anchor-dir", type=Path, default=None,
-                        help="reuse <model>.<scheme>.anchor.tflite files an earlier run kept (--keep) instead of re-running the anchor")
+    parser.add_argument(
+        "--anchor-dir",
+        type=Path,
+        default=None,
+        help="reuse <model>.<scheme>.anchor.tflite files an earlier run kept (--keep) instead of re-running the anchor",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="keep the .tflite files here")
     options = parser.parse_args()
@@ -160,8 +182,11 @@ def main() -> None:
         for name in models:
             for scheme in schemes:
                 path = options.anchor_dir / f"{name}.{scheme}.anchor.tflite"
-                anchor[(name, scheme)] = ({"ok": True, "tflite": str(path)} if path.exists()
-                                          else {"ok": False, "error": "no anchor file (its quantizer failed)"})
+                anchor[(name, scheme)] = (
+                    {"ok": True, "tflite": str(path)}
+                    if path.exists()
+                    else {"ok": False, "error": "no anchor file (its quantizer failed)"}
+                )
     elif options.anchor_python:
         start = time.perf_counter()
         anchor = run_anchor(options.anchor_python, models, schemes, out_dir, options.calibration)
@@ -175,8 +200,11 @@ def main() -> None:
             references = [np.asarray(_first_output(model(*s)), np.float64) for s in samples]
         float_size = len(litert_torch.convert(model, args).model_content())
         calibration = calibration_inputs(zoo, name, options.calibration, 0)
-        variants = [(scheme, method) for scheme in schemes
-                    for method in (options.methods.split(",") if scheme in ("full_int8", "int16x8") else [None])]
+        variants = [
+            (scheme, method)
+            for scheme in schemes
+            for method in (options.methods.split(",") if scheme in ("full_int8", "int16x8") else [None])
+        ]
         for scheme, method in variants:
             label = scheme if method is None else f"{scheme}:{method}"
             row = {"model": name, "scheme": label, "float_bytes": float_size}
@@ -185,8 +213,12 @@ def main() -> None:
             try:
                 start = time.perf_counter()
                 config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](calibration=method)
-                edge = litert_torch.convert(model, args, quant_config=config,
-                                            calibration_data=calibration if scheme in ("full_int8", "int16x8") else None)
+                edge = litert_torch.convert(
+                    model,
+                    args,
+                    quant_config=config,
+                    calibration_data=calibration if scheme in ("full_int8", "int16x8") else None,
+                )
                 row["convert_s"] = time.perf_counter() - start
                 if edge.quant_report is not None:
                     row["float_ops"] = len(edge.quant_report.unrequested)
@@ -194,8 +226,12 @@ def main() -> None:
                 content = edge.model_content()
                 (out_dir / f"{name}.{label.replace(':', '.')}.tflite").write_bytes(content)
                 ours = LoadedModel(content)
-                row.update(bytes=len(content), size_x=len(content) / float_size,
-                           float_io=_float_io(ours), **accuracy(ours, samples[:count], references[:count]))
+                row.update(
+                    bytes=len(content),
+                    size_x=len(content) / float_size,
+                    float_io=_float_io(ours),
+                    **accuracy(ours, samples[:count], references[:count]),
+                )
             except Exception as error:  # noqa: BLE001  (report and go on)
                 row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
                 rows.append(row)
@@ -207,9 +243,14 @@ def main() -> None:
                 try:
                     theirs = LoadedModel(Path(record["tflite"]).read_bytes())
                     a = accuracy(theirs, samples[:count], references[:count])
-                    row.update(anchor_bytes=len(theirs.content), anchor_size_x=len(theirs.content) / float_size,
-                               anchor_max_err=a["max_err"], anchor_mean_err=a["mean_err"], anchor_top1=a["top1"],
-                               anchor_float_io=_float_io(theirs))
+                    row.update(
+                        anchor_bytes=len(theirs.content),
+                        anchor_size_x=len(theirs.content) / float_size,
+                        anchor_max_err=a["max_err"],
+                        anchor_mean_err=a["mean_err"],
+                        anchor_top1=a["top1"],
+                        anchor_float_io=_float_io(theirs),
+                    )
                 except Exception as error:  # noqa: BLE001
                     row["anchor_error"] = f"runs: {type(error).__name__}: {error}".splitlines()[0][:200]
                     theirs = None
@@ -269,20 +310,50 @@ def _print_table(rows) -> None:
     from rich.table import Table
 
     table = Table(title="quantized export: ours vs litert-torch 0.10.0 + ai-edge-quantizer")
-    for col in ("model", "scheme", "size x", "max err", "mean err", "top-1", "ms", "float io", "float ops",
-                "anchor size x", "anchor max err", "anchor top-1", "anchor ms", "lat x", "note"):
+    for col in (
+        "model",
+        "scheme",
+        "size x",
+        "max err",
+        "mean err",
+        "top-1",
+        "ms",
+        "float io",
+        "float ops",
+        "anchor size x",
+        "anchor max err",
+        "anchor top-1",
+        "anchor ms",
+        "lat x",
+        "note",
+    ):
         table.add_column(col)
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
     for r in rows:
-        table.add_row(r["model"], r["scheme"], f(r.get("size_x"), ".3f"), f(r.get("max_err"), ".4f"),
-                      f(r.get("mean_err"), ".5f"), f(r.get("top1"), ".1%"), f(r.get("ms"), ".2f"),
-                      str(r.get("float_io", "-")), str(r.get("float_ops", "-")), f(r.get("anchor_size_x"), ".3f"), f(r.get("anchor_max_err"), ".4f"),
-                      f(r.get("anchor_top1"), ".1%"), f(r.get("anchor_ms"), ".2f"), f(r.get("lat_x"), ".2f"),
-                      (r.get("error") or r.get("anchor_error")
-                       or ("anchor: integer I/O only" if r.get("anchor_float_io") is False else ""))[:60])
+        table.add_row(
+            r["model"],
+            r["scheme"],
+            f(r.get("size_x"), ".3f"),
+            f(r.get("max_err"), ".4f"),
+            f(r.get("mean_err"), ".5f"),
+            f(r.get("top1"), ".1%"),
+            f(r.get("ms"), ".2f"),
+            str(r.get("float_io", "-")),
+            str(r.get("float_ops", "-")),
+            f(r.get("anchor_size_x"), ".3f"),
+            f(r.get("anchor_max_err"), ".4f"),
+            f(r.get("anchor_top1"), ".1%"),
+            f(r.get("anchor_ms"), ".2f"),
+            f(r.get("lat_x"), ".2f"),
+            (
+                r.get("error")
+                or r.get("anchor_error")
+                or ("anchor: integer I/O only" if r.get("anchor_float_io") is False else "")
+            )[:60],
+        )
     Console(width=240).print(table)
 
 

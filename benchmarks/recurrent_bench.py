@@ -90,17 +90,27 @@ def _builtin_lstm(module: torch.nn.LSTM, x: torch.Tensor) -> bytes:
 
     gates = "ifco"  # TFLite's names; PyTorch's rows are i, f, g (= c), o in the same order
     inputs = [ir.Tensor("x", x.shape, np.float32, shape_signature=(-1, -1, x.shape[2]))]
-    inputs += [const(f"w_i{g}", w_ih[k * hidden:(k + 1) * hidden]) for k, g in enumerate(gates)]
-    inputs += [const(f"w_h{g}", w_hh[k * hidden:(k + 1) * hidden]) for k, g in enumerate(gates)]
+    inputs += [const(f"w_i{g}", w_ih[k * hidden : (k + 1) * hidden]) for k, g in enumerate(gates)]
+    inputs += [const(f"w_h{g}", w_hh[k * hidden : (k + 1) * hidden]) for k, g in enumerate(gates)]
     inputs += [None, None, None]  # no peepholes
-    inputs += [const(f"b_{g}", bias[k * hidden:(k + 1) * hidden]) for k, g in enumerate(gates)]
+    inputs += [const(f"b_{g}", bias[k * hidden : (k + 1) * hidden]) for k, g in enumerate(gates)]
     inputs += [None, None]  # no projection
     inputs += [ir.Tensor(name, (batch, hidden), np.float32, is_variable=True) for name in ("h", "c")]
     inputs += [None] * 4  # no layer norm
     y = ir.Tensor("y", (batch, steps, hidden), np.float32)
-    op = ir.Op("UNIDIRECTIONAL_SEQUENCE_LSTM", inputs, [y],
-               {"fusedActivationFunction": "TANH", "cellClip": 0.0, "projClip": 0.0, "timeMajor": False,
-                "asymmetricQuantizeInputs": False, "diagonalRecurrentTensors": False})
+    op = ir.Op(
+        "UNIDIRECTIONAL_SEQUENCE_LSTM",
+        inputs,
+        [y],
+        {
+            "fusedActivationFunction": "TANH",
+            "cellClip": 0.0,
+            "projClip": 0.0,
+            "timeMajor": False,
+            "asymmetricQuantizeInputs": False,
+            "diagonalRecurrentTensors": False,
+        },
+    )
     graph = ir.Graph(inputs=[inputs[0]], outputs=[y], ops=[op], input_names=["x"], output_names=["output_0"])
     return write_flatbuffer(ir.Model([graph]))
 
@@ -108,8 +118,9 @@ def _builtin_lstm(module: torch.nn.LSTM, x: torch.Tensor) -> bytes:
 def _measure(config, runs: int) -> list[dict]:
     kind, batch, steps, features, hidden, layers, bidirectional = config
     torch.manual_seed(0)
-    module = getattr(torch.nn, kind)(features, hidden, num_layers=layers, bidirectional=bidirectional,
-                                     batch_first=True).eval()
+    module = getattr(torch.nn, kind)(
+        features, hidden, num_layers=layers, bidirectional=bidirectional, batch_first=True
+    ).eval()
     x = torch.randn(batch, steps, features)
     with torch.no_grad():
         expected = module(x)[0].numpy()
@@ -128,9 +139,17 @@ def _measure(config, runs: int) -> list[dict]:
     rows = []
     label = f"{kind} b{batch} t{steps} in{features} h{hidden} l{layers}{' bi' if bidirectional else ''}"
     for (name, content), latency in zip(variants.items(), latencies):
-        rows.append({"config": label, "variant": name, "latency_ms": latency * 1e3,
-                     "ops": sum(op_histogram(content).values()), "kib": len(content) / 1024,
-                     "err_first_call": errors[name][0], "err_second_call": errors[name][1]})
+        rows.append(
+            {
+                "config": label,
+                "variant": name,
+                "latency_ms": latency * 1e3,
+                "ops": sum(op_histogram(content).values()),
+                "kib": len(content) / 1024,
+                "err_first_call": errors[name][0],
+                "err_second_call": errors[name][1],
+            }
+        )
     return rows
 
 
@@ -149,8 +168,16 @@ def main() -> None:
         table.add_column(column, justify="left" if text else "right", no_wrap=text)
     base = {r["config"]: r["latency_ms"] for r in rows if r["variant"] == "unrolled"}
     for r in rows:
-        table.add_row(r["config"], r["variant"], f"{r['latency_ms']:.3f}", f"{r['latency_ms'] / base[r['config']]:.2f}x",
-                      str(r["ops"]), f"{r['kib']:.0f}", f"{r['err_first_call']:.1e}", f"{r['err_second_call']:.1e}")
+        table.add_row(
+            r["config"],
+            r["variant"],
+            f"{r['latency_ms']:.3f}",
+            f"{r['latency_ms'] / base[r['config']]:.2f}x",
+            str(r["ops"]),
+            f"{r['kib']:.0f}",
+            f"{r['err_first_call']:.1e}",
+            f"{r['err_second_call']:.1e}",
+        )
     Console(width=max(Console().width, 132)).print(table)
     if args.json:
         with open(args.json + ".tmp", "w") as f:

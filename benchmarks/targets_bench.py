@@ -41,8 +41,9 @@ def _int8(model, args) -> bytes:
 
     generator = torch.Generator().manual_seed(5)
     calibration = [tuple(torch.randn(a.shape, generator=generator) for a in args) for _ in range(8)]
-    return litert_torch.convert(model, args, quant_config=quantize.full_int8(io="int8"),
-                                calibration_data=calibration, progress=False).model_content()
+    return litert_torch.convert(
+        model, args, quant_config=quantize.full_int8(io="int8"), calibration_data=calibration, progress=False
+    ).model_content()
 
 
 def measure(name: str, runs: int, web: bool, tmp: str) -> dict:
@@ -59,9 +60,13 @@ def measure(name: str, runs: int, web: bool, tmp: str) -> dict:
 
         inputs = [a.numpy() for a in args]
         result = run_in_browser(content, inputs, warmup=2, runs=runs)
-        row["web"] = {"p50_us": float(np.median(result.times_ms)) * 1e3, "init_us": result.init_ms * 1e3,
-                      "max_rel_error": max(max_relative_error(a, b) for a, b in
-                                           zip(result.outputs, LiteRTModel(content).run(inputs)))}
+        row["web"] = {
+            "p50_us": float(np.median(result.times_ms)) * 1e3,
+            "init_us": result.init_ms * 1e3,
+            "max_rel_error": max(
+                max_relative_error(a, b) for a, b in zip(result.outputs, LiteRTModel(content).run(inputs))
+            ),
+        }
     try:
         q = _int8(model, args)
     except Exception as e:  # a model the quantizer cannot handle yet
@@ -77,9 +82,13 @@ def measure(name: str, runs: int, web: bool, tmp: str) -> dict:
         inputs = [rng.integers(-100, 100, s.shape).astype(s.dtype) for s in lite.signature().inputs]
         result = run_micro(q, inputs)
         want = lite.run(inputs)
-        row["micro"].update(arena_bytes=result.arena_bytes, int8_bytes=len(q),
-                            max_step_diff=int(max(np.abs(a.astype(np.int32) - b.astype(np.int32)).max()
-                                                  for a, b in zip(result.outputs, want))))
+        row["micro"].update(
+            arena_bytes=result.arena_bytes,
+            int8_bytes=len(q),
+            max_step_diff=int(
+                max(np.abs(a.astype(np.int32) - b.astype(np.int32)).max() for a, b in zip(result.outputs, want))
+            ),
+        )
     return row
 
 
@@ -109,8 +118,16 @@ def main() -> int:
             except Exception as e:  # one model's failure does not stop the sweep
                 rows.append({"model": name, "error": str(e).splitlines()[0][:120]})
         table = Table(title="Zoo models across targets (float32 checks; micro = full int8)")
-        for col in ("model", "errors per target (cpu/gpu/web/micro/edgetpu)", "host p50 us", "web p50 us",
-                    "web rel err", "micro check", "arena B", "int8 steps"):
+        for col in (
+            "model",
+            "errors per target (cpu/gpu/web/micro/edgetpu)",
+            "host p50 us",
+            "web p50 us",
+            "web rel err",
+            "micro check",
+            "arena B",
+            "int8 steps",
+        ):
             table.add_column(col, justify="left" if col.startswith(("model", "errors")) else "right")
         for r in rows:
             if "error" in r:
@@ -119,10 +136,16 @@ def main() -> int:
             e = r["errors"]
             errs = f"{e['android-cpu']}/{e['android-gpu']}/{e['web']}/{e['micro']}/{e['edgetpu']}"
             w, m = r.get("web", {}), r["micro"]
-            table.add_row(r["model"], errs, f"{r['host']['inference_us']['p50']:,.0f}",
-                          f"{w['p50_us']:,.0f}" if w else "-", f"{w['max_rel_error']:.1e}" if w else "-",
-                          m.get("error") or ("ok" if m["check_errors"] == 0 else f"{m['check_errors']} errors"),
-                          f"{m['arena_bytes']:,}" if "arena_bytes" in m else "-", str(m.get("max_step_diff", "-")))
+            table.add_row(
+                r["model"],
+                errs,
+                f"{r['host']['inference_us']['p50']:,.0f}",
+                f"{w['p50_us']:,.0f}" if w else "-",
+                f"{w['max_rel_error']:.1e}" if w else "-",
+                m.get("error") or ("ok" if m["check_errors"] == 0 else f"{m['check_errors']} errors"),
+                f"{m['arena_bytes']:,}" if "arena_bytes" in m else "-",
+                str(m.get("max_step_diff", "-")),
+            )
         console.print(table)
         if ns.json:
             bench.write_json({"schema": "litert-torch-targets-bench/1", "rows": rows}, ns.json)
@@ -131,8 +154,17 @@ def main() -> int:
             for r in rows:
                 if "error" not in r and "web" in r:
                     plotted.append(r["host"])
-                    plotted.append({**r["host"], "target": "web", "inference_us": {
-                        "p50": r["web"]["p50_us"], "min": r["web"]["p50_us"], "p90": r["web"]["p50_us"]}})
+                    plotted.append(
+                        {
+                            **r["host"],
+                            "target": "web",
+                            "inference_us": {
+                                "p50": r["web"]["p50_us"],
+                                "min": r["web"]["p50_us"],
+                                "p90": r["web"]["p50_us"],
+                            },
+                        }
+                    )
             bench.plot(plotted, ns.plot, "Host (XNNPACK) vs browser (LiteRT.js wasm), p50")
     return 0
 

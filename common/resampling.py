@@ -59,8 +59,9 @@ def linear_weights(in_size: int, out_size: int, align_corners: bool, scale_facto
         ratio = np.float32(in_size - 1) / np.float32(out_size - 1) if out_size > 1 else np.float32(0)
         src = dst * ratio
     else:
-        src = np.maximum((dst + np.float32(0.5)) * source_scale(in_size, out_size, scale_factor) - np.float32(0.5),
-                         np.float32(0))
+        src = np.maximum(
+            (dst + np.float32(0.5)) * source_scale(in_size, out_size, scale_factor) - np.float32(0.5), np.float32(0)
+        )
     low = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
     high = np.minimum(low + 1, in_size - 1)
     frac = src - low.astype(np.float32)

@@ -76,25 +76,79 @@ def enum_max(enum: str) -> int:
 # ---- named op groups ---------------------------------------------------------------------
 
 # out = f(x) elementwise; the op's other inputs (if any) are not tensors in the layout.
-UNARY = frozenset({
-    "ABS", "CEIL", "COS", "DEQUANTIZE", "ELU", "EXP", "FLOOR", "GELU", "HARD_SWISH",
-    "LEAKY_RELU", "LOG", "LOGICAL_NOT", "LOGISTIC", "NEG", "QUANTIZE", "RELU",
-    "RELU6", "RELU_0_TO_1", "RELU_N1_TO_1", "ROUND", "RSQRT", "SIGN", "SIN", "SQRT",
-    "SQUARE", "TANH", "CAST", "ZEROS_LIKE",
-})
+UNARY = frozenset(
+    {
+        "ABS",
+        "CEIL",
+        "COS",
+        "DEQUANTIZE",
+        "ELU",
+        "EXP",
+        "FLOOR",
+        "GELU",
+        "HARD_SWISH",
+        "LEAKY_RELU",
+        "LOG",
+        "LOGICAL_NOT",
+        "LOGISTIC",
+        "NEG",
+        "QUANTIZE",
+        "RELU",
+        "RELU6",
+        "RELU_0_TO_1",
+        "RELU_N1_TO_1",
+        "ROUND",
+        "RSQRT",
+        "SIGN",
+        "SIN",
+        "SQRT",
+        "SQUARE",
+        "TANH",
+        "CAST",
+        "ZEROS_LIKE",
+    }
+)
 
 # out = f(a, b, ...) with numpy broadcasting over all inputs.
-BROADCASTING = frozenset({
-    "ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
-    "FLOOR_DIV", "FLOOR_MOD", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL",
-    "EQUAL", "NOT_EQUAL", "LOGICAL_AND", "LOGICAL_OR", "PRELU", "SELECT_V2", "ADD_N",
-    "ATAN2",
-})
+BROADCASTING = frozenset(
+    {
+        "ADD",
+        "SUB",
+        "MUL",
+        "DIV",
+        "MAXIMUM",
+        "MINIMUM",
+        "POW",
+        "SQUARED_DIFFERENCE",
+        "FLOOR_DIV",
+        "FLOOR_MOD",
+        "LESS",
+        "LESS_EQUAL",
+        "GREATER",
+        "GREATER_EQUAL",
+        "EQUAL",
+        "NOT_EQUAL",
+        "LOGICAL_AND",
+        "LOGICAL_OR",
+        "PRELU",
+        "SELECT_V2",
+        "ADD_N",
+        "ATAN2",
+    }
+)
 
 # Ops reducing over a constant list of axes (input 1), with option keepDims.
-REDUCTIONS = frozenset({
-    "MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "REDUCE_ANY", "REDUCE_ALL",
-})
+REDUCTIONS = frozenset(
+    {
+        "MEAN",
+        "SUM",
+        "REDUCE_MAX",
+        "REDUCE_MIN",
+        "REDUCE_PROD",
+        "REDUCE_ANY",
+        "REDUCE_ALL",
+    }
+)
 
 # Ops working along the last axis only.
 LAST_AXIS = frozenset({"SOFTMAX", "LOG_SOFTMAX", "L2_NORMALIZATION"})
@@ -105,18 +159,58 @@ PADS = frozenset({"PAD", "PADV2", "MIRROR_PAD"})
 CONTROL_FLOW = frozenset({"WHILE", "IF", "CALL", "CALL_ONCE", "STABLEHLO_COMPOSITE"})
 
 # Ops whose effect is not visible in their outputs: never removed, folded or merged.
-SIDE_EFFECT_OPS = frozenset({
-    "ASSIGN_VARIABLE", "READ_VARIABLE", "VAR_HANDLE", "CALL_ONCE", "CUSTOM",
-    "WHILE", "IF", "CALL", "STABLEHLO_COMPOSITE", "RANDOM_STANDARD_NORMAL",
-    "RANDOM_UNIFORM", "MULTINOMIAL",
-})
+SIDE_EFFECT_OPS = frozenset(
+    {
+        "ASSIGN_VARIABLE",
+        "READ_VARIABLE",
+        "VAR_HANDLE",
+        "CALL_ONCE",
+        "CUSTOM",
+        "WHILE",
+        "IF",
+        "CALL",
+        "STABLEHLO_COMPOSITE",
+        "RANDOM_STANDARD_NORMAL",
+        "RANDOM_UNIFORM",
+        "MULTINOMIAL",
+    }
+)
 
 # Ops computing element by element on same-shape operands: any reshape commutes with them.
-ELEMENTWISE_SAME_SHAPE = frozenset({
-    "ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE", "ABS", "NEG",
-    "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "SIN", "COS", "TANH", "LOGISTIC", "RELU", "RELU6",
-    "LEAKY_RELU", "ELU", "HARD_SWISH", "GELU", "FLOOR", "CEIL", "ROUND", "SIGN", "CAST",
-})
+ELEMENTWISE_SAME_SHAPE = frozenset(
+    {
+        "ADD",
+        "SUB",
+        "MUL",
+        "DIV",
+        "MAXIMUM",
+        "MINIMUM",
+        "POW",
+        "SQUARED_DIFFERENCE",
+        "ABS",
+        "NEG",
+        "EXP",
+        "LOG",
+        "SQRT",
+        "RSQRT",
+        "SQUARE",
+        "SIN",
+        "COS",
+        "TANH",
+        "LOGISTIC",
+        "RELU",
+        "RELU6",
+        "LEAKY_RELU",
+        "ELU",
+        "HARD_SWISH",
+        "GELU",
+        "FLOOR",
+        "CEIL",
+        "ROUND",
+        "SIGN",
+        "CAST",
+    }
+)
 
 # Fused activation enum, code -> name (ops may carry either form in our IR).
 ACTIVATION_NAMES: dict[int, str] = enum_names("ActivationFunctionType")

@@ -83,7 +83,15 @@ def _opt(op: Op, key: str, default=None):
 
 
 _F32, _I8, _U8, _I16, _I32, _I64, _BOOL, _F16 = (
-    np.float32, np.int8, np.uint8, np.int16, np.int32, np.int64, np.bool_, np.float16)
+    np.float32,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.bool_,
+    np.float16,
+)
 
 
 # ---- rules ----------------------------------------------------------------------------------
@@ -280,8 +288,9 @@ def _int8_2_int16_3(op: Op) -> int:
     return 2 if _in(op, 0, _I8) else 1
 
 
-@_rule("SPACE_TO_DEPTH", "SPLIT_V", "SUM", "LOG_SOFTMAX", "GREATER", "LESS_EQUAL",
-       "SQUARED_DIFFERENCE", "DEPTH_TO_SPACE")
+@_rule(
+    "SPACE_TO_DEPTH", "SPLIT_V", "SUM", "LOG_SOFTMAX", "GREATER", "LESS_EQUAL", "SQUARED_DIFFERENCE", "DEPTH_TO_SPACE"
+)
 def _int8_2(op: Op) -> int:
     return 2 if _in(op, 0, _I8) else 1
 
@@ -563,8 +572,21 @@ MIN_RUNTIME: dict[str, tuple[str, ...]] = {
     "FLOOR": ("1.9.0",),
     "FLOOR_DIV": ("1.14.0", "1.14.0", "2.13.0"),
     "FLOOR_MOD": ("1.13.0", "2.13.0"),
-    "FULLY_CONNECTED": ("1.5.0", "1.10.0", "1.14.0", "1.14.0", "2.0.0", "2.1.0", "2.3.0",
-                        "2.3.0", "2.3.0", "2.11.0", "2.15.0", "2.17.0", "2.18.0"),
+    "FULLY_CONNECTED": (
+        "1.5.0",
+        "1.10.0",
+        "1.14.0",
+        "1.14.0",
+        "2.0.0",
+        "2.1.0",
+        "2.3.0",
+        "2.3.0",
+        "2.3.0",
+        "2.11.0",
+        "2.15.0",
+        "2.17.0",
+        "2.18.0",
+    ),
     "GATHER": ("1.6.0", "1.14.0", "1.15.0", "2.4.0", "2.5.0", "2.13.0", "2.15.0"),
     "GATHER_ND": ("1.14.0", "2.3.0", "2.5.0", "2.13.0", "2.16.0"),
     "GELU": ("2.9.0", "2.9.0"),

@@ -56,8 +56,11 @@ def _own_package_dirs(root: str) -> tuple[str, ...]:
     Installed, they sit in site-packages, which counts as library code anyway."""
     if os.sep + "site-packages" + os.sep in root + os.sep:
         return ()
-    return tuple(os.path.join(root, name) + os.sep for name in sorted(os.listdir(root))
-                 if name != "tests" and os.path.isfile(os.path.join(root, name, "__init__.py")))
+    return tuple(
+        os.path.join(root, name) + os.sep
+        for name in sorted(os.listdir(root))
+        if name != "tests" and os.path.isfile(os.path.join(root, name, "__init__.py"))
+    )
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(converter.__file__)))
@@ -90,27 +93,38 @@ def cpu_view(module: torch.nn.Module) -> torch.nn.Module:
 
 def _to_cpu(value):
     return torch.utils._pytree.tree_map(
-        lambda v: v.detach().to("cpu") if isinstance(v, torch.Tensor) and not _on_cpu(v) else v, value)
+        lambda v: v.detach().to("cpu") if isinstance(v, torch.Tensor) and not _on_cpu(v) else v, value
+    )
 
 
 def _export_hints(error: Exception, strict: bool, dynamic: bool) -> list[str]:
     text = f"{type(error).__name__}: {error}"
     hints = []
     if re.search(r"data.dependent|GuardOnDataDependent|Could not guard on data-dependent", text, re.I):
-        hints.append("the model branches on tensor VALUES (data-dependent control flow): rewrite it with "
-                     "torch.where / torch.cond, or move that logic out of forward()")
+        hints.append(
+            "the model branches on tensor VALUES (data-dependent control flow): rewrite it with "
+            "torch.where / torch.cond, or move that logic out of forward()"
+        )
     if re.search(r"Constraints violated|dynamic_shapes|specializ|Dim\(", text):
-        hints.append("a dimension marked dynamic was specialized or mis-specified: check dynamic_shapes "
-                     "(torch.export.Dim ranges, one entry per forward() argument)")
+        hints.append(
+            "a dimension marked dynamic was specialized or mis-specified: check dynamic_shapes "
+            "(torch.export.Dim ranges, one entry per forward() argument)"
+        )
     hints.append(f"retry with strict_export={not strict} (the other torch.export tracing mode)")
     if not dynamic:
         hints.append("check that sample_args match what forward() expects (count, shapes, dtypes)")
     return hints
 
 
-def export_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
-                  dynamic_shapes=None, strict_export: bool = False,
-                  eval_mode: bool = True) -> ExportedProgram:
+def export_module(
+    module: torch.nn.Module,
+    args: tuple,
+    kwargs: dict | None = None,
+    *,
+    dynamic_shapes=None,
+    strict_export: bool = False,
+    eval_mode: bool = True,
+) -> ExportedProgram:
     """`torch.export.export` of a CPU, (by default) eval-mode view of `module`."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() expects a torch.nn.Module, got {type(module).__name__}")
@@ -119,8 +133,13 @@ def export_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = No
     if eval_mode:
         target.eval()
     try:
-        return torch.export.export(target, _to_cpu(tuple(args)), _to_cpu(dict(kwargs or {})),
-                                   dynamic_shapes=dynamic_shapes, strict=strict_export)
+        return torch.export.export(
+            target,
+            _to_cpu(tuple(args)),
+            _to_cpu(dict(kwargs or {})),
+            dynamic_shapes=dynamic_shapes,
+            strict=strict_export,
+        )
     except Exception as e:  # noqa: BLE001  (torch.export raises many unrelated types)
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         where = _user_frame_of(e)
@@ -128,12 +147,16 @@ def export_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = No
         hints = _export_hints(e, strict_export, dynamic_shapes is not None)
         recurrent = [name for name, m in target.named_modules() if isinstance(m, torch.nn.RNNBase)]
         if recurrent and dynamic_shapes is not None:
-            hints.insert(0, f"recurrent layer(s) {', '.join(recurrent) or type(target).__name__} (nn.LSTM/nn.GRU) "
-                            "fix the sequence length when exported: keep the time dim static (batch may be dynamic)")
+            hints.insert(
+                0,
+                f"recurrent layer(s) {', '.join(recurrent) or type(target).__name__} (nn.LSTM/nn.GRU) "
+                "fix the sequence length when exported: keep the time dim static (batch may be dynamic)",
+            )
         hints = "\n".join(f"  - {h}" for h in hints)
         raise ConversionError(
             f"torch.export could not capture {type(module).__name__}.forward "
-            f"(strict={strict_export}): {type(e).__name__}: {first_line}{where}\nWhat to try:\n{hints}") from e
+            f"(strict={strict_export}): {type(e).__name__}: {first_line}{where}\nWhat to try:\n{hints}"
+        ) from e
     finally:
         for m, training in modes.items():
             m.training = training
@@ -157,8 +180,10 @@ def decompose(program: ExportedProgram) -> ExportedProgram:
 
 
 # One frame of a formatted stack trace; the code line is absent for <stdin>-like files.
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)'
-                    r'(?:\n(?!\s*File ")(?P<code>[^\n]*))?')
+_FRAME = re.compile(
+    r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)'
+    r'(?:\n(?!\s*File ")(?P<code>[^\n]*))?'
+)
 
 
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
@@ -171,7 +196,9 @@ def _is_library_frame(path: str) -> bool:
     if path.startswith("<"):
         return False  # <stdin>, <string>: typed by the user
     norm = os.path.abspath(path)
-    if os.sep + "torch" + os.sep in norm or (norm.startswith(_STDLIB) and os.sep + "site-packages" + os.sep not in norm):
+    if os.sep + "torch" + os.sep in norm or (
+        norm.startswith(_STDLIB) and os.sep + "site-packages" + os.sep not in norm
+    ):
         return True
     return norm.startswith(_OWN_DIRS)
 
@@ -217,7 +244,8 @@ def _user_frame_of(error: Exception) -> str | None:
         f = frames[-1]
         code = (f.group("code") or "").strip()
         return f"{_shown_path(f.group('file'))}:{f.group('line')} in {f.group('fn').strip()}" + (
-            f": {code}" if code else "")
+            f": {code}" if code else ""
+        )
     return None
 
 
@@ -361,8 +389,10 @@ class _GraphWalk:
         kwargs = _map_args(node.kwargs, env)
         target = decompositions.functional_variant(node.target)
         if target is None:  # direct_lowering_blocker keeps such graphs away
-            raise ConversionError(f"{_op_name(node.target)} (node '{node.name}') writes into an argument in a way "
-                                  "that needs functionalization")
+            raise ConversionError(
+                f"{_op_name(node.target)} (node '{node.name}') writes into an argument in a way "
+                "that needs functionalization"
+            )
         lowering = find_lowering(target)
         source = user_source(origin)
         if _contains_missing((args, kwargs)):
@@ -385,8 +415,8 @@ class _GraphWalk:
             except Exception as e:  # noqa: BLE001  (a lowering bug: name the op and the user line)
                 where = f" (from {source})" if source else ""
                 raise ConversionError(
-                    f"lowering {_op_name(node.target)} (node '{node.name}'){where} failed: "
-                    f"{type(e).__name__}: {e}") from e
+                    f"lowering {_op_name(node.target)} (node '{node.name}'){where} failed: {type(e).__name__}: {e}"
+                ) from e
             else:
                 _tag_module(self.graph.ops[first_new_op:], origin)
                 self._set(node, value, env)
@@ -407,12 +437,14 @@ class _GraphWalk:
         if node.target is not decompositions.functional_variant(node.target):
             env[node.args[0]] = value  # in place: later reads of the written tensor see the new value
 
-    def _lower_decomposition(self, node: torch.fx.Node, traced: torch.fx.GraphModule, env: dict, origin,
-                             depth: int):
+    def _lower_decomposition(self, node: torch.fx.Node, traced: torch.fx.GraphModule, env: dict, origin, depth: int):
         inner: dict[torch.fx.Node, Any] = {}
         # The trace's placeholders are the node's Node arguments, in pytree order.
-        leaves = [leaf for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
-                  if isinstance(leaf, torch.fx.Node)]
+        leaves = [
+            leaf
+            for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+            if isinstance(leaf, torch.fx.Node)
+        ]
         result = None
         phs = iter(leaves)
         for sub in traced.graph.nodes:
@@ -510,8 +542,11 @@ def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
             if out.alias_info is None:
                 continue
             for arg, value in zip(schema.arguments, node.args):
-                if (arg.alias_info is not None and isinstance(value, torch.fx.Node)
-                        and set(arg.alias_info.before_set) & set(out.alias_info.before_set)):
+                if (
+                    arg.alias_info is not None
+                    and isinstance(value, torch.fx.Node)
+                    and set(arg.alias_info.before_set) & set(out.alias_info.before_set)
+                ):
                     union(node, value)
         if decompositions.functional_variant(node.target) is None:
             return f"{node.target} writes into an argument"
@@ -535,8 +570,7 @@ def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
 
 
 def _returns_alias(target) -> bool:
-    return isinstance(target, torch._ops.OpOverload) and any(
-        r.alias_info is not None for r in target._schema.returns)
+    return isinstance(target, torch._ops.OpOverload) and any(r.alias_info is not None for r in target._schema.returns)
 
 
 def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: LoweringContext):
@@ -559,7 +593,8 @@ def _placeholder(node, spec, program: ExportedProgram, graph: ir.Graph, ctx: Low
     if kind == InputKind.CONSTANT_TENSOR:
         return _constant(ctx.unique_name(spec.target), program.constants[spec.target])
     raise ConversionError(
-        f"input '{node.name}' is a {kind.name} (custom objects and tokens cannot be stored in a .tflite model)")
+        f"input '{node.name}' is a {kind.name} (custom objects and tokens cannot be stored in a .tflite model)"
+    )
 
 
 def _output_names(program: ExportedProgram) -> list[str] | None:
@@ -596,12 +631,11 @@ def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext, names: l
             out = ctx.const(np.asarray(out), name=f"output_{len(graph.outputs)}")
         if not isinstance(out, ir.Tensor):
             raise ConversionError(
-                f"output {k} of forward() is a {type(out).__name__}; only tensors (and numbers) "
-                "can be model outputs")
+                f"output {k} of forward() is a {type(out).__name__}; only tensors (and numbers) can be model outputs"
+            )
         graph.outputs.append(out)
         position = len(graph.output_names)
-        graph.output_names.append(names[position] if names and position < len(names)
-                                  else f"output_{position}")
+        graph.output_names.append(names[position] if names and position < len(names) else f"output_{position}")
 
 
 # ---- 4. whole pipeline ------------------------------------------------------------------------
@@ -614,16 +648,25 @@ def optimize(model: ir.Model) -> ir.Model:
     return run_passes(model)
 
 
-def convert_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
-                   dynamic_shapes=None, strict_export: bool = False, eval_mode: bool = True,
-                   progress: Progress | None = None, run_passes: bool = True,
-                   name: str = "serving_default") -> ir.Model:
+def convert_module(
+    module: torch.nn.Module,
+    args: tuple,
+    kwargs: dict | None = None,
+    *,
+    dynamic_shapes=None,
+    strict_export: bool = False,
+    eval_mode: bool = True,
+    progress: Progress | None = None,
+    run_passes: bool = True,
+    name: str = "serving_default",
+) -> ir.Model:
     """nn.Module + sample inputs -> optimized IR Model (one graph, named `name`: the
     SignatureDef key)."""
     progress = progress or Progress(False)
     with progress.stage("export", type(module).__name__):
-        program = export_module(module, args, kwargs, dynamic_shapes=dynamic_shapes,
-                                strict_export=strict_export, eval_mode=eval_mode)
+        program = export_module(
+            module, args, kwargs, dynamic_shapes=dynamic_shapes, strict_export=strict_export, eval_mode=eval_mode
+        )
     blocker = direct_lowering_blocker(program)
     if blocker is None:
         try:

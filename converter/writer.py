@@ -42,8 +42,7 @@ EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
 
 # ---- schema name tables --------------------------------------------------------------------
 
-_BUILTIN_OPTIONS: dict[str, int] = {
-    k: v for k, v in vars(schema.BuiltinOptions).items() if not k.startswith("_")}
+_BUILTIN_OPTIONS: dict[str, int] = {k: v for k, v in vars(schema.BuiltinOptions).items() if not k.startswith("_")}
 
 # Ops whose options table is not named after the op.
 _OPTIONS_EXCEPTIONS = {
@@ -121,7 +120,7 @@ class _AlignedBufferT(schema.BufferT):
             builder.StartVector(1, n, DATA_ALIGNMENT)
             builder.head -= n
             # through a memoryview: bytearray slice assignment would copy a non-bytearray first
-            memoryview(builder.Bytes)[builder.head:builder.head + n] = memoryview(self.payload).cast("B")
+            memoryview(builder.Bytes)[builder.head : builder.head + n] = memoryview(self.payload).cast("B")
             builder.vectorNumElems = n
             data = builder.EndVector()
         schema.BufferStart(builder)
@@ -139,7 +138,7 @@ def _sample(payload: memoryview, count: int = 64) -> bytes:
     if n <= count * 8:
         return bytes(payload)
     step = n // count
-    return b"".join(payload[i:i + 8] for i in range(0, step * count, step))
+    return b"".join(payload[i : i + 8] for i in range(0, step * count, step))
 
 
 class _BufferTable:
@@ -192,20 +191,25 @@ def _check_tensor(t: Any, what: str) -> None:
     if t.dtype not in TENSOR_TYPES:
         raise ConversionError(
             f"{what}: tensor %{t.name} has dtype {t.dtype}, which TFLite cannot store; "
-            f"supported: {', '.join(sorted(d.name for d in TENSOR_TYPES))}")
+            f"supported: {', '.join(sorted(d.name for d in TENSOR_TYPES))}"
+        )
     if any(d < 0 for d in t.shape):
-        raise ConversionError(f"{what}: tensor %{t.name} has a negative dimension in its shape "
-                              f"{t.shape}; put -1 in shape_signature instead")
+        raise ConversionError(
+            f"{what}: tensor %{t.name} has a negative dimension in its shape "
+            f"{t.shape}; put -1 in shape_signature instead"
+        )
     if t.shape_signature is not None and len(t.shape_signature) != len(t.shape):
-        raise ConversionError(f"{what}: tensor %{t.name} has shape {t.shape} but shape_signature "
-                              f"{t.shape_signature} of another rank")
+        raise ConversionError(
+            f"{what}: tensor %{t.name} has shape {t.shape} but shape_signature {t.shape_signature} of another rank"
+        )
     if t.data is not None:
         if not isinstance(t.data, np.ndarray):
             raise ConversionError(f"{what}: constant %{t.name} holds {type(t.data).__name__}, expected numpy")
         if t.data.dtype != t.dtype or tuple(t.data.shape) != t.shape:
             raise ConversionError(
                 f"{what}: constant %{t.name} is declared {t.dtype.name}{list(t.shape)} but holds "
-                f"{t.data.dtype.name}{list(t.data.shape)}")
+                f"{t.data.dtype.name}{list(t.data.shape)}"
+            )
 
 
 def validate(model: ir.Model) -> None:
@@ -223,8 +227,7 @@ def validate(model: ir.Model) -> None:
         for n, names in (("input", graph.input_names), ("output", graph.output_names)):
             tensors = graph.inputs if n == "input" else graph.outputs
             if names and len(names) != len(tensors):
-                raise ConversionError(f"graph '{graph.name}' has {len(tensors)} {n}s but "
-                                      f"{len(names)} {n}_names")
+                raise ConversionError(f"graph '{graph.name}' has {len(tensors)} {n}s but {len(names)} {n}_names")
         for index, op in enumerate(graph.ops):
             where = _where(graph, index, op)
             if op.opcode not in BUILTIN_CODES:
@@ -238,7 +241,8 @@ def validate(model: ir.Model) -> None:
                 if not t.is_const and not t.is_variable and t.id not in available:
                     raise ConversionError(
                         f"{where}: input {k} %{t.name} is not a graph input, a constant or the "
-                        f"output of an earlier op (ops must be in topological order)")
+                        f"output of an earlier op (ops must be in topological order)"
+                    )
             for k, t in enumerate(op.outputs):
                 _check_tensor(t, f"{where}, output {k}")
                 if t.is_const:
@@ -458,7 +462,7 @@ def _finish(model_t: schema.ModelT, size_hint: int) -> memoryview:
         builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
     finally:
         _SHARED_VECTORS.pop(id(builder), None)
-    return memoryview(builder.Bytes)[builder.Head():].toreadonly()
+    return memoryview(builder.Bytes)[builder.Head() :].toreadonly()
 
 
 class ModelParts:

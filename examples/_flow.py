@@ -24,8 +24,16 @@ from converter.pipeline import cpu_view
 console = Console()
 
 
-def train(model: torch.nn.Module, batches: Iterable[tuple], loss_fn: Callable, *, lr: float,
-          device: str = "tpu", weight_decay: float = 0.0, log_every: int = 0) -> list[float]:
+def train(
+    model: torch.nn.Module,
+    batches: Iterable[tuple],
+    loss_fn: Callable,
+    *,
+    lr: float,
+    device: str = "tpu",
+    weight_decay: float = 0.0,
+    log_every: int = 0,
+) -> list[float]:
     """One AdamW pass over `batches` (tuples of CPU tensors: inputs..., target) on `device`.
     Returns the loss of every step. The model must already be on `device`."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -47,7 +55,7 @@ def train(model: torch.nn.Module, batches: Iterable[tuple], loss_fn: Callable, *
 def run_per_sample(edge, *inputs: torch.Tensor) -> np.ndarray:
     """LiteRT outputs for a batch, one sample at a time (as an app calls the model),
     concatenated along the batch axis."""
-    return np.concatenate([np.atleast_1d(edge(*(x[i:i + 1] for x in inputs))) for i in range(len(inputs[0]))])
+    return np.concatenate([np.atleast_1d(edge(*(x[i : i + 1] for x in inputs))) for i in range(len(inputs[0]))])
 
 
 def mean_loss(losses: list[float], n: int = 5) -> tuple[float, float]:
@@ -99,8 +107,7 @@ def cli(doc: str, run: Callable, report: Callable, argv=None, *, choices: dict |
         if isinstance(default, bool):
             parser.add_argument(f"--no-{flag}", dest=name, action="store_false", help=f"skip {flag}")
         else:
-            parser.add_argument(f"--{flag}", type=type(default), default=default,
-                                choices=(choices or {}).get(name))
+            parser.add_argument(f"--{flag}", type=type(default), default=default, choices=(choices or {}).get(name))
     results = run(**vars(parser.parse_args(argv)))
     report(results)
     return results

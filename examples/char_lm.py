@@ -52,13 +52,23 @@ class CharTokenizer:
 
 def build_model(name: str, vocab: int, context: int) -> nn.Module:
     if name == "tinyllama":
-        return TinyLlama(TinyLlamaConfig(vocab_size=vocab, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                                         hidden_dim=128, max_seq_len=context))
+        return TinyLlama(
+            TinyLlamaConfig(
+                vocab_size=vocab, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, max_seq_len=context
+            )
+        )
     import transformers
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-                  tie_word_embeddings=False)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        tie_word_embeddings=False,
+    )
     if name == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     if name == "qwen3":
@@ -78,7 +88,7 @@ def windows(data: torch.Tensor, *, steps: int, batch_size: int, length: int, see
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         starts = torch.randint(0, len(data) - length - 1, (batch_size,), generator=gen)
-        chunk = torch.stack([data[s:s + length + 1] for s in starts.tolist()])
+        chunk = torch.stack([data[s : s + length + 1] for s in starts.tolist()])
         yield chunk[:, :-1], chunk[:, 1:]
 
 
@@ -99,16 +109,25 @@ def pytorch_ms_per_token(model: nn.Module, prompt: torch.Tensor, tokens: int) ->
     return (time.perf_counter() - start) / tokens * 1e3
 
 
-def run(model: str = "tinyllama", steps: int = 300, batch_size: int = 16, length: int = 64,
-        lr: float = 3e-3, new_tokens: int = 40, prompt: str = "Shall I compare thee", seed: int = 0) -> dict:
+def run(
+    model: str = "tinyllama",
+    steps: int = 300,
+    batch_size: int = 16,
+    length: int = 64,
+    lr: float = 3e-3,
+    new_tokens: int = 40,
+    prompt: str = "Shall I compare thee",
+    seed: int = 0,
+) -> dict:
     text = open(TEXT_PATH, encoding="utf-8").read()
     tokenizer = CharTokenizer(text)
     data = tokenizer.encode(text)
     context = 128
     torch.manual_seed(seed)
     lm = build_model(model, len(tokenizer.chars), context).to("tpu")
-    losses = train(lm, windows(data, steps=steps, batch_size=batch_size, length=length, seed=seed),
-                   NextTokenLoss(), lr=lr)
+    losses = train(
+        lm, windows(data, steps=steps, batch_size=batch_size, length=length, seed=seed), NextTokenLoss(), lr=lr
+    )
 
     start = time.perf_counter()
     edge = export_generative(lm, prefill_len=16, cache_len=context)
@@ -120,10 +139,16 @@ def run(model: str = "tinyllama", steps: int = 300, batch_size: int = 16, length
     reference = cpu_view(lm).eval()
     torch_ids = reference_generate(reference, prompt_ids, new_tokens)
     return {
-        "model": model, "steps": steps, "loss_start_end": mean_loss(losses), "export_s": export_s,
-        "bytes": len(edge.model_content()), "prompt": prompt,
-        "litert_text": tokenizer.decode(litert_ids), "pytorch_text": tokenizer.decode(torch_ids),
-        "tokens_equal": int(np.sum(np.array(litert_ids) == np.array(torch_ids))), "new_tokens": new_tokens,
+        "model": model,
+        "steps": steps,
+        "loss_start_end": mean_loss(losses),
+        "export_s": export_s,
+        "bytes": len(edge.model_content()),
+        "prompt": prompt,
+        "litert_text": tokenizer.decode(litert_ids),
+        "pytorch_text": tokenizer.decode(torch_ids),
+        "tokens_equal": int(np.sum(np.array(litert_ids) == np.array(torch_ids))),
+        "new_tokens": new_tokens,
         "litert_ms_per_token": litert_ms,
         "pytorch_ms_per_token": pytorch_ms_per_token(reference, prompt_ids, new_tokens),
     }
@@ -131,18 +156,41 @@ def run(model: str = "tinyllama", steps: int = 300, batch_size: int = 16, length
 
 def report(results: dict) -> None:
     start, end = results["loss_start_end"]
-    console.print(f"[bold]{results['model']}[/] trained on tpu: {results['steps']} steps, loss {start:.2f} -> {end:.2f}; "
-                  f"exported in {results['export_s']:.1f} s ({results['bytes']:,} B, prefill + decode)")
-    rows = [["PyTorch (CPU, greedy)", repr(results["prompt"] + results["pytorch_text"]), "reference",
-             f"{results['pytorch_ms_per_token']:.2f} ms"],
-            ["LiteRT (prefill + decode)", repr(results["prompt"] + results["litert_text"]),
-             f"{results['tokens_equal']}/{results['new_tokens']}", f"{results['litert_ms_per_token']:.2f} ms"]]
+    console.print(
+        f"[bold]{results['model']}[/] trained on tpu: {results['steps']} steps, loss {start:.2f} -> {end:.2f}; "
+        f"exported in {results['export_s']:.1f} s ({results['bytes']:,} B, prefill + decode)"
+    )
+    rows = [
+        [
+            "PyTorch (CPU, greedy)",
+            repr(results["prompt"] + results["pytorch_text"]),
+            "reference",
+            f"{results['pytorch_ms_per_token']:.2f} ms",
+        ],
+        [
+            "LiteRT (prefill + decode)",
+            repr(results["prompt"] + results["litert_text"]),
+            f"{results['tokens_equal']}/{results['new_tokens']}",
+            f"{results['litert_ms_per_token']:.2f} ms",
+        ],
+    ]
     console.print(results_table("Greedy generation", ["runtime", "text", "tokens equal", "per token"], rows))
 
 
 def main(argv=None) -> dict:
-    return cli(__doc__, run, report, argv, choices={"model": MODELS},
-               model="tinyllama", steps=300, batch_size=16, lr=3e-3, new_tokens=40)
+    return cli(
+        __doc__,
+        run,
+        report,
+        argv,
+        choices={"model": MODELS},
+        model="tinyllama",
+        steps=300,
+        batch_size=16,
+        lr=3e-3,
+        new_tokens=40,
+    )
+
 
 if __name__ == "__main__":
     main()

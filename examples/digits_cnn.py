@@ -61,8 +61,9 @@ class DigitsResNet(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         self.stage1 = ResidualBlock(width)
-        self.down = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
-                                  nn.BatchNorm2d(2 * width), nn.ReLU())
+        self.down = nn.Sequential(
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU()
+        )
         self.stage2 = ResidualBlock(2 * width)
         self.head = nn.Linear(2 * width, classes)
 
@@ -76,7 +77,7 @@ def batches(x, y, *, epochs: int, batch_size: int, seed: int = 0):
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=gen)
         for start in range(0, len(x) - batch_size + 1, batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             yield x[idx], y[idx]
 
 
@@ -85,22 +86,32 @@ def run(epochs: int = 4, batch_size: int = 64, lr: float = 3e-3, int8: bool = Tr
     torch.manual_seed(seed)
     x_train, y_train, x_test, y_test = digits_split(seed)
     model = DigitsResNet().to("tpu")
-    losses = train(model, batches(x_train, y_train, epochs=epochs, batch_size=batch_size, seed=seed),
-                   nn.functional.cross_entropy, lr=lr)
+    losses = train(
+        model,
+        batches(x_train, y_train, epochs=epochs, batch_size=batch_size, seed=seed),
+        nn.functional.cross_entropy,
+        lr=lr,
+    )
 
     with torch.no_grad():
         torch_scores = model(x_test.to("tpu")).cpu().numpy()
     sample = (x_test[:1],)
     variants = {"float32": litert_torch.convert(model, sample)}
     if int8:
-        calibration = [(x_train[i:i + 1],) for i in range(128)]
-        variants["int8"] = litert_torch.convert(model, sample, quant_config=quantize.full_int8(),
-                                                calibration_data=calibration)
+        calibration = [(x_train[i : i + 1],) for i in range(128)]
+        variants["int8"] = litert_torch.convert(
+            model, sample, quant_config=quantize.full_int8(), calibration_data=calibration
+        )
 
     labels = y_test.numpy()
-    results = {"loss_start_end": mean_loss(losses), "steps": len(losses),
-               "pytorch": {"accuracy": float((torch_scores.argmax(1) == labels).mean()),
-                           "latency_us": torch_cpu_latency_us(model, sample)}}
+    results = {
+        "loss_start_end": mean_loss(losses),
+        "steps": len(losses),
+        "pytorch": {
+            "accuracy": float((torch_scores.argmax(1) == labels).mean()),
+            "latency_us": torch_cpu_latency_us(model, sample),
+        },
+    }
     with tempfile.TemporaryDirectory() as folder:
         for name, edge in variants.items():
             path = edge.export(os.path.join(folder, f"digits_{name}.tflite"))
@@ -118,20 +129,39 @@ def run(epochs: int = 4, batch_size: int = 64, lr: float = 3e-3, int8: bool = Tr
 
 def report(results: dict) -> None:
     start, end = results["loss_start_end"]
-    rows = [["PyTorch (CPU, 1 thread)", f"{results['pytorch']['accuracy']:.1%}", "-",
-             f"{results['pytorch']['latency_us']:.0f} us", "-"]]
+    rows = [
+        [
+            "PyTorch (CPU, 1 thread)",
+            f"{results['pytorch']['accuracy']:.1%}",
+            "-",
+            f"{results['pytorch']['latency_us']:.0f} us",
+            "-",
+        ]
+    ]
     for name in ("float32", "int8"):
         if name in results:
             r = results[name]
-            rows.append([f"LiteRT {name}", f"{r['accuracy']:.1%}", f"{r['agreement']:.1%}",
-                         f"{r['latency_us']:.0f} us", f"{r['bytes']:,} B"])
-    console.print(results_table(
-        f"Digits ResNet trained on tpu ({results['steps']} steps, loss {start:.2f} -> {end:.2f}), 360 held-out images",
-        ["model", "accuracy", "agrees with PyTorch", "latency", "size"], rows))
+            rows.append(
+                [
+                    f"LiteRT {name}",
+                    f"{r['accuracy']:.1%}",
+                    f"{r['agreement']:.1%}",
+                    f"{r['latency_us']:.0f} us",
+                    f"{r['bytes']:,} B",
+                ]
+            )
+    console.print(
+        results_table(
+            f"Digits ResNet trained on tpu ({results['steps']} steps, loss {start:.2f} -> {end:.2f}), 360 held-out images",
+            ["model", "accuracy", "agrees with PyTorch", "latency", "size"],
+            rows,
+        )
+    )
 
 
 def main(argv=None) -> dict:
     return cli(__doc__, run, report, argv, epochs=4, batch_size=64, lr=3e-3, int8=True)
+
 
 if __name__ == "__main__":
     main()

@@ -66,8 +66,8 @@ class DLRM(nn.Module):
     def forward(self, dense, ids):
         x = self.bottom(dense)
         vectors = torch.stack([x] + [table(ids[:, i]) for i, table in enumerate(self.tables)], dim=1)
-        dots = torch.bmm(vectors, vectors.transpose(1, 2))       # (batch, features, features)
-        interactions = dots[:, self.pairs[0], self.pairs[1]]     # each pair once
+        dots = torch.bmm(vectors, vectors.transpose(1, 2))  # (batch, features, features)
+        interactions = dots[:, self.pairs[0], self.pairs[1]]  # each pair once
         return self.top(torch.cat([x, interactions], dim=1)).squeeze(1)
 
 
@@ -96,27 +96,48 @@ def run(steps: int = 400, batch_size: int = 256, lr: float = 1e-2, seed: int = 0
         litert_logits = run_per_sample(edge, dense, ids)
         litert_us = median_us(lambda: edge(*sample))
     labels = clicks.numpy()
-    return {"loss_start_end": mean_loss(losses, 20), "steps": steps, "bytes": size,
-            "max_relative_error": max_relative_error(litert_logits, torch_logits),
-            "rule_auc": roc_auc(labels, score.numpy()),
-            "pytorch": {"auc": roc_auc(labels, torch_logits), "latency_us": torch_cpu_latency_us(model, sample)},
-            "litert": {"auc": roc_auc(labels, litert_logits), "latency_us": litert_us}}
+    return {
+        "loss_start_end": mean_loss(losses, 20),
+        "steps": steps,
+        "bytes": size,
+        "max_relative_error": max_relative_error(litert_logits, torch_logits),
+        "rule_auc": roc_auc(labels, score.numpy()),
+        "pytorch": {"auc": roc_auc(labels, torch_logits), "latency_us": torch_cpu_latency_us(model, sample)},
+        "litert": {"auc": roc_auc(labels, litert_logits), "latency_us": litert_us},
+    }
 
 
 def report(results: dict) -> None:
     start, end = results["loss_start_end"]
-    rows = [["hidden rule (the ceiling)", f"{results['rule_auc']:.3f}", "-", "-", "-"],
-            ["PyTorch (CPU, 1 thread)", f"{results['pytorch']['auc']:.3f}", "reference",
-             f"{results['pytorch']['latency_us']:.0f} us", "-"],
-            ["LiteRT float32", f"{results['litert']['auc']:.3f}", f"{results['max_relative_error']:.1e}",
-             f"{results['litert']['latency_us']:.0f} us", f"{results['bytes']:,} B"]]
-    console.print(results_table(
-        f"DLRM trained on tpu ({results['steps']} steps, loss {start:.3f} -> {end:.3f}), 2,000 fresh impressions",
-        ["model", "ROC AUC", "max rel. error", "latency", "size"], rows))
+    rows = [
+        ["hidden rule (the ceiling)", f"{results['rule_auc']:.3f}", "-", "-", "-"],
+        [
+            "PyTorch (CPU, 1 thread)",
+            f"{results['pytorch']['auc']:.3f}",
+            "reference",
+            f"{results['pytorch']['latency_us']:.0f} us",
+            "-",
+        ],
+        [
+            "LiteRT float32",
+            f"{results['litert']['auc']:.3f}",
+            f"{results['max_relative_error']:.1e}",
+            f"{results['litert']['latency_us']:.0f} us",
+            f"{results['bytes']:,} B",
+        ],
+    ]
+    console.print(
+        results_table(
+            f"DLRM trained on tpu ({results['steps']} steps, loss {start:.3f} -> {end:.3f}), 2,000 fresh impressions",
+            ["model", "ROC AUC", "max rel. error", "latency", "size"],
+            rows,
+        )
+    )
 
 
 def main(argv=None) -> dict:
     return cli(__doc__, run, report, argv, steps=400, batch_size=256, lr=1e-2)
+
 
 if __name__ == "__main__":
     main()

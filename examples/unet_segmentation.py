@@ -36,18 +36,24 @@ def shapes_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tens
     for i in range(n):
         cy, cx = torch.randint(6, SIZE - 6, (2,), generator=gen)
         radius = torch.randint(3, 7, (1,), generator=gen)
-        masks[i][(yy - cy) ** 2 + (xx - cx) ** 2 <= radius ** 2] = 1
+        masks[i][(yy - cy) ** 2 + (xx - cx) ** 2 <= radius**2] = 1
         top, left = torch.randint(0, SIZE - 10, (2,), generator=gen)
         side = torch.randint(4, 10, (1,), generator=gen)
-        masks[i, top:top + side, left:left + side] = 2
+        masks[i, top : top + side, left : left + side] = 2
     brightness = torch.tensor([0.0, 0.6, 1.0])
     images = brightness[masks] + 0.15 * torch.randn(n, SIZE, SIZE, generator=gen)
     return images.unsqueeze(1), masks
 
 
 def conv_block(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
-                         nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(),
+        nn.Conv2d(cout, cout, 3, padding=1),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(),
+    )
 
 
 class UNet(nn.Module):
@@ -98,30 +104,57 @@ def run(steps: int = 300, batch_size: int = 16, lr: float = 3e-3, seed: int = 0)
         litert_logits = run_per_sample(edge, images)
         litert_us = median_us(lambda: edge(*sample))
     truth = masks.numpy()
-    results = {"loss_start_end": mean_loss(losses), "steps": steps, "bytes": size,
-               "max_relative_error": max_relative_error(litert_logits, torch_logits)}
-    for name, logits, latency in (("pytorch", torch_logits, torch_cpu_latency_us(model, sample)),
-                                  ("litert", litert_logits, litert_us)):
+    results = {
+        "loss_start_end": mean_loss(losses),
+        "steps": steps,
+        "bytes": size,
+        "max_relative_error": max_relative_error(litert_logits, torch_logits),
+    }
+    for name, logits, latency in (
+        ("pytorch", torch_logits, torch_cpu_latency_us(model, sample)),
+        ("litert", litert_logits, litert_us),
+    ):
         predicted = logits.argmax(1)
-        results[name] = {"pixel_accuracy": float((predicted == truth).mean()),
-                         "mean_iou": mean_iou(predicted, truth), "latency_us": latency}
+        results[name] = {
+            "pixel_accuracy": float((predicted == truth).mean()),
+            "mean_iou": mean_iou(predicted, truth),
+            "latency_us": latency,
+        }
     return results
 
 
 def report(results: dict) -> None:
     start, end = results["loss_start_end"]
-    rows = [["PyTorch (CPU, 1 thread)", f"{results['pytorch']['pixel_accuracy']:.1%}",
-             f"{results['pytorch']['mean_iou']:.3f}", "reference", f"{results['pytorch']['latency_us']:.0f} us", "-"],
-            ["LiteRT float32", f"{results['litert']['pixel_accuracy']:.1%}", f"{results['litert']['mean_iou']:.3f}",
-             f"{results['max_relative_error']:.1e}", f"{results['litert']['latency_us']:.0f} us",
-             f"{results['bytes']:,} B"]]
-    console.print(results_table(
-        f"UNet trained on tpu ({results['steps']} steps, loss {start:.2f} -> {end:.2f}), 64 fresh images",
-        ["model", "pixel acc.", "mean IoU", "max rel. error", "latency", "size"], rows))
+    rows = [
+        [
+            "PyTorch (CPU, 1 thread)",
+            f"{results['pytorch']['pixel_accuracy']:.1%}",
+            f"{results['pytorch']['mean_iou']:.3f}",
+            "reference",
+            f"{results['pytorch']['latency_us']:.0f} us",
+            "-",
+        ],
+        [
+            "LiteRT float32",
+            f"{results['litert']['pixel_accuracy']:.1%}",
+            f"{results['litert']['mean_iou']:.3f}",
+            f"{results['max_relative_error']:.1e}",
+            f"{results['litert']['latency_us']:.0f} us",
+            f"{results['bytes']:,} B",
+        ],
+    ]
+    console.print(
+        results_table(
+            f"UNet trained on tpu ({results['steps']} steps, loss {start:.2f} -> {end:.2f}), 64 fresh images",
+            ["model", "pixel acc.", "mean IoU", "max rel. error", "latency", "size"],
+            rows,
+        )
+    )
 
 
 def main(argv=None) -> dict:
     return cli(__doc__, run, report, argv, steps=300, batch_size=16, lr=3e-3)
+
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ IMPLEMENTATIONS = ("pallas", "interpret", "reference")
 
 
 def accelerator() -> str | None:
-    """"tpu" when the kernels compile for a TPU (JAX's backend is one, or inside
+    """ "tpu" when the kernels compile for a TPU (JAX's backend is one, or inside
     `kernels.tpu.lowering_for`), else None."""
     if tpu.target_chip() is not None or jax.default_backend() == "tpu":
         return "tpu"

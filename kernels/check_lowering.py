@@ -138,8 +138,32 @@ def grid(fast: bool = False) -> list[Point]:
     """The production grid (issue #15), or a handful of representative points."""
     if fast:
         return [
-            _point("flash_attention", True, "bfloat16", batch=1, heads=8, kv_heads=1, seq=4096, kv_seq=4096, head_dim=128, causal=True, mask=False),
-            _point("flash_attention", True, "float32", batch=1, heads=4, kv_heads=4, seq=1000, kv_seq=1000, head_dim=64, causal=False, mask=True),
+            _point(
+                "flash_attention",
+                True,
+                "bfloat16",
+                batch=1,
+                heads=8,
+                kv_heads=1,
+                seq=4096,
+                kv_seq=4096,
+                head_dim=128,
+                causal=True,
+                mask=False,
+            ),
+            _point(
+                "flash_attention",
+                True,
+                "float32",
+                batch=1,
+                heads=4,
+                kv_heads=4,
+                seq=1000,
+                kv_seq=1000,
+                head_dim=64,
+                causal=False,
+                mask=True,
+            ),
             _point("norm", True, "bfloat16", rows=1000, hidden=4096, residual=True, layer=False),
             _point("norm", True, "float32", rows=7, hidden=768, residual=False, layer=True),
             _point("cross_entropy", True, "bfloat16", rows=1024, vocab=32000),
@@ -154,20 +178,48 @@ def grid(fast: bool = False) -> list[Point]:
                         if mask and seq > 4096:
                             continue  # a dense (L, L) mask at 32k is 4 GiB; masks are a short-sequence feature
                         for backward in (False, True):
-                            points.append(_point(
-                                "flash_attention", backward, dtype, batch=1, heads=heads, kv_heads=kv_heads,
-                                seq=seq, kv_seq=seq, head_dim=head_dim, causal=causal, mask=mask,
-                            ))
+                            points.append(
+                                _point(
+                                    "flash_attention",
+                                    backward,
+                                    dtype,
+                                    batch=1,
+                                    heads=heads,
+                                    kv_heads=kv_heads,
+                                    seq=seq,
+                                    kv_seq=seq,
+                                    head_dim=head_dim,
+                                    causal=causal,
+                                    mask=mask,
+                                )
+                            )
         for seq, kv_seq in ((1000, 4096), (4096, 1000)):  # cross attention, ragged, causal with Lq != Lk
             for backward in (False, True):
-                points.append(_point("flash_attention", backward, dtype, batch=2, heads=8, kv_heads=1, seq=seq,
-                                     kv_seq=kv_seq, head_dim=128, causal=True, mask=False))
+                points.append(
+                    _point(
+                        "flash_attention",
+                        backward,
+                        dtype,
+                        batch=2,
+                        heads=8,
+                        kv_heads=1,
+                        seq=seq,
+                        kv_seq=kv_seq,
+                        head_dim=128,
+                        causal=True,
+                        mask=False,
+                    )
+                )
         for hidden in (768, 2048, 4096, 8192):
             for rows in (1, 1000, 16384):
                 for residual in (False, True):
                     for layer in (False, True):
                         for backward in (False, True):
-                            points.append(_point("norm", backward, dtype, rows=rows, hidden=hidden, residual=residual, layer=layer))
+                            points.append(
+                                _point(
+                                    "norm", backward, dtype, rows=rows, hidden=hidden, residual=residual, layer=layer
+                                )
+                            )
         for vocab in (32000, 128256, 151936):
             for rows in (8, 1000, 16384):
                 for backward in (False, True):
@@ -175,8 +227,18 @@ def grid(fast: bool = False) -> list[Point]:
         for cache in (1024, 8192, 32768, 131072):
             for head_dim in (64, 128, 256):
                 for heads, kv_heads in ((8, 8), (32, 4)):
-                    points.append(_point("decode_attention", False, dtype, batch=4, heads=heads, kv_heads=kv_heads,
-                                         cache=cache, head_dim=head_dim))
+                    points.append(
+                        _point(
+                            "decode_attention",
+                            False,
+                            dtype,
+                            batch=4,
+                            heads=heads,
+                            kv_heads=kv_heads,
+                            cache=cache,
+                            head_dim=head_dim,
+                        )
+                    )
     return points
 
 
@@ -284,10 +346,18 @@ class Result:
 
     def as_json(self) -> dict:
         return {
-            "kernel": self.point.kernel, "pass": "forward+backward" if self.point.backward else "forward",
-            "dtype": self.point.dtype, "shape": self.point.params, "chip": self.chip, "lowered": self.lowered,
-            "error": self.error, "vmem_bytes": self.vmem_bytes, "vmem_limit_bytes": self.vmem_limit,
-            "blocks": self.blocks, "tpu_custom_calls": self.custom_calls, "seconds": round(self.seconds, 3),
+            "kernel": self.point.kernel,
+            "pass": "forward+backward" if self.point.backward else "forward",
+            "dtype": self.point.dtype,
+            "shape": self.point.params,
+            "chip": self.chip,
+            "lowered": self.lowered,
+            "error": self.error,
+            "vmem_bytes": self.vmem_bytes,
+            "vmem_limit_bytes": self.vmem_limit,
+            "blocks": self.blocks,
+            "tpu_custom_calls": self.custom_calls,
+            "seconds": round(self.seconds, 3),
             "same_lowering_as": self.same_as,
         }
 
@@ -305,7 +375,8 @@ def _dedupe_key(point: Point, calls, chip: tpu.Chip):
     flags = tuple((k, v) for k, v in point.shape if isinstance(v, bool))
     blocks = tuple(
         (b.name, b.block, jnp.dtype(b.dtype).name, b.role, tuple(x == y for x, y in zip(b.dims[-2:], b.array[-2:])))
-        for call in calls for b in call
+        for call in calls
+        for b in call
     )
     grouped = point.params.get("heads", 0) != point.params.get("kv_heads", 0)
     ragged = tuple(
@@ -328,8 +399,17 @@ def check_point(point: Point, chip: str | tpu.Chip | None = None) -> Result:
         lowered, error, custom = True, None, text.count("tpu_custom_call")
     except Exception as exc:  # the report names any lowering failure
         lowered, error, custom = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}", 0
-    return Result(point, c.name, lowered, error, vmem, c.scoped_vmem_bytes, _blocks_text(calls), custom,
-                  time.perf_counter() - start)
+    return Result(
+        point,
+        c.name,
+        lowered,
+        error,
+        vmem,
+        c.scoped_vmem_bytes,
+        _blocks_text(calls),
+        custom,
+        time.perf_counter() - start,
+    )
 
 
 def check(points=None, chip: str | tpu.Chip | None = None, *, dedupe: bool = True, progress=None) -> list[Result]:
@@ -346,9 +426,11 @@ def check(points=None, chip: str | tpu.Chip | None = None, *, dedupe: bool = Tru
             first = results[seen[key]]
             _, _, calls = program(point)
             vmem = max(tpu.vmem_bytes(blocks, c) for blocks in calls)
-            results.append(dataclasses.replace(
-                first, point=point, vmem_bytes=vmem, blocks=_blocks_text(calls), seconds=0.0, same_as=seen[key]
-            ))
+            results.append(
+                dataclasses.replace(
+                    first, point=point, vmem_bytes=vmem, blocks=_blocks_text(calls), seconds=0.0, same_as=seen[key]
+                )
+            )
         else:
             if key is not None:
                 seen[key] = index
@@ -390,8 +472,15 @@ def print_report(results, chip: tpu.Chip, *, show_all: bool = True) -> None:
             status = "[red]lowered, over VMEM[/red]"
         if r.same_as is not None:
             status += f" (as #{r.same_as})"
-        table.add_row(str(i), r.point.kernel, "fwd+bwd" if r.point.backward else "fwd", r.point.dtype,
-                      r.point.label, _mib(r.vmem_bytes), status)
+        table.add_row(
+            str(i),
+            r.point.kernel,
+            "fwd+bwd" if r.point.backward else "fwd",
+            r.point.dtype,
+            r.point.label,
+            _mib(r.vmem_bytes),
+            status,
+        )
     console.print(table)
     summary = Table(title="Largest per-program VMEM footprint per kernel")
     for column in ("kernel", "VMEM MiB", "% of scoped", "at"):
@@ -401,8 +490,10 @@ def print_report(results, chip: tpu.Chip, *, show_all: bool = True) -> None:
     console.print(summary)
     failed = sum(not r.ok for r in results)
     lowered_now = sum(r.same_as is None for r in results)
-    console.print(f"{len(results)} points ({lowered_now} lowered, {len(results) - lowered_now} sharing a lowering): "
-                  + ("[green]all lower and fit[/green]" if not failed else f"[red]{failed} failed[/red]"))
+    console.print(
+        f"{len(results)} points ({lowered_now} lowered, {len(results) - lowered_now} sharing a lowering): "
+        + ("[green]all lower and fit[/green]" if not failed else f"[red]{failed} failed[/red]")
+    )
 
 
 def main(argv=None) -> int:

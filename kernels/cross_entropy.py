@@ -105,7 +105,10 @@ def cross_entropy_blocks(rows, vocab, dtype, config, backward=False) -> list:
         scratch = tpu.Block("max", (br, LANES), (br, LANES), jnp.float32, "scratch")
         return [tile, dataclasses.replace(row, role="out"), scratch, dataclasses.replace(scratch, name="sum")]
     return [
-        tile, dataclasses.replace(row, name="targets", dtype=jnp.int32), row, dataclasses.replace(row, name="scale"),
+        tile,
+        dataclasses.replace(row, name="targets", dtype=jnp.int32),
+        row,
+        dataclasses.replace(row, name="scale"),
         dataclasses.replace(tile, name="dlogits", role="out"),
     ]
 
@@ -211,11 +214,15 @@ def _losses_bwd(config, saved, grad_losses):
 _losses.defvjp(_losses_fwd, _losses_bwd)
 
 
-def cross_entropy(logits, targets, *, ignore_index=-100, reduction="mean", impl=None, block_rows=None, block_vocab=None):
+def cross_entropy(
+    logits, targets, *, ignore_index=-100, reduction="mean", impl=None, block_rows=None, block_vocab=None
+):
     """Softmax cross-entropy of (N, V) logits against (N,) class indices, like
     `F.cross_entropy` (mean over non-ignored rows by default). Differentiable in logits."""
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy: expected logits (N, V) and targets (N,); got {logits.shape} and {targets.shape}")
+        raise ValueError(
+            f"cross_entropy: expected logits (N, V) and targets (N,); got {logits.shape} and {targets.shape}"
+        )
     if reduction not in REDUCTIONS:
         raise ValueError(f"cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
     config = resolve_config(logits, ignore_index, impl, block_rows, block_vocab)

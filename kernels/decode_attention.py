@@ -99,9 +99,12 @@ def decode_blocks(q_shape, cache_shape, dtype, config) -> list:
     stat = tpu.Block("max", (groups, LANES), (groups, LANES), jnp.float32, "scratch")
     return [
         tpu.Block("lengths", (batch,), (batch,), jnp.int32, "smem"),
-        query, cache, dataclasses.replace(cache, name="v_cache"),
+        query,
+        cache,
+        dataclasses.replace(cache, name="v_cache"),
         dataclasses.replace(query, name="out", role="out"),
-        stat, dataclasses.replace(stat, name="sum"),
+        stat,
+        dataclasses.replace(stat, name="sum"),
         tpu.Block("acc", (groups, head_dim), (groups, head_dim), jnp.float32, "scratch"),
     ]
 
@@ -170,7 +173,9 @@ def decode_attention(q, k_cache, v_cache, lengths, *, scale=None, impl=None, blo
             f"decode_attention: expected q (B, H, D) and caches (B, Hkv, S, D); got {q.shape}, {k_cache.shape}, {v_cache.shape}"
         )
     if q.shape[0] != k_cache.shape[0] or q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[1]:
-        raise ValueError(f"decode_attention: q {q.shape} does not match the cache {k_cache.shape} (batch, heads multiple, head dim)")
+        raise ValueError(
+            f"decode_attention: q {q.shape} does not match the cache {k_cache.shape} (batch, heads multiple, head dim)"
+        )
     if lengths.shape != (q.shape[0],):
         raise ValueError(f"decode_attention: lengths must be ({q.shape[0]},), got {lengths.shape}")
     return decode_forward(q, k_cache, v_cache, lengths, resolve_config(q, k_cache, scale, impl, block_k))

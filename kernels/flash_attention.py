@@ -138,7 +138,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, kv_len, has_mask)
         s = dot_nt(q_ref[...], k_ref[...]) * scale
         if has_mask:
             s = s + mask_ref[...]
-        s = jnp.where(_key_validity(iota(block_q, i * block_q), iota(block_k, j * block_k), kv_len, causal), s, -jnp.inf)
+        s = jnp.where(
+            _key_validity(iota(block_q, i * block_q), iota(block_k, j * block_k), kv_len, causal), s, -jnp.inf
+        )
         m_prev, l_prev = m_ref[...][:, :1], l_ref[...][:, :1]
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # every key so far masked
@@ -184,8 +186,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, ca
     def _step():
         k = k_ref[...]
         p_t = _transposed_probabilities(
-            q_ref[...], k, mask_ref[...] if has_mask else None, lse_ref[...],
-            iota(block_q, i * block_q), iota(block_k, j * block_k), kv_len, causal, scale,
+            q_ref[...],
+            k,
+            mask_ref[...] if has_mask else None,
+            lse_ref[...],
+            iota(block_q, i * block_q),
+            iota(block_k, j * block_k),
+            kv_len,
+            causal,
+            scale,
         )
         ds_t = p_t * (dot_nt(v_ref[...], do_ref[...]) - delta_ref[...])
         acc_ref[...] += dot_tn(ds_t.astype(k.dtype), k)
@@ -210,8 +219,15 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, c
     def _step():
         q, do = q_ref[...], do_ref[...]
         p_t = _transposed_probabilities(
-            q, k_ref[...], mask_ref[...] if has_mask else None, lse_ref[...],
-            iota(block_q, i * block_q), iota(block_k, j * block_k), kv_len, causal, scale,
+            q,
+            k_ref[...],
+            mask_ref[...] if has_mask else None,
+            lse_ref[...],
+            iota(block_q, i * block_q),
+            iota(block_k, j * block_k),
+            kv_len,
+            causal,
+            scale,
         )
         dv_acc[...] += dot_nn(p_t.astype(do.dtype), do)
         ds_t = p_t * (dot_nt(v_ref[...], do) - delta_ref[...])
@@ -270,16 +286,25 @@ def attention_blocks(q_shape, kv_shape, dtype, config, mask_shape=None, backward
         mask = [tpu.Block("mask", (*mask_shape[:2], *rows_cols), (None, None, *tile), f32)]
     if not backward:
         return [
-            q_rows, kv_rows, dataclasses.replace(kv_rows, name="v"), *mask,
-            dataclasses.replace(q_rows, name="out", role="out"), dataclasses.replace(stat, role="out"),
+            q_rows,
+            kv_rows,
+            dataclasses.replace(kv_rows, name="v"),
+            *mask,
+            dataclasses.replace(q_rows, name="out", role="out"),
+            dataclasses.replace(stat, role="out"),
             tpu.Block("max", (bq, LANES), (bq, LANES), f32, "scratch"),
             tpu.Block("sum", (bq, LANES), (bq, LANES), f32, "scratch"),
             tpu.Block("acc", (bq, head_dim), (bq, head_dim), f32, "scratch"),
         ]
     grad_dtype = dtype if heads == kv_heads else f32
     common = [
-        q_rows, kv_rows, dataclasses.replace(kv_rows, name="v"), dataclasses.replace(q_rows, name="dout"),
-        stat, dataclasses.replace(stat, name="delta"), *mask,
+        q_rows,
+        kv_rows,
+        dataclasses.replace(kv_rows, name="v"),
+        dataclasses.replace(q_rows, name="dout"),
+        stat,
+        dataclasses.replace(stat, name="delta"),
+        *mask,
     ]
     dq = common + [
         dataclasses.replace(q_rows, name="dq", role="out"),
@@ -287,7 +312,8 @@ def attention_blocks(q_shape, kv_shape, dtype, config, mask_shape=None, backward
     ]
     dk_out = tpu.Block("dk", (batch, heads, k_pad, head_dim), (None, None, bk, head_dim), grad_dtype, "out")
     dkv = common + [
-        dk_out, dataclasses.replace(dk_out, name="dv"),
+        dk_out,
+        dataclasses.replace(dk_out, name="dv"),
         tpu.Block("dk_acc", (bk, head_dim), (bk, head_dim), f32, "scratch"),
         tpu.Block("dv_acc", (bk, head_dim), (bk, head_dim), f32, "scratch"),
     ]
@@ -337,7 +363,9 @@ def _forward(q, k, v, mask, config):
     if mask is not None:
         in_specs.append(_spec(blocks[3], _mask_index(mask.shape, lambda i, j: (i, key_block(i, j)))))
     out_block, lse_block, *scratch = blocks[-5:]
-    kernel = functools.partial(_forward_kernel, scale=config.scale, causal=config.causal, kv_len=kv_len, has_mask=mask is not None)
+    kernel = functools.partial(
+        _forward_kernel, scale=config.scale, causal=config.causal, kv_len=kv_len, has_mask=mask is not None
+    )
     flops, exps = _attention_cost(q, k, config.causal, passes=2)
     out, lse = pl.pallas_call(
         kernel,
@@ -430,16 +458,24 @@ def _backward(dout, q, k, v, mask, out, lse, config):
 
 def _check_shapes(q, k, v, mask):
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"flash_attention: q, k, v must be (batch, heads, seq, head_dim); got {q.shape}, {k.shape}, {v.shape}")
+        raise ValueError(
+            f"flash_attention: q, k, v must be (batch, heads, seq, head_dim); got {q.shape}, {k.shape}, {v.shape}"
+        )
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"flash_attention: k and v must be (batch, kv_heads, kv_seq, head_dim) like q; got {k.shape}, {v.shape} for q {q.shape}")
+        raise ValueError(
+            f"flash_attention: k and v must be (batch, kv_heads, kv_seq, head_dim) like q; got {k.shape}, {v.shape} for q {q.shape}"
+        )
     if q.shape[1] % k.shape[1]:
-        raise ValueError(f"flash_attention: query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
+        raise ValueError(
+            f"flash_attention: query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
+        )
     if mask is not None:
         full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         padded = (1,) * (4 - mask.ndim) + tuple(mask.shape)
         if mask.ndim > 4 or any(m not in (1, f) for m, f in zip(padded, full)):
-            raise ValueError(f"flash_attention: mask {tuple(mask.shape)} does not broadcast to (batch, heads, q_seq, kv_seq) = {full}")
+            raise ValueError(
+                f"flash_attention: mask {tuple(mask.shape)} does not broadcast to (batch, heads, q_seq, kv_seq) = {full}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -159,8 +159,12 @@ def _forward(x, residual, weight, bias, config):
             specs.append(_vector_spec(dim))
     outputs = 1 if residual is None else 2
     kernel = functools.partial(
-        _forward_kernel, centered=config.centered, eps=config.eps, has_residual=residual is not None,
-        has_weight=weight is not None, has_bias=bias is not None,
+        _forward_kernel,
+        centered=config.centered,
+        eps=config.eps,
+        has_residual=residual is not None,
+        has_weight=weight is not None,
+        has_bias=bias is not None,
     )
     outs = pl.pallas_call(
         kernel,
@@ -197,19 +201,26 @@ def _backward(dy, dh, h, weight, bias, config):
             out_shape.append(partial_shape)
             out_specs.append(partial_spec)
     kernel = functools.partial(
-        _backward_kernel, centered=config.centered, eps=config.eps, rows=rows, has_extra_grad=dh is not None,
-        has_weight=weight is not None, has_bias=bias is not None,
+        _backward_kernel,
+        centered=config.centered,
+        eps=config.eps,
+        rows=rows,
+        has_extra_grad=dh is not None,
+        has_weight=weight is not None,
+        has_bias=bias is not None,
     )
-    outs = list(pl.pallas_call(
-        kernel,
-        out_shape=tuple(out_shape),
-        grid=(blocks,),
-        in_specs=specs,
-        out_specs=tuple(out_specs),
-        cost_estimate=cost(14 * h.size, rows, nbytes(*operands) + nbytes(h)),
-        name="norm_backward",
-        **pallas_options(config.impl, "parallel"),
-    )(*operands))
+    outs = list(
+        pl.pallas_call(
+            kernel,
+            out_shape=tuple(out_shape),
+            grid=(blocks,),
+            in_specs=specs,
+            out_specs=tuple(out_specs),
+            cost_estimate=cost(14 * h.size, rows, nbytes(*operands) + nbytes(h)),
+            name="norm_backward",
+            **pallas_options(config.impl, "parallel"),
+        )(*operands)
+    )
     dx = outs.pop(0)
     dw = outs.pop(0).sum(axis=(0, 1)).astype(weight.dtype) if weight is not None else None
     db = outs.pop(0).sum(axis=(0, 1)).astype(bias.dtype) if bias is not None else None

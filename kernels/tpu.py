@@ -97,8 +97,10 @@ def violations(blocks, c: Chip | str | None = None) -> list[str]:
             )
         else:
             size, packing = dims[0], max(1, 4 // np.dtype(b.dtype).itemsize)
-            ok = size == b.array[0] or size % (c.sublanes * c.lanes) == 0 or (
-                size >= c.lanes * packing and size & (size - 1) == 0
+            ok = (
+                size == b.array[0]
+                or size % (c.sublanes * c.lanes) == 0
+                or (size >= c.lanes * packing and size & (size - 1) == 0)
             )
         if not ok:
             problems.append(

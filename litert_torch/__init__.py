@@ -1,9 +1,9 @@
 """litert_torch: convert PyTorch models to LiteRT (.tflite) and run them.
 
-    edge = litert_torch.convert(model, (torch.randn(1, 3, 224, 224),))
-    y = edge(x)                 # runs in the LiteRT interpreter
-    edge.export("model.tflite")
-    again = litert_torch.load("model.tflite")
+edge = litert_torch.convert(model, (torch.randn(1, 3, 224, 224),))
+y = edge(x)                 # runs in the LiteRT interpreter
+edge.export("model.tflite")
+again = litert_torch.load("model.tflite")
 """
 
 from converter.errors import ConversionError, UnsupportedOpsError
@@ -12,4 +12,13 @@ from litert_torch.api import convert
 from litert_torch.edge_model import EdgeModel, load
 from litert_torch.signatures import SignatureBuilder, signature
 
-__all__ = ["convert", "quantize", "signature", "SignatureBuilder", "load", "EdgeModel", "ConversionError", "UnsupportedOpsError"]
+__all__ = [
+    "convert",
+    "quantize",
+    "signature",
+    "SignatureBuilder",
+    "load",
+    "EdgeModel",
+    "ConversionError",
+    "UnsupportedOpsError",
+]

@@ -23,8 +23,7 @@ def _sample_args(sample_args) -> tuple:
     if isinstance(sample_args, torch.Tensor):
         return (sample_args,)
     if isinstance(sample_args, np.ndarray):
-        raise TypeError("sample_args is a numpy array; pass torch tensors: "
-                        "sample_args=(torch.from_numpy(x),)")
+        raise TypeError("sample_args is a numpy array; pass torch tensors: sample_args=(torch.from_numpy(x),)")
     what = "None" if sample_args is None else f"a {type(sample_args).__name__}"
     hint = {
         "list": "a tuple of positional inputs, e.g. sample_args=tuple(my_list)",
@@ -48,8 +47,10 @@ class SignatureSpec:
 def _name_outputs(graph: ir.Graph, spec: SignatureSpec) -> None:
     names = list(spec.output_names)
     if len(names) != len(graph.outputs) or len(set(names)) != len(names):
-        raise ValueError(f"signature '{spec.name}': output_names must be {len(graph.outputs)} distinct "
-                         f"names (forward() returns {len(graph.outputs)} tensors), got {names}")
+        raise ValueError(
+            f"signature '{spec.name}': output_names must be {len(graph.outputs)} distinct "
+            f"names (forward() returns {len(graph.outputs)} tensors), got {names}"
+        )
     graph.output_names = names
 
 
@@ -58,14 +59,23 @@ def _warn_if_bfloat16(spec: SignatureSpec) -> None:
     float32 (twice the bytes, float32 numbers). Say so rather than surprise the user."""
     if not isinstance(spec.module, torch.nn.Module):
         return  # export_module says what is wrong with it
-    tensors = list(spec.module.parameters()) + list(spec.module.buffers()) + [
-        t for t in torch.utils._pytree.tree_leaves((spec.sample_args, spec.sample_kwargs or {}))
-        if isinstance(t, torch.Tensor)]
+    tensors = (
+        list(spec.module.parameters())
+        + list(spec.module.buffers())
+        + [
+            t
+            for t in torch.utils._pytree.tree_leaves((spec.sample_args, spec.sample_kwargs or {}))
+            if isinstance(t, torch.Tensor)
+        ]
+    )
     if any(t.dtype == torch.bfloat16 for t in tensors):
         warnings.warn(
             f"signature '{spec.name}': the model has bfloat16 weights or inputs; LiteRT has no bfloat16 "
             "kernels, so the file stores and computes them in float32 (inputs and outputs are float32). "
-            "Use quant_config (e.g. float16 or int8 weights) for a smaller file.", UserWarning, stacklevel=4)
+            "Use quant_config (e.g. float16 or int8 weights) for a smaller file.",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def check_prepares(content: bytes, model: ir.Model) -> None:
@@ -77,22 +87,38 @@ def check_prepares(content: bytes, model: ir.Model) -> None:
         prepare_model(bytes(content))
     except PrepareError as e:
         where = ""
-        if e.subgraph is not None and e.node is not None and e.subgraph < len(model.graphs) \
-                and e.node < len(model.graphs[e.subgraph].ops):
+        if (
+            e.subgraph is not None
+            and e.node is not None
+            and e.subgraph < len(model.graphs)
+            and e.node < len(model.graphs[e.subgraph].ops)
+        ):
             graph = model.graphs[e.subgraph]
             op = graph.ops[e.node]
             where = f" at {op.opcode} (op {e.node} of signature '{graph.name}'" + (
-                f", from {op.source})" if op.source else ")")
+                f", from {op.source})" if op.source else ")"
+            )
         raise ConversionError(
             f"LiteRT cannot prepare the converted model{where}: {e}\n"
             "The file would not load on a device; this is a converter bug, please report it "
-            "with the model.") from e
+            "with the model."
+        ) from e
 
 
-def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = None, *,
-            dynamic_shapes=None, strict_export: bool = False, eval_mode: bool = True,
-            quant_config=None, calibration_data=None, target: str | None = None,
-            target_check: str = "error", progress: bool | None = None) -> EdgeModel:
+def convert(
+    module: torch.nn.Module,
+    sample_args,
+    sample_kwargs: dict | None = None,
+    *,
+    dynamic_shapes=None,
+    strict_export: bool = False,
+    eval_mode: bool = True,
+    quant_config=None,
+    calibration_data=None,
+    target: str | None = None,
+    target_check: str = "error",
+    progress: bool | None = None,
+) -> EdgeModel:
     """Convert `module` to a LiteRT model.
 
     Args:
@@ -118,14 +144,29 @@ def convert(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = N
     Raises: UnsupportedOpsError (lists every op without a lowering), ConversionError.
     """
     spec = SignatureSpec("serving_default", module, _sample_args(sample_args), sample_kwargs, dynamic_shapes)
-    return convert_signatures([spec], strict_export=strict_export, eval_mode=eval_mode,
-                              quant_config=quant_config, calibration_data=calibration_data,
-                              target=target, target_check=target_check, progress=progress)
+    return convert_signatures(
+        [spec],
+        strict_export=strict_export,
+        eval_mode=eval_mode,
+        quant_config=quant_config,
+        calibration_data=calibration_data,
+        target=target,
+        target_check=target_check,
+        progress=progress,
+    )
 
 
-def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = False, eval_mode: bool = True,
-                       quant_config=None, calibration_data=None, target: str | None = None,
-                       target_check: str = "error", progress: bool | None = None) -> EdgeModel:
+def convert_signatures(
+    specs: list[SignatureSpec],
+    *,
+    strict_export: bool = False,
+    eval_mode: bool = True,
+    quant_config=None,
+    calibration_data=None,
+    target: str | None = None,
+    target_check: str = "error",
+    progress: bool | None = None,
+) -> EdgeModel:
     """Convert one or more signatures into one model; constants with equal bytes (shared
     weights) are stored once. The pipeline: validate every option (before any work),
     convert each signature, quantize, apply and check the target, write."""
@@ -139,10 +180,12 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
             raise TypeError(f"sample_kwargs must be a dict of keyword inputs, got {type(spec.sample_kwargs).__name__}")
     if quant_config is not None:
         from converter.quantize import validate_config
+
         quant_config = validate_config(quant_config, calibration_data, specs)
     profile = None
     if target is not None:
         from runtimes.targets import CHECK_MODES, get_profile
+
         profile = get_profile(target)
         if target_check not in CHECK_MODES:
             raise ValueError(f"target_check must be one of {CHECK_MODES}, got {target_check!r}")
@@ -151,28 +194,45 @@ def convert_signatures(specs: list[SignatureSpec], *, strict_export: bool = Fals
     graphs = []
     for spec in specs:
         _warn_if_bfloat16(spec)
-        part = convert_module(spec.module, spec.sample_args, spec.sample_kwargs,
-                              dynamic_shapes=spec.dynamic_shapes, strict_export=strict_export,
-                              eval_mode=eval_mode, progress=stages, name=spec.name)
+        part = convert_module(
+            spec.module,
+            spec.sample_args,
+            spec.sample_kwargs,
+            dynamic_shapes=spec.dynamic_shapes,
+            strict_export=strict_export,
+            eval_mode=eval_mode,
+            progress=stages,
+            name=spec.name,
+        )
         if spec.output_names is not None:
             _name_outputs(part.graphs[0], spec)
         graphs += part.graphs
     model = ir.Model(graphs)
     if quant_config is None:  # a torch.ao PT2E/QAT model: honour its quantize/dequantize pairs
         from converter.quantize.qdq import has_qdq
+
         if has_qdq(model):
             from converter.quantize import QuantConfig
+
             quant_config = QuantConfig("pt2e")
     quant_report = None
     if quant_config is not None:
         from converter.quantize import quantize
+
         with stages.stage("quantize", str(quant_config)):
             from litert_torch.quantize import calibration_runner
-            quant_report = quantize(model, quant_config, calibration_data,  # rewrites model in place
-                                    runner=calibration_runner, progress=stages)
+
+            quant_report = quantize(
+                model,
+                quant_config,
+                calibration_data,  # rewrites model in place
+                runner=calibration_runner,
+                progress=stages,
+            )
     report = None
     if profile is not None:
         from litert_torch.targets import write_for_target
+
         with stages.stage("target", profile.name):  # rewrites, the one write, the check
             content, report = write_for_target(model, profile, on_violation=target_check)
     else:

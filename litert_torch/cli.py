@@ -29,7 +29,9 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--args expects comma-separated integers like 1,3,224,224, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--args expects comma-separated integers like 1,3,224,224, got {text!r}"
+        ) from None
     if not shape or any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"--args needs positive dimensions, got {text!r}")
     return shape
@@ -59,16 +61,22 @@ def _model_and_args(factory, shapes, dtype_name: str):
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         made, sample_args = made
     if not isinstance(made, torch.nn.Module):
-        raise SystemExit(f"error: the factory returned {type(made).__name__}; "
-                         "it must return an nn.Module or (module, sample_args)")
+        raise SystemExit(
+            f"error: the factory returned {type(made).__name__}; it must return an nn.Module or (module, sample_args)"
+        )
     if shapes:
         dtype = getattr(torch, dtype_name)
-        make = (lambda s: torch.randn(s, dtype=dtype)) if dtype.is_floating_point else (
-            lambda s: torch.randint(0, 10, s, dtype=dtype))
+        make = (
+            (lambda s: torch.randn(s, dtype=dtype))
+            if dtype.is_floating_point
+            else (lambda s: torch.randint(0, 10, s, dtype=dtype))
+        )
         sample_args = tuple(make(s) for s in shapes)
     if sample_args is None:
-        raise SystemExit("error: no sample inputs: pass --args SHAPE (once per input) or "
-                         "return (module, sample_args) from the factory")
+        raise SystemExit(
+            "error: no sample inputs: pass --args SHAPE (once per input) or "
+            "return (module, sample_args) from the factory"
+        )
     if not isinstance(sample_args, tuple):
         sample_args = (sample_args,)
     return made, sample_args
@@ -83,8 +91,9 @@ def cmd_convert(ns) -> int:
     model, sample_args = _model_and_args(_load_factory(ns.factory), ns.args, ns.dtype)
     start = time.perf_counter()
     try:
-        edge = litert_torch.convert(model, sample_args, strict_export=ns.strict_export,
-                                    progress=False if ns.quiet else None)
+        edge = litert_torch.convert(
+            model, sample_args, strict_export=ns.strict_export, progress=False if ns.quiet else None
+        )
     except litert_torch.ConversionError as e:
         console.print("[red]conversion failed[/red]")
         console.print(str(e), markup=False, highlight=False, soft_wrap=True)  # messages hold [shapes]
@@ -134,12 +143,22 @@ def cmd_quantize_report(ns) -> int:
         gen = torch.Generator().manual_seed(seed)
         out = []
         for _ in range(count):
-            out.append(tuple(torch.randn(x.shape, generator=gen, dtype=x.dtype) if x.is_floating_point()
-                             else x.clone() for x in sample_args))
+            out.append(
+                tuple(
+                    torch.randn(x.shape, generator=gen, dtype=x.dtype) if x.is_floating_point() else x.clone()
+                    for x in sample_args
+                )
+            )
         return out
 
-    report = quantize.analyze(model, sample_args, config, samples(ns.samples, 0), samples(ns.eval_samples, 1),
-                              progress=False if ns.quiet else None)
+    report = quantize.analyze(
+        model,
+        sample_args,
+        config,
+        samples(ns.samples, 0),
+        samples(ns.eval_samples, 1),
+        progress=False if ns.quiet else None,
+    )
     report.print(top=ns.top, console=console)
     if ns.json:
         report.to_json(ns.json)
@@ -148,7 +167,6 @@ def cmd_quantize_report(ns) -> int:
         report.plot(ns.png, top=ns.top)
         console.print(f"wrote {ns.png}")
     return EXIT_OK
-
 
 
 def _human(n: int) -> str:
@@ -166,16 +184,28 @@ def inspect_model(content: bytes) -> dict:
 
     view = read_model(content)
     ops = collections.Counter((op.opcode, op.version) for sg in view.subgraphs for op in sg.ops)
-    tensors = [{"subgraph": sg.index, "name": t.name, "shape": list(t.shape_signature), "dtype": t.dtype,
-                "buffer": t.buffer} for sg in view.subgraphs for t in sg.tensors]
+    tensors = [
+        {"subgraph": sg.index, "name": t.name, "shape": list(t.shape_signature), "dtype": t.dtype, "buffer": t.buffer}
+        for sg in view.subgraphs
+        for t in sg.tensors
+    ]
 
     def io(pairs):
         return [{"name": name, "shape": list(t.shape_signature), "dtype": t.dtype} for name, t in pairs]
 
-    signatures = [{"key": s.key, "subgraph": s.subgraph, "inputs": io(s.inputs), "outputs": io(s.outputs)}
-                  for s in view.signature_defs]
-    return {"ops": ops, "tensors": tensors, "signatures": signatures, "buffer_sizes": view.buffer_sizes,
-            "metadata": view.metadata, "total_bytes": view.file_size, "description": view.description}
+    signatures = [
+        {"key": s.key, "subgraph": s.subgraph, "inputs": io(s.inputs), "outputs": io(s.outputs)}
+        for s in view.signature_defs
+    ]
+    return {
+        "ops": ops,
+        "tensors": tensors,
+        "signatures": signatures,
+        "buffer_sizes": view.buffer_sizes,
+        "metadata": view.metadata,
+        "total_bytes": view.file_size,
+        "description": view.description,
+    }
 
 
 def cmd_inspect(ns) -> int:
@@ -224,23 +254,30 @@ def cmd_inspect(ns) -> int:
     for t in info["tensors"]:
         named.setdefault(t["buffer"], t)
     buf_table = Table(title=f"Largest buffers ({sum(1 for s in sizes if s)} with data)")
-    for col, justify in (("buffer", "right"), ("bytes", "right"), ("tensor", "left"), ("shape", "left"),
-                         ("dtype", "left")):
+    for col, justify in (
+        ("buffer", "right"),
+        ("bytes", "right"),
+        ("tensor", "left"),
+        ("shape", "left"),
+        ("dtype", "left"),
+    ):
         buf_table.add_column(col, justify=justify)
-    for index in sorted(range(len(sizes)), key=lambda i: -sizes[i])[:ns.top]:
+    for index in sorted(range(len(sizes)), key=lambda i: -sizes[i])[: ns.top]:
         if not sizes[index]:
             break
         t = named.get(index, {})
-        buf_table.add_row(str(index), f"{sizes[index]:,}", t.get("name", "(metadata)"),
-                          str(t.get("shape", "")), t.get("dtype", ""))
+        buf_table.add_row(
+            str(index), f"{sizes[index]:,}", t.get("name", "(metadata)"), str(t.get("shape", "")), t.get("dtype", "")
+        )
     console.print(buf_table)
 
     dtypes = collections.Counter(t["dtype"] for t in info["tensors"])
     console.print(f"tensors: {len(info['tensors'])} ({', '.join(f'{k} {v}' for k, v in dtypes.most_common())})")
     for key, value in info["metadata"].items():
         console.print(f"metadata {key}: {value}")
-    console.print(f"constant data: {_human(sum(sizes))}; file: {_human(info['total_bytes'])} "
-                  f"({info['total_bytes']:,} bytes)")
+    console.print(
+        f"constant data: {_human(sum(sizes))}; file: {_human(info['total_bytes'])} ({info['total_bytes']:,} bytes)"
+    )
     return EXIT_OK
 
 
@@ -250,8 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("convert", help="convert MODULE:FACTORY to a .tflite file")
     conv.add_argument("factory", help="MODULE:FACTORY; the factory returns a module or (module, sample_args)")
-    conv.add_argument("--args", action="append", type=_parse_shape, default=[], metavar="SHAPE",
-                      help="shape of one sample input, e.g. 1,3,224,224 (repeat per input)")
+    conv.add_argument(
+        "--args",
+        action="append",
+        type=_parse_shape,
+        default=[],
+        metavar="SHAPE",
+        help="shape of one sample input, e.g. 1,3,224,224 (repeat per input)",
+    )
     conv.add_argument("--dtype", default="float32", help="dtype of the --args inputs (default float32)")
     conv.add_argument("-o", "--output", required=True, help="the .tflite file to write")
     conv.add_argument("--strict-export", action="store_true", help="torch.export in strict mode")
@@ -264,15 +307,24 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
     insp.set_defaults(run=cmd_inspect)
 
-    rep = sub.add_parser("quantize-report", help="per-layer quantization sensitivity of MODULE:FACTORY",
-                         description="Which layers cost accuracy under full-integer quantization: each layer "
-                                     "quantized alone, and each layer's error in the fully quantized model, "
-                                     "measured in LiteRT. Calibration and evaluation inputs are seeded random "
-                                     "normal tensors shaped like the sample inputs (integer inputs are reused as "
-                                     "given); for real data call litert_torch.quantize.analyze.")
+    rep = sub.add_parser(
+        "quantize-report",
+        help="per-layer quantization sensitivity of MODULE:FACTORY",
+        description="Which layers cost accuracy under full-integer quantization: each layer "
+        "quantized alone, and each layer's error in the fully quantized model, "
+        "measured in LiteRT. Calibration and evaluation inputs are seeded random "
+        "normal tensors shaped like the sample inputs (integer inputs are reused as "
+        "given); for real data call litert_torch.quantize.analyze.",
+    )
     rep.add_argument("factory", help="MODULE:FACTORY; the factory returns a module or (module, sample_args)")
-    rep.add_argument("--args", action="append", type=_parse_shape, default=[], metavar="SHAPE",
-                     help="shape of one sample input, e.g. 1,3,224,224 (repeat per input)")
+    rep.add_argument(
+        "--args",
+        action="append",
+        type=_parse_shape,
+        default=[],
+        metavar="SHAPE",
+        help="shape of one sample input, e.g. 1,3,224,224 (repeat per input)",
+    )
     rep.add_argument("--dtype", default="float32", help="dtype of the --args inputs (default float32)")
     rep.add_argument("--scheme", choices=["full_int8", "int16x8"], default="full_int8")
     rep.add_argument("--calibration", default="minmax", help="minmax, percentile, mse or moving_average")

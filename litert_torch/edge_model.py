@@ -44,8 +44,7 @@ class EdgeModel:
     signatures, `signature_name` (here or per call) says which one runs.
     """
 
-    def __init__(self, model_content: bytes, *, num_threads: int | None = None,
-                 signature_name: str | None = None):
+    def __init__(self, model_content: bytes, *, num_threads: int | None = None, signature_name: str | None = None):
         # A converter.writer.ModelParts (the writer's pieces: a model with weights after
         # the flatbuffer is kept as views of those weights, joined only when needed).
         from_writer = hasattr(model_content, "pieces")
@@ -104,8 +103,8 @@ class EdgeModel:
 
     def __repr__(self) -> str:
         sigs = "; ".join(
-            f"{s.key}({', '.join(map(str, s.inputs))}) -> ({', '.join(map(str, s.outputs))})"
-            for s in self.signatures)
+            f"{s.key}({', '.join(map(str, s.inputs))}) -> ({', '.join(map(str, s.outputs))})" for s in self.signatures
+        )
         return f"EdgeModel({len(self):,} bytes; {sigs})"
 
     # ---- running ------------------------------------------------------------------------
@@ -118,7 +117,7 @@ class EdgeModel:
         inputs = [_to_numpy(x) for x in _flatten_inputs(args)]
         if kwargs:
             sig = self.runtime.signature(signature_name)
-            names = sig.input_names[len(inputs):]
+            names = sig.input_names[len(inputs) :]
             flat_kwargs = {}
             for key, value in kwargs.items():
                 leaves = _flatten_inputs(value)
@@ -128,8 +127,9 @@ class EdgeModel:
                     flat_kwargs.update({f"{key}_{i}": leaf for i, leaf in enumerate(leaves)})
             unknown = sorted(set(flat_kwargs) - set(names))
             if unknown:
-                raise TypeError(f"unexpected keyword input(s) {unknown}; the remaining inputs of "
-                                f"signature '{sig.key}' are {names}")
+                raise TypeError(
+                    f"unexpected keyword input(s) {unknown}; the remaining inputs of signature '{sig.key}' are {names}"
+                )
             missing = [n for n in names if n not in flat_kwargs]
             if missing:
                 raise TypeError(f"missing input(s) {missing} for signature '{sig.key}'")
@@ -155,8 +155,9 @@ class EdgeModel:
         try:
             fd, tmp = tempfile.mkstemp(prefix=".litert_torch-", suffix=".tflite.tmp", dir=folder)
         except PermissionError as e:
-            raise PermissionError(f"cannot write {path}: no permission to create files in {folder} "
-                                  f"({e.strerror})") from e
+            raise PermissionError(
+                f"cannot write {path}: no permission to create files in {folder} ({e.strerror})"
+            ) from e
         except OSError as e:
             raise OSError(e.errno, f"cannot write {path}: cannot create a file in {folder} ({e.strerror})") from e
         try:
@@ -175,8 +176,7 @@ class EdgeModel:
         return path
 
 
-def load(path: str | os.PathLike, *, num_threads: int | None = None,
-         signature_name: str | None = None) -> EdgeModel:
+def load(path: str | os.PathLike, *, num_threads: int | None = None, signature_name: str | None = None) -> EdgeModel:
     """Load a .tflite file as an EdgeModel (`signature_name`: the default signature of calls)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -184,7 +184,8 @@ def load(path: str | os.PathLike, *, num_threads: int | None = None,
     with open(path, "rb") as f:
         content = f.read()
     if len(content) < 8 or content[4:8] != TFLITE_IDENTIFIER:
-        raise ValueError(f"{path} is not a LiteRT/TFLite model (its bytes 4-8 are {content[4:8]!r}, "
-                         f"expected {TFLITE_IDENTIFIER!r})")
+        raise ValueError(
+            f"{path} is not a LiteRT/TFLite model (its bytes 4-8 are {content[4:8]!r}, expected {TFLITE_IDENTIFIER!r})"
+        )
     verify_model(content, path)  # names the file in the error
     return EdgeModel(content, num_threads=num_threads, signature_name=signature_name)

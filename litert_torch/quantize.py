@@ -16,8 +16,21 @@ from typing import Iterable
 
 from converter.quantize.config import CALIBRATED, CALIBRATIONS, SCHEMES, AutoConfig, QuantConfig
 
-__all__ = ["QuantConfig", "AutoConfig", "SCHEMES", "CALIBRATIONS", "auto", "analyze", "dynamic_int8", "weight_only_int8", "weight_only_int4", "float16",
-           "full_int8", "int16x8", "pt2e"]
+__all__ = [
+    "QuantConfig",
+    "AutoConfig",
+    "SCHEMES",
+    "CALIBRATIONS",
+    "auto",
+    "analyze",
+    "dynamic_int8",
+    "weight_only_int8",
+    "weight_only_int4",
+    "float16",
+    "full_int8",
+    "int16x8",
+    "pt2e",
+]
 
 
 def _names(keep_float: Iterable[str] | str | None) -> tuple[str, ...]:
@@ -52,8 +65,14 @@ def float16(*, keep_float=None) -> QuantConfig:
     return QuantConfig("float16", _names(keep_float))
 
 
-def full_int8(io: str = "float", *, keep_float=None, calibration: str = "minmax", percentile: float = 99.99,
-              averaging_constant: float = 0.1) -> QuantConfig:
+def full_int8(
+    io: str = "float",
+    *,
+    keep_float=None,
+    calibration: str = "minmax",
+    percentile: float = 99.99,
+    averaging_constant: float = 0.1,
+) -> QuantConfig:
     """Full-integer int8: calibrated per-tensor activations, per-channel weights, int32
     biases. Needs `calibration_data=`. `io`: "float" (the model quantizes its inputs and
     dequantizes its outputs), "int8" or "uint8" (microcontrollers, Edge TPU).
@@ -64,17 +83,35 @@ def full_int8(io: str = "float", *, keep_float=None, calibration: str = "minmax"
         range minimising the squared quantization error), "moving_average" (moving
         average of each sample's min/max, weight `averaging_constant`).
     Ops that stay float are listed in `edge.quant_report` (and warned about)."""
-    return QuantConfig("full_int8", _names(keep_float), io=io, calibration=calibration, percentile=percentile,
-                       averaging_constant=averaging_constant).check()
+    return QuantConfig(
+        "full_int8",
+        _names(keep_float),
+        io=io,
+        calibration=calibration,
+        percentile=percentile,
+        averaging_constant=averaging_constant,
+    ).check()
 
 
-def int16x8(io: str = "float", *, keep_float=None, calibration: str = "minmax", percentile: float = 99.99,
-            averaging_constant: float = 0.1) -> QuantConfig:
+def int16x8(
+    io: str = "float",
+    *,
+    keep_float=None,
+    calibration: str = "minmax",
+    percentile: float = 99.99,
+    averaging_constant: float = 0.1,
+) -> QuantConfig:
     """int16 activations, int8 weights, int64 biases: more accurate than int8 where the
     ranges are wide. Needs `calibration_data=`; `io` is "float" or "int16"; `calibration`
     as for `full_int8`. (LiteRT runs it with its builtin kernels; XNNPACK has no int16x8.)"""
-    return QuantConfig("int16x8", _names(keep_float), io=io, calibration=calibration, percentile=percentile,
-                       averaging_constant=averaging_constant).check()
+    return QuantConfig(
+        "int16x8",
+        _names(keep_float),
+        io=io,
+        calibration=calibration,
+        percentile=percentile,
+        averaging_constant=averaging_constant,
+    ).check()
 
 
 def pt2e(io: str = "float", *, keep_float=None) -> QuantConfig:
@@ -84,8 +121,9 @@ def pt2e(io: str = "float", *, keep_float=None) -> QuantConfig:
     return QuantConfig("pt2e", _names(keep_float), io=io)
 
 
-def auto(scheme: QuantConfig, *, max_error: float | None = None, min_agreement: float | None = None,
-         eval_data=None) -> AutoConfig:
+def auto(
+    scheme: QuantConfig, *, max_error: float | None = None, min_agreement: float | None = None, eval_data=None
+) -> AutoConfig:
     """Mixed precision for an accuracy budget: quantize with `scheme` (full_int8(...) or
     int16x8(...)) but keep in float the fewest layers, most sensitive first, for which
     the model meets `max_error` (relative RMS error of the outputs against the float
@@ -96,8 +134,9 @@ def auto(scheme: QuantConfig, *, max_error: float | None = None, min_agreement: 
     return AutoConfig(scheme, max_error, min_agreement, eval_data).check()
 
 
-def analyze(model, sample_args, quant_config: QuantConfig, calibration_data, eval_data=None, *,
-            progress: bool | None = None):
+def analyze(
+    model, sample_args, quant_config: QuantConfig, calibration_data, eval_data=None, *, progress: bool | None = None
+):
     """Quantization sensitivity per layer (the model's `named_modules()` names): the
     output error that quantizing each layer alone adds, and each layer's activation error
     in the fully quantized model, measured in LiteRT on `eval_data` (default: the
@@ -110,19 +149,30 @@ def analyze(model, sample_args, quant_config: QuantConfig, calibration_data, eva
 
     spec = SignatureSpec("serving_default", model, _sample_args(sample_args))
     if not isinstance(quant_config, QuantConfig) or quant_config.scheme not in CALIBRATED:
-        raise ValueError(f"analyze: quant_config must be quantize.full_int8(...) or quantize.int16x8(...), "
-                         f"got {quant_config!r}")
+        raise ValueError(
+            f"analyze: quant_config must be quantize.full_int8(...) or quantize.int16x8(...), got {quant_config!r}"
+        )
     config = validate_config(quant_config, calibration_data, [spec])
     if eval_data is None and config.samples[spec.name].one_shot:
-        raise TypeError("analyze: calibration_data is a one-shot iterator; pass eval_data= (a list of samples) "
-                        "or calibration_data as a list, which is then also the evaluation set")
+        raise TypeError(
+            "analyze: calibration_data is a one-shot iterator; pass eval_data= (a list of samples) "
+            "or calibration_data as a list, which is then also the evaluation set"
+        )
     evals = config.samples[spec.name] if eval_data is None else CalibrationSamples(eval_data, spec, False)
     stages = Progress(progress)
     float_model = convert(model, spec.sample_args, progress=progress).ir_model
     with stages.stage("analyze", str(config)):
         ranges = calibrated_ranges(float_model, config, calibration_runner, stages)
-        return sensitivity.analyze(float_model, ranges, config.activation_dtype, str(config), list(evals),
-                                   calibration_runner, keep_float=config.keep_float, progress=stages)
+        return sensitivity.analyze(
+            float_model,
+            ranges,
+            config.activation_dtype,
+            str(config),
+            list(evals),
+            calibration_runner,
+            keep_float=config.keep_float,
+            progress=stages,
+        )
 
 
 class _CalibrationRunner:

@@ -72,7 +72,7 @@ def cmd_check(ns) -> int:
             table = Table(show_lines=False)
             for col in ("severity", "where", "why", "what to do"):
                 table.add_column(col, overflow="fold")
-            for v in report.violations[:ns.limit]:
+            for v in report.violations[: ns.limit]:
                 table.add_row(v.severity, v.where, v.why, v.fix)
             console.print(table)
             if len(report.violations) > ns.limit:
@@ -84,8 +84,21 @@ def _table(results: list[dict]):
     from rich.table import Table
 
     table = Table(title="Inference benchmark (microseconds)")
-    for col in ("model", "target", "init", "first", "warm-up avg", "avg", "p50", "p90", "min", "max",
-                "peak MB", "threads", "delegate"):
+    for col in (
+        "model",
+        "target",
+        "init",
+        "first",
+        "warm-up avg",
+        "avg",
+        "p50",
+        "p90",
+        "min",
+        "max",
+        "peak MB",
+        "threads",
+        "delegate",
+    ):
         table.add_column(col, justify="left" if col in ("model", "target", "delegate") else "right")
 
     def us(v):
@@ -93,11 +106,21 @@ def _table(results: list[dict]):
 
     for r in results:
         s, rt = r["inference_us"], r["runtime"]
-        table.add_row(os.path.basename(str(r["model"])), r["target"], us(r.get("init_us")), us(r.get("first_us")),
-                      us(r.get("warmup_avg_us")), us(s.get("avg")), us(s.get("p50")), us(s.get("p90")),
-                      us(s.get("min")), us(s.get("max")),
-                      f"{r.get('memory', {}).get('peak_rss_mb', 0) or 0:,.1f}", str(rt.get("threads", "")),
-                      str(rt.get("delegate") or rt.get("accelerator") or ""))
+        table.add_row(
+            os.path.basename(str(r["model"])),
+            r["target"],
+            us(r.get("init_us")),
+            us(r.get("first_us")),
+            us(r.get("warmup_avg_us")),
+            us(s.get("avg")),
+            us(s.get("p50")),
+            us(s.get("p90")),
+            us(s.get("min")),
+            us(s.get("max")),
+            f"{r.get('memory', {}).get('peak_rss_mb', 0) or 0:,.1f}",
+            str(rt.get("threads", "")),
+            str(rt.get("delegate") or rt.get("accelerator") or ""),
+        )
     return table
 
 
@@ -173,8 +196,10 @@ def cmd_bench(ns) -> int:
     elif ns.target == "web":
         results = [bench.bench_web(m, accelerator=ns.accelerator, **options) for m in ns.models]
     elif ns.target in (None, "host"):
-        results = [bench.bench_host(m, threads=ns.threads, use_xnnpack=not ns.no_xnnpack, per_op=ns.op_profile,
-                                    **options) for m in ns.models]
+        results = [
+            bench.bench_host(m, threads=ns.threads, use_xnnpack=not ns.no_xnnpack, per_op=ns.op_profile, **options)
+            for m in ns.models
+        ]
     else:
         print(f"error: --target must be host, web, android or ios, got {ns.target!r}", file=sys.stderr)
         return EXIT_USAGE
@@ -209,14 +234,20 @@ def add_commands(sub) -> None:
     b.add_argument("--no-xnnpack", action="store_true", help="host: builtin kernels only")
     b.add_argument("--delegate", choices=["cpu", "xnnpack", "gpu"], default="xnnpack", help="android/ios")
     b.add_argument("--accelerator", choices=["wasm", "webgpu"], default="wasm", help="web")
-    b.add_argument("--op-profile", action="store_true",
-                   help="per-op profile (host: each op timed alone; android/ios: benchmark_model's profiler)")
+    b.add_argument(
+        "--op-profile",
+        action="store_true",
+        help="per-op profile (host: each op timed alone; android/ios: benchmark_model's profiler)",
+    )
     b.add_argument("--benchmark-binary", default="benchmark_model", help="android: local benchmark_model binary")
     b.add_argument("--script", help="android/ios: where to write the script")
-    b.add_argument("--run", dest="run_on_device", action="store_true",
-                   help="android: run the script through adb and parse its output")
+    b.add_argument(
+        "--run",
+        dest="run_on_device",
+        action="store_true",
+        help="android: run the script through adb and parse its output",
+    )
     b.add_argument("--parse", metavar="LOG", help="parse a benchmark_model log instead of running")
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
     b.add_argument("--plot", metavar="PNG", help="write a bar chart of the results")
     b.set_defaults(run=cmd_bench)
-

@@ -26,23 +26,41 @@ class SignatureBuilder:
     def __init__(self):
         self.specs: list[SignatureSpec] = []
 
-    def signature(self, name: str, module: torch.nn.Module, sample_args, sample_kwargs: dict | None = None,
-                  dynamic_shapes=None, output_names: list[str] | None = None) -> "SignatureBuilder":
+    def signature(
+        self,
+        name: str,
+        module: torch.nn.Module,
+        sample_args,
+        sample_kwargs: dict | None = None,
+        dynamic_shapes=None,
+        output_names: list[str] | None = None,
+    ) -> "SignatureBuilder":
         """Add a signature; `output_names` names forward()'s flattened outputs
         (default: output_0, output_1, ...)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a signature name must be a non-empty string, got {name!r}")
         if any(s.name == name for s in self.specs):
-            raise ValueError(f"signature {name!r} is already defined; names must be unique "
-                             f"(defined: {[s.name for s in self.specs]})")
+            raise ValueError(
+                f"signature {name!r} is already defined; names must be unique (defined: {[s.name for s in self.specs]})"
+            )
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"signature {name!r}: expected a torch.nn.Module, got {type(module).__name__}")
-        if output_names is not None and (isinstance(output_names, str)
-                                         or not all(isinstance(n, str) and n for n in output_names)):
-            raise TypeError(f"signature {name!r}: output_names must be a list of non-empty strings, "
-                            f"got {output_names!r}")
-        self.specs.append(SignatureSpec(name, module, _sample_args(sample_args), sample_kwargs, dynamic_shapes,
-                                        None if output_names is None else list(output_names)))
+        if output_names is not None and (
+            isinstance(output_names, str) or not all(isinstance(n, str) and n for n in output_names)
+        ):
+            raise TypeError(
+                f"signature {name!r}: output_names must be a list of non-empty strings, got {output_names!r}"
+            )
+        self.specs.append(
+            SignatureSpec(
+                name,
+                module,
+                _sample_args(sample_args),
+                sample_kwargs,
+                dynamic_shapes,
+                None if output_names is None else list(output_names),
+            )
+        )
         return self
 
     def convert(self, *, signature_name: str | None = None, **options) -> EdgeModel:
@@ -64,8 +82,14 @@ class SignatureBuilder:
         return f"SignatureBuilder({', '.join(self.names)})"
 
 
-def signature(name: str, module: torch.nn.Module, sample_args, sample_kwargs: dict | None = None,
-              dynamic_shapes=None, output_names: list[str] | None = None) -> SignatureBuilder:
+def signature(
+    name: str,
+    module: torch.nn.Module,
+    sample_args,
+    sample_kwargs: dict | None = None,
+    dynamic_shapes=None,
+    output_names: list[str] | None = None,
+) -> SignatureBuilder:
     """Start a multi-signature model with its first signature; chain `.signature(...)`
     for more and finish with `.convert(...)`."""
     return SignatureBuilder().signature(name, module, sample_args, sample_kwargs, dynamic_shapes, output_names)

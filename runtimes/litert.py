@@ -60,8 +60,14 @@ def _signature_order(model_content: bytes) -> dict[str, dict[str, list[str]]]:
 class LiteRTModel:
     """One .tflite model loaded in the LiteRT interpreter."""
 
-    def __init__(self, model_content: bytes, *, num_threads: int | None = None,
-                 use_xnnpack: bool = True, preserve_all_tensors: bool = False):
+    def __init__(
+        self,
+        model_content: bytes,
+        *,
+        num_threads: int | None = None,
+        use_xnnpack: bool = True,
+        preserve_all_tensors: bool = False,
+    ):
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
         from runtimes.verify import verify_model
@@ -71,8 +77,11 @@ class LiteRTModel:
         if not use_xnnpack:
             kwargs["experimental_op_resolver_type"] = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
         self._interpreter = Interpreter(
-            model_content=bytes(model_content), num_threads=num_threads,
-            experimental_preserve_all_tensors=preserve_all_tensors, **kwargs)
+            model_content=bytes(model_content),
+            num_threads=num_threads,
+            experimental_preserve_all_tensors=preserve_all_tensors,
+            **kwargs,
+        )
         self._runners: dict[str, object] = {}
         self._order = _signature_order(model_content)
         self.signatures: list[Signature] = [self._signature(key) for key in self._signature_keys()]
@@ -100,8 +109,11 @@ class LiteRTModel:
             for name in names:
                 d = details[name]
                 sig = tuple(int(x) for x in d.get("shape_signature", d["shape"]))
-                out.append(TensorSpec(name, tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]),
-                                      sig if -1 in sig else None))
+                out.append(
+                    TensorSpec(
+                        name, tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]), sig if -1 in sig else None
+                    )
+                )
             return tuple(out)
 
         inputs = specs(runner.get_input_details(), order["inputs"])
@@ -114,7 +126,8 @@ class LiteRTModel:
             if len(self.signatures) != 1:
                 raise ValueError(
                     f"the model has {len(self.signatures)} signatures "
-                    f"({[s.key for s in self.signatures]}); pass signature_name=")
+                    f"({[s.key for s in self.signatures]}); pass signature_name="
+                )
             return self.signatures[0]
         for s in self.signatures:
             if s.key == key:
@@ -127,8 +140,10 @@ class LiteRTModel:
         sig = self.signature(signature_key)
         inputs = list(inputs)
         if len(inputs) != len(sig.inputs):
-            raise ValueError(f"signature '{sig.key}' takes {len(sig.inputs)} input(s) "
-                             f"({', '.join(map(str, sig.inputs))}), got {len(inputs)}")
+            raise ValueError(
+                f"signature '{sig.key}' takes {len(sig.inputs)} input(s) "
+                f"({', '.join(map(str, sig.inputs))}), got {len(inputs)}"
+            )
         feed = {}
         for spec, value in zip(sig.inputs, inputs):
             array = np.asarray(value)
@@ -169,8 +184,9 @@ def _prepare_all(model_content: bytes, use_xnnpack: bool) -> None:
     except (RuntimeError, ValueError) as e:
         text = " ".join(str(e).split())
         found = _FAILED_NODE.search(text)
-        raise PrepareError(text, subgraph, int(found.group(1)) if found else None,
-                           found.group(2) if found else None) from e
+        raise PrepareError(
+            text, subgraph, int(found.group(1)) if found else None, found.group(2) if found else None
+        ) from e
 
 
 def prepare_model(model_content: bytes) -> None:
@@ -190,8 +206,12 @@ def prepare_model(model_content: bytes) -> None:
     try:
         _prepare_all(model_content, use_xnnpack=True)
     except PrepareError as delegated:
-        raise PrepareError(f"the XNNPACK delegate refused the model (the builtin kernels accept it): "
-                           f"{delegated}", delegated.subgraph, None, None) from delegated
+        raise PrepareError(
+            f"the XNNPACK delegate refused the model (the builtin kernels accept it): {delegated}",
+            delegated.subgraph,
+            None,
+            None,
+        ) from delegated
 
 
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
@@ -200,8 +220,11 @@ def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
     expected = spec.shape_signature if spec.shape_signature is not None else spec.shape
     if len(shape) != len(expected) or any(e != -1 and e != d for e, d in zip(expected, shape)):
         dims = ", ".join("?" if e == -1 else str(e) for e in expected)
-        hint = (" (only the ? dims may change)" if -1 in expected else
-                "; the model has static shapes: convert with dynamic_shapes= (torch.export.Dim) to vary them")
+        hint = (
+            " (only the ? dims may change)"
+            if -1 in expected
+            else "; the model has static shapes: convert with dynamic_shapes= (torch.export.Dim) to vary them"
+        )
         raise ValueError(f"input '{spec.name}' has shape {tuple(shape)}, the model expects [{dims}]{hint}")
 
 

@@ -29,17 +29,51 @@ FILE_IDENTIFIER = b"TFL3"
 SCHEMA_VERSION = 3
 # Bits per element of each TensorType, by code (None: variable size, not checked).
 _ELEMENT_BITS = {
-    0: 32, 1: 16, 2: 32, 3: 8, 4: 64, 5: None, 6: 8, 7: 16, 8: 64, 9: 8, 10: 64, 11: 128, 12: 64,
-    13: None, 14: None, 15: 32, 16: 16, 17: 4, 18: 16, 19: 2, 20: 4, 21: 8, 22: 8,
+    0: 32,
+    1: 16,
+    2: 32,
+    3: 8,
+    4: 64,
+    5: None,
+    6: 8,
+    7: 16,
+    8: 64,
+    9: 8,
+    10: 64,
+    11: 128,
+    12: 64,
+    13: None,
+    14: None,
+    15: 32,
+    16: 16,
+    17: 4,
+    18: 16,
+    19: 2,
+    20: 4,
+    21: 8,
+    22: 8,
 }
 _MAX_TENSOR_BYTES = 2**62  # beyond this, size arithmetic in the runtime overflows
 # Builtins whose kernels accept -1 ("no tensor") for some inputs (a bias, LSTM peepholes,
 # auxiliary inputs...). Anywhere else, -1 reaches kernels that dereference it: a
 # SignatureRunner segfaults allocating a TANH whose input is -1 (ai-edge-litert 2.3.0).
 _OPTIONAL_INPUT_OPS = (
-    "FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV", "CONV_3D", "CONV_3D_TRANSPOSE",
-    "LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM", "BIDIRECTIONAL_SEQUENCE_LSTM", "BIDIRECTIONAL_SEQUENCE_RNN",
-    "UNIDIRECTIONAL_SEQUENCE_RNN", "RNN", "SVDF", "LSH_PROJECTION", "CUSTOM")
+    "FULLY_CONNECTED",
+    "CONV_2D",
+    "DEPTHWISE_CONV_2D",
+    "TRANSPOSE_CONV",
+    "CONV_3D",
+    "CONV_3D_TRANSPOSE",
+    "LSTM",
+    "UNIDIRECTIONAL_SEQUENCE_LSTM",
+    "BIDIRECTIONAL_SEQUENCE_LSTM",
+    "BIDIRECTIONAL_SEQUENCE_RNN",
+    "UNIDIRECTIONAL_SEQUENCE_RNN",
+    "RNN",
+    "SVDF",
+    "LSH_PROJECTION",
+    "CUSTOM",
+)
 
 
 class InvalidModelError(ValueError):
@@ -104,7 +138,13 @@ class _Reader:
 class _Table:
     def __init__(self, reader: _Reader, pos: int, vtable: int, vt_size: int, tbl_size: int, what: str):
         self.r, self.pos, self.vtable, self.vt_size, self.tbl_size, self.what = (
-            reader, pos, vtable, vt_size, tbl_size, what)
+            reader,
+            pos,
+            vtable,
+            vt_size,
+            tbl_size,
+            what,
+        )
 
     def _field(self, slot: int, size: int) -> int:
         """Absolute position of field `slot` (0 when absent), checked to lie inside the table."""
@@ -141,8 +181,10 @@ class _Table:
         length = self.r._read("<I", target, what)
         start = target + 4
         if start + length * elem_bytes > self.r.n:
-            raise InvalidModelError(f"{what}: a vector of {length} elements at byte {start} runs past "
-                                    f"the end of the file ({self.r.n} bytes)")
+            raise InvalidModelError(
+                f"{what}: a vector of {length} elements at byte {start} runs past "
+                f"the end of the file ({self.r.n} bytes)"
+            )
         return start, length
 
     def ints(self, slot: int, dtype: str, what: str) -> np.ndarray:
@@ -158,7 +200,7 @@ class _Table:
         if start + length >= self.r.n or self.r.buf[start + length] != 0:
             raise InvalidModelError(f"{what}: string at byte {start} is not NUL-terminated")
         try:
-            return bytes(self.r.buf[start:start + length]).decode("utf-8")
+            return bytes(self.r.buf[start : start + length]).decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidModelError(f"{what}: string at byte {start} is not UTF-8") from None
 
@@ -206,16 +248,19 @@ def _buffer_sizes(model: _Table, r: _Reader) -> list[int | None]:
         offset, size = buf.scalar(1, "<Q"), buf.scalar(2, "<Q")
         if offset > 1:
             if offset + size > r.file_size:
-                raise InvalidModelError(f"{what} stores {size} bytes at offset {offset}, past the end of the "
-                                        f"file ({r.file_size} bytes): the file is truncated or the offset is corrupt")
+                raise InvalidModelError(
+                    f"{what} stores {size} bytes at offset {offset}, past the end of the "
+                    f"file ({r.file_size} bytes): the file is truncated or the offset is corrupt"
+                )
             sizes.append(size)
         else:
             sizes.append(length if length else None)
     return sizes
 
 
-def _verify_subgraph(sg: _Table, s: int, opcodes: list[int], buffer_sizes: list, max_type: int,
-                     max_options: int, max_options2: int) -> int:
+def _verify_subgraph(
+    sg: _Table, s: int, opcodes: list[int], buffer_sizes: list, max_type: int, max_options: int, max_options2: int
+) -> int:
     where = f"subgraph {s}"
     tensors = sg.tables(0, f"{where} tensors")
     n = len(tensors)
@@ -233,8 +278,9 @@ def _verify_subgraph(sg: _Table, s: int, opcodes: list[int], buffer_sizes: list,
             what = f"{what} ('{name}')"
         signature = t.ints(7, "<i4", f"{what} shape_signature")
         if len(signature) and len(signature) != len(shape):
-            raise InvalidModelError(f"{what}: shape {shape.tolist()} and shape_signature "
-                                    f"{signature.tolist()} differ in rank")
+            raise InvalidModelError(
+                f"{what}: shape {shape.tolist()} and shape_signature {signature.tolist()} differ in rank"
+            )
         if (signature < -1).any():
             raise InvalidModelError(f"{what}: shape_signature {signature.tolist()} has a dimension below -1")
         needed = _tensor_bytes(shape, type_code, what)
@@ -247,15 +293,17 @@ def _verify_subgraph(sg: _Table, s: int, opcodes: list[int], buffer_sizes: list,
             if len(scale) > 1 and not 0 <= axis < max(len(shape), 1):
                 raise InvalidModelError(f"{what}: quantized_dimension {axis} is outside its rank {len(shape)}")
             if len(scale) > 1 and len(shape) and len(scale) != shape[axis]:
-                raise InvalidModelError(f"{what}: {len(scale)} quantization scales for dimension {axis} of "
-                                        f"size {shape[axis]}")
+                raise InvalidModelError(
+                    f"{what}: {len(scale)} quantization scales for dimension {axis} of size {shape[axis]}"
+                )
             if len(zero) and len(scale) and len(zero) != len(scale):
                 raise InvalidModelError(f"{what}: {len(scale)} scales but {len(zero)} zero points")
         available = buffer_sizes[buffer]
         constant.append(available is not None)
         if available is not None and needed is not None and sparse is None and available < needed:
-            raise InvalidModelError(f"{what}: shape {shape.tolist()} needs {needed} bytes but its buffer "
-                                    f"{buffer} holds {available}")
+            raise InvalidModelError(
+                f"{what}: shape {shape.tolist()} needs {needed} bytes but its buffer {buffer} holds {available}"
+            )
     for slot, kind in ((1, "inputs"), (2, "outputs")):
         for k, index in enumerate(sg.ints(slot, "<i4", f"{where} {kind}").tolist()):
             _check_index(index, n, f"{where} {kind}[{k}] (a tensor index)")
@@ -267,8 +315,10 @@ def _verify_subgraph(sg: _Table, s: int, opcodes: list[int], buffer_sizes: list,
         optional_ok = code in _optional_input_codes()
         for k, index in enumerate(op.ints(1, "<i4", f"{what} inputs").tolist()):
             if index == -1 and (k == 0 or not optional_ok):
-                raise InvalidModelError(f"{what} ({_builtin_name(code)}) input {k} is -1 (no tensor), which "
-                                        f"{_builtin_name(code)} does not accept there")
+                raise InvalidModelError(
+                    f"{what} ({_builtin_name(code)}) input {k} is -1 (no tensor), which "
+                    f"{_builtin_name(code)} does not accept there"
+                )
             _check_index(index, n, f"{what} input {k} (a tensor index)", optional=True)
         for k, index in enumerate(op.ints(2, "<i4", f"{what} outputs").tolist()):
             _check_index(index, n, f"{what} output {k} (a tensor index)", optional=True)
@@ -294,8 +344,9 @@ def _verify_subgraph(sg: _Table, s: int, opcodes: list[int], buffer_sizes: list,
     return n
 
 
-def verify_model(content: bytes | bytearray | memoryview, source: str = "the model", *,
-                 size: int | None = None) -> None:
+def verify_model(
+    content: bytes | bytearray | memoryview, source: str = "the model", *, size: int | None = None
+) -> None:
     """Raise `InvalidModelError` (a ValueError) naming the first structural problem of
     .tflite `content`; return None when it is safe to hand to the interpreter.
 
@@ -324,8 +375,9 @@ def _verify(r: _Reader) -> None:
         code = max(oc.scalar(0, "<b"), oc.scalar(3, "<i"))
         codes.append(code)
         if not 0 <= code <= max_code:
-            raise InvalidModelError(f"operator code {i} is builtin {code}, unknown to this LiteRT "
-                                    f"(known: 0..{max_code})")
+            raise InvalidModelError(
+                f"operator code {i} is builtin {code}, unknown to this LiteRT (known: 0..{max_code})"
+            )
         if oc.scalar(2, "<i", 1) < 1:
             raise InvalidModelError(f"operator code {i} has version {oc.scalar(2, '<i', 1)}")
         oc.string(1, f"operator code {i} custom code")
@@ -335,8 +387,10 @@ def _verify(r: _Reader) -> None:
         raise InvalidModelError("the model has no subgraphs")
     max_type, max_options = _enum_max("TensorType"), _enum_max("BuiltinOptions")
     max_options2 = _enum_max("BuiltinOptions2")
-    tensor_counts = [_verify_subgraph(sg, s, codes, buffer_sizes, max_type, max_options, max_options2)
-                     for s, sg in enumerate(subgraphs)]
+    tensor_counts = [
+        _verify_subgraph(sg, s, codes, buffer_sizes, max_type, max_options, max_options2)
+        for s, sg in enumerate(subgraphs)
+    ]
     model.string(3, "description")
     model.ints(5, "<i4", "metadata_buffer")
     for i, md in enumerate(model.tables(6, "metadata")):
@@ -354,5 +408,8 @@ def _verify(r: _Reader) -> None:
                 name = tm.string(0, f"{what} {kind} {k} name")
                 if name is None:
                     raise InvalidModelError(f"{what} {kind} {k} has no name")
-                _check_index(tm.scalar(1, "<I"), tensor_counts[subgraph],
-                             f"{what} {kind} '{name}' tensor index (in subgraph {subgraph})")
+                _check_index(
+                    tm.scalar(1, "<I"),
+                    tensor_counts[subgraph],
+                    f"{what} {kind} '{name}' tensor index (in subgraph {subgraph})",
+                )

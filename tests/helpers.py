@@ -77,13 +77,17 @@ def compare_outputs(actual: list, expected: list, *, rtol: float, atol: float, l
             elif not np.array_equal(a, b):
                 bad = np.argwhere(a != b)
                 idx = tuple(bad[0])
-                problems.append(f"{name}: {len(bad)} of {b.size} elements differ "
-                                f"(first at {idx}: LiteRT {a[idx]}, PyTorch {b[idx]})")
+                problems.append(
+                    f"{name}: {len(bad)} of {b.size} elements differ "
+                    f"(first at {idx}: LiteRT {a[idx]}, PyTorch {b[idx]})"
+                )
             continue
         if np.isnan(b).any() or np.isnan(a).any():
             if not np.array_equal(np.isnan(a), np.isnan(b)):
-                problems.append(f"{name}: NaNs in different places (LiteRT {int(np.isnan(a).sum())}, "
-                                f"PyTorch {int(np.isnan(b).sum())})")
+                problems.append(
+                    f"{name}: NaNs in different places (LiteRT {int(np.isnan(a).sum())}, "
+                    f"PyTorch {int(np.isnan(b).sum())})"
+                )
                 continue
             a, b = np.where(np.isnan(a), 0, a), np.where(np.isnan(b), 0, b)
         sentinel_problem = compare_sentinels(a, b)
@@ -103,7 +107,8 @@ def compare_outputs(actual: list, expected: list, *, rtol: float, atol: float, l
         problems.append(
             f"{name} {list(real.shape)} {b.dtype}: max relative error {rel_err:.3g} > rtol {rtol:g} "
             f"(max abs error {abs_err:.3g} > atol {atol:g}); worst at {idx}: "
-            f"LiteRT {a[worst]!r}, PyTorch {b[worst]!r}")
+            f"LiteRT {a[worst]!r}, PyTorch {b[worst]!r}"
+        )
     return problems
 
 
@@ -114,8 +119,10 @@ def compare_sentinels(actual: np.ndarray, expected: np.ndarray) -> str:
     in_a, in_b = np.abs(a) >= SENTINEL_MAGNITUDE, np.abs(b) >= SENTINEL_MAGNITUDE
     if not np.array_equal(in_a, in_b):
         where = tuple(int(k) for k in np.argwhere(in_a != in_b)[0])
-        return (f"sentinel (|x| >= {SENTINEL_MAGNITUDE:g}) positions differ: {int(in_a.sum())} in LiteRT, "
-                f"{int(in_b.sum())} in PyTorch; first at {where}: LiteRT {a[where]!r}, PyTorch {b[where]!r}")
+        return (
+            f"sentinel (|x| >= {SENTINEL_MAGNITUDE:g}) positions differ: {int(in_a.sum())} in LiteRT, "
+            f"{int(in_b.sum())} in PyTorch; first at {where}: LiteRT {a[where]!r}, PyTorch {b[where]!r}"
+        )
     sa, sb = a[in_b], b[in_b]
     infinite = np.isinf(sb) | np.isinf(sa)
     with np.errstate(invalid="ignore"):  # inf - inf: those elements are compared by equality
@@ -142,9 +149,17 @@ def fresh_inputs(args: tuple, seed: int = 1234) -> tuple:
     return tuple(torch.utils._pytree.tree_map(fresh, a) for a in args)
 
 
-def assert_converts(module: torch.nn.Module, sample_args, sample_kwargs: dict | None = None, *,
-                    rtol: float = 1e-4, atol: float = 1e-5, check_inputs: list | None = None,
-                    check_fresh: bool = True, **convert_kwargs) -> EdgeModel:
+def assert_converts(
+    module: torch.nn.Module,
+    sample_args,
+    sample_kwargs: dict | None = None,
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    check_inputs: list | None = None,
+    check_fresh: bool = True,
+    **convert_kwargs,
+) -> EdgeModel:
     """Convert `module`, run it in LiteRT on `sample_args`, on fresh inputs drawn like them
     (`fresh_inputs`; `check_fresh=False` only where the values themselves are the test's
     structure) and on each extra input tuple in `check_inputs` (e.g. other batch sizes for
@@ -156,7 +171,9 @@ def assert_converts(module: torch.nn.Module, sample_args, sample_kwargs: dict | 
     fresh = fresh_inputs(args)
     if check_fresh and any(f is not a for f, a in zip(fresh, args)):
         runs.append((fresh, sample_kwargs, "fresh inputs: "))
-    runs += [((c if isinstance(c, tuple) else (c,)), None, f"check_inputs[{k}] ") for k, c in enumerate(check_inputs or [])]
+    runs += [
+        ((c if isinstance(c, tuple) else (c,)), None, f"check_inputs[{k}] ") for k, c in enumerate(check_inputs or [])
+    ]
     problems = []
     for run_args, run_kwargs, label in runs:
         expected = torch_outputs(module, run_args, run_kwargs)
@@ -169,6 +186,7 @@ def assert_converts(module: torch.nn.Module, sample_args, sample_kwargs: dict | 
             ops = "\nconverted graph:\n" + "\n".join(str(g) for g in edge.ir_model.graphs)
             if len(ops) > 4000:
                 ops = ops[:4000] + "\n  ..."
-        raise AssertionError(f"{type(module).__name__} converted but LiteRT disagrees with PyTorch:\n  "
-                             + "\n  ".join(problems) + ops)
+        raise AssertionError(
+            f"{type(module).__name__} converted but LiteRT disagrees with PyTorch:\n  " + "\n  ".join(problems) + ops
+        )
     return edge

@@ -84,9 +84,7 @@ def resize_(t: torch.Tensor, size, memory_format=None):
     size = tuple(size)
     strides = torch._prims_common.make_contiguous_strides_for(size) if size else ()
     tpu_tensor.resize_payload(t, t.storage_offset() + math.prod(size))
-    aten.set_.source_Storage_storage_offset.redispatch(
-        _META, t, t.untyped_storage(), t.storage_offset(), size, strides
-    )
+    aten.set_.source_Storage_storage_offset.redispatch(_META, t, t.untyped_storage(), t.storage_offset(), size, strides)
     return t
 
 

@@ -37,11 +37,33 @@ from tpu_backend.eager.runner import CACHE_STATS, JitCacheStats, OpRunner, clear
 from tpu_backend.eager.variants import functional_variant, inplace_variant, out_variant, write_result
 
 __all__ = [
-    "CACHE_STATS", "CPU_FALLBACK_COUNTS", "DECOMPOSED_COUNTS", "EAGER_MODES", "JitCacheStats", "OpRunner",
-    "TpuDebugError", "TpuLoweringError", "check_device_index", "clear_jit_cache", "cpu_fallback_counts",
-    "debug_check", "execute", "fill_template", "flatten_args", "functional_variant", "get_eager_mode",
-    "inplace_variant", "out_variant", "register_fallback", "register_kernel", "register_table", "runner",
-    "set_cpu_fallback", "set_eager_mode", "user_frame", "write_result",
+    "CACHE_STATS",
+    "CPU_FALLBACK_COUNTS",
+    "DECOMPOSED_COUNTS",
+    "EAGER_MODES",
+    "JitCacheStats",
+    "OpRunner",
+    "TpuDebugError",
+    "TpuLoweringError",
+    "check_device_index",
+    "clear_jit_cache",
+    "cpu_fallback_counts",
+    "debug_check",
+    "execute",
+    "fill_template",
+    "flatten_args",
+    "functional_variant",
+    "get_eager_mode",
+    "inplace_variant",
+    "out_variant",
+    "register_fallback",
+    "register_kernel",
+    "register_table",
+    "runner",
+    "set_cpu_fallback",
+    "set_eager_mode",
+    "user_frame",
+    "write_result",
 ]
 
 

@@ -216,7 +216,8 @@ def _weak_type_converter() -> Callable:
         raise ImportError(
             f"fused eager mode needs jax._src.lax.lax._convert_element_type, which JAX {jax.__version__} "
             "no longer has (tested with jax 0.10); use set_eager_mode('strict') or the pinned JAX "
-            "(constraints.txt)") from e
+            "(constraints.txt)"
+        ) from e
     return _convert_element_type
 
 
@@ -228,9 +229,7 @@ def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], floats: 
     def run(*external):
         # Python floats arrive as float64 arrays; make them weakly typed again, as in
         # strict mode, so `float32_tensor * lr` stays float32.
-        external = [
-            convert_element_type(x, weak_type=True) if i in floats else x for i, x in enumerate(external)
-        ]
+        external = [convert_element_type(x, weak_type=True) if i in floats else x for i, x in enumerate(external)]
         values: list[list] = []
         for fn, refs in steps:
             args = [values[r[1]][r[2]] if r[0] == "n" else external[r[1]] for r in refs]

@@ -122,8 +122,16 @@ def _(q, k, v, mask, causal, scale, impl):
 
 @torch.library.custom_op(f"{NAMESPACE}::flash_attention_backward", mutates_args=())
 def flash_attention_backward(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], out: Tensor, lse: Tensor,
-    causal: bool, scale: float, impl: str,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Optional[Tensor],
+    out: Tensor,
+    lse: Tensor,
+    causal: bool,
+    scale: float,
+    impl: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return _on_cpu(flash_attention_backward_jax, dout, q, k, v, mask, out, lse, causal, scale, impl)
 
@@ -153,8 +161,13 @@ flash_attention.register_autograd(_flash_backward, setup_context=_flash_setup)
 
 @torch.library.custom_op(f"{NAMESPACE}::norm", mutates_args=())
 def norm(
-    x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
-    centered: bool, eps: float, impl: str,
+    x: Tensor,
+    residual: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    centered: bool,
+    eps: float,
+    impl: str,
 ) -> tuple[Tensor, Tensor]:
     return _on_cpu(norm_jax, x, residual, weight, bias, centered, eps, impl)
 
@@ -167,8 +180,14 @@ def _(x, residual, weight, bias, centered, eps, impl):
 
 @torch.library.custom_op(f"{NAMESPACE}::norm_backward", mutates_args=())
 def norm_backward(
-    dy: Tensor, dh: Optional[Tensor], h: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-    centered: bool, eps: float, impl: str,
+    dy: Tensor,
+    dh: Optional[Tensor],
+    h: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    centered: bool,
+    eps: float,
+    impl: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return _on_cpu(norm_backward_jax, dy, dh, h, weight, bias, centered, eps, impl)
 
@@ -200,7 +219,9 @@ def _norm_backward(ctx, dy, dh):
         dx if ctx.has_residual else None,
         dw if weight is not None else None,
         db if bias is not None else None,
-        None, None, None,
+        None,
+        None,
+        None,
     )
 
 

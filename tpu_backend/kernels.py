@@ -148,8 +148,13 @@ def _norm_rules(x, residual, weight, bias):
 
     dim = x.shape[-1]
     return lambda chip: norm_rejection(
-        x.numel() // max(dim, 1), dim, _dtype_name(x), residual=residual is not None,
-        weight=weight is not None, bias=bias is not None, chip=chip,
+        x.numel() // max(dim, 1),
+        dim,
+        _dtype_name(x),
+        residual=residual is not None,
+        weight=weight is not None,
+        bias=bias is not None,
+        chip=chip,
     )
 
 
@@ -207,7 +212,9 @@ def _norm_gaps(x, normalized_shape, weight, bias) -> str | None:
 
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
-    impl = _route("layer_norm", lambda: _norm_gaps(x, normalized_shape, weight, bias), _norm_rules(x, None, weight, bias))
+    impl = _route(
+        "layer_norm", lambda: _norm_gaps(x, normalized_shape, weight, bias), _norm_rules(x, None, weight, bias)
+    )
     if impl is None:
         return torch.ops.aten.layer_norm.default.decompose(x, normalized_shape, weight, bias, eps, cudnn_enable)
     return torch.ops.tpu_kernels.norm(x, None, weight, bias, True, eps, impl)[0]
@@ -236,7 +243,9 @@ _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 def _cross_entropy(logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     impl = _route(
-        "cross_entropy", lambda: _cross_entropy_gaps(logits, target, weight, label_smoothing), _cross_entropy_rules(logits)
+        "cross_entropy",
+        lambda: _cross_entropy_gaps(logits, target, weight, label_smoothing),
+        _cross_entropy_rules(logits),
     )
     if impl is None:
         return torch.ops.aten.cross_entropy_loss.default.decompose(

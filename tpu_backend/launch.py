@@ -49,7 +49,9 @@ def child_env(rank: int, nproc: int, port: int, cpu_devices: int | None, heartbe
         PYTHONUNBUFFERED="1",
     )
     if cpu_devices:
-        flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+        flags = [
+            f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")
+        ]
         env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={cpu_devices}"])
         env.setdefault("JAX_PLATFORMS", "cpu")
     return env
@@ -91,8 +93,14 @@ def _stop(procs: dict[int, subprocess.Popen], grace: float) -> None:
             proc.wait()
 
 
-def launch(command: list[str], nproc: int, cpu_devices: int | None = None, heartbeat: int = 10,
-           grace: float = 5.0, port: int | None = None) -> int:
+def launch(
+    command: list[str],
+    nproc: int,
+    cpu_devices: int | None = None,
+    heartbeat: int = 10,
+    grace: float = 5.0,
+    port: int | None = None,
+) -> int:
     """Run `command` (argv after the Python interpreter) as `nproc` processes; returns the
     exit code (0 when every process succeeded)."""
     port = port or free_port()
@@ -156,8 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--nproc", type=int, required=True, help="number of processes")
     parser.add_argument("--cpu-devices", type=int, default=None, help="virtual CPU devices per process (XLA_FLAGS)")
-    parser.add_argument("--heartbeat-timeout", type=int, default=10,
-                        help="seconds after which JAX aborts a process whose peer stopped answering (default 10)")
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=10,
+        help="seconds after which JAX aborts a process whose peer stopped answering (default 10)",
+    )
     parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping")
     parser.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")
     parser.add_argument("-m", dest="module", default=None, help="run a module (like python -m) instead of a script")

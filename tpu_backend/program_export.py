@@ -65,7 +65,7 @@ def _traced_graphs(module_or_fn, args, kwargs, train_step):
         for name in buffers:  # updates (BatchNorm running stats) stay inside the program
             state[name] = state[name].clone()
         values = list(flat_args)
-        for position, tensor in zip(tensor_positions, flat[len(names):]):
+        for position, tensor in zip(tensor_positions, flat[len(names) :]):
             values[position] = tensor
         call_args, call_kwargs = pytree.tree_unflatten(values, spec)
         if isinstance(module_or_fn, torch.nn.Module):
@@ -124,8 +124,10 @@ def _joint(forward, backward, n_params: int):
     from tpu_backend.compile import fx_to_jax
 
     fw, bw = fx_to_jax(forward, "export_forward"), fx_to_jax(backward, "export_backward")
-    output_names = [n.name if isinstance(n, torch.fx.Node) else None for n in next(
-        n for n in reversed(forward.graph.nodes) if n.op == "output").args[0]]
+    output_names = [
+        n.name if isinstance(n, torch.fx.Node) else None
+        for n in next(n for n in reversed(forward.graph.nodes) if n.op == "output").args[0]
+    ]
     sources = []
     for placeholder in bw.placeholders:
         if placeholder.name.startswith("tangents"):
@@ -171,5 +173,7 @@ def export(module_or_fn, args, kwargs=None, *, platforms=("tpu",), train_step=Fa
             step, needs_rng = (lambda key, *xs: forward.run(xs, key)), forward.needs_rng
         if needs_rng:
             key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-            return jax.export.export(jax.jit(lambda k, *xs: tuple(step(k, *xs)[1])), platforms=platforms)(key, *abstract)
+            return jax.export.export(jax.jit(lambda k, *xs: tuple(step(k, *xs)[1])), platforms=platforms)(
+                key, *abstract
+            )
         return jax.export.export(jax.jit(lambda *xs: tuple(step(None, *xs)[1])), platforms=platforms)(*abstract)

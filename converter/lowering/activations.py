@@ -95,8 +95,12 @@ def elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
         return ctx.emit("ELU", [x])
     # scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1))
     f = lambda v: emit.scalar_like(ctx, v, x.dtype)  # noqa: E731
-    negative = emit.binary(ctx, "MUL", emit.binary(ctx, "SUB", emit.unary(
-        ctx, "EXP", emit.binary(ctx, "MUL", x, f(input_scale))), f(1.0)), f(alpha))
+    negative = emit.binary(
+        ctx,
+        "MUL",
+        emit.binary(ctx, "SUB", emit.unary(ctx, "EXP", emit.binary(ctx, "MUL", x, f(input_scale))), f(1.0)),
+        f(alpha),
+    )
     positive = emit.binary(ctx, "GREATER", x, f(0.0), dtype=np.bool_)
     picked = emit.op(ctx, "SELECT_V2", [positive, x, negative], shape=x.shape, dtype=x.dtype)
     return ctx.emit("MUL", [picked, f(scale)], {"fusedActivationFunction": "NONE"})
@@ -121,8 +125,11 @@ def hardswish(ctx, x):
 def hardsigmoid(ctx, x):
     """relu6(x + 3) / 6, with builtins every delegate has."""
     shifted = emit.binary(ctx, "ADD", x, emit.scalar_like(ctx, 3.0, x.dtype))
-    return ctx.emit("MUL", [emit.unary(ctx, "RELU6", shifted), emit.scalar_like(ctx, 1 / 6, x.dtype)],
-                    {"fusedActivationFunction": "NONE"})
+    return ctx.emit(
+        "MUL",
+        [emit.unary(ctx, "RELU6", shifted), emit.scalar_like(ctx, 1 / 6, x.dtype)],
+        {"fusedActivationFunction": "NONE"},
+    )
 
 
 def _softplus(ctx, x, beta=1.0, threshold=20.0):

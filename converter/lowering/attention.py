@@ -42,14 +42,26 @@ def _batch_matmul(ctx, a: Tensor, b: Tensor, transpose_b: bool = False) -> Tenso
     signature = None
     if a.is_dynamic or b.is_dynamic:
         a_sig, b_sig = a.shape_signature or a.shape, b.shape_signature or b.shape
-        batch_sig = tuple(-1 if -1 in (x, y) else max(x, y) for x, y in
-                          zip(a_sig[:-2], b_sig[:-2])) if len(a_sig) == len(b_sig) else None
+        batch_sig = (
+            tuple(-1 if -1 in (x, y) else max(x, y) for x, y in zip(a_sig[:-2], b_sig[:-2]))
+            if len(a_sig) == len(b_sig)
+            else None
+        )
         if batch_sig is None:
-            raise emit.unsupported(ctx, "attention on dynamic operands of different ranks",
-                                   "Give q, k and v the same rank, or export with static shapes.")
+            raise emit.unsupported(
+                ctx,
+                "attention on dynamic operands of different ranks",
+                "Give q, k and v the same rank, or export with static shapes.",
+            )
         signature = (*batch_sig, a_sig[-2], b_sig[-2] if transpose_b else b_sig[-1])
-    return ctx.emit("BATCH_MATMUL", [a, b], dict(_BMM, adjY=transpose_b),
-                    shape=(*batch, a.shape[-2], cols), dtype=a.dtype, signature=signature)
+    return ctx.emit(
+        "BATCH_MATMUL",
+        [a, b],
+        dict(_BMM, adjY=transpose_b),
+        shape=(*batch, a.shape[-2], cols),
+        dtype=a.dtype,
+        signature=signature,
+    )
 
 
 def _producer(ctx, t: Tensor, opcode: str):
@@ -69,9 +81,17 @@ def _unrepeated_heads(ctx, t: Tensor) -> tuple[Tensor, int]:
         return t, 1
     source, repeated = broadcast.inputs[0], broadcast.outputs[0].shape
     b, heads, s, e = t.shape
-    if (source.rank != 5 or source.shape[2] != 1 or len(repeated) != 5 or source.shape[0] != b or repeated[0] != b
-            or source.shape[1] * repeated[2] != heads or repeated[1] != source.shape[1]
-            or tuple(repeated[3:]) != (s, e) or tuple(source.shape[3:]) != (s, e)):
+    if (
+        source.rank != 5
+        or source.shape[2] != 1
+        or len(repeated) != 5
+        or source.shape[0] != b
+        or repeated[0] != b
+        or source.shape[1] * repeated[2] != heads
+        or repeated[1] != source.shape[1]
+        or tuple(repeated[3:]) != (s, e)
+        or tuple(source.shape[3:]) != (s, e)
+    ):
         return t, 1
     kv_heads = source.shape[1]
     return emit.reshape(ctx, source, (b, kv_heads, s, e)), heads // kv_heads
@@ -101,8 +121,13 @@ def _additive(ctx, mask: Tensor, dtype) -> Tensor:
         return emit.cast(ctx, mask, dtype)
     if mask.is_const:
         return ctx.const(np.where(mask.data, 0.0, _MASKED).astype(dtype))
-    return emit.op(ctx, "SELECT_V2", [mask, emit.scalar_like(ctx, 0.0, dtype), emit.scalar_like(ctx, _MASKED, dtype)],
-                   shape=mask.shape, dtype=dtype)
+    return emit.op(
+        ctx,
+        "SELECT_V2",
+        [mask, emit.scalar_like(ctx, 0.0, dtype), emit.scalar_like(ctx, _MASKED, dtype)],
+        shape=mask.shape,
+        dtype=dtype,
+    )
 
 
 def _rows_with_a_key(ctx, mask: Tensor):
@@ -112,20 +137,30 @@ def _rows_with_a_key(ctx, mask: Tensor):
         keeps = mask.data if mask.dtype == np.bool_ else mask.data != -np.inf
         rows = np.any(keeps, axis=-1, keepdims=True)
         return None if rows.all() else ctx.const(rows)
-    keeps = mask if mask.dtype == np.bool_ else emit.binary(
-        ctx, "NOT_EQUAL", mask, emit.scalar_like(ctx, -np.inf, mask.dtype), dtype=np.bool_)
+    keeps = (
+        mask
+        if mask.dtype == np.bool_
+        else emit.binary(ctx, "NOT_EQUAL", mask, emit.scalar_like(ctx, -np.inf, mask.dtype), dtype=np.bool_)
+    )
     return emit.reduce(ctx, "REDUCE_ANY", keeps, [-1], keep_dims=True)
 
 
 @lowers(aten.scaled_dot_product_attention.default)
-def scaled_dot_product_attention(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+def scaled_dot_product_attention(
+    ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     if dropout_p:
-        raise emit.unsupported(ctx, f"attention dropout (dropout_p={dropout_p}) at inference",
-                               "Pass dropout_p=0.0 when not training (e.g. `dropout_p=p if self.training else 0.0`).")
+        raise emit.unsupported(
+            ctx,
+            f"attention dropout (dropout_p={dropout_p}) at inference",
+            "Pass dropout_p=0.0 when not training (e.g. `dropout_p=p if self.training else 0.0`).",
+        )
     if q.rank < 2 or k.rank != q.rank or v.rank != q.rank:
-        raise emit.unsupported(ctx, f"attention on q, k, v of ranks {q.rank}, {k.rank}, {v.rank}",
-                               "Pass q, k, v with the same rank (batch..., heads, length, features).")
+        raise emit.unsupported(
+            ctx,
+            f"attention on q, k, v of ranks {q.rank}, {k.rank}, {v.rank}",
+            "Pass q, k, v with the same rank (batch..., heads, length, features).",
+        )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     length, keys = q.shape[-2], k.shape[-2]
     dynamic = q.is_dynamic or k.is_dynamic or v.is_dynamic
@@ -146,8 +181,11 @@ def scaled_dot_product_attention(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is
             k, v = _repeat_heads(ctx, k, k_groups), _repeat_heads(ctx, v, v_groups)
         groups = q.shape[1] // k.shape[1]
     elif q.rank >= 3 and q.shape[-3] != k.shape[-3]:
-        raise emit.unsupported(ctx, "grouped-query attention on dynamic or non-4-D operands",
-                               "Export with static shapes and (batch, heads, length, features) operands.")
+        raise emit.unsupported(
+            ctx,
+            "grouped-query attention on dynamic or non-4-D operands",
+            "Export with static shapes and (batch, heads, length, features) operands.",
+        )
     batch = q.shape[0]
     if groups > 1:
         q = emit.reshape(ctx, q, (batch, k.shape[1], groups * length, q.shape[-1]))
@@ -172,8 +210,14 @@ def scaled_dot_product_attention(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is
     out = _batch_matmul(ctx, probabilities, v)
     if rows_ok is not None:
         zero = emit.scalar_like(ctx, 0.0, out.dtype)
-        out = emit.op(ctx, "SELECT_V2", [rows_ok, out, zero], shape=emit.broadcast_shape(rows_ok.shape, out.shape),
-                      dtype=out.dtype, signature=out.shape_signature)
+        out = emit.op(
+            ctx,
+            "SELECT_V2",
+            [rows_ok, out, zero],
+            shape=emit.broadcast_shape(rows_ok.shape, out.shape),
+            dtype=out.dtype,
+            signature=out.shape_signature,
+        )
     if groups > 1 or out.shape != ctx.out_shape():
         out = emit.reshape(ctx, out, ctx.out_shape())
     return out
@@ -185,6 +229,11 @@ def _repeat_heads(ctx, t: Tensor, groups: int) -> Tensor:
         return t
     b, heads, s, e = t.shape
     lifted = emit.reshape(ctx, t, (b, heads, 1, s, e))
-    repeated = emit.op(ctx, "BROADCAST_TO", [lifted, emit.int32(ctx, (b, heads, groups, s, e))],
-                       shape=(b, heads, groups, s, e), dtype=t.dtype)
+    repeated = emit.op(
+        ctx,
+        "BROADCAST_TO",
+        [lifted, emit.int32(ctx, (b, heads, groups, s, e))],
+        shape=(b, heads, groups, s, e),
+        dtype=t.dtype,
+    )
     return emit.reshape(ctx, repeated, (b, heads * groups, s, e))

@@ -110,8 +110,9 @@ class LoweringContext:
                 out_shape, out_sig = static_shape(val.shape)
             else:
                 out_shape, out_sig = tuple(shape), (tuple(signature) if signature is not None else None)
-            out_dtype = dtype if dtype is not None else (
-                numpy_dtype((self.meta if num_outputs == 1 else self.meta[i]).dtype))
+            out_dtype = (
+                dtype if dtype is not None else (numpy_dtype((self.meta if num_outputs == 1 else self.meta[i]).dtype))
+            )
             outputs.append(self.tensor(out_shape, out_dtype, signature=out_sig))
         self.graph.ops.append(Op(opcode, list(inputs), outputs, dict(options or {}), self.source))
         return outputs[0] if num_outputs == 1 else outputs

@@ -32,12 +32,16 @@ IOHW_TO_OHWI = (1, 2, 3, 0)  # transposed: torch (Cin, Cout, kh, kw) -> TFLite (
 @lowers(aten.convolution.default)
 def convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     if x.rank not in (3, 4, 5):
-        raise emit.unsupported(ctx, f"{x.rank - 2}-D convolution has no lowering",
-                               "Only conv1d/conv2d/conv3d (and their transposed forms) are supported.")
+        raise emit.unsupported(
+            ctx,
+            f"{x.rank - 2}-D convolution has no lowering",
+            "Only conv1d/conv2d/conv3d (and their transposed forms) are supported.",
+        )
     spatial = x.rank - 2
     # ATen allows one value for every spatial axis ("valid" padding arrives as [0]).
     stride, padding, dilation, output_padding = (
-        _per_axis(v, spatial) for v in (stride, padding, dilation, output_padding))
+        _per_axis(v, spatial) for v in (stride, padding, dilation, output_padding)
+    )
     if x.rank == 5:
         return _convolution3d(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     if x.rank == 3:  # a 2-D convolution over a height of 1
@@ -83,12 +87,20 @@ def _conv2d(ctx, x_nhwc, weight, bias, stride, padding, dilation, groups) -> Ten
     n, h, w, cin = x_nhwc.shape
     dtype = x_nhwc.dtype
     cout, cin_per_group, kh, kw = weight.shape
-    out_hw = [layout.torch_output_size(size, k, s, p, d)
-              for size, k, s, p, d in zip((h, w), (kh, kw), stride, padding, dilation)]
+    out_hw = [
+        layout.torch_output_size(size, k, s, p, d)
+        for size, k, s, p, d in zip((h, w), (kh, kw), stride, padding, dilation)
+    ]
     x_nhwc, mode = _padded_input(ctx, x_nhwc, (h, w), (kh, kw), stride, padding, dilation)
     bias = _bias_or_zeros(ctx, bias, cout, dtype)
-    options = {"padding": mode, "strideH": stride[0], "strideW": stride[1],
-               "dilationHFactor": dilation[0], "dilationWFactor": dilation[1], "fusedActivationFunction": "NONE"}
+    options = {
+        "padding": mode,
+        "strideH": stride[0],
+        "strideW": stride[1],
+        "dilationHFactor": dilation[0],
+        "dilationWFactor": dilation[1],
+        "fusedActivationFunction": "NONE",
+    }
     out_shape = (n, *out_hw, cout)
     if groups > 1 and groups == cin and cin_per_group == 1:
         filters = emit.transpose(ctx, weight, OIHW_TO_1HWO)
@@ -105,16 +117,30 @@ def _grouped_transpose_conv(ctx, x_nhwc, weight, bias, groups, options, out_shap
     """One TRANSPOSE_CONV per group on a SPLIT of the input channels, then CONCATENATION."""
     n, h, w, cin = x_nhwc.shape
     group_in = cin // groups
-    parts = ctx.emit("SPLIT", [emit.int32(ctx, 3), x_nhwc], {"numSplits": groups},
-                     shape=(n, h, w, group_in), dtype=x_nhwc.dtype, num_outputs=groups)
+    parts = ctx.emit(
+        "SPLIT",
+        [emit.int32(ctx, 3), x_nhwc],
+        {"numSplits": groups},
+        shape=(n, h, w, group_in),
+        dtype=x_nhwc.dtype,
+        num_outputs=groups,
+    )
     group_out = out_shape[3] // groups
     outputs = []
     for g, part in enumerate(parts):
         # torch's transposed weight is (Cin, Cout / groups, kh, kw): group g owns Cin rows g*group_in...
         filters = emit.transpose(ctx, emit.slice_axis(ctx, weight, 0, g * group_in, (g + 1) * group_in), IOHW_TO_OHWI)
         group_bias = emit.slice_axis(ctx, bias, 0, g * group_out, (g + 1) * group_out)
-        outputs.append(emit.op(ctx, "TRANSPOSE_CONV", [output_shape_input, filters, part, group_bias], options,
-                               shape=(*out_shape[:3], group_out), dtype=x_nhwc.dtype))
+        outputs.append(
+            emit.op(
+                ctx,
+                "TRANSPOSE_CONV",
+                [output_shape_input, filters, part, group_bias],
+                options,
+                shape=(*out_shape[:3], group_out),
+                dtype=x_nhwc.dtype,
+            )
+        )
     return emit.concat(ctx, outputs, axis=3)
 
 
@@ -123,8 +149,11 @@ def _dilate_kernel(ctx, weight: Tensor, dilation) -> Tensor:
     if tuple(dilation) == (1, 1):
         return weight
     if not weight.is_const:
-        raise emit.unsupported(ctx, "dilated transposed convolution with a non-constant weight",
-                               "Make the weight a parameter or buffer, or use dilation=1.")
+        raise emit.unsupported(
+            ctx,
+            "dilated transposed convolution with a non-constant weight",
+            "Make the weight a parameter or buffer, or use dilation=1.",
+        )
     i, o, kh, kw = weight.shape
     dh, dw = dilation
     spread = np.zeros((i, o, (kh - 1) * dh + 1, (kw - 1) * dw + 1), dtype=weight.dtype)
@@ -148,8 +177,9 @@ def _conv_transpose2d(ctx, x_nhwc, weight, bias, stride, padding, dilation, outp
     options = {"padding": "VALID", "strideH": stride[0], "strideW": stride[1], "fusedActivationFunction": "NONE"}
     if groups == 1:
         filters = emit.transpose(ctx, weight, IOHW_TO_OHWI)
-        y = emit.op(ctx, "TRANSPOSE_CONV", [output_shape, filters, x_nhwc, bias], options,
-                    shape=full_shape, dtype=dtype)
+        y = emit.op(
+            ctx, "TRANSPOSE_CONV", [output_shape, filters, x_nhwc, bias], options, shape=full_shape, dtype=dtype
+        )
     else:
         group_shape = emit.int32(ctx, (*full_shape[:3], cout_per_group))
         y = _grouped_transpose_conv(ctx, x_nhwc, weight, bias, groups, options, full_shape, group_shape)
@@ -169,37 +199,70 @@ def _convolution3d(ctx, x, weight, bias, stride, padding, dilation, transposed, 
     """conv3d / conv_transpose3d on NDHWC (wrapped in the layout transposes). Padding is an
     explicit PAD + VALID (conv) or a crop of the full output (transposed)."""
     if groups != 1:
-        raise emit.unsupported(ctx, "grouped 3-D convolution (CONV_3D has no groups)",
-                               "Use groups=1, or split the channels into separate Conv3d layers.")
+        raise emit.unsupported(
+            ctx,
+            "grouped 3-D convolution (CONV_3D has no groups)",
+            "Use groups=1, or split the channels into separate Conv3d layers.",
+        )
     x_ndhwc = layout.to_ndhwc(ctx, x)
     n, d, h, w, cin = x_ndhwc.shape
     dtype = x.dtype
-    options = {"padding": "VALID", "strideD": stride[0], "strideH": stride[1], "strideW": stride[2],
-               "dilationDFactor": dilation[0], "dilationHFactor": dilation[1], "dilationWFactor": dilation[2],
-               "fusedActivationFunction": "NONE"}
+    options = {
+        "padding": "VALID",
+        "strideD": stride[0],
+        "strideH": stride[1],
+        "strideW": stride[2],
+        "dilationDFactor": dilation[0],
+        "dilationHFactor": dilation[1],
+        "dilationWFactor": dilation[2],
+        "fusedActivationFunction": "NONE",
+    }
     if transposed:
         if tuple(dilation) != (1, 1, 1):
             raise emit.unsupported(ctx, "dilated 3-D transposed convolution", "Use dilation=1.")
         cout = weight.shape[1]
         full = [(size - 1) * s + k + op for size, s, k, op in zip((d, h, w), stride, weight.shape[2:], output_padding)]
         full_shape = (n, *full, cout)
-        y = emit.op(ctx, "CONV_3D_TRANSPOSE", [emit.int32(ctx, full_shape), emit.transpose(ctx, weight, IODHW_TO_DHWOI),
-                                               x_ndhwc, _bias_or_zeros(ctx, bias, cout, dtype)],
-                    options, shape=full_shape, dtype=dtype)
+        y = emit.op(
+            ctx,
+            "CONV_3D_TRANSPOSE",
+            [
+                emit.int32(ctx, full_shape),
+                emit.transpose(ctx, weight, IODHW_TO_DHWOI),
+                x_ndhwc,
+                _bias_or_zeros(ctx, bias, cout, dtype),
+            ],
+            options,
+            shape=full_shape,
+            dtype=dtype,
+        )
         if any(padding):
-            y = emit.strided_slice(ctx, y, [0, *padding, 0], [n, *(f - p for f, p in zip(full, padding)), cout],
-                                   [1] * 5)
+            y = emit.strided_slice(
+                ctx, y, [0, *padding, 0], [n, *(f - p for f, p in zip(full, padding)), cout], [1] * 5
+            )
         return layout.to_ncdhw(ctx, y)
     cout = weight.shape[0]
     if any(padding):
         pairs = [[0, 0], *([p, p] for p in padding), [0, 0]]
-        x_ndhwc = emit.op(ctx, "PAD", [x_ndhwc, emit.int32(ctx, pairs)],
-                          shape=(n, *(s + 2 * p for s, p in zip((d, h, w), padding)), cin), dtype=dtype)
-    out = [layout.torch_output_size(size, k, s, p, dl)
-           for size, k, s, p, dl in zip((d, h, w), weight.shape[2:], stride, padding, dilation)]
-    y = emit.op(ctx, "CONV_3D", [x_ndhwc, emit.transpose(ctx, weight, OIDHW_TO_DHWIO),
-                                 _bias_or_zeros(ctx, bias, cout, dtype)],
-                options, shape=(n, *out, cout), dtype=dtype)
+        x_ndhwc = emit.op(
+            ctx,
+            "PAD",
+            [x_ndhwc, emit.int32(ctx, pairs)],
+            shape=(n, *(s + 2 * p for s, p in zip((d, h, w), padding)), cin),
+            dtype=dtype,
+        )
+    out = [
+        layout.torch_output_size(size, k, s, p, dl)
+        for size, k, s, p, dl in zip((d, h, w), weight.shape[2:], stride, padding, dilation)
+    ]
+    y = emit.op(
+        ctx,
+        "CONV_3D",
+        [x_ndhwc, emit.transpose(ctx, weight, OIDHW_TO_DHWIO), _bias_or_zeros(ctx, bias, cout, dtype)],
+        options,
+        shape=(n, *out, cout),
+        dtype=dtype,
+    )
     return layout.to_ncdhw(ctx, y)
 
 
@@ -212,10 +275,12 @@ def conv_nd(ctx, x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,),
 
 
 @lowers(aten.conv_transpose1d.default, aten.conv_transpose2d.input)
-def conv_transpose_nd(ctx, x, weight, bias=None, stride=(1,), padding=(0,), output_padding=(0,), groups=1,
-                      dilation=(1,)):
-    return convolution(ctx, x, weight, bias, _ints(stride), _ints(padding), _ints(dilation), True,
-                       _ints(output_padding), groups)
+def conv_transpose_nd(
+    ctx, x, weight, bias=None, stride=(1,), padding=(0,), output_padding=(0,), groups=1, dilation=(1,)
+):
+    return convolution(
+        ctx, x, weight, bias, _ints(stride), _ints(padding), _ints(dilation), True, _ints(output_padding), groups
+    )
 
 
 def _ints(value) -> list[int]:

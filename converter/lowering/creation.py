@@ -22,8 +22,9 @@ def _is_dynamic(ctx) -> bool:
 def _static_output(ctx, name: str):
     val = ctx.meta
     if any(isinstance(d, torch.SymInt) for d in val.shape):
-        raise emit.unsupported(ctx, f"{name} with a dynamic size",
-                               "Create it from a static size, or pass it in as an input.")
+        raise emit.unsupported(
+            ctx, f"{name} with a dynamic size", "Create it from a static size, or pass it in as an input."
+        )
     return ctx.out_shape(), ctx.out_dtype()
 
 
@@ -48,14 +49,18 @@ def _dynamic_arange(ctx, *args):
     step = bounds[2] if len(bounds) > 2 else 1
     dtype = ctx.out_dtype()
     if any(isinstance(v, float) for v in (start, end, step)):
-        raise emit.unsupported(ctx, "arange with a dynamic size and float bounds",
-                               "Use integer bounds (and scale the result), or make the size static.")
+        raise emit.unsupported(
+            ctx,
+            "arange with a dynamic size and float bounds",
+            "Use integer bounds (and scale the result), or make the size static.",
+        )
 
     def scalar(v):
         return emit.reshape(ctx, symbolic.sym_value(ctx, v), ())
 
-    values = emit.op(ctx, "RANGE", [scalar(start), scalar(end), scalar(step)],
-                     shape=ctx.out_shape(), dtype=np.int32, signature=(-1,))
+    values = emit.op(
+        ctx, "RANGE", [scalar(start), scalar(end), scalar(step)], shape=ctx.out_shape(), dtype=np.int32, signature=(-1,)
+    )
     return emit.cast(ctx, values, dtype)
 
 
@@ -82,9 +87,16 @@ def new_full(ctx, x, size, fill_value, **kwargs):
     return _filled(ctx, "new_full", fill_value)
 
 
-@lowers(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default,
-        aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
-        aten.empty_permuted.default, aten.empty_strided.default)
+@lowers(
+    aten.zeros.default,
+    aten.zeros_like.default,
+    aten.new_zeros.default,
+    aten.empty.memory_format,
+    aten.empty_like.default,
+    aten.new_empty.default,
+    aten.empty_permuted.default,
+    aten.empty_strided.default,
+)
 def zeros(ctx, *args, **kwargs):
     # Empty tensors get zeros: their contents are unspecified, and zeros are deterministic.
     return _filled(ctx, "zeros", 0)

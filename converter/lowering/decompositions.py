@@ -86,7 +86,6 @@ def _materialized_table() -> dict:
     return dict(table.items())
 
 
-
 def decomposition_for(op) -> Callable | None:
     """The decomposition of `op` (an OpOverload), or None when it has none: its table
     entry, else its CompositeImplicitAutograd kernel (the table leaves out the composite
@@ -100,7 +99,8 @@ def decomposition_for(op) -> Callable | None:
 
 def _is_composite(op) -> bool:
     return isinstance(op, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(
-        op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+        op.name(), torch._C.DispatchKey.CompositeImplicitAutograd
+    )
 
 
 def functional_variant(op):

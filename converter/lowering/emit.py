@@ -72,8 +72,7 @@ def op(ctx, opcode: str, inputs, options=None, *, shape, dtype, signature=None) 
 
 def unary(ctx, opcode: str, x: Tensor, options=None, dtype=None) -> Tensor:
     """An elementwise op whose output has x's shape (and signature)."""
-    return ctx.emit(opcode, [x], options, shape=x.shape, dtype=dtype or x.dtype,
-                    signature=x.shape_signature)
+    return ctx.emit(opcode, [x], options, shape=x.shape, dtype=dtype or x.dtype, signature=x.shape_signature)
 
 
 def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
@@ -85,8 +84,9 @@ def binary(ctx, opcode: str, a: Tensor, b: Tensor, options=None, dtype=None) -> 
     shape = broadcast_shape(a.shape, b.shape)
     signature = None
     if a.is_dynamic or b.is_dynamic:
-        signature = tuple(_broadcast_dim(x, y) for x, y in _right_aligned(
-            a.shape_signature or a.shape, b.shape_signature or b.shape))
+        signature = tuple(
+            _broadcast_dim(x, y) for x, y in _right_aligned(a.shape_signature or a.shape, b.shape_signature or b.shape)
+        )
     if opcode in ("ADD", "SUB", "MUL", "DIV") and options is None:
         options = {"fusedActivationFunction": "NONE"}
     return ctx.emit(opcode, [a, b], options, shape=shape, dtype=dtype or a.dtype, signature=signature)
@@ -120,8 +120,9 @@ def reshape(ctx, x: Tensor, shape: Sequence[int], signature=None) -> Tensor:
 
         return dynamic_reshape(ctx, x, shape)
     new_shape = list(signature) if signature is not None else list(shape)
-    return ctx.emit("RESHAPE", [x, int32(ctx, new_shape)], {"newShape": new_shape},
-                    shape=shape, dtype=x.dtype, signature=signature)
+    return ctx.emit(
+        "RESHAPE", [x, int32(ctx, new_shape)], {"newShape": new_shape}, shape=shape, dtype=x.dtype, signature=signature
+    )
 
 
 def transpose(ctx, x: Tensor, perm: Sequence[int]) -> Tensor:
@@ -143,8 +144,14 @@ def cast(ctx, x: Tensor, dtype) -> Tensor:
         return x
     if x.is_const:
         return ctx.const(x.data.astype(dtype))
-    return ctx.emit("CAST", [x], {"inDataType": tflite_type_name(x.dtype), "outDataType": tflite_type_name(dtype)},
-                    shape=x.shape, dtype=dtype, signature=x.shape_signature)
+    return ctx.emit(
+        "CAST",
+        [x],
+        {"inDataType": tflite_type_name(x.dtype), "outDataType": tflite_type_name(dtype)},
+        shape=x.shape,
+        dtype=dtype,
+        signature=x.shape_signature,
+    )
 
 
 def strided_slice(ctx, x: Tensor, begin, end, strides, shrink_axis_mask: int = 0) -> Tensor:
@@ -158,10 +165,21 @@ def strided_slice(ctx, x: Tensor, begin, end, strides, shrink_axis_mask: int = 0
             continue
         out_shape.append(max(0, -(-(e - b) // s)))
         out_sig.append(-1 if whole >> axis & 1 else out_shape[-1])
-    return ctx.emit("STRIDED_SLICE", [x, int32(ctx, begin), int32(ctx, end), int32(ctx, strides)],
-                    {"beginMask": whole, "endMask": whole, "ellipsisMask": 0, "newAxisMask": 0,
-                     "shrinkAxisMask": shrink_axis_mask, "offset": False},
-                    shape=out_shape, dtype=x.dtype, signature=tuple(out_sig) if whole else None)
+    return ctx.emit(
+        "STRIDED_SLICE",
+        [x, int32(ctx, begin), int32(ctx, end), int32(ctx, strides)],
+        {
+            "beginMask": whole,
+            "endMask": whole,
+            "ellipsisMask": 0,
+            "newAxisMask": 0,
+            "shrinkAxisMask": shrink_axis_mask,
+            "offset": False,
+        },
+        shape=out_shape,
+        dtype=x.dtype,
+        signature=tuple(out_sig) if whole else None,
+    )
 
 
 def slice_axis(ctx, x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor:
@@ -185,10 +203,17 @@ def concat(ctx, parts: list[Tensor], axis: int) -> Tensor:
     shape[axis] = sum(p.shape[axis] for p in parts)
     signature = None
     if any(p.is_dynamic for p in parts):
-        signature = [-1 if any(p.is_dynamic and p.shape_signature[k] == -1 for p in parts) else d
-                     for k, d in enumerate(shape)]
-    return ctx.emit("CONCATENATION", parts, {"axis": axis, "fusedActivationFunction": "NONE"},
-                    shape=shape, dtype=parts[0].dtype, signature=signature)
+        signature = [
+            -1 if any(p.is_dynamic and p.shape_signature[k] == -1 for p in parts) else d for k, d in enumerate(shape)
+        ]
+    return ctx.emit(
+        "CONCATENATION",
+        parts,
+        {"axis": axis, "fusedActivationFunction": "NONE"},
+        shape=shape,
+        dtype=parts[0].dtype,
+        signature=signature,
+    )
 
 
 def mean(ctx, x: Tensor, axes: Sequence[int], keep_dims: bool = True) -> Tensor:
@@ -205,8 +230,14 @@ def reduce(ctx, opcode: str, x: Tensor, axes: Sequence[int], keep_dims: bool, dt
     else:
         shape = [d for i, d in enumerate(x.shape) if i not in axes]
         signature = [d for i, d in enumerate(sig) if i not in axes]
-    return ctx.emit(opcode, [x, int32(ctx, axes)], {"keepDims": keep_dims}, shape=shape, dtype=dtype or x.dtype,
-                    signature=signature if -1 in signature else None)
+    return ctx.emit(
+        opcode,
+        [x, int32(ctx, axes)],
+        {"keepDims": keep_dims},
+        shape=shape,
+        dtype=dtype or x.dtype,
+        signature=signature if -1 in signature else None,
+    )
 
 
 def channel_vector(ctx, values: np.ndarray, rank: int, dtype) -> Tensor:

@@ -27,8 +27,11 @@ aten = torch.ops.aten
 def _indices(ctx, index: Tensor, size: int) -> Tensor:
     """Index tensor ready for GATHER: constants wrapped into range, int32 when it fits."""
     if index.dtype == np.bool_:
-        raise emit.unsupported(ctx, "boolean mask indexing (its output size depends on the data)",
-                               "Use torch.where(mask, x, other) to keep the shape static.")
+        raise emit.unsupported(
+            ctx,
+            "boolean mask indexing (its output size depends on the data)",
+            "Use torch.where(mask, x, other) to keep the shape static.",
+        )
     if index.is_const:
         data = np.where(index.data < 0, index.data + size, index.data)
         return ctx.const(data.astype(np.int32))
@@ -40,7 +43,7 @@ def _gather(ctx, x: Tensor, index: Tensor, axis: int, final: bool = True) -> Ten
     options = {"axis": axis, "batchDims": 0}
     if final:
         return ctx.emit("GATHER", [x, index], options)
-    shape = (*x.shape[:axis], *index.shape, *x.shape[axis + 1:])
+    shape = (*x.shape[:axis], *index.shape, *x.shape[axis + 1 :])
     return emit.op(ctx, "GATHER", [x, index], options, shape=shape, dtype=x.dtype)
 
 
@@ -66,8 +69,12 @@ def gather(ctx, x, dim, index, sparse_grad=False):
         coords = ctx.const(np.stack(list(grids), axis=-1))
     else:
         column_shape = (*index.shape, 1)
-        columns = [emit.reshape(ctx, emit.cast(ctx, index, np.int32), column_shape) if a == axis
-                   else ctx.const(grids[a].reshape(column_shape)) for a in range(x.rank)]
+        columns = [
+            emit.reshape(ctx, emit.cast(ctx, index, np.int32), column_shape)
+            if a == axis
+            else ctx.const(grids[a].reshape(column_shape))
+            for a in range(x.rank)
+        ]
         coords = emit.concat(ctx, columns, axis=index.rank)
     return ctx.emit("GATHER_ND", [x, coords])
 
@@ -92,14 +99,29 @@ def _gather_dynamic(ctx, x: Tensor, axis: int, index: Tensor) -> Tensor:
             column = ctx.const(np.arange(index.shape[a], dtype=np.int32).reshape(unit))
         else:
             size = emit.reshape(ctx, symbolic.sym_value(ctx, ctx.meta.shape[a]), ())
-            iota = emit.op(ctx, "RANGE", [emit.scalar_like(ctx, 0, np.int32), size, emit.scalar_like(ctx, 1, np.int32)],
-                           shape=(index.shape[a],), dtype=np.int32, signature=(-1,))
+            iota = emit.op(
+                ctx,
+                "RANGE",
+                [emit.scalar_like(ctx, 0, np.int32), size, emit.scalar_like(ctx, 1, np.int32)],
+                shape=(index.shape[a],),
+                dtype=np.int32,
+                signature=(-1,),
+            )
             unit_sig = [1] * (index.rank + 1)
             unit_sig[a] = -1
-            column = emit.op(ctx, "RESHAPE", [iota, emit.int32(ctx, unit_sig)], {"newShape": unit_sig},
-                             shape=unit, dtype=np.int32, signature=tuple(unit_sig))
+            column = emit.op(
+                ctx,
+                "RESHAPE",
+                [iota, emit.int32(ctx, unit_sig)],
+                {"newShape": unit_sig},
+                shape=unit,
+                dtype=np.int32,
+                signature=tuple(unit_sig),
+            )
         if a != axis:
-            column = emit.op(ctx, "BROADCAST_TO", [column, target], shape=full_shape, dtype=np.int32, signature=full_sig)
+            column = emit.op(
+                ctx, "BROADCAST_TO", [column, target], shape=full_shape, dtype=np.int32, signature=full_sig
+            )
         columns.append(column)
     return ctx.emit("GATHER_ND", [x, emit.concat(ctx, columns, axis=index.rank)])
 
@@ -111,8 +133,11 @@ def index(ctx, x, indices):
     if len(used) == 1:
         return _gather(ctx, x, indices[used[0]], used[0])
     if used != list(range(used[0], used[-1] + 1)):
-        raise emit.unsupported(ctx, "advanced indexing with index tensors on axes that are not adjacent",
-                               "Index adjacent axes (x[:, i, j]), or use index_select / gather per axis.")
+        raise emit.unsupported(
+            ctx,
+            "advanced indexing with index tensors on axes that are not adjacent",
+            "Index adjacent axes (x[:, i, j]), or use index_select / gather per axis.",
+        )
     if used[0] > 0:
         return _index_adjacent_axes(ctx, x, indices, used)
     tensors = [_indices(ctx, indices[i], x.shape[i]) for i in used]
@@ -123,8 +148,11 @@ def index(ctx, x, indices):
     for t in tensors:
         t = emit.cast(ctx, t, np.int32)
         if t.shape != shape:
-            t = ctx.const(np.broadcast_to(t.data, shape)) if t.is_const else \
-                emit.op(ctx, "BROADCAST_TO", [t, emit.int32(ctx, shape)], shape=shape, dtype=t.dtype)
+            t = (
+                ctx.const(np.broadcast_to(t.data, shape))
+                if t.is_const
+                else emit.op(ctx, "BROADCAST_TO", [t, emit.int32(ctx, shape)], shape=shape, dtype=t.dtype)
+            )
         columns.append(emit.reshape(ctx, t, (*shape, 1)))
     coords = emit.concat(ctx, columns, axis=len(shape))
     return ctx.emit("GATHER_ND", [x, coords])
@@ -142,10 +170,19 @@ def _index_leading_dynamic(ctx, x: Tensor, tensors: list[Tensor], rank: int) -> 
     for t in tensors:
         t = emit.cast(ctx, t, np.int32)
         if t.shape_signature != sig or t.shape != shape:
-            t = emit.op(ctx, "BROADCAST_TO", [t, symbolic.shape_tensor(ctx, dims)], shape=shape, dtype=np.int32,
-                        signature=sig)
-        columns.append(emit.op(ctx, "RESHAPE", [t, symbolic.shape_tensor(ctx, column_dims)], shape=(*shape, 1),
-                               dtype=np.int32, signature=symbolic.signature_of(column_dims)))
+            t = emit.op(
+                ctx, "BROADCAST_TO", [t, symbolic.shape_tensor(ctx, dims)], shape=shape, dtype=np.int32, signature=sig
+            )
+        columns.append(
+            emit.op(
+                ctx,
+                "RESHAPE",
+                [t, symbolic.shape_tensor(ctx, column_dims)],
+                shape=(*shape, 1),
+                dtype=np.int32,
+                signature=symbolic.signature_of(column_dims),
+            )
+        )
     return ctx.emit("GATHER_ND", [x, emit.concat(ctx, columns, axis=rank)])
 
 
@@ -155,10 +192,12 @@ def _index_adjacent_axes(ctx, x: Tensor, indices, used: list[int]) -> Tensor:
     index shape, suffix)."""
     first, last = used[0], used[-1] + 1
     sizes = x.shape[first:last]
-    strides = [int(np.prod(sizes[k + 1:])) for k in range(len(sizes))]
+    strides = [int(np.prod(sizes[k + 1 :])) for k in range(len(sizes))]
     tensors = [_indices(ctx, indices[a], x.shape[a]) for a in used]
     if all(t.is_const for t in tensors):
-        linear = ctx.const(sum(t.data.astype(np.int64) * stride for t, stride in zip(tensors, strides)).astype(np.int32))
+        linear = ctx.const(
+            sum(t.data.astype(np.int64) * stride for t, stride in zip(tensors, strides)).astype(np.int32)
+        )
     else:
         linear = None
         for t, stride in zip(tensors, strides):
@@ -182,8 +221,9 @@ def _index_adjacent_axes(ctx, x: Tensor, indices, used: list[int]) -> Tensor:
 
 def _static(ctx, x: Tensor, what: str) -> None:
     if x.is_dynamic:
-        raise emit.unsupported(ctx, f"{what} into a tensor of dynamic shape",
-                               "Export with static shapes for this part of the model.")
+        raise emit.unsupported(
+            ctx, f"{what} into a tensor of dynamic shape", "Export with static shapes for this part of the model."
+        )
 
 
 def _broadcast_to(ctx, t: Tensor, shape) -> Tensor:
@@ -213,8 +253,9 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     axis = emit.normalize_dim(dim, x.rank)
     size = x.shape[axis]
     start, stop, step = slice(start, end, step).indices(size)
-    src = _broadcast_to(ctx, emit.as_tensor(ctx, src, x.dtype),
-                        (*x.shape[:axis], len(range(start, stop, step)), *x.shape[axis + 1:]))
+    src = _broadcast_to(
+        ctx, emit.as_tensor(ctx, src, x.dtype), (*x.shape[:axis], len(range(start, stop, step)), *x.shape[axis + 1 :])
+    )
     if x.is_const and src.is_const:
         out = x.data.copy()
         out[(slice(None),) * axis + (slice(start, stop, step),)] = src.data
@@ -236,8 +277,9 @@ def select_scatter(ctx, x, src, dim, index):
     axis = emit.normalize_dim(dim, x.rank)
     index = index + x.shape[axis] if index < 0 else index
     src = emit.as_tensor(ctx, src, x.dtype)
-    src = emit.reshape(ctx, _broadcast_to(ctx, src, x.shape[:axis] + x.shape[axis + 1:]),
-                       (*x.shape[:axis], 1, *x.shape[axis + 1:]))
+    src = emit.reshape(
+        ctx, _broadcast_to(ctx, src, x.shape[:axis] + x.shape[axis + 1 :]), (*x.shape[:axis], 1, *x.shape[axis + 1 :])
+    )
     return slice_scatter(ctx, x, src, axis, index, index + 1, 1)
 
 
@@ -252,7 +294,8 @@ def index_put(ctx, x, indices, values, accumulate=False):
     indices = list(indices) + [None] * (x.rank - len(indices))
     if all(i is None or i.is_const for i in indices):
         positions = np.arange(int(np.prod(x.shape))).reshape(x.shape)[
-            tuple(slice(None) if i is None else np.asarray(i.data) for i in indices)]
+            tuple(slice(None) if i is None else np.asarray(i.data) for i in indices)
+        ]
         if x.is_const and values.is_const:
             out = x.data.copy().reshape(-1)
             update = np.broadcast_to(values.data, positions.shape).reshape(-1)
@@ -262,19 +305,26 @@ def index_put(ctx, x, indices, values, accumulate=False):
                 out[positions.reshape(-1)] = update
             return ctx.const(out.reshape(x.shape))
         if not accumulate and len(np.unique(positions)) != positions.size:
-            raise emit.unsupported(ctx, "index assignment writing one position twice (PyTorch leaves the "
-                                        "result undefined)", "Use distinct indices, or accumulate=True.")
+            raise emit.unsupported(
+                ctx,
+                "index assignment writing one position twice (PyTorch leaves the result undefined)",
+                "Use distinct indices, or accumulate=True.",
+            )
         written = np.zeros(int(np.prod(x.shape)), dtype=bool)
         written[positions.reshape(-1)] = True
         coords = ctx.const(np.stack(np.unravel_index(positions, x.shape), axis=-1).astype(np.int32))
-        return _scatter(ctx, x, coords, _broadcast_to(ctx, values, positions.shape), accumulate,
-                        ctx.const(written.reshape(x.shape)))
+        return _scatter(
+            ctx, x, coords, _broadcast_to(ctx, values, positions.shape), accumulate, ctx.const(written.reshape(x.shape))
+        )
     used = [k for k, i in enumerate(indices) if i is not None]
     if len(used) == 1 and indices[used[0]].dtype == np.bool_ and used[0] == 0 and int(np.prod(values.shape)) == 1:
         return _masked_fill(ctx, x, indices[0], values, accumulate)
     if used != list(range(used[0], used[-1] + 1)) or any(indices[k].dtype == np.bool_ for k in used):
-        raise emit.unsupported(ctx, "index assignment with run-time boolean masks, or index tensors on axes that "
-                                    "are not adjacent", "Index adjacent axes (x[:, i, j] = v), or use torch.where.")
+        raise emit.unsupported(
+            ctx,
+            "index assignment with run-time boolean masks, or index tensors on axes that are not adjacent",
+            "Index adjacent axes (x[:, i, j] = v), or use torch.where.",
+        )
     coords = _coordinates(ctx, x, indices, used)
     return _scatter(ctx, x, coords, _broadcast_to(ctx, values, coords.shape[:-1]), accumulate, None)
 
@@ -293,8 +343,9 @@ def _coordinates(ctx, x: Tensor, indices, used: list[int]) -> Tensor:
         if first <= axis < last:
             t = emit.cast(ctx, indices[axis], np.int32)
             t = emit.op(ctx, "FLOOR_MOD", [t, ctx.const(np.int32(x.shape[axis]))], shape=t.shape, dtype=np.int32)
-            t = emit.reshape(ctx, _broadcast_to(ctx, t, index_shape),
-                             (*[1] * first, *index_shape, *[1] * (x.rank - last)))
+            t = emit.reshape(
+                ctx, _broadcast_to(ctx, t, index_shape), (*[1] * first, *index_shape, *[1] * (x.rank - last))
+            )
         else:  # a full slice: the position along that axis
             unit = [1] * first + middle + [1] * (x.rank - last)
             at = axis if axis < first else axis - (last - first) + len(index_shape)
@@ -323,7 +374,8 @@ def _masked_fill(ctx, x: Tensor, mask: Tensor, value: Tensor, accumulate: bool) 
     mask = emit.reshape(ctx, mask, (*mask.shape, *[1] * (x.rank - mask.rank)))
     value = emit.reshape(ctx, value, ())
     if accumulate:
-        added = emit.op(ctx, "SELECT_V2", [mask, value, emit.scalar_like(ctx, 0, x.dtype)],
-                        shape=mask.shape, dtype=x.dtype)
+        added = emit.op(
+            ctx, "SELECT_V2", [mask, value, emit.scalar_like(ctx, 0, x.dtype)], shape=mask.shape, dtype=x.dtype
+        )
         return ctx.emit("ADD", [x, added], {"fusedActivationFunction": "NONE"})
     return ctx.emit("SELECT_V2", [mask, value, x])

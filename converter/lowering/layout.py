@@ -64,8 +64,14 @@ def n1lc_to_ncl(ctx, y: Tensor) -> Tensor:
     if any(isinstance(d, torch.SymInt) for d in dims):
         from converter.lowering import symbolic
 
-        flat = emit.op(ctx, "RESHAPE", [y, symbolic.shape_tensor(ctx, dims)], shape=(n, length, c),
-                       dtype=y.dtype, signature=symbolic.signature_of(dims))
+        flat = emit.op(
+            ctx,
+            "RESHAPE",
+            [y, symbolic.shape_tensor(ctx, dims)],
+            shape=(n, length, c),
+            dtype=y.dtype,
+            signature=symbolic.signature_of(dims),
+        )
     else:
         flat = emit.reshape(ctx, y, (n, length, c))
     return emit.transpose(ctx, flat, NCL_TO_NLC)
@@ -79,8 +85,9 @@ def same_padding(in_size: int, kernel: int, stride: int, dilation: int = 1) -> t
     return out, total // 2, total - total // 2
 
 
-def torch_output_size(in_size: int, kernel: int, stride: int, pad: int, dilation: int = 1,
-                      ceil_mode: bool = False) -> int:
+def torch_output_size(
+    in_size: int, kernel: int, stride: int, pad: int, dilation: int = 1, ceil_mode: bool = False
+) -> int:
     """PyTorch's output size of a conv/pool window along one axis."""
     effective = (kernel - 1) * dilation + 1
     span = in_size + 2 * pad - effective

@@ -25,8 +25,9 @@ def _fully_connected(ctx, x: Tensor, weight_out_in: Tensor, bias, out_shape=None
     unless `out_shape` is given."""
     options = dict(_FC_OPTIONS, keepNumDims=x.rank > 2)
     if x.rank == 1:  # FULLY_CONNECTED wants a batch: (in,) -> (1, in) -> (out,)
-        y = _fully_connected(ctx, emit.reshape(ctx, x, (1, x.shape[0])), weight_out_in, bias,
-                             out_shape=(1, weight_out_in.shape[0]))
+        y = _fully_connected(
+            ctx, emit.reshape(ctx, x, (1, x.shape[0])), weight_out_in, bias, out_shape=(1, weight_out_in.shape[0])
+        )
         return emit.reshape(ctx, y, (weight_out_in.shape[0],))
     if out_shape is None:
         return ctx.emit("FULLY_CONNECTED", [x, weight_out_in, bias], options)
@@ -37,8 +38,7 @@ def _batch_matmul(ctx, a: Tensor, b: Tensor, final: bool = True) -> Tensor:
     if final:
         return ctx.emit("BATCH_MATMUL", [a, b], _BMM_OPTIONS)
     batch = emit.broadcast_shape(a.shape[:-2], b.shape[:-2])
-    return emit.op(ctx, "BATCH_MATMUL", [a, b], _BMM_OPTIONS, shape=(*batch, a.shape[-2], b.shape[-1]),
-                   dtype=a.dtype)
+    return emit.op(ctx, "BATCH_MATMUL", [a, b], _BMM_OPTIONS, shape=(*batch, a.shape[-2], b.shape[-1]), dtype=a.dtype)
 
 
 @lowers(aten.linear.default)
@@ -88,8 +88,7 @@ def matmul(ctx, a, b):
         a2 = emit.reshape(ctx, a, (1, a.shape[0])) if a.rank == 1 else a
         b2 = emit.reshape(ctx, b, (b.shape[0], 1)) if b.rank == 1 else b
         if _is_constant_matrix(b2):
-            y = _fully_connected(ctx, a2, ctx.const(b2.data.T), None,
-                                 out_shape=(*a2.shape[:-1], b2.shape[1]))
+            y = _fully_connected(ctx, a2, ctx.const(b2.data.T), None, out_shape=(*a2.shape[:-1], b2.shape[1]))
         else:
             y = _batch_matmul(ctx, a2, b2, final=False)
         return emit.reshape(ctx, y, ctx.out_shape())

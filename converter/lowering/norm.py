@@ -66,8 +66,11 @@ def batch_norm_inference(ctx, x, weight, bias, running_mean, running_var, moment
     return _affine(ctx, y, weight, bias), None, None
 
 
-@lowers(aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit.default,
-        aten._native_batch_norm_legit_functional.default)
+@lowers(
+    aten._native_batch_norm_legit.no_stats,
+    aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit_functional.default,
+)
 def batch_norm_batch_stats(ctx, x, weight, bias, *args):
     """Batch statistics (training-mode batch norm, and instance norm after its reshape):
     normalise over every axis but the channel axis 1."""

@@ -49,15 +49,21 @@ def constant_pad_nd(ctx, x, pad, value=0):
     shape = _padded_shape(x.shape, pairs)
     if value == 0:
         return ctx.emit("PAD", [x, emit.int32(ctx, pairs)], shape=shape, dtype=x.dtype)
-    return ctx.emit("PADV2", [x, emit.int32(ctx, pairs), emit.scalar_like(ctx, value, x.dtype)],
-                    shape=shape, dtype=x.dtype)
+    return ctx.emit(
+        "PADV2", [x, emit.int32(ctx, pairs), emit.scalar_like(ctx, value, x.dtype)], shape=shape, dtype=x.dtype
+    )
 
 
 @lowers(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)
 def reflection_pad(ctx, x, padding):
     pairs = _pairs(x.rank, padding)
-    return ctx.emit("MIRROR_PAD", [x, emit.int32(ctx, pairs)], {"mode": "REFLECT"},
-                    shape=_padded_shape(x.shape, pairs), dtype=x.dtype)
+    return ctx.emit(
+        "MIRROR_PAD",
+        [x, emit.int32(ctx, pairs)],
+        {"mode": "REFLECT"},
+        shape=_padded_shape(x.shape, pairs),
+        dtype=x.dtype,
+    )
 
 
 def _gather_pad(ctx, x: Tensor, pairs, source_index) -> Tensor:
@@ -69,8 +75,9 @@ def _gather_pad(ctx, x: Tensor, pairs, source_index) -> Tensor:
         indices = source_index(np.arange(-before, size + after), size).astype(np.int32)
         shape = list(x.shape)
         shape[axis] = len(indices)
-        x = emit.op(ctx, "GATHER", [x, emit.int32(ctx, indices)], {"axis": axis, "batchDims": 0},
-                    shape=shape, dtype=x.dtype)
+        x = emit.op(
+            ctx, "GATHER", [x, emit.int32(ctx, indices)], {"axis": axis, "batchDims": 0}, shape=shape, dtype=x.dtype
+        )
     return x
 
 

@@ -245,7 +245,7 @@ def round_(ctx, x):
 @lowers(aten.round.decimals)
 def round_decimals(ctx, x, decimals=0):
     (x,) = _operands(ctx, x)
-    scale = emit.scalar_like(ctx, 10.0 ** decimals, x.dtype)
+    scale = emit.scalar_like(ctx, 10.0**decimals, x.dtype)
     rounded = emit.unary(ctx, "ROUND", emit.binary(ctx, "MUL", x, scale))
     return ctx.emit("DIV", [rounded, scale], _ARITH_OPTIONS)
 
@@ -386,8 +386,11 @@ def logical_not(ctx, x):
 def _require_bool(ctx, *values):
     for v in values:
         if isinstance(v, Tensor) and v.dtype != np.bool_:
-            raise emit.unsupported(ctx, f"bitwise ops on {v.dtype} tensors have no TFLite builtin",
-                                   "Use bool masks (comparisons) with &, |, ~, or logical_and/or/not.")
+            raise emit.unsupported(
+                ctx,
+                f"bitwise ops on {v.dtype} tensors have no TFLite builtin",
+                "Use bool masks (comparisons) with &, |, ~, or logical_and/or/not.",
+            )
 
 
 @lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar)

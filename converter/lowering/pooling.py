@@ -33,8 +33,14 @@ def _pair(value, default=None) -> tuple[int, int]:
 
 
 def _pool_nhwc(ctx, opcode, x_nhwc: Tensor, kernel, stride, mode: str, out_hw) -> Tensor:
-    options = {"padding": mode, "strideH": stride[0], "strideW": stride[1],
-               "filterHeight": kernel[0], "filterWidth": kernel[1], "fusedActivationFunction": "NONE"}
+    options = {
+        "padding": mode,
+        "strideH": stride[0],
+        "strideW": stride[1],
+        "filterHeight": kernel[0],
+        "filterWidth": kernel[1],
+        "fusedActivationFunction": "NONE",
+    }
     n, _, _, c = x_nhwc.shape
     return emit.op(ctx, opcode, [x_nhwc], options, shape=(n, *out_hw, c), dtype=x_nhwc.dtype)
 
@@ -50,8 +56,13 @@ def _pad_for_windows(ctx, x_nhwc: Tensor, kernel, stride, padding, out_hw, value
     shape = (n, h + padding[0] + after[0], w + padding[1] + after[1], c)
     if value == 0:
         return emit.op(ctx, "PAD", [x_nhwc, emit.int32(ctx, pairs)], shape=shape, dtype=x_nhwc.dtype)
-    return emit.op(ctx, "PADV2", [x_nhwc, emit.int32(ctx, pairs), emit.scalar_like(ctx, value, x_nhwc.dtype)],
-                   shape=shape, dtype=x_nhwc.dtype)
+    return emit.op(
+        ctx,
+        "PADV2",
+        [x_nhwc, emit.int32(ctx, pairs), emit.scalar_like(ctx, value, x_nhwc.dtype)],
+        shape=shape,
+        dtype=x_nhwc.dtype,
+    )
 
 
 def _crop_to(ctx, y_nhwc: Tensor, out_hw) -> Tensor:
@@ -80,8 +91,9 @@ def max_pool2d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=
 
 def _max_pool_nhwc(ctx, x_nhwc: Tensor, kernel, stride, padding, ceil_mode) -> Tensor:
     n, h, w, c = x_nhwc.shape
-    out_hw = [layout.torch_output_size(size, k, s, p, 1, ceil_mode)
-              for size, k, s, p in zip((h, w), kernel, stride, padding)]
+    out_hw = [
+        layout.torch_output_size(size, k, s, p, 1, ceil_mode) for size, k, s, p in zip((h, w), kernel, stride, padding)
+    ]
     if not ceil_mode and layout.is_same_padding((h, w), kernel, stride, padding) and any(padding):
         return _pool_nhwc(ctx, "MAX_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw)
     dtype = x_nhwc.dtype
@@ -106,29 +118,41 @@ def _avg_divisors(in_hw, kernel, stride, padding, out_hw, count_include_pad, div
 
 
 @lowers(aten.avg_pool2d.default)
-def avg_pool2d(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool2d(
+    ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
     kernel = _pair(kernel_size)
     stride = _pair(stride, kernel)
     padding = _pair(padding)
-    y = _avg_pool_nhwc(ctx, layout.to_nhwc(ctx, x), kernel, stride, padding, ceil_mode, count_include_pad,
-                       divisor_override)
+    y = _avg_pool_nhwc(
+        ctx, layout.to_nhwc(ctx, x), kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
     return layout.to_nchw(ctx, y)
 
 
-def _avg_pool_nhwc(ctx, x_nhwc: Tensor, kernel, stride, padding, ceil_mode, count_include_pad,
-                   divisor_override) -> Tensor:
+def _avg_pool_nhwc(
+    ctx, x_nhwc: Tensor, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+) -> Tensor:
     n, h, w, c = x_nhwc.shape
-    out_hw = [layout.torch_output_size(size, k, s, p, 1, ceil_mode)
-              for size, k, s, p in zip((h, w), kernel, stride, padding)]
-    if (not ceil_mode and not divisor_override and not count_include_pad and any(padding)
-            and layout.is_same_padding((h, w), kernel, stride, padding)):
+    out_hw = [
+        layout.torch_output_size(size, k, s, p, 1, ceil_mode) for size, k, s, p in zip((h, w), kernel, stride, padding)
+    ]
+    if (
+        not ceil_mode
+        and not divisor_override
+        and not count_include_pad
+        and any(padding)
+        and layout.is_same_padding((h, w), kernel, stride, padding)
+    ):
         return _pool_nhwc(ctx, "AVERAGE_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw)
     padded = _pad_for_windows(ctx, x_nhwc, kernel, stride, padding, out_hw, 0)
     valid_hw = [_valid_out(size, k, s) for size, k, s in zip(padded.shape[1:3], kernel, stride)]
     y = _crop_to(ctx, _pool_nhwc(ctx, "AVERAGE_POOL_2D", padded, kernel, stride, "VALID", valid_hw), out_hw)
-    scale = kernel[0] * kernel[1] / _avg_divisors((h, w), kernel, stride, padding, out_hw, count_include_pad,
-                                                  divisor_override)
+    scale = (
+        kernel[0]
+        * kernel[1]
+        / _avg_divisors((h, w), kernel, stride, padding, out_hw, count_include_pad, divisor_override)
+    )
     if np.allclose(scale, 1.0):
         return y
     return emit.binary(ctx, "MUL", y, ctx.const(scale.astype(x_nhwc.dtype)[:, :, None]))
@@ -168,8 +192,11 @@ def adaptive_max_pool2d(ctx, x, output_size):
         y = _pool_nhwc(ctx, "MAX_POOL_2D", layout.to_nhwc(ctx, x), kernel, kernel, "VALID", (oh, ow))
         out = layout.to_nchw(ctx, y)
     else:
-        raise emit.unsupported(ctx, f"adaptive max pooling from {(h, w)} to {(oh, ow)} (sizes do not divide)",
-                               "Pick an output size that divides the input, or use adaptive average pooling.")
+        raise emit.unsupported(
+            ctx,
+            f"adaptive max pooling from {(h, w)} to {(oh, ow)} (sizes do not divide)",
+            "Pick an output size that divides the input, or use adaptive average pooling.",
+        )
     return out, None
 
 
@@ -203,21 +230,27 @@ def max_pool3d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=
     stride, padding = _triple(stride, kernel), _triple(padding)
     if _triple(dilation) != (1, 1, 1):
         raise emit.unsupported(ctx, "dilated 3-D max pooling", "Use dilation=1.")
-    out = _pool3d(ctx, x, kernel, stride, padding,
-                  lambda c, t, k, s, p: _max_pool_nhwc(c, t, k, s, p, ceil_mode))
+    out = _pool3d(ctx, x, kernel, stride, padding, lambda c, t, k, s, p: _max_pool_nhwc(c, t, k, s, p, ceil_mode))
     # The indices output is not representable: a use of it fails as an unsupported getitem.
     return (out, None) if isinstance(ctx.meta, (tuple, list)) else out
 
 
 @lowers(aten.avg_pool3d.default)
-def avg_pool3d(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool3d(
+    ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
     if divisor_override:
         raise emit.unsupported(ctx, "3-D average pooling with divisor_override", "Leave divisor_override unset.")
     kernel = _triple(kernel_size)
     stride, padding = _triple(stride, kernel), _triple(padding)
-    return _pool3d(ctx, x, kernel, stride, padding,
-                   lambda c, t, k, s, p: _avg_pool_nhwc(c, t, k, s, p, ceil_mode, count_include_pad, None))
+    return _pool3d(
+        ctx,
+        x,
+        kernel,
+        stride,
+        padding,
+        lambda c, t, k, s, p: _avg_pool_nhwc(c, t, k, s, p, ceil_mode, count_include_pad, None),
+    )
 
 
 @lowers(aten.max_pool1d.default)

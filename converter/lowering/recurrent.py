@@ -72,18 +72,31 @@ def _const_array(ctx, t: Tensor | None, what: str) -> np.ndarray | None:
     if t is None:
         return None
     if not t.is_const:
-        raise emit.unsupported(ctx, f"a recurrent layer whose {what} is computed in the graph",
-                               "Recurrent weights must be parameters (constants) of the module.")
+        raise emit.unsupported(
+            ctx,
+            f"a recurrent layer whose {what} is computed in the graph",
+            "Recurrent weights must be parameters (constants) of the module.",
+        )
     return t.data.astype(np.float32)
 
 
 def _fc(ctx, x: Tensor, weight: np.ndarray, bias: np.ndarray | None, shape, signature) -> Tensor:
     """FULLY_CONNECTED with keepNumDims: x (..., in) @ weight.T (+ bias) -> (..., out)."""
     inputs = [x, ctx.const(np.ascontiguousarray(weight)), None if bias is None else ctx.const(bias)]
-    return emit.op(ctx, "FULLY_CONNECTED", inputs,
-                   {"fusedActivationFunction": "NONE", "weightsFormat": "DEFAULT",
-                    "keepNumDims": True, "asymmetricQuantizeInputs": False},
-                   shape=shape, dtype=np.float32, signature=signature)
+    return emit.op(
+        ctx,
+        "FULLY_CONNECTED",
+        inputs,
+        {
+            "fusedActivationFunction": "NONE",
+            "weightsFormat": "DEFAULT",
+            "keepNumDims": True,
+            "asymmetricQuantizeInputs": False,
+        },
+        shape=shape,
+        dtype=np.float32,
+        signature=signature,
+    )
 
 
 def _split(ctx, x: Tensor, sizes: list[int], axis: int) -> list[Tensor]:
@@ -97,8 +110,9 @@ def _split(ctx, x: Tensor, sizes: list[int], axis: int) -> list[Tensor]:
             sig = list(x.shape_signature)
             sig[axis] = size
         parts.append(ctx.tensor(shape, x.dtype, signature=None if sig is None else tuple(sig)))
-    ctx.graph.ops.append(Op("SPLIT_V", [x, emit.int32(ctx, sizes), emit.int32(ctx, axis)], parts,
-                            {"numSplits": len(sizes)}, ctx.source))
+    ctx.graph.ops.append(
+        Op("SPLIT_V", [x, emit.int32(ctx, sizes), emit.int32(ctx, axis)], parts, {"numSplits": len(sizes)}, ctx.source)
+    )
     return parts
 
 
@@ -112,8 +126,15 @@ def _unpack(ctx, x: Tensor, axis: int, sh: _Shapes) -> list[Tensor]:
 
 def _pack(ctx, steps: list[Tensor], sh: _Shapes) -> Tensor:
     shape, sig = sh.sequence(steps[0].shape[-1])
-    return emit.op(ctx, "PACK", steps, {"valuesCount": len(steps), "axis": sh.time_axis},
-                   shape=shape, dtype=np.float32, signature=sig)
+    return emit.op(
+        ctx,
+        "PACK",
+        steps,
+        {"valuesCount": len(steps), "axis": sh.time_axis},
+        shape=shape,
+        dtype=np.float32,
+        signature=sig,
+    )
 
 
 def _binary(ctx, opcode: str, a: Tensor, b: Tensor) -> Tensor:
@@ -141,15 +162,20 @@ def _state(ctx, states: Tensor, index: int) -> Tensor:
     if states.is_const:
         return ctx.const(states.data[index].astype(np.float32))
     # (a dynamic batch axis taken whole becomes a mask bit: the slice follows the run-time batch)
-    return emit.strided_slice(ctx, states, [index, 0, 0], [index + 1, *states.shape[1:]], [1, 1, 1],
-                              shrink_axis_mask=1)
+    return emit.strided_slice(ctx, states, [index, 0, 0], [index + 1, *states.shape[1:]], [1, 1, 1], shrink_axis_mask=1)
 
 
 def _stack_states(ctx, finals: list[Tensor], sh: _Shapes) -> Tensor:
     shape, sig = sh.rows(finals[0].shape[-1])
-    return emit.op(ctx, "PACK", finals, {"valuesCount": len(finals), "axis": 0},
-                   shape=(len(finals), *shape), dtype=np.float32,
-                   signature=None if sig is None else (len(finals), *sig))
+    return emit.op(
+        ctx,
+        "PACK",
+        finals,
+        {"valuesCount": len(finals), "axis": 0},
+        shape=(len(finals), *shape),
+        dtype=np.float32,
+        signature=None if sig is None else (len(finals), *sig),
+    )
 
 
 # ---- one direction of one layer ------------------------------------------------------------
@@ -170,7 +196,7 @@ def _lstm_direction(ctx, x: Tensor, weights, h: Tensor, c: Tensor, sh: _Shapes, 
     rows, rows_sig = sh.rows(4 * cell)
     outputs = [None] * sh.steps
     h_zero, c_zero = _is_zero(ctx, h), _is_zero(ctx, c)
-    for t in (reversed(range(sh.steps)) if reverse else range(sh.steps)):
+    for t in reversed(range(sh.steps)) if reverse else range(sh.steps):
         gates = projected[t]
         if not h_zero:
             gates = _binary(ctx, "ADD", gates, _fc(ctx, h, w_hh, None, rows, rows_sig))
@@ -192,8 +218,15 @@ def _state_variable(ctx, state: Tensor) -> Tensor:
     calls (a stateless nn.LSTM would drift from the second call on)."""
     variable = ctx.tensor(state.shape, np.float32, signature=state.shape_signature)
     variable.is_variable = True
-    ctx.graph.ops.append(Op("ADD", [state, emit.scalar_like(ctx, 0.0, np.float32)], [variable],
-                            {"fusedActivationFunction": "NONE"}, ctx.source))
+    ctx.graph.ops.append(
+        Op(
+            "ADD",
+            [state, emit.scalar_like(ctx, 0.0, np.float32)],
+            [variable],
+            {"fusedActivationFunction": "NONE"},
+            ctx.source,
+        )
+    )
     return variable
 
 
@@ -204,32 +237,71 @@ def _lstm_builtin(ctx, x: Tensor, weights, h: Tensor, c: Tensor, sh: _Shapes, re
     hidden = w_hh.shape[1]
     time = sh.time_axis
     if reverse:
-        x = emit.op(ctx, "REVERSE_V2", [x, emit.int32(ctx, [time])], shape=x.shape, dtype=x.dtype,
-                    signature=x.shape_signature)
+        x = emit.op(
+            ctx, "REVERSE_V2", [x, emit.int32(ctx, [time])], shape=x.shape, dtype=x.dtype, signature=x.shape_signature
+        )
     bias = b_ih + b_hh if b_ih is not None else np.zeros(4 * hidden, np.float32)
     rows = [slice(k * hidden, (k + 1) * hidden) for k in range(4)]  # i, f, g (TFLite's "cell"), o
     h_var, c_var = _state_variable(ctx, h), _state_variable(ctx, c)
-    inputs = [x, *(ctx.const(np.ascontiguousarray(w_ih[r])) for r in rows),
-              *(ctx.const(np.ascontiguousarray(w_hh[r])) for r in rows), None, None, None,
-              *(ctx.const(bias[r]) for r in rows), None, None, h_var, c_var, None, None, None, None]
-    y = emit.op(ctx, "UNIDIRECTIONAL_SEQUENCE_LSTM", inputs,
-                {"fusedActivationFunction": "TANH", "cellClip": 0.0, "projClip": 0.0, "timeMajor": time == 0,
-                 "asymmetricQuantizeInputs": False, "diagonalRecurrentTensors": False},
-                shape=sh.sequence(hidden)[0], dtype=np.float32, signature=sh.sequence(hidden)[1])
+    inputs = [
+        x,
+        *(ctx.const(np.ascontiguousarray(w_ih[r])) for r in rows),
+        *(ctx.const(np.ascontiguousarray(w_hh[r])) for r in rows),
+        None,
+        None,
+        None,
+        *(ctx.const(bias[r]) for r in rows),
+        None,
+        None,
+        h_var,
+        c_var,
+        None,
+        None,
+        None,
+        None,
+    ]
+    y = emit.op(
+        ctx,
+        "UNIDIRECTIONAL_SEQUENCE_LSTM",
+        inputs,
+        {
+            "fusedActivationFunction": "TANH",
+            "cellClip": 0.0,
+            "projClip": 0.0,
+            "timeMajor": time == 0,
+            "asymmetricQuantizeInputs": False,
+            "diagonalRecurrentTensors": False,
+        },
+        shape=sh.sequence(hidden)[0],
+        dtype=np.float32,
+        signature=sh.sequence(hidden)[1],
+    )
     last = [0, 0, 0]
     last[time] = -1
-    h_final = emit.op(ctx, "STRIDED_SLICE", [y, emit.int32(ctx, last), emit.int32(ctx, [0, 0, 0]),
-                                             emit.int32(ctx, [1, 1, 1])],
-                      {"beginMask": 7 & ~(1 << time), "endMask": 7, "ellipsisMask": 0, "newAxisMask": 0,
-                       "shrinkAxisMask": 1 << time, "offset": False},
-                      shape=sh.rows(hidden)[0], dtype=np.float32, signature=sh.rows(hidden)[1])
+    h_final = emit.op(
+        ctx,
+        "STRIDED_SLICE",
+        [y, emit.int32(ctx, last), emit.int32(ctx, [0, 0, 0]), emit.int32(ctx, [1, 1, 1])],
+        {
+            "beginMask": 7 & ~(1 << time),
+            "endMask": 7,
+            "ellipsisMask": 0,
+            "newAxisMask": 0,
+            "shrinkAxisMask": 1 << time,
+            "offset": False,
+        },
+        shape=sh.rows(hidden)[0],
+        dtype=np.float32,
+        signature=sh.rows(hidden)[1],
+    )
     # The final cell state is read from the variable, through a zero term on h_final so
     # that, as dataflow, it comes after the LSTM (else a delegate may read it first).
     after_lstm = emit.binary(ctx, "MUL", h_final, emit.scalar_like(ctx, 0.0, np.float32))
     c_final = emit.binary(ctx, "ADD", c_var, after_lstm)
     if reverse:
-        y = emit.op(ctx, "REVERSE_V2", [y, emit.int32(ctx, [time])], shape=y.shape, dtype=y.dtype,
-                    signature=y.shape_signature)
+        y = emit.op(
+            ctx, "REVERSE_V2", [y, emit.int32(ctx, [time])], shape=y.shape, dtype=y.dtype, signature=y.shape_signature
+        )
     return y, h_final, c_final
 
 
@@ -242,8 +314,8 @@ def _gru_direction(ctx, x: Tensor, weights, h: Tensor, sh: _Shapes, reverse: boo
     hidden = w_hh.shape[1]
     in_bias = rec_bias = None
     if b_ih is not None:
-        in_bias = b_ih + np.concatenate([b_hh[:2 * hidden], np.zeros(hidden, np.float32)])
-        rec_bias = np.concatenate([np.zeros(2 * hidden, np.float32), b_hh[2 * hidden:]])
+        in_bias = b_ih + np.concatenate([b_hh[: 2 * hidden], np.zeros(hidden, np.float32)])
+        rec_bias = np.concatenate([np.zeros(2 * hidden, np.float32), b_hh[2 * hidden :]])
     xshape, xsig = sh.sequence(3 * hidden)
     projected = _fc(ctx, x, w_ih, in_bias, xshape, xsig)
     x_rz, x_n = _split(ctx, projected, [2 * hidden, hidden], 2)
@@ -251,10 +323,10 @@ def _gru_direction(ctx, x: Tensor, weights, h: Tensor, sh: _Shapes, reverse: boo
     rows, rows_sig = sh.rows(3 * hidden)
     outputs = [None] * sh.steps
     h_zero = _is_zero(ctx, h)
-    for t in (reversed(range(sh.steps)) if reverse else range(sh.steps)):
+    for t in reversed(range(sh.steps)) if reverse else range(sh.steps):
         if h_zero:  # h W_hh is zero: only the bias of n remains
             r, z = _split(ctx, _unary(ctx, "LOGISTIC", x_rz[t]), [hidden, hidden], 1)
-            h_n = ctx.const(np.zeros(hidden, np.float32) if rec_bias is None else rec_bias[2 * hidden:])
+            h_n = ctx.const(np.zeros(hidden, np.float32) if rec_bias is None else rec_bias[2 * hidden :])
             n = _unary(ctx, "TANH", _binary(ctx, "ADD", x_n[t], _binary(ctx, "MUL", r, h_n)))
             h = _binary(ctx, "SUB", n, _binary(ctx, "MUL", z, n))
         else:
@@ -277,7 +349,7 @@ def _layer_weights(ctx, params, has_biases: bool, num_layers: int, bidirectional
     arrays = [_const_array(ctx, p, "weights") for p in params]
     out = []
     for k in range(num_layers * directions):
-        group = arrays[k * per:(k + 1) * per]
+        group = arrays[k * per : (k + 1) * per]
         w_ih, w_hh = group[0], group[1]
         b_ih, b_hh = (group[2], group[3]) if has_biases else (None, None)
         w_hr = group[4 if has_biases else 2] if per in (3, 5) else None
@@ -294,9 +366,10 @@ def _check(ctx, x: Tensor, dropout: float, train: bool, batch_first: bool) -> _S
         return _Shapes(x, 1 if batch_first else 0)
     except ValueError:
         raise emit.unsupported(
-            ctx, "a dynamic sequence length for LSTM/GRU (unrolled over time)",
-            "Export with a static sequence length (dynamic batch is supported), or pad sequences "
-            "to a fixed length.") from None
+            ctx,
+            "a dynamic sequence length for LSTM/GRU (unrolled over time)",
+            "Export with a static sequence length (dynamic batch is supported), or pad sequences to a fixed length.",
+        ) from None
 
 
 def _run_layers(ctx, x, weights, num_layers, bidirectional, sh, step_fn):

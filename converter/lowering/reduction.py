@@ -134,8 +134,9 @@ def std(ctx, x, dim=None, *args, correction=None, keepdim=False):
 @lowers(aten.cumsum.default)
 def cumsum(ctx, x, dim, dtype=None):
     x = _in_out_dtype(ctx, x)
-    return ctx.emit("CUMSUM", [x, emit.int32(ctx, emit.normalize_dim(dim, x.rank))],
-                    {"exclusive": False, "reverse": False})
+    return ctx.emit(
+        "CUMSUM", [x, emit.int32(ctx, emit.normalize_dim(dim, x.rank))], {"exclusive": False, "reverse": False}
+    )
 
 
 @lowers(aten.linalg_vector_norm.default)

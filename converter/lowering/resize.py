@@ -32,9 +32,14 @@ def _scales(scale_factors, scales_h=None, scales_w=None):
 
 def _resize_nhwc(ctx, opcode, x, out_hw, align_corners=False, half_pixel=False) -> Tensor:
     n, c = x.shape[:2]
-    y = emit.op(ctx, opcode, [layout.to_nhwc(ctx, x), emit.int32(ctx, out_hw)],
-                {"alignCorners": align_corners, "halfPixelCenters": half_pixel},
-                shape=(n, *out_hw, c), dtype=x.dtype)
+    y = emit.op(
+        ctx,
+        opcode,
+        [layout.to_nhwc(ctx, x), emit.int32(ctx, out_hw)],
+        {"alignCorners": align_corners, "halfPixelCenters": half_pixel},
+        shape=(n, *out_hw, c),
+        dtype=x.dtype,
+    )
     return layout.to_nchw(ctx, y)
 
 
@@ -49,8 +54,9 @@ def _upsample_nearest(ctx, x, scales, half_pixel):
     for axis, rows in zip((2, 3), sources):  # exact PyTorch sampling
         shape = list(x.shape)
         shape[axis] = len(rows)
-        x = emit.op(ctx, "GATHER", [x, emit.int32(ctx, rows)], {"axis": axis, "batchDims": 0},
-                    shape=shape, dtype=x.dtype)
+        x = emit.op(
+            ctx, "GATHER", [x, emit.int32(ctx, rows)], {"axis": axis, "batchDims": 0}, shape=shape, dtype=x.dtype
+        )
     return x
 
 
@@ -81,8 +87,10 @@ def _upsample_bilinear(ctx, x, align_corners, scales):
     out_hw = ctx.out_shape()[2:]
     if align_corners:
         return _resize_nhwc(ctx, "RESIZE_BILINEAR", x, out_hw, align_corners=True)
-    matches = all(s is None or source_scale(size, out, s) == source_scale(size, out, None)
-                  for size, out, s in zip((h, w), out_hw, scales))
+    matches = all(
+        s is None or source_scale(size, out, s) == source_scale(size, out, None)
+        for size, out, s in zip((h, w), out_hw, scales)
+    )
     if matches:
         return _resize_nhwc(ctx, "RESIZE_BILINEAR", x, out_hw, half_pixel=True)
     a_h = ctx.const(linear_weights(h, out_hw[0], False, scales[0]).astype(x.dtype))
@@ -121,8 +129,12 @@ def _source_coordinate(ctx, g: Tensor, size: int, padding: str, align_corners: b
     if align_corners:  # -1 -> 0, 1 -> size - 1
         x = emit.binary(ctx, "MUL", emit.binary(ctx, "ADD", g, _f32(ctx, 1)), _f32(ctx, (size - 1) / 2))
     else:  # -1 -> -0.5, 1 -> size - 0.5
-        x = emit.binary(ctx, "SUB", emit.binary(ctx, "MUL", emit.binary(ctx, "ADD", g, _f32(ctx, 1)),
-                                                _f32(ctx, size / 2)), _f32(ctx, 0.5))
+        x = emit.binary(
+            ctx,
+            "SUB",
+            emit.binary(ctx, "MUL", emit.binary(ctx, "ADD", g, _f32(ctx, 1)), _f32(ctx, size / 2)),
+            _f32(ctx, 0.5),
+        )
     if padding == "reflection":
         x = _reflect(ctx, x, *((0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)))
     if padding in ("border", "reflection"):
@@ -138,8 +150,7 @@ def _reflect(ctx, x: Tensor, twice_low: int, twice_high: int) -> Tensor:
     distance = emit.unary(ctx, "ABS", emit.binary(ctx, "SUB", x, _f32(ctx, low)))
     extra = emit.binary(ctx, "FLOOR_MOD", distance, _f32(ctx, span))
     flips = emit.unary(ctx, "FLOOR", emit.binary(ctx, "DIV", distance, _f32(ctx, span)))
-    even = emit.binary(ctx, "EQUAL", emit.binary(ctx, "FLOOR_MOD", flips, _f32(ctx, 2)), _f32(ctx, 0),
-                       dtype=np.bool_)
+    even = emit.binary(ctx, "EQUAL", emit.binary(ctx, "FLOOR_MOD", flips, _f32(ctx, 2)), _f32(ctx, 0), dtype=np.bool_)
     forward = emit.binary(ctx, "ADD", extra, _f32(ctx, low))
     backward = emit.binary(ctx, "SUB", _f32(ctx, span + low), extra)
     return emit.op(ctx, "SELECT_V2", [even, forward, backward], shape=x.shape, dtype=x.dtype)
@@ -147,20 +158,24 @@ def _reflect(ctx, x: Tensor, twice_low: int, twice_high: int) -> Tensor:
 
 def _corner_rows(ctx, ix: Tensor, iy: Tensor, w: int, h: int, batch_offsets: Tensor) -> Tensor:
     """Row index into the (N*H*W, C) input of integer-valued float corners ix, iy (clamped)."""
-    cx = emit.cast(ctx, emit.binary(ctx, "MINIMUM", emit.binary(ctx, "MAXIMUM", ix, _f32(ctx, 0)),
-                                    _f32(ctx, w - 1)), np.int32)
-    cy = emit.cast(ctx, emit.binary(ctx, "MINIMUM", emit.binary(ctx, "MAXIMUM", iy, _f32(ctx, 0)),
-                                    _f32(ctx, h - 1)), np.int32)
+    cx = emit.cast(
+        ctx, emit.binary(ctx, "MINIMUM", emit.binary(ctx, "MAXIMUM", ix, _f32(ctx, 0)), _f32(ctx, w - 1)), np.int32
+    )
+    cy = emit.cast(
+        ctx, emit.binary(ctx, "MINIMUM", emit.binary(ctx, "MAXIMUM", iy, _f32(ctx, 0)), _f32(ctx, h - 1)), np.int32
+    )
     rows = emit.binary(ctx, "ADD", emit.binary(ctx, "MUL", cy, ctx.const(np.int32(w))), cx)
     return emit.reshape(ctx, emit.binary(ctx, "ADD", rows, batch_offsets), (int(np.prod(rows.shape)),))
 
 
 def _inside(ctx, ix: Tensor, iy: Tensor, w: int, h: int) -> Tensor:
     """1.0 where the corner (ix, iy) lies in the image, else 0.0 (zeros padding)."""
-    checks = [emit.binary(ctx, "GREATER_EQUAL", ix, _f32(ctx, 0), dtype=np.bool_),
-              emit.binary(ctx, "LESS_EQUAL", ix, _f32(ctx, w - 1), dtype=np.bool_),
-              emit.binary(ctx, "GREATER_EQUAL", iy, _f32(ctx, 0), dtype=np.bool_),
-              emit.binary(ctx, "LESS_EQUAL", iy, _f32(ctx, h - 1), dtype=np.bool_)]
+    checks = [
+        emit.binary(ctx, "GREATER_EQUAL", ix, _f32(ctx, 0), dtype=np.bool_),
+        emit.binary(ctx, "LESS_EQUAL", ix, _f32(ctx, w - 1), dtype=np.bool_),
+        emit.binary(ctx, "GREATER_EQUAL", iy, _f32(ctx, 0), dtype=np.bool_),
+        emit.binary(ctx, "LESS_EQUAL", iy, _f32(ctx, h - 1), dtype=np.bool_),
+    ]
     inside = checks[0]
     for check in checks[1:]:
         inside = emit.binary(ctx, "LOGICAL_AND", inside, check, dtype=np.bool_)
@@ -173,8 +188,9 @@ def grid_sampler_2d(ctx, x, grid, interpolation_mode, padding_mode, align_corner
     if mode is None:
         raise emit.unsupported(ctx, "grid_sample with mode='bicubic'", "Use mode='bilinear' or 'nearest'.")
     if x.is_dynamic or grid.is_dynamic or x.dtype != np.float32:
-        raise emit.unsupported(ctx, "grid_sample on dynamic shapes or non-float32 tensors",
-                               "Export with static shapes and float32 inputs.")
+        raise emit.unsupported(
+            ctx, "grid_sample on dynamic shapes or non-float32 tensors", "Export with static shapes and float32 inputs."
+        )
     n, c, h, w = x.shape
     _, ho, wo, _ = grid.shape
     rows = emit.reshape(ctx, layout.to_nhwc(ctx, x), (n * h * w, c))
@@ -185,8 +201,14 @@ def grid_sampler_2d(ctx, x, grid, interpolation_mode, padding_mode, align_corner
     batch_offsets = ctx.const((np.arange(n, dtype=np.int32) * h * w).reshape(n, 1, 1))
 
     def sample(cx: Tensor, cy: Tensor, weight: Tensor | None) -> Tensor:
-        picked = emit.op(ctx, "GATHER", [rows, _corner_rows(ctx, cx, cy, w, h, batch_offsets)],
-                         {"axis": 0, "batchDims": 0}, shape=(n * ho * wo, c), dtype=x.dtype)
+        picked = emit.op(
+            ctx,
+            "GATHER",
+            [rows, _corner_rows(ctx, cx, cy, w, h, batch_offsets)],
+            {"axis": 0, "batchDims": 0},
+            shape=(n * ho * wo, c),
+            dtype=x.dtype,
+        )
         if padding == "zeros":
             inside = _inside(ctx, cx, cy, w, h)
             weight = inside if weight is None else emit.binary(ctx, "MUL", weight, inside)

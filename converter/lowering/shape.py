@@ -28,15 +28,26 @@ _INT64_MAX = 2**63 - 1
 # ---- bookkeeping --------------------------------------------------------------------------
 
 
-@lowers(aten.alias.default, aten.clone.default, aten.detach.default, aten.lift_fresh_copy.default,
-        aten.contiguous.default, aten.alias_copy.default, aten.detach_copy.default)
+@lowers(
+    aten.alias.default,
+    aten.clone.default,
+    aten.detach.default,
+    aten.lift_fresh_copy.default,
+    aten.contiguous.default,
+    aten.alias_copy.default,
+    aten.detach_copy.default,
+)
 def identity(ctx, x, *args, **kwargs):
     """Copies and aliases are the same value in a dataflow graph."""
     return x
 
 
-@lowers(aten._assert_tensor_metadata.default, aten._assert_scalar.default,
-        aten.sym_constrain_range_for_size.default, aten.sym_constrain_range.default)
+@lowers(
+    aten._assert_tensor_metadata.default,
+    aten._assert_scalar.default,
+    aten.sym_constrain_range_for_size.default,
+    aten.sym_constrain_range.default,
+)
 def no_op(ctx, *args, **kwargs):
     """Export-time checks: nothing to compute."""
     return None
@@ -67,9 +78,18 @@ def _reshape_to_node(ctx, x: Tensor) -> Tensor:
     return ctx.emit("RESHAPE", [x, emit.int32(ctx, new_shape)], {"newShape": new_shape})
 
 
-@lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
-        aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims,
-        aten.flatten.using_ints, aten.unflatten.int)
+@lowers(
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.view_copy.default,
+    aten.unsqueeze.default,
+    aten.squeeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.flatten.using_ints,
+    aten.unflatten.int,
+)
 def reshape(ctx, x, *args):
     return _reshape_to_node(ctx, x)
 
@@ -121,8 +141,12 @@ def _split_sizes(ctx, x: Tensor, sizes, dim) -> list[Tensor]:
     if x.is_const:
         bounds = np.cumsum(sizes)[:-1]
         return [ctx.const(part) for part in np.split(x.data, bounds, axis=axis)]
-    outputs = ctx.emit("SPLIT_V", [x, emit.int32(ctx, list(sizes)), emit.int32(ctx, axis)],
-                       {"numSplits": len(sizes)}, num_outputs=len(sizes))
+    outputs = ctx.emit(
+        "SPLIT_V",
+        [x, emit.int32(ctx, list(sizes)), emit.int32(ctx, axis)],
+        {"numSplits": len(sizes)},
+        num_outputs=len(sizes),
+    )
     return list(outputs)
 
 
@@ -187,11 +211,22 @@ def _dynamic_slice(ctx, x: Tensor, axis: int, start, end, step, shrink: bool = F
         stop[axis] = end
     strides = [1] * x.rank
     strides[axis] = int(step)
-    bounds = [symbolic.shape_tensor(ctx, v) if any(map(symbolic.is_symbolic, v)) else emit.int32(ctx, v)
-              for v in (begin, stop, strides)]
-    return ctx.emit("STRIDED_SLICE", [x, *bounds],
-                    {"beginMask": begin_mask, "endMask": end_mask, "ellipsisMask": 0, "newAxisMask": 0,
-                     "shrinkAxisMask": (1 << axis) if shrink else 0, "offset": False})
+    bounds = [
+        symbolic.shape_tensor(ctx, v) if any(map(symbolic.is_symbolic, v)) else emit.int32(ctx, v)
+        for v in (begin, stop, strides)
+    ]
+    return ctx.emit(
+        "STRIDED_SLICE",
+        [x, *bounds],
+        {
+            "beginMask": begin_mask,
+            "endMask": end_mask,
+            "ellipsisMask": 0,
+            "newAxisMask": 0,
+            "shrinkAxisMask": (1 << axis) if shrink else 0,
+            "offset": False,
+        },
+    )
 
 
 @lowers(aten.select.int, aten.select_copy.int)
@@ -281,8 +316,14 @@ def roll(ctx, x, shifts, dims=()):
 def _gather_channels(ctx, x_nhwc: Tensor, order: np.ndarray) -> Tensor:
     if np.array_equal(order, np.arange(len(order))):
         return x_nhwc
-    return emit.op(ctx, "GATHER", [x_nhwc, emit.int32(ctx, order)], {"axis": 3, "batchDims": 0},
-                   shape=x_nhwc.shape, dtype=x_nhwc.dtype)
+    return emit.op(
+        ctx,
+        "GATHER",
+        [x_nhwc, emit.int32(ctx, order)],
+        {"axis": 3, "batchDims": 0},
+        shape=x_nhwc.shape,
+        dtype=x_nhwc.dtype,
+    )
 
 
 def _require_4d(ctx, x: Tensor, name: str):
@@ -307,15 +348,22 @@ def pixel_unshuffle(ctx, x, downscale_factor):
     _require_4d(ctx, x, "pixel_unshuffle")
     r = int(downscale_factor)
     n, c, h, w = x.shape
-    y = emit.op(ctx, "SPACE_TO_DEPTH", [layout.to_nhwc(ctx, x)], {"blockSize": r},
-                shape=(n, h // r, w // r, c * r * r), dtype=x.dtype)
+    y = emit.op(
+        ctx,
+        "SPACE_TO_DEPTH",
+        [layout.to_nhwc(ctx, x)],
+        {"blockSize": r},
+        shape=(n, h // r, w // r, c * r * r),
+        dtype=x.dtype,
+    )
     t = np.arange(c * r * r)
     y = _gather_channels(ctx, y, (t % (r * r)) * c + t // (r * r))
     return layout.to_nchw(ctx, y)
 
 
-@lowers(aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default,
-        aten.feature_alpha_dropout.default)
+@lowers(
+    aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default, aten.feature_alpha_dropout.default
+)
 def dropout(ctx, x, p, train):
     """Inference dropout is the identity; training-mode dropout decomposes (random masks)."""
     if train and p > 0:

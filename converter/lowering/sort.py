@@ -28,8 +28,11 @@ def _top(ctx, x: Tensor, k: int, dim: int, largest: bool) -> tuple[Tensor, Tenso
     if x.dtype == np.bool_:
         raise emit.unsupported(ctx, "topk/sort of a boolean tensor", "Cast it to an integer or float dtype first.")
     if x.is_dynamic:
-        raise emit.unsupported(ctx, "topk/sort of a tensor with dynamic dimensions",
-                               "Export with static shapes for this part of the model.")
+        raise emit.unsupported(
+            ctx,
+            "topk/sort of a tensor with dynamic dimensions",
+            "Export with static shapes for this part of the model.",
+        )
     axis = emit.normalize_dim(dim, x.rank) if x.rank else 0
     if x.rank == 0:
         x = emit.reshape(ctx, x, (1,))
@@ -39,8 +42,7 @@ def _top(ctx, x: Tensor, k: int, dim: int, largest: bool) -> tuple[Tensor, Tenso
     if not largest:
         moved = emit.unary(ctx, "NEG", moved)
     shape = (*moved.shape[:-1], k)
-    values, indices = ctx.emit("TOPK_V2", [moved, emit.int32(ctx, k)], shape=shape, dtype=moved.dtype,
-                               num_outputs=2)
+    values, indices = ctx.emit("TOPK_V2", [moved, emit.int32(ctx, k)], shape=shape, dtype=moved.dtype, num_outputs=2)
     indices.dtype = np.dtype(np.int32)
     if not largest:
         values = emit.unary(ctx, "NEG", values)

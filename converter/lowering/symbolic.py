@@ -64,8 +64,7 @@ def register_input(ctx, tensor: Tensor, shape) -> None:
 
 
 def is_symbolic(value) -> bool:
-    return isinstance(value, (torch.SymInt, sympy.Expr)) and not (
-        isinstance(value, sympy.Expr) and value.is_Integer)
+    return isinstance(value, (torch.SymInt, sympy.Expr)) and not (isinstance(value, sympy.Expr) and value.is_Integer)
 
 
 def _expr(value) -> sympy.Expr:
@@ -123,24 +122,33 @@ def _emit_expr(ctx, expr: sympy.Expr) -> Tensor:
         return _fold(ctx, "MINIMUM", expr.args)
     if isinstance(expr, (sympy.Pow, symfn.PowByNatural)) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
         return _fold(ctx, "MUL", [expr.args[0]] * int(expr.args[1]))
-    raise emit.unsupported(ctx, f"the dynamic size '{expr}' ({type(expr).__name__})",
-                           "Only + - * // % min max of input sizes can be computed in the model; "
-                           "make that size static or pass it in as an input tensor.")
+    raise emit.unsupported(
+        ctx,
+        f"the dynamic size '{expr}' ({type(expr).__name__})",
+        "Only + - * // % min max of input sizes can be computed in the model; "
+        "make that size static or pass it in as an input tensor.",
+    )
 
 
 def _emit_symbol(ctx, sym: sympy.Symbol) -> Tensor:
     entry = ctx.symbols.get(sym)
     if entry is None:
         raise emit.unsupported(
-            ctx, f"the size '{sym}', which no input dimension defines (a data-dependent size, e.g. from "
-                 ".item(), nonzero() or a boolean mask)",
-            "Make the size depend only on input shapes, or compute it outside the model.")
+            ctx,
+            f"the size '{sym}', which no input dimension defines (a data-dependent size, e.g. from "
+            ".item(), nonzero() or a boolean mask)",
+            "Make the size depend only on input shapes, or compute it outside the model.",
+        )
     tensor, axis, a, b = entry
     shape = _shape_of(ctx, tensor)
-    size = emit.op(ctx, "STRIDED_SLICE", [shape, emit.int32(ctx, [axis]), emit.int32(ctx, [axis + 1]),
-                                          emit.int32(ctx, [1])],
-                   {"beginMask": 0, "endMask": 0, "ellipsisMask": 0, "newAxisMask": 0,
-                    "shrinkAxisMask": 0, "offset": False}, shape=(1,), dtype=np.int32)
+    size = emit.op(
+        ctx,
+        "STRIDED_SLICE",
+        [shape, emit.int32(ctx, [axis]), emit.int32(ctx, [axis + 1]), emit.int32(ctx, [1])],
+        {"beginMask": 0, "endMask": 0, "ellipsisMask": 0, "newAxisMask": 0, "shrinkAxisMask": 0, "offset": False},
+        shape=(1,),
+        dtype=np.int32,
+    )
     if b:
         size = _scalar_op(ctx, "SUB", size, emit.int32(ctx, [b]))
     if a != 1:
@@ -151,8 +159,9 @@ def _emit_symbol(ctx, sym: sympy.Symbol) -> Tensor:
 def _shape_of(ctx, tensor: Tensor) -> Tensor:
     key = ("shape", tensor.id)
     if key not in ctx.sym_values:
-        ctx.sym_values[key] = emit.op(ctx, "SHAPE", [tensor], {"outType": "INT32"},
-                                      shape=(tensor.rank,), dtype=np.int32)
+        ctx.sym_values[key] = emit.op(
+            ctx, "SHAPE", [tensor], {"outType": "INT32"}, shape=(tensor.rank,), dtype=np.int32
+        )
     return ctx.sym_values[key]
 
 
@@ -172,8 +181,9 @@ def shape_tensor(ctx, dims) -> Tensor:
         pieces.append(emit.int32(ctx, static))
     if len(pieces) == 1:
         return pieces[0]
-    return emit.op(ctx, "CONCATENATION", pieces, {"axis": 0, "fusedActivationFunction": "NONE"},
-                   shape=(len(dims),), dtype=np.int32)
+    return emit.op(
+        ctx, "CONCATENATION", pieces, {"axis": 0, "fusedActivationFunction": "NONE"}, shape=(len(dims),), dtype=np.int32
+    )
 
 
 def signature_of(dims) -> tuple[int, ...] | None:
@@ -196,25 +206,46 @@ def dynamic_reshape(ctx, x: Tensor, shape) -> Tensor:
     out_sig = list(shape)
     source = {}
     for k in dynamic:
-        before, after = math.prod(x.shape[:k]), math.prod(x.shape[k + 1:])
-        match = [j for j in range(len(shape)) if j not in source and shape[j] == x.shape[k]
-                 and math.prod(shape[:j]) == before and math.prod(shape[j + 1:]) == after]
+        before, after = math.prod(x.shape[:k]), math.prod(x.shape[k + 1 :])
+        match = [
+            j
+            for j in range(len(shape))
+            if j not in source
+            and shape[j] == x.shape[k]
+            and math.prod(shape[:j]) == before
+            and math.prod(shape[j + 1 :]) == after
+        ]
         if len(match) != 1:
             raise emit.unsupported(
-                ctx, f"reshaping a tensor of dynamic shape {list(sig)} to {list(shape)}",
+                ctx,
+                f"reshaping a tensor of dynamic shape {list(sig)} to {list(shape)}",
                 "Keep each dynamic dimension whole through view/reshape (merge or split only static "
-                "dims), or mark fewer dims dynamic.")
+                "dims), or mark fewer dims dynamic.",
+            )
         source[match[0]] = k
         out_sig[match[0]] = -1
     if len(dynamic) == 1:
         target = emit.int32(ctx, out_sig)
     else:
         sizes = _shape_of(ctx, x)
-        gathered = {j: emit.op(ctx, "STRIDED_SLICE", [sizes, emit.int32(ctx, [k]), emit.int32(ctx, [k + 1]),
-                                                      emit.int32(ctx, [1])],
-                               {"beginMask": 0, "endMask": 0, "ellipsisMask": 0, "newAxisMask": 0,
-                                "shrinkAxisMask": 0, "offset": False}, shape=(1,), dtype=np.int32)
-                    for j, k in source.items()}
+        gathered = {
+            j: emit.op(
+                ctx,
+                "STRIDED_SLICE",
+                [sizes, emit.int32(ctx, [k]), emit.int32(ctx, [k + 1]), emit.int32(ctx, [1])],
+                {
+                    "beginMask": 0,
+                    "endMask": 0,
+                    "ellipsisMask": 0,
+                    "newAxisMask": 0,
+                    "shrinkAxisMask": 0,
+                    "offset": False,
+                },
+                shape=(1,),
+                dtype=np.int32,
+            )
+            for j, k in source.items()
+        }
         pieces, static = [], []
         for j, d in enumerate(shape):
             if j in gathered:
@@ -226,8 +257,14 @@ def dynamic_reshape(ctx, x: Tensor, shape) -> Tensor:
                 static.append(d)
         if static:
             pieces.append(emit.int32(ctx, static))
-        target = emit.op(ctx, "CONCATENATION", pieces, {"axis": 0, "fusedActivationFunction": "NONE"},
-                         shape=(len(shape),), dtype=np.int32)
+        target = emit.op(
+            ctx,
+            "CONCATENATION",
+            pieces,
+            {"axis": 0, "fusedActivationFunction": "NONE"},
+            shape=(len(shape),),
+            dtype=np.int32,
+        )
     options = {"newShape": out_sig} if len(dynamic) == 1 else {}
     return ctx.emit("RESHAPE", [x, target], options, shape=shape, dtype=x.dtype, signature=tuple(out_sig))
 
@@ -242,11 +279,35 @@ def _node_value(ctx, *args, **kwargs):
 
 
 lowers(aten.sym_size.int, aten.sym_numel.default, aten.sym_storage_offset.default)(_node_value)
-lowers(operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg,
-       operator.pos, operator.truediv, operator.pow, operator.eq, operator.ne, operator.lt,
-       operator.le, operator.gt, operator.ge, operator.and_, operator.or_, operator.not_,
-       torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int, torch.sym_ite,
-       math.ceil, math.floor, math.trunc)(_node_value)
+lowers(
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.floordiv,
+    operator.mod,
+    operator.neg,
+    operator.pos,
+    operator.truediv,
+    operator.pow,
+    operator.eq,
+    operator.ne,
+    operator.lt,
+    operator.le,
+    operator.gt,
+    operator.ge,
+    operator.and_,
+    operator.or_,
+    operator.not_,
+    torch.sym_max,
+    torch.sym_min,
+    torch.sym_not,
+    torch.sym_float,
+    torch.sym_int,
+    torch.sym_ite,
+    math.ceil,
+    math.floor,
+    math.trunc,
+)(_node_value)
 
 
 # ---- masks over dynamic lengths -----------------------------------------------------------
@@ -257,8 +318,14 @@ def _iota(ctx, size) -> Tensor:
     if not is_symbolic(size):
         return emit.int32(ctx, np.arange(int(size)))
     limit = emit.reshape(ctx, sym_value(ctx, size), ())
-    return emit.op(ctx, "RANGE", [emit.scalar_like(ctx, 0, np.int32), limit, emit.scalar_like(ctx, 1, np.int32)],
-                   shape=(int(size.node.hint or 1),), dtype=np.int32, signature=(-1,))
+    return emit.op(
+        ctx,
+        "RANGE",
+        [emit.scalar_like(ctx, 0, np.int32), limit, emit.scalar_like(ctx, 1, np.int32)],
+        shape=(int(size.node.hint or 1),),
+        dtype=np.int32,
+        signature=(-1,),
+    )
 
 
 def causal_mask(ctx, rows, cols) -> Tensor:
@@ -267,10 +334,30 @@ def causal_mask(ctx, rows, cols) -> Tensor:
     i, j = _iota(ctx, rows), _iota(ctx, cols)
     sig_i = (-1, 1) if is_symbolic(rows) else None
     sig_j = (1, -1) if is_symbolic(cols) else None
-    column = ctx.const(i.data.reshape(-1, 1)) if i.is_const else emit.op(
-        ctx, "RESHAPE", [i, emit.int32(ctx, [-1, 1])], {"newShape": [-1, 1]}, shape=(i.shape[0], 1),
-        dtype=np.int32, signature=sig_i)
-    row = ctx.const(j.data.reshape(1, -1)) if j.is_const else emit.op(
-        ctx, "RESHAPE", [j, emit.int32(ctx, [1, -1])], {"newShape": [1, -1]}, shape=(1, j.shape[0]),
-        dtype=np.int32, signature=sig_j)
+    column = (
+        ctx.const(i.data.reshape(-1, 1))
+        if i.is_const
+        else emit.op(
+            ctx,
+            "RESHAPE",
+            [i, emit.int32(ctx, [-1, 1])],
+            {"newShape": [-1, 1]},
+            shape=(i.shape[0], 1),
+            dtype=np.int32,
+            signature=sig_i,
+        )
+    )
+    row = (
+        ctx.const(j.data.reshape(1, -1))
+        if j.is_const
+        else emit.op(
+            ctx,
+            "RESHAPE",
+            [j, emit.int32(ctx, [1, -1])],
+            {"newShape": [1, -1]},
+            shape=(1, j.shape[0]),
+            dtype=np.int32,
+            signature=sig_j,
+        )
+    )
     return emit.binary(ctx, "LESS_EQUAL", row, column, dtype=np.bool_)

@@ -31,10 +31,22 @@ from .simplify_reshapes import simplify_reshapes
 from .to_nhwc import to_nhwc
 
 __all__ = [
-    "optimize", "optimize_graph", "fold_constants", "to_nhwc", "fold_batch_norm",
-    "fuse_activations", "remove_dead_code", "deduplicate_constants", "fold_pad_into_conv",
-    "simplify_reshapes", "opcode_histogram", "narrow_int64_indices", "fuse_gelu",
-    "fold_reshapes_into_fully_connected", "run_pass", "validate_between_passes",
+    "optimize",
+    "optimize_graph",
+    "fold_constants",
+    "to_nhwc",
+    "fold_batch_norm",
+    "fuse_activations",
+    "remove_dead_code",
+    "deduplicate_constants",
+    "fold_pad_into_conv",
+    "simplify_reshapes",
+    "opcode_histogram",
+    "narrow_int64_indices",
+    "fuse_gelu",
+    "fold_reshapes_into_fully_connected",
+    "run_pass",
+    "validate_between_passes",
 ]
 
 MAX_ROUNDS = 4
@@ -48,9 +60,13 @@ def validate_between_passes() -> bool:
 def _structure(graph: Graph) -> tuple:
     """What a pass may change, as comparable values: ops with their tensors and options,
     and the graph's outputs (tensors are compared by identity: passes never mutate one)."""
-    return (tuple((id(op), op.opcode, tuple(id(t) for t in op.inputs), tuple(id(t) for t in op.outputs),
-                   repr(op.options)) for op in graph.ops),
-            tuple(id(t) for t in graph.outputs))
+    return (
+        tuple(
+            (id(op), op.opcode, tuple(id(t) for t in op.inputs), tuple(id(t) for t in op.outputs), repr(op.options))
+            for op in graph.ops
+        ),
+        tuple(id(t) for t in graph.outputs),
+    )
 
 
 def _validate(graph: Graph, after: str) -> None:
@@ -72,8 +88,18 @@ def run_pass(graph_pass: Callable[[Graph], Graph], graph: Graph) -> bool:
 
 
 # One round of the loop, in order (see optimize_graph).
-ROUND = (fold_constants, fuse_gelu, fold_reshapes_into_fully_connected, to_nhwc, fold_constants,
-         fold_batch_norm, fold_pad_into_conv, fuse_activations, remove_dead_code, deduplicate_constants)
+ROUND = (
+    fold_constants,
+    fuse_gelu,
+    fold_reshapes_into_fully_connected,
+    to_nhwc,
+    fold_constants,
+    fold_batch_norm,
+    fold_pad_into_conv,
+    fuse_activations,
+    remove_dead_code,
+    deduplicate_constants,
+)
 
 
 def optimize_graph(graph: Graph) -> Graph:

@@ -181,7 +181,7 @@ def _may_replace_output(graph: Graph, out: Tensor, replacement: Tensor) -> bool:
 def insert_after(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
     """Insert `new_ops` right after `anchor` (keeps the op list topological)."""
     i = next(k for k, op in enumerate(graph.ops) if op is anchor)
-    graph.ops[i + 1:i + 1] = new_ops
+    graph.ops[i + 1 : i + 1] = new_ops
 
 
 def remove_ops(graph: Graph, dead: list[Op]) -> None:
@@ -207,8 +207,11 @@ def snapshot(graph: Graph):
     """Everything a pass may change, to undo it with `restore` (tensors are never mutated).
     The opcode too: a pass may turn an op into another kind in place (TRANSPOSE ->
     RESHAPE); restoring its inputs without its opcode made a RESHAPE read a perm."""
-    return (list(graph.ops), list(graph.outputs),
-            [(op, op.opcode, list(op.inputs), list(op.outputs), dict(op.options)) for op in graph.ops])
+    return (
+        list(graph.ops),
+        list(graph.outputs),
+        [(op, op.opcode, list(op.inputs), list(op.outputs), dict(op.options)) for op in graph.ops],
+    )
 
 
 def restore(graph: Graph, state) -> None:

@@ -53,8 +53,9 @@ def _groups(y_shape: Sequence[int], o_shape: Sequence[int]) -> list[tuple[list[i
     return groups
 
 
-def reshape_first(x_shape: Sequence[int], perm: Sequence[int], o_shape: Sequence[int],
-                  reader_perm: Sequence[int] | None = None) -> ReshapeFirst | None:
+def reshape_first(
+    x_shape: Sequence[int], perm: Sequence[int], o_shape: Sequence[int], reader_perm: Sequence[int] | None = None
+) -> ReshapeFirst | None:
     """Rewrite o = RESHAPE(TRANSPOSE(x, perm), o_shape) as reshape-then-transpose, or None.
 
     `reader_perm`: the perm of a TRANSPOSE that alone reads o, if any; size-1 dims of w

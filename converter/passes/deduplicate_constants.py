@@ -31,8 +31,7 @@ def deduplicate_constants(graph: Graph) -> Graph:
 def _constant_key(t: Tensor):
     quant = None
     if t.quant is not None:
-        quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(),
-                 t.quant.axis)
+        quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(), t.quant.axis)
     return (t.dtype.str, t.shape, _fingerprint(t.data), quant)
 
 
@@ -64,16 +63,14 @@ def _share_constants(graph: Graph) -> None:
 
 def _options_key(options: dict) -> str:
     # repr() keeps it simple: options hold ints, floats, strings, lists and small arrays.
-    return repr(sorted((k, np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
-                       for k, v in options.items()))
+    return repr(sorted((k, np.asarray(v).tolist() if isinstance(v, np.ndarray) else v) for k, v in options.items()))
 
 
 def _output_key(t: Tensor):
     """Outputs must agree too (a QUANTIZE's result depends on its output's scale)."""
     quant = None
     if t.quant is not None:
-        quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(),
-                 t.quant.axis)
+        quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(), t.quant.axis)
     return (t.dtype.str, t.shape, t.shape_signature, quant)
 
 
@@ -84,8 +81,12 @@ def _merge_identical_ops(graph: Graph) -> bool:
     for op in list(graph.ops):
         if op.opcode in SIDE_EFFECT_OPS or any(t.id in outputs or t.is_variable for t in op.outputs):
             continue
-        key = (op.opcode, tuple(None if t is None else t.id for t in op.inputs),
-               _options_key(op.options), tuple(_output_key(t) for t in op.outputs))
+        key = (
+            op.opcode,
+            tuple(None if t is None else t.id for t in op.inputs),
+            _options_key(op.options),
+            tuple(_output_key(t) for t in op.outputs),
+        )
         first: Op | None = seen.setdefault(key, op)
         if first is op:
             continue

@@ -68,8 +68,12 @@ def _per_channel_operand(op: Op, y: Tensor) -> tuple[str, np.ndarray] | None:
     constant c broadcast along the last axis only, else None."""
     if op.opcode not in ("MUL", "DIV", "ADD", "SUB") or len(op.inputs) != 2 or op.outputs[0].is_variable:
         return None  # (an op writing a variable tensor, e.g. an LSTM state refresh, must stay)
-    if activation(op) != "NONE" or op.outputs[0].shape != y.shape \
-            or op.outputs[0].dtype != y.dtype or op.outputs[0].quant is not None:
+    if (
+        activation(op) != "NONE"
+        or op.outputs[0].shape != y.shape
+        or op.outputs[0].dtype != y.dtype
+        or op.outputs[0].quant is not None
+    ):
         return None
     a, b = op.inputs
     if a is y and b is not None and b.is_const:
@@ -80,9 +84,13 @@ def _per_channel_operand(op: Op, y: Tensor) -> tuple[str, np.ndarray] | None:
         return None
     channels = y.shape[-1] if y.rank else 1
     data = np.asarray(c.data)
-    if c.quant is not None or not np.issubdtype(data.dtype, np.floating) \
-            or data.ndim > y.rank or any(d != 1 for d in data.shape[:-1]) \
-            or (data.ndim and data.shape[-1] not in (1, channels)):
+    if (
+        c.quant is not None
+        or not np.issubdtype(data.dtype, np.floating)
+        or data.ndim > y.rank
+        or any(d != 1 for d in data.shape[:-1])
+        or (data.ndim and data.shape[-1] not in (1, channels))
+    ):
         return None
     vector = np.broadcast_to(data.reshape(-1).astype(np.float64), (channels,))
     if op.opcode == "MUL":
@@ -132,8 +140,9 @@ def _fold(op: Op, kind: str, vector: np.ndarray) -> bool:
     else:
         b = b + vector
     new_b = b.astype(np.float32)
-    bias_tensor = Tensor(fresh_name(bias.name if bias is not None else f"{op.outputs[0].name}_bias"),
-                         new_b.shape, np.float32, data=new_b)
+    bias_tensor = Tensor(
+        fresh_name(bias.name if bias is not None else f"{op.outputs[0].name}_bias"), new_b.shape, np.float32, data=new_b
+    )
     while len(op.inputs) <= b_index:
         op.inputs.append(None)
     op.inputs[b_index] = bias_tensor

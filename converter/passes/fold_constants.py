@@ -35,10 +35,12 @@ EVALUATORS: dict[str, Evaluator] = {}
 
 def evaluates(*opcodes: str):
     """Register the decorated function as the numpy implementation of `opcodes`."""
+
     def register(fn: Evaluator) -> Evaluator:
         for opcode in opcodes:
             EVALUATORS[opcode] = fn
         return fn
+
     return register
 
 
@@ -52,8 +54,7 @@ def fold_constants(graph: Graph, *, fold_dequantize: bool = False) -> Graph:
             kept.append(op)
             continue
         for out, value in zip(op.outputs, results):
-            folded = Tensor(fresh_name(out.name), value.shape, out.dtype,
-                            data=np.array(value, order="C"))
+            folded = Tensor(fresh_name(out.name), value.shape, out.dtype, data=np.array(value, order="C"))
             graph.replace_uses(out, folded)
     graph.ops = kept
     return graph
@@ -109,6 +110,7 @@ def _apply_activation(v: np.ndarray, name: str) -> np.ndarray:
 
 
 # ---- layout and shape ops -----------------------------------------------------------------
+
 
 def _ints(a) -> list[int]:
     return [int(v) for v in np.asarray(a).reshape(-1)]
@@ -187,8 +189,10 @@ def _cumsum(op, args):
         x = np.flip(x, axis)
     out = np.cumsum(x, axis=axis, dtype=x.dtype)
     if op.options.get("exclusive", False):
-        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)),
-                              np.take(out, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
+        out = np.concatenate(
+            [np.zeros_like(np.take(out, [0], axis=axis)), np.take(out, np.arange(x.shape[axis] - 1), axis=axis)],
+            axis=axis,
+        )
     if op.options.get("reverse", False):
         out = np.flip(out, axis)
     return [out]
@@ -257,17 +261,28 @@ def _pad(op, args):
 
 # ---- arithmetic ------------------------------------------------------------------------------
 
+
 def _float_only(*arrays):
     if not all(np.issubdtype(a.dtype, np.floating) for a in arrays):
         raise TypeError("integer rounding differs between numpy and TFLite for this op")
 
 
 _BINARY = {
-    "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "MAXIMUM": np.maximum,
-    "MINIMUM": np.minimum, "SQUARED_DIFFERENCE": lambda a, b: np.square(a - b),
-    "FLOOR_DIV": np.floor_divide, "FLOOR_MOD": np.mod, "LESS": np.less,
-    "LESS_EQUAL": np.less_equal, "GREATER": np.greater, "GREATER_EQUAL": np.greater_equal,
-    "EQUAL": np.equal, "NOT_EQUAL": np.not_equal, "LOGICAL_AND": np.logical_and,
+    "ADD": np.add,
+    "SUB": np.subtract,
+    "MUL": np.multiply,
+    "MAXIMUM": np.maximum,
+    "MINIMUM": np.minimum,
+    "SQUARED_DIFFERENCE": lambda a, b: np.square(a - b),
+    "FLOOR_DIV": np.floor_divide,
+    "FLOOR_MOD": np.mod,
+    "LESS": np.less,
+    "LESS_EQUAL": np.less_equal,
+    "GREATER": np.greater,
+    "GREATER_EQUAL": np.greater_equal,
+    "EQUAL": np.equal,
+    "NOT_EQUAL": np.not_equal,
+    "LOGICAL_AND": np.logical_and,
     "LOGICAL_OR": np.logical_or,
 }
 
@@ -290,19 +305,30 @@ def _pow(op, args):
 
 
 _UNARY = {
-    "NEG": np.negative, "ABS": np.abs, "SQRT": np.sqrt, "RSQRT": lambda x: 1 / np.sqrt(x),
-    "EXP": np.exp, "LOG": np.log, "SQUARE": np.square, "SIN": np.sin, "COS": np.cos,
-    "FLOOR": np.floor, "CEIL": np.ceil, "LOGICAL_NOT": np.logical_not, "SIGN": np.sign,
-    "RELU": lambda x: np.maximum(x, 0), "RELU6": lambda x: np.clip(x, 0, 6),
-    "RELU_N1_TO_1": lambda x: np.clip(x, -1, 1), "TANH": np.tanh,
+    "NEG": np.negative,
+    "ABS": np.abs,
+    "SQRT": np.sqrt,
+    "RSQRT": lambda x: 1 / np.sqrt(x),
+    "EXP": np.exp,
+    "LOG": np.log,
+    "SQUARE": np.square,
+    "SIN": np.sin,
+    "COS": np.cos,
+    "FLOOR": np.floor,
+    "CEIL": np.ceil,
+    "LOGICAL_NOT": np.logical_not,
+    "SIGN": np.sign,
+    "RELU": lambda x: np.maximum(x, 0),
+    "RELU6": lambda x: np.clip(x, 0, 6),
+    "RELU_N1_TO_1": lambda x: np.clip(x, -1, 1),
+    "TANH": np.tanh,
     "LOGISTIC": lambda x: 1 / (1 + np.exp(-x)),
 }
 
 
 @evaluates(*_UNARY)
 def _unary(op, args):
-    if op.opcode not in ("NEG", "ABS", "SQUARE", "LOGICAL_NOT", "SIGN", "RELU", "RELU6",
-                         "RELU_N1_TO_1"):
+    if op.opcode not in ("NEG", "ABS", "SQUARE", "LOGICAL_NOT", "SIGN", "RELU", "RELU6", "RELU_N1_TO_1"):
         _float_only(args[0])
     # LOG(0) = -inf is what the LiteRT kernel computes too (T5's relative position
     # buckets take the log of 0 and discard it with a SELECT): fold it.
@@ -315,8 +341,15 @@ def _select(op, args):
     return [np.where(args[0], args[1], args[2])]
 
 
-_REDUCE = {"SUM": np.sum, "MEAN": np.mean, "REDUCE_MAX": np.max, "REDUCE_MIN": np.min,
-           "REDUCE_PROD": np.prod, "REDUCE_ANY": np.any, "REDUCE_ALL": np.all}
+_REDUCE = {
+    "SUM": np.sum,
+    "MEAN": np.mean,
+    "REDUCE_MAX": np.max,
+    "REDUCE_MIN": np.min,
+    "REDUCE_PROD": np.prod,
+    "REDUCE_ANY": np.any,
+    "REDUCE_ALL": np.all,
+}
 
 
 @evaluates(*_REDUCE)

@@ -36,8 +36,7 @@ def fold_pad_into_conv(graph: Graph) -> Graph:
             conv.options["padding"] = "SAME"
     # the PADs are now unread; remove_dead_code drops them
     live = {t.id for op in graph.ops for t in op.inputs if t is not None} | {t.id for t in graph.outputs}
-    graph.ops = [op for op in graph.ops
-                 if op.opcode not in ("PAD", "PADV2") or any(t.id in live for t in op.outputs)]
+    graph.ops = [op for op in graph.ops if op.opcode not in ("PAD", "PADV2") or any(t.id in live for t in op.outputs)]
     return graph
 
 
@@ -49,8 +48,12 @@ def _same_padding(size: int, stride: int, kernel: int, dilation: int) -> tuple[i
 
 def _is_same_padding(pad: Op, conv: Op) -> bool:
     x, paddings = pad.inputs[0], pad.inputs[1]
-    if x.rank != 4 or paddings is None or not paddings.is_const \
-            or (x.is_dynamic and any(s == -1 for s in x.shape_signature[1:3])):
+    if (
+        x.rank != 4
+        or paddings is None
+        or not paddings.is_const
+        or (x.is_dynamic and any(s == -1 for s in x.shape_signature[1:3]))
+    ):
         return False
     if pad.opcode == "PADV2" and len(pad.inputs) > 2 and pad.inputs[2] is not None:
         value = pad.inputs[2]
@@ -63,8 +66,10 @@ def _is_same_padding(pad: Op, conv: Op) -> bool:
         return False
     filt = conv.inputs[1]
     o = conv.options
-    for axis, k_axis, stride, dilation in ((1, 1, o.get("strideH", 1), o.get("dilationHFactor", 1)),
-                                           (2, 2, o.get("strideW", 1), o.get("dilationWFactor", 1))):
+    for axis, k_axis, stride, dilation in (
+        (1, 1, o.get("strideH", 1), o.get("dilationHFactor", 1)),
+        (2, 2, o.get("strideW", 1), o.get("dilationWFactor", 1)),
+    ):
         if tuple(p[axis]) != _same_padding(x.shape[axis], stride, filt.shape[k_axis], dilation):
             return False
     return True

@@ -35,8 +35,12 @@ def fold_reshapes_into_fully_connected(graph: Graph) -> Graph:
         if uses.only_consumer(flat) is not fc or any(t.is_dynamic for t in (x, flat, out)):
             continue
         lead = x.shape[:-1]
-        if x.rank < 3 or flat.rank != 2 or flat.shape != (math.prod(lead), x.shape[-1]) \
-                or out.shape != (*lead, fc.outputs[0].shape[-1]):
+        if (
+            x.rank < 3
+            or flat.rank != 2
+            or flat.shape != (math.prod(lead), x.shape[-1])
+            or out.shape != (*lead, fc.outputs[0].shape[-1])
+        ):
             continue
         uses.remove(unflatten)
         uses.remove(flatten)

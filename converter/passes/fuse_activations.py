@@ -24,10 +24,23 @@ from ._graph import Uses, activation, remove_ops
 ACTIVATIONS = frozenset({"RELU", "RELU6", "RELU_N1_TO_1"})
 
 # Builtins whose options carry fusedActivationFunction and whose kernels honour it.
-FUSIBLE_PRODUCERS = frozenset({
-    "ADD", "SUB", "MUL", "DIV", "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED",
-    "TRANSPOSE_CONV", "AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", "CONV_3D", "CONV_3D_TRANSPOSE",
-})
+FUSIBLE_PRODUCERS = frozenset(
+    {
+        "ADD",
+        "SUB",
+        "MUL",
+        "DIV",
+        "CONV_2D",
+        "DEPTHWISE_CONV_2D",
+        "FULLY_CONNECTED",
+        "TRANSPOSE_CONV",
+        "AVERAGE_POOL_2D",
+        "MAX_POOL_2D",
+        "L2_POOL_2D",
+        "CONV_3D",
+        "CONV_3D_TRANSPOSE",
+    }
+)
 
 _FUSIBLE_DTYPES = {np.dtype(d) for d in (np.float32, np.float16, np.int8, np.uint8, np.int16)}
 
@@ -41,11 +54,14 @@ def fuse_activations(graph: Graph) -> Graph:
             continue
         x = act.inputs[0]
         producer = uses.producer.get(x.id)
-        if producer is None or producer.opcode not in FUSIBLE_PRODUCERS \
-                or len(producer.outputs) != 1 or activation(producer) != "NONE":
+        if (
+            producer is None
+            or producer.opcode not in FUSIBLE_PRODUCERS
+            or len(producer.outputs) != 1
+            or activation(producer) != "NONE"
+        ):
             continue
-        if uses.only_consumer(x) is not act or x.dtype != act.outputs[0].dtype \
-                or x.dtype not in _FUSIBLE_DTYPES:
+        if uses.only_consumer(x) is not act or x.dtype != act.outputs[0].dtype or x.dtype not in _FUSIBLE_DTYPES:
             continue
         producer.options["fusedActivationFunction"] = act.opcode
         producer.outputs[0] = act.outputs[0]

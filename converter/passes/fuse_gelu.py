@@ -38,8 +38,12 @@ def fuse_gelu(graph: Graph) -> Graph:
 
 
 def _scalar(t: Tensor | None, value: float) -> bool:
-    return t is not None and t.is_const and t.data.size == 1 and \
-        bool(np.isclose(float(t.data.reshape(())), value, rtol=1e-6, atol=0.0))
+    return (
+        t is not None
+        and t.is_const
+        and t.data.size == 1
+        and bool(np.isclose(float(t.data.reshape(())), value, rtol=1e-6, atol=0.0))
+    )
 
 
 def _by(op: Op | None, opcode: str, value: float) -> Tensor | None:

@@ -53,8 +53,11 @@ def narrow_int64_indices(graph: Graph, *, warn: bool = True) -> Graph:
             narrowed += 1
     graph.ops = [op for op in graph.ops if id(op) not in dropped]
     if narrowed and warn:
-        warnings.warn(f"{narrowed} int64 index tensor(s) are computed as int32 in the LiteRT model (indices are "
-                      "below 2**31, so this is exact); model inputs and outputs keep their dtypes.", stacklevel=2)
+        warnings.warn(
+            f"{narrowed} int64 index tensor(s) are computed as int32 in the LiteRT model (indices are "
+            "below 2**31, so this is exact); model inputs and outputs keep their dtypes.",
+            stacklevel=2,
+        )
     return graph
 
 

@@ -42,8 +42,7 @@ def _is_noop(op: Op) -> bool:
     if not op.inputs or op.inputs[0] is None or len(op.outputs) != 1:
         return False
     x, y = op.inputs[0], op.outputs[0]
-    same = x.shape == y.shape and x.dtype == y.dtype and x.shape_signature == y.shape_signature \
-        and _same_quant(x, y)
+    same = x.shape == y.shape and x.dtype == y.dtype and x.shape_signature == y.shape_signature and _same_quant(x, y)
     if not same:
         return False
     if op.opcode == "CAST":
@@ -52,8 +51,7 @@ def _is_noop(op: Op) -> bool:
         return x.shape_signature is None or list(x.shape_signature).count(-1) <= 1
     if op.opcode == "TRANSPOSE":
         perm = op.inputs[1] if len(op.inputs) > 1 else None
-        return perm is not None and perm.is_const and \
-            list(np.asarray(perm.data).reshape(-1)) == list(range(x.rank))
+        return perm is not None and perm.is_const and list(np.asarray(perm.data).reshape(-1)) == list(range(x.rank))
     return False
 
 
@@ -69,13 +67,20 @@ def _constant_choice(op: Op):
         chosen = op.inputs[2]
     else:
         return None
-    same = chosen.shape == out.shape and chosen.dtype == out.dtype and \
-        chosen.shape_signature == out.shape_signature and _same_quant(chosen, out)
+    same = (
+        chosen.shape == out.shape
+        and chosen.dtype == out.dtype
+        and chosen.shape_signature == out.shape_signature
+        and _same_quant(chosen, out)
+    )
     return chosen if same else None
 
 
 def _same_quant(a, b) -> bool:
     if a.quant is None or b.quant is None:
         return a.quant is None and b.quant is None
-    return np.array_equal(a.quant.scale, b.quant.scale) and \
-        np.array_equal(a.quant.zero_point, b.quant.zero_point) and a.quant.axis == b.quant.axis
+    return (
+        np.array_equal(a.quant.scale, b.quant.scale)
+        and np.array_equal(a.quant.zero_point, b.quant.zero_point)
+        and a.quant.axis == b.quant.axis
+    )

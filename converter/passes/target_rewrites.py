@@ -56,8 +56,9 @@ def web_io_dtypes(model: ir.Model) -> list[str]:
                 changes.append(f"{graph.name}: input {k} {x.dtype.name} -> {outer.dtype.name} (CAST inside)")
         for k, y in enumerate(graph.outputs):
             if y.dtype in WEB_IO:
-                outer = ir.Tensor(f"{y.name}/{WEB_IO[y.dtype].name}", y.shape, WEB_IO[y.dtype],
-                                  shape_signature=y.shape_signature)
+                outer = ir.Tensor(
+                    f"{y.name}/{WEB_IO[y.dtype].name}", y.shape, WEB_IO[y.dtype], shape_signature=y.shape_signature
+                )
                 graph.ops.append(_cast(y, outer))
                 graph.outputs[k] = outer
                 changes.append(f"{graph.name}: output {k} {y.dtype.name} -> {outer.dtype.name} (CAST inside)")
@@ -76,8 +77,10 @@ def static_shapes(model: ir.Model) -> list[str]:
             if op.opcode == "RESHAPE" and -1 in op.options.get("newShape", []):
                 op.options["newShape"] = list(op.outputs[0].shape)
         if dynamic:
-            changes.append(f"{graph.name}: {len(dynamic)} dynamic tensor(s) fixed to the sample shapes "
-                           f"(inputs {[list(t.shape) for t in graph.inputs]})")
+            changes.append(
+                f"{graph.name}: {len(dynamic)} dynamic tensor(s) fixed to the sample shapes "
+                f"(inputs {[list(t.shape) for t in graph.inputs]})"
+            )
     return changes
 
 
@@ -103,8 +106,12 @@ def _fold_reshape_chains(graph: ir.Graph) -> int:
             op.inputs = [src.inputs[0], *op.inputs[1:]]
     outputs = {t.id for t in graph.outputs}
     for op in graph.ops:  # identity reshapes: readers take the input itself
-        if (op.opcode == "RESHAPE" and op.inputs[0].shape == op.outputs[0].shape
-                and op.outputs[0].id not in outputs and not op.inputs[0].is_dynamic):
+        if (
+            op.opcode == "RESHAPE"
+            and op.inputs[0].shape == op.outputs[0].shape
+            and op.outputs[0].id not in outputs
+            and not op.inputs[0].is_dynamic
+        ):
             graph.replace_uses(op.outputs[0], op.inputs[0])
     consumers = graph.consumers()
     kept = []
@@ -129,9 +136,13 @@ def reduce_rank(model: ir.Model) -> list[str]:
         for op in graph.ops:
             tensors = [t for t in [*op.inputs, *op.outputs] if t is not None and not t.is_const]
             shapes = {t.shape for t in tensors}
-            if (op.opcode not in ELEMENTWISE_SAME_SHAPE or len(shapes) != 1 or any(t.is_dynamic for t in tensors)
-                    or len(next(iter(shapes))) <= GPU_MAX_RANK
-                    or any(t.is_const and t.data.size > 1 for t in op.inputs if t is not None)):
+            if (
+                op.opcode not in ELEMENTWISE_SAME_SHAPE
+                or len(shapes) != 1
+                or any(t.is_dynamic for t in tensors)
+                or len(next(iter(shapes))) <= GPU_MAX_RANK
+                or any(t.is_const and t.data.size > 1 for t in op.inputs if t is not None)
+            ):
                 ops.append(op)
                 continue
             shape = next(iter(shapes))
@@ -154,8 +165,10 @@ def reduce_rank(model: ir.Model) -> list[str]:
         graph.ops = ops
         if rewritten:
             folded = _fold_reshape_chains(graph)
-            changes.append(f"{graph.name}: {rewritten} elementwise op(s) of rank > {GPU_MAX_RANK} run on rank-"
-                           f"{GPU_MAX_RANK} views ({folded} reshape(s) folded)")
+            changes.append(
+                f"{graph.name}: {rewritten} elementwise op(s) of rank > {GPU_MAX_RANK} run on rank-"
+                f"{GPU_MAX_RANK} views ({folded} reshape(s) folded)"
+            )
     return changes
 
 

@@ -59,6 +59,7 @@ def to_nhwc(graph: Graph) -> Graph:
 
 # ---- driver -----------------------------------------------------------------------------
 
+
 def _sweep(graph: Graph, allow_fan_out: bool) -> bool:
     """One pass over the TRANSPOSE ops; True if anything changed."""
     changed = False
@@ -186,8 +187,14 @@ def _source(y: Tensor, uses: Uses) -> Tensor:
     return uses.producer[y.id].inputs[0]
 
 
-def _rewriter(uses: Uses, op: Op, perm: list[int], new_inputs: dict[int, Tensor | None],
-              new_options: dict, out_perms: list[list[int]] | None = None) -> Rewrite:
+def _rewriter(
+    uses: Uses,
+    op: Op,
+    perm: list[int],
+    new_inputs: dict[int, Tensor | None],
+    new_options: dict,
+    out_perms: list[list[int]] | None = None,
+) -> Rewrite:
     """A rewrite making `op` read `new_inputs` (by index) with `new_options`, and compute
     its outputs in the transposed layout; a TRANSPOSE after each output restores the
     original tensors. `out_perms[i]` maps output i back (default: `perm`)."""
@@ -219,8 +226,7 @@ def _transposed_tensor(t: Tensor, perm: list[int]) -> Tensor:
     quant = t.quant
     if quant is not None and np.size(quant.scale) > 1:
         quant = QuantParams(quant.scale, quant.zero_point, perm.index(quant.axis))
-    return Tensor(fresh_name(t.name), tuple(t.shape[p] for p in perm), t.dtype,
-                  shape_signature=sig, quant=quant)
+    return Tensor(fresh_name(t.name), tuple(t.shape[p] for p in perm), t.dtype, shape_signature=sig, quant=quant)
 
 
 def _plan_broadcasting(op, perm, uses) -> Rewrite | None:
@@ -242,8 +248,7 @@ def _plan_broadcasting(op, perm, uses) -> Rewrite | None:
                 return None  # per-channel quantized constant: leave alone
             data = np.asarray(t.data).reshape((1,) * (rank - t.rank) + t.data.shape)
             moved = np.ascontiguousarray(np.transpose(data, inv))
-            new_inputs[i] = Tensor(fresh_name(t.name), moved.shape, t.dtype, data=moved,
-                                   quant=t.quant)
+            new_inputs[i] = Tensor(fresh_name(t.name), moved.shape, t.dtype, data=moved, quant=t.quant)
         elif t.rank == 0:
             new_inputs[i] = t  # a scalar broadcasts the same in any layout
         else:
@@ -300,11 +305,11 @@ def _permuted_const(t: Tensor, perm: list[int]) -> Tensor:
 
 def _plan_slice(op, y, perm, uses) -> Rewrite | None:
     begin, size = op.inputs[1], op.inputs[2]
-    if op.inputs[0] is not y or not (begin is not None and begin.is_const and size is not None
-                                     and size.is_const):
+    if op.inputs[0] is not y or not (begin is not None and begin.is_const and size is not None and size.is_const):
         return None
-    return _rewriter(uses, op, perm, {0: _source(y, uses), 1: _permuted_const(begin, perm),
-                                       2: _permuted_const(size, perm)}, {})
+    return _rewriter(
+        uses, op, perm, {0: _source(y, uses), 1: _permuted_const(begin, perm), 2: _permuted_const(size, perm)}, {}
+    )
 
 
 def _permute_mask(mask: int, perm: list[int]) -> int:
@@ -313,25 +318,39 @@ def _permute_mask(mask: int, perm: list[int]) -> int:
 
 def _plan_strided_slice(op, y, perm, uses) -> Rewrite | None:
     o = op.options
-    if o.get("ellipsisMask", 0) or o.get("newAxisMask", 0) or o.get("shrinkAxisMask", 0) \
-            or o.get("offset", False):
+    if o.get("ellipsisMask", 0) or o.get("newAxisMask", 0) or o.get("shrinkAxisMask", 0) or o.get("offset", False):
         return None  # rank-changing or offset forms: not worth the bookkeeping
     ins = op.inputs
     if ins[0] is not y or not all(t is not None and t.is_const for t in ins[1:4]):
         return None
-    options = {"beginMask": _permute_mask(o.get("beginMask", 0), perm),
-               "endMask": _permute_mask(o.get("endMask", 0), perm)}
-    return _rewriter(uses, op, perm, {0: _source(y, uses), 1: _permuted_const(ins[1], perm),
-                                       2: _permuted_const(ins[2], perm),
-                                       3: _permuted_const(ins[3], perm)}, options)
+    options = {
+        "beginMask": _permute_mask(o.get("beginMask", 0), perm),
+        "endMask": _permute_mask(o.get("endMask", 0), perm),
+    }
+    return _rewriter(
+        uses,
+        op,
+        perm,
+        {
+            0: _source(y, uses),
+            1: _permuted_const(ins[1], perm),
+            2: _permuted_const(ins[2], perm),
+            3: _permuted_const(ins[3], perm),
+        },
+        options,
+    )
 
 
 def _plan_split(op, y, perm, uses) -> Rewrite | None:
     rank = len(perm)
     data_index, axis_index = (1, 0) if op.opcode == "SPLIT" else (0, 2)
     axis = _const_ints(op.inputs[axis_index])
-    if op.inputs[data_index] is not y or axis is None or len(axis) != 1 \
-            or any(t is y for i, t in enumerate(op.inputs) if i != data_index):
+    if (
+        op.inputs[data_index] is not y
+        or axis is None
+        or len(axis) != 1
+        or any(t is y for i, t in enumerate(op.inputs) if i != data_index)
+    ):
         return None
     new_axis = int32_const(perm[axis[0] % rank], "axis")
     return _rewriter(uses, op, perm, {data_index: _source(y, uses), axis_index: new_axis}, {})
@@ -340,8 +359,7 @@ def _plan_split(op, y, perm, uses) -> Rewrite | None:
 def _plan_gather(op, y, perm, uses) -> Rewrite | None:
     rank = len(perm)
     indices = op.inputs[1]
-    if op.inputs[0] is not y or indices is y or indices.rank != 1 \
-            or op.options.get("batchDims", 0):
+    if op.inputs[0] is not y or indices is y or indices.rank != 1 or op.options.get("batchDims", 0):
         return None
     axis = op.options.get("axis", 0) % rank
     return _rewriter(uses, op, perm, {0: _source(y, uses)}, {"axis": perm[axis]})
@@ -351,8 +369,12 @@ def _plan_reshape(op, y, perm, uses) -> Rewrite | None:
     """RESHAPE(TRANSPOSE(x)) -> TRANSPOSE(RESHAPE(x)) when the reshape's merged/split
     groups of dims are adjacent in x (see `_reshape_layout`); static shapes only."""
     x, o = _source(y, uses), op.outputs[0]
-    if op.inputs[0] is not y or x.is_dynamic or o.is_dynamic \
-            or (len(op.inputs) > 1 and op.inputs[1] is not None and not op.inputs[1].is_const):
+    if (
+        op.inputs[0] is not y
+        or x.is_dynamic
+        or o.is_dynamic
+        or (len(op.inputs) > 1 and op.inputs[1] is not None and not op.inputs[1].is_const)
+    ):
         return None
     reader = uses.only_consumer(o)
     reader_perm = transpose_perm(reader) if reader is not None and reader.opcode == "TRANSPOSE" else None

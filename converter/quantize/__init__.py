@@ -26,8 +26,18 @@ from converter import ir
 from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, AutoConfig, QuantConfig
 from converter.quantize.report import FloatOp, QuantizationWarning, QuantReport
 
-__all__ = ["QuantConfig", "AutoConfig", "CalibrationSamples", "calibrated_ranges", "QuantReport", "FloatOp", "QuantizationWarning", "validate_config", "quantize",
-           "SCHEMES"]
+__all__ = [
+    "QuantConfig",
+    "AutoConfig",
+    "CalibrationSamples",
+    "calibrated_ranges",
+    "QuantReport",
+    "FloatOp",
+    "QuantizationWarning",
+    "validate_config",
+    "quantize",
+    "SCHEMES",
+]
 
 _IO_FOR = {"full_int8": ("float", "int8", "uint8"), "int16x8": ("float", "int16"), "pt2e": ("float", "int8")}
 
@@ -39,7 +49,8 @@ def _as_config(config) -> QuantConfig:
         return QuantConfig(config)
     raise TypeError(
         f"quant_config must be a litert_torch.quantize config, e.g. quantize.dynamic_int8() or "
-        f"quantize.full_int8(); got {config!r}. Schemes: {', '.join(SCHEMES)}")
+        f"quantize.full_int8(); got {config!r}. Schemes: {', '.join(SCHEMES)}"
+    )
 
 
 def validate_config(config, calibration_data, specs) -> QuantConfig:
@@ -55,8 +66,9 @@ def validate_config(config, calibration_data, specs) -> QuantConfig:
             raise ValueError("auto: mixed precision for a budget takes a model with one signature")
         evals = CalibrationSamples(config.eval_data, specs[0], False)
         if evals.one_shot:
-            raise TypeError("auto: eval_data must be a list (or another sequence) of samples: "
-                            "it is evaluated once per candidate")
+            raise TypeError(
+                "auto: eval_data must be a list (or another sequence) of samples: it is evaluated once per candidate"
+            )
         return dataclasses.replace(config, base=base, eval_samples={specs[0].name: evals})
     if config.scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {config.scheme!r}; one of {', '.join(SCHEMES)}")
@@ -65,8 +77,10 @@ def validate_config(config, calibration_data, specs) -> QuantConfig:
         _check_block_size(config, specs)
     allowed_io = _IO_FOR.get(config.scheme, ("float",))
     if config.io not in allowed_io:
-        raise ValueError(f"io={config.io!r} is not available for {config.scheme}; choose one of {list(allowed_io)}"
-                         + ("" if config.io in IO_TYPES else f" (model I/O types: {list(IO_TYPES)})"))
+        raise ValueError(
+            f"io={config.io!r} is not available for {config.scheme}; choose one of {list(allowed_io)}"
+            + ("" if config.io in IO_TYPES else f" (model I/O types: {list(IO_TYPES)})")
+        )
     check_keep_float(config.keep_float, [s.module for s in specs])
     samples = None
     if config.scheme in CALIBRATED:
@@ -74,11 +88,13 @@ def validate_config(config, calibration_data, specs) -> QuantConfig:
             raise ValueError(
                 f"{config.scheme} needs calibration_data=: an iterable of sample-args tuples shaped like "
                 f"sample_args (a few dozen representative inputs), e.g. "
-                f"calibration_data=[(torch.randn(1, 3, 224, 224),) for _ in range(32)]")
+                f"calibration_data=[(torch.randn(1, 3, 224, 224),) for _ in range(32)]"
+            )
         samples = _check_calibration(calibration_data, specs)
     elif calibration_data is not None:
-        warnings.warn(f"calibration_data is ignored by {config.scheme} (only {', '.join(CALIBRATED)} calibrate)",
-                      stacklevel=3)
+        warnings.warn(
+            f"calibration_data is ignored by {config.scheme} (only {', '.join(CALIBRATED)} calibrate)", stacklevel=3
+        )
     return dataclasses.replace(config, keep_float=tuple(config.keep_float), samples=samples)
 
 
@@ -87,8 +103,10 @@ def _check_block_size(config: QuantConfig, specs) -> None:
 
     b = config.block_size
     if not isinstance(b, int) or isinstance(b, bool) or b <= 0 or b % 32:
-        raise ValueError(f"weight_only_int4: block_size={b!r} must be a positive multiple of 32 "
-                         f"(XNNPACK's blockwise int4 kernels need it), e.g. 32, 64 or 128")
+        raise ValueError(
+            f"weight_only_int4: block_size={b!r} must be a positive multiple of 32 "
+            f"(XNNPACK's blockwise int4 kernels need it), e.g. 32, 64 or 128"
+        )
     for spec in specs:
         for name, module in spec.module.named_modules():
             if isinstance(module, torch.nn.Linear) and module.in_features % b:
@@ -98,7 +116,8 @@ def _check_block_size(config: QuantConfig, specs) -> None:
                 raise ValueError(
                     f"weight_only_int4: block_size={b} does not divide the {module.in_features} input "
                     f"features of layer {name!r} ({module}); choose a block size that divides every "
-                    f"Linear's in_features, or keep_float=[{name!r}]")
+                    f"Linear's in_features, or keep_float=[{name!r}]"
+                )
 
 
 def _sample_tuple(sample, where: str) -> tuple:
@@ -107,8 +126,10 @@ def _sample_tuple(sample, where: str) -> tuple:
     if isinstance(sample, list):
         sample = tuple(sample)
     if not isinstance(sample, tuple):
-        raise TypeError(f"{where} is a {type(sample).__name__}; each calibration sample must be a tuple of "
-                        f"positional inputs like sample_args (or one tensor)")
+        raise TypeError(
+            f"{where} is a {type(sample).__name__}; each calibration sample must be a tuple of "
+            f"positional inputs like sample_args (or one tensor)"
+        )
     return sample
 
 
@@ -117,22 +138,29 @@ def _check_calibration(calibration_data, specs) -> dict[str, "CalibrationSamples
         missing = [s.name for s in specs if s.name not in calibration_data]
         unknown = [k for k in calibration_data if k not in {s.name for s in specs}]
         if missing or unknown:
-            raise ValueError(f"calibration_data by signature: missing {missing}, unknown {unknown}; "
-                             f"give one iterable of samples per signature {[s.name for s in specs]}")
+            raise ValueError(
+                f"calibration_data by signature: missing {missing}, unknown {unknown}; "
+                f"give one iterable of samples per signature {[s.name for s in specs]}"
+            )
         per_spec = {s.name: calibration_data[s.name] for s in specs}
     elif len(specs) == 1:
         per_spec = {specs[0].name: calibration_data}
     else:
-        raise TypeError(f"with several signatures, calibration_data must be a dict "
-                        f"{{signature name: iterable of samples}} for {[s.name for s in specs]}")
+        raise TypeError(
+            f"with several signatures, calibration_data must be a dict "
+            f"{{signature name: iterable of samples}} for {[s.name for s in specs]}"
+        )
     if isinstance(calibration_data, (torch.Tensor, np.ndarray)):
-        raise TypeError("calibration_data is one tensor; pass an iterable of samples, "
-                        "e.g. [(x,) for x in batch.split(1)]")
+        raise TypeError(
+            "calibration_data is one tensor; pass an iterable of samples, e.g. [(x,) for x in batch.split(1)]"
+        )
     out = {}
     for spec in specs:
         if spec.sample_kwargs:
-            raise ValueError(f"signature '{spec.name}' has keyword inputs; calibration passes inputs "
-                             f"positionally: convert with every input in sample_args")
+            raise ValueError(
+                f"signature '{spec.name}' has keyword inputs; calibration passes inputs "
+                f"positionally: convert with every input in sample_args"
+            )
         out[spec.name] = CalibrationSamples(per_spec[spec.name], spec, len(specs) > 1)
     return out
 
@@ -162,8 +190,10 @@ class CalibrationSamples:
             self.source, self.one_shot = (itertools.chain([first], iterator) if first is not None else ()), True
             count = int(first is not None)
         if not count:
-            raise ValueError(f"calibration_data for '{spec.name}' is empty; give at least one sample "
-                             f"(a few dozen representative inputs work well)")
+            raise ValueError(
+                f"calibration_data for '{spec.name}' is empty; give at least one sample "
+                f"(a few dozen representative inputs work well)"
+            )
         self._used = False
 
     def __len__(self) -> int:
@@ -173,8 +203,10 @@ class CalibrationSamples:
 
     def __iter__(self):
         if self.one_shot and self._used:
-            raise RuntimeError("the calibration samples came from a one-shot iterator (a generator) that "
-                               "is used up; pass a list (or another sequence) to calibrate more than once")
+            raise RuntimeError(
+                "the calibration samples came from a one-shot iterator (a generator) that "
+                "is used up; pass a list (or another sequence) to calibrate more than once"
+            )
         self._used = True
         for k, sample in enumerate(self.source):
             yield self._checked(sample, k)
@@ -185,8 +217,10 @@ class CalibrationSamples:
         args = self.spec.sample_args
         if len(sample) != len(args):
             raise ValueError(f"{where} has {len(sample)} input(s); the model takes {len(args)} like sample_args")
-        return tuple(_check_input(x, ref, f"{where}, input {i}", self.spec.dynamic_shapes is not None)
-                     for i, (x, ref) in enumerate(zip(sample, args)))
+        return tuple(
+            _check_input(x, ref, f"{where}, input {i}", self.spec.dynamic_shapes is not None)
+            for i, (x, ref) in enumerate(zip(sample, args))
+        )
 
 
 def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
@@ -204,13 +238,16 @@ def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
         if (dtype is not None and dtype != ref.dtype) or (dtype is None and array.dtype != ref_np):
             raise TypeError(f"{where} has dtype {dtype or array.dtype}; sample_args has {ref.dtype}")
         if len(array.shape) != len(want) or (not dynamic and tuple(array.shape) != want):
-            raise ValueError(f"{where} has shape {tuple(array.shape)}; sample_args has {want}"
-                             + ("" if dynamic else " (declare dynamic_shapes= to calibrate other sizes)"))
+            raise ValueError(
+                f"{where} has shape {tuple(array.shape)}; sample_args has {want}"
+                + ("" if dynamic else " (declare dynamic_shapes= to calibrate other sizes)")
+            )
     return np.ascontiguousarray(array)
 
 
-def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, runner=None,
-             progress=None) -> QuantReport | None:
+def quantize(
+    model: ir.Model, config: QuantConfig, calibration_data=None, *, runner=None, progress=None
+) -> QuantReport | None:
     """Apply `config` to the converted float `model` (in place). Full-integer schemes
     return a QuantReport listing every op left in float (and warn about those the user did
     not ask for); weight-only schemes return None.
@@ -236,14 +273,18 @@ def quantize(model: ir.Model, config: QuantConfig, calibration_data=None, *, run
         ranges = calibrated_ranges(model, config, runner, progress)
     report = QuantReport(str(config))
     for graph in model.graphs:
-        count, float_ops = full_integer.quantize_graph(graph, ranges[graph.name], activations=activations,
-                                                       io=config.io, keep_float=config.keep_float,
-                                                       fixed=fixed[graph.name])
+        count, float_ops = full_integer.quantize_graph(
+            graph,
+            ranges[graph.name],
+            activations=activations,
+            io=config.io,
+            keep_float=config.keep_float,
+            fixed=fixed[graph.name],
+        )
         report.quantized_ops += count
         report.float_ops += float_ops
     report.warn(stacklevel=5)  # the user's call of litert_torch.convert
     return report
-
 
 
 def calibrated_ranges(model: ir.Model, config: QuantConfig, runner, progress=None) -> dict:
@@ -251,11 +292,21 @@ def calibrated_ranges(model: ir.Model, config: QuantConfig, runner, progress=Non
     from converter.quantize.calibrate import collect_ranges
 
     if config.samples is None:
-        raise ValueError("the config holds no calibration samples; it must come from validate_config "
-                         "(litert_torch.convert(..., quant_config=, calibration_data=) does this)")
+        raise ValueError(
+            "the config holds no calibration samples; it must come from validate_config "
+            "(litert_torch.convert(..., quant_config=, calibration_data=) does this)"
+        )
     if runner is None:
-        raise ValueError("calibrated schemes need runner= (an interpreter factory, "
-                         "litert_torch.quantize.calibration_runner)")
-    return collect_ranges(model, config.samples, runner, method=config.calibration, percentile=config.percentile,
-                          averaging_constant=config.averaging_constant,
-                          activations="int16" if config.scheme == "int16x8" else "int8", progress=progress)
+        raise ValueError(
+            "calibrated schemes need runner= (an interpreter factory, litert_torch.quantize.calibration_runner)"
+        )
+    return collect_ranges(
+        model,
+        config.samples,
+        runner,
+        method=config.calibration,
+        percentile=config.percentile,
+        averaging_constant=config.averaging_constant,
+        activations="int16" if config.scheme == "int16x8" else "int8",
+        progress=progress,
+    )

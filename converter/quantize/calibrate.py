@@ -70,7 +70,7 @@ class Histogram:
         new_lo = self.lo - below * self.width
         factor = max(1, math.ceil((max(hi, self.hi) - new_lo) / (self.bins * self.width)))
         target = (np.arange(self.bins) + below) // factor
-        self.counts = np.bincount(target, weights=self.counts, minlength=self.bins)[:self.bins]
+        self.counts = np.bincount(target, weights=self.counts, minlength=self.bins)[: self.bins]
         self.lo, self.width = new_lo, self.width * factor
 
     def centers(self) -> np.ndarray:
@@ -152,8 +152,17 @@ class _Estimator:
         return self.lo, self.hi
 
 
-def collect_ranges(model: ir.Model, samples, runner, *, method: str = "minmax", percentile: float = 99.99,
-                   averaging_constant: float = 0.1, activations: str = "int8", progress=None) -> dict[str, Ranges]:
+def collect_ranges(
+    model: ir.Model,
+    samples,
+    runner,
+    *,
+    method: str = "minmax",
+    percentile: float = 99.99,
+    averaging_constant: float = 0.1,
+    activations: str = "int8",
+    progress=None,
+) -> dict[str, Ranges]:
     """Per graph name: tensor id -> (min, max) of every float32 non-constant tensor.
 
     samples: {graph name: iterable of input tuples (numpy)}; consumed once, in one pass.

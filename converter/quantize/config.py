@@ -13,7 +13,7 @@ SCHEMES = {
     "dynamic_int8": "int8 per-channel weights, float activations (hybrid kernels)",
     "weight_only_int8": "int8 per-channel weights dequantized to float at load (DEQUANTIZE)",
     "weight_only_int4": "int4 blockwise weights (fp16 scales) in FULLY_CONNECTED, int4 per channel in 1x1 CONV_2D "
-                        "and embeddings (GATHER), int8 per-channel elsewhere",
+    "and embeddings (GATHER), int8 per-channel elsewhere",
     "float16": "float16 weights dequantized to float32 at load (DEQUANTIZE)",
     "full_int8": "int8 activations (calibrated, per-tensor) and int8 per-channel weights, int32 biases",
     "int16x8": "int16 activations (symmetric, calibrated) and int8 per-channel weights, int64 biases",
@@ -54,22 +54,33 @@ class QuantConfig:
         """Raise ValueError naming the argument of a bad calibration option; returns self."""
         if self.calibration not in CALIBRATIONS:
             raise ValueError(f"calibration={self.calibration!r}: choose one of {', '.join(map(repr, CALIBRATIONS))}")
-        if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)) \
-                or not 50 < self.percentile <= 100:
-            raise ValueError(f"percentile={self.percentile!r}: a number in (50, 100], e.g. 99.99 "
-                             f"(the share of values kept inside the range on each side)")
-        if isinstance(self.averaging_constant, bool) or not isinstance(self.averaging_constant, (int, float)) \
-                or not 0 < self.averaging_constant <= 1:
-            raise ValueError(f"averaging_constant={self.averaging_constant!r}: a number in (0, 1], "
-                             f"the weight of each new sample in the moving average (e.g. 0.1)")
+        if (
+            isinstance(self.percentile, bool)
+            or not isinstance(self.percentile, (int, float))
+            or not 50 < self.percentile <= 100
+        ):
+            raise ValueError(
+                f"percentile={self.percentile!r}: a number in (50, 100], e.g. 99.99 "
+                f"(the share of values kept inside the range on each side)"
+            )
+        if (
+            isinstance(self.averaging_constant, bool)
+            or not isinstance(self.averaging_constant, (int, float))
+            or not 0 < self.averaging_constant <= 1
+        ):
+            raise ValueError(
+                f"averaging_constant={self.averaging_constant!r}: a number in (0, 1], "
+                f"the weight of each new sample in the moving average (e.g. 0.1)"
+            )
         return self
 
     def __str__(self) -> str:
         extra = {"weight_only_int4": f", block_size={self.block_size}"}.get(self.scheme, "")
         if self.scheme in CALIBRATED:
             extra += f", io={self.io}, calibration={self.calibration}"
-            extra += {"percentile": f"({self.percentile:g})",
-                      "moving_average": f"({self.averaging_constant:g})"}.get(self.calibration, "")
+            extra += {"percentile": f"({self.percentile:g})", "moving_average": f"({self.averaging_constant:g})"}.get(
+                self.calibration, ""
+            )
         if self.keep_float:
             extra += f", keep_float={list(self.keep_float)}"
         return f"{self.scheme}{extra}"
@@ -106,27 +117,36 @@ class AutoConfig:
 
     def check(self) -> "AutoConfig":
         if not isinstance(self.base, QuantConfig) or self.base.scheme not in CALIBRATED:
-            raise ValueError(f"auto: scheme must be quantize.full_int8(...) or quantize.int16x8(...), got {self.base!r}")
+            raise ValueError(
+                f"auto: scheme must be quantize.full_int8(...) or quantize.int16x8(...), got {self.base!r}"
+            )
         self.base.check()
         if (self.max_error is None) == (self.min_agreement is None):
-            raise ValueError("auto: give exactly one budget, max_error= (relative RMS error of the outputs, e.g. "
-                             "0.02) or min_agreement= (top-1 agreement with the float model, e.g. 0.99)")
+            raise ValueError(
+                "auto: give exactly one budget, max_error= (relative RMS error of the outputs, e.g. "
+                "0.02) or min_agreement= (top-1 agreement with the float model, e.g. 0.99)"
+            )
         if self.max_error is not None and not (isinstance(self.max_error, (int, float)) and self.max_error > 0):
             raise ValueError(f"auto: max_error={self.max_error!r} must be a positive number, e.g. 0.02")
-        if self.min_agreement is not None and not (isinstance(self.min_agreement, (int, float))
-                                                   and 0 < self.min_agreement <= 1):
+        if self.min_agreement is not None and not (
+            isinstance(self.min_agreement, (int, float)) and 0 < self.min_agreement <= 1
+        ):
             raise ValueError(f"auto: min_agreement={self.min_agreement!r} must be in (0, 1], e.g. 0.99")
         if self.eval_data is None:
-            raise ValueError("auto: eval_data= is required: a list of sample-args tuples (representative inputs, "
-                             "different from the calibration samples) on which the budget is measured")
+            raise ValueError(
+                "auto: eval_data= is required: a list of sample-args tuples (representative inputs, "
+                "different from the calibration samples) on which the budget is measured"
+            )
         return self
 
     def meets(self, error: float, agreement: float | None) -> bool:
         if self.max_error is not None:
             return error <= self.max_error
         if agreement is None:
-            raise ValueError("auto: min_agreement= needs a classifier (first output shaped (batch, classes)); "
-                             "use max_error= for this model")
+            raise ValueError(
+                "auto: min_agreement= needs a classifier (first output shaped (batch, classes)); "
+                "use max_error= for this model"
+            )
         return agreement >= self.min_agreement
 
     def __str__(self) -> str:

@@ -39,30 +39,70 @@ _FIXED = {
     "TANH": {"int8": (1 / 128, 0), "int16": (1 / 32768, 0)},
 }
 _COMMON = {
-    "CONV_2D": OWN, "DEPTHWISE_CONV_2D": OWN, "FULLY_CONNECTED": OWN, "TRANSPOSE_CONV": OWN,
-    "ADD": OWN, "SUB": OWN, "MUL": OWN, "MEAN": OWN, "BATCH_MATMUL": OWN,
-    "RELU": OWN, "RELU6": OWN, "LEAKY_RELU": OWN,
-    "RESHAPE": SAME, "TRANSPOSE": SAME, "SQUEEZE": SAME, "EXPAND_DIMS": SAME,
-    "MAX_POOL_2D": SAME, "AVERAGE_POOL_2D": SAME, "STRIDED_SLICE": SAME, "SLICE": SAME,
-    "GATHER": SAME, "PAD": SAME, "PADV2": SAME, "SPLIT": SAME, "SPLIT_V": SAME,
-    "DEPTH_TO_SPACE": SAME, "SPACE_TO_DEPTH": SAME, "RESIZE_NEAREST_NEIGHBOR": SAME,
-    "RESIZE_BILINEAR": SAME, "REDUCE_MAX": SAME, "REDUCE_MIN": SAME, "UNPACK": SAME,
-    "CONCATENATION": CONCAT, "PACK": CONCAT,
-    "SOFTMAX": "fixed", "LOGISTIC": "fixed", "TANH": "fixed",
+    "CONV_2D": OWN,
+    "DEPTHWISE_CONV_2D": OWN,
+    "FULLY_CONNECTED": OWN,
+    "TRANSPOSE_CONV": OWN,
+    "ADD": OWN,
+    "SUB": OWN,
+    "MUL": OWN,
+    "MEAN": OWN,
+    "BATCH_MATMUL": OWN,
+    "RELU": OWN,
+    "RELU6": OWN,
+    "LEAKY_RELU": OWN,
+    "RESHAPE": SAME,
+    "TRANSPOSE": SAME,
+    "SQUEEZE": SAME,
+    "EXPAND_DIMS": SAME,
+    "MAX_POOL_2D": SAME,
+    "AVERAGE_POOL_2D": SAME,
+    "STRIDED_SLICE": SAME,
+    "SLICE": SAME,
+    "GATHER": SAME,
+    "PAD": SAME,
+    "PADV2": SAME,
+    "SPLIT": SAME,
+    "SPLIT_V": SAME,
+    "DEPTH_TO_SPACE": SAME,
+    "SPACE_TO_DEPTH": SAME,
+    "RESIZE_NEAREST_NEIGHBOR": SAME,
+    "RESIZE_BILINEAR": SAME,
+    "REDUCE_MAX": SAME,
+    "REDUCE_MIN": SAME,
+    "UNPACK": SAME,
+    "CONCATENATION": CONCAT,
+    "PACK": CONCAT,
+    "SOFTMAX": "fixed",
+    "LOGISTIC": "fixed",
+    "TANH": "fixed",
 }
-INT8_RULES = {**_COMMON, "HARD_SWISH": OWN, "GELU": OWN, "RSQRT": OWN, "SQUARED_DIFFERENCE": OWN,
-              "TILE": SAME, "BROADCAST_TO": SAME, "REVERSE_V2": SAME}
+INT8_RULES = {
+    **_COMMON,
+    "HARD_SWISH": OWN,
+    "GELU": OWN,
+    "RSQRT": OWN,
+    "SQUARED_DIFFERENCE": OWN,
+    "TILE": SAME,
+    "BROADCAST_TO": SAME,
+    "REVERSE_V2": SAME,
+}
 INT16_RULES = dict(_COMMON)
 
 # op -> (filter input, per-channel axis, bias input)
-_FILTERS = {"CONV_2D": (1, 0, 2), "DEPTHWISE_CONV_2D": (1, 3, 2), "FULLY_CONNECTED": (1, 0, 2),
-            "TRANSPOSE_CONV": (1, 0, 3)}
+_FILTERS = {
+    "CONV_2D": (1, 0, 2),
+    "DEPTHWISE_CONV_2D": (1, 3, 2),
+    "FULLY_CONNECTED": (1, 0, 2),
+    "TRANSPOSE_CONV": (1, 0, 3),
+}
 _DATA_INPUT = {"SPLIT": 1}  # where the moved values are, for SAME ops (else input 0)
 
 
 def _params(scale, zero_point, axis: int = 0) -> ir.QuantParams:
-    return ir.QuantParams(np.atleast_1d(np.asarray(scale, np.float32)),
-                          np.atleast_1d(np.asarray(zero_point, np.int64)), axis)
+    return ir.QuantParams(
+        np.atleast_1d(np.asarray(scale, np.float32)), np.atleast_1d(np.asarray(zero_point, np.int64)), axis
+    )
 
 
 # Values beyond this magnitude are sentinels (-3.4e38 "minus infinity" in attention
@@ -81,8 +121,9 @@ def _sane(lo: float, hi: float) -> bool:
 
 
 def _same_params(a: ir.QuantParams, b: ir.QuantParams) -> bool:
-    return (np.array_equal(np.asarray(a.scale, np.float32), np.asarray(b.scale, np.float32))
-            and np.array_equal(a.zero_point, b.zero_point))
+    return np.array_equal(np.asarray(a.scale, np.float32), np.asarray(b.scale, np.float32)) and np.array_equal(
+        a.zero_point, b.zero_point
+    )
 
 
 class _Rewriter:
@@ -94,8 +135,8 @@ class _Rewriter:
         self.act_name = act
         self.rules = INT8_RULES if act == "int8" else INT16_RULES
         self.ops: list[ir.Op] = []
-        self.int_of: dict[int, ir.Tensor] = {}      # float tensor id -> quantized twin
-        self.float_of: dict[int, ir.Tensor] = {}    # quantized tensor id -> float twin
+        self.int_of: dict[int, ir.Tensor] = {}  # float tensor id -> quantized twin
+        self.float_of: dict[int, ir.Tensor] = {}  # quantized tensor id -> float twin
         self.requantized: dict[tuple, ir.Tensor] = {}
         self.constants: dict[tuple, ir.Tensor] = {}
         self.quantized_ops = 0
@@ -127,8 +168,7 @@ class _Rewriter:
 
     # ---- conversions between float and quantized tensors --------------------------------
     def new_tensor(self, like: ir.Tensor, dtype, quant, suffix: str) -> ir.Tensor:
-        return ir.Tensor(f"{like.name}_{suffix}", like.shape, dtype, shape_signature=like.shape_signature,
-                         quant=quant)
+        return ir.Tensor(f"{like.name}_{suffix}", like.shape, dtype, shape_signature=like.shape_signature, quant=quant)
 
     def as_int(self, t: ir.Tensor, want: ir.QuantParams | None = None, source=None) -> ir.Tensor:
         """A quantized version of activation `t` (with parameters `want` when given)."""
@@ -175,8 +215,9 @@ class _Rewriter:
                 self.constants[key] = w
             else:
                 q, scale = numerics.per_channel_symmetric(w.data, axis)
-                self.constants[key] = ir.Tensor(f"{w.name}_int8", w.shape, np.int8, data=q,
-                                                 quant=_params(scale, np.zeros(scale.size), axis))
+                self.constants[key] = ir.Tensor(
+                    f"{w.name}_int8", w.shape, np.int8, data=q, quant=_params(scale, np.zeros(scale.size), axis)
+                )
         return self.constants[key]
 
     def bias(self, b: ir.Tensor, input_scale: float, weight: ir.Tensor) -> ir.Tensor:
@@ -184,15 +225,17 @@ class _Rewriter:
         dtype = np.int32 if self.act == np.int8 else np.int64
         scale = np.broadcast_to(scale, b.shape).copy() if scale.size == 1 and b.size > 1 else scale
         data = numerics.quantize_values(b.data, scale, np.zeros(scale.size), dtype)
-        return ir.Tensor(f"{b.name}_quantized", b.shape, dtype, data=data,
-                         quant=_params(scale, np.zeros(scale.size), 0))
+        return ir.Tensor(
+            f"{b.name}_quantized", b.shape, dtype, data=data, quant=_params(scale, np.zeros(scale.size), 0)
+        )
 
     # ---- deciding -------------------------------------------------------------------------
     def float_reason(self, op: ir.Op) -> str | None:
         """Why `op` stays float32; None when it is quantized, NOT_FLOAT for ops that read
         and write no float activation (index arithmetic), which are not reported."""
-        activations = [t for t in op.inputs if t is not None and not t.is_const
-                       and (t.dtype == np.float32 or self.is_int(t))]
+        activations = [
+            t for t in op.inputs if t is not None and not t.is_const and (t.dtype == np.float32 or self.is_int(t))
+        ]
         if not activations and not any(t.dtype == np.float32 for t in op.outputs):  # index arithmetic
             return NOT_FLOAT
         if keeps_float(op, self.keep_float):
@@ -211,8 +254,12 @@ class _Rewriter:
                     return f"its bias (input {i}) is not a float32 constant"
             elif t.is_const:
                 if t.dtype == np.float32:
-                    if t.data.size and not _sane(float(t.data.min()), float(t.data.max())) \
-                            and not self._max_padding(op, i) and t.id not in self.masks:
+                    if (
+                        t.data.size
+                        and not _sane(float(t.data.min()), float(t.data.max()))
+                        and not self._max_padding(op, i)
+                        and t.id not in self.masks
+                    ):
                         return f"constant input {i} holds sentinel values (|x| >= {SENTINEL:g}, e.g. a mask)"
                 elif np.issubdtype(t.dtype, np.floating) or (t.quant is not None and not (filt and i == filt[0])):
                     return f"constant input {i} is {t.dtype.name}"
@@ -238,14 +285,24 @@ class _Rewriter:
         level, so a masked logit weighs at most exp(-MASK_MARGIN) against any kept one."""
         if op.opcode != "ADD" or len(op.inputs) != 2:
             return
-        masks = [t for t in op.inputs if t is not None and t.is_const and t.dtype == np.float32
-                 and t.data.size and float(t.data.min()) <= -SENTINEL]
+        masks = [
+            t
+            for t in op.inputs
+            if t is not None
+            and t.is_const
+            and t.dtype == np.float32
+            and t.data.size
+            and float(t.data.min()) <= -SENTINEL
+        ]
         others = [t for t in op.inputs if t is not None and not t.is_const]
         readers = self.consumers.get(op.outputs[0].id, [])
         if len(masks) != 1 or len(others) != 1 or not readers or any(r.opcode != "SOFTMAX" for r in readers):
             return
-        if op.outputs[0] in self.graph.outputs or others[0].id not in self.ranges \
-                or not _sane(*self.ranges[others[0].id]):
+        if (
+            op.outputs[0] in self.graph.outputs
+            or others[0].id not in self.ranges
+            or not _sane(*self.ranges[others[0].id])
+        ):
             return
         kept = masks[0].data[masks[0].data > -SENTINEL]
         if kept.size and not _sane(float(kept.min()), float(kept.max())):
@@ -263,16 +320,23 @@ class _Rewriter:
         if op.opcode != "PADV2" or i != 2 or float(op.inputs[2].data.max()) > -SENTINEL:
             return False
         readers = self.consumers.get(op.outputs[0].id, [])
-        return bool(readers) and all(r.opcode in ("MAX_POOL_2D", "REDUCE_MAX") for r in readers) \
+        return (
+            bool(readers)
+            and all(r.opcode in ("MAX_POOL_2D", "REDUCE_MAX") for r in readers)
             and op.outputs[0] not in self.graph.outputs
+        )
 
     def _range_problem(self, t: ir.Tensor, what: str) -> str:
         if t.id not in self.ranges:
-            return (f"{what} ({t.name}) has no calibrated range (never finite in the calibration samples, "
-                    f"or not reached by them)")
+            return (
+                f"{what} ({t.name}) has no calibrated range (never finite in the calibration samples, "
+                f"or not reached by them)"
+            )
         lo, hi = self.ranges[t.id]
-        return (f"{what} ({t.name}) reaches sentinel values ({lo:.3g} .. {hi:.3g}; |x| >= {SENTINEL:g}, "
-                f"e.g. a -inf mask) that int8 cannot share with ordinary values")
+        return (
+            f"{what} ({t.name}) reaches sentinel values ({lo:.3g} .. {hi:.3g}; |x| >= {SENTINEL:g}, "
+            f"e.g. a -inf mask) that int8 cannot share with ordinary values"
+        )
 
     # ---- rewriting one op ---------------------------------------------------------------------
     def quantize_op(self, op: ir.Op) -> None:
@@ -280,13 +344,16 @@ class _Rewriter:
         filt = _FILTERS.get(op.opcode)
         out_params = None
         if rule == CONCAT:
-            ranges = [self.range_of(t) if not t.is_const else (float(t.data.min()), float(t.data.max()))
-                      for t in op.inputs if t is not None and (t.dtype == np.float32 or self.is_int(t))]
+            ranges = [
+                self.range_of(t) if not t.is_const else (float(t.data.min()), float(t.data.max()))
+                for t in op.inputs
+                if t is not None and (t.dtype == np.float32 or self.is_int(t))
+            ]
             lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
             out_params = _params(*numerics.activation_params(lo, hi, self.act))
         elif rule == SAME:
             data = op.inputs[_DATA_INPUT.get(op.opcode, 0)]
-            quantized = (self.constant(data) if data.is_const else self.as_int(data, source=op.source))
+            quantized = self.constant(data) if data.is_const else self.as_int(data, source=op.source)
             out_params = quantized.quant
         inputs = list(op.inputs)
         for i, t in enumerate(inputs):
@@ -376,16 +443,28 @@ def _divide_as_multiply(op: ir.Op, keep_float) -> None:
     if op.opcode != "DIV" or len(op.inputs) != 2 or keeps_float(op, keep_float):
         return
     divisor = op.inputs[1]
-    if divisor is None or not divisor.is_const or divisor.dtype != np.float32 or not np.all(divisor.data != 0) \
-            or not np.all(np.isfinite(divisor.data)):
+    if (
+        divisor is None
+        or not divisor.is_const
+        or divisor.dtype != np.float32
+        or not np.all(divisor.data != 0)
+        or not np.all(np.isfinite(divisor.data))
+    ):
         return
     reciprocal = np.asarray(1.0 / np.asarray(divisor.data, np.float64), np.float32).reshape(divisor.shape)
     op.opcode = "MUL"
     op.inputs = [op.inputs[0], ir.Tensor(f"{divisor.name}_reciprocal", divisor.shape, np.float32, data=reciprocal)]
 
 
-def quantize_graph(graph: ir.Graph, ranges: dict, *, activations: str = "int8", io: str = "float",
-                   keep_float=(), fixed: dict | None = None) -> tuple[int, list[FloatOp]]:
+def quantize_graph(
+    graph: ir.Graph,
+    ranges: dict,
+    *,
+    activations: str = "int8",
+    io: str = "float",
+    keep_float=(),
+    fixed: dict | None = None,
+) -> tuple[int, list[FloatOp]]:
     """Rewrite `graph` in place to integer arithmetic; returns how many ops were quantized
     and the ops left in float (with the reason).
 

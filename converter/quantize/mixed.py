@@ -27,8 +27,9 @@ def quantize_for_budget(model: ir.Model, config: AutoConfig, runner, progress=No
     ranges = calibrated_ranges(model, base, runner, progress)
     graph = model.graphs[0]
     evals = list(config.eval_samples[graph.name])
-    analysis = sensitivity.analyze(model, ranges, activations, str(base), evals, runner,
-                                   keep_float=base.keep_float, progress=progress)
+    analysis = sensitivity.analyze(
+        model, ranges, activations, str(base), evals, runner, keep_float=base.keep_float, progress=progress
+    )
     order = [s.name for s in analysis.ranking()]
     ev = sensitivity.Evaluator(model, ranges, activations, evals, runner)
     measured: dict[int, tuple[float, float | None]] = {}  # float layers -> (error, agreement)
@@ -55,15 +56,23 @@ def quantize_for_budget(model: ir.Model, config: AutoConfig, runner, progress=No
         else:
             low = mid
     chosen = order[:high]
-    count, float_ops = full_integer.quantize_graph(graph, ranges[graph.name], activations=activations,
-                                                   io=base.io, keep_float=keeping(high))
+    count, float_ops = full_integer.quantize_graph(
+        graph, ranges[graph.name], activations=activations, io=base.io, keep_float=keeping(high)
+    )
     report = QuantReport(str(config), count, float_ops)
     error, agreement = measured[high]
-    report.auto = {"keep_float": list(chosen), "float_layers": len(chosen), "layers": len(order),
-                   "error": error, "agreement": agreement, "fully_quantized_error": measured[0][0],
-                   "fully_quantized_agreement": measured[0][1], "met": config.meets(error, agreement),
-                   "measured": dict(sorted(measured.items())),
-                   "sensitivity": analysis}
+    report.auto = {
+        "keep_float": list(chosen),
+        "float_layers": len(chosen),
+        "layers": len(order),
+        "error": error,
+        "agreement": agreement,
+        "fully_quantized_error": measured[0][0],
+        "fully_quantized_agreement": measured[0][1],
+        "met": config.meets(error, agreement),
+        "measured": dict(sorted(measured.items())),
+        "sensitivity": analysis,
+    }
     if not report.auto["met"]:
         import warnings
 

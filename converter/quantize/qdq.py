@@ -17,8 +17,7 @@ from converter import ir
 
 def has_qdq(model: ir.Model) -> bool:
     """True when a graph holds a QUANTIZE from float (a PT2E/QAT model's fake quantization)."""
-    return any(op.opcode == "QUANTIZE" and op.inputs[0].dtype == np.float32
-               for g in model.graphs for op in g.ops)
+    return any(op.opcode == "QUANTIZE" and op.inputs[0].dtype == np.float32 for g in model.graphs for op in g.ops)
 
 
 def absorb_qdq(graph: ir.Graph) -> dict[int, ir.QuantParams]:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 class FloatOp:
     """One op left in float32."""
 
-    op: str            # TFLite builtin, e.g. "CONV_2D"
+    op: str  # TFLite builtin, e.g. "CONV_2D"
     layer: str | None  # nn.Module path ("Mixed_6e.branch1x1.conv"), None when unknown
     reason: str
     requested: bool = False  # kept float by keep_float=
@@ -47,28 +47,37 @@ class QuantReport:
         return not self.unrequested
 
     def to_dict(self) -> dict:
-        out = {"scheme": self.scheme, "quantized_ops": self.quantized_ops,
-               "float_ops": [asdict(f) for f in self.float_ops]}
+        out = {
+            "scheme": self.scheme,
+            "quantized_ops": self.quantized_ops,
+            "float_ops": [asdict(f) for f in self.float_ops],
+        }
         if self.auto is not None:
             out["auto"] = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in self.auto.items()}
         return out
 
     def __str__(self) -> str:
-        head = (f"{self.scheme}: {self.quantized_ops} ops quantized, {len(self.float_ops)} float "
-                f"({len(self.unrequested)} not requested)")
+        head = (
+            f"{self.scheme}: {self.quantized_ops} ops quantized, {len(self.float_ops)} float "
+            f"({len(self.unrequested)} not requested)"
+        )
         lines = [head]
         if self.auto is not None:
             a = self.auto
             agree = "" if a["agreement"] is None else f", top-1 agreement {a['agreement']:.1%}"
-            lines.append(f"  auto: {a['float_layers']} of {a['layers']} layers kept float "
-                         f"(error {a['error']:.4g}{agree}; fully quantized {a['fully_quantized_error']:.4g}): "
-                         f"keep_float={a['keep_float']}")
+            lines.append(
+                f"  auto: {a['float_layers']} of {a['layers']} layers kept float "
+                f"(error {a['error']:.4g}{agree}; fully quantized {a['fully_quantized_error']:.4g}): "
+                f"keep_float={a['keep_float']}"
+            )
         kept: dict[tuple[str, str], list[str]] = {}  # requested ones, one line per layer
         for f in self.float_ops:
             if f.requested:
                 kept.setdefault((f.layer or "(no layer)", f.reason), []).append(f.op)
-        lines += [f"  [keep_float] {layer}: {len(ops)} op(s) ({', '.join(sorted(set(ops)))}) {reason}"
-                  for (layer, reason), ops in kept.items()]
+        lines += [
+            f"  [keep_float] {layer}: {len(ops)} op(s) ({', '.join(sorted(set(ops)))}) {reason}"
+            for (layer, reason), ops in kept.items()
+        ]
         lines += [f"  {f}" for f in self.unrequested]
         return "\n".join(lines)
 
@@ -78,9 +87,12 @@ class QuantReport:
         if not missed:
             return
         shown = "; ".join(map(str, missed[:8])) + (f"; ... {len(missed) - 8} more" if len(missed) > 8 else "")
-        warnings.warn(f"{self.scheme}: {len(missed)} op(s) stay float32 ({shown}). See edge.quant_report; "
-                      f"pass keep_float= to silence this for layers you want in float.",
-                      QuantizationWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"{self.scheme}: {len(missed)} op(s) stay float32 ({shown}). See edge.quant_report; "
+            f"pass keep_float= to silence this for layers you want in float.",
+            QuantizationWarning,
+            stacklevel=stacklevel,
+        )
 
 
 class QuantizationWarning(UserWarning):

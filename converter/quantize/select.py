@@ -46,4 +46,5 @@ def check_keep_float(keep_float, modules: list[torch.nn.Module]) -> None:
         raise ValueError(
             f"keep_float: {name!r} is neither a layer of the model (a name from "
             f"model.named_modules(), e.g. {sorted(layers)[:3]}) nor a TFLite op type "
-            f"(e.g. 'SOFTMAX', 'CONV_2D'){hint}")
+            f"(e.g. 'SOFTMAX', 'CONV_2D'){hint}"
+        )

@@ -33,17 +33,17 @@ def layer_of(op: ir.Op) -> str:
 @dataclass
 class LayerSensitivity:
     name: str
-    ops: list[str]             # TFLite ops of the layer that quantize
-    alone: float               # output error with only this layer quantized
-    in_full: float | None      # this layer's activation error in the fully quantized model
+    ops: list[str]  # TFLite ops of the layer that quantize
+    alone: float  # output error with only this layer quantized
+    in_full: float | None  # this layer's activation error in the fully quantized model
     alone_agreement: float | None = None  # top-1 agreement with only this layer quantized (classifiers)
 
 
 @dataclass
 class SensitivityReport:
     scheme: str
-    full_error: float                      # output error of the fully quantized model
-    full_agreement: float | None           # its top-1 agreement (classifiers), else None
+    full_error: float  # output error of the fully quantized model
+    full_agreement: float | None  # its top-1 agreement (classifiers), else None
     layers: list[LayerSensitivity] = field(default_factory=list)  # in graph order
     samples: int = 0
 
@@ -52,8 +52,13 @@ class SensitivityReport:
         return sorted(self.layers, key=lambda s: -s.alone)
 
     def to_dict(self) -> dict:
-        return {"scheme": self.scheme, "full_error": self.full_error, "full_agreement": self.full_agreement,
-                "samples": self.samples, "layers": [asdict(s) for s in self.layers]}
+        return {
+            "scheme": self.scheme,
+            "full_error": self.full_error,
+            "full_agreement": self.full_agreement,
+            "samples": self.samples,
+            "layers": [asdict(s) for s in self.layers],
+        }
 
     def to_json(self, path) -> None:
         with open(path, "w") as f:
@@ -64,13 +69,19 @@ class SensitivityReport:
         from rich.table import Table
 
         agree = "" if self.full_agreement is None else f", top-1 agreement {self.full_agreement:.1%}"
-        table = Table(title=f"{self.scheme}: output error {self.full_error:.4f} fully quantized{agree} "
-                            f"({self.samples} samples)")
+        table = Table(
+            title=f"{self.scheme}: output error {self.full_error:.4f} fully quantized{agree} ({self.samples} samples)"
+        )
         for col in ("rank", "layer", "ops", "error alone", "error in full model"):
             table.add_column(col, justify="right" if col in ("rank", "error alone", "error in full model") else "left")
         for rank, s in enumerate(self.ranking()[:top], 1):
-            table.add_row(str(rank), s.name, ",".join(sorted(set(s.ops))), f"{s.alone:.5f}",
-                          "-" if s.in_full is None else f"{s.in_full:.5f}")
+            table.add_row(
+                str(rank),
+                s.name,
+                ",".join(sorted(set(s.ops))),
+                f"{s.alone:.5f}",
+                "-" if s.in_full is None else f"{s.in_full:.5f}",
+            )
         return table
 
     def print(self, top: int | None = 20, console=None) -> None:
@@ -133,8 +144,9 @@ class Evaluator:
         model = copy.deepcopy(self.float_model)  # tensor ids survive the copy: ranges apply
         float_ops = []
         for graph in model.graphs:
-            _, kept = full_integer.quantize_graph(graph, self.ranges[graph.name], activations=self.activations,
-                                                  keep_float=keep_float)
+            _, kept = full_integer.quantize_graph(
+                graph, self.ranges[graph.name], activations=self.activations, keep_float=keep_float
+            )
             float_ops += kept
         return model, float_ops
 
@@ -162,8 +174,16 @@ def quantized_layers(model: ir.Model, activations: str) -> dict[str, list[str]]:
     return layers
 
 
-def analyze(float_model: ir.Model, ranges, activations: str, scheme: str, eval_samples: list[tuple], runner,
-            keep_float=(), progress=None) -> SensitivityReport:
+def analyze(
+    float_model: ir.Model,
+    ranges,
+    activations: str,
+    scheme: str,
+    eval_samples: list[tuple],
+    runner,
+    keep_float=(),
+    progress=None,
+) -> SensitivityReport:
     """The sensitivity of every quantizable layer of `float_model` (one signature)."""
     if len(float_model.graphs) != 1:
         raise ValueError("the sensitivity analysis takes a model with one signature")
@@ -208,5 +228,5 @@ def _layer_errors(ev: Evaluator, quantized: ir.Model, names: list[str]) -> dict[
             if tq.quant is not None and tq.dtype != np.float32:
                 q = (q - float(tq.quant.zero_point[0])) * float(tq.quant.scale[0])
             sums[name][0] += float(np.sum((q - f) ** 2))
-            sums[name][1] += float(np.sum(f ** 2))
+            sums[name][1] += float(np.sum(f**2))
     return {n: float(np.sqrt(a / max(b, 1e-30))) for n, (a, b) in sums.items()}

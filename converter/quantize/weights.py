@@ -65,14 +65,20 @@ def _float_weight(op: ir.Op) -> tuple[int, ir.Tensor, int] | None:
 
 def _int8_constant(w: ir.Tensor, axis: int) -> ir.Tensor:
     q, scale = numerics.per_channel_symmetric(w.data, axis)
-    return ir.Tensor(f"{w.name}_int8", w.shape, np.int8, data=q,
-                     quant=ir.QuantParams(scale, np.zeros(scale.shape, np.int64), axis))
+    return ir.Tensor(
+        f"{w.name}_int8", w.shape, np.int8, data=q, quant=ir.QuantParams(scale, np.zeros(scale.shape, np.int64), axis)
+    )
 
 
 def _int4_per_channel(w: ir.Tensor, axis: int) -> ir.Tensor:
     q, scale = numerics.per_channel_symmetric(w.data, axis, bits=4)
-    return ir.Tensor(f"{w.name}_int4", w.shape, np.int8, data=q,
-                     quant=ir.QuantParams(scale, np.zeros(scale.shape, np.int64), axis, int4=True))
+    return ir.Tensor(
+        f"{w.name}_int4",
+        w.shape,
+        np.int8,
+        data=q,
+        quant=ir.QuantParams(scale, np.zeros(scale.shape, np.int64), axis, int4=True),
+    )
 
 
 def _pointwise_conv(op: ir.Op, w: ir.Tensor) -> bool:
@@ -117,8 +123,13 @@ def quantize_weights(graph: ir.Graph, scheme: str, keep_float, block_size: int =
             key = (w.id, "int4")
             if key not in done:
                 q, scale = numerics.blockwise_int4(w.data, block_size)
-                done[key] = ir.Tensor(f"{w.name}_int4", w.shape, np.int8, data=q,
-                                      quant=ir.QuantParams(scale, np.zeros(1, np.int64), 0, block_size, int4=True))
+                done[key] = ir.Tensor(
+                    f"{w.name}_int4",
+                    w.shape,
+                    np.int8,
+                    data=q,
+                    quant=ir.QuantParams(scale, np.zeros(1, np.int64), 0, block_size, int4=True),
+                )
         else:
             key = (w.id, "dequantize")
             if key not in done:

@@ -7,16 +7,28 @@ running in LiteRT.
 """
 
 from litert_torch.generative.export import (
-                                            CachedHFCausalLM,
-                                            CachedLM,
-                                            CachedTinyLlama,
-                                            export_generative,
-                                            verify_cached_lm,
-                                            with_kv_cache,
+    CachedHFCausalLM,
+    CachedLM,
+    CachedTinyLlama,
+    export_generative,
+    verify_cached_lm,
+    with_kv_cache,
 )
 from litert_torch.generative.generate import Sampler, generate, reference_generate
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
 from litert_torch.generative.transformers_lm import UnsupportedModelError
 
-__all__ = ["export_generative", "generate", "reference_generate", "with_kv_cache", "verify_cached_lm", "CachedLM",
-           "CachedTinyLlama", "CachedHFCausalLM", "TinyLlamaConfig", "TinyLlama", "Sampler", "UnsupportedModelError"]
+__all__ = [
+    "export_generative",
+    "generate",
+    "reference_generate",
+    "with_kv_cache",
+    "verify_cached_lm",
+    "CachedLM",
+    "CachedTinyLlama",
+    "CachedHFCausalLM",
+    "TinyLlamaConfig",
+    "TinyLlama",
+    "Sampler",
+    "UnsupportedModelError",
+]

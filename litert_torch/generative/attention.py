@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                      scale: float, softcap: float | None = None) -> torch.Tensor:
+def grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
     """q (B, H, T, D); k, v (B, H_kv, S, D); bias (T, S) additive -> (B, H, T, Dv).
     `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
     batch, heads, tokens, dim = q.shape

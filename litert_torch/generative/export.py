@@ -83,8 +83,10 @@ class CachedTinyLlama(CachedLM):
     def __init__(self, model: TinyLlama, cache_len: int, logits: str = "last"):
         super().__init__(cache_len, logits)
         if cache_len > model.config.max_seq_len:
-            raise ValueError(f"cache_len ({cache_len}) exceeds the model's max_seq_len "
-                             f"({model.config.max_seq_len}): its rotary tables stop there")
+            raise ValueError(
+                f"cache_len ({cache_len}) exceeds the model's max_seq_len "
+                f"({model.config.max_seq_len}): its rotary tables stop there"
+            )
         self.model = model
 
     def cache_shape(self):
@@ -140,8 +142,14 @@ def with_kv_cache(model: nn.Module, cache_len: int, logits: str = "last", expert
 
 
 @torch.no_grad()
-def verify_cached_lm(model: nn.Module, cache_len: int, prefill_len: int, steps: int = 40,
-                     tolerance: float = 1e-4, experts: str = "gather") -> float:
+def verify_cached_lm(
+    model: nn.Module,
+    cache_len: int,
+    prefill_len: int,
+    steps: int = 40,
+    tolerance: float = 1e-4,
+    experts: str = "gather",
+) -> float:
     """Prefill chunks then decode steps through the explicit cache, in PyTorch, against
     the model's own forward over the whole sequence: max relative error of the logits at
     every position (raises UnsupportedModelError above `tolerance`)."""
@@ -162,20 +170,23 @@ def verify_cached_lm(model: nn.Module, cache_len: int, prefill_len: int, steps: 
     with attention_for_export(lm):
         for start, stop in chunks:
             positions = torch.full((prefill_len,), -1, dtype=torch.int32)
-            positions[:stop - start] = torch.arange(start, stop, dtype=torch.int32)
+            positions[: stop - start] = torch.arange(start, stop, dtype=torch.int32)
             tokens = torch.zeros(1, prefill_len, dtype=torch.int32)
-            tokens[0, :stop - start] = ids[0, start:stop]
+            tokens[0, : stop - start] = ids[0, start:stop]
             logits, *cache = lm(tokens.to(device), positions.to(device), cache)
-            got.append(logits[:, :stop - start].float().cpu())
+            got.append(logits[:, : stop - start].float().cpu())
         for pos in range(chunks[-1][1], total):
-            logits, *cache = lm(ids[:, pos:pos + 1].int().to(device),
-                                torch.tensor([pos], dtype=torch.int32, device=device), cache)
+            logits, *cache = lm(
+                ids[:, pos : pos + 1].int().to(device), torch.tensor([pos], dtype=torch.int32, device=device), cache
+            )
             got.append(logits.float().cpu())
     error = max_relative_error(torch.cat(got, dim=1).numpy(), expected.numpy())
     if not error <= tolerance:
-        raise UnsupportedModelError(f"{type(model).__name__}: the cached model's logits differ from the model's "
-                                    f"own forward by {error:.3g} (max relative, over {total} positions); "
-                                    "refusing to export a different model")
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: the cached model's logits differ from the model's "
+            f"own forward by {error:.3g} (max relative, over {total} positions); "
+            "refusing to export a different model"
+        )
     return error
 
 
@@ -201,9 +212,16 @@ def _prefill_lengths(prefill_len, cache_len: int) -> list[int]:
     return sorted(lengths)
 
 
-def export_generative(model: nn.Module, *, prefill_len: int | list[int] = 32, cache_len: int = 128,
-                      prefill_logits: str = "last", verify: bool = True, experts: str = "auto",
-                      **convert_options) -> EdgeModel:
+def export_generative(
+    model: nn.Module,
+    *,
+    prefill_len: int | list[int] = 32,
+    cache_len: int = 128,
+    prefill_logits: str = "last",
+    verify: bool = True,
+    experts: str = "auto",
+    **convert_options,
+) -> EdgeModel:
     """Convert `model` into a LiteRT model with prefill and `decode` signatures sharing
     its weights (see the module docstring for the tensors). `model` may live on any
     device. `verify`: check the cached model against the model's own forward in PyTorch
@@ -231,8 +249,9 @@ def export_generative(model: nn.Module, *, prefill_len: int | list[int] = 32, ca
     for n in lengths:
         name = "prefill" if isinstance(prefill_len, int) else f"prefill_{n}"
         args = (torch.zeros(1, n, dtype=torch.int32), torch.arange(n, dtype=torch.int32), prefill_lm.empty_cache())
-        builder = (signature if builder is None else builder.signature)(name, prefill_lm, args,
-                                                                        output_names=prefill_outputs)
+        builder = (signature if builder is None else builder.signature)(
+            name, prefill_lm, args, output_names=prefill_outputs
+        )
     decode_args = (torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), decode_lm.empty_cache())
     builder = builder.signature("decode", decode_lm, decode_args, output_names=["logits"] + cache_names)
     return builder.convert(**convert_options)

@@ -57,7 +57,7 @@ class Sampler:
             return int(np.argmax(logits))
         order = np.argsort(-logits, kind="stable")
         if self.top_k is not None:
-            order = order[:self.top_k]
+            order = order[: self.top_k]
         scaled = logits[order] / self.temperature
         probs = np.exp(scaled - scaled.max())
         probs /= probs.sum()
@@ -94,9 +94,17 @@ def _plan_chunks(n_tokens: int, lengths: list[int]) -> list[int]:
     return plan
 
 
-def generate(edge_model: EdgeModel, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             stop_tokens=()) -> list[int]:
+def generate(
+    edge_model: EdgeModel,
+    prompt_ids,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_tokens=(),
+) -> list[int]:
     """Continuation of `prompt_ids` (a 1-D sequence) with a model from
     `export_generative`; returns up to `max_new_tokens` new token ids (fewer when a stop
     token comes). Greedy unless `temperature` > 0 (see the module docstring)."""
@@ -112,11 +120,12 @@ def generate(edge_model: EdgeModel, prompt_ids, max_new_tokens: int, *, temperat
     prefills = _prefill_signatures(runtime)
     lengths = list(prefills)
     # Linear caches bound the context; ring buffers (kv_ring_*) do not.
-    cache_len = max((spec.shape[2] for spec in decode.outputs[1:] if spec.name.startswith("kv_cache")),
-                    default=None)
+    cache_len = max((spec.shape[2] for spec in decode.outputs[1:] if spec.name.startswith("kv_cache")), default=None)
     if cache_len is not None and len(prompt) + max_new_tokens > cache_len:
-        raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the "
-                         f"exported cache length ({cache_len}); export with a larger cache_len")
+        raise ValueError(
+            f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"exported cache length ({cache_len}); export with a larger cache_len"
+        )
     first = runtime.signature(prefills[lengths[0]])
     has_logits = first.output_names[0] == "logits"
     all_logits = has_logits and first.outputs[0].shape[1] == lengths[0] > 1
@@ -127,11 +136,11 @@ def generate(edge_model: EdgeModel, prompt_ids, max_new_tokens: int, *, temperat
     cache = [np.zeros(spec.shape, spec.dtype) for spec in decode.inputs[2:]]
     start, logits_row = 0, None
     for size in _plan_chunks(n_prefill, lengths):
-        part = prompt[start:start + size]
+        part = prompt[start : start + size]
         tokens = np.zeros((1, size), np.int32)
-        tokens[0, :len(part)] = part
+        tokens[0, : len(part)] = part
         positions = np.full(size, -1, np.int32)
-        positions[:len(part)] = np.arange(start, start + len(part))
+        positions[: len(part)] = np.arange(start, start + len(part))
         logits, *cache = _split(runtime.run([tokens, positions, *cache], prefills[size]), has_logits)
         if logits is not None:
             logits_row = logits[0, len(part) - 1] if all_logits else logits[0, -1]
@@ -154,9 +163,17 @@ def _split(outputs: list, has_logits: bool):
 
 
 @torch.no_grad()
-def reference_generate(model: torch.nn.Module, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
-                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                       stop_tokens=()) -> list[int]:
+def reference_generate(
+    model: torch.nn.Module,
+    prompt_ids,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_tokens=(),
+) -> list[int]:
     """The same continuation in PyTorch without a cache (the whole sequence each step):
     the reference `generate` must match. Accepts TinyLlama and transformers models."""
     sampler = _sampler(temperature, top_k, top_p, seed)

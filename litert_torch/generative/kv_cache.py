@@ -95,8 +95,9 @@ def ring_attention_bias(positions: torch.Tensor, window: int, dtype=torch.float3
     return torch.where(visible, zero, torch.full((), MASKED_SCORE, dtype=dtype, device=positions.device))
 
 
-def windowed_attention_bias(positions: torch.Tensor, cache_len: int, window: int | None,
-                            dtype=torch.float32) -> torch.Tensor:
+def windowed_attention_bias(
+    positions: torch.Tensor, cache_len: int, window: int | None, dtype=torch.float32
+) -> torch.Tensor:
     """`attention_bias` over a linear cache, also hiding keys `window` or more positions back."""
     if window is None:
         return attention_bias(positions, cache_len, dtype)

@@ -84,7 +84,7 @@ class Attention(nn.Module):
             v = write_cache(cache[1], v, positions)
             new_cache = (k, v)
         # Grouped-query attention: each kv head serves n_heads // n_kv_heads query heads.
-        out = grouped_attention(q, k, v, bias, self.head_dim ** -0.5)
+        out = grouped_attention(q, k, v, bias, self.head_dim**-0.5)
         out = out.transpose(1, 2).reshape(batch, tokens, self.n_heads * self.head_dim)
         return self.o_proj(out), new_cache
 
@@ -140,11 +140,9 @@ class TinyLlama(nn.Module):
         cfg = self.config
         shape = (batch, cfg.n_kv_heads, cache_len, cfg.head_dim)
         device = device if device is not None else self.embed.weight.device
-        return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
-                for _ in range(cfg.n_layers)]
+        return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in range(cfg.n_layers)]
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache=None,
-                last_only: bool = False):
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache=None, last_only: bool = False):
         """tokens: (batch, seq) ids. Without `cache`: causal self-attention over `tokens`,
         returns logits (batch, seq, vocab). With `cache` (see `empty_cache`) and
         `positions` (seq,; -1 marks padding): writes this chunk's keys/values at

@@ -39,8 +39,12 @@ from litert_torch.generative.kv_cache import ring_attention_bias, windowed_atten
 ATTENTION_NAME = "litert_explicit_cache"
 
 # Attention-function arguments that change the math and have no implementation here.
-REFUSED_ATTENTION_ARGUMENTS = {"s_aux": "attention sinks", "sinks": "attention sinks",
-                               "head_mask": "head masks", "alibi": "ALiBi biases"}
+REFUSED_ATTENTION_ARGUMENTS = {
+    "s_aux": "attention sinks",
+    "sinks": "attention sinks",
+    "head_mask": "head masks",
+    "alibi": "ALiBi biases",
+}
 
 # Families that do not route attention or their cache through transformers' interfaces
 # in a way this adapter can use, with what is missing.
@@ -75,23 +79,29 @@ def layer_windows(config, n_layers: int, model_name: str = "model") -> list[int 
                 out.append(None)
             elif kind == "sliding_attention":
                 if not window:
-                    raise UnsupportedModelError(f"{model_name}: layer {i} is 'sliding_attention' but "
-                                                f"config.sliding_window is {window!r}")
+                    raise UnsupportedModelError(
+                        f"{model_name}: layer {i} is 'sliding_attention' but config.sliding_window is {window!r}"
+                    )
                 out.append(int(window))
             else:
-                raise UnsupportedModelError(f"{model_name}: layer {i} has attention type {kind!r}; "
-                                            "supported: 'full_attention', 'sliding_attention'")
+                raise UnsupportedModelError(
+                    f"{model_name}: layer {i} has attention type {kind!r}; "
+                    "supported: 'full_attention', 'sliding_attention'"
+                )
         return out
     if getattr(config, "use_sliding_window", True) is False:
         window = None
     for name in ("attention_chunk_size", "attention_window"):
         if getattr(config, name, None):
-            raise UnsupportedModelError(f"{model_name}: config.{name}={getattr(config, name)!r} "
-                                        "(chunked/local attention) is not supported")
+            raise UnsupportedModelError(
+                f"{model_name}: config.{name}={getattr(config, name)!r} (chunked/local attention) is not supported"
+            )
     attention_layers = getattr(config, "attention_layers", None)  # GPT-Neo: "global" / "local"
     if attention_layers and any(kind != "global" for kind in attention_layers):
-        raise UnsupportedModelError(f"{model_name}: local attention layers (config.attention_layers with "
-                                    f"window_size={getattr(config, 'window_size', None)}) are not supported")
+        raise UnsupportedModelError(
+            f"{model_name}: local attention layers (config.attention_layers with "
+            f"window_size={getattr(config, 'window_size', None)}) are not supported"
+        )
     return [int(window) if window else None] * n_layers
 
 
@@ -101,21 +111,29 @@ def check_supported(model: nn.Module) -> None:
     if name in UNSUPPORTED_FAMILIES:
         raise UnsupportedModelError(f"{name}: {UNSUPPORTED_FAMILIES[name]}")
     if name.startswith("Falcon") and getattr(cfg, "alibi", False):
-        raise UnsupportedModelError(f"{name}: config.alibi=True (Falcon's ALiBi path computes attention itself, "
-                                    "with biases rounded to bfloat16 from a padding mask; not reproduced)")
+        raise UnsupportedModelError(
+            f"{name}: config.alibi=True (Falcon's ALiBi path computes attention itself, "
+            "with biases rounded to bfloat16 from a padding mask; not reproduced)"
+        )
     if getattr(cfg, "is_encoder_decoder", False):
         raise UnsupportedModelError(f"{name}: only decoder-only causal LMs are supported")
     rope = _rope_types(getattr(cfg, "rope_parameters", None)) | _rope_types(getattr(cfg, "rope_scaling", None))
     data_dependent = sorted(rope & {"dynamic", "longrope"})
     if data_dependent:
-        raise UnsupportedModelError(f"{name}: rope_type {data_dependent[0]!r} switches its frequencies on the "
-                                    "sequence length at run time; only static rope types are supported")
-    experts = next((getattr(cfg, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
-                    if getattr(cfg, n, None)), None)
+        raise UnsupportedModelError(
+            f"{name}: rope_type {data_dependent[0]!r} switches its frequencies on the "
+            "sequence length at run time; only static rope types are supported"
+        )
+    experts = next(
+        (getattr(cfg, n) for n in ("num_local_experts", "num_experts", "n_routed_experts") if getattr(cfg, n, None)),
+        None,
+    )
     if experts and not any(_routes_through_experts_interface(m) for m in model.modules()):
-        raise UnsupportedModelError(f"{name}: mixture-of-experts routing (num_experts={experts}, "
-                                    f"top-k={getattr(cfg, 'num_experts_per_tok', None)}) whose experts do not go "
-                                    "through transformers' ExpertsInterface")
+        raise UnsupportedModelError(
+            f"{name}: mixture-of-experts routing (num_experts={experts}, "
+            f"top-k={getattr(cfg, 'num_experts_per_tok', None)}) whose experts do not go "
+            "through transformers' ExpertsInterface"
+        )
 
 
 def _routes_through_experts_interface(module: nn.Module) -> bool:
@@ -129,8 +147,9 @@ def _routes_through_experts_interface(module: nn.Module) -> bool:
 EXPERTS_FORMS = {"gather": "batched_mm", "dense": "litert_dense_experts"}
 
 
-def dense_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                          top_k_weights: torch.Tensor) -> torch.Tensor:
+def dense_experts_forward(
+    self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """All experts on all tokens (T, D) -> (T, D), combined with the top-k routing weights."""
     experts = torch.arange(self.num_experts, device=hidden_states.device)
     routing = ((top_k_index[..., None] == experts).to(top_k_weights.dtype) * top_k_weights[..., None]).sum(1)
@@ -141,8 +160,9 @@ def dense_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.
         return out if bias is None else out + bias[:, None, :]
 
     if self.has_gate:
-        h = self._apply_gate(linear(x, self.gate_up_proj, getattr(self, "gate_up_proj_bias", None)
-                                    if self.has_bias else None))
+        h = self._apply_gate(
+            linear(x, self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if self.has_bias else None)
+        )
     else:
         h = self.act_fn(linear(x, self.up_proj, getattr(self, "up_proj_bias", None) if self.has_bias else None))
     out = linear(h, self.down_proj, getattr(self, "down_proj_bias", None) if self.has_bias else None)  # (E, T, D)
@@ -174,8 +194,11 @@ def explicit_cache_class():
             self.current_layer: int | None = None
             self.attended: set[int] = set()
             tokens = positions.shape[0]
-            self.full_bias = (torch.zeros(tokens, tokens, device=positions.device) if shapes is not None
-                              else windowed_attention_bias(positions, cache_len, None))
+            self.full_bias = (
+                torch.zeros(tokens, tokens, device=positions.device)
+                if shapes is not None
+                else windowed_attention_bias(positions, cache_len, None)
+            )
 
         def __len__(self):
             return len(self.plans)
@@ -195,8 +218,7 @@ def explicit_cache_class():
             else:
                 keys = self.tensors[2 * layer_idx] = write_cache(k_old, key_states, pos)
                 values = self.tensors[2 * layer_idx + 1] = write_cache(v_old, value_states, pos)
-                self.masks[layer_idx] = windowed_attention_bias(pos, self.cache_len, plan.window,
-                                                                key_states.dtype)
+                self.masks[layer_idx] = windowed_attention_bias(pos, self.cache_len, plan.window, key_states.dtype)
             self.current_layer = layer_idx
             return keys, values
 
@@ -224,25 +246,37 @@ def explicit_cache_class():
 _ACTIVE: list = []  # the cache of the call in progress (a stack: calls do not nest, but stay safe)
 
 
-def litert_attention(module: nn.Module, query, key, value, attention_mask, scaling: float | None = None,
-                     dropout: float = 0.0, sliding_window: int | None = None, softcap: float | None = None,
-                     **kwargs):
+def litert_attention(
+    module: nn.Module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+):
     """transformers' attention-function signature; returns ((B, T, H, D), None)."""
     cache = _ACTIVE[-1]
     if cache.shapes is not None:  # the shape probe
-        return torch.zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1],
-                           dtype=query.dtype, device=query.device), None
+        return torch.zeros(
+            query.shape[0], query.shape[2], query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device
+        ), None
     layer = cache.current_layer
     if layer is None:
-        raise UnsupportedModelError("attention ran before the layer wrote its cache: the model does not use "
-                                    "transformers' Cache.update")
+        raise UnsupportedModelError(
+            "attention ran before the layer wrote its cache: the model does not use transformers' Cache.update"
+        )
     for arg, what in REFUSED_ATTENTION_ARGUMENTS.items():
         if kwargs.get(arg) is not None:
             raise UnsupportedModelError(f"layer {layer}: {what} (attention argument {arg!r}) are not supported")
     planned = cache.plans[layer].window
     if (sliding_window or None) != planned:
-        raise UnsupportedModelError(f"layer {layer}: the model attends with sliding_window={sliding_window!r}, "
-                                    f"its config says {planned!r}")
+        raise UnsupportedModelError(
+            f"layer {layer}: the model attends with sliding_window={sliding_window!r}, its config says {planned!r}"
+        )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     cache.attended.add(layer)
@@ -293,8 +327,10 @@ class TransformersCachedLM(nn.Module):
     def __init__(self, model: nn.Module, cache_len: int, logits: str = "last", experts: str = "gather"):
         super().__init__()
         if not hasattr(model, "config") or not hasattr(model.config, "num_hidden_layers"):
-            raise TypeError(f"{_model_name(model)} is not a transformers causal LM (no config.num_hidden_layers); "
-                            "wrap it in a CachedLM subclass")
+            raise TypeError(
+                f"{_model_name(model)} is not a transformers causal LM (no config.num_hidden_layers); "
+                "wrap it in a CachedLM subclass"
+            )
         if logits not in ("last", "all", "none"):
             raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
         check_supported(model)
@@ -304,8 +340,10 @@ class TransformersCachedLM(nn.Module):
             raise ValueError(f"cache_len ({cache_len}) exceeds max_position_embeddings ({limit})")
         self.model, self.cache_len, self.logits, self.experts = model, cache_len, logits, experts
         self.windows = layer_windows(cfg, cfg.num_hidden_layers, _model_name(model))
-        self.plans = [_LayerPlan(w if w is not None and w < cache_len else None,
-                                 w is not None and w < cache_len) for w in self.windows]
+        self.plans = [
+            _LayerPlan(w if w is not None and w < cache_len else None, w is not None and w < cache_len)
+            for w in self.windows
+        ]
         params = _forward_parameters(model)
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params
@@ -325,8 +363,10 @@ class TransformersCachedLM(nn.Module):
             self.model = model
         n = self.model.config.num_hidden_layers
         if sorted(shapes) != list(range(n)):
-            raise UnsupportedModelError(f"{_model_name(self.model)}: its layers did not write their keys and values "
-                                        f"through transformers' Cache.update (layers seen: {sorted(shapes)} of {n})")
+            raise UnsupportedModelError(
+                f"{_model_name(self.model)}: its layers did not write their keys and values "
+                f"through transformers' Cache.update (layers seen: {sorted(shapes)} of {n})"
+            )
         out = []
         for i in range(n):
             for s in shapes[i]:
@@ -357,12 +397,15 @@ class TransformersCachedLM(nn.Module):
         _ACTIVE.append(cache)
         try:
             with attention_through_litert(self.model, self.experts):
-                out = self.model(input_ids=tokens, position_ids=position_ids,
-                                 **{self._cache_arg: cache}, use_cache=True, **extra)
+                out = self.model(
+                    input_ids=tokens, position_ids=position_ids, **{self._cache_arg: cache}, use_cache=True, **extra
+                )
         finally:
             _ACTIVE.pop()
         for i, plan in enumerate(self.plans):
             if shapes is None and plan.window is not None and i not in cache.attended:
-                raise UnsupportedModelError(f"{_model_name(self.model)}: layer {i} has a sliding window but computes "
-                                            "attention itself (not through transformers' AttentionInterface)")
+                raise UnsupportedModelError(
+                    f"{_model_name(self.model)}: layer {i} has a sliding window but computes "
+                    "attention itself (not through transformers' AttentionInterface)"
+                )
         return cache, out

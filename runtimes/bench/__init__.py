@@ -22,6 +22,21 @@ from runtimes.bench.host import SCHEMA, bench_host, bench_web, compare, random_i
 from runtimes.bench.op_profile import op_profile, op_profile_by_type
 from runtimes.bench.reports import plot, write_json
 
-__all__ = ["DEVICE_DIR", "SCHEMA", "android_script", "bench_host", "bench_web", "benchmark_args", "compare",
-           "ios_params", "ios_script", "op_profile", "op_profile_by_type", "parse_benchmark_model", "plot",
-           "random_inputs", "stats_us", "write_json"]
+__all__ = [
+    "DEVICE_DIR",
+    "SCHEMA",
+    "android_script",
+    "bench_host",
+    "bench_web",
+    "benchmark_args",
+    "compare",
+    "ios_params",
+    "ios_script",
+    "op_profile",
+    "op_profile_by_type",
+    "parse_benchmark_model",
+    "plot",
+    "random_inputs",
+    "stats_us",
+    "write_json",
+]

@@ -9,11 +9,16 @@ import shlex
 DEVICE_DIR = "/data/local/tmp"
 
 
-def benchmark_args(*, runs: int = 50, warmup: int = 5, threads: int = 4, delegate: str = "cpu",
-                   op_profile: bool = False) -> list[str]:
+def benchmark_args(
+    *, runs: int = 50, warmup: int = 5, threads: int = 4, delegate: str = "cpu", op_profile: bool = False
+) -> list[str]:
     """`benchmark_model` flags for the same options the host bench takes."""
-    args = [f"--num_threads={threads}", f"--num_runs={runs}", f"--warmup_runs={warmup}",
-            "--report_peak_memory_footprint=true"]
+    args = [
+        f"--num_threads={threads}",
+        f"--num_runs={runs}",
+        f"--warmup_runs={warmup}",
+        "--report_peak_memory_footprint=true",
+    ]
     if delegate == "gpu":
         args.append("--use_gpu=true")
     elif delegate == "xnnpack":
@@ -25,8 +30,9 @@ def benchmark_args(*, runs: int = 50, warmup: int = 5, threads: int = 4, delegat
     return args
 
 
-def android_script(model_path: str, *, benchmark_binary: str = "benchmark_model", serial: str | None = None,
-                   **options) -> str:
+def android_script(
+    model_path: str, *, benchmark_binary: str = "benchmark_model", serial: str | None = None, **options
+) -> str:
     """A bash script that pushes the model (and the benchmark binary) with adb, runs
     LiteRT's `benchmark_model` on the phone and prints its log."""
     adb = "adb" + (f" -s {shlex.quote(serial)}" if serial else "")
@@ -48,8 +54,10 @@ BENCH=${{BENCHMARK_MODEL:-{shlex.quote(benchmark_binary)}}}
 def ios_params(model_path: str, **options) -> dict:
     """`benchmark_params.json` for the TFLite iOS benchmark app (its `args` are
     benchmark_model's flags; the app prints benchmark_model's log to the console)."""
-    return {"benchmark_name": os.path.splitext(os.path.basename(model_path))[0],
-            "args": [f"--graph={os.path.basename(model_path)}", *benchmark_args(**options)]}
+    return {
+        "benchmark_name": os.path.splitext(os.path.basename(model_path))[0],
+        "args": [f"--graph={os.path.basename(model_path)}", *benchmark_args(**options)],
+    }
 
 
 def ios_script(model_path: str, app_dir: str = "TFLiteBenchmark", **options) -> str:

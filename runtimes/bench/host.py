@@ -47,9 +47,15 @@ def stats_us(times_us) -> dict:
     t = np.asarray(times_us, dtype=np.float64)
     if not t.size:
         return {"count": 0}
-    return {"count": int(t.size), "avg": float(t.mean()), "p50": float(np.percentile(t, 50)),
-            "p90": float(np.percentile(t, 90)), "min": float(t.min()), "max": float(t.max()),
-            "std": float(t.std())}
+    return {
+        "count": int(t.size),
+        "avg": float(t.mean()),
+        "p50": float(np.percentile(t, 50)),
+        "p90": float(np.percentile(t, 90)),
+        "min": float(t.min()),
+        "max": float(t.max()),
+        "std": float(t.std()),
+    }
 
 
 def _peak_rss_mb() -> float:
@@ -74,8 +80,16 @@ class _HostRunner:
         return (time.perf_counter() - start) * 1e6
 
 
-def bench_host(model, *, runs: int = 50, warmup: int = 5, threads: int | None = None,
-               use_xnnpack: bool = True, seed: int = 0, per_op: bool = False) -> dict:
+def bench_host(
+    model,
+    *,
+    runs: int = 50,
+    warmup: int = 5,
+    threads: int | None = None,
+    use_xnnpack: bool = True,
+    seed: int = 0,
+    per_op: bool = False,
+) -> dict:
     """Benchmark a model (path or bytes) in the LiteRT interpreter on this machine; with
     `per_op`, add `op_profile` (see `op_profile`)."""
     from runtimes.bench.op_profile import op_profile
@@ -87,11 +101,18 @@ def bench_host(model, *, runs: int = 50, warmup: int = 5, threads: int | None = 
     warm = [runner.once() for _ in range(warmup)]
     times = [runner.once() for _ in range(runs)]
     return {
-        "schema": SCHEMA, "target": "host", "model": name, "model_bytes": len(content),
+        "schema": SCHEMA,
+        "target": "host",
+        "model": name,
+        "model_bytes": len(content),
         "signature": runner.sig.key,
-        "runtime": {"engine": "ai-edge-litert", "threads": threads or 1,
-                    "delegate": "xnnpack" if use_xnnpack else "builtin kernels"},
-        "init_us": runner.init_us, "first_us": first,
+        "runtime": {
+            "engine": "ai-edge-litert",
+            "threads": threads or 1,
+            "delegate": "xnnpack" if use_xnnpack else "builtin kernels",
+        },
+        "init_us": runner.init_us,
+        "first_us": first,
         "warmup_avg_us": float(np.mean(warm)) if warm else None,
         "inference_us": stats_us(times),
         "memory": {"peak_rss_mb": _peak_rss_mb(), "peak_rss_before_mb": rss_before},
@@ -99,8 +120,16 @@ def bench_host(model, *, runs: int = 50, warmup: int = 5, threads: int | None = 
     }
 
 
-def compare(model_a, model_b, *, runs: int = 50, warmup: int = 5, threads: int | None = None,
-            use_xnnpack: bool = True, seed: int = 0) -> dict:
+def compare(
+    model_a,
+    model_b,
+    *,
+    runs: int = 50,
+    warmup: int = 5,
+    threads: int | None = None,
+    use_xnnpack: bool = True,
+    seed: int = 0,
+) -> dict:
     """Benchmark A and B alternately in one process; ratios are B / A (below 1: B faster)."""
     (ca, na), (cb, nb) = _read(model_a), _read(model_b)
     a = _HostRunner(ca, threads, use_xnnpack, seed)
@@ -115,17 +144,33 @@ def compare(model_a, model_b, *, runs: int = 50, warmup: int = 5, threads: int |
     sa, sb = stats_us(ta), stats_us(tb)
 
     def result(runner, name, content, first, stats):
-        return {"schema": SCHEMA, "target": "host", "model": name, "model_bytes": len(content),
-                "signature": runner.sig.key,
-                "runtime": {"engine": "ai-edge-litert", "threads": threads or 1,
-                            "delegate": "xnnpack" if use_xnnpack else "builtin kernels"},
-                "init_us": runner.init_us, "first_us": first, "warmup_avg_us": None, "inference_us": stats}
+        return {
+            "schema": SCHEMA,
+            "target": "host",
+            "model": name,
+            "model_bytes": len(content),
+            "signature": runner.sig.key,
+            "runtime": {
+                "engine": "ai-edge-litert",
+                "threads": threads or 1,
+                "delegate": "xnnpack" if use_xnnpack else "builtin kernels",
+            },
+            "init_us": runner.init_us,
+            "first_us": first,
+            "warmup_avg_us": None,
+            "inference_us": stats,
+        }
 
     ratios = {k: sb[k] / sa[k] for k in ("avg", "p50", "p90", "min") if sa.get(k)}
     ratios["init"] = b.init_us / a.init_us if a.init_us else None
-    return {"schema": SCHEMA, "mode": "compare", "alternating": True,
-            "a": result(a, na, ca, firsts[0], sa), "b": result(b, nb, cb, firsts[1], sb),
-            "ratio_b_over_a": ratios}
+    return {
+        "schema": SCHEMA,
+        "mode": "compare",
+        "alternating": True,
+        "a": result(a, na, ca, firsts[0], sa),
+        "b": result(b, nb, cb, firsts[1], sb),
+        "ratio_b_over_a": ratios,
+    }
 
 
 def bench_web(model, *, runs: int = 20, warmup: int = 3, accelerator: str = "wasm", seed: int = 0) -> dict:
@@ -136,8 +181,20 @@ def bench_web(model, *, runs: int = 20, warmup: int = 3, accelerator: str = "was
     content, name = _read(model)
     sig = LiteRTModel(content).signatures[0]
     result = run_in_browser(content, random_inputs(sig, seed), accelerator=accelerator, warmup=warmup, runs=runs)
-    return {"schema": SCHEMA, "target": "web", "model": name, "model_bytes": len(content), "signature": sig.key,
-            "runtime": {"engine": "LiteRT.js (@litertjs/core)", "accelerator": accelerator,
-                        "browser": result.user_agent, "threads": 1},
-            "init_us": result.init_ms * 1e3, "first_us": result.first_ms * 1e3, "warmup_avg_us": None,
-            "inference_us": stats_us([t * 1e3 for t in result.times_ms])}
+    return {
+        "schema": SCHEMA,
+        "target": "web",
+        "model": name,
+        "model_bytes": len(content),
+        "signature": sig.key,
+        "runtime": {
+            "engine": "LiteRT.js (@litertjs/core)",
+            "accelerator": accelerator,
+            "browser": result.user_agent,
+            "threads": 1,
+        },
+        "init_us": result.init_ms * 1e3,
+        "first_us": result.first_ms * 1e3,
+        "warmup_avg_us": None,
+        "inference_us": stats_us([t * 1e3 for t in result.times_ms]),
+    }

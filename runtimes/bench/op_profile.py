@@ -55,8 +55,7 @@ def _time_alone(content: bytes, runs: int, threads: int | None, use_xnnpack: boo
     indices stay in range; normal floats otherwise)."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    kwargs = {} if use_xnnpack else {
-        "experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
+    kwargs = {} if use_xnnpack else {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
     interpreter = Interpreter(model_content=content, num_threads=threads, **kwargs)
     interpreter.allocate_tensors()
     rng = np.random.default_rng(0)
@@ -73,8 +72,9 @@ def _time_alone(content: bytes, runs: int, threads: int | None, use_xnnpack: boo
     return float(np.median(times))
 
 
-def op_profile(model, *, runs: int = 20, threads: int | None = None, use_xnnpack: bool = True,
-               subgraph: int = 0) -> list[dict]:
+def op_profile(
+    model, *, runs: int = 20, threads: int | None = None, use_xnnpack: bool = True, subgraph: int = 0
+) -> list[dict]:
     """Per-op host timings: each op of `subgraph` runs alone, as a one-op model, in the
     LiteRT interpreter (ai-edge-litert has no op profiler in Python). Sums differ from the
     whole model's time (no fusion or cache reuse across ops); use it to find hot ops.

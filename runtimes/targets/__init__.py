@@ -20,5 +20,15 @@ from runtimes.targets.profiles import PROFILES, Profile, get_profile
 
 CHECK_MODES = ("error", "warn")
 
-__all__ = ["PROFILES", "Profile", "TargetError", "TargetReport", "Violation", "check", "check_view",
-           "get_profile", "read_model", "CHECK_MODES"]
+__all__ = [
+    "PROFILES",
+    "Profile",
+    "TargetError",
+    "TargetReport",
+    "Violation",
+    "check",
+    "check_view",
+    "get_profile",
+    "read_model",
+    "CHECK_MODES",
+]

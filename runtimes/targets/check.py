@@ -67,8 +67,10 @@ class TargetReport:
 
     def summary(self) -> str:
         verdict = "compatible" if self.ok else "NOT compatible"
-        return (f"{self.target} ({self.runtime}): {verdict}: {len(self.errors)} error(s), "
-                f"{len(self.warnings)} warning(s) over {self.ops} ops, {self.tensors} tensors")
+        return (
+            f"{self.target} ({self.runtime}): {verdict}: {len(self.errors)} error(s), "
+            f"{len(self.warnings)} warning(s) over {self.ops} ops, {self.tensors} tensors"
+        )
 
     def __str__(self) -> str:
         lines = [self.summary()]
@@ -80,9 +82,16 @@ class TargetReport:
         return f"<TargetReport {self.summary()}>"
 
     def to_dict(self) -> dict:
-        return {"target": self.target, "runtime": self.runtime, "ok": self.ok, "ops": self.ops,
-                "tensors": self.tensors, "file_size": self.file_size, "rewrites": list(self.rewrites),
-                "violations": [vars(v).copy() for v in self.violations]}
+        return {
+            "target": self.target,
+            "runtime": self.runtime,
+            "ok": self.ok,
+            "ops": self.ops,
+            "tensors": self.tensors,
+            "file_size": self.file_size,
+            "rewrites": list(self.rewrites),
+            "violations": [vars(v).copy() for v in self.violations],
+        }
 
 
 class TargetError(ValueError):
@@ -90,11 +99,13 @@ class TargetError(ValueError):
 
     def __init__(self, report: TargetReport):
         self.report = report
-        super().__init__(f"{report}\nPass target_check='warn' to keep the model anyway "
-                         "(the report is then on edge.target_report).")
+        super().__init__(
+            f"{report}\nPass target_check='warn' to keep the model anyway (the report is then on edge.target_report)."
+        )
 
 
 # ---------------------------------------------------------------------------------- helpers
+
 
 def _where(sg: SubgraphView, thing: OpView | TensorView) -> str:
     return f"{sg.name}: {thing.describe()}"
@@ -123,20 +134,29 @@ def _computed(t: TensorView) -> bool:
 
 # ---------------------------------------------------------------------------------- rules
 
+
 def unsupported_ops(view: ModelView, sg: SubgraphView, p: Profile):
     graph_outputs = {t.index for t in sg.outputs}
     for op in sg.ops:
         if op.opcode.startswith("CUSTOM:"):
-            yield Violation("custom-op", "error", _where(sg, op),
-                            f"custom op '{op.opcode[7:]}' is not built into {p.runtime}",
-                            "register its kernel in the app, or express it with builtin ops")
+            yield Violation(
+                "custom-op",
+                "error",
+                _where(sg, op),
+                f"custom op '{op.opcode[7:]}' is not built into {p.runtime}",
+                "register its kernel in the app, or express it with builtin ops",
+            )
         elif p.ops is not None and op.opcode not in p.ops:
             tail = all(t.index in graph_outputs for t in op.outputs)
             severity = "warning" if tail and op.opcode in ("DEQUANTIZE", "QUANTIZE") else p.unsupported_severity
             effect = "runs on the CPU after the accelerated part" if severity == "warning" else "is not supported"
-            yield Violation("unsupported-op", severity, _where(sg, op),
-                            f"{op.opcode} {effect} by {p.runtime}",
-                            OP_FIXES.get(op.opcode, "replace the PyTorch op that produced it with one the target runs"))
+            yield Violation(
+                "unsupported-op",
+                severity,
+                _where(sg, op),
+                f"{op.opcode} {effect} by {p.runtime}",
+                OP_FIXES.get(op.opcode, "replace the PyTorch op that produced it with one the target runs"),
+            )
 
 
 def op_options(view: ModelView, sg: SubgraphView, p: Profile):
@@ -145,8 +165,13 @@ def op_options(view: ModelView, sg: SubgraphView, p: Profile):
             if rule.opcode == op.opcode:
                 why = rule.broken(op)
                 if why:
-                    yield Violation("op-options", rule.severity, _where(sg, op),
-                                    f"{op.opcode} {why}, which {p.runtime} does not accept", rule.fix)
+                    yield Violation(
+                        "op-options",
+                        rule.severity,
+                        _where(sg, op),
+                        f"{op.opcode} {why}, which {p.runtime} does not accept",
+                        rule.fix,
+                    )
 
 
 def ranks(view: ModelView, sg: SubgraphView, p: Profile):
@@ -155,10 +180,13 @@ def ranks(view: ModelView, sg: SubgraphView, p: Profile):
     users = _users(sg)
     for t in sg.tensors:
         if t.rank > p.max_rank and t.index in users:
-            yield Violation("rank", "error", _where(sg, t),
-                            f"rank {t.rank} is above {p.runtime}'s limit of {p.max_rank} "
-                            f"(used by {_op_list(users[t.index])})",
-                            f"reshape to rank {p.max_rank} or less (merge leading or unit dimensions)")
+            yield Violation(
+                "rank",
+                "error",
+                _where(sg, t),
+                f"rank {t.rank} is above {p.runtime}'s limit of {p.max_rank} (used by {_op_list(users[t.index])})",
+                f"reshape to rank {p.max_rank} or less (merge leading or unit dimensions)",
+            )
 
 
 def innermost_dims(view: ModelView, sg: SubgraphView, p: Profile):
@@ -166,12 +194,15 @@ def innermost_dims(view: ModelView, sg: SubgraphView, p: Profile):
         return
     users = _users(sg)
     for t in sg.tensors:
-        outer = t.shape[:-p.innermost_dims] if t.rank > p.innermost_dims else ()
+        outer = t.shape[: -p.innermost_dims] if t.rank > p.innermost_dims else ()
         if any(d > 1 for d in outer) and _computed(t) and t.index in users:
-            yield Violation("rank", "error", _where(sg, t),
-                            f"only the {p.innermost_dims} innermost dimensions may exceed 1 "
-                            f"(used by {_op_list(users[t.index])})",
-                            "fold the outer dimensions into the inner ones (batch 1, reshape)")
+            yield Violation(
+                "rank",
+                "error",
+                _where(sg, t),
+                f"only the {p.innermost_dims} innermost dimensions may exceed 1 (used by {_op_list(users[t.index])})",
+                "fold the outer dimensions into the inner ones (batch 1, reshape)",
+            )
 
 
 def compute_dtypes(view: ModelView, sg: SubgraphView, p: Profile):
@@ -182,10 +213,14 @@ def compute_dtypes(view: ModelView, sg: SubgraphView, p: Profile):
         if _computed(t) and t.index in users and t.dtype not in p.compute_dtypes:
             if p.integer_only and t.dtype in FLOAT_DTYPES:
                 continue  # reported per op by float_ops
-            yield Violation("dtype", "error", _where(sg, t),
-                            f"{t.dtype} tensors are not computed by {p.runtime} "
-                            f"(allowed: {', '.join(sorted(p.compute_dtypes))}; used by {_op_list(users[t.index])})",
-                            "keep this value in a supported dtype (e.g. int32 indices, float32 math)")
+            yield Violation(
+                "dtype",
+                "error",
+                _where(sg, t),
+                f"{t.dtype} tensors are not computed by {p.runtime} "
+                f"(allowed: {', '.join(sorted(p.compute_dtypes))}; used by {_op_list(users[t.index])})",
+                "keep this value in a supported dtype (e.g. int32 indices, float32 math)",
+            )
 
 
 def float_ops(view: ModelView, sg: SubgraphView, p: Profile):
@@ -196,10 +231,14 @@ def float_ops(view: ModelView, sg: SubgraphView, p: Profile):
             continue  # the float<->int boundary ops are integer-model ops
         floats = [t for t in [*op.inputs, *op.outputs] if t is not None and _computed(t) and t.dtype in FLOAT_DTYPES]
         if floats:
-            yield Violation("float-op", "error", _where(sg, op),
-                            f"computes in {floats[0].dtype} ({floats[0].describe()}); {p.float_reason}",
-                            "quantize the model fully to int8 (quant_config=litert_torch.quantize.full_int8(...) "
-                            "with calibration_data)")
+            yield Violation(
+                "float-op",
+                "error",
+                _where(sg, op),
+                f"computes in {floats[0].dtype} ({floats[0].describe()}); {p.float_reason}",
+                "quantize the model fully to int8 (quant_config=litert_torch.quantize.full_int8(...) "
+                "with calibration_data)",
+            )
 
 
 def io_dtypes(view: ModelView, sg: SubgraphView, p: Profile):
@@ -208,11 +247,14 @@ def io_dtypes(view: ModelView, sg: SubgraphView, p: Profile):
     for kind, tensors in (("input", sg.inputs), ("output", sg.outputs)):
         for t in tensors:
             if t.dtype not in p.io_dtypes:
-                yield Violation("io-dtype", "error", f"{sg.name}: {kind} {t.describe()}",
-                                f"{kind}s of type {t.dtype} are not accepted by {p.runtime} "
-                                f"(allowed: {', '.join(sorted(p.io_dtypes))})",
-                                f"convert with target='{p.name}' (it casts {kind}s to int32) or change the "
-                                f"model's {kind} dtype")
+                yield Violation(
+                    "io-dtype",
+                    "error",
+                    f"{sg.name}: {kind} {t.describe()}",
+                    f"{kind}s of type {t.dtype} are not accepted by {p.runtime} "
+                    f"(allowed: {', '.join(sorted(p.io_dtypes))})",
+                    f"convert with target='{p.name}' (it casts {kind}s to int32) or change the model's {kind} dtype",
+                )
 
 
 def static_shapes(view: ModelView, sg: SubgraphView, p: Profile):
@@ -220,9 +262,13 @@ def static_shapes(view: ModelView, sg: SubgraphView, p: Profile):
         return
     for t in [*sg.inputs, *sg.outputs]:
         if t.is_dynamic:
-            yield Violation("dynamic-shape", "error", _where(sg, t),
-                            f"{p.runtime} needs static shapes (dimensions fixed when the model is compiled)",
-                            "export without dynamic_shapes, or convert with this target (it fixes dims to the sample)")
+            yield Violation(
+                "dynamic-shape",
+                "error",
+                _where(sg, t),
+                f"{p.runtime} needs static shapes (dimensions fixed when the model is compiled)",
+                "export without dynamic_shapes, or convert with this target (it fixes dims to the sample)",
+            )
 
 
 def constant_weights(view: ModelView, sg: SubgraphView, p: Profile):
@@ -232,11 +278,15 @@ def constant_weights(view: ModelView, sg: SubgraphView, p: Profile):
         for k in WEIGHTED_OPS.get(op.opcode, ()):
             t = op.inputs[k] if k < len(op.inputs) else None
             if t is not None and _computed(t):
-                yield Violation("constant-weights", "warning", _where(sg, op),
-                                f"its {'filter' if k == 1 else 'bias'} {t.describe()} is computed at run time; "
-                                "XNNPACK only takes constant filters and biases, so this op runs on the slower "
-                                "builtin kernels",
-                                "make the weights parameters/constants (no ops between the parameter and the layer)")
+                yield Violation(
+                    "constant-weights",
+                    "warning",
+                    _where(sg, op),
+                    f"its {'filter' if k == 1 else 'bias'} {t.describe()} is computed at run time; "
+                    "XNNPACK only takes constant filters and biases, so this op runs on the slower "
+                    "builtin kernels",
+                    "make the weights parameters/constants (no ops between the parameter and the layer)",
+                )
 
 
 def xnnpack_int16(view: ModelView, sg: SubgraphView, p: Profile):
@@ -247,10 +297,14 @@ def xnnpack_int16(view: ModelView, sg: SubgraphView, p: Profile):
     for op in sg.ops:
         wide = [t for t in op.outputs if _computed(t) and t.dtype == "int16"]
         if wide:
-            yield Violation("int16", "warning", _where(sg, op),
-                            f"int16 activations ({wide[0].describe()}): XNNPACK has no int16x8 kernels, so this "
-                            "op runs on the slower builtin kernels",
-                            "use full_int8 (or float) for CPU targets; int16x8 suits microcontrollers")
+            yield Violation(
+                "int16",
+                "warning",
+                _where(sg, op),
+                f"int16 activations ({wide[0].describe()}): XNNPACK has no int16x8 kernels, so this "
+                "op runs on the slower builtin kernels",
+                "use full_int8 (or float) for CPU targets; int16x8 suits microcontrollers",
+            )
 
 
 def per_tensor_dequantize(view: ModelView, sg: SubgraphView, p: Profile):
@@ -259,9 +313,13 @@ def per_tensor_dequantize(view: ModelView, sg: SubgraphView, p: Profile):
     for op in sg.ops:
         src = op.inputs[0] if op.opcode == "DEQUANTIZE" and op.inputs else None
         if src is not None and src.scales > 1:
-            yield Violation("dequantize", "error", _where(sg, op),
-                            f"dequantizes per-channel ({src.scales} scales); {p.runtime} dequantizes per-tensor only",
-                            "quantize fully so the weights are consumed as int8, or use per-tensor scales")
+            yield Violation(
+                "dequantize",
+                "error",
+                _where(sg, op),
+                f"dequantizes per-channel ({src.scales} scales); {p.runtime} dequantizes per-tensor only",
+                "quantize fully so the weights are consumed as int8, or use per-tensor scales",
+            )
 
 
 def alignment(view: ModelView, sg: SubgraphView, p: Profile):
@@ -272,38 +330,78 @@ def alignment(view: ModelView, sg: SubgraphView, p: Profile):
         for t in s.tensors:
             if t.data_offset is not None and t.data_offset not in seen and t.data_offset % p.buffer_alignment:
                 seen.add(t.data_offset)
-                yield Violation("alignment", "error", _where(s, t),
-                                f"constant data starts at byte {t.data_offset}, not a multiple of "
-                                f"{p.buffer_alignment}; {p.runtime} reads weights in place",
-                                "re-export with litert_torch (it aligns weight data) or run tflite-micro's "
-                                "tflite_flatbuffer_align")
+                yield Violation(
+                    "alignment",
+                    "error",
+                    _where(s, t),
+                    f"constant data starts at byte {t.data_offset}, not a multiple of "
+                    f"{p.buffer_alignment}; {p.runtime} reads weights in place",
+                    "re-export with litert_torch (it aligns weight data) or run tflite-micro's tflite_flatbuffer_align",
+                )
 
 
 def model_limits(view: ModelView, p: Profile):
     """Whole-model rules: size, external data, subgraph count, on-chip cache."""
     if p.max_file_bytes is not None and view.file_size > p.max_file_bytes:
-        yield Violation("size", "error", "model", f"{view.file_size:,} bytes exceed {p.runtime}'s limit of "
-                        f"{p.max_file_bytes:,}",
-                        "quantize the weights (int8 weights are 4x smaller) or split the model")
+        yield Violation(
+            "size",
+            "error",
+            "model",
+            f"{view.file_size:,} bytes exceed {p.runtime}'s limit of {p.max_file_bytes:,}",
+            "quantize the weights (int8 weights are 4x smaller) or split the model",
+        )
     if not p.external_buffers and view.uses_external_buffers:
-        yield Violation("size", "error", "model", f"weights are stored after the flatbuffer (a >2 GB layout); "
-                        f"{p.runtime} cannot read it", "shrink the model below 2 GB (quantize the weights)")
+        yield Violation(
+            "size",
+            "error",
+            "model",
+            f"weights are stored after the flatbuffer (a >2 GB layout); {p.runtime} cannot read it",
+            "shrink the model below 2 GB (quantize the weights)",
+        )
     if p.max_subgraphs is not None and len(view.subgraphs) > p.max_subgraphs:
-        yield Violation("subgraphs", "error", "model", f"{len(view.subgraphs)} subgraphs/signatures; {p.runtime} "
-                        f"runs {p.max_subgraphs}", "convert one signature per file for this target")
+        yield Violation(
+            "subgraphs",
+            "error",
+            "model",
+            f"{len(view.subgraphs)} subgraphs/signatures; {p.runtime} runs {p.max_subgraphs}",
+            "convert one signature per file for this target",
+        )
     if p.weight_cache_bytes is not None and view.constant_bytes > p.weight_cache_bytes:
-        yield Violation("size", "warning", "model", f"{view.constant_bytes:,} bytes of parameters exceed the "
-                        f"{p.weight_cache_bytes:,} bytes of on-chip memory; the rest streams from host memory "
-                        "on every run", "use a smaller model")
+        yield Violation(
+            "size",
+            "warning",
+            "model",
+            f"{view.constant_bytes:,} bytes of parameters exceed the "
+            f"{p.weight_cache_bytes:,} bytes of on-chip memory; the rest streams from host memory "
+            "on every run",
+            "use a smaller model",
+        )
 
 
-SUBGRAPH_RULES = (unsupported_ops, op_options, ranks, innermost_dims, compute_dtypes, float_ops,
-                  io_dtypes, static_shapes, constant_weights, xnnpack_int16, per_tensor_dequantize, alignment)
+SUBGRAPH_RULES = (
+    unsupported_ops,
+    op_options,
+    ranks,
+    innermost_dims,
+    compute_dtypes,
+    float_ops,
+    io_dtypes,
+    static_shapes,
+    constant_weights,
+    xnnpack_int16,
+    per_tensor_dequantize,
+    alignment,
+)
 
 
 def check_view(view: ModelView, profile: Profile) -> TargetReport:
-    report = TargetReport(profile.name, profile.runtime, ops=sum(len(s.ops) for s in view.subgraphs),
-                          tensors=sum(len(s.tensors) for s in view.subgraphs), file_size=view.file_size)
+    report = TargetReport(
+        profile.name,
+        profile.runtime,
+        ops=sum(len(s.ops) for s in view.subgraphs),
+        tensors=sum(len(s.tensors) for s in view.subgraphs),
+        file_size=view.file_size,
+    )
     report.violations += list(model_limits(view, profile))
     for sg in view.subgraphs:
         for rule in SUBGRAPH_RULES:

@@ -152,11 +152,22 @@ def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None
             offset, size, _ = buffers[t.Buffer()] if t.Buffer() < len(buffers) else (None, 0, False)
             q = t.Quantization()
             scales = q.ScaleLength() if q is not None else 0
-            tensors.append(TensorView(i, (t.Name() or b"").decode(), shape, sig,
-                                      type_names.get(t.Type(), str(t.Type())).lower(),
-                                      is_const=size > 0, is_variable=bool(t.IsVariable()),
-                                      quantized=scales > 0, scales=scales,
-                                      data_offset=offset, data_size=size, buffer=t.Buffer()))
+            tensors.append(
+                TensorView(
+                    i,
+                    (t.Name() or b"").decode(),
+                    shape,
+                    sig,
+                    type_names.get(t.Type(), str(t.Type())).lower(),
+                    is_const=size > 0,
+                    is_variable=bool(t.IsVariable()),
+                    quantized=scales > 0,
+                    scales=scales,
+                    data_offset=offset,
+                    data_size=size,
+                    buffer=t.Buffer(),
+                )
+            )
 
         def pick(indices, tensors=tensors):
             return [tensors[k] if k >= 0 else None for k in indices]
@@ -170,8 +181,16 @@ def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None
             ops.append(OpView(i, name, version, ins, [t for t in outs if t is not None], _options(schema, op)))
         inputs = pick(sg.InputsAsNumpy()) if sg.InputsLength() else []
         outputs = pick(sg.OutputsAsNumpy()) if sg.OutputsLength() else []
-        subgraphs.append(SubgraphView(s, (sg.Name() or b"").decode() or f"subgraph{s}", tensors, ops,
-                                      [t for t in inputs if t], [t for t in outputs if t]))
+        subgraphs.append(
+            SubgraphView(
+                s,
+                (sg.Name() or b"").decode() or f"subgraph{s}",
+                tensors,
+                ops,
+                [t for t in inputs if t],
+                [t for t in outputs if t],
+            )
+        )
 
     signatures, signature_defs = {}, []
     for i in range(m.SignatureDefsLength()):
@@ -185,13 +204,20 @@ def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None
             def io(maps, n, tensors=tensors):
                 return [(maps(k).Name().decode(), tensors[maps(k).TensorIndex()]) for k in range(n)]
 
-            signature_defs.append(SignatureView(key, index, io(sd.Inputs, sd.InputsLength()),
-                                                io(sd.Outputs, sd.OutputsLength())))
-    return ModelView(subgraphs, signatures, len(content) if file_size is None else file_size,
-                     constant_bytes=sum(size for _, size, _ in buffers),
-                     uses_external_buffers=any(ext for _, _, ext in buffers),
-                     buffer_sizes=[size for _, size, _ in buffers], signature_defs=signature_defs,
-                     metadata=_metadata(m, content, buffers), description=(m.Description() or b"").decode())
+            signature_defs.append(
+                SignatureView(key, index, io(sd.Inputs, sd.InputsLength()), io(sd.Outputs, sd.OutputsLength()))
+            )
+    return ModelView(
+        subgraphs,
+        signatures,
+        len(content) if file_size is None else file_size,
+        constant_bytes=sum(size for _, size, _ in buffers),
+        uses_external_buffers=any(ext for _, _, ext in buffers),
+        buffer_sizes=[size for _, size, _ in buffers],
+        signature_defs=signature_defs,
+        metadata=_metadata(m, content, buffers),
+        description=(m.Description() or b"").decode(),
+    )
 
 
 def _metadata(m, content: bytes, buffers) -> dict[str, str]:
@@ -200,6 +226,6 @@ def _metadata(m, content: bytes, buffers) -> dict[str, str]:
     for i in range(m.MetadataLength()):
         md = m.Metadata(i)
         start, size, _ = buffers[md.Buffer()] if md.Buffer() < len(buffers) else (None, 0, False)
-        raw = content[start:start + size] if start is not None and size <= 64 else b""
+        raw = content[start : start + size] if start is not None and size <= 64 else b""
         out[md.Name().decode()] = raw.rstrip(b"\0").decode(errors="replace") if size <= 64 else f"{size} bytes"
     return out

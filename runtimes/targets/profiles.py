@@ -20,7 +20,8 @@ from runtimes.targets.model_view import OpView
 # TFLite/LiteRT GPU delegate (OpenCL, OpenGL ES, Metal and WebGPU share one graph builder):
 # the ops `NewOperationParser` in tensorflow/lite/delegates/gpu/common/model_builder.cc
 # accepts (TF 2.16 / LiteRT). EXPAND_DIMS and SQUEEZE are not among them: use RESHAPE.
-GPU_OPS = frozenset("""
+GPU_OPS = frozenset(
+    """
 ABS ADD ADD_N AVERAGE_POOL_2D BATCH_MATMUL CAST CONCATENATION CONV_2D COS CUMSUM DENSIFY
 DEPTH_TO_SPACE DEPTHWISE_CONV_2D DEQUANTIZE DIV ELU EQUAL EXP FLOOR FLOOR_DIV FLOOR_MOD
 FULLY_CONNECTED GATHER GELU GREATER GREATER_EQUAL HARD_SWISH LEAKY_RELU LESS LESS_EQUAL LOG
@@ -29,12 +30,14 @@ PACK PAD PADV2 POW PRELU QUANTIZE REDUCE_MAX REDUCE_MIN REDUCE_PROD RELU RELU6 R
 RESHAPE RESIZE_BILINEAR RESIZE_NEAREST_NEIGHBOR RSQRT SELECT_V2 SIGN SIN SLICE SOFTMAX
 SPACE_TO_DEPTH SPLIT SPLIT_V SQRT SQUARE SQUARED_DIFFERENCE STRIDED_SLICE SUB SUM TANH TILE
 TRANSPOSE TRANSPOSE_CONV
-""".split())
+""".split()
+)
 
 # TensorFlow Lite Micro: the builtins `MicroMutableOpResolver::Add*` registers
 # (tflite-micro tensorflow/lite/micro/micro_mutable_op_resolver.h), cross-checked against
 # the `Register_*` kernels linked into the installed `tflite-micro` wheel. No GELU.
-MICRO_OPS = frozenset("""
+MICRO_OPS = frozenset(
+    """
 ABS ADD ADD_N ARG_MAX ARG_MIN ASSIGN_VARIABLE AVERAGE_POOL_2D BATCH_MATMUL BATCH_TO_SPACE_ND
 BROADCAST_ARGS BROADCAST_TO CALL_ONCE CAST CEIL CONCATENATION CONV_2D COS CUMSUM DEPTH_TO_SPACE
 DEPTHWISE_CONV_2D DEQUANTIZE DIV ELU EMBEDDING_LOOKUP EQUAL EXP EXPAND_DIMS FILL FLOOR
@@ -46,22 +49,24 @@ RESIZE_NEAREST_NEIGHBOR REVERSE_V2 ROUND RSQRT SELECT_V2 SHAPE SIN SLICE SOFTMAX
 SPACE_TO_BATCH_ND SPACE_TO_DEPTH SPLIT SPLIT_V SQRT SQUARE SQUARED_DIFFERENCE SQUEEZE
 STRIDED_SLICE SUB SUM SVDF TANH TRANSPOSE TRANSPOSE_CONV UNIDIRECTIONAL_SEQUENCE_LSTM UNPACK
 VAR_HANDLE WHILE ZEROS_LIKE
-""".split())
+""".split()
+)
 
 # Coral Edge TPU compiler, "Supported operations" table (coral.ai/docs/edgetpu/models-intro).
 # Anything else (DEQUANTIZE, FLOOR_MOD, GELU ...) and everything after it runs on the CPU.
-EDGETPU_OPS = frozenset("""
+EDGETPU_OPS = frozenset(
+    """
 ADD AVERAGE_POOL_2D CONCATENATION CONV_2D DEPTHWISE_CONV_2D EXPAND_DIMS FULLY_CONNECTED
 L2_NORMALIZATION LOGISTIC LSTM MAXIMUM MAX_POOL_2D MEAN MINIMUM MUL PACK PAD PRELU QUANTIZE
 REDUCE_MAX REDUCE_MIN RELU RELU6 RELU_N1_TO_1 RESHAPE RESIZE_BILINEAR RESIZE_NEAREST_NEIGHBOR
 RSQRT SLICE SOFTMAX SPACE_TO_DEPTH SPLIT SQUARED_DIFFERENCE SQUEEZE STRIDED_SLICE SUB SUM TANH
 TRANSPOSE TRANSPOSE_CONV
-""".split())
+""".split()
+)
 
 # Ops whose filter/bias inputs XNNPACK wants constant (xnnpack_delegate.cc: "non-static
 # filter/bias" nodes are left to the builtin kernels). Input positions of weight and bias.
-WEIGHTED_OPS = {"CONV_2D": (1, 2), "DEPTHWISE_CONV_2D": (1, 2), "FULLY_CONNECTED": (1, 2),
-                "TRANSPOSE_CONV": (1, 3)}
+WEIGHTED_OPS = {"CONV_2D": (1, 2), "DEPTHWISE_CONV_2D": (1, 2), "FULLY_CONNECTED": (1, 2), "TRANSPOSE_CONV": (1, 3)}
 
 GB = 1 << 30
 
@@ -130,7 +135,10 @@ def _batch_axis(op: OpView) -> str | None:
 # Rank limit 6: XNNPACK's XNN_MAX_TENSOR_DIMS; filters/biases constant and no int16x8
 # (xnnpack_delegate.cc). Source: LiteRT docs "XNNPACK delegate" and its README.
 _CPU = dict(
-    ops=None, max_rank=6, constant_weights=True, unsupported_severity="error",
+    ops=None,
+    max_rank=6,
+    constant_weights=True,
+    unsupported_severity="error",
     notes=("XNNPACK runs float32, float16-weight and int8 ops; other ops use the builtin kernels.",),
 )
 
@@ -143,8 +151,11 @@ IOS_CPU = Profile("ios-cpu", "LiteRT on iOS, CPU (builtin kernels + XNNPACK)", *
 # are dequantized by the delegate since TF 2.3: "GPU delegate ... quantized models").
 # Unsupported ops are left on the CPU: the graph splits and tensors cross CPU<->GPU.
 _GPU = dict(
-    ops=GPU_OPS, max_rank=4, compute_dtypes=frozenset({"float32", "float16", "int8", "uint8"}),
-    rewrites=("reshape_for_expand_squeeze", "reduce_rank"), unsupported_severity="error",
+    ops=GPU_OPS,
+    max_rank=4,
+    compute_dtypes=frozenset({"float32", "float16", "int8", "uint8"}),
+    rewrites=("reshape_for_expand_squeeze", "reduce_rank"),
+    unsupported_severity="error",
     notes=("An op the delegate cannot take runs on the CPU; the graph is split around it.",),
 )
 ANDROID_GPU = Profile("android-gpu", "LiteRT GPU delegate on Android (OpenCL / OpenGL ES)", **_GPU)
@@ -154,16 +165,23 @@ IOS_GPU = Profile("ios-gpu", "LiteRT GPU delegate on iOS (Metal)", **_GPU)
 # int32 or uint8 only: an int64 input fails at load ("Element type INT64 is not supported",
 # seen with @litertjs/core 2.5.3); wasm32 memory is at most 2 GB (4 GB with memory64).
 WEB = Profile(
-    "web", "LiteRT.js in the browser (WebAssembly, XNNPACK)",
-    ops=None, max_rank=6, constant_weights=True,
+    "web",
+    "LiteRT.js in the browser (WebAssembly, XNNPACK)",
+    ops=None,
+    max_rank=6,
+    constant_weights=True,
     io_dtypes=frozenset({"float32", "int32", "uint8"}),
-    max_file_bytes=2 * GB, external_buffers=False,
+    max_file_bytes=2 * GB,
+    external_buffers=False,
     rewrites=("web_io_dtypes",),
 )
 # LiteRT.js with accelerator 'webgpu': the GPU delegate's rules plus the web's I/O rules.
 WEB_GPU = Profile(
-    "web-gpu", "LiteRT.js in the browser (WebGPU)",
-    io_dtypes=WEB.io_dtypes, max_file_bytes=2 * GB, external_buffers=False,
+    "web-gpu",
+    "LiteRT.js in the browser (WebGPU)",
+    io_dtypes=WEB.io_dtypes,
+    max_file_bytes=2 * GB,
+    external_buffers=False,
     **{**_GPU, "rewrites": (*_GPU["rewrites"], "web_io_dtypes")},
 )
 
@@ -174,14 +192,21 @@ WEB_GPU = Profile(
 # tflite_flatbuffer_align), DEQUANTIZE per-tensor only (dequantize.cc), entry subgraph 0
 # (signatures are ignored).
 MICRO = Profile(
-    "micro", "TensorFlow Lite Micro (microcontrollers)",
-    ops=MICRO_OPS, integer_only=True,
+    "micro",
+    "TensorFlow Lite Micro (microcontrollers)",
+    ops=MICRO_OPS,
+    integer_only=True,
     compute_dtypes=frozenset({"int8", "int16", "int32", "bool", "uint8"}),
-    static_shapes=True, external_buffers=False, max_subgraphs=1, buffer_alignment=16,
+    static_shapes=True,
+    external_buffers=False,
+    max_subgraphs=1,
+    buffer_alignment=16,
     per_tensor_dequantize=True,
     rewrites=("static_shapes",),
-    float_reason=("this profile is full-integer: TFLM's optimized kernels (CMSIS-NN, ESP-NN, Xtensa) are "
-                  "int8/int16 only, float ops fall back to slow reference kernels that need an FPU"),
+    float_reason=(
+        "this profile is full-integer: TFLM's optimized kernels (CMSIS-NN, ESP-NN, Xtensa) are "
+        "int8/int16 only, float ops fall back to slow reference kernels that need an FPU"
+    ),
     notes=("Quantize with litert_torch.quantize.full_int8(...) before targeting micro.",),
 )
 
@@ -193,10 +218,14 @@ MICRO = Profile(
 # supported"), about 8 MB of on-chip SRAM caches the parameters.
 # (coral.ai/docs/edgetpu/models-intro "Model requirements" and "Supported operations".)
 EDGETPU = Profile(
-    "edgetpu", "Coral Edge TPU (edgetpu_compiler)",
-    ops=EDGETPU_OPS, integer_only=True,
+    "edgetpu",
+    "Coral Edge TPU (edgetpu_compiler)",
+    ops=EDGETPU_OPS,
+    integer_only=True,
     compute_dtypes=frozenset({"int8", "uint8", "int32"}),
-    static_shapes=True, max_subgraphs=1, innermost_dims=3,
+    static_shapes=True,
+    max_subgraphs=1,
+    innermost_dims=3,
     weight_cache_bytes=8 * (1 << 20),
     float_reason="the Edge TPU executes only 8-bit ops: this op and every op after it run on the CPU",
     op_rules=(
@@ -213,8 +242,9 @@ EDGETPU = Profile(
     rewrites=("static_shapes",),
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (
-    ANDROID_CPU, ANDROID_GPU, IOS_CPU, IOS_GPU, WEB, WEB_GPU, MICRO, EDGETPU)}
+PROFILES: dict[str, Profile] = {
+    p.name: p for p in (ANDROID_CPU, ANDROID_GPU, IOS_CPU, IOS_GPU, WEB, WEB_GPU, MICRO, EDGETPU)
+}
 
 
 def get_profile(target) -> Profile:

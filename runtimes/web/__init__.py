@@ -9,5 +9,4 @@ from runtimes.web.runner import (
     web_unavailable,
 )
 
-__all__ = ["WebResult", "WebRunError", "find_browser", "run_in_browser", "run_many_in_browser",
-           "web_unavailable"]
+__all__ = ["WebResult", "WebRunError", "find_browser", "run_in_browser", "run_many_in_browser", "web_unavailable"]

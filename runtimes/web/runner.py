@@ -31,9 +31,18 @@ WEB_DIR = os.path.dirname(os.path.abspath(__file__))
 CORE_DIR = os.path.join(WEB_DIR, "node_modules", "@litertjs", "core")
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # Headless flags that work as root on a machine without network or GPU.
-CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-extensions", "--disable-dev-shm-usage")
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-dev-shm-usage",
+)
 WEB_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.uint8): "uint8"}
 
 
@@ -74,10 +83,15 @@ def web_unavailable() -> str | None:
 def _encode(array: np.ndarray) -> dict:
     array = np.ascontiguousarray(array)
     if array.dtype not in WEB_DTYPES:
-        raise TypeError(f"LiteRT.js takes float32, int32 or uint8 inputs, got {array.dtype.name}; "
-                        "convert with target='web' to cast int64 inputs to int32")
-    return {"data": base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes()).decode(),
-            "shape": list(array.shape), "dtype": WEB_DTYPES[array.dtype]}
+        raise TypeError(
+            f"LiteRT.js takes float32, int32 or uint8 inputs, got {array.dtype.name}; "
+            "convert with target='web' to cast int64 inputs to int32"
+        )
+    return {
+        "data": base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes()).decode(),
+        "shape": list(array.shape),
+        "dtype": WEB_DTYPES[array.dtype],
+    }
 
 
 def _decode(item: dict) -> np.ndarray:
@@ -105,13 +119,17 @@ def _handler(files: dict[str, bytes], done: threading.Event, box: dict):
             if path == "/":
                 path = "/index.html"
             if path in files:
-                return self._send(200, files[path], "application/octet-stream" if path.endswith(".tflite")
-                                  else "application/json")
+                return self._send(
+                    200, files[path], "application/octet-stream" if path.endswith(".tflite") else "application/json"
+                )
             local = os.path.realpath(os.path.join(WEB_DIR, path.lstrip("/")))
             if not local.startswith(WEB_DIR + os.sep) or not os.path.isfile(local):
                 return self._send(404, b"not found", "text/plain")
-            kind = "application/wasm" if local.endswith(".wasm") else (
-                "text/javascript" if local.endswith(".js") else mimetypes.guess_type(local)[0] or "text/plain")
+            kind = (
+                "application/wasm"
+                if local.endswith(".wasm")
+                else ("text/javascript" if local.endswith(".js") else mimetypes.guess_type(local)[0] or "text/plain")
+            )
             with open(local, "rb") as f:
                 self._send(200, f.read(), kind)
 
@@ -124,19 +142,22 @@ def _handler(files: dict[str, bytes], done: threading.Event, box: dict):
     return Handler
 
 
-def run_in_browser(model_content: bytes, inputs, *, accelerator: str = "wasm", warmup: int = 1,
-                   runs: int = 3, timeout: float = 120.0) -> WebResult:
+def run_in_browser(
+    model_content: bytes, inputs, *, accelerator: str = "wasm", warmup: int = 1, runs: int = 3, timeout: float = 120.0
+) -> WebResult:
     """Run `model_content` (its first signature) on `inputs` (numpy arrays, in order) in
     headless Chromium with LiteRT.js; returns outputs (numpy, in order) and timings."""
-    [result] = run_many_in_browser([(model_content, inputs)], accelerator=accelerator, warmup=warmup,
-                                   runs=runs, timeout=timeout)
+    [result] = run_many_in_browser(
+        [(model_content, inputs)], accelerator=accelerator, warmup=warmup, runs=runs, timeout=timeout
+    )
     if result.error:
         raise WebRunError(f"LiteRT.js failed: {result.error}")
     return result
 
 
-def run_many_in_browser(tasks, *, accelerator: str = "wasm", warmup: int = 1, runs: int = 3,
-                        timeout: float = 120.0) -> list[WebResult]:
+def run_many_in_browser(
+    tasks, *, accelerator: str = "wasm", warmup: int = 1, runs: int = 3, timeout: float = 120.0
+) -> list[WebResult]:
     """Run several (model_content, inputs) pairs in one browser session (one start-up).
     A model LiteRT.js cannot load or run gets a result with `.error` set; the others run."""
     why = web_unavailable()
@@ -154,10 +175,18 @@ def run_many_in_browser(tasks, *, accelerator: str = "wasm", warmup: int = 1, ru
     if "error" in result:
         raise WebRunError(f"LiteRT.js failed: {result['error']}")
     agent = result.get("user_agent", "")
-    return [WebResult([], 0.0, 0.0, [], agent, r["error"]) if "error" in r else
-            WebResult([_decode(o) for o in r["outputs"]], float(r["init_ms"]) + (result["load_ms"] if not i else 0.0),
-                      float(r["first_ms"]), [float(t) for t in r["times_ms"]], agent)
-            for i, r in enumerate(result["results"])]
+    return [
+        WebResult([], 0.0, 0.0, [], agent, r["error"])
+        if "error" in r
+        else WebResult(
+            [_decode(o) for o in r["outputs"]],
+            float(r["init_ms"]) + (result["load_ms"] if not i else 0.0),
+            float(r["first_ms"]),
+            [float(t) for t in r["times_ms"]],
+            agent,
+        )
+        for i, r in enumerate(result["results"])
+    ]
 
 
 def _run_page(files: dict[str, bytes], accelerator: str, timeout: float) -> dict:
@@ -171,13 +200,19 @@ def _run_page(files: dict[str, bytes], accelerator: str, timeout: float) -> dict
     flags = list(CHROMIUM_FLAGS)
     if accelerator == "webgpu":  # WebGPU needs the GPU process (software rendering here)
         flags = [f for f in flags if f != "--disable-gpu"] + ["--enable-unsafe-webgpu"]
-    cmd = [find_browser(), *flags, f"--user-data-dir={profile}",
-           f"http://127.0.0.1:{server.server_address[1]}/index.html"]
+    cmd = [
+        find_browser(),
+        *flags,
+        f"--user-data-dir={profile}",
+        f"http://127.0.0.1:{server.server_address[1]}/index.html",
+    ]
     browser = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if not done.wait(timeout):
-            raise WebRunError(f"no result from the browser within {timeout:.0f} s "
-                              f"(chromium exit code {browser.poll()}; command: {' '.join(cmd)})")
+            raise WebRunError(
+                f"no result from the browser within {timeout:.0f} s "
+                f"(chromium exit code {browser.poll()}; command: {' '.join(cmd)})"
+            )
     finally:
         browser.terminate()
         try:

@@ -28,8 +28,16 @@ def test_dtype_names_follow_the_schema():
 
 
 def test_op_groups_name_real_builtins():
-    groups = ("UNARY", "BROADCASTING", "REDUCTIONS", "LAST_AXIS", "PADS", "CONTROL_FLOW", "SIDE_EFFECT_OPS",
-              "ELEMENTWISE_SAME_SHAPE")
+    groups = (
+        "UNARY",
+        "BROADCASTING",
+        "REDUCTIONS",
+        "LAST_AXIS",
+        "PADS",
+        "CONTROL_FLOW",
+        "SIDE_EFFECT_OPS",
+        "ELEMENTWISE_SAME_SHAPE",
+    )
     for group in groups:
         unknown = getattr(tflite_schema, group) - set(BUILTIN_CODES)
         assert not unknown, f"{group} names no builtin {sorted(unknown)}"

@@ -31,16 +31,23 @@ def _signature(edge):
 
 def test_mlp_dynamic_batch():
     mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    edge = assert_converts(mlp, (torch.randn(3, 8),), dynamic_shapes=({0: BATCH},),
-                           check_inputs=[torch.randn(1, 8), torch.randn(17, 8)])
+    edge = assert_converts(
+        mlp, (torch.randn(3, 8),), dynamic_shapes=({0: BATCH},), check_inputs=[torch.randn(1, 8), torch.randn(17, 8)]
+    )
     assert _signature(edge) == ([(-1, 8)], [(-1, 4)])
 
 
 class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                                      nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU())
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 8, 3, padding=1, groups=8),
+            nn.ReLU(),
+        )
         self.head = nn.Linear(8 * 4 * 4, 10)
 
     def forward(self, x):
@@ -48,15 +55,23 @@ class SmallCNN(nn.Module):
 
 
 def test_cnn_dynamic_batch():
-    edge = assert_converts(SmallCNN().eval(), (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: BATCH},),
-                           check_inputs=[torch.randn(1, 3, 8, 8), torch.randn(5, 3, 8, 8)])
+    edge = assert_converts(
+        SmallCNN().eval(),
+        (torch.randn(2, 3, 8, 8),),
+        dynamic_shapes=({0: BATCH},),
+        check_inputs=[torch.randn(1, 3, 8, 8), torch.randn(5, 3, 8, 8)],
+    )
     assert _signature(edge)[0] == [(-1, 3, 8, 8)]
 
 
 def test_transformer_encoder_dynamic_batch_and_sequence():
     layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
-    edge = assert_converts(layer, (torch.randn(2, 6, 16),), dynamic_shapes=({0: BATCH, 1: SEQ},),
-                           check_inputs=[torch.randn(1, 4, 16), torch.randn(3, 11, 16)])
+    edge = assert_converts(
+        layer,
+        (torch.randn(2, 6, 16),),
+        dynamic_shapes=({0: BATCH, 1: SEQ},),
+        check_inputs=[torch.randn(1, 4, 16), torch.randn(3, 11, 16)],
+    )
     assert _signature(edge) == ([(-1, -1, 16)], [(-1, -1, 16)])
 
 
@@ -85,8 +100,12 @@ class CausalSelfAttention(nn.Module):
 
 def test_hand_written_attention_dynamic_sequence():
     seq = Dim("seq", min=2, max=64)  # the positional table holds 64 positions
-    assert_converts(CausalSelfAttention(), (torch.randn(2, 5, 16),), dynamic_shapes=({0: BATCH, 1: seq},),
-                    check_inputs=[torch.randn(1, 9, 16), torch.randn(4, 4, 16)])
+    assert_converts(
+        CausalSelfAttention(),
+        (torch.randn(2, 5, 16),),
+        dynamic_shapes=({0: BATCH, 1: seq},),
+        check_inputs=[torch.randn(1, 9, 16), torch.randn(4, 4, 16)],
+    )
 
 
 def test_causal_sdpa_dynamic_sequence():
@@ -98,30 +117,53 @@ def test_causal_sdpa_dynamic_sequence():
 
     qkv = tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
     spec = {0: BATCH, 2: SEQ}
-    assert_converts(Causal(), qkv, dynamic_shapes=(spec, spec, spec),
-                    check_inputs=[tuple(torch.randn(1, 2, 9, 8) for _ in range(3))])
+    assert_converts(
+        Causal(),
+        qkv,
+        dynamic_shapes=(spec, spec, spec),
+        check_inputs=[tuple(torch.randn(1, 2, 9, 8) for _ in range(3))],
+    )
 
 
 def test_fully_convolutional_dynamic_height_and_width():
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1),
-                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 3),
+    )
     height, width = Dim("height", min=4, max=512), Dim("width", min=4, max=512)
-    assert_converts(net, (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: BATCH, 2: 2 * height, 3: 2 * width},),
-                    check_inputs=[torch.randn(1, 3, 12, 6), torch.randn(3, 3, 32, 16)])
+    assert_converts(
+        net,
+        (torch.randn(2, 3, 8, 8),),
+        dynamic_shapes=({0: BATCH, 2: 2 * height, 3: 2 * width},),
+        check_inputs=[torch.randn(1, 3, 12, 6), torch.randn(3, 3, 32, 16)],
+    )
 
 
 def test_lstm_dynamic_batch():
     lstm = nn.LSTM(6, 8, bidirectional=True, batch_first=True)
-    edge = assert_converts(lstm, (torch.randn(3, 5, 6),), dynamic_shapes=({0: BATCH},),
-                           check_inputs=[torch.randn(1, 5, 6), torch.randn(9, 5, 6)])
+    edge = assert_converts(
+        lstm,
+        (torch.randn(3, 5, 6),),
+        dynamic_shapes=({0: BATCH},),
+        check_inputs=[torch.randn(1, 5, 6), torch.randn(9, 5, 6)],
+    )
     assert _signature(edge)[1] == [(-1, 5, 16), (2, -1, 8), (2, -1, 8)]
 
 
 @pytest.mark.slow
 def test_gru_dynamic_batch_with_initial_state():
     gru = nn.GRU(6, 8, batch_first=True)
-    assert_converts(gru, (torch.randn(3, 5, 6), torch.randn(1, 3, 8)), dynamic_shapes=({0: BATCH}, {1: BATCH}),
-                    check_inputs=[(torch.randn(6, 5, 6), torch.randn(1, 6, 8))])
+    assert_converts(
+        gru,
+        (torch.randn(3, 5, 6), torch.randn(1, 3, 8)),
+        dynamic_shapes=({0: BATCH}, {1: BATCH}),
+        check_inputs=[(torch.randn(6, 5, 6), torch.randn(1, 6, 8))],
+    )
 
 
 class SymbolicSizes(nn.Module):
@@ -137,28 +179,46 @@ class SymbolicSizes(nn.Module):
         with_cls = torch.cat([self.cls.expand(B, -1, -1), x], dim=1)
         positions = torch.arange(T) * 2 + 1
         shifted = x[:, 1:] - x[:, : T - 1]
-        middle = x[:, 1:T - 1]
+        middle = x[:, 1 : T - 1]
         last, first = x[:, -1], x[:, 0]
         flat = x.flatten(1)
         pad = torch.zeros(B, 2, C)
-        return (heads, with_cls, positions, shifted, middle, last, first, flat, torch.cat([x, pad], 1), x[:, -2:],
-                x[:, T - 2])
+        return (
+            heads,
+            with_cls,
+            positions,
+            shifted,
+            middle,
+            last,
+            first,
+            flat,
+            torch.cat([x, pad], 1),
+            x[:, -2:],
+            x[:, T - 2],
+        )
 
 
 def test_symbolic_sizes():
-    edge = assert_converts(SymbolicSizes(), (torch.randn(2, 6, 8),), dynamic_shapes=({0: BATCH, 1: SEQ},),
-                           check_inputs=[torch.randn(3, 9, 8), torch.randn(1, 4, 8)])
+    edge = assert_converts(
+        SymbolicSizes(),
+        (torch.randn(2, 6, 8),),
+        dynamic_shapes=({0: BATCH, 1: SEQ},),
+        check_inputs=[torch.randn(3, 9, 8), torch.randn(1, 4, 8)],
+    )
     ops = {op.opcode for op in edge.ir_model.graphs[0].ops}
     assert {"SHAPE", "RANGE", "BROADCAST_TO", "FILL", "STRIDED_SLICE"} <= ops
 
 
 def test_conv1d_audio_dynamic_length():
     """A 1-D conv stack over waveforms of any length (dynamic time axis)."""
-    net = nn.Sequential(nn.Conv1d(1, 8, 9, stride=4, padding=4), nn.ReLU(), nn.Conv1d(8, 8, 3, padding=1),
-                        nn.ReLU())
+    net = nn.Sequential(nn.Conv1d(1, 8, 9, stride=4, padding=4), nn.ReLU(), nn.Conv1d(8, 8, 3, padding=1), nn.ReLU())
     length = Dim("samples", min=16, max=16000)
-    edge = assert_converts(net, (torch.randn(2, 1, 64),), dynamic_shapes=({0: BATCH, 2: 4 * length},),
-                           check_inputs=[torch.randn(1, 1, 128), torch.randn(3, 1, 400)])
+    edge = assert_converts(
+        net,
+        (torch.randn(2, 1, 64),),
+        dynamic_shapes=({0: BATCH, 2: 4 * length},),
+        check_inputs=[torch.randn(1, 1, 128), torch.randn(3, 1, 400)],
+    )
     assert _signature(edge)[0] == [(-1, 1, -1)]
 
 
@@ -209,8 +269,9 @@ def _hf_case(name: str):
     if name == "bert":
         return BertModel(BertConfig(vocab_size=50, hidden_size=16, **small)), True
     if name == "gpt2":
-        return GPT2Model(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=64,
-                                    bos_token_id=0, eos_token_id=0)), False
+        return GPT2Model(
+            GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0)
+        ), False
     return LlamaModel(LlamaConfig(vocab_size=50, hidden_size=16, num_key_value_heads=1, **small)), False
 
 

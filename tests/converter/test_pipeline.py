@@ -161,8 +161,9 @@ def test_a_failing_lowering_names_the_op_and_the_user_line():
 
 def test_dynamic_batch_dimension():
     batch = torch.export.Dim("batch", min=1, max=64)
-    edge = assert_converts(TinyMLP(), (torch.randn(2, 8),), dynamic_shapes={"x": {0: batch}},
-                           check_inputs=[(torch.randn(7, 8),)])
+    edge = assert_converts(
+        TinyMLP(), (torch.randn(2, 8),), dynamic_shapes={"x": {0: batch}}, check_inputs=[(torch.randn(7, 8),)]
+    )
     assert edge.signatures[0].inputs[0].shape_signature == (-1, 8)
 
 

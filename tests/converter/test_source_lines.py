@@ -21,13 +21,15 @@ def library_model(tmp_path, monkeypatch):
     package = tmp_path / "site-packages" / "fakelib"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "modeling.py").write_text(textwrap.dedent("""
+    (package / "modeling.py").write_text(
+        textwrap.dedent("""
         import torch
 
         class Scores(torch.nn.Module):
             def forward(self, q, k):
                 return torch.cumsum(q * k, dim=-1)  # the op
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
     from fakelib.modeling import Scores
 

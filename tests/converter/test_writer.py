@@ -24,8 +24,7 @@ def const(name, values, dtype=np.float32):
 
 def one_op_model(opcode, inputs, out, options=None, **graph_kwargs) -> ir.Model:
     x = [t for t in inputs if t is not None and not t.is_const]
-    graph = ir.Graph(inputs=x, outputs=[out], ops=[ir.Op(opcode, inputs, [out], options or {})],
-                     **graph_kwargs)
+    graph = ir.Graph(inputs=x, outputs=[out], ops=[ir.Op(opcode, inputs, [out], options or {})], **graph_kwargs)
     return ir.Model([graph])
 
 
@@ -36,8 +35,10 @@ def read(content: bytes) -> schema.Model:
 def opcodes(content: bytes) -> list[tuple[int, int, int]]:
     """(builtin_code, deprecated_builtin_code, version) of every OperatorCode."""
     m = read(content)
-    return [(m.OperatorCodes(i).BuiltinCode(), m.OperatorCodes(i).DeprecatedBuiltinCode(),
-             m.OperatorCodes(i).Version()) for i in range(m.OperatorCodesLength())]
+    return [
+        (m.OperatorCodes(i).BuiltinCode(), m.OperatorCodes(i).DeprecatedBuiltinCode(), m.OperatorCodes(i).Version())
+        for i in range(m.OperatorCodesLength())
+    ]
 
 
 def version_of(content: bytes, opcode: str) -> int:
@@ -50,10 +51,16 @@ def add_chain_model() -> tuple[ir.Model, np.ndarray]:
     x, y, z = f32("x", (5,)), f32("y", (5,)), f32("z", (5,))
     c = const("c", np.arange(5) * 0.5)
     c2 = const("c2", [3.0, 1.0, -1.0, 2.0, 0.25])
-    graph = ir.Graph(inputs=[x], outputs=[z], input_names=["x"], output_names=["out"], ops=[
-        ir.Op("ADD", [x, c], [y], {"fusedActivationFunction": "NONE"}),
-        ir.Op("MUL", [y, c2], [z]),
-    ])
+    graph = ir.Graph(
+        inputs=[x],
+        outputs=[z],
+        input_names=["x"],
+        output_names=["out"],
+        ops=[
+            ir.Op("ADD", [x, c], [y], {"fusedActivationFunction": "NONE"}),
+            ir.Op("MUL", [y, c2], [z]),
+        ],
+    )
     expected = (np.linspace(-1, 1, 5).astype(np.float32) + c.data) * c2.data
     return ir.Model([graph]), expected
 
@@ -94,8 +101,10 @@ def _data_offsets(content: bytes) -> list[tuple[int, int]]:
 
 
 def test_buffer_data_is_16_byte_aligned():
-    tensors = [const(f"c{i}", np.arange(n), dtype) for i, (n, dtype) in
-               enumerate([(3, np.int8), (5, np.float32), (7, np.int16), (1, np.uint8), (33, np.float32)])]
+    tensors = [
+        const(f"c{i}", np.arange(n), dtype)
+        for i, (n, dtype) in enumerate([(3, np.int8), (5, np.float32), (7, np.int16), (1, np.uint8), (33, np.float32)])
+    ]
     x = f32("x", (1,))
     graph = ir.Graph(inputs=[x], outputs=[x], ops=[])
     outs = []
@@ -113,15 +122,22 @@ def test_buffer_data_is_16_byte_aligned():
 def test_identical_constants_share_one_buffer():
     x = f32("x", (4,))
     a = const("a", [1, 2, 3, 4])
-    b = const("b", [1, 2, 3, 4])            # same bytes, dtype, shape: shared
-    c = const("c", [[1, 2], [3, 4]])        # same bytes, other shape: separate
+    b = const("b", [1, 2, 3, 4])  # same bytes, dtype, shape: shared
+    c = const("c", [[1, 2], [3, 4]])  # same bytes, other shape: separate
     d = const("d", [1, 2, 3, 4], np.int32)  # other dtype: separate
     y1, y2, y3, y4 = (f32(f"y{i}", (4,)) for i in range(4))
     y3 = f32("y3", (2, 2))
     y4 = ir.Tensor("y4", (4,), np.int32)
-    graph = ir.Graph(inputs=[x], outputs=[y1, y2, y3, y4], ops=[
-        ir.Op("ADD", [x, a], [y1]), ir.Op("ADD", [x, b], [y2]),
-        ir.Op("ADD", [c, c], [y3]), ir.Op("ADD", [d, d], [y4])])
+    graph = ir.Graph(
+        inputs=[x],
+        outputs=[y1, y2, y3, y4],
+        ops=[
+            ir.Op("ADD", [x, a], [y1]),
+            ir.Op("ADD", [x, b], [y2]),
+            ir.Op("ADD", [c, c], [y3]),
+            ir.Op("ADD", [d, d], [y4]),
+        ],
+    )
     content = write_flatbuffer(ir.Model([graph]))
     m = read(content)
     sg = m.Subgraphs(0)
@@ -135,8 +151,14 @@ def test_identical_constants_share_one_buffer():
 def test_signature_names_and_several_graphs():
     def graph(name, opcode):
         x, y = f32("x", (3,)), f32("y", (3,))
-        return ir.Graph(name=name, inputs=[x], outputs=[y], ops=[ir.Op(opcode, [x], [y])],
-                        input_names=["pixels"], output_names=["scores"])
+        return ir.Graph(
+            name=name,
+            inputs=[x],
+            outputs=[y],
+            ops=[ir.Op(opcode, [x], [y])],
+            input_names=["pixels"],
+            output_names=["scores"],
+        )
 
     content = write_flatbuffer(ir.Model([graph("encode", "RELU"), graph("decode", "ABS")]))
     rt = LiteRTModel(content)
@@ -166,12 +188,11 @@ def test_external_data_layout_loads_and_runs():
     inline = write_flatbuffer(model)
     external = write_flatbuffer(model, external_data_threshold=0)
     m = read(external)
-    placed = [(m.Buffers(i).Offset(), m.Buffers(i).Size()) for i in range(m.BuffersLength())
-              if m.Buffers(i).Offset()]
+    placed = [(m.Buffers(i).Offset(), m.Buffers(i).Size()) for i in range(m.BuffersLength()) if m.Buffers(i).Offset()]
     assert placed and all(m.Buffers(i).DataLength() == 0 for i in range(m.BuffersLength()))
     assert all(off % 16 == 0 for off, _ in placed)
     assert len(external) >= max(off + size for off, size in placed) + 16
-    assert external[placed[0][0]:placed[0][0] + 20] == np.asarray(np.arange(5) * 0.5, np.float32).tobytes()
+    assert external[placed[0][0] : placed[0][0] + 20] == np.asarray(np.arange(5) * 0.5, np.float32).tobytes()
     x = np.linspace(-1, 1, 5).astype(np.float32)
     np.testing.assert_array_equal(LiteRTModel(external).run([x])[0], LiteRTModel(inline).run([x])[0])
     np.testing.assert_allclose(LiteRTModel(external).run([x])[0], expected, rtol=1e-6)
@@ -183,9 +204,21 @@ def test_external_data_layout_loads_and_runs():
 def test_options_by_schema_field_names_and_enum_strings():
     x = f32("x", (1, 2, 2, 1))
     y = f32("y", (1, 1, 1, 1))
-    content = write_flatbuffer(one_op_model(
-        "MAX_POOL_2D", [x], y, {"padding": "VALID", "strideW": 2, "strideH": 2,
-                                "filterWidth": 2, "filterHeight": 2, "fusedActivationFunction": "RELU"}))
+    content = write_flatbuffer(
+        one_op_model(
+            "MAX_POOL_2D",
+            [x],
+            y,
+            {
+                "padding": "VALID",
+                "strideW": 2,
+                "strideH": 2,
+                "filterWidth": 2,
+                "filterHeight": 2,
+                "fusedActivationFunction": "RELU",
+            },
+        )
+    )
     v = np.array([-4.0, -1.0, -3.0, -2.0], np.float32).reshape(1, 2, 2, 1)
     assert LiteRTModel(content).run([v])[0].item() == 0.0  # max is -1, then fused RELU
 
@@ -195,23 +228,30 @@ def test_ops_without_options_given_still_load():
     shape = const("shape", [3, 2], np.int32)
     axes = const("axes", [1], np.int32)
     r, mean = f32("r", (3, 2)), f32("m", (3,))
-    graph = ir.Graph(inputs=[x], outputs=[mean], ops=[
-        ir.Op("RESHAPE", [x, shape], [r]),
-        ir.Op("MEAN", [r, axes], [mean]),
-    ])
+    graph = ir.Graph(
+        inputs=[x],
+        outputs=[mean],
+        ops=[
+            ir.Op("RESHAPE", [x, shape], [r]),
+            ir.Op("MEAN", [r, axes], [mean]),
+        ],
+    )
     content = write_flatbuffer(ir.Model([graph]))
     out = LiteRTModel(content).run([np.arange(6, dtype=np.float32).reshape(2, 3)])[0]
     np.testing.assert_allclose(out, [0.5, 2.5, 4.5])
 
 
-@pytest.mark.parametrize("opcode, build, expected", [
-    ("FULLY_CONNECTED", "fc_keep_dims", 5),
-    ("FULLY_CONNECTED", "fc_two_inputs", 6),
-    ("FULLY_CONNECTED", "fc_plain", 1),
-    ("DEPTHWISE_CONV_2D", "dw_dilated", 2),
-    ("TRANSPOSE", "transpose_5d", 4),
-    ("CONV_2D", "conv_int8", 3),
-])
+@pytest.mark.parametrize(
+    "opcode, build, expected",
+    [
+        ("FULLY_CONNECTED", "fc_keep_dims", 5),
+        ("FULLY_CONNECTED", "fc_two_inputs", 6),
+        ("FULLY_CONNECTED", "fc_plain", 1),
+        ("DEPTHWISE_CONV_2D", "dw_dilated", 2),
+        ("TRANSPOSE", "transpose_5d", 4),
+        ("CONV_2D", "conv_int8", 3),
+    ],
+)
 def test_minimum_op_versions(opcode, build, expected):
     model = _VERSION_MODELS[build]()
     content = write_flatbuffer(model)
@@ -230,9 +270,19 @@ def _fc(keep_dims=False, bias=True, two_inputs=False):
 def _dw_dilated():
     x, y = f32("x", (1, 5, 5, 2)), f32("y", (1, 1, 1, 2))
     w, b = const("w", np.ones((1, 3, 3, 2))), const("b", np.zeros(2))
-    return one_op_model("DEPTHWISE_CONV_2D", [x, w, b], y, {
-        "padding": "VALID", "strideW": 1, "strideH": 1, "depthMultiplier": 1,
-        "dilationWFactor": 2, "dilationHFactor": 2})
+    return one_op_model(
+        "DEPTHWISE_CONV_2D",
+        [x, w, b],
+        y,
+        {
+            "padding": "VALID",
+            "strideW": 1,
+            "strideH": 1,
+            "depthMultiplier": 1,
+            "dilationWFactor": 2,
+            "dilationHFactor": 2,
+        },
+    )
 
 
 def _transpose_5d():
@@ -243,10 +293,20 @@ def _transpose_5d():
 def _conv_int8():
     q = ir.QuantParams(np.array([0.1], np.float32), np.array([0], np.int64))
     x = ir.Tensor("x", (1, 3, 3, 1), np.int8, quant=q)
-    w = ir.Tensor("w", (1, 1, 1, 1), np.int8, data=np.ones((1, 1, 1, 1), np.int8),
-                  quant=ir.QuantParams(np.array([0.5], np.float32), np.array([0], np.int64)))
-    b = ir.Tensor("b", (1,), np.int32, data=np.zeros(1, np.int32),
-                  quant=ir.QuantParams(np.array([0.05], np.float32), np.array([0], np.int64)))
+    w = ir.Tensor(
+        "w",
+        (1, 1, 1, 1),
+        np.int8,
+        data=np.ones((1, 1, 1, 1), np.int8),
+        quant=ir.QuantParams(np.array([0.5], np.float32), np.array([0], np.int64)),
+    )
+    b = ir.Tensor(
+        "b",
+        (1,),
+        np.int32,
+        data=np.zeros(1, np.int32),
+        quant=ir.QuantParams(np.array([0.05], np.float32), np.array([0], np.int64)),
+    )
     y = ir.Tensor("y", (1, 3, 3, 1), np.int8, quant=q)
     return one_op_model("CONV_2D", [x, w, b], y, {"padding": "SAME", "strideW": 1, "strideH": 1})
 
@@ -266,8 +326,7 @@ def test_quantization_params_round_trip():
     data = np.array([3, 5, -1, 127], np.int8)
     c = ir.Tensor("c", (4,), np.int8, data=data, quant=q)
     x, deq, y = f32("x", (4,)), f32("deq", (4,)), f32("y", (4,))
-    graph = ir.Graph(inputs=[x], outputs=[y], ops=[
-        ir.Op("DEQUANTIZE", [c], [deq]), ir.Op("ADD", [x, deq], [y])])
+    graph = ir.Graph(inputs=[x], outputs=[y], ops=[ir.Op("DEQUANTIZE", [c], [deq]), ir.Op("ADD", [x, deq], [y])])
     content = write_flatbuffer(ir.Model([graph]))
     out = LiteRTModel(content).run([np.zeros(4, np.float32)])[0]
     np.testing.assert_allclose(out, (data.astype(np.float32) - 3) * 0.5)
@@ -294,14 +353,17 @@ def _bad(**changes):
     return ir.Model([ir.Graph(inputs=[x], outputs=[y], ops=[op])])
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"opcode": "NOT_AN_OP"}, "not a TFLite builtin"),
-    ({"options": {"strideW": 2}}, "AddOptions has no field 'strideW'"),
-    ({"options": {"fusedActivationFunction": "SWISH"}}, "fusedActivationFunction='SWISH' is not one of"),
-    ({"opcode": "RELU", "options": {"alpha": 1}}, "RELU takes no options"),
-    ({"inputs": [f32("orphan", (2,)), f32("orphan2", (2,))]}, "not a graph input, a constant or the output"),
-    ({"inputs": ["x", "x"]}, "expected an ir.Tensor"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"opcode": "NOT_AN_OP"}, "not a TFLite builtin"),
+        ({"options": {"strideW": 2}}, "AddOptions has no field 'strideW'"),
+        ({"options": {"fusedActivationFunction": "SWISH"}}, "fusedActivationFunction='SWISH' is not one of"),
+        ({"opcode": "RELU", "options": {"alpha": 1}}, "RELU takes no options"),
+        ({"inputs": [f32("orphan", (2,)), f32("orphan2", (2,))]}, "not a graph input, a constant or the output"),
+        ({"inputs": ["x", "x"]}, "expected an ir.Tensor"),
+    ],
+)
 def test_malformed_ir_raises_a_clear_error(changes, message):
     with pytest.raises(ConversionError, match="op #0") as info:
         write_flatbuffer(_bad(**changes))

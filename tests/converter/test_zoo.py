@@ -53,10 +53,27 @@ def test_zoo_has_sixty_architectures_across_families():
         assert entry.summary, f"zoo model {entry.name} needs a docstring saying what it is"
 
 
-TRANSFORMER_FAMILIES = {"bert", "distilbert", "gpt2", "llama", "qwen3", "t5_encoder", "vit", "whisper_encoder",
-                        "clip_text", "mobilevit", "segformer", "wav2vec2",
-                        # ALiBi, multi-query, sliding-window, disentangled relative position, state-space, NeoX
-                        "bloom", "gpt_bigcode", "mistral", "deberta_v2", "mamba", "gpt_neox"}
+TRANSFORMER_FAMILIES = {
+    "bert",
+    "distilbert",
+    "gpt2",
+    "llama",
+    "qwen3",
+    "t5_encoder",
+    "vit",
+    "whisper_encoder",
+    "clip_text",
+    "mobilevit",
+    "segformer",
+    "wav2vec2",
+    # ALiBi, multi-query, sliding-window, disentangled relative position, state-space, NeoX
+    "bloom",
+    "gpt_bigcode",
+    "mistral",
+    "deberta_v2",
+    "mamba",
+    "gpt_neox",
+}
 
 
 def test_zoo_has_the_transformers_families_with_token_inputs():

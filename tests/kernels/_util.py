@@ -32,8 +32,16 @@ def to_torch(x, requires_grad: bool = False) -> torch.Tensor:
 
 
 def relative_error(actual, expected) -> float:
-    a = np.asarray(jnp.asarray(actual, jnp.float32)) if not isinstance(actual, torch.Tensor) else actual.detach().float().numpy()
-    e = np.asarray(jnp.asarray(expected, jnp.float32)) if not isinstance(expected, torch.Tensor) else expected.detach().float().numpy()
+    a = (
+        np.asarray(jnp.asarray(actual, jnp.float32))
+        if not isinstance(actual, torch.Tensor)
+        else actual.detach().float().numpy()
+    )
+    e = (
+        np.asarray(jnp.asarray(expected, jnp.float32))
+        if not isinstance(expected, torch.Tensor)
+        else expected.detach().float().numpy()
+    )
     assert a.shape == e.shape, f"shape {a.shape} != {e.shape}"
     assert np.isfinite(a).all(), "non-finite values in the kernel's result"
     return float(np.max(np.abs(a - e)) / max(float(np.max(np.abs(e))), 1e-6)) if a.size else 0.0

@@ -24,8 +24,10 @@ def test_representative_points_lower_and_fit(chip):
 def test_failure_is_reported_not_raised(monkeypatch):
     """A lowering error becomes the point's result, with the exception's message."""
     point = check_lowering.grid(fast=True)[-1]
+
     def broken(*args, **kwargs):
         raise ValueError("boom: no lowering")
+
     monkeypatch.setattr("kernels.decode_attention.decode_attention", broken)
     result = check_lowering.check_point(point, "v5e")
     assert not result.ok and not result.lowered
@@ -34,7 +36,9 @@ def test_failure_is_reported_not_raised(monkeypatch):
 
 def test_cli_json_and_exit_status(tmp_path, capsys):
     path = tmp_path / "v6e.json"
-    status = check_lowering.main(["--platform", "tpu", "--chip", "v6e", "--fast", "--kernel", "norm", "--json", str(path)])
+    status = check_lowering.main(
+        ["--platform", "tpu", "--chip", "v6e", "--fast", "--kernel", "norm", "--json", str(path)]
+    )
     assert status == 0
     report = json.loads(path.read_text())
     assert report["chip"]["name"] == "v6e" and report["chip"]["scoped_vmem_bytes"] == 32 * tpu.MiB
@@ -48,7 +52,9 @@ def test_over_budget_point_fails_the_run(monkeypatch):
     monkeypatch.setitem(tpu.CHIPS, "v5e", tiny)
     point = [p for p in check_lowering.grid(fast=True) if p.kernel == "norm"][0]
     assert check_lowering.main(["--chip", "v5e", "--fast", "--kernel", "norm", "--failures-only"]) == 1
-    assert check_lowering.norm_rejection(point.params["rows"], point.params["hidden"], "bfloat16", residual=True, chip="v5e").startswith("VMEM")
+    assert check_lowering.norm_rejection(
+        point.params["rows"], point.params["hidden"], "bfloat16", residual=True, chip="v5e"
+    ).startswith("VMEM")
 
 
 @pytest.mark.slow

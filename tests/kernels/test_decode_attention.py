@@ -24,7 +24,10 @@ from tests.kernels._util import assert_close, normal, to_torch, tolerance
 def test_decode_attention(heads, kv_heads, head_dim, dtype):
     batch, cache = 3, 50
     q = normal(1, (batch, heads, head_dim), dtype)
-    k_cache, v_cache = normal(2, (batch, kv_heads, cache, head_dim), dtype), normal(3, (batch, kv_heads, cache, head_dim), dtype)
+    k_cache, v_cache = (
+        normal(2, (batch, kv_heads, cache, head_dim), dtype),
+        normal(3, (batch, kv_heads, cache, head_dim), dtype),
+    )
     lengths = jnp.array([cache, 17, 0])
     out = decode_attention(q, k_cache, v_cache, lengths, impl="interpret", block_k=16)
     tol = tolerance(dtype)
@@ -33,8 +36,11 @@ def test_decode_attention(heads, kv_heads, head_dim, dtype):
 
     mask = torch.arange(cache)[None, :] < torch.tensor([cache, 17, 0])[:, None]
     expected = F.scaled_dot_product_attention(
-        to_torch(q.astype(jnp.float32))[:, :, None], to_torch(k_cache.astype(jnp.float32)), to_torch(v_cache.astype(jnp.float32)),
-        attn_mask=mask[:, None, None, :], enable_gqa=True,
+        to_torch(q.astype(jnp.float32))[:, :, None],
+        to_torch(k_cache.astype(jnp.float32)),
+        to_torch(v_cache.astype(jnp.float32)),
+        attn_mask=mask[:, None, None, :],
+        enable_gqa=True,
     )[:, :, 0]
     assert_close(out, torch.nan_to_num(expected), tol, "vs PyTorch CPU")
     assert float(jnp.max(jnp.abs(out[2].astype(jnp.float32)))) == 0.0  # length 0: zeros
@@ -42,4 +48,6 @@ def test_decode_attention(heads, kv_heads, head_dim, dtype):
 
 def test_decode_attention_rejects_bad_lengths():
     with pytest.raises(ValueError, match="lengths must be"):
-        decode_attention(jnp.zeros((2, 2, 64)), jnp.zeros((2, 2, 8, 64)), jnp.zeros((2, 2, 8, 64)), jnp.array([1]), impl="interpret")
+        decode_attention(
+            jnp.zeros((2, 2, 64)), jnp.zeros((2, 2, 8, 64)), jnp.zeros((2, 2, 8, 64)), jnp.array([1]), impl="interpret"
+        )

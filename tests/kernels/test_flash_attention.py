@@ -44,13 +44,19 @@ def _torch_attention(q, k, v, mask, causal):
         tril = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
         tmask = tmask & tril if tmask.dtype == torch.bool else tmask.masked_fill(~tril, -math.inf)
         causal = False
-    out = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+    out = F.scaled_dot_product_attention(
+        tq, tk, tv, attn_mask=tmask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+    )
     return out, (tq, tk, tv)
 
 
-def check_case(batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind, block_q=BLOCK, block_k=BLOCK):
+def check_case(
+    batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind, block_q=BLOCK, block_k=BLOCK
+):
     q, k, v, mask = _inputs(batch, heads, kv_heads, length, kv_length, head_dim, dtype, mask_kind)
-    kernel = lambda a, b, c: flash_attention(a, b, c, mask, causal=causal, impl="interpret", block_q=block_q, block_k=block_k)
+    kernel = lambda a, b, c: flash_attention(
+        a, b, c, mask, causal=causal, impl="interpret", block_q=block_q, block_k=block_k
+    )
     reference = lambda a, b, c: attention_reference(a, b, c, mask, causal)[0]
     out, kernel_vjp = jax.vjp(kernel, q, k, v)
     expected, reference_vjp = jax.vjp(reference, q, k, v)
@@ -74,7 +80,9 @@ REPRESENTATIVE = [
     # batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask
     pytest.param(1, 4, 2, 40, 40, 64, jnp.float32, True, None, id="causal-gqa-ragged-f32"),
     pytest.param(2, 2, 2, 24, 37, 64, jnp.float32, False, "bool", id="bool-mask-cross-ragged-f32"),
-    pytest.param(1, 2, 1, 33, 33, 64, jnp.bfloat16, True, "additive", id="mqa-additive-causal-bf16", marks=pytest.mark.slow),
+    pytest.param(
+        1, 2, 1, 33, 33, 64, jnp.bfloat16, True, "additive", id="mqa-additive-causal-bf16", marks=pytest.mark.slow
+    ),
 ]
 
 
@@ -84,9 +92,25 @@ def test_flash_attention(batch, heads, kv_heads, length, kv_length, head_dim, dt
 
 
 GRID = [
-    pytest.param(1, heads, kv_heads, length, length, head_dim, dtype, causal, mask, id=f"d{head_dim}-h{heads}/{kv_heads}-L{length}-{'causal' if causal else 'full'}-{mask}-{jnp.dtype(dtype).name}")
+    pytest.param(
+        1,
+        heads,
+        kv_heads,
+        length,
+        length,
+        head_dim,
+        dtype,
+        causal,
+        mask,
+        id=f"d{head_dim}-h{heads}/{kv_heads}-L{length}-{'causal' if causal else 'full'}-{mask}-{jnp.dtype(dtype).name}",
+    )
     for head_dim, (heads, kv_heads), length, causal, mask, dtype in itertools.product(
-        (64, 128, 256), ((2, 2), (4, 2), (4, 1)), (32, 45), (False, True), (None, "bool", "additive"), (jnp.float32, jnp.bfloat16)
+        (64, 128, 256),
+        ((2, 2), (4, 2), (4, 1)),
+        (32, 45),
+        (False, True),
+        (None, "bool", "additive"),
+        (jnp.float32, jnp.bfloat16),
     )
 ]
 
@@ -114,13 +138,33 @@ UNEQUAL = [
     # causal bounds mix both block sizes and both lengths: Lq != Lk, block_q != block_k,
     # partial last blocks on both sides (#22 item 9)
     pytest.param(1, 4, 2, 40, 72, 32, jnp.float32, True, None, 8, 32, id="causal-gqa-lq<lk-bq8-bk32"),
-    pytest.param(1, 2, 1, 70, 30, 32, jnp.float32, True, "bool", 32, 8, id="causal-mqa-mask-lq>lk-bq32-bk8", marks=pytest.mark.slow),
-    pytest.param(1, 2, 2, 50, 50, 64, jnp.float32, False, "additive", 16, 48, id="additive-bk-not-pow2", marks=pytest.mark.slow),
+    pytest.param(
+        1,
+        2,
+        1,
+        70,
+        30,
+        32,
+        jnp.float32,
+        True,
+        "bool",
+        32,
+        8,
+        id="causal-mqa-mask-lq>lk-bq32-bk8",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        1, 2, 2, 50, 50, 64, jnp.float32, False, "additive", 16, 48, id="additive-bk-not-pow2", marks=pytest.mark.slow
+    ),
 ]
 
 
-@pytest.mark.parametrize("batch,heads,kv_heads,length,kv_length,head_dim,dtype,causal,mask_kind,block_q,block_k", UNEQUAL)
-def test_flash_attention_unequal_blocks_and_lengths(batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind, block_q, block_k):
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,length,kv_length,head_dim,dtype,causal,mask_kind,block_q,block_k", UNEQUAL
+)
+def test_flash_attention_unequal_blocks_and_lengths(
+    batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind, block_q, block_k
+):
     check_case(batch, heads, kv_heads, length, kv_length, head_dim, dtype, causal, mask_kind, block_q, block_k)
 
 

@@ -99,7 +99,8 @@ def test_custom_ops_on_tpu_tensors_match_cpu():
 
 TINY_GPT = GPTConfig(vocab=64, context=16, width=64, heads=2, layers=1)  # head dim 32
 TINY_CASE = ModelCase(
-    "tiny_gpt", lambda: TinyGPT(TINY_GPT),
+    "tiny_gpt",
+    lambda: TinyGPT(TINY_GPT),
     lambda g: (lambda t: (t[:, :-1].contiguous(), t[:, 1:].contiguous()))(torch.randint(0, 64, (2, 17), generator=g)),
     sequence_loss,
 )

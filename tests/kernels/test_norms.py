@@ -59,8 +59,14 @@ def check_case(kind, shape, dtype, fused):
         if r is not None:
             assert_close(g, r, tol, f"{kind} d{name} vs JAX reference")
 
-    y, h, leaves = _torch_norm(kind, x.astype(jnp.float32), None if residual is None else residual.astype(jnp.float32),
-                               weight.astype(jnp.float32), None if bias is None else bias.astype(jnp.float32), eps)
+    y, h, leaves = _torch_norm(
+        kind,
+        x.astype(jnp.float32),
+        None if residual is None else residual.astype(jnp.float32),
+        weight.astype(jnp.float32),
+        None if bias is None else bias.astype(jnp.float32),
+        eps,
+    )
     assert_close(out[0], y, tol, f"{kind} output vs PyTorch CPU")
     torch_outputs = (y, h) if fused else (y,)
     torch.autograd.backward(torch_outputs, [to_torch(c.astype(jnp.float32)) for c in cotangents])
@@ -83,7 +89,11 @@ def test_norm(kind, shape, dtype, fused):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind,shape,dtype,fused",
-    list(itertools.product(("rms", "layer"), ((37, 128), (2, 40, 256), (16, 64)), (jnp.float32, jnp.bfloat16), (False, True))),
+    list(
+        itertools.product(
+            ("rms", "layer"), ((37, 128), (2, 40, 256), (16, 64)), (jnp.float32, jnp.bfloat16), (False, True)
+        )
+    ),
 )
 def test_norm_grid(kind, shape, dtype, fused):
     check_case(kind, shape, dtype, fused)

@@ -55,5 +55,7 @@ def test_blocks_are_frozen_and_overridable():
 
 def test_layout_rule_names_the_operand():
     bad = [tpu.Block("logsumexp", (1, 8, 4096), (None, None, 128), "float32")]
-    assert tpu.violations(bad, "v5e") == ["logsumexp: block (None, None, 128) over array (1, 8, 4096) breaks the (8, 128) rule"]
+    assert tpu.violations(bad, "v5e") == [
+        "logsumexp: block (None, None, 128) over array (1, 8, 4096) breaks the (8, 128) rule"
+    ]
     assert tpu.rejection(bad, "v5e").startswith("layout: logsumexp")

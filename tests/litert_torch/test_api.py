@@ -36,12 +36,15 @@ def affine():
 # ---- convert() arguments ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad, named", [
-    ([torch.randn(2, 4)], "got a list"),
-    ({"x": torch.randn(2, 4)}, "got a dict"),
-    (None, "got None"),
-    (3.0, "got a float"),
-])
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ([torch.randn(2, 4)], "got a list"),
+        ({"x": torch.randn(2, 4)}, "got a dict"),
+        (None, "got None"),
+        (3.0, "got a float"),
+    ],
+)
 def test_sample_args_must_be_a_tuple(bad, named):
     with pytest.raises(TypeError, match=named) as info:
         litert_torch.convert(Affine(), bad)

@@ -18,8 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_convert_with_shape_args_then_run(tmp_path, capsys):
     out = tmp_path / "small.tflite"
-    assert main(["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", str(out),
-                 "--check"]) == 0
+    assert main(["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", str(out), "--check"]) == 0
     edge = litert_torch.load(out)
     assert edge.signatures[0].inputs[0].shape == (2, 6)
     from tests.litert_torch.cli_models import build
@@ -36,13 +35,16 @@ def test_convert_with_args_from_the_factory(tmp_path):
     assert out.read_bytes()[4:8] == b"TFL3"
 
 
-@pytest.mark.parametrize("factory, message", [
-    ("tests.litert_torch.cli_models:build", "no sample inputs"),
-    ("tests.litert_torch.cli_models:not_a_module", "must return an nn.Module"),
-    ("tests.litert_torch.cli_models:missing", "has no attribute 'missing'"),
-    ("no_such_package.models:build", "cannot import"),
-    ("tests.litert_torch.cli_models", "expected MODULE:FACTORY"),
-])
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("tests.litert_torch.cli_models:build", "no sample inputs"),
+        ("tests.litert_torch.cli_models:not_a_module", "must return an nn.Module"),
+        ("tests.litert_torch.cli_models:missing", "has no attribute 'missing'"),
+        ("no_such_package.models:build", "cannot import"),
+        ("tests.litert_torch.cli_models", "expected MODULE:FACTORY"),
+    ],
+)
 def test_convert_usage_errors(tmp_path, factory, message):
     with pytest.raises(SystemExit, match=message):
         main(["convert", factory, "-o", str(tmp_path / "x.tflite")])
@@ -61,8 +63,13 @@ def test_inspect_lists_ops_signatures_and_sizes(tmp_path):
     out = tmp_path / "small.tflite"
     assert main(["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", str(out), "-q"]) == 0
     # A separate process: the installed entry point's module, as a user runs it.
-    result = subprocess.run([sys.executable, "-m", "litert_torch.cli", "inspect", str(out)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "litert_torch.cli", "inspect", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert "Signatures" in text and "serving_default" in text and "[2, 6]" in text

@@ -34,10 +34,12 @@ class Head(torch.nn.Module):
 def two_signatures():
     torch.manual_seed(0)
     mlp = Mlp().eval()
-    edge = (litert_torch.signature("single", mlp, (torch.randn(1, 64),))
-            .signature("batch", mlp, (torch.randn(4, 64),))
-            .signature("features", Head(mlp), (torch.randn(2, 64),))
-            .convert(progress=False))
+    edge = (
+        litert_torch.signature("single", mlp, (torch.randn(1, 64),))
+        .signature("batch", mlp, (torch.randn(4, 64),))
+        .signature("features", Head(mlp), (torch.randn(2, 64),))
+        .convert(progress=False)
+    )
     return mlp, edge
 
 
@@ -48,8 +50,11 @@ def _weight_bytes(module: torch.nn.Module) -> int:
 def test_each_signature_runs_its_own_module(two_signatures):
     mlp, edge = two_signatures
     assert [s.key for s in edge.signatures] == ["single", "batch", "features"]
-    for name, x, fn in [("single", torch.randn(1, 64), mlp), ("batch", torch.randn(4, 64), mlp),
-                        ("features", torch.randn(2, 64), lambda t: torch.tanh(mlp.fc1(t)))]:
+    for name, x, fn in [
+        ("single", torch.randn(1, 64), mlp),
+        ("batch", torch.randn(4, 64), mlp),
+        ("features", torch.randn(2, 64), lambda t: torch.tanh(mlp.fc1(t))),
+    ]:
         got = edge(x, signature_name=name)
         np.testing.assert_allclose(got, fn(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
@@ -79,9 +84,11 @@ def test_default_signature_from_convert_and_from_load(two_signatures, tmp_path):
 
 def test_convert_picks_the_default_signature():
     m = Mlp().eval()
-    edge = (litert_torch.signature("a", m, (torch.randn(1, 64),))
-            .signature("b", m, (torch.randn(3, 64),))
-            .convert(signature_name="b", progress=False))
+    edge = (
+        litert_torch.signature("a", m, (torch.randn(1, 64),))
+        .signature("b", m, (torch.randn(3, 64),))
+        .convert(signature_name="b", progress=False)
+    )
     assert edge(torch.randn(3, 64)).shape == (3, 8)
 
 

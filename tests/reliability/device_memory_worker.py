@@ -58,10 +58,18 @@ def run_mode(mode: str, steps: int, every: int) -> dict:
         first_loss = loss if first_loss is None else first_loss
         if i % every == 0 or i == steps - 1:
             samples.append((i, _rss()))
-    result = {"mode": mode, "steps": steps, "seconds": round(time.perf_counter() - start, 2),
-              "payloads_after_warmup": payloads, "payloads_end": tpu_backend.payload_count(),
-              "allocated_after_warmup": allocated, "allocated_end": torch.tpu.memory_allocated(),
-              "rss": samples, "first_loss": first_loss, "last_loss": loss}
+    result = {
+        "mode": mode,
+        "steps": steps,
+        "seconds": round(time.perf_counter() - start, 2),
+        "payloads_after_warmup": payloads,
+        "payloads_end": tpu_backend.payload_count(),
+        "allocated_after_warmup": allocated,
+        "allocated_end": torch.tpu.memory_allocated(),
+        "rss": samples,
+        "first_loss": first_loss,
+        "last_loss": loss,
+    }
     tpu_backend.set_eager_mode("strict")
     return result
 
@@ -71,8 +79,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--modes", default="strict,debug,fused")
-    parser.add_argument("--debug-steps", type=int, default=None,
-                        help="steps in debug mode (default --steps; it checks every op, so it is slower)")
+    parser.add_argument(
+        "--debug-steps",
+        type=int,
+        default=None,
+        help="steps in debug mode (default --steps; it checks every op, so it is slower)",
+    )
     ns = parser.parse_args()
     results = []
     for mode in ns.modes.split(","):

@@ -43,11 +43,20 @@ class Spec:
 
 
 FLOAT_UNARY = {
-    "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
-    "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
-    "hardswish": torch.nn.functional.hardswish, "leaky_relu": torch.nn.functional.leaky_relu,
-    "elu": torch.nn.functional.elu, "relu6": torch.nn.functional.relu6,
-    "abs": torch.abs, "neg": torch.neg, "sin": torch.sin, "cos": torch.cos, "floor": torch.floor,
+    "relu": torch.relu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "gelu": torch.nn.functional.gelu,
+    "silu": torch.nn.functional.silu,
+    "hardswish": torch.nn.functional.hardswish,
+    "leaky_relu": torch.nn.functional.leaky_relu,
+    "elu": torch.nn.functional.elu,
+    "relu6": torch.nn.functional.relu6,
+    "abs": torch.abs,
+    "neg": torch.neg,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "floor": torch.floor,
     "exp": lambda x: torch.exp(x.clamp(-6, 6)),
     "log": lambda x: torch.log(x.abs() + 1),
     "sqrt": lambda x: torch.sqrt(x.abs() + 1e-2),
@@ -57,8 +66,11 @@ FLOAT_UNARY = {
 }
 INT_UNARY = {"abs": torch.abs, "neg": torch.neg, "double": lambda x: x * 2}
 BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul,
-    "maximum": torch.maximum, "minimum": torch.minimum,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
     "div": lambda a, b: a / (b.abs() + 0.5),
     "where_gt": lambda a, b: torch.where(a > b, a, b * 2),
 }
@@ -92,8 +104,21 @@ def _step(draw, values: list[Value]) -> tuple[dict, Value] | None:
     rank, shape = len(v.shape), v.shape
     if rank == 0:  # scalars (none are made today) take no dim-wise ops
         return None
-    kinds = ["unary", "binary", "reduce", "permute", "reshape", "slice", "cat", "flip", "cast", "compare",
-             "argmax", "cumsum", "mixed"]
+    kinds = [
+        "unary",
+        "binary",
+        "reduce",
+        "permute",
+        "reshape",
+        "slice",
+        "cat",
+        "flip",
+        "cast",
+        "compare",
+        "argmax",
+        "cumsum",
+        "mixed",
+    ]
     if v.dtype == "bool":  # masks: only moved around, or cast to float
         kinds = ["permute", "reshape", "slice", "cat", "flip", "cast"]
     elif v.dtype == F32:
@@ -121,25 +146,35 @@ def _step(draw, values: list[Value]) -> tuple[dict, Value] | None:
         dim = draw(st.integers(-rank, rank - 1))
         out = list(shape)
         del out[dim]
-        return {"op": "argmax", "fn": draw(st.sampled_from(["argmax", "argmin"])), "dim": dim, "x": i}, \
-            Value(tuple(out), "int64")
+        return {"op": "argmax", "fn": draw(st.sampled_from(["argmax", "argmin"])), "dim": dim, "x": i}, Value(
+            tuple(out), "int64"
+        )
     if kind == "cumsum":
-        return {"op": "cumsum", "dim": draw(st.integers(-rank, rank - 1)), "x": i}, \
-            Value(shape, F32 if v.dtype == F32 else "int64")
+        return {"op": "cumsum", "dim": draw(st.integers(-rank, rank - 1)), "x": i}, Value(
+            shape, F32 if v.dtype == F32 else "int64"
+        )
     if kind == "mixed":  # int32 op float32: PyTorch's type promotion
-        partners = [j for j, w in enumerate(values) if w.dtype in (F32, I32, "int64")
-                    and (w.dtype == F32) != (v.dtype == F32) and _compatible(v.shape, w.shape)]
+        partners = [
+            j
+            for j, w in enumerate(values)
+            if w.dtype in (F32, I32, "int64") and (w.dtype == F32) != (v.dtype == F32) and _compatible(v.shape, w.shape)
+        ]
         if not partners:
             return None
         j = draw(st.sampled_from(partners))
         out_shape = tuple(torch.broadcast_shapes(v.shape, values[j].shape))
         if _numel(out_shape) > MAX_NUMEL:
             return None
-        return {"op": "mixed", "fn": draw(st.sampled_from(["add", "mul", "sub"])), "x": i, "y": j}, \
-            Value(out_shape, F32)
+        return {"op": "mixed", "fn": draw(st.sampled_from(["add", "mul", "sub"])), "x": i, "y": j}, Value(
+            out_shape, F32
+        )
     if kind == "int_div":  # floor division and remainder by a constant, negative values included
-        return {"op": "int_div", "fn": draw(st.sampled_from(["floordiv", "remainder", "fmod"])),
-                "k": draw(st.sampled_from([2, 3, -2, 5])), "x": i}, v
+        return {
+            "op": "int_div",
+            "fn": draw(st.sampled_from(["floordiv", "remainder", "fmod"])),
+            "k": draw(st.sampled_from([2, 3, -2, 5])),
+            "x": i,
+        }, v
     if kind == "layer_norm":
         return {"op": "layer_norm", "n": shape[-1], "x": i}, v
     if kind == "matmul_self":
@@ -181,8 +216,9 @@ def _step(draw, values: list[Value]) -> tuple[dict, Value] | None:
             step["shape"] = _broadcastable_to(draw, shape)
             out_shape = shape
         else:
-            step["scalar"] = draw(st.sampled_from([0.5, 2.0, -1.5, 3.0])) if v.dtype == F32 else draw(
-                st.integers(-3, 3))
+            step["scalar"] = (
+                draw(st.sampled_from([0.5, 2.0, -1.5, 3.0])) if v.dtype == F32 else draw(st.integers(-3, 3))
+            )
             out_shape = shape
         if _numel(out_shape) > MAX_NUMEL:
             return None
@@ -199,20 +235,21 @@ def _step(draw, values: list[Value]) -> tuple[dict, Value] | None:
         else:
             del out[dim]
         fn = draw(st.sampled_from(names))
-        return {"op": "reduce", "fn": fn, "dim": dim, "keepdim": keep, "x": i}, \
-            Value(tuple(out), "int64" if fn == "sum" and v.dtype == I32 else v.dtype)
+        return {"op": "reduce", "fn": fn, "dim": dim, "keepdim": keep, "x": i}, Value(
+            tuple(out), "int64" if fn == "sum" and v.dtype == I32 else v.dtype
+        )
     if kind == "permute":
         perm = draw(st.permutations(range(rank)))
         return {"op": "permute", "perm": list(perm), "x": i}, Value(tuple(shape[p] for p in perm), v.dtype)
     if kind == "reshape":
         if rank >= 2 and draw(st.booleans()):  # merge two adjacent dims
             d = draw(st.integers(0, rank - 2))
-            out = shape[:d] + (shape[d] * shape[d + 1],) + shape[d + 2:]
+            out = shape[:d] + (shape[d] * shape[d + 1],) + shape[d + 2 :]
         else:  # split a dim into two factors (or add a unit dim)
             d = draw(st.integers(0, rank - 1))
             factors = [f for f in range(1, shape[d] + 1) if shape[d] % f == 0]
             f = draw(st.sampled_from(factors))
-            out = shape[:d] + (f, shape[d] // f) + shape[d + 1:]
+            out = shape[:d] + (f, shape[d] // f) + shape[d + 1 :]
             if len(out) > 5:
                 return None
         return {"op": "reshape", "shape": list(out), "x": i}, Value(tuple(out), v.dtype)
@@ -223,12 +260,16 @@ def _step(draw, values: list[Value]) -> tuple[dict, Value] | None:
         step = draw(st.integers(1, 3))
         out = list(shape)
         out[d] = len(range(start, stop, step))
-        return {"op": "slice", "dim": d, "start": start, "stop": stop, "step": step, "x": i}, \
-            Value(tuple(out), v.dtype)
+        return {"op": "slice", "dim": d, "start": start, "stop": stop, "step": step, "x": i}, Value(tuple(out), v.dtype)
     if kind == "cat":
         d = draw(st.integers(0, rank - 1))
-        partners = [j for j, w in enumerate(values) if w.dtype == v.dtype and len(w.shape) == rank
-                    and all(a == b for k, (a, b) in enumerate(zip(shape, w.shape)) if k != d)]
+        partners = [
+            j
+            for j, w in enumerate(values)
+            if w.dtype == v.dtype
+            and len(w.shape) == rank
+            and all(a == b for k, (a, b) in enumerate(zip(shape, w.shape)) if k != d)
+        ]
         j = draw(st.sampled_from(partners))
         out = list(shape)
         out[d] += values[j].shape[d]
@@ -261,8 +302,16 @@ def _step(draw, values: list[Value]) -> tuple[dict, Value] | None:
         groups = draw(st.sampled_from([g for g in (1, 2, channels) if channels % g == 0]))
         out_channels = groups * draw(st.integers(1, 3))
         out = shape[:1] + (out_channels,) + tuple((s + 2 * padding - kernel) // stride + 1 for s in spatial)
-        return {"op": kind, "in": channels, "out": out_channels, "kernel": kernel, "stride": stride,
-                "padding": padding, "groups": groups, "x": i}, Value(out, F32)
+        return {
+            "op": kind,
+            "in": channels,
+            "out": out_channels,
+            "kernel": kernel,
+            "stride": stride,
+            "padding": padding,
+            "groups": groups,
+            "x": i,
+        }, Value(out, F32)
     if kind == "pool2d":
         kernel = draw(st.integers(1, min(3, *shape[2:])))
         stride = draw(st.integers(1, 2))
@@ -272,8 +321,15 @@ def _step(draw, values: list[Value]) -> tuple[dict, Value] | None:
         probe = torch.zeros(shape)
         pool = torch.nn.functional.max_pool2d if kind_ == "max" else torch.nn.functional.avg_pool2d
         out = tuple(pool(probe, kernel, stride, padding, ceil_mode=ceil).shape)
-        return {"op": "pool2d", "kind": kind_, "kernel": kernel, "stride": stride, "padding": padding,
-                "ceil": ceil, "x": i}, Value(out, F32)
+        return {
+            "op": "pool2d",
+            "kind": kind_,
+            "kernel": kernel,
+            "stride": stride,
+            "padding": padding,
+            "ceil": ceil,
+            "x": i,
+        }, Value(out, F32)
     return None
 
 
@@ -329,11 +385,13 @@ class Program(torch.nn.Module):
             if s["op"] == "linear":
                 self.layers[key] = torch.nn.Linear(s["in"], s["out"], bias=s["bias"])
             elif s["op"] == "conv2d":
-                self.layers[key] = torch.nn.Conv2d(s["in"], s["out"], s["kernel"], s["stride"], s["padding"],
-                                                   groups=s["groups"])
+                self.layers[key] = torch.nn.Conv2d(
+                    s["in"], s["out"], s["kernel"], s["stride"], s["padding"], groups=s["groups"]
+                )
             elif s["op"] == "conv1d":
-                self.layers[key] = torch.nn.Conv1d(s["in"], s["out"], s["kernel"], s["stride"], s["padding"],
-                                                   groups=s["groups"])
+                self.layers[key] = torch.nn.Conv1d(
+                    s["in"], s["out"], s["kernel"], s["stride"], s["padding"], groups=s["groups"]
+                )
             elif s["op"] == "layer_norm":
                 self.layers[key] = torch.nn.LayerNorm(s["n"])
                 with torch.no_grad():
@@ -350,8 +408,11 @@ class Program(torch.nn.Module):
                 self.consts[key] = torch.nn.Parameter(torch.randn(s["in"], s["k"], generator=gen) / 2)
             elif s["op"] == "binary" and s["source"] == "const":
                 x_dtype = self._dtype_of(s["x"])
-                data = (torch.randn(s["shape"], generator=gen) if x_dtype == F32
-                        else torch.randint(-4, 5, s["shape"], generator=gen, dtype=torch.int32))
+                data = (
+                    torch.randn(s["shape"], generator=gen)
+                    if x_dtype == F32
+                    else torch.randint(-4, 5, s["shape"], generator=gen, dtype=torch.int32)
+                )
                 self.consts[key] = torch.nn.Parameter(data, requires_grad=False)
 
     def _dtype_of(self, index: int) -> str:
@@ -371,8 +432,20 @@ def _infer_dtypes(spec: Spec) -> list[str]:
         x = dtypes[s["x"]]
         if s["op"] == "cast":
             dtypes.append(I32 if x == F32 else F32)
-        elif s["op"] in ("linear", "matmul", "conv2d", "conv1d", "pool2d", "softmax", "mixed", "layer_norm",
-                         "matmul_self", "pad", "batch_norm", "upsample"):
+        elif s["op"] in (
+            "linear",
+            "matmul",
+            "conv2d",
+            "conv1d",
+            "pool2d",
+            "softmax",
+            "mixed",
+            "layer_norm",
+            "matmul_self",
+            "pad",
+            "batch_norm",
+            "upsample",
+        ):
             dtypes.append(F32)
         elif s["op"] == "compare":
             dtypes.append("bool")
@@ -459,7 +532,7 @@ class Forest(torch.nn.Module):
         outs, start = [], 0
         for p in self.programs:
             n = len(p.spec.inputs)
-            out = p(*inputs[start:start + n])
+            out = p(*inputs[start : start + n])
             outs += list(out) if isinstance(out, tuple) else [out]
             start += n
         return tuple(outs)

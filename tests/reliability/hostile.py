@@ -21,8 +21,14 @@ def run_files(paths: list[str], timeout: float = 600) -> list[tuple[str, str]]:
     start = 0
     env = dict(os.environ, PYTHONPATH=ROOT, LITERT_TORCH_PROGRESS="0")
     while start < len(paths):
-        proc = subprocess.run([sys.executable, "-m", "tests.reliability.load_worker", *paths[start:]],
-                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.reliability.load_worker", *paths[start:]],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=timeout,
+        )
         current = None
         for line in proc.stdout.splitlines():
             parts = line.split(" ", 3)

@@ -46,7 +46,8 @@ def corpus() -> dict[str, bytes]:
     return {
         "conv_head": litert_torch.convert(ConvHead(), (torch.randn(1, 3, 8, 8),)).model_content(),
         "two_outputs": litert_torch.convert(
-            TwoOutputs(), (torch.randn(2, 3), torch.tensor([1, 2], dtype=torch.int32))).model_content(),
+            TwoOutputs(), (torch.randn(2, 3), torch.tensor([1, 2], dtype=torch.int32))
+        ).model_content(),
     }
 
 
@@ -61,7 +62,7 @@ def _flip_bits(b: bytearray, rng: random.Random) -> str:
 
 
 def _truncate(b: bytearray, rng: random.Random) -> str:
-    del b[rng.randrange(len(b)):]
+    del b[rng.randrange(len(b)) :]
     return "truncated"
 
 
@@ -73,8 +74,9 @@ def _overwrite_byte(b: bytearray, rng: random.Random) -> str:
 def _overwrite_word(b: bytearray, rng: random.Random) -> str:
     # aligned 32-bit words are offsets, lengths and indices: the fields that hurt
     p = rng.randrange(0, len(b) - 4) & ~3
-    b[p:p + 4] = rng.choice([0, 1, 0x7FFFFFFF, 0xFFFFFFFF, 0xFFFFFFF0, rng.randrange(2**32),
-                             rng.randrange(len(b))]).to_bytes(4, "little")
+    b[p : p + 4] = rng.choice(
+        [0, 1, 0x7FFFFFFF, 0xFFFFFFFF, 0xFFFFFFF0, rng.randrange(2**32), rng.randrange(len(b))]
+    ).to_bytes(4, "little")
     return "word overwritten"
 
 
@@ -83,7 +85,7 @@ def _insert_or_delete(b: bytearray, rng: random.Random) -> str:
     if rng.random() < 0.5:
         b[p:p] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
         return "bytes inserted"
-    del b[p:p + rng.randint(1, 16)]
+    del b[p : p + rng.randint(1, 16)]
     return "bytes deleted"
 
 
@@ -100,12 +102,21 @@ def _trailing_junk(b: bytearray, rng: random.Random) -> str:
 def _zero_range(b: bytearray, rng: random.Random) -> str:
     p = rng.randrange(len(b))
     n = rng.randint(1, 256)
-    b[p:p + n] = bytes(len(b[p:p + n]))
+    b[p : p + n] = bytes(len(b[p : p + n]))
     return "range zeroed"
 
 
-_BYTE_MUTATIONS = [_flip_bits, _truncate, _overwrite_byte, _overwrite_word, _overwrite_word,
-                   _insert_or_delete, _wrong_identifier, _trailing_junk, _zero_range]
+_BYTE_MUTATIONS = [
+    _flip_bits,
+    _truncate,
+    _overwrite_byte,
+    _overwrite_word,
+    _overwrite_word,
+    _insert_or_delete,
+    _wrong_identifier,
+    _trailing_junk,
+    _zero_range,
+]
 
 
 def byte_mutation(content: bytes, rng: random.Random) -> tuple[str, bytes]:
@@ -142,8 +153,11 @@ def pack(m: schema.ModelT) -> bytes:
 
 
 def _first_constant(m: schema.ModelT) -> int:
-    return next(i for i, t in enumerate(m.subgraphs[0].tensors)
-                if t.buffer and m.buffers[t.buffer].data is not None and len(m.buffers[t.buffer].data) >= 16)
+    return next(
+        i
+        for i, t in enumerate(m.subgraphs[0].tensors)
+        if t.buffer and m.buffers[t.buffer].data is not None and len(m.buffers[t.buffer].data) >= 16
+    )
 
 
 def _shrink_constant(m):
@@ -162,6 +176,7 @@ def _op_writes_constant(m):
 
 def _set(path: str, value):
     """A mutation setting one attribute path ('subgraphs.0.operators.0.inputs.0') to value."""
+
     def apply(m):
         *parents, last = path.split(".")
         obj = m
@@ -171,6 +186,7 @@ def _set(path: str, value):
             obj[int(last)] = value
         else:
             setattr(obj, last, value)
+
     return apply
 
 
@@ -178,15 +194,21 @@ def _set(path: str, value):
 STRUCTURAL = {
     "op input index out of range": (_set("subgraphs.0.operators.0.inputs.0", 999), "input 0 (a tensor index) is 999"),
     "op input index -2": (_set("subgraphs.0.operators.0.inputs.0", -2), "is -2, out of range"),
-    "op input -1 where no input is optional": (_set("subgraphs.0.operators.0.inputs.0", -1),
-                                               "input 0 is -1 (no tensor)"),
+    "op input -1 where no input is optional": (
+        _set("subgraphs.0.operators.0.inputs.0", -1),
+        "input 0 is -1 (no tensor)",
+    ),
     "op output index out of range": (_set("subgraphs.0.operators.0.outputs.0", 999), "output 0 (a tensor index)"),
     "opcode index out of range": (_set("subgraphs.0.operators.0.opcodeIndex", 77), "opcode index is 77"),
     "tensor buffer index out of range": (_set("subgraphs.0.tensors.1.buffer", 9999), "buffer index is 9999"),
-    "negative dimension": (_set("subgraphs.0.tensors.0.shape", np.array([1, -5, 8, 8], np.int32)),
-                           "negative dimension"),
-    "dimension product overflows": (_set("subgraphs.0.tensors.0.shape",
-                                         np.array([2**31 - 1] * 4, np.int32)), "more than any runtime"),
+    "negative dimension": (
+        _set("subgraphs.0.tensors.0.shape", np.array([1, -5, 8, 8], np.int32)),
+        "negative dimension",
+    ),
+    "dimension product overflows": (
+        _set("subgraphs.0.tensors.0.shape", np.array([2**31 - 1] * 4, np.int32)),
+        "more than any runtime",
+    ),
     "subgraph input out of range": (_set("subgraphs.0.inputs", np.array([555], np.int32)), "inputs[0]"),
     "subgraph output out of range": (_set("subgraphs.0.outputs", np.array([555], np.int32)), "outputs[0]"),
     "signature tensor out of range": (_set("signatureDefs.0.inputs.0.tensorIndex", 555), "tensor index"),
@@ -200,8 +222,10 @@ STRUCTURAL = {
     "op writes a constant": (_op_writes_constant, "holds constant data"),
     "no subgraphs": (_set("subgraphs", []), "no subgraphs"),
     "schema version 2": (_set("version", 2), "schema version 2"),
-    "shape_signature of another rank": (_set("subgraphs.0.tensors.0.shapeSignature", np.array([-1, 3], np.int32)),
-                                        "differ in rank"),
+    "shape_signature of another rank": (
+        _set("subgraphs.0.tensors.0.shapeSignature", np.array([-1, 3], np.int32)),
+        "differ in rank",
+    ),
 }
 
 

@@ -30,8 +30,14 @@ CACHE_CHILD = os.path.join(ROOT, "tests", "tpu_backend", "compile", "cache_child
 
 
 def _run(args: list[str], env: dict | None = None, timeout: float = 600) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})),
+    )
 
 
 def _result(proc: subprocess.Popen, timeout: float = 600):
@@ -47,8 +53,9 @@ def test_concurrent_writers_and_a_reader_never_see_a_torn_entry(tmp_path):
     """Two processes rewrite one entry (different sizes) while a third reads it: every
     read is absent or one writer's complete payload; nothing is reported corrupt."""
     folder = str(tmp_path / "xla")
-    procs = [_run(["-m", "tests.reliability.cache_worker", folder, "write", str(size), "2"])
-             for size in (1 << 20, 3 << 18)]
+    procs = [
+        _run(["-m", "tests.reliability.cache_worker", folder, "write", str(size), "2"]) for size in (1 << 20, 3 << 18)
+    ]
     procs.append(_run(["-m", "tests.reliability.cache_worker", folder, "read", "0", "2"]))
     results = [_result(p) for p in procs]
     reader = results[-1]
@@ -170,16 +177,19 @@ def _slope(samples) -> float:
 def _memory_run(steps: dict[str, int], every: int) -> list[dict]:
     results = []
     for mode, n in steps.items():
-        proc = _run(["-m", "tests.reliability.device_memory_worker", "--steps", str(n), "--every", str(every),
-                     "--modes", mode])
+        proc = _run(
+            ["-m", "tests.reliability.device_memory_worker", "--steps", str(n), "--every", str(every), "--modes", mode]
+        )
         results += _result(proc, timeout=3600)
     for r in results:
         r["rss_slope_bytes_per_step"] = _slope(r["rss"])
         r["rss_growth_bytes"] = r["rss"][-1][1] - r["rss"][0][1]
-        print(f"\n{r['mode']}: {r['steps']} steps in {r['seconds']} s, payloads {r['payloads_after_warmup']} -> "
-              f"{r['payloads_end']}, device bytes {r['allocated_after_warmup']} -> {r['allocated_end']}, "
-              f"RSS {r['rss'][0][1] / 2**20:.1f} -> {r['rss'][-1][1] / 2**20:.1f} MiB "
-              f"({r['rss_slope_bytes_per_step']:.0f} B/step)")
+        print(
+            f"\n{r['mode']}: {r['steps']} steps in {r['seconds']} s, payloads {r['payloads_after_warmup']} -> "
+            f"{r['payloads_end']}, device bytes {r['allocated_after_warmup']} -> {r['allocated_end']}, "
+            f"RSS {r['rss'][0][1] / 2**20:.1f} -> {r['rss'][-1][1] / 2**20:.1f} MiB "
+            f"({r['rss_slope_bytes_per_step']:.0f} B/step)"
+        )
     return results
 
 
@@ -194,8 +204,20 @@ def _assert_flat(results: list[dict], max_slope: float) -> None:
 def test_memory_stays_flat_over_a_short_training_loop():
     """150 steps per mode (debug: 30, it checks every op against PyTorch's meta kernels),
     one worker process."""
-    proc = _run(["-m", "tests.reliability.device_memory_worker", "--steps", "150", "--debug-steps", "30",
-                 "--every", "10", "--modes", "strict,fused,debug"])
+    proc = _run(
+        [
+            "-m",
+            "tests.reliability.device_memory_worker",
+            "--steps",
+            "150",
+            "--debug-steps",
+            "30",
+            "--every",
+            "10",
+            "--modes",
+            "strict,fused,debug",
+        ]
+    )
     results = _result(proc)
     for r in results:
         r["rss_slope_bytes_per_step"] = _slope(r["rss"])
@@ -207,5 +229,6 @@ def test_memory_stays_flat_over_a_short_training_loop():
 @pytest.mark.slow
 def test_memory_stays_flat_over_10000_steps_in_each_mode():
     steps = int(os.environ.get("RELIABILITY_TRAIN_STEPS", "10000"))
-    _assert_flat(_memory_run({"strict": steps, "fused": steps, "debug": steps}, every=max(steps // 100, 1)),
-                 max_slope=512)
+    _assert_flat(
+        _memory_run({"strict": steps, "fused": steps, "debug": steps}, every=max(steps // 100, 1)), max_slope=512
+    )

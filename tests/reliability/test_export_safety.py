@@ -47,8 +47,13 @@ def test_a_process_killed_mid_write_leaves_the_old_file(tmp_path, edge):
         os.fsync = stall
         edge.export({str(target)!r})
     """)
-    proc = subprocess.Popen([sys.executable, "-c", child], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     try:
         assert proc.stdout.readline().strip() == "writing"
         proc.send_signal(signal.SIGKILL)
@@ -59,8 +64,9 @@ def test_a_process_killed_mid_write_leaves_the_old_file(tmp_path, edge):
     assert _visible(target.parent) == ["model.tflite"]  # at most a hidden .litert_torch-*.tmp remains
 
 
-@pytest.mark.parametrize("failure", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()],
-                         ids=["disk-full", "ctrl-c"])
+@pytest.mark.parametrize(
+    "failure", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()], ids=["disk-full", "ctrl-c"]
+)
 def test_a_failing_write_leaves_nothing(tmp_path, edge, monkeypatch, failure):
     target = tmp_path / "model.tflite"
 

@@ -62,8 +62,9 @@ def _check_batch(specs) -> None:
     OUTCOMES["programs failed"] += len(problems)
     assert not problems, "\n\n".join(f"{s}\n-> {p[:1500]}" for s, p in problems)
     # every program passes alone: then the batch's failure comes from combining them
-    assert batch_error is None, ("the batch fails but each program passes alone:\n"
-                                 + "\n\n".join(map(str, specs)) + f"\n-> {batch_error[:3000]}")
+    assert batch_error is None, (
+        "the batch fails but each program passes alone:\n" + "\n\n".join(map(str, specs)) + f"\n-> {batch_error[:3000]}"
+    )
 
 
 # Programs the fuzz found failing, kept as regressions (each fixed in the converter).
@@ -72,9 +73,13 @@ FOUND = {
     # unsupported by op Abs"): abs of int64 is now MAXIMUM(x, NEG(x)).
     "abs of an int64 cumsum": Spec(
         [Value((5, 2, 5, 3), I32)],
-        [{"op": "cumsum", "dim": -2, "x": 0}, {"op": "unary", "fn": "abs", "x": 1},
-         {"op": "unary", "fn": "neg", "x": 2}],
-        [2, 3]),
+        [
+            {"op": "cumsum", "dim": -2, "x": 0},
+            {"op": "unary", "fn": "abs", "x": 1},
+            {"op": "unary", "fn": "neg", "x": 2},
+        ],
+        [2, 3],
+    ),
 }
 
 
@@ -84,9 +89,17 @@ def test_programs_the_fuzz_found(name):
     assert problem is None, problem
 
 
-_COMMON = dict(deadline=None, database=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                      HealthCheck.filter_too_much, HealthCheck.large_base_example])
+_COMMON = dict(
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+        HealthCheck.large_base_example,
+    ],
+)
 
 
 @settings(max_examples=3, derandomize=True, **_COMMON)

@@ -61,8 +61,10 @@ def test_files_that_crash_the_bare_interpreter_are_refused(corpus, tmp_path, nam
     If one stops crashing, LiteRT now checks it itself: update docs/reliability.md."""
     path = tmp_path / "bad.tflite"
     path.write_bytes(mutations.structural_mutation(corpus["conv_head"], name))
-    code = ("import sys; import numpy as np; from ai_edge_litert.interpreter import Interpreter; "
-            f"it = Interpreter(model_path=sys.argv[1]); {CRASHERS[name]}")
+    code = (
+        "import sys; import numpy as np; from ai_edge_litert.interpreter import Interpreter; "
+        f"it = Interpreter(model_path=sys.argv[1]); {CRASHERS[name]}"
+    )
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, timeout=120)
     assert done.returncode < 0, (done.returncode, done.stderr[-500:])
     with pytest.raises(InvalidModelError, match=mutations.STRUCTURAL[name][1].replace("(", r"\(").replace(")", r"\)")):
@@ -121,10 +123,13 @@ def _byte_fuzz(corpus, tmp_path, cases: int, seed: int):
     print(f"\nhostile-file fuzz: {cases} cases, outcomes {dict(totals)}")
     for kind, counts in sorted(table.items()):
         print(f"  {kind:18s} {dict(counts)}")
-    assert table["undamaged"] == {"ran": len(names)}, results[:len(names)]
-    findings = [f"case {i - len(names)} of seed {seed} ({kinds[i]}; mutations.byte_case(corpus, {seed}, "
-                f"{i - len(names)})): {results[i][0]}: {results[i][1][:200]}"
-                for i in range(len(paths)) if results[i][0] not in CLEAN_OUTCOMES]
+    assert table["undamaged"] == {"ran": len(names)}, results[: len(names)]
+    findings = [
+        f"case {i - len(names)} of seed {seed} ({kinds[i]}; mutations.byte_case(corpus, {seed}, "
+        f"{i - len(names)})): {results[i][0]}: {results[i][1][:200]}"
+        for i in range(len(paths))
+        if results[i][0] not in CLEAN_OUTCOMES
+    ]
     assert not findings, "\n".join(findings[:10])
     for (outcome, detail), path in zip(results, paths):
         if outcome == "rejected":

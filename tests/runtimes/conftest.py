@@ -23,8 +23,9 @@ def converted(name: str, quant: str | None = None) -> bytes:
 
     generator = torch.Generator().manual_seed(5)
     calibration = [tuple(torch.randn(a.shape, generator=generator) for a in args) for _ in range(8)]
-    edge = litert_torch.convert(model, args, quant_config=quantize.full_int8(io="int8"),
-                                calibration_data=calibration, progress=False)
+    edge = litert_torch.convert(
+        model, args, quant_config=quantize.full_int8(io="int8"), calibration_data=calibration, progress=False
+    )
     return edge.model_content()
 
 

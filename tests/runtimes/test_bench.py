@@ -58,8 +58,12 @@ def test_parser_reads_a_recorded_android_gpu_log():
     with open(os.path.join(FIXTURES, "benchmark_model_android_gpu.log")) as f:
         result = bench.parse_benchmark_model(f.read())
     assert result["target"] == "android" and result["model"] == "/data/local/tmp/mobilenet_v2.tflite"
-    assert result["runtime"] == {"engine": "benchmark_model", "threads": 4, "delegate": "gpu",
-                                 "delegated_nodes": "65/66 (TfLiteGpuDelegateV2)"}
+    assert result["runtime"] == {
+        "engine": "benchmark_model",
+        "threads": 4,
+        "delegate": "gpu",
+        "delegated_nodes": "65/66 (TfLiteGpuDelegateV2)",
+    }
     assert (result["init_us"], result["first_us"], result["warmup_avg_us"]) == (1384520.0, 41230.0, 8771.35)
     s = result["inference_us"]
     assert (s["count"], s["avg"], s["p50"], s["p95"]) == (146, 6852.08, 6790.0, 7415.0)
@@ -75,11 +79,14 @@ def test_parser_refuses_a_log_without_timings():
 
 
 def test_android_and_ios_scripts_use_the_same_options():
-    script = bench.android_script("out/model.tflite", serial="emulator-5554", runs=30, warmup=3,
-                                  threads=2, delegate="gpu", op_profile=True)
+    script = bench.android_script(
+        "out/model.tflite", serial="emulator-5554", runs=30, warmup=3, threads=2, delegate="gpu", op_profile=True
+    )
     assert "adb -s emulator-5554 push out/model.tflite /data/local/tmp/model.tflite" in script
-    assert ("/data/local/tmp/benchmark_model --graph=/data/local/tmp/model.tflite --num_threads=2 --num_runs=30 "
-            "--warmup_runs=3 --report_peak_memory_footprint=true --use_gpu=true --enable_op_profiling=true") in script
+    assert (
+        "/data/local/tmp/benchmark_model --graph=/data/local/tmp/model.tflite --num_threads=2 --num_runs=30 "
+        "--warmup_runs=3 --report_peak_memory_footprint=true --use_gpu=true --enable_op_profiling=true"
+    ) in script
     params = bench.ios_params("out/model.tflite", runs=30, warmup=3, threads=2, delegate="xnnpack")
     assert params["args"][0] == "--graph=model.tflite" and "--use_xnnpack=true" in params["args"]
     ios = bench.ios_script("out/model.tflite", runs=30, warmup=3, threads=2, delegate="xnnpack")
@@ -111,6 +118,8 @@ def test_cli_bench_json_compare_and_android_script(tmp_path, models, capsys):
     assert main(["bench", models[0], "--target", "android", "--script", str(script)]) == 0
     assert os.access(script, os.X_OK) and "benchmark_model --graph=/data/local/tmp/mlp.tflite" in script.read_text()
     parsed = tmp_path / "device.json"
-    assert main(["bench", "--parse", os.path.join(FIXTURES, "benchmark_model_android_gpu.log"),
-                 "--json", str(parsed)]) == 0
+    assert (
+        main(["bench", "--parse", os.path.join(FIXTURES, "benchmark_model_android_gpu.log"), "--json", str(parsed)])
+        == 0
+    )
     assert json.loads(parsed.read_text())["runtime"]["delegate"] == "gpu"

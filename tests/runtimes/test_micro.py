@@ -38,8 +38,9 @@ def _int8_inputs(content: bytes, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("build", [int8_mlp, lambda: int8_mlp(float_io=True), int8_conv],
-                         ids=["mlp", "mlp_float_io", "conv"])
+@pytest.mark.parametrize(
+    "build", [int8_mlp, lambda: int8_mlp(float_io=True), int8_conv], ids=["mlp", "mlp_float_io", "conv"]
+)
 def test_int8_ir_models_match_litert_exactly(build):
     content = write_flatbuffer(build())
     inputs = _int8_inputs(content)
@@ -50,8 +51,15 @@ def test_int8_ir_models_match_litert_exactly(build):
     assert 256 < result.arena_bytes < 64 << 10
 
 
-@pytest.mark.parametrize("name", ["tcn", "espcn_x3", pytest.param("audio_m5", marks=pytest.mark.slow),
-                                  pytest.param("wide_resnet16_4", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tcn",
+        "espcn_x3",
+        pytest.param("audio_m5", marks=pytest.mark.slow),
+        pytest.param("wide_resnet16_4", marks=pytest.mark.slow),
+    ],
+)
 def test_full_int8_zoo_models_match_litert_within_one_step(zoo_tflite, name):
     content = zoo_tflite(name, "full_int8")
     assert check(content, "micro", quiet=True).ok
@@ -101,7 +109,12 @@ def test_export_measures_the_arena_when_not_given(tmp_path):
 
 def test_resolver_method_names():
     assert [resolver_method(op) for op in ("CONV_2D", "DEPTHWISE_CONV_2D", "PADV2", "BATCH_MATMUL", "L2_POOL_2D")] == [
-        "AddConv2D", "AddDepthwiseConv2D", "AddPadV2", "AddBatchMatMul", "AddL2Pool2D"]
+        "AddConv2D",
+        "AddDepthwiseConv2D",
+        "AddPadV2",
+        "AddBatchMatMul",
+        "AddL2Pool2D",
+    ]
     header, _ = c_source(write_flatbuffer(int8_mlp()), "m", None)
     assert "ArenaSize" not in header and "AddFullyConnected" in header
 

@@ -205,8 +205,10 @@ def test_an_int8_model_passes_every_profile_but_the_web_which_has_no_int8_io():
         report = check(content, name, quiet=True)
         assert report.to_dict()["target"] == name and json.loads(json.dumps(report.to_dict()))["ok"] == report.ok
         if name.startswith("web"):  # LiteRT.js tensors: float32, int32, uint8
-            assert sorted(v.where for v in report.errors) == ["serving_default: input tensor 'x' int8[1, 8, 8, 3]",
-                                                             "serving_default: output tensor 'y' int8[1, 64]"]
+            assert sorted(v.where for v in report.errors) == [
+                "serving_default: input tensor 'x' int8[1, 8, 8, 3]",
+                "serving_default: output tensor 'y' int8[1, 64]",
+            ]
         else:  # CPU and GPU delegates take int8 models (the GPU dequantizes them)
             assert report.ok, report
 

@@ -34,8 +34,10 @@ class MLP(nn.Module):
     def __init__(self, in_features: int = 32, hidden: int = 64, classes: int = 10):
         super().__init__()
         self.layers = nn.Sequential(
-            nn.Linear(in_features, hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(in_features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
             nn.Linear(hidden, classes),
         )
 
@@ -49,8 +51,13 @@ class SmallCNN(nn.Module):
     def __init__(self, channels: int = 3, width: int = 8, classes: int = 10):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.Conv2d(channels, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
             nn.AdaptiveAvgPool2d(1),
         )
         self.classifier = nn.Linear(2 * width, classes)
@@ -163,7 +170,7 @@ MODEL_CASES: dict[str, ModelCase] = {
 
 
 def make_optimizer(name: str, parameters) -> torch.optim.Optimizer:
-    """"sgd" (momentum 0.9) or "adamw", with learning rates that move these models visibly
+    """ "sgd" (momentum 0.9) or "adamw", with learning rates that move these models visibly
     in 20 steps. PyTorch's default implementation choice (foreach or not) is kept."""
     if name == "sgd":
         return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)

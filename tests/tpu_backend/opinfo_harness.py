@@ -59,6 +59,7 @@ FORWARD_TOLERANCES = {
 # ten times the forward error.
 GRAD_TOLERANCE_FACTOR = 10.0
 
+
 @dataclass(frozen=True)
 class KnownFailure:
     """A recorded failure of one OpInfo entry.
@@ -81,8 +82,24 @@ SKIPS: dict[str, str] = {
     **{
         f"fft.{name}": "uses torch.fft: complex input or output, complex dtype unsupported on the tpu device"
         for name in (
-            "fft", "fft2", "fftn", "hfft", "hfft2", "hfftn", "rfft", "rfft2", "rfftn", "ifft", "ifft2",
-            "ifftn", "ihfft", "ihfft2", "ihfftn", "irfft", "irfft2", "irfftn",
+            "fft",
+            "fft2",
+            "fftn",
+            "hfft",
+            "hfft2",
+            "hfftn",
+            "rfft",
+            "rfft2",
+            "rfftn",
+            "ifft",
+            "ifft2",
+            "ifftn",
+            "ihfft",
+            "ihfft2",
+            "ihfftn",
+            "irfft",
+            "irfft2",
+            "irfftn",
         )
     },
     "stft": "complex output (torch.stft): complex dtype unsupported on the tpu device",
@@ -112,24 +129,45 @@ SKIPS: dict[str, str] = {
 }
 
 # Ops whose outputs are random or uninitialised: only shape, dtype and device are compared.
-SHAPE_ONLY: dict[str, str] = {
-    name: "random output: the device draws from jax.random, values cannot match torch's CPU generator"
-    for name in (
-        "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "normal",
-        "normal.in_place", "normal.number_mean", "uniform", "multinomial", "rand_like",
-        "randn_like", "randint_like", "randint", "randn",
-        "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
-        "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
-        "nn.functional.feature_alpha_dropout.without_train", "nn.functional.rrelu",
-        "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
-    )
-} | {
-    name: "uninitialised output (empty*): values are arbitrary"
-    for name in ("empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted")
-} | {
-    name: "randomized algorithm (draws random projections): values depend on the generator"
-    for name in ("svd_lowrank", "pca_lowrank")
-}
+SHAPE_ONLY: dict[str, str] = (
+    {
+        name: "random output: the device draws from jax.random, values cannot match torch's CPU generator"
+        for name in (
+            "bernoulli",
+            "cauchy",
+            "exponential",
+            "geometric",
+            "log_normal",
+            "normal",
+            "normal.in_place",
+            "normal.number_mean",
+            "uniform",
+            "multinomial",
+            "rand_like",
+            "randn_like",
+            "randint_like",
+            "randint",
+            "randn",
+            "nn.functional.dropout",
+            "nn.functional.dropout2d",
+            "nn.functional.dropout3d",
+            "nn.functional.alpha_dropout",
+            "nn.functional.feature_alpha_dropout.with_train",
+            "nn.functional.feature_alpha_dropout.without_train",
+            "nn.functional.rrelu",
+            "nn.functional.fractional_max_pool2d",
+            "nn.functional.fractional_max_pool3d",
+        )
+    }
+    | {
+        name: "uninitialised output (empty*): values are arbitrary"
+        for name in ("empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted")
+    }
+    | {
+        name: "randomized algorithm (draws random projections): values depend on the generator"
+        for name in ("svd_lowrank", "pca_lowrank")
+    }
+)
 
 
 # Ops whose OpInfo samples build some tensor arguments on the CPU whatever the device, because
@@ -156,7 +194,9 @@ def _align_signs(actual, expected, vector_axes: dict[int, int]):
         return actual
     values = got[1].shape[-1]  # S or the eigenvalues: how many vectors are paired
     paired = lambda t, ax: t.narrow(ax, 0, min(values, t.shape[ax]))
-    agreement = (paired(got[first].detach().cpu(), axis) * paired(want[first].detach(), axis)).sum(dim=-2 if axis == -1 else -1)
+    agreement = (paired(got[first].detach().cpu(), axis) * paired(want[first].detach(), axis)).sum(
+        dim=-2 if axis == -1 else -1
+    )
     sign = torch.where(agreement < 0, -1.0, 1.0).to(want[first].dtype).to(got[first].device)
     for index, ax in vector_axes.items():
         t = got[index]
@@ -164,6 +204,7 @@ def _align_signs(actual, expected, vector_axes: dict[int, int]):
         head = t.narrow(ax, 0, count) * (sign.unsqueeze(-2) if ax == -1 else sign.unsqueeze(-1))
         rest, rest_cpu = t.narrow(ax, count, t.shape[ax] - count), want[index].narrow(ax, count, t.shape[ax] - count)
         if rest.shape[ax]:
+
             def projector(m, ax=ax):  # the span of the remaining vectors, independent of their basis
                 columns = m if ax == -1 else m.mT
                 return columns @ columns.mT
@@ -191,317 +232,317 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
 KNOWN_FAILURES: dict[str, KnownFailure] = {
-    'nn.functional.rrelu': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)',
-        'no lowering for aten.rrelu_with_noise.default yet',
+    "nn.functional.rrelu": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
+        "no lowering for aten.rrelu_with_noise.default yet",
     ),
-    'logcumsumexp': KnownFailure(
-        'mismatch at sample 0: Mismatch: grad[0]: Tensor-likes are not close! |  | Mismatched elements: 7 / 125 (5.6%) | Greatest absolute difference: 0.004711627960205078 at index (0, 0, 0) (up to 0.0001 allowed) (vs float64: devi',
+    "logcumsumexp": KnownFailure(
+        "mismatch at sample 0: Mismatch: grad[0]: Tensor-likes are not close! |  | Mismatched elements: 7 / 125 (5.6%) | Greatest absolute difference: 0.004711627960205078 at index (0, 0, 0) (up to 0.0001 allowed) (vs float64: devi",
         "float32 cancellation in ATen's own logcumsumexp backward formula (the device runs the same composite): on a gradient element near 0 CPU is 2.8e-3 and the device 4.3e-3 from the float64 value (1e-4 allowed)",
     ),
-    'nn.functional.grid_sample': KnownFailure(
-        'fail at sample 12: NotImplementedError: aten.grid_sampler_2d: bicubic mode is not supported on the tpu device yet',
-        'bicubic mode of grid_sampler_2d is not written yet',
+    "nn.functional.grid_sample": KnownFailure(
+        "fail at sample 12: NotImplementedError: aten.grid_sampler_2d: bicubic mode is not supported on the tpu device yet",
+        "bicubic mode of grid_sampler_2d is not written yet",
     ),
-    'hash_tensor': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-        'no lowering for aten.hash_tensor yet (a bitwise hash of the float bits)',
+    "hash_tensor": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+        "no lowering for aten.hash_tensor yet (a bitwise hash of the float bits)",
     ),
-    'nn.functional.ctc_loss': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten._ctc_loss.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-        'no lowering for aten._ctc_loss.default yet',
+    "nn.functional.ctc_loss": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten._ctc_loss.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+        "no lowering for aten._ctc_loss.default yet",
     ),
-    'linalg.ldl_factor': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_factor_ex.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)',
-        'LDL^T with Bunch-Kaufman pivoting (LAPACK sytrf): JAX has no such factorization, and its pivots are part of the result; not written yet',
+    "linalg.ldl_factor": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_factor_ex.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
+        "LDL^T with Bunch-Kaufman pivoting (LAPACK sytrf): JAX has no such factorization, and its pivots are part of the result; not written yet",
     ),
-    'linalg.ldl_factor_ex': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_factor_ex.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)',
-        'LDL^T with Bunch-Kaufman pivoting (LAPACK sytrf): JAX has no such factorization, and its pivots are part of the result; not written yet',
+    "linalg.ldl_factor_ex": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_factor_ex.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
+        "LDL^T with Bunch-Kaufman pivoting (LAPACK sytrf): JAX has no such factorization, and its pivots are part of the result; not written yet",
     ),
-    'linalg.ldl_solve': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_solve.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-        'needs the Bunch-Kaufman LD factors of linalg.ldl_factor (not written yet)',
+    "linalg.ldl_solve": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_solve.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+        "needs the Bunch-Kaufman LD factors of linalg.ldl_factor (not written yet)",
     ),
-    'special.airy_ai': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-        'no lowering for aten.special_airy_ai yet: JAX has no Airy function (needs a Cephes-style rational approximation)',
+    "special.airy_ai": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+        "no lowering for aten.special_airy_ai yet: JAX has no Airy function (needs a Cephes-style rational approximation)",
     ),
-    'special.bessel_y0': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-        'no lowering for aten.special_bessel_y0 yet: JAX has no Bessel Y0',
+    "special.bessel_y0": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+        "no lowering for aten.special_bessel_y0 yet: JAX has no Bessel Y0",
     ),
-    'special.bessel_y1': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-        'no lowering for aten.special_bessel_y1 yet: JAX has no Bessel Y1',
+    "special.bessel_y1": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+        "no lowering for aten.special_bessel_y1 yet: JAX has no Bessel Y1",
     ),
-    'special.modified_bessel_k0': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB',
-        'no lowering for aten.special_modified_bessel_k0 yet: JAX has no Bessel K0',
+    "special.modified_bessel_k0": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
+        "no lowering for aten.special_modified_bessel_k0 yet: JAX has no Bessel K0",
     ),
-    'special.modified_bessel_k1': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB',
-        'no lowering for aten.special_modified_bessel_k1 yet: JAX has no Bessel K1',
+    "special.modified_bessel_k1": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
+        "no lowering for aten.special_modified_bessel_k1 yet: JAX has no Bessel K1",
     ),
-    'special.scaled_modified_bessel_k0': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP',
-        'no lowering for aten.special_scaled_modified_bessel_k0 yet: JAX has no Bessel K0',
+    "special.scaled_modified_bessel_k0": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
+        "no lowering for aten.special_scaled_modified_bessel_k0 yet: JAX has no Bessel K0",
     ),
-    'special.scaled_modified_bessel_k1': KnownFailure(
-        'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP',
-        'no lowering for aten.special_scaled_modified_bessel_k1 yet: JAX has no Bessel K1',
+    "special.scaled_modified_bessel_k1": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
+        "no lowering for aten.special_scaled_modified_bessel_k1 yet: JAX has no Bessel K1",
     ),
 }
 # The same for the sampled forward pass (2 samples) in other dtypes.
 KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
     torch.bfloat16: {
-        'addbmm': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 50 (2.0%) | Greatest absolute difference: 0.21875 at index (4, 5) (up to 0.01 allowed)',
+        "addbmm": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 50 (2.0%) | Greatest absolute difference: 0.21875 at index (4, 5) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'baddbmm': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 250 (0.4%) | Greatest absolute difference: 0.025390625 at index (2, 4, 1) (up to 0.01 allowed)',
+        "baddbmm": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 250 (0.4%) | Greatest absolute difference: 0.025390625 at index (2, 4, 1) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'cumsum': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 125 (0.8%) | Greatest absolute difference: 0.03125 at index (4, 2, 3) (up to 0.01 allowed)',
+        "cumsum": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 125 (0.8%) | Greatest absolute difference: 0.03125 at index (4, 2, 3) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'matrix_exp': KnownFailure(
-            'fail at sample 0: TypeError: A.dtype=bfloat16 is not supported.',
+        "matrix_exp": KnownFailure(
+            "fail at sample 0: TypeError: A.dtype=bfloat16 is not supported.",
             "JAX's expm has no bfloat16 implementation (ATen computes it in float32 and rounds); not written yet",
         ),
-        'nn.functional.adaptive_avg_pool3d': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 5 / 1120 (0.4%) | Greatest absolute difference: 0.02734375 at index (5, 3, 1, 1) (up to 0.01 allowed)',
+        "nn.functional.adaptive_avg_pool3d": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 5 / 1120 (0.4%) | Greatest absolute difference: 0.02734375 at index (5, 3, 1, 1) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'nn.functional.conv_transpose3d': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 648 (0.2%) | Greatest absolute difference: 0.0234375 at index (0, 1, 4, 0, 3) (up to 0.01 allowed)',
+        "nn.functional.conv_transpose3d": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 648 (0.2%) | Greatest absolute difference: 0.0234375 at index (0, 1, 4, 0, 3) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'nn.functional.interpolate.trilinear': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 750 (0.1%) | Greatest absolute difference: 0.0126953125 at index (1, 2, 1, 2, 3) (up to 0.01 allowed)',
+        "nn.functional.interpolate.trilinear": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 750 (0.1%) | Greatest absolute difference: 0.0126953125 at index (1, 2, 1, 2, 3) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'nn.functional.rrelu': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)',
-            'no lowering for aten.rrelu_with_noise.default yet',
+        "nn.functional.rrelu": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
+            "no lowering for aten.rrelu_with_noise.default yet",
         ),
-        'topk': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 4 / 75 (5.3%) | Greatest absolute difference: 7 at index (2, 1, 4)',
-            'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
+        "topk": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 4 / 75 (5.3%) | Greatest absolute difference: 7 at index (2, 1, 4)",
+            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
         ),
-        'sort': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 7113 / 8000 (88.9%) | Greatest absolute difference: 7974 at index (7314,)',
-            'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
+        "sort": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 7113 / 8000 (88.9%) | Greatest absolute difference: 7974 at index (7314,)",
+            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
         ),
-        'nn.functional.embedding_bag': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 10 (10.0%) | Greatest absolute difference: 0.13671875 at index (0, 4) (up to 0.01 allowed)',
+        "nn.functional.embedding_bag": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 10 (10.0%) | Greatest absolute difference: 0.13671875 at index (0, 4) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'nn.functional.grid_sample': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 150 (2.0%) | Greatest absolute difference: 0.03515625 at index (0, 2, 3, 1) (up to 0.01 allowed)',
+        "nn.functional.grid_sample": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 150 (2.0%) | Greatest absolute difference: 0.03515625 at index (0, 2, 3, 1) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
         ),
-        'grid_sampler_2d': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 99 / 780 (12.7%) | Greatest absolute difference: 0.1640625 at index (0, 0, 11, 9) (up to 0.01 allowed)',
-            'bfloat16 rounding: the sampling weights are computed in bfloat16 on CPU and in float32 on the device',
+        "grid_sampler_2d": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 99 / 780 (12.7%) | Greatest absolute difference: 0.1640625 at index (0, 0, 11, 9) (up to 0.01 allowed)",
+            "bfloat16 rounding: the sampling weights are computed in bfloat16 on CPU and in float32 on the device",
         ),
-        'grid_sampler_3d': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 56 / 7920 (0.7%) | Greatest absolute difference: 0.05859375 at index (1, 1, 8, 3, 3) (up to 0.01 allowed)',
-            'bfloat16 rounding: the sampling weights are computed in bfloat16 on CPU and in float32 on the device',
+        "grid_sampler_3d": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 56 / 7920 (0.7%) | Greatest absolute difference: 0.05859375 at index (1, 1, 8, 3, 3) (up to 0.01 allowed)",
+            "bfloat16 rounding: the sampling weights are computed in bfloat16 on CPU and in float32 on the device",
         ),
-        'hash_tensor': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.hash_tensor.out yet',
+        "hash_tensor": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.hash_tensor.out yet",
         ),
-        'argsort': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not equal! |  | Mismatched elements: 7113 / 8000 (88.9%) | Greatest absolute difference: 7974 at index (7314,)',
-            'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
+        "argsort": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not equal! |  | Mismatched elements: 7113 / 8000 (88.9%) | Greatest absolute difference: 7974 at index (7314,)",
+            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
         ),
     },
     torch.int64: {
-        'addmv': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: got (5,) torch.float64, expected (5,) torch.int64',
-            'integer input with a float beta: the device returns float64 where ATen casts back to int64; not fixed yet',
+        "addmv": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: got (5,) torch.float64, expected (5,) torch.int64",
+            "integer input with a float beta: the device returns float64 where ATen casts back to int64; not fixed yet",
         ),
-        'kthvalue': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 6 / 25 (24.0%) | Greatest absolute difference: 3 at index (1, 0)',
-            'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
+        "kthvalue": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 6 / 25 (24.0%) | Greatest absolute difference: 3 at index (1, 0)",
+            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
         ),
-        'topk': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 16 / 150 (10.7%) | Greatest absolute difference: 4 at index (3, 8, 1)',
-            'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
+        "topk": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 16 / 150 (10.7%) | Greatest absolute difference: 4 at index (3, 8, 1)",
+            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
         ),
-        '__rpow__': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Scalars are not equal! |  | Expected 0 but got 6989586621679009792. | Absolute difference: 6989586621679009792',
+        "__rpow__": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Scalars are not equal! |  | Expected 0 but got 6989586621679009792. | Absolute difference: 6989586621679009792",
             "integer power with a negative exponent: ATen returns 0, JAX's integer pow overflows; not fixed yet",
         ),
-        'native_dropout_backward': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: got (5, 5, 5, 5) torch.int64, expected (5, 5, 5, 5) torch.float32',
-            'output dtype: ATen returns float32 for integer/bool grads of dropout (mask * scale), the device keeps the input dtype; not fixed yet',
+        "native_dropout_backward": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: got (5, 5, 5, 5) torch.int64, expected (5, 5, 5, 5) torch.float32",
+            "output dtype: ATen returns float32 for integer/bool grads of dropout (mask * scale), the device keeps the input dtype; not fixed yet",
         ),
-        'hash_tensor': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.hash_tensor.out yet',
+        "hash_tensor": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.hash_tensor.out yet",
         ),
-        'special.airy_ai': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.special_airy_ai.out yet',
+        "special.airy_ai": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.special_airy_ai.out yet",
         ),
-        'special.bessel_j0': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 20 (15.0%) | Greatest absolute difference: nan at index (3,) (up to 1e-05 allowed)',
-            'integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet',
+        "special.bessel_j0": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 20 (15.0%) | Greatest absolute difference: nan at index (3,) (up to 1e-05 allowed)",
+            "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
         ),
-        'special.bessel_j1': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 20 (15.0%) | Greatest absolute difference: nan at index (3,) (up to 1e-05 allowed)',
-            'integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet',
+        "special.bessel_j1": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 20 (15.0%) | Greatest absolute difference: nan at index (3,) (up to 1e-05 allowed)",
+            "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
         ),
-        'special.bessel_y0': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.special_bessel_y0.out yet',
+        "special.bessel_y0": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.special_bessel_y0.out yet",
         ),
-        'special.bessel_y1': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.special_bessel_y1.out yet',
+        "special.bessel_y1": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.special_bessel_y1.out yet",
         ),
-        'special.modified_bessel_k0': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB',
-            'no lowering for aten.special_modified_bessel_k0.out yet',
+        "special.modified_bessel_k0": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
+            "no lowering for aten.special_modified_bessel_k0.out yet",
         ),
-        'special.modified_bessel_k1': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB',
-            'no lowering for aten.special_modified_bessel_k1.out yet',
+        "special.modified_bessel_k1": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
+            "no lowering for aten.special_modified_bessel_k1.out yet",
         ),
-        'special.scaled_modified_bessel_k0': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP',
-            'no lowering for aten.special_scaled_modified_bessel_k0.out yet',
+        "special.scaled_modified_bessel_k0": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
+            "no lowering for aten.special_scaled_modified_bessel_k0.out yet",
         ),
-        'special.scaled_modified_bessel_k1': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP',
-            'no lowering for aten.special_scaled_modified_bessel_k1.out yet',
+        "special.scaled_modified_bessel_k1": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
+            "no lowering for aten.special_scaled_modified_bessel_k1.out yet",
         ),
     },
     torch.bool: {
-        'equal': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.equal.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.equal.default yet',
+        "equal": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.equal.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.equal.default yet",
         ),
-        'polygamma.polygamma_n_0': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
+        "polygamma.polygamma_n_0": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",
+            "polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN",
         ),
-        'polygamma.polygamma_n_1': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
+        "polygamma.polygamma_n_1": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",
+            "polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN",
         ),
-        'polygamma.polygamma_n_2': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
+        "polygamma.polygamma_n_2": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",
+            "polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN",
         ),
-        'polygamma.polygamma_n_3': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
+        "polygamma.polygamma_n_3": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",
+            "polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN",
         ),
-        'polygamma.polygamma_n_4': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
+        "polygamma.polygamma_n_4": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",
+            "polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN",
         ),
-        'index_add': KnownFailure(
-            'fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.',
+        "index_add": KnownFailure(
+            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        '_unsafe_masked_index_put_accumulate': KnownFailure(
-            'fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.',
+        "_unsafe_masked_index_put_accumulate": KnownFailure(
+            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        'sort': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 7999 / 8000 (100.0%) | Greatest absolute difference: 7985 at index (7985,)',
-            'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
+        "sort": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 7999 / 8000 (100.0%) | Greatest absolute difference: 7985 at index (7985,)",
+            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
         ),
-        'put': KnownFailure(
-            'fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.',
+        "put": KnownFailure(
+            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        'scatter': KnownFailure(
-            'fail at sample 1: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.',
+        "scatter": KnownFailure(
+            "fail at sample 1: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        'scatter_add': KnownFailure(
-            'fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.',
+        "scatter_add": KnownFailure(
+            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        'native_dropout_backward': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: got (5, 5, 5, 5) torch.bool, expected (5, 5, 5, 5) torch.float32',
-            'output dtype: ATen returns float32 for integer/bool grads of dropout (mask * scale), the device keeps the input dtype; not fixed yet',
+        "native_dropout_backward": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: got (5, 5, 5, 5) torch.bool, expected (5, 5, 5, 5) torch.float32",
+            "output dtype: ATen returns float32 for integer/bool grads of dropout (mask * scale), the device keeps the input dtype; not fixed yet",
         ),
-        'hash_tensor': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.hash_tensor.out yet',
+        "hash_tensor": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.hash_tensor.out yet",
         ),
-        'argsort': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not equal! |  | Mismatched elements: 7999 / 8000 (100.0%) | Greatest absolute difference: 7985 at index (7985,)',
-            'indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another',
+        "argsort": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not equal! |  | Mismatched elements: 7999 / 8000 (100.0%) | Greatest absolute difference: 7985 at index (7985,)",
+            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
         ),
-        'scatter_reduce.sum': KnownFailure(
-            'fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.',
+        "scatter_reduce.sum": KnownFailure(
+            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        'scatter_reduce.prod': KnownFailure(
-            'fail at sample 0: TypeError: mul does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.',
+        "scatter_reduce.prod": KnownFailure(
+            "fail at sample 0: TypeError: mul does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        'scatter_reduce.amin': KnownFailure(
+        "scatter_reduce.amin": KnownFailure(
             "fail at sample 0: ValueError: Invalid integer data type 'b'.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        'scatter_reduce.amax': KnownFailure(
+        "scatter_reduce.amax": KnownFailure(
             "fail at sample 0: ValueError: Invalid integer data type 'b'.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        'special.polygamma.special_polygamma_n_0': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)',
-            'polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN',
+        "special.polygamma.special_polygamma_n_0": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",
+            "polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN",
         ),
-        'special.zeta': KnownFailure(
-            'mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 2 / 5 (40.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)',
-            'bool inputs: zeta(0, q) and zeta(1, q) poles give NaN where ATen gives inf; not fixed yet',
+        "special.zeta": KnownFailure(
+            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 2 / 5 (40.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)",
+            "bool inputs: zeta(0, q) and zeta(1, q) poles give NaN where ATen gives inf; not fixed yet",
         ),
-        'special.airy_ai': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.special_airy_ai.out yet',
+        "special.airy_ai": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.special_airy_ai.out yet",
         ),
-        'special.bessel_j0': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 11 / 20 (55.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)',
-            'integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet',
+        "special.bessel_j0": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 11 / 20 (55.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)",
+            "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
         ),
-        'special.bessel_j1': KnownFailure(
-            'mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 11 / 20 (55.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)',
-            'integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet',
+        "special.bessel_j1": KnownFailure(
+            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 11 / 20 (55.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)",
+            "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
         ),
-        'special.bessel_y0': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.special_bessel_y0.out yet',
+        "special.bessel_y0": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.special_bessel_y0.out yet",
         ),
-        'special.bessel_y1': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).',
-            'no lowering for aten.special_bessel_y1.out yet',
+        "special.bessel_y1": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+            "no lowering for aten.special_bessel_y1.out yet",
         ),
-        'special.modified_bessel_k0': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB',
-            'no lowering for aten.special_modified_bessel_k0.out yet',
+        "special.modified_bessel_k0": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
+            "no lowering for aten.special_modified_bessel_k0.out yet",
         ),
-        'special.modified_bessel_k1': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB',
-            'no lowering for aten.special_modified_bessel_k1.out yet',
+        "special.modified_bessel_k1": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
+            "no lowering for aten.special_modified_bessel_k1.out yet",
         ),
-        'special.scaled_modified_bessel_k0': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP',
-            'no lowering for aten.special_scaled_modified_bessel_k0.out yet',
+        "special.scaled_modified_bessel_k0": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
+            "no lowering for aten.special_scaled_modified_bessel_k0.out yet",
         ),
-        'special.scaled_modified_bessel_k1': KnownFailure(
-            'fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP',
-            'no lowering for aten.special_scaled_modified_bessel_k1.out yet',
+        "special.scaled_modified_bessel_k1": KnownFailure(
+            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
+            "no lowering for aten.special_scaled_modified_bessel_k1.out yet",
         ),
     },
 }
@@ -510,23 +551,83 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
 # grad): one or more ops per family the training models and common code use.
 FAST_OPS = (
     # pointwise
-    "add", "sub", "mul", "div.no_rounding_mode", "pow", "exp", "log", "sqrt", "rsqrt", "tanh",
-    "sigmoid", "abs", "neg", "clamp", "where", "maximum", "lerp", "addcmul", "masked_fill",
-    "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
+    "add",
+    "sub",
+    "mul",
+    "div.no_rounding_mode",
+    "pow",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "tanh",
+    "sigmoid",
+    "abs",
+    "neg",
+    "clamp",
+    "where",
+    "maximum",
+    "lerp",
+    "addcmul",
+    "masked_fill",
+    "nn.functional.relu",
+    "nn.functional.gelu",
+    "nn.functional.silu",
     # reductions
-    "sum", "mean", "amax", "max.reduction_with_dim", "argmax", "var", "std", "cumsum", "softmax",
-    "log_softmax", "logsumexp",
+    "sum",
+    "mean",
+    "amax",
+    "max.reduction_with_dim",
+    "argmax",
+    "var",
+    "std",
+    "cumsum",
+    "softmax",
+    "log_softmax",
+    "logsumexp",
     # linear algebra and nn
-    "mm", "bmm", "addmm", "matmul", "nn.functional.linear", "nn.functional.conv2d",
-    "nn.functional.max_pool2d", "nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d",
-    "nn.functional.batch_norm", "nn.functional.layer_norm", "nn.functional.embedding",
-    "nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.scaled_dot_product_attention",
+    "mm",
+    "bmm",
+    "addmm",
+    "matmul",
+    "nn.functional.linear",
+    "nn.functional.conv2d",
+    "nn.functional.max_pool2d",
+    "nn.functional.avg_pool2d",
+    "nn.functional.adaptive_avg_pool2d",
+    "nn.functional.batch_norm",
+    "nn.functional.layer_norm",
+    "nn.functional.embedding",
+    "nn.functional.cross_entropy",
+    "nn.functional.mse_loss",
+    "nn.functional.scaled_dot_product_attention",
     # shape and indexing
-    "cat", "stack", "transpose", "permute", "reshape", "view", "expand", "squeeze", "unsqueeze",
-    "__getitem__", "index_select", "gather", "scatter_add", "index_put", "flip", "roll", "tril",
-    "nn.functional.pad.constant", "sort", "topk",
+    "cat",
+    "stack",
+    "transpose",
+    "permute",
+    "reshape",
+    "view",
+    "expand",
+    "squeeze",
+    "unsqueeze",
+    "__getitem__",
+    "index_select",
+    "gather",
+    "scatter_add",
+    "index_put",
+    "flip",
+    "roll",
+    "tril",
+    "nn.functional.pad.constant",
+    "sort",
+    "topk",
     # creation and random
-    "zeros_like", "full", "arange", "randn", "nn.functional.dropout",
+    "zeros_like",
+    "full",
+    "arange",
+    "randn",
+    "nn.functional.dropout",
 )
 
 
@@ -750,6 +851,7 @@ def _mha_dropout(op, sample) -> bool:
 
 def _names_no_device(sample) -> bool:
     """True if the sample holds no tensor and no device argument."""
+
     def has_tensor(value) -> bool:
         if isinstance(value, torch.Tensor):
             return True
@@ -800,10 +902,10 @@ def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int, not
     if not picked:
         return False
     generator = torch.Generator().manual_seed(seed)
-    cotangents = [torch.randn(expected_outs[i].shape, generator=generator, dtype=expected_outs[i].dtype) for i in picked]
-    expected_grads = torch.autograd.grad(
-        [expected_outs[i] for i in picked], cpu_leaves, cotangents, allow_unused=True
-    )
+    cotangents = [
+        torch.randn(expected_outs[i].shape, generator=generator, dtype=expected_outs[i].dtype) for i in picked
+    ]
+    expected_grads = torch.autograd.grad([expected_outs[i] for i in picked], cpu_leaves, cotangents, allow_unused=True)
     actual_grads = torch.autograd.grad(
         [actual_outs[i] for i in picked],
         moved.leaves,
@@ -814,8 +916,15 @@ def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int, not
         compare_outputs(list(actual_grads), list(expected_grads), False, "grad", factor=GRAD_TOLERANCE_FACTOR)
     except Mismatch as mismatch:
         _judge_by_float64(
-            op, sample, seed, mismatch, notes, actual=list(actual_grads), expected=list(expected_grads),
-            cotangents=cotangents, picked=picked,
+            op,
+            sample,
+            seed,
+            mismatch,
+            notes,
+            actual=list(actual_grads),
+            expected=list(expected_grads),
+            cotangents=cotangents,
+            picked=picked,
         )
     return True
 
@@ -865,9 +974,11 @@ def _judge_by_float64(op, sample, seed, mismatch, notes, *, actual, expected, co
         reference = op(parts[0], *parts[1], **parts[2])
         if cotangents is not None:
             outs = _flatten(sample.output_process_fn_grad(reference))
-            reference = list(torch.autograd.grad(
-                [outs[i] for i in picked], leaves, [c.double() for c in cotangents], allow_unused=True
-            ))
+            reference = list(
+                torch.autograd.grad(
+                    [outs[i] for i in picked], leaves, [c.double() for c in cotangents], allow_unused=True
+                )
+            )
     except Exception:  # noqa: BLE001 - no float64 reference for this sample: keep the mismatch
         raise mismatch from None
     what = "grad" if cotangents is not None else "output"
@@ -878,7 +989,11 @@ def _judge_by_float64(op, sample, seed, mismatch, notes, *, actual, expected, co
     measured = f"vs float64: device error {device_error:.3g}, CPU float32 error {cpu_error:.3g}"
     rtol, atol = FORWARD_TOLERANCES[torch.float32]
     # outputs that are not floating point (indices, counts) must still match CPU exactly
-    exact = [(g, w) for g, w in zip(actual_flat, _flatten(expected)) if not (isinstance(w, torch.Tensor) and w.dtype.is_floating_point)]
+    exact = [
+        (g, w)
+        for g, w in zip(actual_flat, _flatten(expected))
+        if not (isinstance(w, torch.Tensor) and w.dtype.is_floating_point)
+    ]
     compare_outputs([g for g, _ in exact], [w for _, w in exact], False, what)
     if device_error <= cpu_error:  # at least as accurate as PyTorch's own float32 kernel
         notes.append(f"{what}: float32 rounding, no worse than CPU's: {measured}")
@@ -887,8 +1002,12 @@ def _judge_by_float64(op, sample, seed, mismatch, notes, *, actual, expected, co
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and want.dtype.is_floating_point:
             try:
                 torch.testing.assert_close(
-                    got.detach().cpu().double(), want.detach().double(), rtol=rtol * factor, atol=atol * factor,
-                    equal_nan=True, check_stride=False,
+                    got.detach().cpu().double(),
+                    want.detach().double(),
+                    rtol=rtol * factor,
+                    atol=atol * factor,
+                    equal_nan=True,
+                    check_stride=False,
                 )
             except AssertionError:
                 raise Mismatch(f"{mismatch} ({measured})") from None
@@ -913,7 +1032,9 @@ def _collect_float32(value, found: list) -> None:
             _collect_float32(item, found)
 
 
-def check_op(op, dtype: torch.dtype = torch.float32, max_samples: int | None = None, check_grad: bool = True) -> OpResult:
+def check_op(
+    op, dtype: torch.dtype = torch.float32, max_samples: int | None = None, check_grad: bool = True
+) -> OpResult:
     """Compare one OpInfo entry on the device against CPU; never raises (the result says why)."""
     name = op_id(op)
     reason = skip_reason(op, dtype)

@@ -32,15 +32,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", help="torch dtype name (float32, bfloat16, int64, bool...)")
     parser.add_argument("--ops", default="*", help="comma-separated glob patterns over op ids (default: all)")
     parser.add_argument(
-        "--slice", default=":", metavar="START:STOP",
+        "--slice",
+        default=":",
+        metavar="START:STOP",
         help="only op_db entries START..STOP-1 of the selection (split a long sweep over processes)",
     )
     parser.add_argument("--max-samples", type=int, default=None, help="samples per op (default: all)")
     parser.add_argument("--no-grad", action="store_true", help="forward only")
-    parser.add_argument("--show", default="mismatch,fail", help=f"statuses to list op by op ({','.join(STATUSES)}, or all)")
+    parser.add_argument(
+        "--show", default="mismatch,fail", help=f"statuses to list op by op ({','.join(STATUSES)}, or all)"
+    )
     parser.add_argument("--json", metavar="FILE", help="write every result to FILE as JSON")
     parser.add_argument(
-        "--emit-known-failures", action="store_true",
+        "--emit-known-failures",
+        action="store_true",
         help="print the failing ops as a KNOWN_FAILURES dict body for opinfo_harness.py",
     )
     parser.add_argument("--progress", action="store_true", help="print each op as it finishes (to stderr)")
@@ -64,7 +69,9 @@ def print_table(results, show: set[str], dtype: torch.dtype, seconds: float) -> 
         if r.status in show:
             detail = r.detail + (f" ({r.where})" if r.where else "")
             style = STYLE[r.status]
-            table.add_row(r.op, f"[{style}]{r.status}[/]", str(r.samples), str(r.grad_checked), f"{r.seconds:.2f}", detail)
+            table.add_row(
+                r.op, f"[{style}]{r.status}[/]", str(r.samples), str(r.grad_checked), f"{r.seconds:.2f}", detail
+            )
     if table.row_count:
         console.print(table)
     for r in results:
@@ -106,7 +113,11 @@ def main(argv=None) -> int:
         result = harness.check_op(op, dtype, max_samples=args.max_samples, check_grad=not args.no_grad)
         results.append(result)
         if args.progress:
-            print(f"{result.op:50s} {result.status:10s} {result.seconds:6.2f}s {result.detail[:120]}", file=sys.stderr, flush=True)
+            print(
+                f"{result.op:50s} {result.status:10s} {result.seconds:6.2f}s {result.detail[:120]}",
+                file=sys.stderr,
+                flush=True,
+            )
     print_table(results, show, dtype, time.perf_counter() - start)
     if args.emit_known_failures:
         print_known_failures(results, dtype)
@@ -115,8 +126,15 @@ def main(argv=None) -> int:
             json.dump(
                 [
                     {
-                        "op": r.op, "dtype": str(r.dtype), "status": r.status, "detail": r.detail,
-                        "where": r.where, "signature": r.signature, "notes": r.notes, "samples": r.samples, "grad_checked": r.grad_checked,
+                        "op": r.op,
+                        "dtype": str(r.dtype),
+                        "status": r.status,
+                        "detail": r.detail,
+                        "where": r.where,
+                        "signature": r.signature,
+                        "notes": r.notes,
+                        "samples": r.samples,
+                        "grad_checked": r.grad_checked,
                         "seconds": round(r.seconds, 3),
                     }
                     for r in results

@@ -44,19 +44,24 @@ def norm_relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return difference / scale if scale else (0.0 if difference == 0 else float("inf"))
 
 
-def tensor_mismatches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], *, rtol: float,
-                      floor: float | dict[str, float]) -> list[str]:
+def tensor_mismatches(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], *, rtol: float, floor: float | dict[str, float]
+) -> list[str]:
     """One line per tensor outside `||got - want|| <= rtol * ||want|| + floor` (empty if none)."""
     problems = []
     if got.keys() != want.keys():
-        return [f"different tensors: only in got {sorted(got.keys() - want.keys())}, "
-                f"only in want {sorted(want.keys() - got.keys())}"]
+        return [
+            f"different tensors: only in got {sorted(got.keys() - want.keys())}, "
+            f"only in want {sorted(want.keys() - got.keys())}"
+        ]
     for name, expected in want.items():
         actual = got[name]
         if actual is None or expected is None:
             if (actual is None) != (expected is None):
-                problems.append(f"{name}: {'no' if actual is None else 'a'} gradient, reference has "
-                                f"{'none' if expected is None else 'one'}")
+                problems.append(
+                    f"{name}: {'no' if actual is None else 'a'} gradient, reference has "
+                    f"{'none' if expected is None else 'one'}"
+                )
             continue
         if actual.shape != expected.shape:
             problems.append(f"{name}: shape {tuple(actual.shape)} vs {tuple(expected.shape)}")
@@ -66,14 +71,22 @@ def tensor_mismatches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor
         scale = torch.linalg.vector_norm(e).item()
         allowed = rtol * scale + (floor[name] if isinstance(floor, dict) else floor)
         if not difference <= allowed:  # NaN fails too
-            problems.append(f"{name}: ||got - want|| = {difference:.3g} > {allowed:.3g} "
-                            f"(||want|| = {scale:.3g}, ||got|| = {torch.linalg.vector_norm(a).item():.3g}, "
-                            f"relative {difference / max(scale, 1e-300):.2e})")
+            problems.append(
+                f"{name}: ||got - want|| = {difference:.3g} > {allowed:.3g} "
+                f"(||want|| = {scale:.3g}, ||got|| = {torch.linalg.vector_norm(a).item():.3g}, "
+                f"relative {difference / max(scale, 1e-300):.2e})"
+            )
     return problems
 
 
-def assert_tensors_match(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str, *,
-                         rtol: float, floor: float | dict[str, float] = 0.0) -> None:
+def assert_tensors_match(
+    got: dict[str, torch.Tensor],
+    want: dict[str, torch.Tensor],
+    what: str,
+    *,
+    rtol: float,
+    floor: float | dict[str, float] = 0.0,
+) -> None:
     problems = tensor_mismatches(got, want, rtol=rtol, floor=floor)
     assert not problems, f"{what}: {len(problems)} of {len(want)} tensors differ:\n  " + "\n  ".join(problems)
 
@@ -99,8 +112,12 @@ class TrainingRun:
     final_parameters: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def record_training(model: torch.nn.Module, step: Callable[[object, object], torch.Tensor | float], batches,
-                    on_step: Callable[[int], None] | None = None) -> TrainingRun:
+def record_training(
+    model: torch.nn.Module,
+    step: Callable[[object, object], torch.Tensor | float],
+    batches,
+    on_step: Callable[[int], None] | None = None,
+) -> TrainingRun:
     """Run `step(inputs, target) -> loss` (a tensor or a float) over `batches` (already on the model's device);
     `step` must leave the step's gradients in `.grad` (i.e. zero them before backward).
     `on_step(i)` runs before step i (e.g. to enter a cache-only guard)."""
@@ -120,9 +137,14 @@ def noise_masks(first_gradients: dict[str, torch.Tensor | None]) -> dict[str, to
     return {name: g.abs() <= NOISE_GRADIENT for name, g in first_gradients.items() if g is not None}
 
 
-def assert_parameters_match(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
-                            want_first_gradients: dict[str, torch.Tensor | None], what: str, *,
-                            rtol: float = PARAMETER_RTOL) -> None:
+def assert_parameters_match(
+    got: dict[str, torch.Tensor],
+    want: dict[str, torch.Tensor],
+    want_first_gradients: dict[str, torch.Tensor | None],
+    what: str,
+    *,
+    rtol: float = PARAMETER_RTOL,
+) -> None:
     """Norm-relative, except elements moved only by gradient noise (within an absolute bound)."""
     noise = noise_masks(want_first_gradients)
 
@@ -134,21 +156,41 @@ def assert_parameters_match(got: dict[str, torch.Tensor], want: dict[str, torch.
         if mask.any() and name in got:
             worst = (got[name][mask] - want[name][mask]).abs().max().item()
             assert worst <= NOISE_PARAMETER_BOUND, (
-                f"{what}: {name}: elements moved by gradient noise only differ by {worst:.3g} > {NOISE_PARAMETER_BOUND}")
+                f"{what}: {name}: elements moved by gradient noise only differ by {worst:.3g} > {NOISE_PARAMETER_BOUND}"
+            )
 
 
 def assert_losses_match(got: list[float], want: list[float], what: str, rtol: float = LOSS_RTOL) -> None:
     for step, (a, b) in enumerate(zip(got, want, strict=True)):
         relative = abs(a - b) / max(abs(b), 1e-12)
-        assert relative <= rtol, (f"{what}: step {step + 1}: loss {a:.8g} vs {b:.8g} on cpu (relative "
-                                  f"{relative:.2e} > {rtol:.0e})\ngot: {got}\ncpu: {want}")
+        assert relative <= rtol, (
+            f"{what}: step {step + 1}: loss {a:.8g} vs {b:.8g} on cpu (relative "
+            f"{relative:.2e} > {rtol:.0e})\ngot: {got}\ncpu: {want}"
+        )
 
 
-def assert_runs_match(got: TrainingRun, want: TrainingRun, what: str, *, loss_rtol: float = LOSS_RTOL,
-                      gradient_rtol: float = GRADIENT_RTOL, parameter_rtol: float = PARAMETER_RTOL) -> None:
+def assert_runs_match(
+    got: TrainingRun,
+    want: TrainingRun,
+    what: str,
+    *,
+    loss_rtol: float = LOSS_RTOL,
+    gradient_rtol: float = GRADIENT_RTOL,
+    parameter_rtol: float = PARAMETER_RTOL,
+) -> None:
     """Losses at every step, gradients after step 1, parameters after the last step."""
     assert_losses_match(got.losses, want.losses, what, loss_rtol)
-    assert_tensors_match(got.first_gradients, want.first_gradients, f"{what}: gradients after step 1",
-                         rtol=gradient_rtol, floor=ZERO_GRADIENT_FLOOR)
-    assert_parameters_match(got.final_parameters, want.final_parameters, want.first_gradients,
-                            f"{what}: parameters after step {len(want.losses)}", rtol=parameter_rtol)
+    assert_tensors_match(
+        got.first_gradients,
+        want.first_gradients,
+        f"{what}: gradients after step 1",
+        rtol=gradient_rtol,
+        floor=ZERO_GRADIENT_FLOOR,
+    )
+    assert_parameters_match(
+        got.final_parameters,
+        want.final_parameters,
+        want.first_gradients,
+        f"{what}: parameters after step {len(want.losses)}",
+        rtol=parameter_rtol,
+    )

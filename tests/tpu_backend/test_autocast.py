@@ -58,7 +58,11 @@ def test_backward_through_autocast_gives_float32_grads_with_bf16_values():
     loss = (normed * weights.to("tpu")).sum()
     loss.backward()
     assert (hidden.dtype, normed.dtype, probabilities.dtype, loss.dtype) == (
-        torch.bfloat16, torch.float32, torch.float32, torch.float32)
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+        torch.float32,
+    )
     assert device_linear.weight.grad.dtype == torch.float32 and device_linear.bias.grad.dtype == torch.float32
 
     want_hidden = _bf16(torch.nn.functional.linear(_bf16(x), _bf16(linear.weight), _bf16(linear.bias)))

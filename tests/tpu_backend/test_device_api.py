@@ -103,5 +103,8 @@ def test_get_device_name_and_device_context():
 
 def test_dataloader_with_pin_memory_feeds_the_device():
     data = torch.utils.data.TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))
-    totals = [x.to("tpu", non_blocking=True).sum().item() for x, _ in torch.utils.data.DataLoader(data, batch_size=2, pin_memory=True)]
+    totals = [
+        x.to("tpu", non_blocking=True).sum().item()
+        for x, _ in torch.utils.data.DataLoader(data, batch_size=2, pin_memory=True)
+    ]
     assert totals == [6.0, 22.0]

@@ -5,7 +5,17 @@ import torch
 
 import tpu_backend  # noqa: F401
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -41,7 +41,10 @@ def _example(name):
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     if name == "digits":
-        return TrainStep(digits_cnn.DigitsResNet(), nn.functional.cross_entropy), (torch.rand(64, 1, 8, 8), torch.randint(0, 10, (64,)))
+        return TrainStep(digits_cnn.DigitsResNet(), nn.functional.cross_entropy), (
+            torch.rand(64, 1, 8, 8),
+            torch.randint(0, 10, (64,)),
+        )
     if name == "unet":
         return TrainStep(unet_segmentation.UNet(), nn.functional.cross_entropy), unet_segmentation.shapes_batch(16, gen)
     if name == "dlrm":
@@ -112,13 +115,26 @@ def _llm_config(name):
 
     if name == "llama-3-1b":
         return transformers.LlamaForCausalLM, transformers.LlamaConfig(
-            vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096, tie_word_embeddings=True,
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
             torch_dtype=torch.bfloat16,
         )
     return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True,
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
         torch_dtype=torch.bfloat16,
     )
 

@@ -98,7 +98,9 @@ def test_every_listed_op_exists_and_has_a_reason():
 
 def test_known_failure_matches_only_its_recorded_error():
     """An xfail is tied to the exact error: another sample, message or mismatch size fails."""
-    recorded = harness.OpResult("op", torch.float32, "mismatch", failed_sample=2, message="Mismatch: grad[0]: 1e-4 at (0,)")
+    recorded = harness.OpResult(
+        "op", torch.float32, "mismatch", failed_sample=2, message="Mismatch: grad[0]: 1e-4 at (0,)"
+    )
     known = harness.KnownFailure(recorded.signature, "reason")
     assert known.matches(recorded)
     for changed in (

@@ -22,9 +22,15 @@ VOCAB = 96
 
 def tiny_llama(tie: bool = True):
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=tie)
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config)
 
@@ -50,8 +56,10 @@ def test_from_pretrained_device_map_tpu_matches_cpu(saved_llama):
 
 def _fine_tune(device: str, optimizer_name: str):
     model = tiny_llama().to(device)
-    optimizer = {"adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
-                 "sgd": lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9)}[optimizer_name](model.parameters())
+    optimizer = {
+        "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
+    }[optimizer_name](model.parameters())
     ids = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(2)).to(device)
 
     def step(inputs, labels):
@@ -87,10 +95,12 @@ def test_fine_tune_on_tpu_then_save_pretrained_round_trips(tmp_path, optimizer_n
 def test_when_imported_applies_after_a_later_import(tmp_path, monkeypatch):
     """The hook that teaches transformers about tpu storages runs whether the library is
     imported before or after tpu_backend."""
-    (tmp_path / "late_library.py").write_text(textwrap.dedent("""
+    (tmp_path / "late_library.py").write_text(
+        textwrap.dedent("""
         def id_tensor_storage(tensor):
             return "original"
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
     when_imported("late_library", lambda module: seen.append(module.__name__))

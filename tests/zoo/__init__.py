@@ -16,6 +16,17 @@ in an environment where `litert_torch` is the reference converter.
 from .registry import FAMILIES, ZOO, ZooEntry, build, entries, randomize_norm_statistics, zoo_model
 
 # Importing the family files registers their models (in this order).
-from . import mlp, cnn, segmentation, audio, image2image, transformers_models, transformers_more, timm_models, video, optical_flow  # noqa: E402,F401  isort: skip
+# isort: off
+from . import mlp  # noqa: F401
+from . import cnn  # noqa: F401
+from . import segmentation  # noqa: F401
+from . import audio  # noqa: F401
+from . import image2image  # noqa: F401
+from . import transformers_models  # noqa: F401
+from . import transformers_more  # noqa: F401
+from . import timm_models  # noqa: F401
+from . import video  # noqa: F401
+from . import optical_flow  # noqa: F401
+# isort: on
 
 __all__ = ["FAMILIES", "ZOO", "ZooEntry", "build", "entries", "randomize_norm_statistics", "zoo_model"]

@@ -454,7 +454,9 @@ def convnext_nano():
         if i > 0:
             layers += [LayerNorm2d(dims[i - 1], eps=1e-6), nn.Conv2d(dims[i - 1], dim, 2, stride=2)]
         layers += [ConvNeXtBlock(dim) for _ in range(depth)]
-    head = nn.Sequential(nn.AdaptiveAvgPool2d(1), LayerNorm2d(dims[-1], eps=1e-6), nn.Flatten(1), nn.Linear(dims[-1], 10))
+    head = nn.Sequential(
+        nn.AdaptiveAvgPool2d(1), LayerNorm2d(dims[-1], eps=1e-6), nn.Flatten(1), nn.Linear(dims[-1], 10)
+    )
     return nn.Sequential(*layers, head)
 
 

@@ -50,12 +50,15 @@ class InceptionA(nn.Module):
         self.branch_pool = BasicConv2d(cin, pool_features, 1)
 
     def forward(self, x):
-        return torch.cat([
-            self.branch1x1(x),
-            self.branch5x5_2(self.branch5x5_1(x)),
-            self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x))),
-            self.branch_pool(_avg_pool(x)),
-        ], 1)
+        return torch.cat(
+            [
+                self.branch1x1(x),
+                self.branch5x5_2(self.branch5x5_1(x)),
+                self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x))),
+                self.branch_pool(_avg_pool(x)),
+            ],
+            1,
+        )
 
 
 class InceptionB(nn.Module):
@@ -69,11 +72,14 @@ class InceptionB(nn.Module):
         self.branch3x3dbl_3 = BasicConv2d(c(96), c(96), 3, stride=2)
 
     def forward(self, x):
-        return torch.cat([
-            self.branch3x3(x),
-            self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x))),
-            F.max_pool2d(x, 3, 2),
-        ], 1)
+        return torch.cat(
+            [
+                self.branch3x3(x),
+                self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x))),
+                F.max_pool2d(x, 3, 2),
+            ],
+            1,
+        )
 
 
 class InceptionC(nn.Module):
@@ -138,12 +144,15 @@ class InceptionE(nn.Module):
     def forward(self, x):
         a = self.branch3x3_1(x)
         d = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
-        return torch.cat([
-            self.branch1x1(x),
-            torch.cat([self.branch3x3_2a(a), self.branch3x3_2b(a)], 1),
-            torch.cat([self.branch3x3dbl_3a(d), self.branch3x3dbl_3b(d)], 1),
-            self.branch_pool(_avg_pool(x)),
-        ], 1)
+        return torch.cat(
+            [
+                self.branch1x1(x),
+                torch.cat([self.branch3x3_2a(a), self.branch3x3_2b(a)], 1),
+                torch.cat([self.branch3x3dbl_3a(d), self.branch3x3dbl_3b(d)], 1),
+                self.branch_pool(_avg_pool(x)),
+            ],
+            1,
+        )
 
 
 class InceptionV3(nn.Module):
@@ -192,8 +201,19 @@ class InceptionV3(nn.Module):
         x = F.max_pool2d(x, 3, 2)
         x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
         x = F.max_pool2d(x, 3, 2)
-        for block in (self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b, self.Mixed_6c,
-                      self.Mixed_6d, self.Mixed_6e, self.Mixed_7a, self.Mixed_7b, self.Mixed_7c):
+        for block in (
+            self.Mixed_5b,
+            self.Mixed_5c,
+            self.Mixed_5d,
+            self.Mixed_6a,
+            self.Mixed_6b,
+            self.Mixed_6c,
+            self.Mixed_6d,
+            self.Mixed_6e,
+            self.Mixed_7a,
+            self.Mixed_7b,
+            self.Mixed_7c,
+        ):
             x = block(x)
         x = F.adaptive_avg_pool2d(x, 1).flatten(1)
         return self.fc(self.dropout(x))

@@ -29,11 +29,13 @@ class PWCStyleFlow(nn.Module):
     def __init__(self, levels=(16, 32)):
         super().__init__()
         chans = (3, *levels)
-        self.pyramid = nn.ModuleList(nn.Sequential(conv_relu(chans[i], chans[i + 1], 2),
-                                                   conv_relu(chans[i + 1], chans[i + 1]))
-                                     for i in range(len(levels)))
-        self.estimators = nn.ModuleList(nn.Sequential(conv_relu(2 * c + 2, 32), conv_relu(32, 16),
-                                                      nn.Conv2d(16, 2, 3, 1, 1)) for c in levels)
+        self.pyramid = nn.ModuleList(
+            nn.Sequential(conv_relu(chans[i], chans[i + 1], 2), conv_relu(chans[i + 1], chans[i + 1]))
+            for i in range(len(levels))
+        )
+        self.estimators = nn.ModuleList(
+            nn.Sequential(conv_relu(2 * c + 2, 32), conv_relu(32, 16), nn.Conv2d(16, 2, 3, 1, 1)) for c in levels
+        )
 
     def forward(self, frame1, frame2):
         feats1, feats2 = [], []
@@ -57,13 +59,15 @@ class SpatialTransformerNet(nn.Module):
 
     def __init__(self, classes=10):
         super().__init__()
-        self.localisation = nn.Sequential(nn.Conv2d(1, 8, 5, 2), nn.ReLU(), nn.Conv2d(8, 8, 3, 2), nn.ReLU(),
-                                          nn.Flatten(), nn.Linear(8 * 5 * 5, 6))
+        self.localisation = nn.Sequential(
+            nn.Conv2d(1, 8, 5, 2), nn.ReLU(), nn.Conv2d(8, 8, 3, 2), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 5 * 5, 6)
+        )
         nn.init.normal_(self.localisation[-1].weight, std=0.01)
         with torch.no_grad():
             self.localisation[-1].bias.copy_(torch.tensor([1.0, 0, 0, 0, 1.0, 0]))
-        self.classifier = nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2),
-                                        nn.Flatten(), nn.Linear(16 * 14 * 14, classes))
+        self.classifier = nn.Sequential(
+            nn.Conv2d(1, 16, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 14 * 14, classes)
+        )
 
     def forward(self, image):
         theta = self.localisation(image).view(-1, 2, 3)

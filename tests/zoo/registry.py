@@ -44,8 +44,14 @@ class ZooEntry:
 ZOO: dict[str, ZooEntry] = {}
 
 
-def zoo_model(name: str, inputs, family: str, fast: bool = False, known_issue: str | None = None,
-              make_inputs: Callable[[torch.Generator], tuple] | None = None):
+def zoo_model(
+    name: str,
+    inputs,
+    family: str,
+    fast: bool = False,
+    known_issue: str | None = None,
+    make_inputs: Callable[[torch.Generator], tuple] | None = None,
+):
     """Register the decorated factory as zoo model `name`; its docstring's first line
     becomes the entry's summary. `make_inputs(generator)` replaces the float32 randn
     sample inputs (it must return tensors of the shapes in `inputs`)."""
@@ -70,11 +76,7 @@ def entries(names=None, fast: bool | None = None) -> list[ZooEntry]:
         unknown = [n for n in names if n not in ZOO]
         if unknown:
             raise KeyError(f"unknown zoo model(s) {unknown}; known: {', '.join(ZOO)}")
-    return [
-        e
-        for e in ZOO.values()
-        if (names is None or e.name in names) and (fast is None or e.fast == fast)
-    ]
+    return [e for e in ZOO.values() if (names is None or e.name in names) and (fast is None or e.fast == fast)]
 
 
 def randomize_norm_statistics(model: nn.Module, generator: torch.Generator) -> None:

@@ -26,7 +26,9 @@ class UNet(nn.Module):
         widths = [base * 2**i for i in range(levels + 1)]
         self.down = nn.ModuleList([DoubleConv(cin, widths[0])])
         self.down.extend(DoubleConv(widths[i], widths[i + 1]) for i in range(levels))
-        self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in reversed(range(levels)))
+        self.up = nn.ModuleList(
+            nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in reversed(range(levels))
+        )
         self.merge = nn.ModuleList(DoubleConv(2 * widths[i], widths[i]) for i in reversed(range(levels)))
         self.classify = nn.Conv2d(widths[0], classes, 1)
 
@@ -54,8 +56,12 @@ class DilatedBackbone(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(ConvBNAct(3, width, 3, 2), ConvBNAct(width, width, 3), nn.MaxPool2d(3, 2, 1))
         self.stage2 = nn.Sequential(ConvBNAct(width, 2 * width, 3, 2), ConvBNAct(2 * width, 2 * width, 3))
-        self.stage3 = nn.Sequential(ConvBNAct(2 * width, 4 * width, 3, dilation=2), ConvBNAct(4 * width, 4 * width, 3, dilation=2))
-        self.stage4 = nn.Sequential(ConvBNAct(4 * width, 8 * width, 3, dilation=4), ConvBNAct(8 * width, 8 * width, 3, dilation=4))
+        self.stage3 = nn.Sequential(
+            ConvBNAct(2 * width, 4 * width, 3, dilation=2), ConvBNAct(4 * width, 4 * width, 3, dilation=2)
+        )
+        self.stage4 = nn.Sequential(
+            ConvBNAct(4 * width, 8 * width, 3, dilation=4), ConvBNAct(8 * width, 8 * width, 3, dilation=4)
+        )
         self.channels = 8 * width
 
     def forward(self, x):

@@ -26,6 +26,7 @@ VIT_SMALL = dict(img_size=64, depth=2, embed_dim=64, num_heads=2, num_classes=10
 
 # ---- CNNs ---------------------------------------------------------------------------------
 
+
 @zoo_model("timm_resnet18d", SMALL, "cnn")
 def timm_resnet18d():
     """timm ResNet-18-D: deep stem (three 3x3 convs), average-pool shortcut downsampling."""
@@ -94,6 +95,7 @@ def timm_poolformer_s12():
 
 # ---- hybrids ------------------------------------------------------------------------------
 
+
 @zoo_model("timm_mobilevit_xxs", SMALL, "vit")
 def timm_mobilevit_xxs():
     """timm MobileViT-XXS: convolutions plus transformers over unfolded patches."""
@@ -133,6 +135,7 @@ def timm_coat_lite_tiny():
 
 # ---- vision transformers ------------------------------------------------------------------
 
+
 @zoo_model("timm_deit_tiny", SMALL, "vit")
 def timm_deit_tiny():
     """timm DeiT-Tiny (distilled): class and distillation tokens, two heads averaged."""
@@ -148,15 +151,29 @@ def timm_vit_reg():
 @zoo_model("timm_swin", SMALL, "vit")
 def timm_swin():
     """timm Swin: shifted-window attention (window masks and relative-position index built in forward)."""
-    return timm_model("swin_tiny_patch4_window7_224", img_size=64, window_size=4, depths=(2, 2), num_heads=(2, 4),
-                      embed_dim=32, num_classes=10)
+    return timm_model(
+        "swin_tiny_patch4_window7_224",
+        img_size=64,
+        window_size=4,
+        depths=(2, 2),
+        num_heads=(2, 4),
+        embed_dim=32,
+        num_classes=10,
+    )
 
 
 @zoo_model("timm_swinv2", SMALL, "vit")
 def timm_swinv2():
     """timm Swin-V2: cosine attention with a log-spaced continuous relative-position MLP."""
-    return timm_model("swinv2_tiny_window8_256", img_size=64, window_size=4, depths=(2, 2), num_heads=(2, 4),
-                      embed_dim=32, num_classes=10)
+    return timm_model(
+        "swinv2_tiny_window8_256",
+        img_size=64,
+        window_size=4,
+        depths=(2, 2),
+        num_heads=(2, 4),
+        embed_dim=32,
+        num_classes=10,
+    )
 
 
 @zoo_model("timm_beit", SMALL, "vit")
@@ -174,8 +191,9 @@ def timm_cait():
 @zoo_model("timm_xcit", SMALL, "vit")
 def timm_xcit():
     """timm XCiT: cross-covariance attention (over channels), local patch interaction, Fourier positions."""
-    return timm_model("xcit_nano_12_p16_224", img_size=64, depth=2, embed_dim=64, num_heads=2, cls_attn_layers=1,
-                      num_classes=10)
+    return timm_model(
+        "xcit_nano_12_p16_224", img_size=64, depth=2, embed_dim=64, num_heads=2, cls_attn_layers=1, num_classes=10
+    )
 
 
 @zoo_model("timm_crossvit", [(1, 3, 32, 32)], "vit")
@@ -185,9 +203,16 @@ def timm_crossvit():
     from ._timm_compat import import_timm
 
     crossvit = import_timm().models.crossvit
-    return crossvit.CrossVit(img_size=32, img_scale=(1.0, 0.75), patch_size=(8, 12), embed_dim=(48, 96),
-                             depth=((1, 4, 0),) * 3, num_heads=(3, 3), mlp_ratio=(2.0, 2.0, 1.0),
-                             num_classes=10).eval()
+    return crossvit.CrossVit(
+        img_size=32,
+        img_scale=(1.0, 0.75),
+        patch_size=(8, 12),
+        embed_dim=(48, 96),
+        depth=((1, 4, 0),) * 3,
+        num_heads=(3, 3),
+        mlp_ratio=(2.0, 2.0, 1.0),
+        num_classes=10,
+    ).eval()
 
 
 @zoo_model("timm_eva", [(1, 3, 56, 56)], "vit")

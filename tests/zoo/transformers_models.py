@@ -55,8 +55,14 @@ def hf_bert():
     """BERT encoder (2 layers, hidden 32, 2 heads): embeddings + LayerNorm, SDPA attention, GELU (erf), pooler."""
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return HiddenStates(_eval(BertModel(config)), "last_hidden_state", "pooler_output")
 
 
@@ -65,8 +71,9 @@ def hf_distilbert():
     """DistilBERT encoder (2 layers, dim 32, 2 heads): learned positions, SDPA attention, GELU."""
     from transformers import DistilBertConfig, DistilBertModel
 
-    config = DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                              max_position_embeddings=64)
+    config = DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64
+    )
     return HiddenStates(_eval(DistilBertModel(config)))
 
 
@@ -75,8 +82,9 @@ def hf_gpt2():
     """GPT-2 LM (2 layers, 32 wide, 2 heads): causal SDPA, Conv1D (addmm) projections, GELU (tanh), tied head."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=1,
-                        eos_token_id=2)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=1, eos_token_id=2
+    )
     return HiddenStates(_eval(GPT2LMHeadModel(config)), "logits", use_cache=False)
 
 
@@ -85,8 +93,15 @@ def hf_llama():
     """Llama LM (2 layers, hidden 64, 4 heads, 2 KV heads): RMSNorm, RoPE, GQA causal SDPA, SwiGLU."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return HiddenStates(_eval(LlamaForCausalLM(config)), "logits", use_cache=False)
 
 
@@ -95,8 +110,16 @@ def hf_qwen3():
     """Qwen3 LM (2 layers, hidden 64, 4 heads of 16, 2 KV heads): per-head q/k RMSNorm, RoPE, GQA, SwiGLU."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
     return HiddenStates(_eval(Qwen3ForCausalLM(config)), "logits", use_cache=False)
 
 
@@ -114,8 +137,9 @@ def hf_vit():
     """ViT (32x32 image, patch 8, 2 layers, hidden 32, 2 heads): patch conv, CLS token, SDPA, GELU."""
     from transformers import ViTConfig, ViTModel
 
-    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64)
+    config = ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
     return HiddenStates(_eval(ViTModel(config, add_pooling_layer=False)))
 
 
@@ -125,10 +149,22 @@ def hf_whisper_encoder():
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    config = WhisperConfig(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=2,
-                           encoder_ffn_dim=64, decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=64,
-                           max_source_positions=32, vocab_size=VOCAB, pad_token_id=0, bos_token_id=1,
-                           eos_token_id=2, decoder_start_token_id=1)
+    config = WhisperConfig(
+        num_mel_bins=16,
+        d_model=32,
+        encoder_layers=2,
+        encoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_layers=1,
+        decoder_attention_heads=2,
+        decoder_ffn_dim=64,
+        max_source_positions=32,
+        vocab_size=VOCAB,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+    )
     return HiddenStates(_eval(WhisperEncoder(config)))
 
 
@@ -137,9 +173,17 @@ def hf_clip_text():
     """CLIP text tower (2 layers, hidden 32, 2 heads): causal mask, quick GELU, pooled at the argmax token id."""
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    config = CLIPTextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                            num_attention_heads=2, max_position_embeddings=32, pad_token_id=1, bos_token_id=1,
-                            eos_token_id=2)
+    config = CLIPTextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        pad_token_id=1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return HiddenStates(_eval(CLIPTextModel(config)), "last_hidden_state", "pooler_output")
 
 
@@ -148,9 +192,14 @@ def hf_mobilevit():
     """MobileViT (64x64 image, small widths): inverted residuals, unfold-to-patches transformer blocks, SiLU."""
     from transformers import MobileViTConfig, MobileViTModel
 
-    config = MobileViTConfig(image_size=64, patch_size=2, hidden_sizes=[16, 24, 32],
-                             neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48], num_attention_heads=2,
-                             expand_ratio=2.0)
+    config = MobileViTConfig(
+        image_size=64,
+        patch_size=2,
+        hidden_sizes=[16, 24, 32],
+        neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48],
+        num_attention_heads=2,
+        expand_ratio=2.0,
+    )
     return HiddenStates(_eval(MobileViTModel(config)), "last_hidden_state", "pooler_output")
 
 
@@ -159,9 +208,15 @@ def hf_segformer():
     """SegFormer (64x64 image, 4 stages of widths 8-32): overlapping patch convs, reduced-KV attention, MLP decoder."""
     from transformers import SegformerConfig, SegformerForSemanticSegmentation
 
-    config = SegformerConfig(num_encoder_blocks=4, depths=[1, 1, 1, 1], sr_ratios=[8, 4, 2, 1],
-                             hidden_sizes=[8, 16, 24, 32], num_attention_heads=[1, 1, 2, 2],
-                             decoder_hidden_size=32, num_labels=4)
+    config = SegformerConfig(
+        num_encoder_blocks=4,
+        depths=[1, 1, 1, 1],
+        sr_ratios=[8, 4, 2, 1],
+        hidden_sizes=[8, 16, 24, 32],
+        num_attention_heads=[1, 1, 2, 2],
+        decoder_hidden_size=32,
+        num_labels=4,
+    )
     return HiddenStates(_eval(SegformerForSemanticSegmentation(config)), "logits")
 
 
@@ -170,7 +225,16 @@ def hf_wav2vec2():
     """Wav2Vec2 (0.1 s at 16 kHz, 2 layers, hidden 32): conv feature extractor with group norm, conv positions."""
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
-    config = Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                            conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
-                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, vocab_size=VOCAB)
+    config = Wav2Vec2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16, 16),
+        conv_stride=(5, 2, 2),
+        conv_kernel=(10, 3, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        vocab_size=VOCAB,
+    )
     return HiddenStates(_eval(Wav2Vec2Model(config)))

@@ -10,8 +10,9 @@ from .registry import zoo_model
 
 
 def conv3d_bn(cin, cout, kernel, stride=1, padding=0):
-    return nn.Sequential(nn.Conv3d(cin, cout, kernel, stride, padding, bias=False), nn.BatchNorm3d(cout),
-                         nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv3d(cin, cout, kernel, stride, padding, bias=False), nn.BatchNorm3d(cout), nn.ReLU(inplace=True)
+    )
 
 
 class C3DSmall(nn.Module):
@@ -20,9 +21,13 @@ class C3DSmall(nn.Module):
     def __init__(self, classes=10):
         super().__init__()
         self.features = nn.Sequential(
-            conv3d_bn(3, 16, 3, padding=1), nn.MaxPool3d((1, 2, 2)),
-            conv3d_bn(16, 32, 3, padding=1), nn.MaxPool3d(2),
-            conv3d_bn(32, 32, 3, padding=1), nn.AvgPool3d(2))
+            conv3d_bn(3, 16, 3, padding=1),
+            nn.MaxPool3d((1, 2, 2)),
+            conv3d_bn(16, 32, 3, padding=1),
+            nn.MaxPool3d(2),
+            conv3d_bn(32, 32, 3, padding=1),
+            nn.AvgPool3d(2),
+        )
         self.head = nn.Linear(32, classes)
 
     def forward(self, clip):
@@ -36,10 +41,14 @@ class R2Plus1DBlock(nn.Module):
         super().__init__()
         mid = (cin + cout) // 2
         self.spatial = conv3d_bn(cin, mid, (1, 3, 3), (1, stride, stride), (0, 1, 1))
-        self.temporal = nn.Sequential(nn.Conv3d(mid, cout, (3, 1, 1), (stride, 1, 1), (1, 0, 0), bias=False),
-                                      nn.BatchNorm3d(cout))
-        self.skip = (nn.Identity() if stride == 1 and cin == cout else
-                     nn.Sequential(nn.Conv3d(cin, cout, 1, stride, bias=False), nn.BatchNorm3d(cout)))
+        self.temporal = nn.Sequential(
+            nn.Conv3d(mid, cout, (3, 1, 1), (stride, 1, 1), (1, 0, 0), bias=False), nn.BatchNorm3d(cout)
+        )
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv3d(cin, cout, 1, stride, bias=False), nn.BatchNorm3d(cout))
+        )
 
     def forward(self, x):
         return torch.relu(self.temporal(self.spatial(x)) + self.skip(x))

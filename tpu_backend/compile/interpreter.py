@@ -106,9 +106,7 @@ class GraphFunction:
         self.name = name
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.needs_rng = any(
-            n.op == "call_function"
-            and isinstance(n.target, torch._ops.OpOverload)
-            and lowering_for(n.target).needs_rng
+            n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and lowering_for(n.target).needs_rng
             for n in gm.graph.nodes
         )
         self._constants: dict[str, Any] = {}
@@ -179,7 +177,6 @@ class GraphFunction:
         except Exception as error:
             error.add_note(f"tpu: while lowering {node.target} in graph {self.name!r}, node: {node.format_node()}")
             raise
-
 
     def subgraph(self, gm: torch.fx.GraphModule) -> "GraphFunction":
         """The function of a control-flow branch/body (built once per subgraph)."""

@@ -21,7 +21,6 @@ prims = torch.ops.prims
 aten = torch.ops.aten
 
 
-
 def graph_lowering(*targets):
     """Register a lowering that only compiled graphs reach (`lowers(*targets, kind="graph")`;
     a target is lowered once across the whole table)."""

@@ -65,7 +65,9 @@ def _bounds(index: tuple, shape: tuple) -> list[list[int]]:
     return [[s.start or 0, shape[d] if s.stop is None else s.stop] for d, s in enumerate(index)]
 
 
-def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, extra=None) -> None:
+def save_checkpoint(
+    path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, extra=None
+) -> None:
     """Save `model`'s and `optimizer`'s state (and any picklable `extra`) into folder
     `path`, one file per device shard; every process of a multi-process run must call
     it. Replaces an existing checkpoint at `path` only once the new one is complete."""
@@ -160,7 +162,9 @@ class _PieceReader:
             out[dst] = data[src]
             covered += int(np.prod([hi - lo for lo, hi in overlap]))
         if covered < out.size:
-            raise ValueError(f"checkpoint {self.folder}: the pieces of {key} do not cover {wanted}; is a shard file missing?")
+            raise ValueError(
+                f"checkpoint {self.folder}: the pieces of {key} do not cover {wanted}; is a shard file missing?"
+            )
         return out
 
     def close(self) -> None:
@@ -216,7 +220,9 @@ def load_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Op
     with open(index_file) as f:
         index = json.load(f)
     if index.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format {index.get('format_version')}, this version reads {FORMAT_VERSION}")
+        raise ValueError(
+            f"{path}: checkpoint format {index.get('format_version')}, this version reads {FORMAT_VERSION}"
+        )
     with torch.serialization.safe_globals([TensorRef]):
         skeleton = torch.load(os.path.join(path, _SKELETON), weights_only=True)
     if optimizer is not None and skeleton["optimizer"] is None:

@@ -46,7 +46,9 @@ class DataParallel(nn.Module):
         self.module = module
         self.mesh = get_mesh(mesh)
         names = self.mesh.axis_names
-        self.batch_axes = (names[0],) if batch_axes is None else (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+        self.batch_axes = (
+            (names[0],) if batch_axes is None else (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+        )
         replicate_module(module, self.mesh)
 
     def shard_batch(self, t):

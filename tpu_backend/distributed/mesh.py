@@ -102,7 +102,9 @@ def init_mesh(shape: Sequence[int] | int, axis_names: Sequence[str] | str) -> Me
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
     if len(shape) != len(axis_names):
-        raise ValueError(f"init_mesh: shape {shape} has {len(shape)} axes but axis_names {axis_names} names {len(axis_names)}")
+        raise ValueError(
+            f"init_mesh: shape {shape} has {len(shape)} axes but axis_names {axis_names} names {len(axis_names)}"
+        )
     count = jax.device_count()
     if shape.count(-1) == 1:
         known = math.prod(s for s in shape if s != -1)
@@ -184,7 +186,9 @@ def place(t: torch.Tensor, sharding: NamedSharding) -> torch.Tensor:
     and autograd identity are unchanged). `t` must own its whole storage (parameters,
     buffers, gradients and optimizer state do)."""
     if not tpu_tensor.is_tpu(t):
-        raise ValueError(f"place: expected a tpu tensor, got a {t.device} tensor of shape {tuple(t.shape)}; move it with .to('tpu')")
+        raise ValueError(
+            f"place: expected a tpu tensor, got a {t.device} tensor of shape {tuple(t.shape)}; move it with .to('tpu')"
+        )
     payload = tpu_tensor.payload_of(t)
     if not (t.storage_offset() == 0 and t.is_contiguous() and t.numel() == payload.numel):
         raise ValueError(f"place: a view of shape {tuple(t.shape)} cannot be re-sharded alone; place its base tensor")
@@ -195,7 +199,9 @@ def place(t: torch.Tensor, sharding: NamedSharding) -> torch.Tensor:
     return t
 
 
-def distribute_tensor(t: torch.Tensor, mesh: Mesh | None = None, placements: Sequence[Placement] | None = None) -> torch.Tensor:
+def distribute_tensor(
+    t: torch.Tensor, mesh: Mesh | None = None, placements: Sequence[Placement] | None = None
+) -> torch.Tensor:
     """Place tpu tensor `t` over `mesh` by DTensor placements (default: replicated), in place."""
     mesh = get_mesh(mesh)
     placements = placements or [Replicate()] * len(mesh.axis_names)

@@ -75,7 +75,9 @@ class RowwiseParallel(ParallelStyle):
 class AttentionParallel(ParallelStyle):
     def apply(self, module, mesh, axis, name):
         if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(f"AttentionParallel applies to nn.MultiheadAttention, but {name!r} is a {type(module).__name__}")
+            raise TypeError(
+                f"AttentionParallel applies to nn.MultiheadAttention, but {name!r} is a {type(module).__name__}"
+            )
         if module.in_proj_weight is None:
             raise ValueError(f"{name!r}: AttentionParallel needs the fused in_proj_weight (kdim == vdim == embed_dim)")
         distribute_tensor(module.in_proj_weight, mesh, _on_axis(mesh, axis, Shard(0)))
@@ -121,7 +123,9 @@ def parallelize_module(
             for name in names:
                 style.apply(modules[name], mesh, axis, name)
         else:
-            raise TypeError(f"plan[{pattern!r}] = {style!r}: use ColwiseParallel(), RowwiseParallel(), AttentionParallel() or Placements(...)")
+            raise TypeError(
+                f"plan[{pattern!r}] = {style!r}: use ColwiseParallel(), RowwiseParallel(), AttentionParallel() or Placements(...)"
+            )
         if not names:
             kind = "parameter" if isinstance(style, Placements) else "module"
             raise ValueError(f"plan key {pattern!r} matches no {kind} of {type(module).__name__}")

@@ -51,6 +51,4 @@ def debug_check(op, args, kwargs, out) -> None:
     )
     for index, r in enumerate(results):
         if jnp.issubdtype(r.dtype, jnp.inexact) and not bool(jnp.isfinite(r).all()) and inputs_finite:
-            raise TpuDebugError(
-                f"{op} produced NaN/Inf in output {index} from finite inputs (called from {where})"
-            )
+            raise TpuDebugError(f"{op} produced NaN/Inf in output {index} from finite inputs (called from {where})")

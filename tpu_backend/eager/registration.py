@@ -94,6 +94,8 @@ def _opaque_to_dynamo(kernel: Callable) -> Callable:
     break, `loss.backward()` inside a compiled step) runs eagerly on tpu tensors, Dynamo
     would otherwise try to trace our Python kernels and the JAX code under them."""
     return torch.compiler.disable(kernel, recursive=True)
+
+
 _REGISTERED: set = set()
 
 

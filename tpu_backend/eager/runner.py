@@ -34,9 +34,7 @@ class JitCacheStats:
         self.compile_seconds = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(
-            requests=self.requests, hits=self.hits, misses=self.misses, compile_seconds=self.compile_seconds
-        )
+        return dict(requests=self.requests, hits=self.hits, misses=self.misses, compile_seconds=self.compile_seconds)
 
 
 CACHE_STATS = JitCacheStats()

@@ -161,8 +161,6 @@ def reduction_dtype(x, dtype):
     return jnp.int64 if is_integral(x.dtype) else x.dtype
 
 
-
-
 def data_dependent_when(*targets, predicate):
     """Mark ATen overloads that need host values when `predicate(args, kwargs)` holds
     (same as `@lowers(..., data_dependent_when=predicate)`)."""

@@ -81,12 +81,16 @@ def sdpa_flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, att
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-def sdpa_flash_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):
+def sdpa_flash_for_cpu_backward(
+    grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
+):
     return _grads(grad_out, query, key, value, attn_mask, is_causal, scale)[:3]
 
 
 @lowers(aten._scaled_dot_product_fused_attention_overrideable.default)
-def sdpa_overrideable(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+def sdpa_overrideable(
+    query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
+):
     """ATen's nine outputs; only output and logsumexp carry data (the sequence
     bookkeeping is for variable-length kernels we do not use)."""
     _no_dropout("_scaled_dot_product_fused_attention_overrideable", dropout_p)
@@ -97,8 +101,24 @@ def sdpa_overrideable(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
 
 @lowers(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
 def sdpa_overrideable_backward(
-    grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
-    max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None,
+    grad_out,
+    query,
+    key,
+    value,
+    attn_bias,
+    grad_input_mask,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    philox_seed,
+    philox_offset,
+    *,
+    scale=None,
 ):
     """(grad_query, grad_key, grad_value, grad_attn_bias); None where the mask says so."""
     grads = _grads(grad_out, query, key, value, attn_bias, is_causal, scale)
@@ -115,8 +135,20 @@ def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0
 
 @lowers(aten._scaled_dot_product_efficient_attention_backward.default)
 def sdpa_efficient_backward(
-    grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset, dropout_p, grad_input_mask,
-    is_causal=False, *, scale=None,
+    grad_out,
+    query,
+    key,
+    value,
+    attn_bias,
+    out,
+    logsumexp,
+    philox_seed,
+    philox_offset,
+    dropout_p,
+    grad_input_mask,
+    is_causal=False,
+    *,
+    scale=None,
 ):
     grads = _grads(grad_out, query, key, value, attn_bias, is_causal, scale)
     return tuple(g if wanted else None for g, wanted in zip(grads, grad_input_mask))

@@ -24,7 +24,9 @@ def _dimension_numbers(spatial: int):
     letters = "DHW"[-spatial:] if spatial <= 3 else None
     if letters is None:
         raise NotImplementedError(f"aten.convolution: {spatial}-d convolution is not supported (1-d to 3-d are)")
-    return lax.conv_dimension_numbers((1, 1) + (1,) * spatial, (1, 1) + (1,) * spatial, ("NC" + letters, "OI" + letters, "NC" + letters))
+    return lax.conv_dimension_numbers(
+        (1, 1) + (1,) * spatial, (1, 1) + (1,) * spatial, ("NC" + letters, "OI" + letters, "NC" + letters)
+    )
 
 
 def _transposed_kernel(weight, groups):
@@ -44,17 +46,27 @@ def _conv(x, weight, stride, padding, dilation, transposed, output_padding, grou
         output_padding = expand_param(output_padding, spatial)
         kernel = weight.shape[2:]
         pads = [
-            (d * (k - 1) - p, d * (k - 1) - p + op)
-            for k, p, d, op in zip(kernel, padding, dilation, output_padding)
+            (d * (k - 1) - p, d * (k - 1) - p + op) for k, p, d, op in zip(kernel, padding, dilation, output_padding)
         ]
         out = lax.conv_general_dilated(
-            x, _transposed_kernel(weight, groups), window_strides=(1,) * spatial, padding=pads,
-            lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=numbers, feature_group_count=groups,
+            x,
+            _transposed_kernel(weight, groups),
+            window_strides=(1,) * spatial,
+            padding=pads,
+            lhs_dilation=stride,
+            rhs_dilation=dilation,
+            dimension_numbers=numbers,
+            feature_group_count=groups,
         )
     else:
         out = lax.conv_general_dilated(
-            x, weight, window_strides=stride, padding=[(p, p) for p in padding],
-            rhs_dilation=dilation, dimension_numbers=numbers, feature_group_count=groups,
+            x,
+            weight,
+            window_strides=stride,
+            padding=[(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=numbers,
+            feature_group_count=groups,
         )
     return out
 
@@ -71,7 +83,9 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
 
 
 @lowers(aten.convolution_backward.default)
-def convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask):
+def convolution_backward(
+    grad_output, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
     """(grad_input, grad_weight, grad_bias); an output whose mask entry is False is None
     (ATen's undefined tensor)."""
     conv = lambda inp, w: _conv(inp, w, stride, padding, dilation, transposed, output_padding, groups)
@@ -82,5 +96,9 @@ def convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, di
 
 
 @lowers(aten.convolution_backward_overrideable.default)
-def convolution_backward_overrideable(grad_output, x, weight, stride, padding, dilation, transposed, output_padding, groups, output_mask):
-    return convolution_backward(grad_output, x, weight, None, stride, padding, dilation, transposed, output_padding, groups, output_mask)
+def convolution_backward_overrideable(
+    grad_output, x, weight, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    return convolution_backward(
+        grad_output, x, weight, None, stride, padding, dilation, transposed, output_padding, groups, output_mask
+    )

@@ -126,7 +126,9 @@ def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
     if jnp.issubdtype(out_dtype, jnp.integer):
         return (int(start) + int(step) * jnp.arange(length, dtype=jnp.int64)).astype(out_dtype)
     compute = jnp.float64 if out_dtype == jnp.float64 else jnp.float32
-    return (jnp.asarray(start, compute) + jnp.asarray(step, compute) * jnp.arange(length, dtype=compute)).astype(out_dtype)
+    return (jnp.asarray(start, compute) + jnp.asarray(step, compute) * jnp.arange(length, dtype=compute)).astype(
+        out_dtype
+    )
 
 
 def _linspace(start, end, steps, dtype):

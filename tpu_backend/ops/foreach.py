@@ -36,15 +36,38 @@ def _register_unary(name: str, fn) -> None:
 
 
 _UNARY = {
-    "abs": pointwise.absolute, "acos": pointwise.acos, "asin": pointwise.asin, "atan": pointwise.atan,
-    "ceil": pointwise.ceil, "cos": pointwise.cos, "cosh": pointwise.cosh, "erf": pointwise.erf,
-    "erfc": pointwise.erfc, "exp": pointwise.exp, "expm1": pointwise.expm1, "floor": pointwise.floor,
-    "frac": pointwise.frac, "lgamma": pointwise.lgamma, "log": pointwise.log, "log10": pointwise.log10,
-    "log1p": pointwise.log1p, "log2": pointwise.log2, "neg": pointwise.neg, "reciprocal": pointwise.reciprocal,
-    "round": pointwise.round_half_even, "rsqrt": pointwise.rsqrt, "sigmoid": pointwise.sigmoid,
-    "sign": pointwise.sign, "sin": pointwise.sin, "sinh": pointwise.sinh, "sqrt": pointwise.sqrt,
-    "tan": pointwise.tan, "tanh": pointwise.tanh, "trunc": pointwise.trunc,
-    "zero": jnp.zeros_like, "clone": lambda x: jnp.array(x, copy=True),
+    "abs": pointwise.absolute,
+    "acos": pointwise.acos,
+    "asin": pointwise.asin,
+    "atan": pointwise.atan,
+    "ceil": pointwise.ceil,
+    "cos": pointwise.cos,
+    "cosh": pointwise.cosh,
+    "erf": pointwise.erf,
+    "erfc": pointwise.erfc,
+    "exp": pointwise.exp,
+    "expm1": pointwise.expm1,
+    "floor": pointwise.floor,
+    "frac": pointwise.frac,
+    "lgamma": pointwise.lgamma,
+    "log": pointwise.log,
+    "log10": pointwise.log10,
+    "log1p": pointwise.log1p,
+    "log2": pointwise.log2,
+    "neg": pointwise.neg,
+    "reciprocal": pointwise.reciprocal,
+    "round": pointwise.round_half_even,
+    "rsqrt": pointwise.rsqrt,
+    "sigmoid": pointwise.sigmoid,
+    "sign": pointwise.sign,
+    "sin": pointwise.sin,
+    "sinh": pointwise.sinh,
+    "sqrt": pointwise.sqrt,
+    "tan": pointwise.tan,
+    "tanh": pointwise.tanh,
+    "trunc": pointwise.trunc,
+    "zero": jnp.zeros_like,
+    "clone": lambda x: jnp.array(x, copy=True),
 }
 for _name, _fn in _UNARY.items():
     _register_unary(_name, _fn)
@@ -171,4 +194,3 @@ def foreach_copy(tensors, src, non_blocking=False):
 @lowers(aten._foreach_mm.default)
 def foreach_mm(tensors, mat2s):
     return [jnp.matmul(a, b) for a, b in zip(tensors, mat2s)]
-

@@ -201,7 +201,9 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if index.size == 0:
         return x
     if x.ndim == 0:
-        return scatter_reduce(x.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce, include_self=include_self).reshape(())
+        return scatter_reduce(
+            x.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce, include_self=include_self
+        ).reshape(())
     grid = _scatter_grid(index, dim)
     values = _source_values(src, index, x.dtype)
     touched = jnp.zeros(x.shape, jnp.bool_).at[grid].set(True)
@@ -218,7 +220,9 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if reduce == "mean":
         counts = jnp.zeros(x.shape, jnp.int64).at[grid].add(1) + (1 if include_self else 0)
         total = target.add(values)
-        mean = total / jnp.maximum(counts, 1) if is_floating(x.dtype) else jnp.floor_divide(total, jnp.maximum(counts, 1))
+        mean = (
+            total / jnp.maximum(counts, 1) if is_floating(x.dtype) else jnp.floor_divide(total, jnp.maximum(counts, 1))
+        )
         return jnp.where(counts > 0, mean, x).astype(x.dtype)
     raise ValueError(f"aten.scatter_reduce: reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
 
@@ -368,8 +372,17 @@ def _bags(indices, offsets, include_last_offset):
 
 
 @lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     """(output, offset2bag, bag_size, max_indices); padding_idx entries are left out of every
     bag (and of the mean's count); empty bags give zeros."""
     owner, bags = _bags(indices, offsets, include_last_offset)
@@ -387,7 +400,9 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
         is_max = valid[:, None] & (masked == output[owner])
         order = jnp.where(is_max, jnp.arange(indices.shape[0])[:, None], indices.shape[0])
         first = jnp.full((bags, weight.shape[1]), indices.shape[0]).at[owner].min(order)
-        max_indices = jnp.where(size[:, None] > 0, indices[jnp.minimum(first, indices.shape[0] - 1)], 0).astype(jnp.int64)
+        max_indices = jnp.where(size[:, None] > 0, indices[jnp.minimum(first, indices.shape[0] - 1)], 0).astype(
+            jnp.int64
+        )
         output = jnp.where(size[:, None] > 0, output, 0)
     else:
         output = jnp.zeros((bags, weight.shape[1]), rows.dtype).at[owner].add(jnp.where(valid[:, None], rows, 0))
@@ -397,8 +412,18 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
 
 
 @lowers(aten._embedding_bag_dense_backward.default)
-def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+def embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
     if mode == _BAG_MAX:
         columns = jnp.arange(grad.shape[1])[None, :]
@@ -425,8 +450,30 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 
 
 @lowers(aten._embedding_bag_backward.default)
-def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
-                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+def embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
     """The weight gradient, dense whatever `sparse` says (the device holds dense tensors)."""
-    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return embedding_bag_dense_backward(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )

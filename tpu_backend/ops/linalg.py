@@ -168,7 +168,9 @@ def linalg_solve_ex(a, b, *, left=True, check_errors=False):
 def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
     if left:
         return jsl.solve_triangular(a, b, lower=not upper, unit_diagonal=unitriangular)
-    transposed = jsl.solve_triangular(jnp.swapaxes(a, -1, -2), jnp.swapaxes(b, -1, -2), lower=upper, unit_diagonal=unitriangular)
+    transposed = jsl.solve_triangular(
+        jnp.swapaxes(a, -1, -2), jnp.swapaxes(b, -1, -2), lower=upper, unit_diagonal=unitriangular
+    )
     return jnp.swapaxes(transposed, -1, -2)
 
 

@@ -114,7 +114,9 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
     mean, rstd = _opmath(mean), _opmath(rstd)
     x_hat = (xf - mean) * rstd
     g_hat = g * _opmath(weight) if weight is not None else g
-    grad_input = rstd * (g_hat - jnp.mean(g_hat, axis=axes, keepdims=True) - x_hat * jnp.mean(g_hat * x_hat, axis=axes, keepdims=True))
+    grad_input = rstd * (
+        g_hat - jnp.mean(g_hat, axis=axes, keepdims=True) - x_hat * jnp.mean(g_hat * x_hat, axis=axes, keepdims=True)
+    )
     grad_weight = jnp.sum(g * x_hat, axis=batch_axes).astype(weight.dtype) if weight is not None else None
     grad_bias = jnp.sum(g, axis=batch_axes).astype(bias.dtype) if bias is not None else None
     outputs = (grad_input.astype(x.dtype), grad_weight, grad_bias)
@@ -204,7 +206,9 @@ def native_batch_norm_no_training(x, weight, bias, running_mean, running_var, mo
 
 
 @lowers(aten.native_batch_norm_backward.default)
-def native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask):
+def native_batch_norm_backward(
+    grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     """(grad_input, grad_weight, grad_bias); None where output_mask is False."""
     shape = _channel_shape(x)
     axes = _reduce_axes(x)
@@ -219,8 +223,10 @@ def native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, s
     grad_weight = jnp.sum(g * x_hat, axis=axes)
     if train:
         count = x.size // x.shape[1]
-        grad_input = w * invstd.reshape(shape) * (
-            g - (grad_bias / count).reshape(shape) - x_hat * (grad_weight / count).reshape(shape)
+        grad_input = (
+            w
+            * invstd.reshape(shape)
+            * (g - (grad_bias / count).reshape(shape) - x_hat * (grad_weight / count).reshape(shape))
         )
     else:
         grad_input = g * w * invstd.reshape(shape)
@@ -237,8 +243,10 @@ def _reserve():
     return jnp.zeros((0,), jnp.uint8)
 
 
-@lowers(aten._batch_norm_with_update.default,
-        functionalized=Functionalized(aten._batch_norm_with_update_functional.default, {3: 4, 4: 5}, 4))
+@lowers(
+    aten._batch_norm_with_update.default,
+    functionalized=Functionalized(aten._batch_norm_with_update_functional.default, {3: 4, 4: 5}, 4),
+)
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
     """(out, save_mean, save_invstd, reserve). Running stats: `functionalized`."""
     out, mean, invstd, _, _ = _batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
@@ -259,10 +267,14 @@ def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, e
 
 
 @lowers(aten.batch_norm_backward.default)
-def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve):
+def batch_norm_backward(
+    grad_out, x, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve
+):
     """`save_var` holds the saved inverse std, as in `native_batch_norm_backward`."""
     train = update or running_mean is None
-    return native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask)
+    return native_batch_norm_backward(
+        grad_out, x, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask
+    )
 
 
 # --- group norm -------------------------------------------------------------------------
@@ -304,10 +316,16 @@ def native_group_norm_backward(grad_out, x, mean, rstd, weight, N, C, HxW, group
     g_hat = (g * _opmath(weight).reshape(shape) if weight is not None else g).reshape(N, group, per_group)
     x_hat_grouped = x_hat.reshape(N, group, per_group)
     grad_input = _opmath(rstd)[..., None] * (
-        g_hat - jnp.mean(g_hat, axis=-1, keepdims=True) - x_hat_grouped * jnp.mean(g_hat * x_hat_grouped, axis=-1, keepdims=True)
+        g_hat
+        - jnp.mean(g_hat, axis=-1, keepdims=True)
+        - x_hat_grouped * jnp.mean(g_hat * x_hat_grouped, axis=-1, keepdims=True)
     )
     param_dtype = weight.dtype if weight is not None else x.dtype
-    outputs = (grad_input.reshape(x.shape).astype(x.dtype), grad_weight.astype(param_dtype), grad_bias.astype(param_dtype))
+    outputs = (
+        grad_input.reshape(x.shape).astype(x.dtype),
+        grad_weight.astype(param_dtype),
+        grad_bias.astype(param_dtype),
+    )
     return tuple(o if wanted else None for o, wanted in zip(outputs, output_mask))
 
 

@@ -253,7 +253,9 @@ def special_i1e(x):
 @lowers(aten.special_entr.default)
 def special_entr(x):
     # -x log x, 0 at 0, -inf for negative x (ATen's convention).
-    fn = lambda v: jnp.where(v > 0, -v * jnp.log(jnp.where(v > 0, v, 1)), jnp.where(v == 0, 0.0, -jnp.inf)).astype(v.dtype)
+    fn = lambda v: jnp.where(v > 0, -v * jnp.log(jnp.where(v > 0, v, 1)), jnp.where(v == 0, 0.0, -jnp.inf)).astype(
+        v.dtype
+    )
     return _float_unary(lambda v: jnp.where(jnp.isnan(v), v, fn(v)), x)
 
 
@@ -337,7 +339,9 @@ def _chebyshev_t(x, n):
 def _chebyshev_u(x, n):
     out = _recurrence(n, jnp.ones_like(x), 2 * x, lambda k, p, q: 2 * x * p - q)
     theta = jnp.arccos(x)
-    trig = jnp.where(jnp.sin(theta) != 0, jnp.sin((n + 1) * theta) / jnp.sin(theta), (n + 1) * jnp.cos((n + 1) * theta) * x)
+    trig = jnp.where(
+        jnp.sin(theta) != 0, jnp.sin((n + 1) * theta) / jnp.sin(theta), (n + 1) * jnp.cos((n + 1) * theta) * x
+    )
     out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
     return jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~_odd(n), n + 1, -(n + 1)), out)
 
@@ -489,7 +493,7 @@ def round_half_even(x):
 def round_decimals(x, *, decimals=0):
     if not is_floating(x.dtype):
         return x
-    scale = jnp.asarray(10.0**abs(decimals), x.dtype)
+    scale = jnp.asarray(10.0 ** abs(decimals), x.dtype)
     if decimals >= 0:
         return jnp.round(x * scale) / scale
     return jnp.round(x / scale) * scale
@@ -649,7 +653,9 @@ def power(x, exponent):
 def pow_tensor_scalar(x, exponent):
     compute, result = dtypes_for(x, exponent)
     base = x.astype(compute)
-    if isinstance(exponent, (int, bool)) or (isinstance(exponent, float) and exponent.is_integer() and abs(exponent) <= 64):
+    if isinstance(exponent, (int, bool)) or (
+        isinstance(exponent, float) and exponent.is_integer() and abs(exponent) <= 64
+    ):
         # Small integral exponents by repeated multiplication, exact like ATen's.
         n = int(exponent)
         if n < 0 and not is_floating(compute):

@@ -54,7 +54,9 @@ def _windows(x, spatial, kernel, stride, padding, dilation, outs, fill):
     padded = jnp.pad(x, [(0, 0)] * (x.ndim - spatial) + pads, constant_values=fill)
     slices = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
-        index = tuple(slice(off * d, off * d + (o - 1) * s + 1, s) for off, d, s, o in zip(offsets, dilation, stride, outs))
+        index = tuple(
+            slice(off * d, off * d + (o - 1) * s + 1, s) for off, d, s, o in zip(offsets, dilation, stride, outs)
+        )
         slices.append(padded[(Ellipsis,) + index])
     return jnp.stack(slices)
 
@@ -64,7 +66,9 @@ def _lowest(dtype):
 
 
 def _max_pool(x, spatial, kernel_size, stride, padding, dilation, ceil_mode):
-    kernel, stride, padding, dilation, outs = _pool_geometry(x, spatial, kernel_size, stride, padding, dilation, ceil_mode)
+    kernel, stride, padding, dilation, outs = _pool_geometry(
+        x, spatial, kernel_size, stride, padding, dilation, ceil_mode
+    )
     windows = _windows(x, spatial, kernel, stride, padding, dilation, outs, _lowest(x.dtype))
     best = jnp.argmax(windows, axis=0)
     values = jnp.take_along_axis(windows, best[None], axis=0)[0]
@@ -478,7 +482,9 @@ def upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scal
 
 
 @lowers(aten._upsample_nearest_exact3d_backward.default)
-def upsample_nearest_exact3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
+def upsample_nearest_exact3d_backward(
+    grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None
+):
     forward = lambda v: _upsample_nearest(v, output_size, (scales_d, scales_h, scales_w), exact=True)
     return _input_grad(forward, grad_output, input_size)
 
@@ -496,7 +502,9 @@ def upsample_linear1d_backward(grad_output, output_size, input_size, align_corne
 
 
 @lowers(aten.upsample_trilinear3d_backward.default)
-def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+def upsample_trilinear3d_backward(
+    grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None
+):
     forward = lambda v: _upsample_linear(v, output_size, align_corners, (scales_d, scales_h, scales_w))
     return _input_grad(forward, grad_output, input_size)
 

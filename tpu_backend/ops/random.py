@@ -74,13 +74,23 @@ def randint_low(low, high, size, *, generator=None, dtype=None, layout=None, dev
     return _randint(key, low, high, size, jax_dtype(dtype) if dtype is not None else jnp.int64)
 
 
-@lowers(aten.randint_like.default, aten.randint_like.generator, aten.randint_like.Tensor, aten.randint_like.Tensor_generator, needs_rng=True)
-def randint_like(x, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+@lowers(
+    aten.randint_like.default,
+    aten.randint_like.generator,
+    aten.randint_like.Tensor,
+    aten.randint_like.Tensor_generator,
+    needs_rng=True,
+)
+def randint_like(
+    x, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return _randint(key, 0, high, x.shape, jax_dtype(dtype) if dtype is not None else x.dtype)
 
 
 @lowers(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, needs_rng=True)
-def randint_like_low(x, low, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+def randint_like_low(
+    x, low, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return _randint(key, low, high, x.shape, jax_dtype(dtype) if dtype is not None else x.dtype)
 
 
@@ -101,7 +111,11 @@ def random_(x, *, generator=None, key):
 # ATen spells this overload "from", a Python keyword.
 @lowers(getattr(aten.random, "from"), needs_rng=True)
 def random_from(x, from_, to=None, *, generator=None, key):
-    high = to if to is not None else (jnp.iinfo(x.dtype).max if not is_floating(x.dtype) else 2 ** (jnp.finfo(x.dtype).nmant + 1))
+    high = (
+        to
+        if to is not None
+        else (jnp.iinfo(x.dtype).max if not is_floating(x.dtype) else 2 ** (jnp.finfo(x.dtype).nmant + 1))
+    )
     return _randint(key, from_, high, x.shape, x.dtype)
 
 

@@ -334,8 +334,13 @@ def mode(x, dim=-1, keepdim=False):
 
 # --- segment_reduce: reductions over consecutive runs of `axis` given their lengths -------------
 
-_SEGMENT_OPS = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "prod": jax.ops.segment_prod,
-                "max": jax.ops.segment_max, "min": jax.ops.segment_min}
+_SEGMENT_OPS = {
+    "sum": jax.ops.segment_sum,
+    "mean": jax.ops.segment_sum,
+    "prod": jax.ops.segment_prod,
+    "max": jax.ops.segment_max,
+    "min": jax.ops.segment_min,
+}
 _SEGMENT_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -jnp.inf, "min": jnp.inf}
 
 

@@ -119,9 +119,14 @@ def mark(target, **fields) -> None:
         _PENDING.setdefault(target, {}).update(fields)
 
 
-def lowers(*targets: torch._ops.OpOverload, needs_rng: bool = False, kind: str = "op",
-           data_dependent: bool = False, data_dependent_when: Callable | None = None,
-           functionalized: Functionalized | None = None) -> Callable:
+def lowers(
+    *targets: torch._ops.OpOverload,
+    needs_rng: bool = False,
+    kind: str = "op",
+    data_dependent: bool = False,
+    data_dependent_when: Callable | None = None,
+    functionalized: Functionalized | None = None,
+) -> Callable:
     """Register the decorated function as the JAX lowering of each ATen overload."""
 
     def decorate(fn: Callable) -> Callable:

@@ -59,7 +59,9 @@ def _read(image, ys, xs):
 
 def _grid_sample(image, grid, interpolation_mode, padding_mode, align_corners):
     if image.dtype in (jnp.float16, jnp.bfloat16):  # interpolate in float32, round once
-        out = _grid_sample(image.astype(jnp.float32), grid.astype(jnp.float32), interpolation_mode, padding_mode, align_corners)
+        out = _grid_sample(
+            image.astype(jnp.float32), grid.astype(jnp.float32), interpolation_mode, padding_mode, align_corners
+        )
         return out.astype(image.dtype)
     height, width = image.shape[-2:]
     x = _source_coordinate(grid[..., 0], width, padding_mode, align_corners)
@@ -104,7 +106,9 @@ def _read_volume(volume, zs, ys, xs):
 
 def _grid_sample_3d(volume, grid, interpolation_mode, padding_mode, align_corners):
     if volume.dtype in (jnp.float16, jnp.bfloat16):  # interpolate in float32, round once
-        out = _grid_sample_3d(volume.astype(jnp.float32), grid.astype(jnp.float32), interpolation_mode, padding_mode, align_corners)
+        out = _grid_sample_3d(
+            volume.astype(jnp.float32), grid.astype(jnp.float32), interpolation_mode, padding_mode, align_corners
+        )
         return out.astype(volume.dtype)
     depth, height, width = volume.shape[-3:]
     x = _source_coordinate(grid[..., 0], width, padding_mode, align_corners)

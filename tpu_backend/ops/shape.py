@@ -260,4 +260,3 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 def unsafe_masked_index(x, mask, indices, fill):
     safe = [None if i is None else jnp.where(mask, i, 0) for i in indices]
     return jnp.where(mask, index(x, safe), jnp.asarray(fill, x.dtype))
-

@@ -92,13 +92,22 @@ def searchsorted(sorted_sequence, x, *, out_int32=False, right=False, side=None,
 
 @lowers(aten.searchsorted.Scalar)
 def searchsorted_scalar(sorted_sequence, x, *, out_int32=False, right=False, side=None, sorter=None):
-    return searchsorted(sorted_sequence, jnp.asarray(x, sorted_sequence.dtype), out_int32=out_int32, right=right, side=side, sorter=sorter)
+    return searchsorted(
+        sorted_sequence,
+        jnp.asarray(x, sorted_sequence.dtype),
+        out_int32=out_int32,
+        right=right,
+        side=side,
+        sorter=sorter,
+    )
 
 
 @lowers(aten.bucketize.Tensor)
 def bucketize(x, boundaries, *, out_int32=False, right=False):
     # bucketize's `right` means the opposite side from searchsorted's.
-    return jnp.searchsorted(boundaries, x, side="right" if right else "left").astype(jnp.int32 if out_int32 else jnp.int64)
+    return jnp.searchsorted(boundaries, x, side="right" if right else "left").astype(
+        jnp.int32 if out_int32 else jnp.int64
+    )
 
 
 @lowers(aten.bucketize.Scalar)
@@ -261,7 +270,11 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     else:
         axis = canonical_dim(dim, x.ndim)
         moved = np.moveaxis(host, axis, 0)
-        changed = np.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, math.prod(moved.shape[1:])), axis=1) if moved.shape[0] else np.zeros((0,), bool)
+        changed = (
+            np.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, math.prod(moved.shape[1:])), axis=1)
+            if moved.shape[0]
+            else np.zeros((0,), bool)
+        )
         starts = np.concatenate([[True], changed]) if moved.shape[0] else changed
         values = np.moveaxis(moved[starts], 0, axis)
         inverse_shape = (x.shape[axis],)

@@ -31,7 +31,6 @@ from tpu_backend.ops.registry import VIEW_LOWERINGS, jax_dtype, lowers
 aten = torch.ops.aten
 
 
-
 def view_lowering(*targets: torch._ops.OpOverload) -> Callable:
     """Register the decorated function as the functional meaning of each view overload
     (`lowers(*targets, kind="view")`)."""
@@ -87,8 +86,9 @@ def view_dtype(x, dtype):
     return jax.lax.bitcast_convert_type(grouped, target)
 
 
-@view_lowering(aten.alias.default, aten.alias_copy.default, aten.detach.default, aten.detach_copy.default,
-               aten.lift_fresh.default)
+@view_lowering(
+    aten.alias.default, aten.alias_copy.default, aten.detach.default, aten.detach_copy.default, aten.lift_fresh.default
+)
 def alias(x):
     return x
 

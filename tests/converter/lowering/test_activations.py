@@ -62,13 +62,16 @@ def test_clamp(name):
     assert_converts(Fn(CLAMPS[name]), (X,))
 
 
-@pytest.mark.parametrize("module, opcode", [
-    (nn.ReLU6(), "RELU6"),
-    (nn.GELU(), "GELU"),
-    (nn.Hardswish(), "HARD_SWISH"),
-    (nn.Softmax(-1), "SOFTMAX"),
-    (Fn(lambda x: x.clamp(0, 6)), "RELU6"),
-])
+@pytest.mark.parametrize(
+    "module, opcode",
+    [
+        (nn.ReLU6(), "RELU6"),
+        (nn.GELU(), "GELU"),
+        (nn.Hardswish(), "HARD_SWISH"),
+        (nn.Softmax(-1), "SOFTMAX"),
+        (Fn(lambda x: x.clamp(0, 6)), "RELU6"),
+    ],
+)
 def test_maps_to_one_builtin(module, opcode):
     edge = assert_converts(module, (X,))
     assert [op.opcode for op in edge.ir_model.graphs[0].ops] == [opcode]

@@ -52,8 +52,11 @@ class RepeatedKV(nn.Module):
 
 
 def qkv(heads=4, kv_heads=4, length=8, keys=10, features=16, value_features=12, batch=2):
-    return (torch.randn(batch, heads, length, features), torch.randn(batch, kv_heads, keys, features),
-            torch.randn(batch, kv_heads, keys, value_features))
+    return (
+        torch.randn(batch, heads, length, features),
+        torch.randn(batch, kv_heads, keys, features),
+        torch.randn(batch, kv_heads, keys, value_features),
+    )
 
 
 def bool_mask(batch=2, heads=1, length=8, keys=10, fully_masked_row=None):
@@ -116,14 +119,18 @@ class CachedCausal(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
 
 
-@pytest.mark.parametrize("length, keys, offset", [(4, 10, 6), (3, 10, 2), (1, 10, 9)],
-                         ids=["bottom_right", "inside_cache", "one_token_decode"])
+@pytest.mark.parametrize(
+    "length, keys, offset",
+    [(4, 10, 6), (3, 10, 2), (1, 10, 9)],
+    ids=["bottom_right", "inside_cache", "one_token_decode"],
+)
 def test_causal_attention_with_a_cache_offset_matches_pytorch(length, keys, offset):
     assert_converts(CachedCausal(offset), qkv(length=length, keys=keys))
     # the offset as an input: the mask is built at run time; another offset must also match
     args = (*qkv(length=length, keys=keys), torch.tensor(offset))
-    assert_converts(CachedCausal(), args,
-                    check_inputs=[(*args[:3], torch.tensor(other)) for other in (0, keys - length)])
+    assert_converts(
+        CachedCausal(), args, check_inputs=[(*args[:3], torch.tensor(other)) for other in (0, keys - length)]
+    )
 
 
 def test_constant_causal_mask_needs_no_row_guard():
@@ -203,18 +210,21 @@ class PaddingPositions(nn.Module):
 
 
 BLOCK_CASES = {
-    "einsum_heads": (Fn(lambda q, k: torch.einsum("bhld,bhsd->bhls", q, k)),
-                     (torch.randn(1, 2, 4, 8), torch.randn(1, 2, 5, 8))),
+    "einsum_heads": (
+        Fn(lambda q, k: torch.einsum("bhld,bhsd->bhls", q, k)),
+        (torch.randn(1, 2, 4, 8), torch.randn(1, 2, 5, 8)),
+    ),
     "masked_fill_from_input": (Fn(lambda x: x.masked_fill(x > 0.5, -1e9)), (torch.randn(2, 5),)),
-    "triu_tril": (Fn(lambda x: torch.triu(x, 1) - torch.tril(x, -1)),
-                  (torch.randn(5, 5),)),
+    "triu_tril": (Fn(lambda x: torch.triu(x, 1) - torch.tril(x, -1)), (torch.randn(5, 5),)),
     "tril_of_input": (Fn(lambda x: torch.tril(x)), (torch.randn(2, 4, 6),)),
     "causal_scores": (CausalScores(), qkv(keys=8, value_features=16)),
     "rotary_half": (Rotary(), (torch.randn(1, 2, 6, 8),)),
     "rotary_interleaved": (Rotary(interleaved=True), (torch.randn(1, 2, 6, 8),)),
     "rms_norm": (nn.RMSNorm(16, eps=1e-6), (torch.randn(2, 5, 16),)),
-    "padding_positions": (PaddingPositions(), (torch.randint(0, 50, (2, 7)),
-                                                torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]]))),
+    "padding_positions": (
+        PaddingPositions(),
+        (torch.randint(0, 50, (2, 7)), torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])),
+    ),
 }
 
 

@@ -23,8 +23,10 @@ LAYERS = {
     "conv_padded_strided": (nn.Conv3d(3, 4, (3, 3, 1), stride=(1, 2, 2), padding=(1, 1, 0)), "CONV_3D"),
     "conv_dilated_no_bias": (nn.Conv3d(3, 2, 2, dilation=(1, 2, 2), bias=False), "CONV_3D"),
     "conv_transpose": (nn.ConvTranspose3d(3, 4, 2, stride=2), "CONV_3D_TRANSPOSE"),
-    "conv_transpose_padded": (nn.ConvTranspose3d(3, 2, 3, stride=(1, 2, 2), padding=1, output_padding=(0, 1, 1)),
-                              "CONV_3D_TRANSPOSE"),
+    "conv_transpose_padded": (
+        nn.ConvTranspose3d(3, 2, 3, stride=(1, 2, 2), padding=1, output_padding=(0, 1, 1)),
+        "CONV_3D_TRANSPOSE",
+    ),
     "max_pool": (nn.MaxPool3d(2), "MAX_POOL_2D"),
     "max_pool_padded_ceil": (nn.MaxPool3d(3, stride=2, padding=1, ceil_mode=True), "MAX_POOL_2D"),
     "max_pool_temporal": (nn.MaxPool3d((1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1)), "MAX_POOL_2D"),
@@ -58,8 +60,7 @@ class TinyVideoNet(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv3d(3, 8, 3, padding=1), nn.BatchNorm3d(8), nn.ReLU())
         self.pool = nn.MaxPool3d((1, 2, 2))
-        self.block = nn.Sequential(nn.Conv3d(8, 8, 3, padding=1), nn.BatchNorm3d(8), nn.ReLU(),
-                                   nn.Conv3d(8, 8, 1))
+        self.block = nn.Sequential(nn.Conv3d(8, 8, 3, padding=1), nn.BatchNorm3d(8), nn.ReLU(), nn.Conv3d(8, 8, 1))
         self.up = nn.ConvTranspose3d(8, 4, (1, 2, 2), stride=(1, 2, 2))
 
     def forward(self, x):

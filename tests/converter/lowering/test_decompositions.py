@@ -38,16 +38,19 @@ def test_table_is_a_fresh_copy_without_the_kept_ops():
 X = torch.randn(1, 4, 8, 8)
 
 
-@pytest.mark.parametrize("module, args, kept", [
-    (nn.Linear(8, 3), (torch.randn(2, 5, 8),), aten.linear.default),
-    (Fn(torch.matmul), (torch.randn(2, 3, 4), torch.randn(4, 5)), aten.matmul.default),
-    (Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")), (X,), aten.upsample_bilinear2d.vec),
-    (Fn(lambda x: F.interpolate(x, scale_factor=2)), (X,), aten.upsample_nearest2d.vec),
-    (nn.Conv2d(4, 4, 3, padding=1, padding_mode="circular"), (X,), aten._pad_circular.default),
-    (nn.PixelUnshuffle(2), (X,), aten.pixel_unshuffle.default),
-    (nn.Hardswish(), (X,), aten.hardswish.default),
-    (nn.GELU(approximate="tanh"), (X,), aten.gelu.default),
-])
+@pytest.mark.parametrize(
+    "module, args, kept",
+    [
+        (nn.Linear(8, 3), (torch.randn(2, 5, 8),), aten.linear.default),
+        (Fn(torch.matmul), (torch.randn(2, 3, 4), torch.randn(4, 5)), aten.matmul.default),
+        (Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")), (X,), aten.upsample_bilinear2d.vec),
+        (Fn(lambda x: F.interpolate(x, scale_factor=2)), (X,), aten.upsample_nearest2d.vec),
+        (nn.Conv2d(4, 4, 3, padding=1, padding_mode="circular"), (X,), aten._pad_circular.default),
+        (nn.PixelUnshuffle(2), (X,), aten.pixel_unshuffle.default),
+        (nn.Hardswish(), (X,), aten.hardswish.default),
+        (nn.GELU(approximate="tanh"), (X,), aten.gelu.default),
+    ],
+)
 def test_kept_op_reaches_the_converter_whole(module, args, kept):
     program = decompose(export_module(module, args))
     targets = [node.target for node in program.graph.nodes if node.op == "call_function"]
@@ -73,13 +76,19 @@ def _lowered_targets(monkeypatch, module, args, **convert_kwargs):
     return assert_converts(module, args, **convert_kwargs), seen
 
 
-@pytest.mark.parametrize("module, args, kept", [
-    (nn.Linear(8, 3), (torch.randn(2, 5, 8),), aten.linear.default),
-    (Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")), (X,), aten.upsample_bilinear2d.vec),
-    (nn.PixelUnshuffle(2), (X,), aten.pixel_unshuffle.default),
-    (Fn(lambda q: F.scaled_dot_product_attention(q, q, q)), (torch.randn(1, 2, 4, 8),),
-     aten.scaled_dot_product_attention.default),
-])
+@pytest.mark.parametrize(
+    "module, args, kept",
+    [
+        (nn.Linear(8, 3), (torch.randn(2, 5, 8),), aten.linear.default),
+        (Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")), (X,), aten.upsample_bilinear2d.vec),
+        (nn.PixelUnshuffle(2), (X,), aten.pixel_unshuffle.default),
+        (
+            Fn(lambda q: F.scaled_dot_product_attention(q, q, q)),
+            (torch.randn(1, 2, 4, 8),),
+            aten.scaled_dot_product_attention.default,
+        ),
+    ],
+)
 def test_kept_op_reaches_its_lowering_whole_without_a_decomposition_pass(monkeypatch, module, args, kept):
     edge, seen = _lowered_targets(monkeypatch, module, args)
     assert kept in seen, seen
@@ -108,8 +117,9 @@ class _Ops(nn.Module):
 
 def test_nodes_without_a_lowering_decompose_one_at_a_time_with_dynamic_sizes():
     batch = torch.export.Dim("batch", min=1, max=16)
-    edge = assert_converts(_Ops(), (torch.randn(2, 6, 8),), dynamic_shapes=({0: batch},),
-                           check_inputs=[(torch.randn(5, 6, 8),)])
+    edge = assert_converts(
+        _Ops(), (torch.randn(2, 6, 8),), dynamic_shapes=({0: batch},), check_inputs=[(torch.randn(5, 6, 8),)]
+    )
     assert "decompose" not in edge.timings
 
 
@@ -145,10 +155,13 @@ def test_in_place_ops_lower_as_functional_ops_and_rebind_the_written_value():
     assert "decompose" not in edge.timings
 
 
-@pytest.mark.parametrize("module, blocker", [
-    (_WriteThroughView(), "whose alias 'mul' is read later"),
-    (_WriteIntoBuffer(), "writes into input 'b_count'"),
-])
+@pytest.mark.parametrize(
+    "module, blocker",
+    [
+        (_WriteThroughView(), "whose alias 'mul' is read later"),
+        (_WriteIntoBuffer(), "writes into input 'b_count'"),
+    ],
+)
 def test_writes_that_need_functionalization_take_the_whole_program_path(module, blocker):
     program = export_module(module, (torch.randn(3, 4),))
     assert blocker in (direct_lowering_blocker(program) or "")
@@ -162,23 +175,26 @@ def test_writes_that_need_functionalization_take_the_whole_program_path(module, 
 Y = torch.randn(2, 4, 6)
 
 
-@pytest.mark.parametrize("module, args, direct, convert_kwargs", [
-    (nn.Conv1d(4, 3, 3, padding=1), (Y,), aten.conv1d.default, {}),
-    (nn.ConvTranspose1d(4, 3, 3, stride=2), (Y,), aten.conv_transpose1d.default, {}),
-    (nn.ConvTranspose2d(4, 3, 3, stride=2, output_padding=1), (X,), aten.conv_transpose2d.input, {}),
-    (nn.BatchNorm2d(4), (X,), aten.batch_norm.default, {}),
-    (nn.BatchNorm2d(4), (X,), aten.batch_norm.default, {"eval_mode": False}),  # batch statistics
-    (nn.LayerNorm(8), (X,), aten.layer_norm.default, {}),
-    (nn.GroupNorm(2, 4), (X,), aten.group_norm.default, {}),
-    (Fn(F.relu6), (X,), aten.relu6.default, {}),
-    (Fn(lambda x: torch.softmax(x, 1)), (X,), aten.softmax.int, {}),
-    (Fn(lambda x: torch.log_softmax(x, -1)), (X,), aten.log_softmax.int, {}),
-    (nn.Sequential(nn.Dropout(0.5), nn.Hardtanh(inplace=True)), (X,), aten.dropout.default, {}),
-    (Fn(lambda x: torch.cat(x.chunk(3, dim=2)[::-1], 2)), (X,), aten.chunk.default, {}),
-    (Fn(lambda x: x.to("cpu", torch.float32) * 2), (X,), aten.to.device, {}),
-    (Fn(lambda x: ((x > 0) & (x < 1)).float()), (X,), aten.__and__.Tensor, {}),
-    (Fn(lambda x: torch.min(x, x.flip(0))), (X,), aten.min.other, {}),
-])
+@pytest.mark.parametrize(
+    "module, args, direct, convert_kwargs",
+    [
+        (nn.Conv1d(4, 3, 3, padding=1), (Y,), aten.conv1d.default, {}),
+        (nn.ConvTranspose1d(4, 3, 3, stride=2), (Y,), aten.conv_transpose1d.default, {}),
+        (nn.ConvTranspose2d(4, 3, 3, stride=2, output_padding=1), (X,), aten.conv_transpose2d.input, {}),
+        (nn.BatchNorm2d(4), (X,), aten.batch_norm.default, {}),
+        (nn.BatchNorm2d(4), (X,), aten.batch_norm.default, {"eval_mode": False}),  # batch statistics
+        (nn.LayerNorm(8), (X,), aten.layer_norm.default, {}),
+        (nn.GroupNorm(2, 4), (X,), aten.group_norm.default, {}),
+        (Fn(F.relu6), (X,), aten.relu6.default, {}),
+        (Fn(lambda x: torch.softmax(x, 1)), (X,), aten.softmax.int, {}),
+        (Fn(lambda x: torch.log_softmax(x, -1)), (X,), aten.log_softmax.int, {}),
+        (nn.Sequential(nn.Dropout(0.5), nn.Hardtanh(inplace=True)), (X,), aten.dropout.default, {}),
+        (Fn(lambda x: torch.cat(x.chunk(3, dim=2)[::-1], 2)), (X,), aten.chunk.default, {}),
+        (Fn(lambda x: x.to("cpu", torch.float32) * 2), (X,), aten.to.device, {}),
+        (Fn(lambda x: ((x > 0) & (x < 1)).float()), (X,), aten.__and__.Tensor, {}),
+        (Fn(lambda x: torch.min(x, x.flip(0))), (X,), aten.min.other, {}),
+    ],
+)
 def test_ops_torch_export_leaves_whole_lower_directly(monkeypatch, module, args, direct, convert_kwargs):
     edge, seen = _lowered_targets(monkeypatch, module.eval(), args, **convert_kwargs)
     assert direct in seen, seen

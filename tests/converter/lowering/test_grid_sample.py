@@ -19,8 +19,12 @@ GRID = torch.rand(2, 5, 6, 2) * 2.6 - 1.3
 
 CASES = list(itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True]))
 # The default suite runs one case per mode, padding and align_corners value; -m slow all 12.
-FAST = {("bilinear", "zeros", False), ("nearest", "border", True), ("bilinear", "reflection", True),
-        ("nearest", "reflection", False)}
+FAST = {
+    ("bilinear", "zeros", False),
+    ("nearest", "border", True),
+    ("bilinear", "reflection", True),
+    ("nearest", "reflection", False),
+}
 PARAMS = [pytest.param(*c, id="-".join(map(str, c)), marks=() if c in FAST else pytest.mark.slow) for c in CASES]
 
 
@@ -47,10 +51,12 @@ def test_spatial_transformer_with_affine_grid_from_the_input():
 
 def test_flow_warp_with_a_constant_base_grid():
     """Optical-flow style backward warp: base grid from meshgrid (folded) plus the flow."""
+
     def warp(image, flow):
         n, _, h, w = image.shape
-        ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
-                                indexing="ij")
+        ys, xs = torch.meshgrid(
+            torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij"
+        )
         gx = (xs + flow[:, 0]) / (w - 1) * 2 - 1
         gy = (ys + flow[:, 1]) / (h - 1) * 2 - 1
         return F.grid_sample(image, torch.stack([gx, gy], dim=-1), align_corners=True, padding_mode="border")

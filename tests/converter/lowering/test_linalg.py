@@ -43,14 +43,22 @@ CASES = {
     "mm": (Fn(torch.mm), (torch.randn(3, 4), torch.randn(4, 5))),
     "bmm": (Fn(torch.bmm), (torch.randn(2, 3, 4), torch.randn(2, 4, 5))),
     "addmm": (Fn(torch.addmm), (torch.randn(5), torch.randn(3, 4), torch.randn(4, 5))),
-    "addmm_scaled": (Fn(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0)),
-                     (torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5))),
-    "baddbmm": (Fn(lambda c, a, b: torch.baddbmm(c, a, b, alpha=0.5)),
-                (torch.randn(2, 3, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5))),
-    "attention_scores": (Fn(lambda q, k: torch.softmax(q @ k.transpose(-2, -1) / 2, -1)),
-                         (torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))),
-    "sdpa": (Fn(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v)),
-             (torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))),
+    "addmm_scaled": (
+        Fn(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0)),
+        (torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5)),
+    ),
+    "baddbmm": (
+        Fn(lambda c, a, b: torch.baddbmm(c, a, b, alpha=0.5)),
+        (torch.randn(2, 3, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5)),
+    ),
+    "attention_scores": (
+        Fn(lambda q, k: torch.softmax(q @ k.transpose(-2, -1) / 2, -1)),
+        (torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)),
+    ),
+    "sdpa": (
+        Fn(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v)),
+        (torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)),
+    ),
 }
 
 

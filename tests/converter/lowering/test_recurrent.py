@@ -22,7 +22,11 @@ torch.manual_seed(0)
 
 
 def _args(kind: str, layer: nn.Module, batch: int = 3, steps: int = 5, initial_state: bool = False) -> tuple:
-    x = torch.randn(batch, steps, layer.input_size) if layer.batch_first else torch.randn(steps, batch, layer.input_size)
+    x = (
+        torch.randn(batch, steps, layer.input_size)
+        if layer.batch_first
+        else torch.randn(steps, batch, layer.input_size)
+    )
     if not initial_state:
         return (x,)
     directions = 2 if layer.bidirectional else 1
@@ -42,13 +46,15 @@ FAST = [
     ("GRU", True, 2, True, True, True),
     ("GRU", False, 1, False, False, False),
 ]
-SWEEP = [c for c in itertools.product(["LSTM", "GRU"], [False, True], [1, 2, 3], [True, False], [False, True],
-                                      [True, False]) if c not in FAST]
+SWEEP = [
+    c
+    for c in itertools.product(["LSTM", "GRU"], [False, True], [1, 2, 3], [True, False], [False, True], [True, False])
+    if c not in FAST
+]
 
 
 def _check(kind, bidirectional, layers, batch_first, initial_state, bias):
-    layer = getattr(nn, kind)(6, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first,
-                              bias=bias)
+    layer = getattr(nn, kind)(6, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, bias=bias)
     return assert_converts(layer, _args(kind, layer, initial_state=initial_state))
 
 
@@ -71,8 +77,11 @@ def _check_batch_one(bidirectional, layers, batch_first, initial_state, bias):
     direction); its state variables are refreshed on every call, so repeated calls with
     new inputs and states stay exact."""
     layer = nn.LSTM(6, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, bias=bias)
-    edge = assert_converts(layer, _args("LSTM", layer, batch=1, initial_state=initial_state),
-                           check_inputs=[_args("LSTM", layer, batch=1, initial_state=initial_state) for _ in range(2)])
+    edge = assert_converts(
+        layer,
+        _args("LSTM", layer, batch=1, initial_state=initial_state),
+        check_inputs=[_args("LSTM", layer, batch=1, initial_state=initial_state) for _ in range(2)],
+    )
     assert opcodes(edge)["UNIDIRECTIONAL_SEQUENCE_LSTM"] == layers * (2 if bidirectional else 1)
 
 
@@ -171,8 +180,9 @@ class LogMelFrontEnd(nn.Module):
         self.dft.weight.data = (dft * window)[:, None, :]
         self.mel = nn.Conv1d(n_fft // 2 + 1, mels, 1, bias=False)
         self.mel.weight.data = torch.rand(mels, n_fft // 2 + 1, 1)
-        self.classifier = nn.Sequential(nn.Conv1d(mels, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool1d(1),
-                                        nn.Flatten(), nn.Linear(16, 5))
+        self.classifier = nn.Sequential(
+            nn.Conv1d(mels, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(16, 5)
+        )
 
     def forward(self, waveform):  # (batch, 1, samples)
         real, imag = self.dft(waveform).chunk(2, dim=1)
@@ -197,7 +207,9 @@ def test_conv1d_front_end_then_gru():
     class KeywordSpotter(nn.Module):
         def __init__(self):
             super().__init__()
-            self.front = nn.Sequential(nn.Conv1d(1, 8, 9, stride=4), nn.ReLU(), nn.Conv1d(8, 12, 3, stride=2), nn.ReLU())
+            self.front = nn.Sequential(
+                nn.Conv1d(1, 8, 9, stride=4), nn.ReLU(), nn.Conv1d(8, 12, 3, stride=2), nn.ReLU()
+            )
             self.gru = nn.GRU(12, 16, batch_first=True)
             self.head = nn.Linear(16, 4)
 

@@ -22,10 +22,12 @@ def opcodes(edge) -> set[str]:
 def assign(fn):
     """A module computing fn(y, v) on a copy y of x: the in-place writes of `fn` are
     functionalized by torch.export."""
+
     def forward(x, v):
         y = x.clone()
         fn(y, v)
         return y * 2.0
+
     return Fn(forward)
 
 
@@ -44,8 +46,10 @@ RUN_TIME = {
     "copy_into_view": (lambda y, v: y[:, 2:4].copy_(v[:, :1]), "BROADCAST_TO"),
     "index_const": (lambda y, v: y.__setitem__((slice(None), torch.tensor([4, 0, 2])), v[:, :3]), "SCATTER_ND"),
     "index_const_accumulate": (lambda y, v: put(y, (torch.tensor([1, 1, 0]),), v[0], True), "SCATTER_ND"),
-    "index_const_two_axes": (lambda y, v: put(y, (torch.tensor([0, 1]), torch.tensor([5, -1])), v[0, :2]),
-                             "SCATTER_ND"),
+    "index_const_two_axes": (
+        lambda y, v: put(y, (torch.tensor([0, 1]), torch.tensor([5, -1])), v[0, :2]),
+        "SCATTER_ND",
+    ),
     "bool_mask_const": (lambda y, v: put(y, (torch.arange(24).reshape(4, 6) % 3 == 0,), v[0, 0, 0]), "SELECT_V2"),
 }
 
@@ -66,8 +70,9 @@ def test_index_put_with_run_time_indices_and_accumulate():
         return y, z
 
     idx = torch.tensor([1, -1, 0])
-    edge = assert_converts(Fn(forward), (X, idx, V[:3]), rtol=1e-4, atol=0.0,
-                           check_inputs=[(X, torch.tensor([3, 0, -3]), V[:3])])
+    edge = assert_converts(
+        Fn(forward), (X, idx, V[:3]), rtol=1e-4, atol=0.0, check_inputs=[(X, torch.tensor([3, 0, -3]), V[:3])]
+    )
     assert "SCATTER_ND" in opcodes(edge)
 
 
@@ -83,8 +88,13 @@ def test_index_put_accumulates_repeated_run_time_indices_after_full_slices():
         return w
 
     assert_converts(Fn(add_through_index), (X, torch.tensor([4, 1, 2]), V[:, :3]), rtol=1e-4, atol=0.0)
-    assert_converts(Fn(accumulate), (X, torch.tensor([4, 1, 2]), V[:, :3]), rtol=1e-4, atol=0.0,
-                    check_inputs=[(X, torch.tensor([1, 1, -1]), V[:, :3])])
+    assert_converts(
+        Fn(accumulate),
+        (X, torch.tensor([4, 1, 2]), V[:, :3]),
+        rtol=1e-4,
+        atol=0.0,
+        check_inputs=[(X, torch.tensor([1, 1, -1]), V[:, :3])],
+    )
 
 
 def test_index_put_with_a_run_time_boolean_mask():
@@ -134,8 +144,11 @@ def relative_position_table(x):
     return x.reshape(2, 10, 10) + bias
 
 
-@pytest.mark.parametrize("fn,shape", [(shifted_window_mask, (1, 4, 16, 16)), (relative_position_table, (2, 10, 10))],
-                         ids=["swin_shifted_window_mask", "beit_relative_position_index"])
+@pytest.mark.parametrize(
+    "fn,shape",
+    [(shifted_window_mask, (1, 4, 16, 16)), (relative_position_table, (2, 10, 10))],
+    ids=["swin_shifted_window_mask", "beit_relative_position_index"],
+)
 def test_tables_built_in_forward_fold_to_constants(fn, shape):
     edge = assert_converts(Fn(fn), (torch.randn(shape),), rtol=1e-4, atol=0.0)
     assert not opcodes(edge) & {"SCATTER_ND", "CONCATENATION", "SELECT_V2", "GATHER"}

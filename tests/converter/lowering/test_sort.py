@@ -18,8 +18,7 @@ CASES = {
     "topk_int32": (Fn(lambda x: torch.topk(x, 2)), (torch.randperm(21).reshape(3, 7).int(),)),
     "sort_ascending": (Fn(lambda x: torch.sort(x)), (torch.randn(2, 10),)),
     "sort_descending_dim0": (Fn(lambda x: torch.sort(x, dim=0, descending=True)), (torch.randn(6, 3),)),
-    "sort_stable_ties": (Fn(lambda x: torch.sort(x, dim=1, stable=True)),
-                         (torch.randint(0, 3, (3, 9)).float(),)),
+    "sort_stable_ties": (Fn(lambda x: torch.sort(x, dim=1, stable=True)), (torch.randint(0, 3, (3, 9)).float(),)),
     "argsort": (Fn(lambda x: torch.argsort(x, dim=-1, descending=True)), (torch.randn(4, 8),)),
 }
 

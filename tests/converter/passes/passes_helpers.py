@@ -62,15 +62,12 @@ class GraphBuilder:
 
     # ---- lowering-shaped helpers ---------------------------------------------------------
     def transpose(self, x, perm):
-        return self.op("TRANSPOSE", [x, self.const(perm, np.int32)],
-                       shape=tuple(x.shape[p] for p in perm))
+        return self.op("TRANSPOSE", [x, self.const(perm, np.int32)], shape=tuple(x.shape[p] for p in perm))
 
     def reshape(self, x, shape):
-        return self.op("RESHAPE", [x, self.const(shape, np.int32)], {"newShape": list(shape)},
-                       shape=shape)
+        return self.op("RESHAPE", [x, self.const(shape, np.int32)], {"newShape": list(shape)}, shape=shape)
 
-    def conv_nchw(self, x, out_channels, k=3, stride=1, padding="SAME", bias=True,
-                  depthwise=False):
+    def conv_nchw(self, x, out_channels, k=3, stride=1, padding="SAME", bias=True, depthwise=False):
         """conv2d as lowering emits it: TRANSPOSE -> CONV_2D -> TRANSPOSE."""
         n, c, h, w = x.shape
         xh = self.transpose(x, NCHW_TO_NHWC)
@@ -78,8 +75,7 @@ class GraphBuilder:
             oh, ow = -(-h // stride), -(-w // stride)
         else:
             oh, ow = (h - k) // stride + 1, (w - k) // stride + 1
-        opts = {"padding": padding, "strideH": stride, "strideW": stride,
-                "fusedActivationFunction": "NONE"}
+        opts = {"padding": padding, "strideH": stride, "strideW": stride, "fusedActivationFunction": "NONE"}
         if depthwise:
             out_channels = c
             weights = self.random((1, k, k, c), 0.3)
@@ -113,8 +109,13 @@ def histogram(graph: ir.Graph) -> dict[str, int]:
     return counts
 
 
-def check_pass(build: Callable[[GraphBuilder], ir.Graph], apply: Callable[[ir.Graph], object],
-               rtol: float = 1e-5, atol: float = 1e-5, seed: int = 0) -> ir.Graph:
+def check_pass(
+    build: Callable[[GraphBuilder], ir.Graph],
+    apply: Callable[[ir.Graph], object],
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+    seed: int = 0,
+) -> ir.Graph:
     """Build the graph twice, run the pass on one, and assert both give the same
     outputs in LiteRT on random inputs. Returns the transformed graph."""
     reference = build(GraphBuilder(seed))

@@ -9,7 +9,7 @@ from tests.converter.passes.passes_helpers import GraphBuilder, check_pass, hist
 def test_unused_ops_and_noops_are_removed():
     def build(b):
         x = b.input((2, 3))
-        b.op("EXP", [x])                                            # unused
+        b.op("EXP", [x])  # unused
         same = b.reshape(b.op("CAST", [x], dtype=np.float32), (2, 3))  # no-op CAST and RESHAPE
         return b.output(b.op("NEG", [same]), b.reshape(x, (2, 3)))  # graph output: input itself
 
@@ -52,8 +52,14 @@ def _pad_conv(b, pads, stride=1, value=None):
         inputs.append(b.const(value))
     padded = b.op("PADV2" if value is not None else "PAD", inputs, shape=shape)
     out = ((shape[1] - 3) // stride + 1, (shape[2] - 3) // stride + 1)
-    return b.output(b.op("CONV_2D", [padded, b.random((3, 3, 3, 2)), b.random((3,))],
-                         {"padding": "VALID", "strideH": stride, "strideW": stride}, shape=(1, *out, 3)))
+    return b.output(
+        b.op(
+            "CONV_2D",
+            [padded, b.random((3, 3, 3, 2)), b.random((3,))],
+            {"padding": "VALID", "strideH": stride, "strideW": stride},
+            shape=(1, *out, 3),
+        )
+    )
 
 
 def test_pad_equal_to_same_folds_into_the_conv():
@@ -65,8 +71,7 @@ def test_pad_equal_to_same_folds_into_the_conv():
 
 
 def test_pads_that_differ_from_same_stay():
-    for build in (lambda b: _pad_conv(b, ((2, 0), (1, 1))),
-                  lambda b: _pad_conv(b, ((1, 1), (1, 1)), value=1.0)):
+    for build in (lambda b: _pad_conv(b, ((2, 0), (1, 1))), lambda b: _pad_conv(b, ((1, 1), (1, 1)), value=1.0)):
         g = check_pass(build, fold_pad_into_conv)
         assert len(g.ops) == 2
 

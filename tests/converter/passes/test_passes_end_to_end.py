@@ -51,9 +51,15 @@ class InvertedResidual(nn.Module):
         super().__init__()
         hidden = channels * expand
         self.body = nn.Sequential(
-            nn.Conv2d(channels, hidden, 1, bias=False), bn(hidden), nn.ReLU6(),
-            nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False), bn(hidden), nn.ReLU6(),
-            nn.Conv2d(hidden, channels, 1, bias=False), bn(channels))
+            nn.Conv2d(channels, hidden, 1, bias=False),
+            bn(hidden),
+            nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False),
+            bn(hidden),
+            nn.ReLU6(),
+            nn.Conv2d(hidden, channels, 1, bias=False),
+            bn(channels),
+        )
 
     def forward(self, x):
         return x + self.body(x)
@@ -82,8 +88,9 @@ def converted_histogram(module, *shape):
 
 def test_conv_bn_relu_stack():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU(),
-                          nn.Conv2d(8, 8, 3, padding=1), bn(8), nn.ReLU6())
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), bn(8), nn.ReLU6()
+    )
     hist, graph = converted_histogram(model, 1, 3, 12, 12)
     assert hist == {"TRANSPOSE": 2, "CONV_2D": 2}
     assert [op.options["fusedActivationFunction"] for op in graph.ops if op.opcode == "CONV_2D"] == ["RELU", "RELU6"]

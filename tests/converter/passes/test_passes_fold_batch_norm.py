@@ -11,28 +11,43 @@ CONV_OPTS = {"padding": "SAME", "strideH": 1, "strideW": 1, "fusedActivationFunc
 
 
 def conv(b, x, out_channels=6):
-    return b.op("CONV_2D", [x, b.random((out_channels, 3, 3, x.shape[-1])), b.random((out_channels,))],
-                CONV_OPTS, shape=x.shape[:3] + (out_channels,))
+    return b.op(
+        "CONV_2D",
+        [x, b.random((out_channels, 3, 3, x.shape[-1])), b.random((out_channels,))],
+        CONV_OPTS,
+        shape=x.shape[:3] + (out_channels,),
+    )
 
 
 def depthwise(b, x, multiplier=2):
     c = x.shape[-1] * multiplier
-    return b.op("DEPTHWISE_CONV_2D", [x, b.random((1, 3, 3, c)), b.random((c,))],
-                {**CONV_OPTS, "depthMultiplier": multiplier}, shape=x.shape[:3] + (c,))
+    return b.op(
+        "DEPTHWISE_CONV_2D",
+        [x, b.random((1, 3, 3, c)), b.random((c,))],
+        {**CONV_OPTS, "depthMultiplier": multiplier},
+        shape=x.shape[:3] + (c,),
+    )
 
 
 def fully_connected(b, x, out_features=7):
-    return b.op("FULLY_CONNECTED", [x, b.random((out_features, x.shape[-1])), None],
-                {"fusedActivationFunction": "NONE", "keepNumDims": True},
-                shape=x.shape[:-1] + (out_features,))
+    return b.op(
+        "FULLY_CONNECTED",
+        [x, b.random((out_features, x.shape[-1])), None],
+        {"fusedActivationFunction": "NONE", "keepNumDims": True},
+        shape=x.shape[:-1] + (out_features,),
+    )
 
 
 def transpose_conv(b, x, out_channels=5):
     n, h, w, _ = x.shape
     shape = (n, 2 * h, 2 * w, out_channels)
-    return b.op("TRANSPOSE_CONV", [b.const(shape, np.int32), b.random((out_channels, 2, 2, x.shape[-1])), x],
-                {"padding": "VALID", "strideH": 2, "strideW": 2, "fusedActivationFunction": "NONE"},
-                shape=shape, dtype=np.float32)
+    return b.op(
+        "TRANSPOSE_CONV",
+        [b.const(shape, np.int32), b.random((out_channels, 2, 2, x.shape[-1])), x],
+        {"padding": "VALID", "strideH": 2, "strideW": 2, "fusedActivationFunction": "NONE"},
+        shape=shape,
+        dtype=np.float32,
+    )
 
 
 def scale_and_shift(b, y):
@@ -76,8 +91,7 @@ def test_not_per_channel_or_shared_outputs_are_left_alone():
         along_h = b.op("MUL", [conv(b, x, 4), b.const(np.arange(1.0, 5.0).reshape(1, 4, 1, 1))])
         shared = conv(b, x, 4)
         twice = b.op("ADD", [shared, b.const([1.0, 2.0, 3.0, 4.0])])
-        activated = b.op("ADD", [conv(b, x, 4), b.const([1.0, 2.0, 3.0, 4.0])],
-                         {"fusedActivationFunction": "RELU"})
+        activated = b.op("ADD", [conv(b, x, 4), b.const([1.0, 2.0, 3.0, 4.0])], {"fusedActivationFunction": "RELU"})
         by_tensor = b.op("MUL", [conv(b, x, 4), b.input((1, 4, 4, 4))])
         return b.output(along_h, twice, shared, activated, by_tensor)
 

@@ -13,8 +13,9 @@ def test_weight_rearrangement_folds_into_one_constant():
         x = b.input((1, 5, 5, 3))
         w = b.reshape(b.random((3, 3, 3 * 2)), (3, 3, 3, 2))
         w = b.transpose(w, [3, 0, 1, 2])  # HWIO -> OHWI, as lowering may emit
-        y = b.op("CONV_2D", [x, w, b.random((2,))],
-                 {"padding": "VALID", "strideH": 1, "strideW": 1}, shape=(1, 3, 3, 2))
+        y = b.op(
+            "CONV_2D", [x, w, b.random((2,))], {"padding": "VALID", "strideH": 1, "strideW": 1}, shape=(1, 3, 3, 2)
+        )
         return b.output(y)
 
     g = check_pass(build, fold_constants)
@@ -23,37 +24,74 @@ def test_weight_rearrangement_folds_into_one_constant():
 
 
 CASES = {
-    "add_mul_neg": lambda b: b.op("NEG", [b.op("MUL", [b.op("ADD", [b.const([1.0, 2.0]), b.const(3.0)]),
-                                                        b.const([2.0, 0.5])])]),
-    "div_rsqrt_sqrt_pow": lambda b: b.op("POW", [b.op("DIV", [b.op("RSQRT", [b.const([4.0, 16.0])]),
-                                                               b.op("SQRT", [b.const([9.0, 1.0])])]),
-                                                 b.const(2.0)]),
-    "concat_pack": lambda b: b.op("PACK", [b.op("CONCATENATION", [b.const([1, 2], np.int32),
-                                                                   b.const([3], np.int32)],
-                                               {"axis": 0}, shape=(3,)), b.const([4, 5, 6], np.int32)],
-                                  {"axis": 1, "valuesCount": 2}, shape=(3, 2)),
-    "gather_slice": lambda b: b.op("SLICE", [b.op("GATHER", [b.const(np.arange(12.0).reshape(3, 4)),
-                                                              b.const([2, 0], np.int32)], {"axis": 0},
-                                                  shape=(2, 4)),
-                                             b.const([0, 1], np.int32), b.const([-1, 2], np.int32)],
-                                    shape=(2, 2)),
+    "add_mul_neg": lambda b: b.op(
+        "NEG", [b.op("MUL", [b.op("ADD", [b.const([1.0, 2.0]), b.const(3.0)]), b.const([2.0, 0.5])])]
+    ),
+    "div_rsqrt_sqrt_pow": lambda b: b.op(
+        "POW", [b.op("DIV", [b.op("RSQRT", [b.const([4.0, 16.0])]), b.op("SQRT", [b.const([9.0, 1.0])])]), b.const(2.0)]
+    ),
+    "concat_pack": lambda b: b.op(
+        "PACK",
+        [
+            b.op("CONCATENATION", [b.const([1, 2], np.int32), b.const([3], np.int32)], {"axis": 0}, shape=(3,)),
+            b.const([4, 5, 6], np.int32),
+        ],
+        {"axis": 1, "valuesCount": 2},
+        shape=(3, 2),
+    ),
+    "gather_slice": lambda b: b.op(
+        "SLICE",
+        [
+            b.op(
+                "GATHER", [b.const(np.arange(12.0).reshape(3, 4)), b.const([2, 0], np.int32)], {"axis": 0}, shape=(2, 4)
+            ),
+            b.const([0, 1], np.int32),
+            b.const([-1, 2], np.int32),
+        ],
+        shape=(2, 2),
+    ),
     "strided_slice_shrink": lambda b: b.op(
-        "STRIDED_SLICE", [b.const(np.arange(24.0).reshape(2, 3, 4)), b.const([1, 0, 3], np.int32),
-                          b.const([2, 3, 0], np.int32), b.const([1, 2, -1], np.int32)],
-        {"shrinkAxisMask": 1, "endMask": 4}, shape=(2, 4)),
-    "expand_squeeze_tile": lambda b: b.op("TILE", [b.op("SQUEEZE", [b.op("EXPAND_DIMS", [
-        b.const([1.0, 2.0]), b.const(0, np.int32)], shape=(1, 2))], {"squeezeDims": [0]}, shape=(2,)),
-        b.const([3], np.int32)], shape=(6,)),
-    "fill_range_cast": lambda b: b.op("ADD", [b.op("CAST", [b.op("RANGE", [b.const(0, np.int32), b.const(6, np.int32),
-                                                                           b.const(2, np.int32)], shape=(3,))],
-                                                    dtype=np.float32),
-                                              b.op("FILL", [b.const([3], np.int32), b.const(0.5)], shape=(3,),
-                                                   dtype=np.float32)]),
-    "broadcast_to_small": lambda b: b.op("BROADCAST_TO", [b.const([1.0, 2.0]), b.const([3, 2], np.int32)],
-                                         shape=(3, 2)),
+        "STRIDED_SLICE",
+        [
+            b.const(np.arange(24.0).reshape(2, 3, 4)),
+            b.const([1, 0, 3], np.int32),
+            b.const([2, 3, 0], np.int32),
+            b.const([1, 2, -1], np.int32),
+        ],
+        {"shrinkAxisMask": 1, "endMask": 4},
+        shape=(2, 4),
+    ),
+    "expand_squeeze_tile": lambda b: b.op(
+        "TILE",
+        [
+            b.op(
+                "SQUEEZE",
+                [b.op("EXPAND_DIMS", [b.const([1.0, 2.0]), b.const(0, np.int32)], shape=(1, 2))],
+                {"squeezeDims": [0]},
+                shape=(2,),
+            ),
+            b.const([3], np.int32),
+        ],
+        shape=(6,),
+    ),
+    "fill_range_cast": lambda b: b.op(
+        "ADD",
+        [
+            b.op(
+                "CAST",
+                [b.op("RANGE", [b.const(0, np.int32), b.const(6, np.int32), b.const(2, np.int32)], shape=(3,))],
+                dtype=np.float32,
+            ),
+            b.op("FILL", [b.const([3], np.int32), b.const(0.5)], shape=(3,), dtype=np.float32),
+        ],
+    ),
+    "broadcast_to_small": lambda b: b.op(
+        "BROADCAST_TO", [b.const([1.0, 2.0]), b.const([3, 2], np.int32)], shape=(3, 2)
+    ),
     "dequantize_fp16": lambda b: b.op("DEQUANTIZE", [b.const([1.5, -2.25], np.float16)], dtype=np.float32),
-    "mean_keepdims": lambda b: b.op("MEAN", [b.const(np.arange(6.0).reshape(2, 3)), b.const([1], np.int32)],
-                                    {"keepDims": True}, shape=(2, 1)),
+    "mean_keepdims": lambda b: b.op(
+        "MEAN", [b.const(np.arange(6.0).reshape(2, 3)), b.const([1], np.int32)], {"keepDims": True}, shape=(2, 1)
+    ),
 }
 
 
@@ -63,9 +101,13 @@ def test_folded_values_match_litert(name):
         x = b.input((1,))
         value = CASES[name](b)
         dtype_fix = value if value.dtype == np.float32 else b.op("CAST", [value], dtype=np.float32)
-        return b.output(b.op("ADD", [x, b.op("RESHAPE", [dtype_fix, b.const([-1], np.int32)],
-                                                shape=(int(np.prod(value.shape)),))],
-                             shape=(int(np.prod(value.shape)),)))
+        return b.output(
+            b.op(
+                "ADD",
+                [x, b.op("RESHAPE", [dtype_fix, b.const([-1], np.int32)], shape=(int(np.prod(value.shape)),))],
+                shape=(int(np.prod(value.shape)),),
+            )
+        )
 
     g = check_pass(build, lambda g: fold_constants(g, fold_dequantize=True), rtol=1e-6, atol=1e-6)
     assert histogram(g) == {"ADD": 1}, str(g)

@@ -36,11 +36,11 @@ def test_random_transpose_reshape_pairs_agree_with_numpy():
         for _ in range(int(rng.integers(0, 3))):  # random merges, splits, unit insertions
             kind, i = int(rng.integers(0, 3)), int(rng.integers(0, len(dims) + 1))
             if kind == 0 and 0 < i < len(dims):
-                dims[i - 1:i + 1] = [dims[i - 1] * dims[i]]
+                dims[i - 1 : i + 1] = [dims[i - 1] * dims[i]]
             elif kind == 1:
                 dims.insert(i, 1)
             elif kind == 2 and i < len(dims) and dims[i] in (4, 6):
-                dims[i:i + 1] = [2, dims[i] // 2]
+                dims[i : i + 1] = [2, dims[i] // 2]
         reader = [int(p) for p in rng.permutation(len(dims))] if rng.random() < 0.3 else None
         plan = reshape_first(x_shape, perm, tuple(dims), reader)
         if plan is None:

@@ -65,8 +65,12 @@ def test_unet_style_concat_and_upsample():
         x = b.input((1, 3, 8, 8))
         skip = b.op("RELU", [b.conv_nchw(x, 4)])
         down = b.transpose(skip, NCHW_TO_NHWC)
-        down = b.op("MAX_POOL_2D", [down], {"padding": "VALID", "strideH": 2, "strideW": 2,
-                                            "filterHeight": 2, "filterWidth": 2}, shape=(1, 4, 4, 4))
+        down = b.op(
+            "MAX_POOL_2D",
+            [down],
+            {"padding": "VALID", "strideH": 2, "strideW": 2, "filterHeight": 2, "filterWidth": 2},
+            shape=(1, 4, 4, 4),
+        )
         down = b.transpose(down, NHWC_TO_NCHW)
         mid = b.op("RELU", [b.conv_nchw(down, 6)])
         up = b.transpose(mid, NCHW_TO_NHWC)
@@ -82,33 +86,36 @@ def test_unet_style_concat_and_upsample():
 
 
 SINKABLE = {
-    "pad": lambda b, y: b.op("PAD", [y, b.const([[0, 0], [0, 0], [1, 2], [0, 1]], np.int32)],
-                             shape=(1, 4, 9, 7)),
-    "mirror_pad": lambda b, y: b.op("MIRROR_PAD", [y, b.const([[0, 0], [0, 0], [1, 1], [2, 0]], np.int32)],
-                                    {"mode": "REFLECT"}, shape=(1, 4, 8, 8)),
-    "slice": lambda b, y: b.op("SLICE", [y, b.const([0, 1, 2, 0], np.int32), b.const([1, 2, -1, 4], np.int32)],
-                               shape=(1, 2, 4, 4)),
+    "pad": lambda b, y: b.op("PAD", [y, b.const([[0, 0], [0, 0], [1, 2], [0, 1]], np.int32)], shape=(1, 4, 9, 7)),
+    "mirror_pad": lambda b, y: b.op(
+        "MIRROR_PAD", [y, b.const([[0, 0], [0, 0], [1, 1], [2, 0]], np.int32)], {"mode": "REFLECT"}, shape=(1, 4, 8, 8)
+    ),
+    "slice": lambda b, y: b.op(
+        "SLICE", [y, b.const([0, 1, 2, 0], np.int32), b.const([1, 2, -1, 4], np.int32)], shape=(1, 2, 4, 4)
+    ),
     "strided_slice": lambda b, y: b.op(
-        "STRIDED_SLICE", [y, b.const([0, 1, 0, 1], np.int32), b.const([1, 4, 6, 6], np.int32),
-                          b.const([1, 2, 2, 1], np.int32)],
-        {"beginMask": 0b0100, "endMask": 0b0001}, shape=(1, 2, 3, 5)),
-    "gather_channels": lambda b, y: b.op("GATHER", [y, b.const([3, 0, 0], np.int32)], {"axis": 1},
-                                         shape=(1, 3, 6, 6)),
+        "STRIDED_SLICE",
+        [y, b.const([0, 1, 0, 1], np.int32), b.const([1, 4, 6, 6], np.int32), b.const([1, 2, 2, 1], np.int32)],
+        {"beginMask": 0b0100, "endMask": 0b0001},
+        shape=(1, 2, 3, 5),
+    ),
+    "gather_channels": lambda b, y: b.op("GATHER", [y, b.const([3, 0, 0], np.int32)], {"axis": 1}, shape=(1, 3, 6, 6)),
     "mul_per_channel": lambda b, y: b.op("MUL", [y, b.const(np.arange(4.0).reshape(4, 1, 1), np.float32)]),
     "maximum_scalar": lambda b, y: b.op("MAXIMUM", [y, b.const(0.25, np.float32)]),
     "sub_const_first": lambda b, y: b.op("SUB", [b.const(np.arange(6.0), np.float32), y], shape=y.shape),
     "cast_round_trip": lambda b, y: b.op("CAST", [b.op("CAST", [y], dtype=np.int32)], dtype=np.float32),
     "logistic": lambda b, y: b.op("LOGISTIC", [y]),
-    "sum_keepdims": lambda b, y: b.op("SUM", [y, b.const([1], np.int32)], {"keepDims": True},
-                                      shape=(1, 1, 6, 6)),
-    "reduce_max_over_w": lambda b, y: b.op("REDUCE_MAX", [y, b.const([-1], np.int32)], {"keepDims": False},
-                                           shape=(1, 4, 6)),
+    "sum_keepdims": lambda b, y: b.op("SUM", [y, b.const([1], np.int32)], {"keepDims": True}, shape=(1, 1, 6, 6)),
+    "reduce_max_over_w": lambda b, y: b.op(
+        "REDUCE_MAX", [y, b.const([-1], np.int32)], {"keepDims": False}, shape=(1, 4, 6)
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SINKABLE))
 def test_transpose_sinks_through_layout_agnostic_op(name):
     """conv -> OP -> (rank-4 ? conv) : the pair of transposes around OP cancels."""
+
     def build(b):
         y = SINKABLE[name](b, b.conv_nchw(b.input((1, 3, 6, 6)), 4))
         if y.rank == 4:
@@ -125,8 +132,9 @@ def test_transpose_sinks_through_layout_agnostic_op(name):
 def test_split_remaps_its_axis_and_each_output_gets_its_own_transpose():
     def build(b):
         y = b.conv_nchw(b.input((1, 3, 5, 5)), 6)
-        parts = b.op("SPLIT", [b.const(1, np.int32), y], {"numSplits": 2}, shape=(1, 3, 5, 5),
-                     dtype=np.float32, n_out=2)
+        parts = b.op(
+            "SPLIT", [b.const(1, np.int32), y], {"numSplits": 2}, shape=(1, 3, 5, 5), dtype=np.float32, n_out=2
+        )
         return b.output(b.conv_nchw(parts[0], 2), b.op("ADD", [parts[1], parts[1]]))
 
     g = check_pass(build, to_nhwc)

@@ -45,8 +45,11 @@ def test_mse_range_is_the_best_clipping_of_a_heavy_tailed_tensor():
     hist.add(data)
     lo, hi = hist.mse_range(256, symmetric=False)
     found = _quantization_mse(data, lo, hi)
-    grid = [_quantization_mse(data, data.min() * f, data.max() * g)
-            for f in np.linspace(0.05, 1, 40) for g in np.linspace(0.05, 1, 40)]
+    grid = [
+        _quantization_mse(data, data.min() * f, data.max() * g)
+        for f in np.linspace(0.05, 1, 40)
+        for g in np.linspace(0.05, 1, 40)
+    ]
     assert found <= 1.05 * min(grid)  # as good as a brute-force search over both ends
     assert found < 0.95 * _quantization_mse(data, data.min(), data.max())  # and better than min/max
     assert hi < data.max() and lo > data.min()
@@ -90,9 +93,11 @@ def _error(model, calibration, tests, expected, config):
 
 def test_percentile_clips_rare_outlier_values_and_mse_is_no_worse():
     setup = _outlier_setup(spikes=True)
-    errors = {"minmax": _error(*setup, quantize.full_int8()),
-              "percentile": _error(*setup, quantize.full_int8(calibration="percentile", percentile=99.9)),
-              "mse": _error(*setup, quantize.full_int8(calibration="mse"))}
+    errors = {
+        "minmax": _error(*setup, quantize.full_int8()),
+        "percentile": _error(*setup, quantize.full_int8(calibration="percentile", percentile=99.9)),
+        "mse": _error(*setup, quantize.full_int8(calibration="mse")),
+    }
     assert errors["percentile"] < 0.65 * errors["minmax"], errors
     # mse minimises the error on the calibration data itself, tails included: on 8 bits it
     # clips these mildly (its optimality is checked above); it must not be worse here
@@ -116,18 +121,22 @@ def test_calibration_streams_a_generator_once_and_checks_each_sample():
             drawn.append(k)
             yield (torch.randn(1, 3, 8, 8) if k == bad_at else torch.randn(1, 3, 16, 16),)
 
-    edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(calibration="percentile"),
-                                calibration_data=samples(5))
+    edge = litert_torch.convert(
+        model, (x,), quant_config=quantize.full_int8(calibration="percentile"), calibration_data=samples(5)
+    )
     assert drawn == [0, 1, 2, 3, 4] and edge.quant_report.float_ops == []
     with pytest.raises(ValueError, match=r"calibration sample 3, input 0 has shape \(1, 3, 8, 8\)"):
         litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=samples(5, bad_at=3))
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: quantize.full_int8(calibration="kl"), "calibration='kl'"),
-    (lambda: quantize.full_int8(calibration="percentile", percentile=100.5), "percentile=100.5"),
-    (lambda: quantize.int16x8(calibration="moving_average", averaging_constant=0), "averaging_constant=0"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: quantize.full_int8(calibration="kl"), "calibration='kl'"),
+        (lambda: quantize.full_int8(calibration="percentile", percentile=100.5), "percentile=100.5"),
+        (lambda: quantize.int16x8(calibration="moving_average", averaging_constant=0), "averaging_constant=0"),
+    ],
+)
 def test_bad_calibration_options_fail_at_once_naming_the_argument(make, match):
     with pytest.raises(ValueError, match=match):
         make()
@@ -138,6 +147,9 @@ def test_bad_calibration_option_in_a_handmade_config_fails_before_conversion(mon
 
     _no_conversion(monkeypatch)
     with pytest.raises(ValueError, match="calibration='histogram'"):
-        litert_torch.convert(nn.Linear(4, 2), (torch.randn(1, 4),),
-                             quant_config=QuantConfig("full_int8", calibration="histogram"),
-                             calibration_data=[(torch.randn(1, 4),)])
+        litert_torch.convert(
+            nn.Linear(4, 2),
+            (torch.randn(1, 4),),
+            quant_config=QuantConfig("full_int8", calibration="histogram"),
+            calibration_data=[(torch.randn(1, 4),)],
+        )

@@ -23,8 +23,7 @@ def _convert_inception(width: float, std: float, size: int, samples: int, float_
     torch.manual_seed(0)
     model = inception_v3(width=width, std=std)
     x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(100))
-    calibration = [(torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(i)),)
-                   for i in range(samples)]
+    calibration = [(torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(i)),) for i in range(samples)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", QuantizationWarning)  # a float op would raise here
         edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=calibration)
@@ -82,8 +81,11 @@ def test_float_ops_are_reported_with_layer_and_reason():
     assert "constant input 1 holds sentinel values" in report.float_ops[0].reason
     assert report.to_dict()["float_ops"][0]["op"] == "ADD"
     # every op not in the report computes in int8
-    floats = [op for op in edge.ir_model.graphs[0].ops
-              if op.outputs[0].dtype == np.float32 and op.opcode not in ("DEQUANTIZE",)]
+    floats = [
+        op
+        for op in edge.ir_model.graphs[0].ops
+        if op.outputs[0].dtype == np.float32 and op.opcode not in ("DEQUANTIZE",)
+    ]
     assert sorted(op.opcode for op in floats) == sorted(f.op for f in report.float_ops)
 
 
@@ -102,8 +104,9 @@ def test_kept_layers_are_reported_as_requested_and_missing_kernels_warned():
     x = torch.randn(1, 3, 8, 8)
     calibration = [(torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(i)),) for i in range(3)]
     with pytest.warns(QuantizationWarning, match="EXP in conv.*no int8 kernel for EXP|EXP in .*no int8 kernel"):
-        edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(keep_float=["head"]),
-                                    calibration_data=calibration)
+        edge = litert_torch.convert(
+            model, (x,), quant_config=quantize.full_int8(keep_float=["head"]), calibration_data=calibration
+        )
     by_op = {f.op: f for f in edge.quant_report.float_ops}
     assert by_op["FULLY_CONNECTED"].requested and by_op["FULLY_CONNECTED"].layer == "head"
     assert not by_op["EXP"].requested and "no int8 kernel for EXP" in by_op["EXP"].reason
@@ -160,8 +163,9 @@ def test_division_by_a_constant_quantizes_as_a_multiplication():
     assert "DIV" in float_ops
     edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=calibration)
     assert_fully_integer(edge)
-    kept = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(keep_float=["DIV"]),
-                                calibration_data=calibration)
+    kept = litert_torch.convert(
+        model, (x,), quant_config=quantize.full_int8(keep_float=["DIV"]), calibration_data=calibration
+    )
     assert "DIV" in [op.opcode for op in kept.ir_model.graphs[0].ops]
     with torch.no_grad():
         expected = model(x).numpy()

@@ -32,8 +32,9 @@ def test_pack_int4_low_nibble_first():
     assert packed.tolist() == [0xE1, 0x87, 0x03]  # (1, -2) (7, -8) (3, pad 0)
 
 
-@pytest.mark.parametrize("lo, hi, dtype", [(-1.0, 3.0, np.int8), (0.5, 2.0, np.int8), (-4.0, -1.0, np.uint8),
-                                           (-2.0, 1.0, np.int16)])
+@pytest.mark.parametrize(
+    "lo, hi, dtype", [(-1.0, 3.0, np.int8), (0.5, 2.0, np.int8), (-4.0, -1.0, np.uint8), (-2.0, 1.0, np.int16)]
+)
 def test_activation_params_cover_the_range_and_zero(lo, hi, dtype):
     scale, zero = numerics.activation_params(lo, hi, dtype)
     info = np.iinfo(dtype)

@@ -49,8 +49,15 @@ class ConvertedPT2E(torch.nn.Module):
         return qd.dequantize_per_tensor(q, scale, zero, -128, 127, torch.int8)
 
     def weight(self, name):
-        return qd.dequantize_per_channel(getattr(self, f"{name}_q"), getattr(self, f"{name}_scale"),
-                                         getattr(self, f"{name}_zero"), 0, -127, 127, torch.int8)
+        return qd.dequantize_per_channel(
+            getattr(self, f"{name}_q"),
+            getattr(self, f"{name}_scale"),
+            getattr(self, f"{name}_zero"),
+            0,
+            -127,
+            127,
+            torch.int8,
+        )
 
     def forward(self, x):
         x = self.fake_quant(x, "x")

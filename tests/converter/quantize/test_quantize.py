@@ -13,7 +13,10 @@ import litert_torch
 from litert_torch import quantize
 
 SCHEME_TOLERANCE = {  # max |litert - torch| / max |torch| on the small CNN below
-    "dynamic_int8": 0.03, "weight_only_int8": 0.02, "weight_only_int4": 0.15, "float16": 1e-3,
+    "dynamic_int8": 0.03,
+    "weight_only_int8": 0.02,
+    "weight_only_int4": 0.15,
+    "float16": 1e-3,
 }
 
 
@@ -179,8 +182,9 @@ def test_int16x8_is_more_accurate_than_int8(cnn):
 
 def test_keep_float_by_layer_name_and_op_type(cnn):
     model, x, calibration, expected, _ = cnn
-    edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(keep_float=["head", "MEAN"]),
-                                calibration_data=calibration)
+    edge = litert_torch.convert(
+        model, (x,), quant_config=quantize.full_int8(keep_float=["head", "MEAN"]), calibration_data=calibration
+    )
     graph = edge.ir_model.graphs[0]
     by_code = {op.opcode: op for op in graph.ops}
     assert by_code["FULLY_CONNECTED"].outputs[0].dtype == np.float32  # layer "head"
@@ -227,19 +231,27 @@ def _no_conversion(monkeypatch):
     monkeypatch.setattr(api, "convert_module", boom)
 
 
-@pytest.mark.parametrize("config, calibration, error, match", [
-    (quantize.weight_only_int4(block_size=48), None, ValueError, "multiple of 32"),
-    (quantize.weight_only_int4(block_size=64), None, ValueError, "does not divide the 32 input features of layer '1'"),
-    (quantize.full_int8(), None, ValueError, "needs calibration_data"),
-    (quantize.full_int8(), [], ValueError, "is empty"),
-    (quantize.full_int8(), [(torch.randn(2, 64),)], ValueError, r"shape \(2, 64\); sample_args has \(1, 64\)"),
-    (quantize.full_int8(), [(torch.randn(1, 64), torch.randn(1, 64))], ValueError, "has 2 input"),
-    (quantize.full_int8(), [(torch.randn(1, 64).double(),)], TypeError, "dtype torch.float64"),
-    (quantize.full_int8(), [{"x": torch.randn(1, 64)}], TypeError, "must be a tuple"),
-    (quantize.full_int8(io="int16"), [(torch.randn(1, 64),)], ValueError, "io='int16' is not available"),
-    (quantize.dynamic_int8(keep_float=["fc9"]), None, ValueError, "'fc9' is neither a layer"),
-    ("int3", None, TypeError, "quant_config must be"),
-])
+@pytest.mark.parametrize(
+    "config, calibration, error, match",
+    [
+        (quantize.weight_only_int4(block_size=48), None, ValueError, "multiple of 32"),
+        (
+            quantize.weight_only_int4(block_size=64),
+            None,
+            ValueError,
+            "does not divide the 32 input features of layer '1'",
+        ),
+        (quantize.full_int8(), None, ValueError, "needs calibration_data"),
+        (quantize.full_int8(), [], ValueError, "is empty"),
+        (quantize.full_int8(), [(torch.randn(2, 64),)], ValueError, r"shape \(2, 64\); sample_args has \(1, 64\)"),
+        (quantize.full_int8(), [(torch.randn(1, 64), torch.randn(1, 64))], ValueError, "has 2 input"),
+        (quantize.full_int8(), [(torch.randn(1, 64).double(),)], TypeError, "dtype torch.float64"),
+        (quantize.full_int8(), [{"x": torch.randn(1, 64)}], TypeError, "must be a tuple"),
+        (quantize.full_int8(io="int16"), [(torch.randn(1, 64),)], ValueError, "io='int16' is not available"),
+        (quantize.dynamic_int8(keep_float=["fc9"]), None, ValueError, "'fc9' is neither a layer"),
+        ("int3", None, TypeError, "quant_config must be"),
+    ],
+)
 def test_bad_configs_fail_before_conversion(monkeypatch, config, calibration, error, match):
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 4))
     _no_conversion(monkeypatch)
@@ -269,10 +281,13 @@ def test_minus_infinity_mask_before_softmax_quantizes():
     calibration = [(torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
     edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=calibration)
     assert_fully_integer(edge)
-    float_mask = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(keep_float=["ADD", "SOFTMAX"]),
-                                      calibration_data=calibration)
-    assert {op.opcode for op in float_mask.ir_model.graphs[0].ops if op.outputs[0].dtype == np.float32} \
-        >= {"ADD", "SOFTMAX"}
+    float_mask = litert_torch.convert(
+        model, (x,), quant_config=quantize.full_int8(keep_float=["ADD", "SOFTMAX"]), calibration_data=calibration
+    )
+    assert {op.opcode for op in float_mask.ir_model.graphs[0].ops if op.outputs[0].dtype == np.float32} >= {
+        "ADD",
+        "SOFTMAX",
+    }
     for seed in range(4):
         fresh = torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(100 + seed))
         with torch.no_grad():
@@ -318,7 +333,7 @@ class EmbedPointwise(nn.Module):
         self.pointwise = nn.Conv2d(64, 32, 1)
 
     def forward(self, ids):
-        h = self.emb(ids)                                   # (1, 16, 64)
+        h = self.emb(ids)  # (1, 16, 64)
         return self.pointwise(h.transpose(1, 2).reshape(1, 64, 4, 4))
 
 

@@ -42,8 +42,9 @@ def _tiny_encoder():
 
 def _samples(name: str, count: int, offset: int, shape=None):
     if name == "tiny_encoder":
-        return [(torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(offset + i)),)
-                for i in range(count)]
+        return [
+            (torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(offset + i)),) for i in range(count)
+        ]
     entry = ZOO[name]
     out = []
     for i in range(count):
@@ -74,13 +75,15 @@ def _check_top_layer_matters_most(name: str, shape=None, randoms: int = 3):
     report = quantize.analyze(model, args, quantize.full_int8(), calibration, evals)
     ranking = [s.name for s in report.ranking() if s.name != sensitivity.ROOT]
     top = ranking[0]
-    edge = litert_torch.convert(model, args, quant_config=quantize.full_int8(keep_float=[top]),
-                                calibration_data=calibration)
+    edge = litert_torch.convert(
+        model, args, quant_config=quantize.full_int8(keep_float=[top]), calibration_data=calibration
+    )
     keep_top = _output_error(edge, model, evals)
     assert keep_top < report.full_error, (top, keep_top, report.full_error)
     for other in random.Random(0).sample(ranking[1:], randoms):
-        edge = litert_torch.convert(model, args, quant_config=quantize.full_int8(keep_float=[other]),
-                                    calibration_data=calibration)
+        edge = litert_torch.convert(
+            model, args, quant_config=quantize.full_int8(keep_float=[other]), calibration_data=calibration
+        )
         assert keep_top < _output_error(edge, model, evals), (top, other)
     return report
 
@@ -110,8 +113,12 @@ def test_auto_keeps_the_fewest_layers_float_that_meet_the_budget():
     calibration, evals = _samples("tiny_encoder", 8, 50), _samples("tiny_encoder", 6, 500)
     full = litert_torch.convert(model, args, quant_config=quantize.full_int8(), calibration_data=calibration)
     budget = 0.6 * _output_error(full, model, evals)
-    edge = litert_torch.convert(model, args, calibration_data=calibration,
-                                quant_config=quantize.auto(quantize.full_int8(), max_error=budget, eval_data=evals))
+    edge = litert_torch.convert(
+        model,
+        args,
+        calibration_data=calibration,
+        quant_config=quantize.auto(quantize.full_int8(), max_error=budget, eval_data=evals),
+    )
     auto = edge.quant_report.auto
     k = auto["float_layers"]
     assert auto["met"] and 0 < k < auto["layers"]
@@ -122,13 +129,16 @@ def test_auto_keeps_the_fewest_layers_float_that_meet_the_budget():
     assert f"auto: {k} of {auto['layers']} layers kept float" in str(edge.quant_report)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({}, "exactly one budget"),
-    ({"max_error": 0.1, "min_agreement": 0.9}, "exactly one budget"),
-    ({"max_error": -1, "eval_data": [1]}, "max_error=-1"),
-    ({"min_agreement": 1.5, "eval_data": [1]}, "min_agreement=1.5"),
-    ({"max_error": 0.1}, "eval_data= is required"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({}, "exactly one budget"),
+        ({"max_error": 0.1, "min_agreement": 0.9}, "exactly one budget"),
+        ({"max_error": -1, "eval_data": [1]}, "max_error=-1"),
+        ({"min_agreement": 1.5, "eval_data": [1]}, "min_agreement=1.5"),
+        ({"max_error": 0.1}, "eval_data= is required"),
+    ],
+)
 def test_auto_bad_budgets_fail_at_once(kwargs, match):
     with pytest.raises(ValueError, match=match):
         quantize.auto(quantize.full_int8(), **kwargs)
@@ -137,9 +147,25 @@ def test_auto_bad_budgets_fail_at_once(kwargs, match):
 
 
 def test_quantize_report_cli(tmp_path, capsys):
-    code = cli_main(["quantize-report", "tests.converter.quantize.test_quantize:SmallCNN", "--args", "1,3,16,16",
-                     "--samples", "4", "--eval-samples", "2", "--calibration", "mse", "-q",
-                     "--json", str(tmp_path / "r.json"), "--png", str(tmp_path / "r.png")])
+    code = cli_main(
+        [
+            "quantize-report",
+            "tests.converter.quantize.test_quantize:SmallCNN",
+            "--args",
+            "1,3,16,16",
+            "--samples",
+            "4",
+            "--eval-samples",
+            "2",
+            "--calibration",
+            "mse",
+            "-q",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--png",
+            str(tmp_path / "r.png"),
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "error alone" in out and "calibration=mse" in out

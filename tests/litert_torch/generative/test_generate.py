@@ -22,8 +22,9 @@ TOLERANCE = 1e-4
 
 def tiny_llama() -> TinyLlama:
     torch.manual_seed(0)
-    return TinyLlama(TinyLlamaConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                                     hidden_dim=128, max_seq_len=64)).eval()
+    return TinyLlama(
+        TinyLlamaConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, max_seq_len=64)
+    ).eval()
 
 
 def torch_logits(model, ids: torch.Tensor) -> np.ndarray:
@@ -32,8 +33,11 @@ def torch_logits(model, ids: torch.Tensor) -> np.ndarray:
     return getattr(out, "logits", out).numpy()
 
 
-MODELS = {"tiny_llama": tiny_llama, "mistral_sliding": lambda: build("mistral (sliding_window)"),
-          "gemma3_text": lambda: build("gemma3 text")}
+MODELS = {
+    "tiny_llama": tiny_llama,
+    "mistral_sliding": lambda: build("mistral (sliding_window)"),
+    "gemma3_text": lambda: build("gemma3 text"),
+}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -53,14 +57,13 @@ def run_stepwise(edge, ids: torch.Tensor, prompt_len: int, prefill: str = "prefi
     for start in range(0, prompt_len, chunk):
         n = min(chunk, prompt_len - start)
         tokens = np.zeros((1, chunk), np.int32)
-        tokens[0, :n] = ids[0, start:start + n].numpy()
+        tokens[0, :n] = ids[0, start : start + n].numpy()
         positions = np.full(chunk, -1, np.int32)
         positions[:n] = np.arange(start, start + n)
         logits, *cache = runtime.run([tokens, positions, *cache], prefill)
         out.append(logits[0])
     for pos in range(prompt_len, ids.shape[1]):
-        logits, *cache = runtime.run([ids[:, pos:pos + 1].int().numpy(), np.array([pos], np.int32), *cache],
-                                     "decode")
+        logits, *cache = runtime.run([ids[:, pos : pos + 1].int().numpy(), np.array([pos], np.int32), *cache], "decode")
         out.append(logits[0])
     return out
 
@@ -72,13 +75,13 @@ def test_two_signatures_with_the_cache_as_inputs_and_outputs(exported):
     assert prefill.inputs[0].shape == (1, PREFILL) and decode.inputs[0].shape == (1, 1)
     caches = prefill.inputs[2:]
     # the cache of a sliding layer is a ring buffer of the window, a global layer's the whole context
-    slots = {"tiny_llama": [CACHE] * 2, "mistral_sliding": [WINDOW] * 2,
-             "gemma3_text": [WINDOW, WINDOW, CACHE]}[name]
+    slots = {"tiny_llama": [CACHE] * 2, "mistral_sliding": [WINDOW] * 2, "gemma3_text": [WINDOW, WINDOW, CACHE]}[name]
     assert [c.shape for c in caches] == [(1, 2, s, 16) for s in slots for _ in "kv"]
     kinds = ["cache" if s == CACHE else "ring" for s in slots for _ in "kv"]
     assert [c.name for c in caches] == [f"kv_cache_{i}" for i in range(len(caches))]
-    assert prefill.output_names == decode.output_names == ["logits"] + [f"kv_{kind}_{i}"
-                                                                       for i, kind in enumerate(kinds)]
+    assert (
+        prefill.output_names == decode.output_names == ["logits"] + [f"kv_{kind}_{i}" for i, kind in enumerate(kinds)]
+    )
     assert [o.shape for o in prefill.outputs[1:]] == [c.shape for c in caches]
     # prefill returns the logits of its last position only (the default)
     assert prefill.outputs[0].shape == decode.outputs[0].shape == (1, 1, VOCAB)
@@ -115,7 +118,7 @@ def test_sampling_matches_pytorch_with_the_same_seed(exported):
     assert generate(edge, prompt, 16, **options) == sampled  # the seed makes it repeatable
     stop = sampled[5]
     first = sampled.index(stop)
-    assert generate(edge, prompt, 16, stop_tokens=[stop], **options) == sampled[:first + 1]
+    assert generate(edge, prompt, 16, stop_tokens=[stop], **options) == sampled[: first + 1]
 
 
 def test_a_prompt_that_does_not_fit_the_cache_is_refused(exported):
@@ -151,8 +154,7 @@ def test_several_prefill_lengths_share_the_weights_and_generate_exactly():
     cache = runtime.run([ids[:, :4].int().numpy(), np.arange(4, dtype=np.int32), *cache], "prefill_4")
     errors = []
     for pos in range(4, 7):
-        logits, *cache = runtime.run([ids[:, pos:pos + 1].int().numpy(), np.array([pos], np.int32), *cache],
-                                     "decode")
+        logits, *cache = runtime.run([ids[:, pos : pos + 1].int().numpy(), np.array([pos], np.int32), *cache], "decode")
         errors.append(max_relative_error(logits[0, -1], torch_logits(model, ids)[0, pos]))
     assert max(errors) <= TOLERANCE, errors
 

@@ -39,8 +39,15 @@ def test_padding_positions_write_nothing():
     torch.testing.assert_close(out, cache.index_copy(2, torch.tensor([2]), new[:, :, :1]), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("window,chunks", [(4, [[0, 1, 2]]), (4, [[0, 1, 2], [3, 4, 5, -1]]),
-                                           (3, [[0, 1, 2, 3, 4, 5, 6]]), (4, [[0, 1], [2], [3], [4], [5]])])
+@pytest.mark.parametrize(
+    "window,chunks",
+    [
+        (4, [[0, 1, 2]]),
+        (4, [[0, 1, 2], [3, 4, 5, -1]]),
+        (3, [[0, 1, 2, 3, 4, 5, 6]]),
+        (4, [[0, 1], [2], [3], [4], [5]]),
+    ],
+)
 def test_ring_buffer_holds_the_last_window_positions(window, chunks):
     """After each chunk, slot p % window holds position p for the last `window` positions;
     the mask over [ring, chunk] shows each query exactly the keys of its window."""
@@ -56,7 +63,7 @@ def test_ring_buffer_holds_the_last_window_positions(window, chunks):
             if q < 0:
                 continue
             seen = keys[0, 0, bias[i] == 0]  # ring slots come in slot order, not position order
-            want = values[0, 0, max(0, q - window + 1):q + 1]
+            want = values[0, 0, max(0, q - window + 1) : q + 1]
             torch.testing.assert_close(seen[seen[:, 0].argsort()], want[want[:, 0].argsort()], rtol=0, atol=0)
         ring = write_ring(ring, new, pos)
         last = max(chunk)
@@ -82,8 +89,8 @@ def test_cached_forward_equals_full_forward():
         logits, cache = model(ids[:, :6], torch.arange(6), model.empty_cache(16))
         torch.testing.assert_close(logits, full[:, :6], rtol=1e-5, atol=1e-5)
         for i in range(6, 9):
-            logits, cache = model(ids[:, i:i + 1], torch.tensor([i]), cache)
-            torch.testing.assert_close(logits, full[:, i:i + 1], rtol=1e-5, atol=1e-5)
+            logits, cache = model(ids[:, i : i + 1], torch.tensor([i]), cache)
+            torch.testing.assert_close(logits, full[:, i : i + 1], rtol=1e-5, atol=1e-5)
 
 
 def test_export_arguments_are_checked():
@@ -98,11 +105,14 @@ def test_export_arguments_are_checked():
         export_generative(model, prefill_len=8, cache_len=16, prefill_logits="first")
 
 
-@pytest.mark.parametrize("family,match", [
-    ("llama (dynamic rope)", "rope_type 'dynamic'"),
-    ("gpt_neo (local attention)", "local attention layers"),
-    ("falcon (alibi)", "config.alibi=True"),
-])
+@pytest.mark.parametrize(
+    "family,match",
+    [
+        ("llama (dynamic rope)", "rope_type 'dynamic'"),
+        ("gpt_neo (local attention)", "local attention layers"),
+        ("falcon (alibi)", "config.alibi=True"),
+    ],
+)
 def test_what_would_not_be_exact_is_refused_by_name(family, match):
     with pytest.raises(UnsupportedModelError, match=match):
         with_kv_cache(build(family), 32)
@@ -133,8 +143,9 @@ def test_mixture_of_experts_is_exact_in_both_forms(experts):
     assert verify_cached_lm(build("mixtral (MoE)"), cache_len=24, prefill_len=8, experts=experts) <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["mistral (sliding_window)", "qwen2 (use_sliding_window)", "gemma2",
-                                    "phi3 (sliding_window)"])
+@pytest.mark.parametrize(
+    "family", ["mistral (sliding_window)", "qwen2 (use_sliding_window)", "gemma2", "phi3 (sliding_window)"]
+)
 def test_sliding_window_models_are_exact_in_pytorch_beyond_the_window(family):
     """Every spelling of a window (sliding_window, use_sliding_window + max_window_layers,
     layer_types), soft-capping and query_pre_attn_scalar: the cached model's logits at
@@ -174,19 +185,25 @@ def test_int8_export_agrees_with_the_float_model_in_logits_and_is_smaller():
     torch.manual_seed(0)
     model = TinyLlama(TinyLlamaConfig(n_layers=1, dim=128, hidden_dim=256, max_seq_len=32)).eval()
     plain = export_generative(model, prefill_len=4, cache_len=32, progress=False, prefill_logits="all")
-    small = export_generative(model, prefill_len=4, cache_len=32, progress=False, prefill_logits="all",
-                              quant_config=quantize.weight_only_int8())
+    small = export_generative(
+        model,
+        prefill_len=4,
+        cache_len=32,
+        progress=False,
+        prefill_logits="all",
+        quant_config=quantize.weight_only_int8(),
+    )
     assert len(small) < 0.35 * len(plain), (len(small), len(plain))
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = model(ids.long()).numpy()[0]
     for edge, tolerance in ((plain, 1e-4), (small, 2e-2)):
         cache = [np.zeros(s.shape, np.float32) for s in edge.runtime.signature("decode").inputs[2:]]
-        logits, *cache = edge.runtime.run([ids[:, :4].int().numpy(), np.arange(4, dtype=np.int32), *cache],
-                                          "prefill")
+        logits, *cache = edge.runtime.run([ids[:, :4].int().numpy(), np.arange(4, dtype=np.int32), *cache], "prefill")
         errors = [max_relative_error(logits[0], expected[:4])]
         for pos in range(4, 12):
-            logits, *cache = edge.runtime.run([ids[:, pos:pos + 1].int().numpy(), np.array([pos], np.int32),
-                                               *cache], "decode")
+            logits, *cache = edge.runtime.run(
+                [ids[:, pos : pos + 1].int().numpy(), np.array([pos], np.int32), *cache], "decode"
+            )
             errors.append(max_relative_error(logits[0, -1], expected[pos]))
         assert max(errors) <= tolerance, (tolerance, errors)

@@ -80,9 +80,7 @@ def test_record_compile_reports_other_compile_paths(fresh_cache):
 
 def run_child(cache: Path, *flags: str) -> dict:
     env = dict(os.environ, TPU_CACHE_DIR=str(cache))
-    done = subprocess.run(
-        [sys.executable, str(CHILD), *flags], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([sys.executable, str(CHILD), *flags], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"child failed ({done.returncode}):\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -80,7 +80,9 @@ def test_compiled_dropout_on_the_device_follows_torch_manual_seed():
         kept = out != 0
         dropped, count = (~kept).sum().item(), out.numel()
         spread = 5 * (count * p * (1 - p)) ** 0.5  # 5 standard deviations of Binomial(count, p)
-        assert abs(dropped - p * count) <= spread, f"dropped {dropped} of {count}, expected {p * count:.0f} +- {spread:.0f}"
+        assert abs(dropped - p * count) <= spread, (
+            f"dropped {dropped} of {count}, expected {p * count:.0f} +- {spread:.0f}"
+        )
         torch.testing.assert_close(out[kept], undropped[kept] / (1 - p), rtol=1e-5, atol=1e-6)
 
 
@@ -93,4 +95,3 @@ def test_graph_breaks_on_the_device_run_eagerly_and_match_cpu():
     got = torch.compile(device_model, backend="tpu")(x.to("tpu"))
     assert got.device.type == "tpu"
     assert torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-6)
-

@@ -52,7 +52,9 @@ def run(argv: list[str], devices: int | None = 8) -> subprocess.CompletedProcess
     done = subprocess.run(
         [sys.executable, *argv], cwd=ROOT, env=_env(devices), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT
     )
-    assert done.returncode == 0, f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, (
+        f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    )
     return done
 
 
@@ -80,10 +82,19 @@ def assert_strategies_match_single(report: dict, tensors: dict, strategies, opti
         run_key = f"{strategy}:{optimizer}"
         label = f"{what} {strategy} {optimizer}"
         assert_same_losses(report[run_key]["losses"], single, label)
-        assert_tensors_match(tensors[run_key]["first_gradients"], tensors[key]["first_gradients"],
-                             f"{label}: gradients after step 1", rtol=GRADIENT_RTOL, floor=ZERO_GRADIENT_FLOOR)
-        assert_parameters_match(tensors[run_key]["final_parameters"], tensors[key]["final_parameters"],
-                                tensors[key]["first_gradients"], f"{label}: final parameters")
+        assert_tensors_match(
+            tensors[run_key]["first_gradients"],
+            tensors[key]["first_gradients"],
+            f"{label}: gradients after step 1",
+            rtol=GRADIENT_RTOL,
+            floor=ZERO_GRADIENT_FLOOR,
+        )
+        assert_parameters_match(
+            tensors[run_key]["final_parameters"],
+            tensors[key]["final_parameters"],
+            tensors[key]["first_gradients"],
+            f"{label}: final parameters",
+        )
 
 
 def assert_same_losses(got: list[float], want: list[float], what: str) -> None:
@@ -97,7 +108,11 @@ def assert_same_losses(got: list[float], want: list[float], what: str) -> None:
 
 def assert_sharded_one_eighth(report: dict, what: str) -> None:
     """Per-device bytes of parameters, gradients and optimizer state <= 1/8 + 5% of the total."""
-    for kind, total_key in (("param", "param_bytes_total"), ("grad", "param_bytes_total"), ("state", "state_bytes_total")):
+    for kind, total_key in (
+        ("param", "param_bytes_total"),
+        ("grad", "param_bytes_total"),
+        ("state", "state_bytes_total"),
+    ):
         per_device = report[f"{kind}_bytes_per_device"]
         assert len(per_device) == 8, f"{what}: {kind} bytes on {len(per_device)} devices"
         limit = report[total_key] / 8 * 1.05
@@ -206,7 +221,9 @@ def test_mlp_data_parallel_fsdp_tensor_parallel_match_single_device(tmp_path):
 
 @pytest.mark.slow
 def test_gpt_data_parallel_fsdp_tensor_parallel_match_single_device(tmp_path):
-    runs = ",".join(f"{strategy}:{optimizer}" for optimizer in ("sgd", "adamw") for strategy in ("single", "dp", "fsdp", "tp"))
+    runs = ",".join(
+        f"{strategy}:{optimizer}" for optimizer in ("sgd", "adamw") for strategy in ("single", "dp", "fsdp", "tp")
+    )
     report, tensors = train_with_tensors(tmp_path, "--model", "transformer", "--strategy", runs, "--mesh", "8")
     for optimizer in ("sgd", "adamw"):
         assert_strategies_match_single(report, tensors, ("dp", "fsdp", "tp"), optimizer, "gpt")
@@ -277,13 +294,20 @@ def test_killing_one_process_stops_the_run_with_a_clear_error(tmp_path):
     with open(log, "w") as out:
         launcher = subprocess.Popen(
             [sys.executable, *LAUNCH, os.path.join(HERE, "collective_loop.py"), "100000"],
-            cwd=ROOT, env=_env(None), stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=_env(None),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         text = lambda: log.read_text()  # noqa: E731
         _wait_for(lambda: "[rank 0] step 2:" in text() and "[rank 1] step 2:" in text(), 300, "both ranks to reduce")
         assert "[rank 0] step 2: 192" in text()  # 2 x (8 rows x 4 of 1.0 + 8 rows x 4 of 2.0): both processes' data
-        pids = {int(line.split()[2]): int(line.split()[4]) for line in text().splitlines() if line.startswith("tpu_backend.launch: rank")}
+        pids = {
+            int(line.split()[2]): int(line.split()[4])
+            for line in text().splitlines()
+            if line.startswith("tpu_backend.launch: rank")
+        }
         os.kill(pids[1], signal.SIGKILL)
         killed_at = time.monotonic()
         launcher.wait(timeout=60)

@@ -69,8 +69,11 @@ TP_PLANS = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(CASES), default="transformer")
-    parser.add_argument("--strategy", default="dp", help="single, dp, fsdp or tp, each optionally :sgd or :adamw; "
-                        "several comma-separated run in turn")
+    parser.add_argument(
+        "--strategy",
+        default="dp",
+        help="single, dp, fsdp or tp, each optionally :sgd or :adamw; several comma-separated run in turn",
+    )
     parser.add_argument("--mesh", default="8", help="mesh shape, e.g. 8 or 4x2")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
     parser.add_argument("--tensors", default=None, help="save first-step gradients and final parameters here")
@@ -138,7 +141,9 @@ def train(args, strategy: str, optimizer_name: str, tensors: dict | None) -> dic
         losses.append(loss.item())
         times.append(time.perf_counter() - start)
         if step == first and tensors is not None:
-            tensors["first_gradients"] = {n: full_tensor(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+            tensors["first_gradients"] = {
+                n: full_tensor(p.grad) for n, p in model.named_parameters() if p.grad is not None
+            }
         print(f"{strategy} step {step}: loss {losses[-1]:.6f} ({times[-1]:.2f} s)", flush=True)
         if args.save_at is not None and step + 1 == args.save_at:
             dist.save_checkpoint(args.checkpoint, model, optimizer, extra={"step": step + 1})
@@ -147,7 +152,12 @@ def train(args, strategy: str, optimizer_name: str, tensors: dict | None) -> dic
     report = {"losses": losses, "first_step": first, "step_seconds": times, "processes": dist.process_count()}
     if strategy != "single":
         params = list(model.parameters())
-        states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.device.type == "tpu"]
+        states = [
+            v
+            for s in optimizer.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor) and v.device.type == "tpu"
+        ]
         report.update(
             param_bytes_total=sum(p.numel() * p.element_size() for p in params),
             param_bytes_per_device=dist.bytes_per_device(params),

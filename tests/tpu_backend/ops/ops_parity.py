@@ -83,7 +83,9 @@ def to_torch(array):
 
 def assert_same(actual, expected, atol=1e-5, rtol=1e-5, what=""):
     if isinstance(expected, (tuple, list)):
-        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected), f"{what}: {len(actual)} outputs, expected {len(expected)}"
+        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected), (
+            f"{what}: {len(actual)} outputs, expected {len(expected)}"
+        )
         for i, (a, e) in enumerate(zip(actual, expected)):
             if e is None or not isinstance(e, torch.Tensor):
                 continue

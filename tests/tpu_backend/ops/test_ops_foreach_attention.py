@@ -66,7 +66,9 @@ def test_flash_attention_for_cpu_forward_and_backward(is_causal):
     q, k, v = qkv(length=6, source=6)
     out, lse = check(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v, 0.0, is_causal, **TOL)
     g = torch.randn(out.shape)
-    check(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, g, q, k, v, out, lse, 0.0, is_causal, **TOL)
+    check(
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default, g, q, k, v, out, lse, 0.0, is_causal, **TOL
+    )
     mask = torch.randn(6, 6)
     check(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v, attn_mask=mask, scale=0.3, **TOL)
 
@@ -86,8 +88,22 @@ def test_overrideable_attention_matches_sdpa(mask_kind):
     expected.backward(g)
     grads = run_lowering(
         aten._scaled_dot_product_fused_attention_overrideable_backward.default,
-        g, q, k, v, mask, [True, True, True, mask_kind == "float"], outputs[0], outputs[1],
-        outputs[2], outputs[3], 5, 7, 0.0, False, outputs[6], outputs[7],
+        g,
+        q,
+        k,
+        v,
+        mask,
+        [True, True, True, mask_kind == "float"],
+        outputs[0],
+        outputs[1],
+        outputs[2],
+        outputs[3],
+        5,
+        7,
+        0.0,
+        False,
+        outputs[6],
+        outputs[7],
     )
     for got, leaf in zip(grads, leaves):
         torch.testing.assert_close(got, leaf.grad, **TOL)

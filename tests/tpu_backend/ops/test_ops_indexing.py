@@ -112,7 +112,16 @@ def test_embedding_and_backward(padding_idx, scale):
 @pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
 @pytest.mark.parametrize("include_self", [True, False])
 def test_index_reduce(reduce, include_self):
-    check(aten.index_reduce.default, X, 1, torch.tensor([0, 4, 0, 2]), torch.randn(4, 4, 6), reduce, include_self=include_self, rtol=1e-4)
+    check(
+        aten.index_reduce.default,
+        X,
+        1,
+        torch.tensor([0, 4, 0, 2]),
+        torch.randn(4, 4, 6),
+        reduce,
+        include_self=include_self,
+        rtol=1e-4,
+    )
 
 
 def test_zero_dim_inputs():

@@ -54,7 +54,14 @@ def test_dense_linear_algebra():
     lower = torch.linalg.cholesky(a)
     b = torch.randn(2, 4, 3)
     check(aten.linalg_solve_triangular.default, lower, b, upper=False, **TOL)
-    check(aten.linalg_solve_triangular.default, lower.transpose(-1, -2), b.transpose(-1, -2), upper=True, left=False, **TOL)
+    check(
+        aten.linalg_solve_triangular.default,
+        lower.transpose(-1, -2),
+        b.transpose(-1, -2),
+        upper=True,
+        left=False,
+        **TOL,
+    )
     check(aten.triangular_solve.default, b, lower, False, **TOL)
     check(aten.cholesky_solve.default, b, lower, **TOL)
     check(aten.cholesky_inverse.default, lower[0], **TOL)

@@ -48,14 +48,29 @@ def test_batch_norm_forward_backward_and_running_stats(training, shape):
     w, b = torch.randn(3), torch.randn(3)
     rm, rv = torch.randn(3), torch.rand(3) + 0.5
     rm_cpu, rv_cpu = rm.clone(), rv.clone()
-    out, save_mean, save_invstd = check(aten.native_batch_norm.default, x, w, b, rm_cpu, rv_cpu, training, 0.1, 1e-5, **TOL)
+    out, save_mean, save_invstd = check(
+        aten.native_batch_norm.default, x, w, b, rm_cpu, rv_cpu, training, 0.1, 1e-5, **TOL
+    )
     # ATen updated rm_cpu/rv_cpu in place; the functional lowering returns the new values.
     results = run_lowering(aten._native_batch_norm_legit_functional.default, x, w, b, rm, rv, training, 0.1, 1e-5)
     torch.testing.assert_close(results[3], rm_cpu, **TOL)
     torch.testing.assert_close(results[4], rv_cpu, **TOL)
     torch.testing.assert_close(results[0], out, **TOL)
     g = torch.randn(*shape)
-    check(aten.native_batch_norm_backward.default, g, x, w, rm, rv, save_mean, save_invstd, training, 1e-5, [True, True, True], **TOL)
+    check(
+        aten.native_batch_norm_backward.default,
+        g,
+        x,
+        w,
+        rm,
+        rv,
+        save_mean,
+        save_invstd,
+        training,
+        1e-5,
+        [True, True, True],
+        **TOL,
+    )
 
 
 def test_batch_norm_legit_variants():
@@ -93,8 +108,12 @@ def test_batch_norm_with_update_family():
     check(aten._batch_norm_no_update.default, x, w, b, rm, rv, 0.1, 1e-5, **TOL)
     g = torch.randn(4, 3, 5)
     reserve = torch.empty(0, dtype=torch.uint8)
-    check(aten.batch_norm_backward.default, g, x, w, rm, rv, mean, invstd, True, 1e-5, [True, True, True], reserve, **TOL)
-    check(aten.batch_norm_backward.default, g, x, w, rm, rv, None, None, False, 1e-5, [True, True, True], reserve, **TOL)
+    check(
+        aten.batch_norm_backward.default, g, x, w, rm, rv, mean, invstd, True, 1e-5, [True, True, True], reserve, **TOL
+    )
+    check(
+        aten.batch_norm_backward.default, g, x, w, rm, rv, None, None, False, 1e-5, [True, True, True], reserve, **TOL
+    )
 
 
 @pytest.mark.parametrize("dim", [0, 2])  # ATen's fused CPU kernel takes the first or last dim

@@ -20,7 +20,14 @@ def on_tpu(*tensors):
 def test_scalar_promotion_and_pointwise_on_device():
     x = torch.randint(-5, 5, (3, 4))
     (xt,) = on_tpu(x)
-    for fn in (lambda a: a + 2.5, lambda a: a / 2, lambda a: a // 3, lambda a: (a > 0) * 1.5, lambda a: a.float().exp(), lambda a: a**2):
+    for fn in (
+        lambda a: a + 2.5,
+        lambda a: a / 2,
+        lambda a: a // 3,
+        lambda a: (a > 0) * 1.5,
+        lambda a: a.float().exp(),
+        lambda a: a**2,
+    ):
         expected, got = fn(x), fn(xt).cpu()
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got, expected)
@@ -45,7 +52,9 @@ def test_bool_mask_indexing_and_data_dependent_ops_on_device():
 def test_batch_norm_running_stats_update_on_device():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
-    device_model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    device_model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)
+    )
     device_model.load_state_dict(model.state_dict())
     device_model = device_model.to("tpu")
     x = torch.randn(4, 3, 8, 8)

@@ -21,13 +21,31 @@ MAX_POOLS = [
 def test_max_pool2d_with_indices_and_backward(params):
     x = torch.randn(2, 3, 9, 8)
     out, indices = check(aten.max_pool2d_with_indices.default, x, *params, **TOL)
-    check(aten.max_pool2d_with_indices_backward.default, torch.randn(out.shape), x, *[p or params[0] for p in params[:4]], params[4], indices, **TOL)
+    check(
+        aten.max_pool2d_with_indices_backward.default,
+        torch.randn(out.shape),
+        x,
+        *[p or params[0] for p in params[:4]],
+        params[4],
+        indices,
+        **TOL,
+    )
 
 
 def test_max_pool3d_and_unbatched_2d():
     x = torch.randn(2, 2, 5, 6, 7)
     out, indices = check(aten.max_pool3d_with_indices.default, x, [2, 3, 2], [2, 2, 1], [1, 1, 0], [1, 1, 1], True)
-    check(aten.max_pool3d_with_indices_backward.default, torch.randn(out.shape), x, [2, 3, 2], [2, 2, 1], [1, 1, 0], [1, 1, 1], True, indices)
+    check(
+        aten.max_pool3d_with_indices_backward.default,
+        torch.randn(out.shape),
+        x,
+        [2, 3, 2],
+        [2, 2, 1],
+        [1, 1, 0],
+        [1, 1, 1],
+        True,
+        indices,
+    )
     check(aten.max_pool2d_with_indices.default, torch.randn(3, 6, 6), [2, 2], [2, 2])
     check(aten.max_pool2d_with_indices.default, torch.randint(-9, 9, (1, 2, 6, 6)), [3, 3], [1, 1], [1, 1])
 
@@ -77,7 +95,9 @@ def test_linear_upsampling(align_corners):
     out = check(aten.upsample_bilinear2d.default, x, [10, 7], align_corners, **TOL)
     check(aten.upsample_bilinear2d.default, x, [10, 8], align_corners, 2.0, 2.0, **TOL)
     check(aten.upsample_bilinear2d.default, x, [3, 3], align_corners, **TOL)
-    check(aten.upsample_bilinear2d_backward.default, torch.randn(out.shape), [10, 7], [2, 3, 5, 4], align_corners, **TOL)
+    check(
+        aten.upsample_bilinear2d_backward.default, torch.randn(out.shape), [10, 7], [2, 3, 5, 4], align_corners, **TOL
+    )
     check(aten.upsample_linear1d.default, torch.randn(2, 3, 5), [11], align_corners, **TOL)
     check(aten.upsample_trilinear3d.default, torch.randn(1, 2, 3, 4, 5), [5, 6, 7], align_corners, **TOL)
 
@@ -102,7 +122,9 @@ def test_bicubic_upsampling(align_corners):
 
 GRID_SAMPLES = [
     # (mode, padding_mode, align_corners): the default run covers each mode and padding once
-    (0, 0, False), (0, 2, True), (1, 1, False),
+    (0, 0, False),
+    (0, 2, True),
+    (1, 1, False),
     *[pytest.param(m, p, a, marks=pytest.mark.slow) for m in (0, 1) for p in (0, 1, 2) for a in (True, False)],
 ]
 
@@ -114,7 +136,18 @@ def test_grid_sampler_2d(mode, padding_mode, align_corners):
     out = check(aten.grid_sampler_2d.default, x, grid, mode, padding_mode, align_corners, **TOL)
     if mode == 0:
         g = torch.randn(out.shape)
-        check(aten.grid_sampler_2d_backward.default, g, x, grid, mode, padding_mode, align_corners, [True, True], atol=1e-4, rtol=1e-4)
+        check(
+            aten.grid_sampler_2d_backward.default,
+            g,
+            x,
+            grid,
+            mode,
+            padding_mode,
+            align_corners,
+            [True, True],
+            atol=1e-4,
+            rtol=1e-4,
+        )
 
 
 def test_upsampling_backward_family():

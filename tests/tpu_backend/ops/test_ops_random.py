@@ -20,7 +20,13 @@ def draw(op, *args, seed=0, **kwargs):
 
 
 def test_every_random_op_asks_for_a_key():
-    for op in (aten.rand.default, aten.randn.default, aten.bernoulli.p, aten.native_dropout.default, aten.multinomial.default):
+    for op in (
+        aten.rand.default,
+        aten.randn.default,
+        aten.bernoulli.p,
+        aten.native_dropout.default,
+        aten.multinomial.default,
+    ):
         assert JAX_LOWERINGS[op].needs_rng
     assert not JAX_LOWERINGS[aten.native_dropout_backward.default].needs_rng
 
@@ -103,5 +109,6 @@ def test_native_dropout_and_backward():
     assert not bool(out.any())
     g = torch.randn(4000)
     torch.testing.assert_close(
-        run_lowering(aten.native_dropout_backward.default, g, mask, 2.0), aten.native_dropout_backward.default(g, mask, 2.0)
+        run_lowering(aten.native_dropout_backward.default, g, mask, 2.0),
+        aten.native_dropout_backward.default(g, mask, 2.0),
     )

@@ -15,7 +15,13 @@ BOOLS = X > 0
 
 @pytest.mark.parametrize(
     "dim,keepdim",
-    [(None, False), pytest.param([1], False, marks=pytest.mark.slow), ([0, 2], True), pytest.param([-1], True, marks=pytest.mark.slow), pytest.param([], False, marks=pytest.mark.slow)],
+    [
+        (None, False),
+        pytest.param([1], False, marks=pytest.mark.slow),
+        ([0, 2], True),
+        pytest.param([-1], True, marks=pytest.mark.slow),
+        pytest.param([], False, marks=pytest.mark.slow),
+    ],
 )
 def test_sum_mean_and_friends(dim, keepdim):
     check(aten.sum.dim_IntList, X, dim, keepdim)
@@ -38,7 +44,14 @@ def test_sum_mean_and_friends(dim, keepdim):
 
 
 def test_whole_tensor_reductions():
-    for op in (aten.sum.default, aten.prod.default, aten.max.default, aten.min.default, aten.all.default, aten.any.default):
+    for op in (
+        aten.sum.default,
+        aten.prod.default,
+        aten.max.default,
+        aten.min.default,
+        aten.all.default,
+        aten.any.default,
+    ):
         check(op, INTS)
         check(op, X)
     check(aten.mean.default, X)

@@ -50,12 +50,23 @@ def test_pads(pad):
     check(aten.constant_pad_nd.default, x, pad, 1.5)
     if min(pad) < 0:
         return
-    op = {2: (aten.reflection_pad1d, aten.replication_pad1d), 4: (aten.reflection_pad2d, aten.replication_pad2d)}[len(pad)]
+    op = {2: (aten.reflection_pad1d, aten.replication_pad1d), 4: (aten.reflection_pad2d, aten.replication_pad2d)}[
+        len(pad)
+    ]
     x = x if len(pad) == 4 else x[0]
     for packet in op:
         check(packet.default, x, pad)
     backward = aten.reflection_pad2d_backward.default if len(pad) == 4 else aten.reflection_pad1d_backward.default
-    check(backward, torch.randn(aten.reflection_pad1d.default(x, pad).shape if len(pad) == 2 else aten.reflection_pad2d.default(x, pad).shape), x, pad)
+    check(
+        backward,
+        torch.randn(
+            aten.reflection_pad1d.default(x, pad).shape
+            if len(pad) == 2
+            else aten.reflection_pad2d.default(x, pad).shape
+        ),
+        x,
+        pad,
+    )
 
 
 def test_fold_and_unfold():
