@@ -100,6 +100,14 @@ def bench_host(
     first = runner.once()
     warm = [runner.once() for _ in range(warmup)]
     times = [runner.once() for _ in range(runs)]
+    report = _host_report(runner, name, content, threads, use_xnnpack, first, warm, times)
+    report["memory"] = {"peak_rss_mb": _peak_rss_mb(), "peak_rss_before_mb": rss_before}
+    report["op_profile"] = op_profile(content, threads=threads, use_xnnpack=use_xnnpack) if per_op else None
+    return report
+
+
+def _host_report(runner, name, content, threads, use_xnnpack, first, warm, times) -> dict:
+    """The JSON of one model's timings on this machine (bench_host, and each side of compare)."""
     return {
         "schema": SCHEMA,
         "target": "host",
@@ -115,8 +123,6 @@ def bench_host(
         "first_us": first,
         "warmup_avg_us": float(np.mean(warm)) if warm else None,
         "inference_us": stats_us(times),
-        "memory": {"peak_rss_mb": _peak_rss_mb(), "peak_rss_before_mb": rss_before},
-        "op_profile": op_profile(content, threads=threads, use_xnnpack=use_xnnpack) if per_op else None,
     }
 
 
@@ -141,34 +147,17 @@ def compare(
     for _ in range(runs):
         ta.append(a.once())
         tb.append(b.once())
-    sa, sb = stats_us(ta), stats_us(tb)
-
-    def result(runner, name, content, first, stats):
-        return {
-            "schema": SCHEMA,
-            "target": "host",
-            "model": name,
-            "model_bytes": len(content),
-            "signature": runner.sig.key,
-            "runtime": {
-                "engine": "ai-edge-litert",
-                "threads": threads or 1,
-                "delegate": "xnnpack" if use_xnnpack else "builtin kernels",
-            },
-            "init_us": runner.init_us,
-            "first_us": first,
-            "warmup_avg_us": None,
-            "inference_us": stats,
-        }
-
+    ra = _host_report(a, na, ca, threads, use_xnnpack, firsts[0], [], ta)
+    rb = _host_report(b, nb, cb, threads, use_xnnpack, firsts[1], [], tb)
+    sa, sb = ra["inference_us"], rb["inference_us"]
     ratios = {k: sb[k] / sa[k] for k in ("avg", "p50", "p90", "min") if sa.get(k)}
     ratios["init"] = b.init_us / a.init_us if a.init_us else None
     return {
         "schema": SCHEMA,
         "mode": "compare",
         "alternating": True,
-        "a": result(a, na, ca, firsts[0], sa),
-        "b": result(b, nb, cb, firsts[1], sb),
+        "a": ra,
+        "b": rb,
         "ratio_b_over_a": ratios,
     }
 
