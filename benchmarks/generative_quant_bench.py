@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     print(json.dumps(results, indent=1))
     if opts.json:
         opts.json.write_text(json.dumps(results, indent=1))
-    return 0
+    return 1 if any("error" in results[f"anchor {r}"] for r in recipes) else 0
 
 
 if __name__ == "__main__":
