@@ -1,9 +1,11 @@
 """Run the anchor's generative export (litert-torch 0.10.0 `export_hf`) on a saved model
 folder, in the anchor's own environment. Prints one JSON line: seconds and the path of
-the float .tflite. Called by generative_bench.py --anchor-python; imports nothing from
-this repository.
+the .tflite. Called by generative_bench.py and generative_quant_bench.py --anchor-python;
+imports nothing from this repository. The optional fifth argument is the anchor's
+`quantization_recipe` (default "none": float; e.g. "dynamic_wi4b32_afp32", a name from
+ai_edge_quantizer.recipe, applied by export_hf after conversion).
 
-    /tmp/anchor-venv/bin/python benchmarks/anchor_generative.py MODEL_DIR OUT.tflite 32 256
+    /tmp/anchor-venv/bin/python benchmarks/anchor_generative.py MODEL_DIR OUT.tflite 32 256 [RECIPE]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _tensorflow_schema_shim() -> None:
     sys.modules["tensorflow.lite.python.schema_py_generated"] = schema_py_generated
 
 
-def main(model_dir: str, out_path: str, prefill_len: int, cache_len: int) -> None:
+def main(model_dir: str, out_path: str, prefill_len: int, cache_len: int, recipe: str = "none") -> None:
     _tensorflow_schema_shim()
     start = time.perf_counter()
     from litert_torch.generative.export_hf import export
@@ -47,16 +49,18 @@ def main(model_dir: str, out_path: str, prefill_len: int, cache_len: int) -> Non
             prefill_lengths=[prefill_len],
             cache_length=cache_len,
             bundle_litert_lm=False,
-            quantization_recipe="none",
+            quantization_recipe=recipe,
             keep_temporary_files=True,
         )
         export_s = time.perf_counter() - start
-        found = sorted(glob.glob(os.path.join(work, "**", "model.tflite"), recursive=True))
+        # float: model.tflite; with a recipe the quantizer writes model_quantized.tflite beside it
+        name = "model.tflite" if recipe.strip().lower() == "none" else "model_quantized.tflite"
+        found = sorted(glob.glob(os.path.join(work, "**", name), recursive=True))
         if not found:
-            raise SystemExit(f"the anchor wrote no model.tflite under {work}: {os.listdir(work)}")
+            raise SystemExit(f"the anchor wrote no {name} under {work}: {os.listdir(work)}")
         shutil.copyfile(found[0], out_path)
-    print(json.dumps({"import_s": import_s, "export_s": export_s, "path": out_path}), flush=True)
+    print(json.dumps({"import_s": import_s, "export_s": export_s, "recipe": recipe, "path": out_path}), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])

@@ -141,50 +141,79 @@ def save_for_anchor(model, folder: str) -> None:
     ).save_pretrained(folder)
 
 
+def export_anchor(model, opts, recipe: str = "none") -> dict:
+    """Export `model` with the anchor's export_hf (in `opts.anchor_python`'s environment,
+    prefill `opts.prefill_len`, cache `opts.cache_len`, quantization `recipe`): its report
+    with "content" (the .tflite bytes), or {"error": ...} naming the anchor's last error line."""
+    with tempfile.TemporaryDirectory() as work:
+        save_for_anchor(model, work)
+        out = os.path.join(work, "anchor.tflite")
+        command = [
+            opts.anchor_python,
+            str(HERE / "anchor_generative.py"),
+            work,
+            out,
+            str(opts.prefill_len),
+            str(opts.cache_len),
+            recipe,
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # else it imports this repo's litert_torch
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        report = json.loads(lines[-1])
+        report["content"] = Path(out).read_bytes()
+    return report
+
+
+class AnchorSteps:
+    """Runs the anchor's `prefill_{P}` and `decode` signatures as `generate` would: inputs
+    fed by name (tokens, input_pos, the additive mask, the caches), caches carried over."""
+
+    def __init__(self, content: bytes, prefill_len: int, cache_len: int, threads: int):
+        self.runtime = LiteRTModel(content, num_threads=threads)
+        self.prefill_key, self.cache_len = f"prefill_{prefill_len}", cache_len
+        self.caches: dict = {}
+
+    def inputs(self, key: str, tokens: np.ndarray, positions: np.ndarray) -> list:
+        values = {
+            "tokens": tokens,
+            "input_pos": positions,
+            "mask": attention_bias(torch.from_numpy(positions), self.cache_len).numpy()[None, None],
+        }
+        return [
+            values[t.name] if t.name in values else self.caches.get(t.name, np.zeros(t.shape, t.dtype))
+            for t in self.runtime.signature(key).inputs
+        ]
+
+    def run(self, key: str, inputs: list) -> dict:
+        """Outputs by name; the caches among them are kept for the next call."""
+        outputs = dict(zip(self.runtime.signature(key).output_names, self.runtime.run(inputs, key)))
+        self.caches.update((k, v) for k, v in outputs.items() if k != "logits")
+        return outputs
+
+
 def run_anchor(name: str, model, ids: torch.Tensor, expected: np.ndarray, opts) -> dict:
     """Export `model` with the anchor, check its decode logits, and return its figures
     with two callables ("prefill", "decode") for interleaved timing; {"error": ...} if it fails."""
     if not name.startswith("hf_"):
         return {"error": "the anchor's export_hf takes transformers models only"}
-    P, S = opts.prefill_len, opts.cache_len
-    with tempfile.TemporaryDirectory() as work:
-        save_for_anchor(model, work)
-        out = os.path.join(work, "anchor.tflite")
-        proc = subprocess.run(
-            [opts.anchor_python, str(HERE / "anchor_generative.py"), work, out, str(P), str(S)],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-        report = json.loads(lines[-1])
-        content = Path(out).read_bytes()
-    runtime = LiteRTModel(content, num_threads=opts.threads)
-
-    def feed(key: str, tokens, positions, caches: dict) -> list:
-        values = {
-            "tokens": tokens,
-            "input_pos": positions,
-            "mask": attention_bias(torch.from_numpy(positions), S).numpy()[None, None],
-        }
-        sig = runtime.signature(key)
-        return [
-            values[t.name] if t.name in values else caches.get(t.name, np.zeros(t.shape, t.dtype)) for t in sig.inputs
-        ]
-
-    prefill_key = f"prefill_{P}"
-    prefill_in = feed(prefill_key, ids[:, :P].int().numpy(), np.arange(P, dtype=np.int32), {})
-    names = runtime.signature(prefill_key).output_names
-    caches = dict(zip(names, runtime.run(prefill_in, prefill_key)))
-    decode_in = feed("decode", ids[:, P:].int().numpy(), np.array([P], np.int32), caches)
-    outputs = dict(zip(runtime.signature("decode").output_names, runtime.run(decode_in, "decode")))
+    P = opts.prefill_len
+    report = export_anchor(model, opts)
+    if "error" in report:
+        return report
+    content = report.pop("content")
+    steps = AnchorSteps(content, P, opts.cache_len, opts.threads)
+    prefill_in = steps.inputs(steps.prefill_key, ids[:, :P].int().numpy(), np.arange(P, dtype=np.int32))
+    steps.run(steps.prefill_key, prefill_in)
+    decode_in = steps.inputs("decode", ids[:, P:].int().numpy(), np.array([P], np.int32))
+    outputs = steps.run("decode", decode_in)
     report.update(
         bytes=len(content),
         decode_rel_err=max_relative_error(outputs["logits"], expected[:, P:]),
-        prefill=lambda: runtime.run(prefill_in, prefill_key),
-        decode=lambda: runtime.run(decode_in, "decode"),
+        prefill=lambda: steps.runtime.run(prefill_in, steps.prefill_key),
+        decode=lambda: steps.runtime.run(decode_in, "decode"),
     )
     return report
 
