@@ -85,8 +85,14 @@ def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
 
 @lowers(aten.grid_sampler_2d_backward.default)
 def grid_sampler_2d_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    """(grad_input, grad_grid); None where output_mask is False."""
-    forward = lambda image, coords: _grid_sample(image, coords, interpolation_mode, padding_mode, align_corners)
+    return _grid_sampler_backward(
+        _grid_sample, grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask
+    )
+
+
+def _grid_sampler_backward(sample, grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    """(grad_input, grad_grid) of `sample` by its vjp; None where output_mask is False."""
+    forward = lambda image, coords: sample(image, coords, interpolation_mode, padding_mode, align_corners)
     grad_input, grad_grid = jax.vjp(forward, x, grid)[1](grad_output)
     return tuple(g if wanted else None for g, wanted in zip((grad_input, grad_grid), output_mask))
 
@@ -136,7 +142,6 @@ def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
 
 @lowers(aten.grid_sampler_3d_backward.default)
 def grid_sampler_3d_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    """(grad_input, grad_grid); None where output_mask is False."""
-    forward = lambda volume, coords: _grid_sample_3d(volume, coords, interpolation_mode, padding_mode, align_corners)
-    grad_input, grad_grid = jax.vjp(forward, x, grid)[1](grad_output)
-    return tuple(g if wanted else None for g, wanted in zip((grad_input, grad_grid), output_mask))
+    return _grid_sampler_backward(
+        _grid_sample_3d, grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask
+    )
