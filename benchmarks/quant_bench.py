@@ -25,11 +25,27 @@ one row per calibration method for the calibrated schemes (scheme shown as
 
     .venv/bin/python benchmarks/quant_bench.py --schemes full_int8 --methods minmax,percentile,mse,moving_average \
         --samples 500 --anchor-python /tmp/anchor-venv/bin/python --json /tmp/quant.json
+
+Transformer classifiers: the zoo's transformers return hidden states, so the bench adds
+two classifiers of its own (`tests/zoo/classifiers.py`, random weights, nothing downloads):
+`bert_classifier` (BertForSequenceClassification on token ids) and `vit_classifier`
+(ViTForImageClassification on 32x32 images), 10 classes each.
+
+`--auto 0.99` adds, per calibrated scheme and method, a row `full_int8:mse+auto`:
+`quantize.auto(min_agreement=0.99)` decides on `--auto-eval` inputs of their own (seed
+2, distinct from the evaluation inputs), and the row is measured on the evaluation
+inputs; `float layers` is how many layers auto kept float, of how many.
+
+    .venv/bin/python benchmarks/quant_bench.py --models bert_classifier,vit_classifier --schemes full_int8 \
+        --methods minmax,percentile,mse --samples 500
+    .venv/bin/python benchmarks/quant_bench.py --models convnext_nano --schemes full_int8 --methods mse \
+        --samples 200 --auto 0.99 --auto-eval 200
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -61,6 +77,27 @@ SCHEMES = {
     "int16x8": quantize.int16x8,
 }
 INT8_SCHEMES = ("dynamic_int8", "weight_only_int8", "full_int8")
+
+
+def classifiers(zoo) -> dict:
+    """`tests/zoo/classifiers.py`'s CLASSIFIERS (a module of the zoo package, not an entry)."""
+    return importlib.import_module(zoo.__name__ + ".classifiers").CLASSIFIERS
+
+
+def build(zoo, name: str):
+    """(eval-mode model, sample args) for a zoo model or one of the classifiers."""
+    if name not in classifiers(zoo):
+        return zoo.build(name)
+    factory, make_inputs = classifiers(zoo)[name]
+    return factory(), make_inputs(torch.Generator().manual_seed(0))
+
+
+def make_samples(zoo, name: str, count: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """Seeded inputs for `name`: calibration (seed 0), evaluation (seed 1), the set
+    `quantize.auto` decides on (seed 2); the three never overlap."""
+    if name in classifiers(zoo):
+        return importlib.import_module(zoo.__name__ + ".classifiers").samples(name, count, seed)
+    return calibration_inputs(zoo, name, count, 0) if seed == 0 else eval_inputs(zoo, name, count, seed)
 
 
 def eval_inputs(zoo, name: str, count: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
@@ -160,6 +197,14 @@ def main() -> None:
         default="minmax",
         help="calibration methods for full_int8/int16x8, comma-separated (minmax, percentile, mse, moving_average)",
     )
+    parser.add_argument(
+        "--auto",
+        type=float,
+        default=None,
+        metavar="MIN_AGREEMENT",
+        help="also run quantize.auto(min_agreement=...) per calibrated scheme and method",
+    )
+    parser.add_argument("--auto-eval", type=int, default=200, help="inputs quantize.auto decides on (seed 2)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--anchor-python", default=None)
     parser.add_argument(
@@ -189,30 +234,35 @@ def main() -> None:
                 )
     elif options.anchor_python:
         start = time.perf_counter()
-        anchor = run_anchor(options.anchor_python, models, schemes, out_dir, options.calibration)
+        zoo_models = [m for m in models if m not in classifiers(zoo)]
+        anchor = run_anchor(options.anchor_python, zoo_models, schemes, out_dir, options.calibration)
         print(f"anchor: {len(anchor)} results in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
     rows = []
     for name in models:
-        model, args = zoo.build(name)
-        samples = eval_inputs(zoo, name, options.samples, seed=1)
+        model, args = build(zoo, name)
+        samples = make_samples(zoo, name, options.samples, seed=1)
         with torch.no_grad():
             references = [np.asarray(_first_output(model(*s)), np.float64) for s in samples]
         float_size = len(litert_torch.convert(model, args).model_content())
-        calibration = calibration_inputs(zoo, name, options.calibration, 0)
+        calibration = make_samples(zoo, name, options.calibration, seed=0)
         variants = [
-            (scheme, method)
+            (scheme, method, use_auto)
             for scheme in schemes
             for method in (options.methods.split(",") if scheme in ("full_int8", "int16x8") else [None])
+            for use_auto in ([False, True] if options.auto is not None and method is not None else [False])
         ]
-        for scheme, method in variants:
-            label = scheme if method is None else f"{scheme}:{method}"
+        auto_eval = make_samples(zoo, name, options.auto_eval, seed=2) if options.auto is not None else None
+        for scheme, method, use_auto in variants:
+            label = (scheme if method is None else f"{scheme}:{method}") + ("+auto" if use_auto else "")
             row = {"model": name, "scheme": label, "float_bytes": float_size}
             count = options.int16_samples if scheme == "int16x8" else len(samples)
             row["samples"] = count
             try:
                 start = time.perf_counter()
                 config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](calibration=method)
+                if use_auto:
+                    config = quantize.auto(config, min_agreement=options.auto, eval_data=auto_eval)
                 edge = litert_torch.convert(
                     model,
                     args,
@@ -223,6 +273,13 @@ def main() -> None:
                 if edge.quant_report is not None:
                     row["float_ops"] = len(edge.quant_report.unrequested)
                     row["float_op_list"] = [str(f) for f in edge.quant_report.unrequested[:5]]
+                    chosen = edge.quant_report.auto
+                    if chosen is not None:
+                        row.update(
+                            float_layers=f"{chosen['float_layers']}/{chosen['layers']}",
+                            keep_float=list(chosen["keep_float"]),
+                            auto_agreement=chosen["agreement"],
+                        )
                 content = edge.model_content()
                 (out_dir / f"{name}.{label.replace(':', '.')}.tflite").write_bytes(content)
                 ours = LoadedModel(content)
@@ -238,7 +295,8 @@ def main() -> None:
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 continue
             theirs = None
-            record = anchor.get((name, scheme)) if method in (None, options.methods.split(",")[0]) else None
+            first = method in (None, options.methods.split(",")[0]) and not use_auto
+            record = anchor.get((name, scheme)) if first else None
             if record and record.get("ok"):
                 try:
                     theirs = LoadedModel(Path(record["tflite"]).read_bytes())
@@ -273,6 +331,7 @@ def main() -> None:
 
 def _write_json(options, rows) -> None:
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()}
+    settings["load_average"] = os.getloadavg()
     options.json.write_text(json.dumps({"rows": rows, "settings": settings}, indent=1, default=str))
 
 
@@ -320,6 +379,7 @@ def _print_table(rows) -> None:
         "ms",
         "float io",
         "float ops",
+        "float layers",
         "anchor size x",
         "anchor max err",
         "anchor top-1",
@@ -343,6 +403,7 @@ def _print_table(rows) -> None:
             f(r.get("ms"), ".2f"),
             str(r.get("float_io", "-")),
             str(r.get("float_ops", "-")),
+            str(r.get("float_layers", "-")),
             f(r.get("anchor_size_x"), ".3f"),
             f(r.get("anchor_max_err"), ".4f"),
             f(r.get("anchor_top1"), ".1%"),
