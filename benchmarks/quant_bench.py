@@ -40,6 +40,11 @@ inputs; `float layers` is how many layers auto kept float, of how many.
         --methods minmax,percentile,mse --samples 500
     .venv/bin/python benchmarks/quant_bench.py --models convnext_nano --schemes full_int8 --methods mse \
         --samples 200 --auto 0.99 --auto-eval 200
+
+`--bytes` prints where each file's bytes go (`byte_breakdown`): int8 weights, int32
+biases, per-channel float32 scales and int64 zero points of weights and biases, the rest.
+
+    .venv/bin/python benchmarks/quant_bench.py --models mobilenet_v2 --schemes full_int8 --samples 20 --bytes
 """
 
 from __future__ import annotations
@@ -139,6 +144,46 @@ def outputs_as_float(model: LoadedModel, outputs) -> list[np.ndarray]:
     return result
 
 
+def byte_breakdown(content: bytes) -> dict[str, int]:
+    """Where a quantized file's bytes go: constant data by role (weights: input 1 of an op,
+    bias: input 2), the quantization vectors (float32 scales, int64 zero points; each
+    distinct vector counted once, as the writer shares equal ones) by role and
+    granularity, and the rest (tensor/op tables, names, alignment padding)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(content, 0)
+    parts: dict[str, int] = {}
+    seen_buffers, seen_vectors = set(), set()
+    for graph in model.subgraphs:
+        roles: dict[int, set[int]] = {}
+        for op in graph.operators:
+            for position, index in enumerate(op.inputs):
+                roles.setdefault(int(index), set()).add(position)
+        for index, tensor in enumerate(graph.tensors):
+            positions = roles.get(index, set())
+            role = "bias" if 2 in positions else ("weights" if 1 in positions else "activation")
+            data = model.buffers[tensor.buffer].data
+            if data is not None and len(data) and tensor.buffer not in seen_buffers:
+                seen_buffers.add(tensor.buffer)
+                dtype = {0: "float32", 2: "int32", 9: "int8", 17: "int4"}.get(tensor.type, f"type {tensor.type}")
+                key = f"{role if role != 'activation' else 'other'} data {dtype}"
+                parts[key] = parts.get(key, 0) + len(data)
+            q = tensor.quantization
+            if q is None or q.scale is None:
+                continue
+            granularity = "per-channel" if len(q.scale) > 1 else "per-tensor"
+            for name, values in (
+                ("scales", np.asarray(q.scale, np.float32)),
+                ("zero points", np.asarray(q.zeroPoint, np.int64)),
+            ):
+                if (name, values.tobytes()) not in seen_vectors:
+                    seen_vectors.add((name, values.tobytes()))
+                    key = f"{role} {name} {granularity}"
+                    parts[key] = parts.get(key, 0) + values.nbytes + 4  # + the vector's length
+    parts["rest: tables, names, padding"] = len(content) - sum(parts.values())
+    return parts
+
+
 def accuracy(model: LoadedModel, samples, references) -> dict:
     max_err, mean_errs, agree, classifier = 0.0, [], 0, True
     for sample, expected in zip(samples, references):
@@ -205,6 +250,9 @@ def main() -> None:
         help="also run quantize.auto(min_agreement=...) per calibrated scheme and method",
     )
     parser.add_argument("--auto-eval", type=int, default=200, help="inputs quantize.auto decides on (seed 2)")
+    parser.add_argument(
+        "--bytes", action="store_true", help="print where each quantized file's bytes go (x the float file)"
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--anchor-python", default=None)
     parser.add_argument(
@@ -244,7 +292,9 @@ def main() -> None:
         samples = make_samples(zoo, name, options.samples, seed=1)
         with torch.no_grad():
             references = [np.asarray(_first_output(model(*s)), np.float64) for s in samples]
-        float_size = len(litert_torch.convert(model, args).model_content())
+        float_content = litert_torch.convert(model, args).model_content()
+        float_size = len(float_content)
+        float_parts = byte_breakdown(float_content) if options.bytes else None
         calibration = make_samples(zoo, name, options.calibration, seed=0)
         variants = [
             (scheme, method, use_auto)
@@ -283,6 +333,9 @@ def main() -> None:
                 content = edge.model_content()
                 (out_dir / f"{name}.{label.replace(':', '.')}.tflite").write_bytes(content)
                 ours = LoadedModel(content)
+                if options.bytes:
+                    row["bytes_breakdown"] = byte_breakdown(content)
+                    row["float_breakdown"] = float_parts
                 row.update(
                     bytes=len(content),
                     size_x=len(content) / float_size,
@@ -325,6 +378,8 @@ def main() -> None:
             if options.json:  # after every row: a crash in one model keeps the others
                 _write_json(options, rows)
     _print_table(rows)
+    if options.bytes:
+        _print_bytes(rows)
     if options.json:
         _write_json(options, rows)
 
@@ -416,6 +471,18 @@ def _print_table(rows) -> None:
             )[:60],
         )
     Console(width=240).print(table)
+
+
+def _print_bytes(rows) -> None:
+    """One line per file and part: bytes and bytes / float file, and the float file's rest."""
+    for r in rows:
+        if "bytes_breakdown" not in r:
+            continue
+        print(f"{r['model']} {r['scheme']}: {r['bytes']} B = {r['size_x']:.4f}x of {r['float_bytes']} B")
+        for part, count in sorted(r["bytes_breakdown"].items(), key=lambda kv: -kv[1]):
+            print(f"    {part:38s} {count:10d}  {count / r['float_bytes']:.4f}x")
+        rest = r["float_breakdown"]["rest: tables, names, padding"]
+        print(f"    {'(float file: rest)':38s} {rest:10d}  {rest / r['float_bytes']:.4f}x")
 
 
 if __name__ == "__main__":
