@@ -59,3 +59,30 @@ def test_vit_classifier_auto_meets_the_budget_with_few_float_layers():
     assert chosen["agreement"] >= 0.97
     assert 0 < chosen["float_layers"] <= chosen["layers"] // 5, chosen["keep_float"]
     assert _agreement(edge, model, held_out) >= 0.95 > full + 0.1
+
+
+@pytest.mark.slow
+def test_lenet5_auto_reaches_99_percent_with_its_last_layers_float():
+    """LeNet-5 (zoo) misses 99% under full int8 (int8 TANH has a fixed 1/128 step);
+    `auto(min_agreement=0.99)` deciding on 200 inputs keeps some of its 12 layers float
+    (8 with these seeds, 5 in quant_bench's; the sensitivity order is data-dependent) and
+    agrees on >= 99% of 200 held-out inputs."""
+    from tests.zoo import ZOO, build
+
+    model, args = build("lenet5")
+
+    def inputs(count, seed):
+        return [
+            (torch.randn(ZOO["lenet5"].inputs[0], generator=torch.Generator().manual_seed(seed + i)),)
+            for i in range(count)
+        ]
+
+    calibration, decide, held_out = inputs(16, 0), inputs(200, 1000), inputs(200, 2000)
+    full = litert_torch.convert(
+        model, args, quant_config=quantize.full_int8(calibration="mse"), calibration_data=calibration
+    )
+    config = quantize.auto(quantize.full_int8(calibration="mse"), min_agreement=0.99, eval_data=decide)
+    edge = litert_torch.convert(model, args, quant_config=config, calibration_data=calibration)
+    chosen = edge.quant_report.auto
+    assert chosen["agreement"] >= 0.99 and 0 < chosen["float_layers"] <= 8, chosen["keep_float"]
+    assert _agreement(edge, model, held_out) >= 0.99 > _agreement(full, model, held_out)
