@@ -64,3 +64,39 @@ def test_full_int8_stores_per_channel_parameters_once_and_runs_on_xnnpack():
     with torch.no_grad():
         expected = model(x).numpy()
     assert np.abs(actual - expected).max() <= 0.05 * np.abs(expected).max()
+
+
+class _Ghost(nn.Module):
+    """GhostNet's pattern: a 1x1 conv and a cheap depthwise conv on it, concatenated; the
+    two halves have ranges ~10x apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.primary = nn.Conv2d(8, 16, 1)
+        self.cheap = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.head = nn.Conv2d(32, 8, 1)
+        with torch.no_grad():
+            self.cheap.weight.mul_(0.1)  # the union is the first half's range
+
+    def forward(self, x):
+        a = torch.relu(self.primary(x))
+        return self.head(torch.cat([a, self.cheap(a)], 1))
+
+
+def test_concat_inputs_are_written_at_the_concat_scale():
+    """int8 CONCATENATION needs equal input and output scales: the depthwise conv writes the
+    union range directly (no requantizing QUANTIZE; `a` also feeds the depthwise conv, so it
+    keeps its own range and is requantized), and the result still matches PyTorch."""
+    torch.manual_seed(0)
+    model = _Ghost().eval()
+    calibration = [(torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(i)),) for i in range(8)]
+    edge = litert_torch.convert(model, calibration[0], quant_config=quantize.full_int8(), calibration_data=calibration)
+    graph = edge.ir_model.graphs[0]
+    concat = next(op for op in graph.ops if op.opcode == "CONCATENATION")
+    producers = {t.id: op.opcode for op in graph.ops for t in op.outputs}
+    assert [producers[t.id] for t in concat.inputs] == ["QUANTIZE", "DEPTHWISE_CONV_2D"]
+    assert sum(op.opcode == "QUANTIZE" for op in graph.ops) == 2  # the model input, `a`
+    x = torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(100))
+    with torch.no_grad():
+        expected = model(x).numpy()
+    assert np.abs(edge(x) - expected).max() <= 0.03 * np.abs(expected).max()
