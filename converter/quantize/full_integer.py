@@ -16,7 +16,8 @@ Rules, after TFLite's integer kernels:
 - ops that move values without arithmetic (RESHAPE, TRANSPOSE, pools, slices, pads,
   resizes ...) keep their input's parameters;
 - CONCATENATION/PACK take the union of their inputs' ranges and every input is
-  requantized to it (int8 concatenation kernels do not rescale);
+  requantized to it (int8 concatenation kernels do not rescale), or written at it by its
+  producer when the concat is its only reader;
 - int16 ADD/SUB use the general-scale kernel (`potScaleInt16=False`).
 Model I/O: "float" keeps float32 inputs/outputs (QUANTIZE/DEQUANTIZE inside the model);
 "int8"/"int16" exposes the quantized tensors; "uint8" adds a QUANTIZE between uint8 I/O
