@@ -294,8 +294,17 @@ class _Rewriter:
             if self.rules.get(op.opcode) != CONCAT:
                 continue
             inputs = [t for t in op.inputs if t is not None]
+            # the union is known up front only when every input's parameters come from its
+            # own calibrated range: not for a concat of concats (DenseNet), whose output
+            # carries the union of its inputs rather than its own (mse/percentile-clipped) range
             if not inputs or any(
-                t.is_const or t.dtype != np.float32 or t.id not in self.ranges or not _sane(*self.ranges[t.id])
+                t.is_const
+                or t.dtype != np.float32
+                or t.id not in self.ranges
+                or not _sane(*self.ranges[t.id])
+                or t.id in self.fixed
+                or t.id not in producers
+                or self.rules.get(producers[t.id].opcode) != OWN
                 for t in inputs
             ):
                 continue
