@@ -25,11 +25,32 @@ one row per calibration method for the calibrated schemes (scheme shown as
 
     .venv/bin/python benchmarks/quant_bench.py --schemes full_int8 --methods minmax,percentile,mse,moving_average \
         --samples 500 --anchor-python /tmp/anchor-venv/bin/python --json /tmp/quant.json
+
+Transformer classifiers: the zoo's transformers return hidden states, so the bench adds
+two classifiers of its own (`tests/zoo/classifiers.py`, random weights, nothing downloads):
+`bert_classifier` (BertForSequenceClassification on token ids) and `vit_classifier`
+(ViTForImageClassification on 32x32 images), 10 classes each.
+
+`--auto 0.99` adds, per calibrated scheme and method, a row `full_int8:mse+auto`:
+`quantize.auto(min_agreement=0.99)` decides on `--auto-eval` inputs of their own (seed
+2, distinct from the evaluation inputs), and the row is measured on the evaluation
+inputs; `float layers` is how many layers auto kept float, of how many.
+
+    .venv/bin/python benchmarks/quant_bench.py --models bert_classifier,vit_classifier --schemes full_int8 \
+        --methods minmax,percentile,mse --samples 500
+    .venv/bin/python benchmarks/quant_bench.py --models convnext_nano --schemes full_int8 --methods mse \
+        --samples 200 --auto 0.99 --auto-eval 200
+
+`--bytes` prints where each file's bytes go (`byte_breakdown`): int8 weights, int32
+biases, per-channel float32 scales and int64 zero points of weights and biases, the rest.
+
+    .venv/bin/python benchmarks/quant_bench.py --models mobilenet_v2 --schemes full_int8 --samples 20 --bytes
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -61,6 +82,27 @@ SCHEMES = {
     "int16x8": quantize.int16x8,
 }
 INT8_SCHEMES = ("dynamic_int8", "weight_only_int8", "full_int8")
+
+
+def classifiers(zoo) -> dict:
+    """`tests/zoo/classifiers.py`'s CLASSIFIERS (a module of the zoo package, not an entry)."""
+    return importlib.import_module(zoo.__name__ + ".classifiers").CLASSIFIERS
+
+
+def build(zoo, name: str):
+    """(eval-mode model, sample args) for a zoo model or one of the classifiers."""
+    if name not in classifiers(zoo):
+        return zoo.build(name)
+    factory, make_inputs = classifiers(zoo)[name]
+    return factory(), make_inputs(torch.Generator().manual_seed(0))
+
+
+def make_samples(zoo, name: str, count: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """Seeded inputs for `name`: calibration (seed 0), evaluation (seed 1), the set
+    `quantize.auto` decides on (seed 2); the three never overlap."""
+    if name in classifiers(zoo):
+        return importlib.import_module(zoo.__name__ + ".classifiers").samples(name, count, seed)
+    return calibration_inputs(zoo, name, count, 0) if seed == 0 else eval_inputs(zoo, name, count, seed)
 
 
 def eval_inputs(zoo, name: str, count: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
@@ -100,6 +142,46 @@ def outputs_as_float(model: LoadedModel, outputs) -> list[np.ndarray]:
         scale, zero = _quant_params(detail)
         result.append((y.astype(np.float64) - zero) * scale if scale else y.astype(np.float64))
     return result
+
+
+def byte_breakdown(content: bytes) -> dict[str, int]:
+    """Where a quantized file's bytes go: constant data by role (weights: input 1 of an op,
+    bias: input 2), the quantization vectors (float32 scales, int64 zero points; each
+    distinct vector counted once, as the writer shares equal ones) by role and
+    granularity, and the rest (tensor/op tables, names, alignment padding)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(content, 0)
+    parts: dict[str, int] = {}
+    seen_buffers, seen_vectors = set(), set()
+    for graph in model.subgraphs:
+        roles: dict[int, set[int]] = {}
+        for op in graph.operators:
+            for position, index in enumerate(op.inputs):
+                roles.setdefault(int(index), set()).add(position)
+        for index, tensor in enumerate(graph.tensors):
+            positions = roles.get(index, set())
+            role = "bias" if 2 in positions else ("weights" if 1 in positions else "activation")
+            data = model.buffers[tensor.buffer].data
+            if data is not None and len(data) and tensor.buffer not in seen_buffers:
+                seen_buffers.add(tensor.buffer)
+                dtype = {0: "float32", 2: "int32", 9: "int8", 17: "int4"}.get(tensor.type, f"type {tensor.type}")
+                key = f"{role if role != 'activation' else 'other'} data {dtype}"
+                parts[key] = parts.get(key, 0) + len(data)
+            q = tensor.quantization
+            if q is None or q.scale is None:
+                continue
+            granularity = "per-channel" if len(q.scale) > 1 else "per-tensor"
+            for name, values in (
+                ("scales", np.asarray(q.scale, np.float32)),
+                ("zero points", np.asarray(q.zeroPoint, np.int64)),
+            ):
+                if (name, values.tobytes()) not in seen_vectors:
+                    seen_vectors.add((name, values.tobytes()))
+                    key = f"{role} {name} {granularity}"
+                    parts[key] = parts.get(key, 0) + values.nbytes + 4  # + the vector's length
+    parts["rest: tables, names, padding"] = len(content) - sum(parts.values())
+    return parts
 
 
 def accuracy(model: LoadedModel, samples, references) -> dict:
@@ -160,6 +242,17 @@ def main() -> None:
         default="minmax",
         help="calibration methods for full_int8/int16x8, comma-separated (minmax, percentile, mse, moving_average)",
     )
+    parser.add_argument(
+        "--auto",
+        type=float,
+        default=None,
+        metavar="MIN_AGREEMENT",
+        help="also run quantize.auto(min_agreement=...) per calibrated scheme and method",
+    )
+    parser.add_argument("--auto-eval", type=int, default=200, help="inputs quantize.auto decides on (seed 2)")
+    parser.add_argument(
+        "--bytes", action="store_true", help="print where each quantized file's bytes go (x the float file)"
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--anchor-python", default=None)
     parser.add_argument(
@@ -189,30 +282,37 @@ def main() -> None:
                 )
     elif options.anchor_python:
         start = time.perf_counter()
-        anchor = run_anchor(options.anchor_python, models, schemes, out_dir, options.calibration)
+        zoo_models = [m for m in models if m not in classifiers(zoo)]
+        anchor = run_anchor(options.anchor_python, zoo_models, schemes, out_dir, options.calibration)
         print(f"anchor: {len(anchor)} results in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
     rows = []
     for name in models:
-        model, args = zoo.build(name)
-        samples = eval_inputs(zoo, name, options.samples, seed=1)
+        model, args = build(zoo, name)
+        samples = make_samples(zoo, name, options.samples, seed=1)
         with torch.no_grad():
             references = [np.asarray(_first_output(model(*s)), np.float64) for s in samples]
-        float_size = len(litert_torch.convert(model, args).model_content())
-        calibration = calibration_inputs(zoo, name, options.calibration, 0)
+        float_content = litert_torch.convert(model, args).model_content()
+        float_size = len(float_content)
+        float_parts = byte_breakdown(float_content) if options.bytes else None
+        calibration = make_samples(zoo, name, options.calibration, seed=0)
         variants = [
-            (scheme, method)
+            (scheme, method, use_auto)
             for scheme in schemes
             for method in (options.methods.split(",") if scheme in ("full_int8", "int16x8") else [None])
+            for use_auto in ([False, True] if options.auto is not None and method is not None else [False])
         ]
-        for scheme, method in variants:
-            label = scheme if method is None else f"{scheme}:{method}"
+        auto_eval = make_samples(zoo, name, options.auto_eval, seed=2) if options.auto is not None else None
+        for scheme, method, use_auto in variants:
+            label = (scheme if method is None else f"{scheme}:{method}") + ("+auto" if use_auto else "")
             row = {"model": name, "scheme": label, "float_bytes": float_size}
             count = options.int16_samples if scheme == "int16x8" else len(samples)
             row["samples"] = count
             try:
                 start = time.perf_counter()
                 config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](calibration=method)
+                if use_auto:
+                    config = quantize.auto(config, min_agreement=options.auto, eval_data=auto_eval)
                 edge = litert_torch.convert(
                     model,
                     args,
@@ -223,9 +323,19 @@ def main() -> None:
                 if edge.quant_report is not None:
                     row["float_ops"] = len(edge.quant_report.unrequested)
                     row["float_op_list"] = [str(f) for f in edge.quant_report.unrequested[:5]]
+                    chosen = edge.quant_report.auto
+                    if chosen is not None:
+                        row.update(
+                            float_layers=f"{chosen['float_layers']}/{chosen['layers']}",
+                            keep_float=list(chosen["keep_float"]),
+                            auto_agreement=chosen["agreement"],
+                        )
                 content = edge.model_content()
                 (out_dir / f"{name}.{label.replace(':', '.')}.tflite").write_bytes(content)
                 ours = LoadedModel(content)
+                if options.bytes:
+                    row["bytes_breakdown"] = byte_breakdown(content)
+                    row["float_breakdown"] = float_parts
                 row.update(
                     bytes=len(content),
                     size_x=len(content) / float_size,
@@ -238,7 +348,8 @@ def main() -> None:
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 continue
             theirs = None
-            record = anchor.get((name, scheme)) if method in (None, options.methods.split(",")[0]) else None
+            first = method in (None, options.methods.split(",")[0]) and not use_auto
+            record = anchor.get((name, scheme)) if first else None
             if record and record.get("ok"):
                 try:
                     theirs = LoadedModel(Path(record["tflite"]).read_bytes())
@@ -267,12 +378,15 @@ def main() -> None:
             if options.json:  # after every row: a crash in one model keeps the others
                 _write_json(options, rows)
     _print_table(rows)
+    if options.bytes:
+        _print_bytes(rows)
     if options.json:
         _write_json(options, rows)
 
 
 def _write_json(options, rows) -> None:
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()}
+    settings["load_average"] = os.getloadavg()
     options.json.write_text(json.dumps({"rows": rows, "settings": settings}, indent=1, default=str))
 
 
@@ -320,6 +434,7 @@ def _print_table(rows) -> None:
         "ms",
         "float io",
         "float ops",
+        "float layers",
         "anchor size x",
         "anchor max err",
         "anchor top-1",
@@ -343,6 +458,7 @@ def _print_table(rows) -> None:
             f(r.get("ms"), ".2f"),
             str(r.get("float_io", "-")),
             str(r.get("float_ops", "-")),
+            str(r.get("float_layers", "-")),
             f(r.get("anchor_size_x"), ".3f"),
             f(r.get("anchor_max_err"), ".4f"),
             f(r.get("anchor_top1"), ".1%"),
@@ -355,6 +471,18 @@ def _print_table(rows) -> None:
             )[:60],
         )
     Console(width=240).print(table)
+
+
+def _print_bytes(rows) -> None:
+    """One line per file and part: bytes and bytes / float file, and the float file's rest."""
+    for r in rows:
+        if "bytes_breakdown" not in r:
+            continue
+        print(f"{r['model']} {r['scheme']}: {r['bytes']} B = {r['size_x']:.4f}x of {r['float_bytes']} B")
+        for part, count in sorted(r["bytes_breakdown"].items(), key=lambda kv: -kv[1]):
+            print(f"    {part:38s} {count:10d}  {count / r['float_bytes']:.4f}x")
+        rest = r["float_breakdown"]["rest: tables, names, padding"]
+        print(f"    {'(float file: rest)':38s} {rest:10d}  {rest / r['float_bytes']:.4f}x")
 
 
 if __name__ == "__main__":

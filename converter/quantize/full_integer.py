@@ -16,7 +16,8 @@ Rules, after TFLite's integer kernels:
 - ops that move values without arithmetic (RESHAPE, TRANSPOSE, pools, slices, pads,
   resizes ...) keep their input's parameters;
 - CONCATENATION/PACK take the union of their inputs' ranges and every input is
-  requantized to it (int8 concatenation kernels do not rescale);
+  requantized to it (int8 concatenation kernels do not rescale), or written at it by its
+  producer when the concat is its only reader;
 - int16 ADD/SUB use the general-scale kernel (`potScaleInt16=False`).
 Model I/O: "float" keeps float32 inputs/outputs (QUANTIZE/DEQUANTIZE inside the model);
 "int8"/"int16" exposes the quantized tensors; "uint8" adds a QUANTIZE between uint8 I/O
@@ -146,6 +147,8 @@ class _Rewriter:
         self.masks: set[int] = set()  # ids of sentinel mask constants added before a softmax
         for op in graph.ops:
             self._plan_mask_add(op)
+        self.concat_params: dict[int, ir.QuantParams] = {}  # id(op) -> planned output parameters
+        self._plan_concat_inputs()
 
     # ---- parameters ----------------------------------------------------------------------
     def is_int(self, t: ir.Tensor) -> bool:
@@ -279,6 +282,47 @@ class _Rewriter:
                     return self._range_problem(t, "an input")
         return None
 
+    def _plan_concat_inputs(self) -> None:
+        """int8 CONCATENATION/PACK do not rescale, so each input must carry the output's
+        parameters (the union of the inputs' ranges). An input that an op with its own
+        output range writes for the concat alone gets those parameters up front: its
+        producer writes them directly instead of a requantizing QUANTIZE after it (one
+        rounding instead of two; GhostNet had 41 such QUANTIZE ops)."""
+        producers = {t.id: op for op in self.graph.ops for t in op.outputs}
+        graph_outputs = {t.id for t in self.graph.outputs}
+        for op in self.graph.ops:
+            if self.rules.get(op.opcode) != CONCAT:
+                continue
+            inputs = [t for t in op.inputs if t is not None]
+            # the union is known up front only when every input's parameters come from its
+            # own calibrated range: not for a concat of concats (DenseNet), whose output
+            # carries the union of its inputs rather than its own (mse/percentile-clipped) range
+            if not inputs or any(
+                t.is_const
+                or t.dtype != np.float32
+                or t.id not in self.ranges
+                or not _sane(*self.ranges[t.id])
+                or t.id in self.fixed
+                or t.id not in producers
+                or self.rules.get(producers[t.id].opcode) != OWN
+                for t in inputs
+            ):
+                continue
+            lo, hi = min(self.ranges[t.id][0] for t in inputs), max(self.ranges[t.id][1] for t in inputs)
+            params = _params(*numerics.activation_params(lo, hi, self.act))
+            self.concat_params[id(op)] = params
+            for t in inputs:
+                producer = producers.get(t.id)
+                readers = self.consumers.get(t.id, [])
+                if (
+                    producer is not None
+                    and self.rules.get(producer.opcode) == OWN
+                    and t.id not in self.fixed
+                    and t.id not in graph_outputs
+                    and all(r is op for r in readers)
+                ):
+                    self.fixed[t.id] = params
+
     def _plan_mask_add(self, op: ir.Op) -> None:
         """ADD(scores, mask) -> SOFTMAX with a -inf (-3.4e38) mask constant: the sum gets the
         scores' range widened MASK_MARGIN / beta below, and the mask saturates at the lowest
@@ -343,7 +387,9 @@ class _Rewriter:
         rule = self.rules[op.opcode]
         filt = _FILTERS.get(op.opcode)
         out_params = None
-        if rule == CONCAT:
+        if rule == CONCAT and id(op) in self.concat_params:
+            out_params = self.concat_params[id(op)]
+        elif rule == CONCAT:
             ranges = [
                 self.range_of(t) if not t.is_const else (float(t.data.min()), float(t.data.max()))
                 for t in op.inputs
