@@ -173,3 +173,24 @@ def test_compiled_programs_lower_for_another_platform():
     assert exported.platforms == ("tpu",)
     assert tuple(exported.out_avals[0].shape) == (8, 4)  # then the activations saved for backward
     assert "stablehlo.dot_general" in exported.mlir_module()
+
+
+def test_fused_eager_programs_lower_for_another_platform():
+    """A fused-eager step's program (recorded ops, one jit at the sync point) exports for TPU."""
+    import tpu_backend.compile as tpu_compile
+
+    model = nn.Sequential(nn.Linear(16, 24), nn.Tanh(), nn.Linear(24, 4)).to("tpu")
+    before = {id(p) for p in tpu_compile.programs()}
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode("fused")
+    try:
+        loss = model(torch.randn(6, 16, device="tpu")).square().mean()
+        loss.backward()
+        loss.item()  # the sync point: the recorded forward and backward become one program
+    finally:
+        tpu_backend.set_eager_mode(previous)
+    fused = [p for p in tpu_compile.programs() if p.name == "fused" and id(p) not in before]
+    assert fused, [p.name for p in tpu_compile.programs()]
+    exported = [e for program in fused for e in program.export(platforms=("tpu",))]
+    assert all(e.platforms == ("tpu",) for e in exported)
+    assert any("stablehlo.dot_general" in e.mlir_module() for e in exported)
