@@ -33,7 +33,7 @@ from tpu_backend import _registration, device  # noqa: E402
 _registration.register_backend(device)
 
 import tpu_backend.ops  # noqa: E402,F401  (fills the lowering table)
-from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, kernels, modules, serialization  # noqa: E402
+from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, jax_interop, kernels, modules, serialization  # noqa: E402
 from tpu_backend.dispatch import (  # noqa: E402,F401
     TpuDebugError,
     TpuLoweringError,
@@ -43,6 +43,7 @@ from tpu_backend.dispatch import (  # noqa: E402,F401
     set_eager_mode,
 )
 from tpu_backend.fused import mark_step  # noqa: E402,F401
+from tpu_backend.jax_interop import from_jax, to_jax  # noqa: E402,F401
 from tpu_backend.program_export import export  # noqa: E402,F401
 from tpu_backend.tensor import payload_count  # noqa: E402,F401
 
@@ -55,6 +56,7 @@ def _install() -> None:
     serialization.install()
     modules.install()
     host_memory.install()
+    jax_interop.install()  # DLPack export of tpu tensors through their JAX arrays
     integrations.install()  # transformers' save_pretrained on tpu weights
     kernels.install()  # Pallas kernel routers: attention, norms, cross-entropy (tpu_backend/kernels.py)
     if dispatch.get_eager_mode() == "fused":  # TPU_EAGER_MODE=fused
@@ -75,10 +77,12 @@ __all__ = [
     "TpuLoweringError",
     "cpu_fallback_counts",
     "export",
+    "from_jax",
     "get_eager_mode",
     "mark_step",
     "payload_count",
     "register_new_lowerings",
     "set_cpu_fallback",
     "set_eager_mode",
+    "to_jax",
 ]
