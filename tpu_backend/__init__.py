@@ -14,6 +14,8 @@ nowhere else), which other JAX code in the same process sees too:
   then only produces float64 where PyTorch would.
 - `jax_cpu_enable_async_dispatch=False`: on the CPU runtime a small op costs ~5 us
   synchronously versus 25-45 us asynchronously; strict eager is per-op bound there.
+- `jax_default_matmul_precision` follows `torch.set_float32_matmul_precision` (PyTorch's
+  default "highest", so float32 matmuls agree with CPU; `tpu_backend/precision.py`).
 (The persistent compile cache, `tpu_backend/compile/cache.py`, sets JAX's
 compilation-cache options when it is enabled.)
 """
@@ -33,7 +35,7 @@ from tpu_backend import _registration, device  # noqa: E402
 _registration.register_backend(device)
 
 import tpu_backend.ops  # noqa: E402,F401  (fills the lowering table)
-from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, jax_interop, kernels, modules, serialization  # noqa: E402
+from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, jax_interop, kernels, modules, precision, serialization  # noqa: E402
 from tpu_backend.dispatch import (  # noqa: E402,F401
     TpuDebugError,
     TpuLoweringError,
@@ -44,6 +46,7 @@ from tpu_backend.dispatch import (  # noqa: E402,F401
 )
 from tpu_backend.fused import mark_step  # noqa: E402,F401
 from tpu_backend.jax_interop import from_jax, to_jax  # noqa: E402,F401
+from tpu_backend.jax_op import jax_op  # noqa: E402,F401
 from tpu_backend.program_export import export  # noqa: E402,F401
 from tpu_backend.tensor import payload_count  # noqa: E402,F401
 
@@ -57,8 +60,10 @@ def _install() -> None:
     modules.install()
     host_memory.install()
     jax_interop.install()  # DLPack export of tpu tensors through their JAX arrays
+    precision.install()  # torch.set_float32_matmul_precision -> JAX's matmul precision (default highest)
     integrations.install()  # transformers' save_pretrained on tpu weights
     kernels.install()  # Pallas kernel routers: attention, norms, cross-entropy (tpu_backend/kernels.py)
+    device.jax_op = jax_op  # torch.tpu.jax_op (needs the table, so attached after it is filled)
     if dispatch.get_eager_mode() == "fused":  # TPU_EAGER_MODE=fused
         fused.enable()
 
@@ -79,6 +84,7 @@ __all__ = [
     "export",
     "from_jax",
     "get_eager_mode",
+    "jax_op",
     "mark_step",
     "payload_count",
     "register_new_lowerings",

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from tpu_backend import precision
 from tpu_backend.compile import dump as _dump
 from tpu_backend.compile.cache import (
     STATS,
@@ -98,6 +99,7 @@ class Program:
         self.name = name
         self.fn = fn
         self.source = source
+        # keyed by (matmul precision, signature): torch.set_float32_matmul_precision recompiles
         self._executables: dict[tuple, _Executable] = {}
         _LIVE.add(self)
 
@@ -111,11 +113,12 @@ class Program:
         platforms = tuple(platforms)
         exported = []
         with tpu.lowering_for(chip) if platforms == ("tpu",) else contextlib.nullcontext():
-            for sig in self._executables:
+            for matmul_precision, sig in self._executables:
                 args = [_abstract(item) for item in sig]
                 on_arrays, _ = self._array_function(args)
                 arrays = [a for a in args if isinstance(a, jax.ShapeDtypeStruct)]
-                exported.append(jax.export.export(jax.jit(on_arrays), platforms=platforms)(*arrays))
+                with jax.default_matmul_precision(matmul_precision):
+                    exported.append(jax.export.export(jax.jit(on_arrays), platforms=platforms)(*arrays))
         return exported
 
     def __repr__(self) -> str:
@@ -123,18 +126,20 @@ class Program:
 
     @property
     def signatures(self) -> list[tuple]:
-        return list(self._executables)
+        return list(dict.fromkeys(sig for _, sig in self._executables))
 
     def __call__(self, *args):
         sig = signature(args)
-        executable = self._executables.get(sig)
+        key = (precision.sync(), sig)
+        executable = self._executables.get(key)
         if executable is None:
-            executable = self._build(sig, args)
+            executable = self._build(key, args)
         else:
             STATS.record_hit(self.name)
         return executable([a for a in args if is_array(a)])
 
-    def _build(self, sig: tuple, args: tuple) -> _Executable:
+    def _build(self, key: tuple, args: tuple) -> _Executable:
+        sig = key[1]
         storage = ensure_persistent_cache()
         if is_cache_only() and storage is None:
             raise CacheMissError(
@@ -160,7 +165,7 @@ class Program:
         )
         _dump.write_program(self.name, format_signature(sig), lowered, self.source)
         executable = _Executable(compiled, traced["treedef"], traced["static"], traced["n_leaves"])
-        self._executables[sig] = executable
+        self._executables[key] = executable
         return executable
 
     def _array_function(self, args):

@@ -1,8 +1,8 @@
 """Matrix products (mm, bmm, addmm, baddbmm, ...) and basic dense linear algebra.
 
-Matrix products use JAX's default matmul precision; on a TPU that means bfloat16
-passes for float32 inputs. Set `jax.config.update("jax_default_matmul_precision",
-"highest")` for float32-exact products (slower).
+Matrix products use JAX's default matmul precision, which follows
+`torch.set_float32_matmul_precision` (default "highest": float32 products as on CPU;
+"high"/"medium" allow 3 or 1 bfloat16 passes on a TPU; `tpu_backend/precision.py`).
 `beta == 0` ignores `self` entirely (NaN in it does not propagate), as in ATen.
 """
 
