@@ -19,6 +19,7 @@ sys.path.insert(0, EXAMPLES)
 import char_lm  # noqa: E402
 import digits_cnn  # noqa: E402
 import dlrm_clicks  # noqa: E402
+import pallas_op  # noqa: E402
 import unet_segmentation  # noqa: E402
 
 
@@ -63,3 +64,11 @@ def _check_char_lm(r, loss_drop: float):
 @pytest.mark.parametrize("model, steps, loss_drop", [("tinyllama", 30, 0.75), ("llama", 12, 0.9), ("qwen3", 12, 0.9)])
 def test_char_lm_generates_like_pytorch(model, steps, loss_drop):
     _check_char_lm(char_lm.run(model, steps=steps, new_tokens=16), loss_drop)
+
+
+def test_pallas_op_trains_like_pytorch_and_lowers_for_tpu():
+    r = pallas_op.run(steps=30)
+    start, end = r["loss_start_end"]
+    assert end < 0.85 * start, r["loss_start_end"]
+    assert r["max_relative_loss_gap_vs_cpu"] < 1e-4  # the kernel op trains like F.gelu(h + b) on CPU
+    assert r["lowers_for_tpu"]
