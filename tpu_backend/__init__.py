@@ -35,7 +35,7 @@ from tpu_backend import _registration, device  # noqa: E402
 _registration.register_backend(device)
 
 import tpu_backend.ops  # noqa: E402,F401  (fills the lowering table)
-from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, jax_interop, kernels, modules, precision, serialization  # noqa: E402
+from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, jax_interop, kernels, modules, precision, serialization, streams  # noqa: E402
 from tpu_backend.dispatch import (  # noqa: E402,F401
     TpuDebugError,
     TpuLoweringError,
@@ -60,6 +60,7 @@ def _install() -> None:
     modules.install()
     host_memory.install()
     jax_interop.install()  # DLPack export of tpu tensors through their JAX arrays
+    streams.install()  # tensor.record_stream: a no-op with one in-order queue
     precision.install()  # torch.set_float32_matmul_precision -> JAX's matmul precision (default highest)
     integrations.install()  # transformers' save_pretrained on tpu weights
     kernels.install()  # Pallas kernel routers: attention, norms, cross-entropy (tpu_backend/kernels.py)

@@ -62,7 +62,10 @@ def _meta_view(op):
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
     """Copy between any mix of cpu and tpu tensors (broadcasting and casting like ATen)."""
     if tpu_tensor.is_tpu(dst):
-        value = tpu_tensor.read(src) if tpu_tensor.is_tpu(src) else tpu_tensor.cpu_to_jax(src)
+        if tpu_tensor.is_tpu(src):
+            value = tpu_tensor.read(src)
+        else:
+            value = tpu_tensor.cpu_to_jax_nonblocking(src) if non_blocking else tpu_tensor.cpu_to_jax(src)
         tpu_tensor.write(dst, value)
     else:
         dst.copy_(tpu_tensor.to_cpu_tensor(src))
@@ -70,7 +73,7 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
 
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False):
-    return copy_(dst, src)
+    return copy_(dst, src, non_blocking)
 
 
 def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor):
@@ -161,7 +164,8 @@ def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     dtype = t.dtype if dtype is None else dtype
     if not tpu_tensor.is_tpu(t):  # host -> device
         _check_device(device)
-        return tpu_tensor.wrap(tpu_tensor.cpu_to_jax(t.to(dtype)))
+        host = t.to(dtype)
+        return tpu_tensor.wrap(tpu_tensor.cpu_to_jax_nonblocking(host) if non_blocking else tpu_tensor.cpu_to_jax(host))
     if device is not None and torch.device(device).type != "tpu":
         return tpu_tensor.to_cpu_tensor(t).to(device=device, dtype=dtype)
     _check_device(device)

@@ -364,6 +364,20 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     return jnp.array(t.numpy(), copy=True)  # never alias torch-owned memory
 
 
+def cpu_to_jax_nonblocking(t: torch.Tensor) -> jax.Array:
+    """Host -> device for `.to("tpu", non_blocking=True)`: one explicit `jax.device_put` of
+    the tensor's own memory, which returns without waiting (on an accelerator the DMA
+    overlaps what the host does next). As with CUDA, the source must not be modified until
+    the copy has landed (`torch.tpu.synchronize()`, an event). JAX's CPU runtime may alias
+    host memory instead of copying, so there the bytes are copied first."""
+    t = t.detach().contiguous()
+    host = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+    if jax.default_backend() == "cpu":
+        host = host.copy()
+    array = jax.device_put(host)
+    return jax.lax.bitcast_convert_type(array, jnp.bfloat16) if t.dtype == torch.bfloat16 else array
+
+
 def to_cpu_tensor(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy of tpu tensor `t` (same shape and dtype, contiguous)."""
     return numpy_to_torch(to_numpy(read(t)), t.dtype)
