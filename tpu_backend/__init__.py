@@ -22,6 +22,9 @@ compilation-cache options when it is enabled.)
 
 from __future__ import annotations
 
+import sys
+import types
+
 import jax
 
 JAX_SETTINGS = {"jax_enable_x64": True, "jax_cpu_enable_async_dispatch": False}
@@ -65,6 +68,10 @@ def _install() -> None:
     integrations.install()  # transformers' save_pretrained on tpu weights
     kernels.install()  # Pallas kernel routers: attention, norms, cross-entropy (tpu_backend/kernels.py)
     device.jax_op = jax_op  # torch.tpu.jax_op (needs the table, so attached after it is filled)
+    device.pallas = sys.modules["torch.tpu.pallas"] = types.ModuleType(
+        "torch.tpu.pallas", "torch-tpu's `torch.tpu.pallas.jax_op`, for code written against it"
+    )
+    device.pallas.jax_op = jax_op
     if dispatch.get_eager_mode() == "fused":  # TPU_EAGER_MODE=fused
         fused.enable()
 

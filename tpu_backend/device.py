@@ -6,6 +6,12 @@ Registered with `torch._register_device_module("tpu", ...)` by `tpu_backend`. On
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import os
+import sys
+import types
+
 import jax
 import torch
 
@@ -124,3 +130,57 @@ class device:
 
     def __exit__(self, *exc):
         return False
+
+
+class device_of(device):  # noqa: N801  (torch.cuda.device_of)
+    """`with torch.tpu.device_of(tensor):` (one device: a no-op for tpu and other tensors)."""
+
+    def __init__(self, obj):
+        super().__init__(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuDeviceProperties:
+    """What `torch.cuda.get_device_properties` users read: name and total_memory (bytes)."""
+
+    name: str
+    device_kind: str
+    platform: str
+    total_memory: int
+
+
+def get_device_properties(device=None) -> TpuDeviceProperties:
+    set_device(device)  # checks the index
+    jax_device = jax.devices()[0]
+    stats = jax_device.memory_stats() or {}
+    # JAX's CPU runtime reports no memory limit: its memory is the host's
+    total = stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return TpuDeviceProperties(get_device_name(), jax_device.device_kind, jax_device.platform, int(total))
+
+
+class EagerMode(enum.Enum):
+    """torch-tpu's eager mode names for this device's modes (`tpu_backend.set_eager_mode`)."""
+
+    DEFER_AND_FUSE = "fused"  # record, run one program per step at a sync point
+    DEFER_NEVER = "strict"  # run each op as it comes (default)
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"  # each op synchronously, results checked
+
+
+def set_eager_mode(mode) -> None:
+    """`torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)` or a mode name ("fused")."""
+    dispatch.set_eager_mode(mode.value if isinstance(mode, EagerMode) else mode)
+
+
+class _TpuModule(types.ModuleType):
+    """`torch.tpu.eager_mode` is a property (read and set), as in torch-tpu."""
+
+    @property
+    def eager_mode(self) -> EagerMode:
+        return EagerMode(dispatch.get_eager_mode())
+
+    @eager_mode.setter
+    def eager_mode(self, mode) -> None:
+        set_eager_mode(mode)
+
+
+sys.modules[__name__].__class__ = _TpuModule
