@@ -67,7 +67,7 @@ def test_char_lm_generates_like_pytorch(model, steps, loss_drop):
 
 
 def test_pallas_op_trains_like_pytorch_and_lowers_for_tpu():
-    r = pallas_op.run(steps=30)
+    r = pallas_op.run(steps=20, lr=1e-2)
     start, end = r["loss_start_end"]
     assert end < 0.85 * start, r["loss_start_end"]
     assert r["max_relative_loss_gap_vs_cpu"] < 1e-4  # the kernel op trains like F.gelu(h + b) on CPU

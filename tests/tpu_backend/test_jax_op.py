@@ -103,6 +103,7 @@ def test_shapes_come_from_jax_eval_shape_under_fake_tensors():
 STATIC_SHAPE_CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_static")
 
 
+@pytest.mark.slow
 def test_torch_library_opcheck_passes():
     # (no "test_aot_dispatch_dynamic": symbolic sizes are refused, as XLA compiles static shapes)
     torch.library.opcheck(swish, (torch.randn(3, 5, requires_grad=True), 1.5), test_utils=STATIC_SHAPE_CHECKS)
@@ -140,6 +141,7 @@ def test_fused_eager_records_the_op_into_the_step_program():
     assert ops_text.count("test_jax_op.swish") == 2
 
 
+@pytest.mark.slow  # (the example lowers the kernels for TPU in the default suite)
 def test_a_pallas_kernel_op_lowers_for_tpu_inside_a_training_step():
     import pallas_op
 

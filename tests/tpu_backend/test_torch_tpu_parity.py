@@ -126,6 +126,7 @@ def optimization_barrier(x: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(x)
 
 
+@pytest.mark.slow
 def test_ragged_dot_as_a_jax_op_matches_a_per_group_matmul():
     torch.manual_seed(0)
     lhs = torch.randn(7, 4, requires_grad=True)
@@ -148,6 +149,7 @@ def test_optimization_barrier_as_a_jax_op_is_the_identity():
     torch.testing.assert_close(x.grad.cpu(), torch.full((4,), 2.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool, shape", [(F.max_pool1d, (2, 3, 10)), (F.max_pool3d, (1, 2, 6, 6, 6))])
 def test_max_pools_and_their_backward_run_on_the_device(pool, shape):
     x = torch.randn(*shape, requires_grad=True)
@@ -157,6 +159,7 @@ def test_max_pools_and_their_backward_run_on_the_device(pool, shape):
     torch.testing.assert_close(x_tpu.grad.cpu(), x.grad)
 
 
+@pytest.mark.slow
 def test_pytorchs_muon_steps_on_the_device():
     torch.manual_seed(0)
     layer = torch.nn.Linear(8, 6, bias=False).to("tpu")
