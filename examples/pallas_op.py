@@ -26,8 +26,9 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tpu_backend  # noqa: E402,F401  (registers the device and torch.tpu)
 from _flow import cli, console, results_table  # noqa: E402
+
+import tpu_backend  # noqa: E402,F401  (registers the device and torch.tpu)
 from kernels import _common  # noqa: E402
 from kernels import tpu as tpu_chips  # noqa: E402
 
@@ -102,9 +103,7 @@ class BiasGelu(nn.Module):
 
 def mlp(use_kernel: bool, features: int = 128) -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(16, features, bias=False), BiasGelu(features, use_kernel), nn.Linear(features, 1)
-    )
+    return nn.Sequential(nn.Linear(16, features, bias=False), BiasGelu(features, use_kernel), nn.Linear(features, 1))
 
 
 def regression_data(n: int = 512, seed: int = 0):
@@ -162,7 +161,14 @@ def report(results: dict) -> None:
         results_table(
             f"MLP with a Pallas bias+GELU op, trained on tpu ({results['steps']} steps)",
             ["loss start", "loss end", "max rel. gap vs PyTorch CPU", "kernels lower for TPU v5e"],
-            [[f"{start:.4f}", f"{end:.4f}", f"{results['max_relative_loss_gap_vs_cpu']:.1e}", str(results["lowers_for_tpu"])]],
+            [
+                [
+                    f"{start:.4f}",
+                    f"{end:.4f}",
+                    f"{results['max_relative_loss_gap_vs_cpu']:.1e}",
+                    str(results["lowers_for_tpu"]),
+                ]
+            ],
         )
     )
 

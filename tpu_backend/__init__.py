@@ -38,7 +38,20 @@ from tpu_backend import _registration, device  # noqa: E402
 _registration.register_backend(device)
 
 import tpu_backend.ops  # noqa: E402,F401  (fills the lowering table)
-from tpu_backend import autocast, core_ops, dispatch, fused, host_memory, integrations, jax_interop, kernels, modules, precision, serialization, streams  # noqa: E402
+from tpu_backend import (  # noqa: E402
+    autocast,
+    core_ops,
+    dispatch,
+    fused,
+    host_memory,
+    integrations,
+    jax_interop,
+    kernels,
+    modules,
+    precision,
+    serialization,
+    streams,
+)
 from tpu_backend.dispatch import (  # noqa: E402,F401
     TpuDebugError,
     TpuLoweringError,

@@ -19,7 +19,6 @@ from tpu_backend import dispatch
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.jax_interop import from_jax, to_jax  # noqa: F401  (part of the torch.tpu surface)
 from tpu_backend.precision import Precision, precision  # noqa: F401
-from tpu_backend.streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 from tpu_backend.random import (  # noqa: F401  (part of the torch.tpu surface)
     get_rng_state,
     initial_seed,
@@ -28,6 +27,7 @@ from tpu_backend.random import (  # noqa: F401  (part of the torch.tpu surface)
     seed,
     set_rng_state,
 )
+from tpu_backend.streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 
 seed_all = seed
 _peak_bytes = 0

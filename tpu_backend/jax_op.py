@@ -196,7 +196,7 @@ def _register(fn: Callable, name: str, backward: Optional[Callable]):
     user_backward = backward or _vjp_backward(fn, signature)
 
     def backward_jax(*args_and_grads):
-        args, grads = args_and_grads[: -count], args_and_grads[-count:]
+        args, grads = args_and_grads[:-count], args_and_grads[-count:]
         outs = jax.eval_shape(forward_jax, *args)
         outs = (outs,) if count == 1 else outs
         grads = tuple(g.astype(o.dtype) for g, o in zip(grads, outs))
@@ -272,7 +272,9 @@ def _register(fn: Callable, name: str, backward: Optional[Callable]):
         result = result if isinstance(result, tuple) else (result,)
         out = [None] * len(signature.names)
         for p, grad in zip(signature.tensor_positions, result):
-            out[p] = grad if (args[p] is not None and args[p].is_floating_point() and grad.shape == args[p].shape) else None
+            out[p] = (
+                grad if (args[p] is not None and args[p].is_floating_point() and grad.shape == args[p].shape) else None
+            )
         return tuple(out)
 
     op.register_autograd(autograd_backward, setup_context=setup_context)

@@ -9,7 +9,6 @@ import os
 import re
 
 import jax
-import jax.numpy as jnp
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +16,9 @@ import torch.nn.functional as F
 import tpu_backend
 import tpu_backend.kernel_ops  # noqa: F401  (torch.ops.tpu_kernels)
 
-DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "torch_tpu_parity.md")
+DOC = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "torch_tpu_parity.md"
+)
 
 # torch-tpu 0.2.0, torch_tpu/_internal/public_api.py (_PUBLIC_MODULES), read from the wheel
 # (pip download --no-deps torch-tpu==0.2.0): each module's exports and child modules.
@@ -42,6 +43,8 @@ TORCH_TPU_0_2_0 = {
     "torch.tpu.profiler": "TpuProfilerConfig",
 }
 STATUSES = ("same name", "equivalent", "not provided")
+
+
 def doc_rows() -> dict[str, tuple[str, list[str]]]:
     """{torch-tpu name: (status, our names)} from the table rows `| name | status | ours | notes |`."""
     rows = {}
