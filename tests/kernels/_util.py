@@ -5,15 +5,21 @@ Tolerances (max |a - b| / max(max |b|, 1e-6), per output):
   floating-point sums differs);
 - bfloat16 inputs: 2e-2 (the kernels and the reference both accumulate in float32, but
   outputs and gradients are rounded to bfloat16, about 3 significant digits).
+
+The kernels run in Pallas's interpreter (any backend) unless `KERNELS_TEST_IMPL` names
+another implementation ("pallas" on a TPU: `benchmarks/accelerator_check.py` sets it).
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+KERNEL_IMPL = os.environ.get("KERNELS_TEST_IMPL", "interpret")
 TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
 
 
