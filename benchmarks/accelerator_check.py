@@ -46,7 +46,6 @@ import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -486,9 +485,7 @@ def _cudnn_attention(q, k, v, dout, settings: Settings) -> dict:
     to_blhd = lambda t: jnp.swapaxes(t, 1, 2)
 
     def attend(a, b, c):
-        out = jax.nn.dot_product_attention(
-            to_blhd(a), to_blhd(b), to_blhd(c), is_causal=True, implementation="cudnn"
-        )
+        out = jax.nn.dot_product_attention(to_blhd(a), to_blhd(b), to_blhd(c), is_causal=True, implementation="cudnn")
         return to_blhd(out)
 
     return _jax_attention(attend, (q, k, v), dout, settings)
@@ -566,7 +563,9 @@ def attention(entry: dict, settings: Settings, budget_s: float, save) -> None:
             reference = outputs["xla_reference"]
             scale = max(float(np.max(np.abs(reference))), 1e-6)
             row["max_rel_diff_vs_xla"] = {
-                impl: float(np.max(np.abs(out - reference)) / scale) for impl, out in outputs.items() if impl != "xla_reference"
+                impl: float(np.max(np.abs(out - reference)) / scale)
+                for impl, out in outputs.items()
+                if impl != "xla_reference"
             }
         if row["errors"]:
             entry.setdefault("failures", []).append(f"seq {seq}: {', '.join(row['errors'])}")
@@ -678,7 +677,6 @@ def train_mode(name: str, mode: tuple, settings: Settings, time_limit_s: float, 
         seconds=round(time.monotonic() - start, 2),
         cpu_seconds=round(time.process_time() - cpu_start, 2),
     )
-    del model, runner, optimizer
     return result
 
 
@@ -716,7 +714,9 @@ def training(entry: dict, settings: Settings, budget: Budget, peak: float | None
     losses = {n: m["losses"][0] for n, m in entry["modes"].items() if m.get("losses")}
     if losses:  # same weights and batch in every mode: the first loss must agree (bf16)
         reference = next(iter(losses.values()))
-        entry["first_losses_agree"] = all(abs(v - reference) <= 0.05 * max(abs(reference), 1.0) for v in losses.values())
+        entry["first_losses_agree"] = all(
+            abs(v - reference) <= 0.05 * max(abs(reference), 1.0) for v in losses.values()
+        )
 
 
 # ----------------------------------------------------------------------------- table
@@ -743,7 +743,9 @@ def print_tables(data: dict) -> None:
         out.append("  " + "seq".ljust(7) + "".join(i.rjust(24) for i in impls))
         for r in rows:
             cells = [
-                "failed" if i in r["errors"] else f"{_fmt(r['fwd_ms'].get(i), '.3f')} / {_fmt(r['fwd_bwd_ms'].get(i), '.3f')}"
+                "failed"
+                if i in r["errors"]
+                else f"{_fmt(r['fwd_ms'].get(i), '.3f')} / {_fmt(r['fwd_bwd_ms'].get(i), '.3f')}"
                 for i in impls
             ]
             out.append("  " + str(r["seq"]).ljust(7) + "".join(c.rjust(24) for c in cells))
@@ -755,18 +757,32 @@ def print_tables(data: dict) -> None:
             f"batch {train['model']['batch']}, {train['flops_per_step'] / 1e12:.3g} TFLOP per step; "
             f"MFU vs {_fmt(peak and peak / 1e12, '.0f')} TFLOP/s"
         )
-        out.append("  " + "mode".ljust(18) + "step ms".rjust(10) + "first s".rjust(9) + "tokens/s".rjust(11)
-                   + "TFLOP/s".rjust(9) + "MFU".rjust(8) + "peak GiB".rjust(10) + "  loss")
+        out.append(
+            "  "
+            + "mode".ljust(18)
+            + "step ms".rjust(10)
+            + "first s".rjust(9)
+            + "tokens/s".rjust(11)
+            + "TFLOP/s".rjust(9)
+            + "MFU".rjust(8)
+            + "peak GiB".rjust(10)
+            + "  loss"
+        )
         for name, m in train["modes"].items():
             if m.get("error"):
                 out.append("  " + name.ljust(18) + f"  failed: {m['error']}")
                 continue
             gib = None if m.get("peak_bytes") is None else m["peak_bytes"] / 2**30
             out.append(
-                "  " + name.ljust(18) + _fmt(m["step_ms"], ".1f").rjust(10) + _fmt(m["first_step_s"], ".1f").rjust(9)
-                + _fmt(m["tokens_per_s"], ".0f").rjust(11) + _fmt(m["tflops"], ".1f").rjust(9)
+                "  "
+                + name.ljust(18)
+                + _fmt(m["step_ms"], ".1f").rjust(10)
+                + _fmt(m["first_step_s"], ".1f").rjust(9)
+                + _fmt(m["tokens_per_s"], ".0f").rjust(11)
+                + _fmt(m["tflops"], ".1f").rjust(9)
                 + (_fmt(m["mfu"] * 100 if m["mfu"] is not None else None, ".1f") + "%").rjust(8)
-                + _fmt(gib, ".2f").rjust(10) + f"  {m['losses'][-1]}"
+                + _fmt(gib, ".2f").rjust(10)
+                + f"  {m['losses'][-1]}"
             )
     out.append(f"\ntotal {data.get('seconds', time.monotonic() - STARTED):.0f} s")
     print("\n".join(out), flush=True)
@@ -783,7 +799,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--sections", default="kernel_tests,attention,training", help="comma list of kernel_tests, attention, training"
     )
-    parser.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s for MFU (default: by GPU name)")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s for MFU (default: by GPU name)"
+    )
     return parser.parse_args(argv)
 
 
