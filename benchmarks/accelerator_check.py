@@ -66,6 +66,7 @@ DEFAULT_BUDGET_S = 450.0
 GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12}
 KERNEL_TEST_FILES = (
     "tests/kernels/test_flash_attention.py",
+    "tests/kernels/test_flash_attention_triton.py",
     "tests/kernels/test_norms.py",
     "tests/kernels/test_cross_entropy.py",
     "tests/kernels/test_decode_attention.py",
@@ -386,19 +387,33 @@ class _Outcomes:
             )
 
 
-def kernel_tests(entry: dict, settings: Settings, save) -> None:
-    import pytest
+def compiled_kernels() -> str | None:
+    """The compiled kernel implementation for JAX's backend: "pallas" (TPU), "triton"
+    (CUDA GPU: `kernels.flash_attention_triton`) or None."""
+    import jax
 
     from kernels._common import accelerator
 
-    compiled = "pallas" if accelerator() else None
+    if accelerator():
+        return "pallas"
+    return "triton" if jax.default_backend() == "gpu" else None
+
+
+def kernel_tests(entry: dict, settings: Settings, save) -> None:
+    import pytest
+
+    compiled = compiled_kernels()
     entry["compiled_implementation"] = compiled
-    if compiled is None:
+    if compiled != "pallas":
         entry["note"] = (
-            "no compiled kernel implementation on this backend: the Pallas kernels compile through "
-            "Mosaic for TPU only (VMEM scratch accumulators over sequential grid axes; no Triton or "
-            "Mosaic GPU version exists yet), so the tests ran the kernel bodies in Pallas's interpreter "
-            "on this device"
+            "the TPU kernels (kernels/flash_attention, norms, cross_entropy, decode_attention) compile "
+            "through Mosaic for TPU only (VMEM scratch accumulators over sequential grid axes), so their "
+            "tests ran the kernel bodies in Pallas's interpreter on this device; "
+            + (
+                "kernels/flash_attention_triton ran compiled by Triton"
+                if compiled == "triton"
+                else "kernels/flash_attention_triton compiles only on a CUDA GPU (here: interpreted, -m slow)"
+            )
         )
     impl = compiled or "interpret"
     entry["implementation"] = impl
@@ -498,23 +513,25 @@ def attention(entry: dict, settings: Settings, budget_s: float, save) -> None:
 
     from benchmarks import kernels_bench
     from kernels import flash_attention as fa
-    from kernels._common import accelerator
+    from kernels.flash_attention_triton import flash_attention_triton
 
     deadline = time.monotonic() + budget_s
     dtype = getattr(jnp, settings.dtype)
     batch, heads, kv_heads, head_dim = settings.attention_shape
     device = native_device()
-    compiled = "pallas" if accelerator() else None
+    compiled = compiled_kernels()
     entry.update(
         shape=f"B{batch} H{heads}/{kv_heads} D{head_dim} causal {settings.dtype}",
         jax_backend=jax.default_backend(),
         torch_device=device,
-        compiled_kernel=compiled or "none on this backend (Mosaic TPU only): the 'tpu' device runs the XLA reference",
+        compiled_kernel=compiled or "none on this backend: the 'tpu' device runs the XLA reference",
         rows=[],
     )
     implementations = ["xla_reference", "torch_sdpa"]
-    if compiled:
+    if compiled == "pallas":
         implementations.insert(0, "flash_kernel")
+    if compiled == "triton":
+        implementations.insert(0, "flash_triton")
     if jax.default_backend() == "gpu":
         implementations.insert(1, "jax_cudnn")
     for seq in settings.attention_seqs:
@@ -530,6 +547,9 @@ def attention(entry: dict, settings: Settings, budget_s: float, save) -> None:
         outputs = {}
         entry["rows"].append(row)
         for impl in implementations:
+            if time.monotonic() > deadline:
+                row["errors"][impl] = "not run: section time share spent"
+                continue
             try:
                 if impl == "flash_kernel":
                     kernel = kernels_bench.bench_attention(
@@ -540,6 +560,10 @@ def attention(entry: dict, settings: Settings, budget_s: float, save) -> None:
                         "fwd_bwd_ms": kernel.fwd_bwd_ms[compiled],
                         "temp_bytes": kernel.temp_bytes[compiled],
                     }
+                elif impl == "flash_triton":
+                    result = _jax_attention(
+                        lambda a, b, c: flash_attention_triton(a, b, c, causal=True), (q, k, v), dout, settings
+                    )
                 elif impl == "xla_reference":
                     result = _jax_attention(
                         lambda a, b, c: fa.attention_reference(a, b, c, None, True)[0], (q, k, v), dout, settings
