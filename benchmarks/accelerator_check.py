@@ -32,6 +32,8 @@ the parts that compile hand-written GPU kernels last, (a) in a child process):
 A global time budget (`--budget`, default 450 s from process start) gives each section
 a share; a watchdog writes what was measured and exits when the budget runs out, so the
 command ends within 8 minutes whatever hangs. The JSON is rewritten after every part.
+`--profile DIR` traces one extra training step per mode into DIR/<mode>
+(`torch.tpu.profiler` for tpu modes: ATen ops, program launches and JAX's device trace).
 `--smoke` runs the same code on CPU (or whatever is present) with tiny shapes, and
 torch.compile with its "eager" backend instead of inductor: it checks the script, not speed.
 """
@@ -643,9 +645,33 @@ def _memory_after(device: str) -> dict:
     return {"peak_bytes": None, "kind": "not reported on CPU"}
 
 
-def train_mode(name: str, mode: tuple, settings: Settings, time_limit_s: float, peak: float | None) -> dict:
+def _profile_one_step(step, device: str, folder: str) -> dict:
+    """One more step under a profiler: `torch.tpu.profiler` for tpu modes (host ATen ops,
+    program launches, JAX's device trace), PyTorch's (CPU + CUDA activities) otherwise."""
+    try:
+        if device == "tpu":
+            with torch.tpu.profiler.profile(folder) as prof:
+                step()
+            return prof.files
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            step()
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        return {"host": path}
+    except Exception as error:  # noqa: BLE001 - a failed trace must not lose the timings
+        return {"error": _error_text(error)}
+
+
+def train_mode(
+    name: str, mode: tuple, settings: Settings, time_limit_s: float, peak: float | None, profile_dir: str | None = None
+) -> dict:
     """Build the model in `mode`, run warm-up then timed steps (at least one, at most
-    `settings.train_steps`, stopping at `time_limit_s`); step time, tokens/s, MFU, memory."""
+    `settings.train_steps`, stopping at `time_limit_s`); step time, tokens/s, MFU, memory.
+    With `profile_dir`, one more step is traced into `profile_dir/<mode>`."""
     device, eager_mode, prepare, description = mode
     config = settings.llama
     result = {"description": description}
@@ -682,6 +708,8 @@ def train_mode(name: str, mode: tuple, settings: Settings, time_limit_s: float, 
         while len(timed) < settings.train_steps and (not timed or time.monotonic() - start < time_limit_s):
             timed.append(step())
         result["first_step_s"] = round((warmup or timed)[0], 3)  # compiles included
+        if profile_dir:
+            result["profile"] = _profile_one_step(step, device, os.path.join(profile_dir, name))
     finally:
         if device == "tpu":
             tpu_backend.set_eager_mode("strict")  # fused: runs what is pending
@@ -700,7 +728,9 @@ def train_mode(name: str, mode: tuple, settings: Settings, time_limit_s: float, 
     return result
 
 
-def training(entry: dict, settings: Settings, budget: Budget, peak: float | None, save) -> None:
+def training(
+    entry: dict, settings: Settings, budget: Budget, peak: float | None, save, profile_dir: str | None = None
+) -> None:
     import jax
 
     config = settings.llama
@@ -724,7 +754,7 @@ def training(entry: dict, settings: Settings, budget: Budget, peak: float | None
             entry.setdefault("failures", []).append(name)
             continue
         try:
-            entry["modes"][name] = train_mode(name, mode, settings, share * 0.8, peak)
+            entry["modes"][name] = train_mode(name, mode, settings, share * 0.8, peak, profile_dir)
         except Exception as error:  # noqa: BLE001 - one mode's failure must not lose the others
             entry["modes"][name] = {"error": _error_text(error), "traceback": traceback.format_exc()[-1500:]}
             entry.setdefault("failures", []).append(name)
@@ -820,6 +850,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--sections", default="kernel_tests,attention,training", help="comma list of kernel_tests, attention, training"
     )
     parser.add_argument(
+        "--profile", metavar="DIR", default=None, help="trace one extra training step per mode into DIR/<mode>"
+    )
+    parser.add_argument(
         "--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s for MFU (default: by GPU name)"
     )
     return parser.parse_args(argv)
@@ -845,7 +878,9 @@ def main(argv=None) -> int:
     if "training" in wanted:
         with report.section("training", budget, settings.shares["training"]) as entry:
             if entry is not None:
-                training(entry, settings, budget.deadline_after(entry["time_limit_s"]), peak, report.write)
+                training(
+                    entry, settings, budget.deadline_after(entry["time_limit_s"]), peak, report.write, args.profile
+                )
     if "attention" in wanted:
         with report.section("attention", budget, settings.shares["attention"]) as entry:
             if entry is not None:

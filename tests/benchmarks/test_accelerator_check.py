@@ -87,3 +87,19 @@ def test_parameter_count_behind_the_mfu_matches_the_model(config):
     assert check.parameter_count(config) == sum(p.numel() for p in model.parameters())
     if config == check.LlamaConfig():
         assert check.parameter_count(config) >= 100e6
+
+
+@pytest.mark.slow
+def test_profile_traces_one_step_per_mode(tmp_path):
+    done, report = _run(tmp_path, "--smoke", "--sections", "training", "--profile", str(tmp_path / "traces"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    modes = report["sections"]["training"]["modes"]
+    for name, mode in modes.items():
+        files = mode["profile"]
+        assert "error" not in files and Path(files["host"]).exists(), (name, files)
+        if name.startswith("tpu-"):
+            assert files["combined"] and Path(files["combined"]).exists()
+            host = Path(files["host"]).read_text()
+            # eager modes show the ATen ops; the compiled mode its forward/backward programs
+            expected = "tpu::torch_compile_" if name == "tpu-compile" else '"aten::mm"'
+            assert expected in host, (name, expected)
