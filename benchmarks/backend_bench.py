@@ -6,6 +6,7 @@
     python benchmarks/backend_bench.py --model mingpt --modes all --skip-ops   # every mode, targets checked
     python benchmarks/backend_bench.py --model mingpt --modes all --skip-inductor # ... without inductor's long compile
     python benchmarks/backend_bench.py --json results.json      # also write the figures as JSON ('-': stdout)
+    python benchmarks/backend_bench.py --profile runs/bench      # trace the steps (torch.tpu.profiler): TensorBoard/Perfetto
 
 Every mode runs IN THE SAME PROCESS: each is built and warmed up in turn (`--warmup`
 untimed steps, which include compilation; the first step's time is reported
@@ -364,6 +365,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "1 avoids OpenMP oversubscription that can slow small CPU ops 10-100x)",
     )
     parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
+    parser.add_argument(
+        "--profile", metavar="DIR", help="trace the training steps into DIR with torch.tpu.profiler (slows them)"
+    )
     args = parser.parse_args(argv)
     if args.modes == "all":
         args.modes = ALL_MODES
@@ -477,7 +481,7 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if any(MODES[m].device == "tpu" for m in modes) or not args.skip_ops:
+    if any(MODES[m].device == "tpu" for m in modes) or not args.skip_ops or args.profile:
         import tpu_backend  # noqa: F401 - registers the device
 
     config = MODEL_CASES[args.model]
@@ -485,10 +489,13 @@ def main(argv=None) -> int:
         f"benchmarking {config.name}: modes {modes}, {args.warmup} warm-up + {args.steps} timed steps", file=sys.stderr
     )
     load = {"cpus": os.cpu_count(), "before": os.getloadavg()}
+    profile = torch.tpu.profiler.profile(args.profile).start() if args.profile else None
     if args.sequential:
         steps = [bench_training(args.model, m, args.steps, args.warmup) for m in modes]
     else:
         steps = bench_interleaved(args.model, modes, args.steps, args.warmup)
+    if profile is not None:
+        print(f"profile (steps timed under the profiler): {profile.stop()}", file=sys.stderr)
     ops = [] if args.skip_ops else [bench_op(name, d, args.op_iterations) for name in OP_CASES for d in ("cpu", "tpu")]
     load["after"] = os.getloadavg()
     flops = step_flops(args.model)

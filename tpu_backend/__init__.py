@@ -91,6 +91,10 @@ def _install() -> None:
 
 _install()
 
+from tpu_backend import profiler  # noqa: E402  (torch.tpu.profiler)
+
+profiler.install(device)
+
 
 def register_new_lowerings() -> int:
     """Connect lowerings added to the table after import; returns how many kernels were added.

@@ -5,15 +5,25 @@ Tolerances (max |a - b| / max(max |b|, 1e-6), per output):
   floating-point sums differs);
 - bfloat16 inputs: 2e-2 (the kernels and the reference both accumulate in float32, but
   outputs and gradients are rounded to bfloat16, about 3 significant digits).
+
+The kernels run in Pallas's interpreter (any backend) unless `KERNELS_TEST_IMPL` names
+the compiled implementation: "pallas" on a TPU, "triton" on a CUDA GPU (the Triton
+kernels compiled, the TPU-only kernels still interpreted). `benchmarks/accelerator_check.py`
+sets it.
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+_REQUESTED_IMPL = os.environ.get("KERNELS_TEST_IMPL", "interpret")
+KERNEL_IMPL = "interpret" if _REQUESTED_IMPL == "triton" else _REQUESTED_IMPL  # kernels.flash_attention & co
+TRITON_INTERPRET = _REQUESTED_IMPL != "triton"  # kernels.flash_attention_triton
 TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
 
 

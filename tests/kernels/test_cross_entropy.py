@@ -13,14 +13,14 @@ import pytest
 import torch.nn.functional as F
 
 from kernels.cross_entropy import cross_entropy
-from tests.kernels._util import assert_close, normal, to_torch, tolerance
+from tests.kernels._util import KERNEL_IMPL, assert_close, normal, to_torch, tolerance
 
 
 def check_case(rows, vocab, dtype, reduction, block_rows=8, block_vocab=128):
     logits = normal(1, (rows, vocab), dtype) * 3
     targets = jax.random.randint(jax.random.PRNGKey(2), (rows,), 0, vocab).at[1].set(-100)
     kernel = lambda x: cross_entropy(
-        x, targets, reduction=reduction, impl="interpret", block_rows=block_rows, block_vocab=block_vocab
+        x, targets, reduction=reduction, impl=KERNEL_IMPL, block_rows=block_rows, block_vocab=block_vocab
     )
     reference = lambda x: cross_entropy(x, targets, reduction=reduction, impl="reference")
     loss, kernel_vjp = jax.vjp(kernel, logits)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.decode_attention import decode_attention, decode_attention_reference
-from tests.kernels._util import assert_close, normal, to_torch, tolerance
+from tests.kernels._util import KERNEL_IMPL, assert_close, normal, to_torch, tolerance
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,7 @@ def test_decode_attention(heads, kv_heads, head_dim, dtype):
         normal(3, (batch, kv_heads, cache, head_dim), dtype),
     )
     lengths = jnp.array([cache, 17, 0])
-    out = decode_attention(q, k_cache, v_cache, lengths, impl="interpret", block_k=16)
+    out = decode_attention(q, k_cache, v_cache, lengths, impl=KERNEL_IMPL, block_k=16)
     tol = tolerance(dtype)
     assert out.shape == q.shape and out.dtype == dtype
     assert_close(out, decode_attention_reference(q, k_cache, v_cache, lengths), tol, "vs JAX reference")

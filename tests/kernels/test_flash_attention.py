@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.flash_attention import attention_reference, flash_attention
-from tests.kernels._util import assert_close, normal, to_torch, tolerance
+from tests.kernels._util import KERNEL_IMPL, assert_close, normal, to_torch, tolerance
 
 BLOCK = 16
 
@@ -55,7 +55,7 @@ def check_case(
 ):
     q, k, v, mask = _inputs(batch, heads, kv_heads, length, kv_length, head_dim, dtype, mask_kind)
     kernel = lambda a, b, c: flash_attention(
-        a, b, c, mask, causal=causal, impl="interpret", block_q=block_q, block_k=block_k
+        a, b, c, mask, causal=causal, impl=KERNEL_IMPL, block_q=block_q, block_k=block_k
     )
     reference = lambda a, b, c: attention_reference(a, b, c, mask, causal)[0]
     out, kernel_vjp = jax.vjp(kernel, q, k, v)

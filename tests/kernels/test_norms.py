@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import norms
-from tests.kernels._util import assert_close, normal, to_torch, tolerance
+from tests.kernels._util import KERNEL_IMPL, assert_close, normal, to_torch, tolerance
 
 BLOCK_ROWS = 16
 
@@ -44,7 +44,7 @@ def check_case(kind, shape, dtype, fused):
 
         return jax.vjp(fn, x, residual, weight, bias)
 
-    out, kernel_vjp = run("interpret")
+    out, kernel_vjp = run(KERNEL_IMPL)
     expected, reference_vjp = run("reference")
     out, expected = (out, expected) if fused else ((out,), (expected,))
     cotangents = tuple(normal(5 + i, o.shape, dtype) for i, o in enumerate(out))
