@@ -38,8 +38,10 @@ import torch
 import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from tpu_backend import device as tpu_device
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend._registration import DEVICE_NAME
+from tpu_backend.distributed import _fsdp_support
 from tpu_backend.distributed import mesh as tpu_mesh
 
 BACKEND_NAME = "tpu"
@@ -498,6 +500,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
 def _create(backend_options: dist.distributed_c10d._DistributedBackendOptions, _options=None) -> ProcessGroupTPU:
     ranks = list(backend_options.global_ranks_in_group) or list(range(backend_options.group_size))
+    _fsdp_support.install(tpu_device)  # FSDP2 asks torch.tpu for streams and events
+    _fsdp_support.patch_fsdp()  # and resizes parameter storages
     if not jax.distributed.is_initialized():
         # The default group (the whole world) arrives first: join JAX's runtime with it.
         _join_jax(backend_options.store, backend_options.group_rank, backend_options.group_size, backend_options.timeout)
