@@ -21,11 +21,8 @@ sharded state. At the end rank 0 gathers the full weights (`get_model_state_dict
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 import torch

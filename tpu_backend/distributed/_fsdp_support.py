@@ -12,7 +12,6 @@ where `torch.tpu` lacks them (a fuller stream API in `tpu_backend/device.py` win
 from __future__ import annotations
 
 import contextlib
-
 import functools
 
 import jax

@@ -25,11 +25,15 @@ completed `Work` (XLA orders a device's programs; on CPU every program is waited
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import functools
-import math
 import os
 import socket
+import sys
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -199,17 +203,88 @@ def _program(processes: tuple[int, ...], name: str, static: tuple):
     return mesh, jax.jit(fn)
 
 
-def _run(processes: tuple[int, ...], name: str, local: jax.Array, **static) -> jax.Array:
+def _run(processes: tuple[int, ...], name: str, local: jax.Array, timeout: float | None = None, **static) -> jax.Array:
     """Run collective `name` over `processes`, this process contributing `local`; returns
-    this process's part of the result."""
+    this process's part of the result. Past `timeout` seconds the watchdog ends the process."""
     mesh, fn = _program(processes, name, tuple(sorted(static.items())))
     me = jax.local_devices()[0]
     piece = jax.device_put(local[None], me)
     stacked = jax.make_array_from_single_device_arrays(
         (len(processes), *local.shape), NamedSharding(mesh, PartitionSpec(_AXIS)), [piece]
     )
-    out = fn(stacked)
-    return jax.block_until_ready(out.addressable_shards[0].data[0])
+    what = f"{name} over processes {list(processes)}"
+    with _WATCHDOG.watch(what, timeout):
+        try:
+            out = fn(stacked)
+            return jax.block_until_ready(out.addressable_shards[0].data[0])
+        except Exception as error:  # XLA's collectives report a vanished peer as a runtime error
+            _exit_without_jax_shutdown()
+            raise dist.DistBackendError(
+                f"ProcessGroupTPU: collective {what} failed, most likely because a peer process died: {error}"
+            ) from error
+
+
+def _exit_without_jax_shutdown() -> None:
+    """After a failed collective, JAX's exit handler would wait for the dead peer at its
+    shutdown barrier (the process then hangs until killed): leave before it runs."""
+
+    def leave():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    atexit.register(leave)  # atexit runs last-registered first: before JAX's shutdown
+
+
+# --------------------------------------------------------------------- the watchdog
+
+COLLECTIVE_TIMEOUT_EXIT_CODE = 124
+
+
+class _Watchdog:
+    """Ends the process when a collective outlives its group's timeout.
+
+    A collective whose peer died never returns: the XLA program waits in C++ for data
+    that will not come (JAX notices a dead peer only at its heartbeat timeout, 100 s by
+    default, and then aborts). Like NCCL's watchdog, this thread stops the process at the
+    timeout given to `init_process_group`/`new_group`, naming the collective, so the
+    launcher reports it and the job ends. One thread checks a deadline once a second;
+    a collective costs one attribute write on each side."""
+
+    def __init__(self):
+        self._current: tuple[str, float, float] | None = None
+        self._thread = None
+
+    @contextlib.contextmanager
+    def watch(self, what: str, timeout: float | None):
+        if timeout is None:
+            yield
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="tpu-collective-watchdog", daemon=True)
+            self._thread.start()
+        self._current = (what, time.monotonic() + timeout, timeout)
+        try:
+            yield
+        finally:
+            self._current = None
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(0.5)
+            current = self._current
+            if current is not None and time.monotonic() > current[1]:
+                what, _, timeout = current
+                sys.stderr.write(
+                    f"ProcessGroupTPU: rank {os.environ.get('RANK', '?')}: collective {what} did not finish within "
+                    f"the group's timeout ({timeout:g} s): a peer died or the ranks issued different collectives. "
+                    f"Stopping this process (exit code {COLLECTIVE_TIMEOUT_EXIT_CODE}).\n"
+                )
+                sys.stderr.flush()
+                os._exit(COLLECTIVE_TIMEOUT_EXIT_CODE)
+
+
+_WATCHDOG = _Watchdog()
 
 
 # --------------------------------------------------------------------- the process group
@@ -264,7 +339,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, global_ranks: list[int], timeout: datetime.timedelta):
         super().__init__(rank, size)
         self._processes = tuple(global_ranks)
-        self._timeout = timeout
+        self._timeout_s = timeout.total_seconds() if timeout else None
         self._name = self._desc = ""
 
     # -- identity. torch keeps a group's name in its C++ backends, and a Python group has
@@ -302,7 +377,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return f"ProcessGroupTPU(rank={self.rank()}, size={self.size()}, processes={list(self._processes)})"
 
     def _collective(self, name: str, local: jax.Array, **static) -> jax.Array:
-        return _run(self._processes, name, local, **static)
+        return _run(self._processes, name, local, self._timeout_s, **static)
 
     # -- all-reduce
 
@@ -474,7 +549,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         pair = tuple(sorted((me, other)))
         source, target = (pair.index(me), pair.index(other)) if sending else (pair.index(other), pair.index(me))
         for t in tensors:
-            value = _run(pair, "send_recv", _to_jax(t)[None], source=source, target=target)[0]
+            value = _run(pair, "send_recv", _to_jax(t)[None], self._timeout_s, source=source, target=target)[0]
             if not sending:
                 _store(t, value)
         return _DoneWork(tensors)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
+import re
 import socket
 import subprocess
 import sys
@@ -95,3 +95,88 @@ def test_two_processes_collectives_equal_gloo(tmp_path):
 @pytest.mark.slow
 def test_four_processes_collectives_equal_gloo(tmp_path):
     check_collectives(tmp_path, 4)
+
+
+# --------------------------------------------------------------------- PyTorch's parallelism, unchanged
+
+LOSS_RTOL = 1e-5
+STRATEGIES = "ddp,fsdp,tp,fsdp_tp"
+
+
+def assert_runs_continue_reference(folder, nproc: int, strategies: str, steps: int = 10) -> None:
+    """Every rank's losses equal the single-process reference's at the same steps; sharded
+    strategies really shard (a rank holds less than the model)."""
+    for report in reports(folder, nproc):
+        reference = report["reference"]
+        assert len(reference) == steps
+        for name in strategies.split(","):
+            run = report["runs"][name]
+            start, losses = run["start"], run["losses"]
+            assert len(losses) == steps - start, f"{name}: trained {len(losses)} steps from step {start}"
+            for step, (got, want) in enumerate(zip(losses, reference[start:]), start=start + 1):
+                assert abs(got - want) <= LOSS_RTOL * abs(want), (
+                    f"rank {report['rank']} {name} step {step}: loss {got} vs single-process {want}"
+                )
+            if name != "ddp":
+                assert run["local_elements"] < run["model_elements"], f"{name} did not shard: {run}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_ddp_fsdp2_tp_and_fsdp2_tp_train_like_one_process(tmp_path, nproc):
+    torchrun(nproc, "torch_parallel.py", "--strategy", STRATEGIES, "--out", str(tmp_path))
+    assert_runs_continue_reference(tmp_path, nproc, STRATEGIES)
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_saved_on_4_processes_continues_on_2(tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    saved, loaded = tmp_path / "saved", tmp_path / "loaded"
+    saved.mkdir()
+    loaded.mkdir()
+    torchrun(4, "torch_parallel.py", "--strategy", "fsdp_tp", "--out", str(saved), "--save", str(checkpoint))
+    assert (checkpoint / ".metadata").exists()
+    assert_runs_continue_reference(saved, 4, "fsdp_tp")
+    # a (2, 2) FSDP2 + TP layout restored as plain FSDP2 over 2 ranks, optimizer state included
+    torchrun(2, "torch_parallel.py", "--strategy", "fsdp", "--out", str(loaded), "--load", str(checkpoint))
+    assert_runs_continue_reference(loaded, 2, "fsdp")
+    assert reports(loaded, 2)[0]["runs"]["fsdp"]["start"] == 5
+
+
+# --------------------------------------------------------------------- a rank that fails
+
+
+def launch_failing_run(argv: list[str], timeout: float) -> tuple[int, str, float]:
+    start = time.monotonic()
+    done = subprocess.run(argv, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_torchrun_reports_a_dead_rank_and_stops_the_others():
+    code, output, seconds = launch_failing_run(torchrun_argv(2, "torch_rank_dies.py", "exit"), timeout=240)
+    assert code != 0
+    # torchrun's failure report names the rank and its exit code
+    assert "rank      : 1 (local_rank: 1)\n  exitcode  : 7" in output, output[-3000:]
+    # rank 0 (blocked in an all_reduce with the dead rank) got a clear error, then left
+    assert "ProcessGroupTPU: collective all_reduce over processes [0, 1] failed" in output, output[-3000:]
+    assert "second all_reduce returned" not in output
+    assert seconds < 120, f"the run took {seconds:.0f} s to stop"
+
+
+@pytest.mark.slow
+def test_a_silent_rank_ends_the_run_at_the_groups_timeout():
+    code, output, seconds = launch_failing_run(torchrun_argv(2, "torch_rank_dies.py", "stall"), timeout=240)
+    assert code != 0
+    assert "did not finish within the group's timeout (20 s)" in output, output[-3000:]
+    assert "rank      : 0 (local_rank: 0)\n  exitcode  : 124" in output, output[-3000:]
+    assert seconds < 150, f"the run took {seconds:.0f} s to stop"
+
+
+@pytest.mark.slow
+def test_tpu_backend_launch_runs_torch_distributed_scripts():
+    argv = [sys.executable, "-m", "tpu_backend.launch", "--nproc", "2", os.path.join(HERE, "torch_rank_dies.py"), "exit"]
+    code, output, seconds = launch_failing_run(argv, timeout=240)
+    assert "rank 0: first all_reduce 8" in output and "rank 1: first all_reduce 8" in output, output[-3000:]
+    assert code != 0 and re.search(r"rank 1 \(pid \d+\) exited with code 7", output), output[-3000:]
+    assert seconds < 120

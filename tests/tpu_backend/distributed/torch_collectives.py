@@ -73,7 +73,7 @@ for dtype in (torch.float32, torch.int64, torch.int32):
     for name, op in ops.items():
         if name in ("band", "bor", "bxor") and dtype.is_floating_point:
             continue
-        tpu, cpu = both(lambda: inputs((3, 5), dtype, salt=len(name)))
+        tpu, cpu = both(lambda dtype=dtype, name=name: inputs((3, 5), dtype, salt=len(name)))
         dist.all_reduce(tpu, op=op)
         dist.all_reduce(cpu, op=op, group=GLOO)
         check(f"all_reduce {name} {dtype}", tpu, cpu)

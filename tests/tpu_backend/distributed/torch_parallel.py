@@ -7,7 +7,8 @@ every rank's losses and the single-process reference's.
 Strategies (all plain torch.distributed): `ddp` (DistributedDataParallel), `fsdp`
 (`fully_shard` per block and the root), `tp` (TorchTitan's tensor + sequence parallel
 plan over every rank), `fsdp_tp` (a (world / 2, 2) ("dp", "tp") mesh: FSDP2 over "dp",
-TP over "tp"). The global batch is the same in every strategy; each data-parallel rank
+TP over "tp"); several, comma-separated, run one after the other from the same initial
+model. The global batch is the same in every strategy; each data-parallel rank
 trains on its slice, so the mean of the ranks' losses is the full batch's loss. Every
 rank also trains an unsharded copy alone (the reference) on the full batches.
 
@@ -81,28 +82,8 @@ def build(strategy: str, model: Llama, world: int):
     raise ValueError(f"unknown strategy {strategy!r}: ddp, fsdp, tp or fsdp_tp")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--strategy", required=True)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--save")
-    parser.add_argument("--save-after", type=int, default=5)
-    parser.add_argument("--load")
-    parser.add_argument("--load-after", type=int, default=5)
-    args = parser.parse_args()
-
-    dist.init_process_group("tpu")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    config = LlamaConfig()
-    torch.manual_seed(0)
-    initial = Llama(config)
-    data = batches(config, args.steps, BATCH)
-
-    reference = copy.deepcopy(initial).to("tpu")
-    reference_losses = train(reference, torch.optim.AdamW(reference.parameters(), lr=LR), data)
-
-    model, dp_group = build(args.strategy, copy.deepcopy(initial).to("tpu"), world)
+def run(strategy: str, initial: Llama, data, world: int, args) -> dict:
+    model, dp_group = build(strategy, copy.deepcopy(initial).to("tpu"), world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     start = 0
     if args.load:
@@ -121,19 +102,38 @@ def main() -> None:
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=args.save)
         losses += train(model, optimizer, local[end:], dp_group=group)
-
-    local_elements = sum(local_numel(p) for p in model.parameters())
-    report = {
-        "rank": rank,
-        "world": world,
-        "strategy": args.strategy,
+    return {
         "start": start,
         "losses": losses,
-        "reference": reference_losses,
-        "local_elements": local_elements,  # what this rank holds: less than the model when sharded
+        "local_elements": sum(local_numel(p) for p in model.parameters()),  # less than the model when sharded
         "model_elements": sum(p.numel() for p in initial.parameters()),
         "placements": sorted({str(getattr(p, "placements", "plain")) for p in model.parameters()}),
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", required=True, help="one or several, comma-separated")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--save")
+    parser.add_argument("--save-after", type=int, default=5)
+    parser.add_argument("--load")
+    parser.add_argument("--load-after", type=int, default=5)
+    args = parser.parse_args()
+
+    dist.init_process_group("tpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = LlamaConfig()
+    torch.manual_seed(0)
+    initial = Llama(config)
+    data = batches(config, args.steps, BATCH)
+
+    reference = copy.deepcopy(initial).to("tpu")
+    reference_losses = train(reference, torch.optim.AdamW(reference.parameters(), lr=LR), data)
+
+    runs = {strategy: run(strategy, initial, data, world, args) for strategy in args.strategy.split(",")}
+    report = {"rank": rank, "world": world, "reference": reference_losses, "runs": runs}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     dist.destroy_process_group()
