@@ -83,6 +83,7 @@ def check_collectives(tmp_path, nproc: int) -> None:
             "scatter from rank 0",
             "barrier",
             "funcol reduce_scatter_tensor",
+            "compiled funcol graph",
             "premul_sum error",
         ):
             assert case in report["checked"], f"rank {report['rank']} did not check {case!r}"

@@ -207,6 +207,24 @@ want = torch.empty(2, 4)
 dist.reduce_scatter_tensor(want, big_cpu, group=GLOO)
 check("funcol reduce_scatter_tensor", funcol.reduce_scatter_tensor(big, "sum", 0, dist.group.WORLD), want)
 
+# -- the same inside one torch.compile(backend="tpu") graph (fullgraph: no break around them)
+
+
+def collectives_graph(x):
+    total = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+    rows = funcol.all_gather_tensor(total + 1, 0, dist.group.WORLD)
+    return funcol.reduce_scatter_tensor(rows * 3, "max", 0, dist.group.WORLD) - 1
+
+
+tpu, cpu = both(lambda: inputs((2, 4), torch.float32, salt=19))
+want = cpu * 2
+dist.all_reduce(want, group=GLOO)
+rows = torch.empty(SIZE * 2, 4)
+dist.all_gather_into_tensor(rows, want + 1, group=GLOO)
+want = torch.empty(2, 4)
+dist.reduce_scatter_tensor(want, rows * 3, op=dist.ReduceOp.MAX, group=GLOO)
+check("compiled funcol graph", torch.compile(collectives_graph, backend="tpu", fullgraph=True)(tpu), want - 1)
+
 # -- a ReduceOp no backend can run here fails with a clear message
 try:
     dist.all_reduce(torch.ones(2, device="tpu"), op=dist._make_nccl_premul_sum(2.0))
