@@ -579,7 +579,9 @@ def _create(backend_options: dist.distributed_c10d._DistributedBackendOptions, _
     _fsdp_support.patch_fsdp()  # and resizes parameter storages
     if not jax.distributed.is_initialized():
         # The default group (the whole world) arrives first: join JAX's runtime with it.
-        _join_jax(backend_options.store, backend_options.group_rank, backend_options.group_size, backend_options.timeout)
+        _join_jax(
+            backend_options.store, backend_options.group_rank, backend_options.group_size, backend_options.timeout
+        )
     return ProcessGroupTPU(backend_options.group_rank, backend_options.group_size, ranks, backend_options.timeout)
 
 

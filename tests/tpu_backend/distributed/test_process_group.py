@@ -58,9 +58,16 @@ def torchrun_env() -> dict:
 
 def torchrun(nproc: int, script: str, *args: str) -> None:
     done = subprocess.run(
-        torchrun_argv(nproc, script, *args), cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=TIMEOUT
+        torchrun_argv(nproc, script, *args),
+        cwd=ROOT,
+        env=torchrun_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
-    assert done.returncode == 0, f"torchrun {script} {args} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    assert done.returncode == 0, (
+        f"torchrun {script} {args} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    )
 
 
 def reports(folder, nproc: int) -> list[dict]:
@@ -176,7 +183,15 @@ def test_a_silent_rank_ends_the_run_at_the_groups_timeout():
 
 @pytest.mark.slow
 def test_tpu_backend_launch_runs_torch_distributed_scripts():
-    argv = [sys.executable, "-m", "tpu_backend.launch", "--nproc", "2", os.path.join(HERE, "torch_rank_dies.py"), "exit"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tpu_backend.launch",
+        "--nproc",
+        "2",
+        os.path.join(HERE, "torch_rank_dies.py"),
+        "exit",
+    ]
     code, output, seconds = launch_failing_run(argv, timeout=240)
     assert "rank 0: first all_reduce 8" in output and "rank 1: first all_reduce 8" in output, output[-3000:]
     assert code != 0 and re.search(r"rank 1 \(pid \d+\) exited with code 7", output), output[-3000:]

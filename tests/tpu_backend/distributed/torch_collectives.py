@@ -50,7 +50,9 @@ def check(name: str, got, want) -> None:
     for g, w in zip(got, want, strict=True):
         g = g.cpu()
         if g.dtype != w.dtype or g.shape != w.shape or not torch.equal(g, w):
-            mismatches.append(f"{name}: tpu {g.dtype} {tuple(g.shape)} {g.flatten()[:8].tolist()} != gloo {w.flatten()[:8].tolist()}")
+            mismatches.append(
+                f"{name}: tpu {g.dtype} {tuple(g.shape)} {g.flatten()[:8].tolist()} != gloo {w.flatten()[:8].tolist()}"
+            )
 
 
 def both(make):
@@ -235,5 +237,7 @@ except (ValueError, RuntimeError) as error:
         mismatches.append(f"PREMUL_SUM error does not name the op: {error}")
 
 with open(os.path.join(sys.argv[1], f"rank{RANK}.json"), "w") as f:
-    json.dump({"rank": RANK, "size": SIZE, "backend": dist.get_backend(), "checked": checked, "mismatches": mismatches}, f)
+    json.dump(
+        {"rank": RANK, "size": SIZE, "backend": dist.get_backend(), "checked": checked, "mismatches": mismatches}, f
+    )
 dist.destroy_process_group()

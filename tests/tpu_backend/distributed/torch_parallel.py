@@ -64,7 +64,11 @@ def local_slice(data, dp_rank: int, dp_size: int):
 
 
 def build(strategy: str, model: Llama, world: int):
-    """The parallel model and its data-parallel group (None when every rank sees the full batch)."""
+    """The parallel model and its data-parallel group (None when every rank sees the full batch).
+    `+compile` (torch.compile(backend="tpu") per block) and `+ac` (activation checkpointing
+    per block) may follow an FSDP/TP strategy's name."""
+    strategy, *extras = strategy.split("+")
+    options = {"compile": "compile" in extras, "checkpointing": "ac" in extras}
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -72,13 +76,13 @@ def build(strategy: str, model: Llama, world: int):
         return DistributedDataParallel(model), mesh["dp"]
     if strategy == "fsdp":
         mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("dp",))
-        return parallelize(model, mesh, tp=False, fsdp=True), mesh["dp"]
+        return parallelize(model, mesh, tp=False, fsdp=True, **options), mesh["dp"]
     if strategy == "tp":
         mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("tp",))
-        return parallelize(model, mesh, tp=True, fsdp=False), None
+        return parallelize(model, mesh, tp=True, fsdp=False, **options), None
     if strategy == "fsdp_tp":
         mesh = init_device_mesh("tpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
-        return parallelize(model, mesh, tp=True, fsdp=True), mesh["dp"]
+        return parallelize(model, mesh, tp=True, fsdp=True, **options), mesh["dp"]
     raise ValueError(f"unknown strategy {strategy!r}: ddp, fsdp, tp or fsdp_tp")
 
 
