@@ -196,3 +196,32 @@ def test_tpu_backend_launch_runs_torch_distributed_scripts():
     assert "rank 0: first all_reduce 8" in output and "rank 1: first all_reduce 8" in output, output[-3000:]
     assert code != 0 and re.search(r"rank 1 \(pid \d+\) exited with code 7", output), output[-3000:]
     assert seconds < 120
+
+
+# --------------------------------------------------------------------- the TorchTitan-shaped example
+
+
+@pytest.mark.slow
+def test_llama_example_trains_fsdp2_tp_compiled_resumes_from_dcp_and_exports(tmp_path):
+    """examples/llama_fsdp_tp.py on a 2 x 2 mesh: compiled blocks with activation
+    checkpointing train, a DCP checkpoint resumes, the gathered weights convert to LiteRT."""
+    example = os.path.join(ROOT, "examples", "llama_fsdp_tp.py")
+    checkpoint, tflite = tmp_path / "ckpt", tmp_path / "llama.tflite"
+    common = ["--checkpoint", str(checkpoint), "--save-every", "2", "--out", str(tflite)]
+
+    def launch(steps: int) -> str:
+        argv = torchrun_argv(4, example, "--steps", str(steps), *common)  # an absolute path: not joined to HERE
+        done = subprocess.run(argv, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        return done.stdout
+
+    first = launch(2)
+    losses = [float(v) for v in re.findall(r"step \d+: loss ([\d.]+)", first)]
+    assert len(losses) == 2 and all(4.0 < v < 4.6 for v in losses), first  # ln(64) = 4.16 at random init
+    assert (checkpoint / "step-2" / ".metadata").exists()
+    second = launch(3)
+    assert "resuming from" in second and "step-2" in second, second
+    assert re.findall(r"step (\d+): loss", second) == ["3"], second
+    exported = re.search(r"LiteRT: (\S+) \(([\d,]+) bytes\), max \|logits - PyTorch\| = (\S+)", second)
+    assert exported, second
+    assert os.path.exists(exported.group(1)) and float(exported.group(3)) < 1e-4
