@@ -74,10 +74,11 @@ def reports(folder, nproc: int) -> list[dict]:
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def check_collectives(tmp_path, nproc: int) -> None:
-    torchrun(nproc, "torch_collectives.py", str(tmp_path))
+def check_collectives(tmp_path, nproc: int, backend: str = "tpu") -> None:
+    torchrun(nproc, "torch_collectives.py", str(tmp_path), backend)
     for report in reports(tmp_path, nproc):
-        assert report["backend"] == "tpu" and report["size"] == nproc
+        assert report["group"] == "ProcessGroupTPU" and report["size"] == nproc
+        assert report["backend"] == {"none": "undefined"}.get(backend, backend)
         assert report["mismatches"] == [], f"rank {report['rank']}: {report['mismatches']}"
         # every family was exercised: a case that silently stopped running would shrink this
         for case in (
@@ -101,8 +102,10 @@ def test_two_processes_collectives_equal_gloo(tmp_path):
 
 
 @pytest.mark.slow
-def test_four_processes_collectives_equal_gloo(tmp_path):
-    check_collectives(tmp_path, 4)
+@pytest.mark.parametrize("backend", ["cpu:gloo,tpu:tpu", "none"])
+def test_four_processes_collectives_equal_gloo(tmp_path, backend):
+    """Also the backend spellings: per device, and none at all ("tpu" is the default for tpu tensors)."""
+    check_collectives(tmp_path, 4, backend)
 
 
 # --------------------------------------------------------------------- PyTorch's parallelism, unchanged

@@ -1,7 +1,7 @@
 """Every collective of the "tpu" torch.distributed backend against gloo, in one launch.
 
 Run by `test_process_group.py` as `python -m torch.distributed.run --nproc_per_node N
-tests/tpu_backend/distributed/torch_collectives.py OUT_DIR`. The default group is "tpu";
+tests/tpu_backend/distributed/torch_collectives.py OUT_DIR [BACKEND]`. The default group is "tpu";
 a gloo group over the same ranks gets the same inputs as CPU tensors. Each rank writes
 `OUT_DIR/rank<r>.json`: the name of every case it checked (results must be equal: the
 inputs are small integers, so every reduction order gives the same floats) and any
@@ -22,7 +22,10 @@ import torch.distributed._functional_collectives as funcol  # noqa: E402
 
 import tpu_backend  # noqa: E402,F401  (registers the "tpu" backend)
 
-dist.init_process_group("tpu")
+# argv[2]: the backend as the user names it: "tpu" (default), "cpu:gloo,tpu:tpu", or "none"
+# (no backend: "tpu" is registered as the default for tpu tensors)
+SPEC = sys.argv[2] if len(sys.argv) > 2 else "tpu"
+dist.init_process_group(None if SPEC == "none" else SPEC)
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
 GLOO = dist.new_group(backend="gloo")
 checked: list[str] = []
@@ -237,7 +240,7 @@ except (ValueError, RuntimeError) as error:
         mismatches.append(f"PREMUL_SUM error does not name the op: {error}")
 
 with open(os.path.join(sys.argv[1], f"rank{RANK}.json"), "w") as f:
-    json.dump(
-        {"rank": RANK, "size": SIZE, "backend": dist.get_backend(), "checked": checked, "mismatches": mismatches}, f
-    )
+    report = {"rank": RANK, "size": SIZE, "backend": dist.get_backend(), "checked": checked, "mismatches": mismatches}
+    report["group"] = type(dist.group.WORLD).__name__
+    json.dump(report, f)
 dist.destroy_process_group()
