@@ -57,9 +57,10 @@ def _install() -> None:
     host_memory.install()
     integrations.install()  # transformers' save_pretrained on tpu weights
     kernels.install()  # Pallas kernel routers: attention, norms, cross-entropy (tpu_backend/kernels.py)
-    from tpu_backend.distributed import process_group
+    if torch.distributed.is_available():  # dist.init_process_group("tpu"): one process per chip
+        from tpu_backend.distributed import process_group
 
-    process_group.register()  # dist.init_process_group("tpu"): one process per chip
+        process_group.register()
     if dispatch.get_eager_mode() == "fused":  # TPU_EAGER_MODE=fused
         fused.enable()
 
