@@ -85,6 +85,10 @@ def _install() -> None:
         "torch.tpu.pallas", "torch-tpu's `torch.tpu.pallas.jax_op`, for code written against it"
     )
     device.pallas.jax_op = jax_op
+    if torch.distributed.is_available():  # dist.init_process_group("tpu"): one process per chip
+        from tpu_backend.distributed import process_group
+
+        process_group.register()
     if dispatch.get_eager_mode() == "fused":  # TPU_EAGER_MODE=fused
         fused.enable()
 

@@ -3,7 +3,8 @@
 Each process gets the environment `tpu_backend.distributed` reads to join the run through
 `jax.distributed.initialize` (TPU_COORDINATOR on loopback at a free port,
 TPU_NUM_PROCESSES, TPU_PROCESS_ID, TPU_HEARTBEAT_TIMEOUT) plus torchrun's names (RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE). `--cpu-devices K` gives each process K
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so scripts written for
+`torch.distributed` (`init_process_group("tpu")`) run under it as under torchrun. `--cpu-devices K` gives each process K
 virtual CPU devices (XLA_FLAGS), for trying a pod-slice script on one machine; on a TPU
 pod slice run the script directly on every host with TPU_AUTO_INITIALIZE=1 instead.
 
@@ -35,7 +36,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env(rank: int, nproc: int, port: int, cpu_devices: int | None, heartbeat: int) -> dict[str, str]:
+def child_env(
+    rank: int, nproc: int, port: int, cpu_devices: int | None, heartbeat: int, master_port: int | None = None
+) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         TPU_COORDINATOR=f"127.0.0.1:{port}",
@@ -48,6 +51,8 @@ def child_env(rank: int, nproc: int, port: int, cpu_devices: int | None, heartbe
         LOCAL_WORLD_SIZE=str(nproc),
         PYTHONUNBUFFERED="1",
     )
+    if master_port is not None:  # torch.distributed's env:// rendezvous (init_process_group("tpu"))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
     if cpu_devices:
         flags = [
             f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")
@@ -104,12 +109,13 @@ def launch(
     """Run `command` (argv after the Python interpreter) as `nproc` processes; returns the
     exit code (0 when every process succeeded)."""
     port = port or free_port()
+    master_port = free_port()
     procs: dict[int, subprocess.Popen] = {}
     pumps = []
     for rank in range(nproc):
         proc = subprocess.Popen(
             [sys.executable, *command],
-            env=child_env(rank, nproc, port, cpu_devices, heartbeat),
+            env=child_env(rank, nproc, port, cpu_devices, heartbeat, master_port),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,

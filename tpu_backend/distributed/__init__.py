@@ -21,6 +21,7 @@ before creating tpu tensors.
 | `data_parallel.py` | `DataParallel` (the DDP role; see its docstring for why not a process group) |
 | `fsdp.py` | `fully_shard`: parameters, gradients and optimizer state split over an axis |
 | `tensor_parallel.py` | `parallelize_module` with `ColwiseParallel`, `RowwiseParallel`, `AttentionParallel`, `Placements` |
+| `process_group.py` | the "tpu" `torch.distributed` backend (one process per chip: torchrun, DDP, FSDP2, DTensor) |
 | `checkpoint.py` | `save_checkpoint` / `load_checkpoint`: one file per device shard, any mesh on restore |
 """
 

@@ -55,24 +55,46 @@ def initialize_from_env() -> bool:
             _settle_cpu_collectives()
             return True
         return False
+    join_jax(
+        coordinator,
+        int(os.environ["TPU_NUM_PROCESSES"]),
+        int(os.environ["TPU_PROCESS_ID"]),
+        bind_address=coordinator,  # loopback: never listen on other interfaces
+        init_timeout=int(os.environ.get("TPU_INIT_TIMEOUT", "300")),
+    )
+    return True
+
+
+def join_jax(
+    coordinator: str,
+    num_processes: int,
+    process_id: int,
+    *,
+    bind_address: str | None = None,
+    init_timeout: int = 300,
+    local_device_ids: list[int] | None = None,
+) -> None:
+    """`jax.distributed.initialize` for this package's launcher and for the "tpu"
+    torch.distributed backend (`process_group.py`), with a clear error when JAX already ran."""
     try:
         jax.distributed.initialize(
             coordinator_address=coordinator,
-            num_processes=int(os.environ["TPU_NUM_PROCESSES"]),
-            process_id=int(os.environ["TPU_PROCESS_ID"]),
-            coordinator_bind_address=coordinator,  # loopback: never listen on other interfaces
+            num_processes=num_processes,
+            process_id=process_id,
+            coordinator_bind_address=bind_address,
+            local_device_ids=local_device_ids,
             heartbeat_timeout_seconds=int(os.environ.get("TPU_HEARTBEAT_TIMEOUT", "100")),
-            initialization_timeout=int(os.environ.get("TPU_INIT_TIMEOUT", "300")),
+            initialization_timeout=init_timeout,
         )
         _settle_cpu_collectives()
     except RuntimeError as error:
         if "before any JAX" in str(error):
             raise RuntimeError(
-                "this process joins a multi-process run (TPU_COORDINATOR is set) but JAX already ran "
-                "computations: import tpu_backend.distributed (or call init_mesh) before creating tpu tensors"
+                "this process joins a multi-process run but JAX already ran computations: call "
+                'dist.init_process_group("tpu") (or import tpu_backend.distributed / init_mesh under '
+                "tpu_backend.launch) before creating tpu tensors"
             ) from error
         raise
-    return True
 
 
 def _settle_cpu_collectives() -> None:
