@@ -212,8 +212,8 @@ def step_flops(config: GPTConfig, batch: int) -> int:
 class JaxTrainer:
     """One jitted AdamW training step of TinyGPT in plain JAX, on fixed weights and batch."""
 
-    def __init__(self, model_name: str = "mingpt", seed: int = 0, optimizer: AdamW = AdamW()):
-        case = MODEL_CASES[model_name]
+    def __init__(self, model_name: str = "mingpt", seed: int = 0, optimizer: AdamW = AdamW(), case=None):
+        case = case or MODEL_CASES[model_name]  # `case`: e.g. another batch size (backend_bench --batch)
         import torch
 
         torch.manual_seed(seed)
@@ -237,10 +237,14 @@ class JaxTrainer:
 
         self._step = jax.jit(train_step, donate_argnums=(0, 1))
 
+    def enqueue_step(self) -> jax.Array:
+        """One training step, enqueued; returns the loss (not waited for)."""
+        self.params, self.state, loss = self._step(self.params, self.state, self.tokens, self.targets)
+        return loss
+
     def step(self) -> jax.Array:
         """One training step; returns the loss (computed, i.e. synchronised)."""
-        self.params, self.state, loss = self._step(self.params, self.state, self.tokens, self.targets)
-        return loss.block_until_ready()
+        return self.enqueue_step().block_until_ready()
 
     @property
     def flops_per_step(self) -> int:
