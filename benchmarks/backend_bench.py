@@ -101,6 +101,11 @@ MODES: dict[str, Mode] = {
         eager_mode="strict",
         prepare=_compiled("tpu"),
     ),
+    "tpu-compile-step": Mode(
+        "tpu",
+        'torch.compile(step, backend="tpu") of the whole training step function (compiled_train_step)',
+        eager_mode="strict",
+    ),
     "jax": Mode("jax", "the same step written directly in JAX (benchmarks/jax_mingpt.py): the ceiling"),
 }
 DEFAULT_MODES = "cpu-eager,tpu-strict"
@@ -200,6 +205,27 @@ def model_case(model_name: str):
 StepFn = Callable[[], tuple[float, float]]
 
 
+def compiled_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, case, inputs, target) -> Callable:
+    """The training step as one function under `torch.compile(backend="tpu")`, in the form
+    Dynamo traces: gradients cleared by setting them to None (Dynamo does not trace
+    `Optimizer.zero_grad`) and the loss returned detached (a returned tensor that still
+    needs its graph would keep Dynamo from compiling the backward). Dynamo still breaks
+    the graph at `loss.backward()` and, by PyTorch's design, around `optimizer.step()`
+    (pytorch/pytorch#104053), so a step is several programs (`programs/step` column)."""
+    import tpu_backend.compile  # noqa: F401 - registers the "tpu" Dynamo backend
+
+    @torch.compile(backend="tpu")
+    def step():
+        for parameter in model.parameters():
+            parameter.grad = None
+        loss = case.loss(model(inputs), target)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
 def make_step(model_name: str, mode_name: str) -> StepFn:
     """A fresh model in `mode_name` (built from the same seed in every mode, so every mode
     trains the same weights on the same batch) and a function that runs one synchronised
@@ -225,10 +251,14 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
     optimizer = make_optimizer("adamw", model.parameters())
     inputs, target = (t.to(mode.device) for t in case.batch(torch.Generator().manual_seed(0)))
 
+    whole_step = None
+    if mode_name == "tpu-compile-step":
+        whole_step = compiled_train_step(model, optimizer, case, inputs, target)
+
     def step() -> tuple[float, float]:
         set_eager_mode(mode)  # interleaved modes share the device's eager mode
         start = time.perf_counter()
-        loss = train_step(runner, optimizer, case, inputs, target)
+        loss = whole_step() if whole_step else train_step(runner, optimizer, case, inputs, target)
         if mode.eager_mode == "fused":
             import tpu_backend
 
@@ -658,7 +688,9 @@ def print_tables(
         console.print(table)
     if not ops:
         return
-    table = Table(title="Per-op overhead (us per call), beside JAX's own dispatch of a cached jax.jit on the same arrays")
+    table = Table(
+        title="Per-op overhead (us per call), beside JAX's own dispatch of a cached jax.jit on the same arrays"
+    )
     for column in ("op", "issued by", "pipelined us", "latency us", "x jax (pipelined)", "x jax (latency)"):
         table.add_column(column, no_wrap=True)
     jax_figures = {o.op: o for o in ops if o.device == "jax"}

@@ -178,7 +178,10 @@ def _input_aval(value, ref: tuple):
 
 def _output_shapes(key, fn: Callable, inputs: list, refs: tuple) -> tuple:
     avals = [_input_aval(v, r) for v, r in zip(inputs, refs)]
-    cache_key = (key, tuple(("float",) if r[0] == "f" else (a.shape, a.dtype, a.weak_type) for a, r in zip(avals, refs)))
+    cache_key = (
+        key,
+        tuple(("float",) if r[0] == "f" else (a.shape, a.dtype, a.weak_type) for a, r in zip(avals, refs)),
+    )
     found = _shape_cache.get(cache_key)
     if found is None:
         out = jax.eval_shape(fn, *avals)

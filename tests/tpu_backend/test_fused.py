@@ -312,6 +312,7 @@ def test_step_updates_parameters_and_state_in_place(fused_mode):
     inputs = torch.randn(5, 4).to("tpu")
     for _ in range(2):  # the second step has momentum buffers: the steady-state graph
         _sgd_step(model, optimizer, inputs)
+
     def buffers(tensors) -> set[int]:  # addresses only: holding the arrays would forbid donating them
         return {tpu_backend.tensor.payload_of(t).array.unsafe_buffer_pointer() for t in tensors}
 
