@@ -200,7 +200,8 @@ def _follow(graph: _Graph, key, fn: Callable, inputs: list, refs: tuple) -> tupl
             _root, _trie_edges = _TraceState(), 0
             _programs.clear()
         treedef, avals = _output_shapes(key, fn, inputs, refs)
-        found = graph.state.children[edge] = (_TraceState(), treedef, avals)
+        single = treedef.num_leaves == 1 and treedef.num_nodes == 1  # a bare array, not a pytree
+        found = graph.state.children[edge] = (_TraceState(), treedef, avals, single)
         _trie_edges += 1
     return found
 
@@ -212,15 +213,14 @@ def record(key, fn: Callable, inputs: list):
     with _lock:
         graph = _graph
         refs = tuple([graph.input_ref(v) for v in inputs])
-        state, treedef, avals = _follow(graph, key, fn, inputs, refs)
+        state, treedef, avals, single = _follow(graph, key, fn, inputs, refs)
         graph.state = state
         node = _Node(key, fn, refs, len(graph.nodes), [])
         results = [LazyArray(aval, node, i) for i, aval in enumerate(avals)]
         node.outputs = [weakref.ref(r) for r in results]
         graph.nodes.append(node)
-        _STATS["nodes"] += 1
         full = len(graph.nodes) >= _max_nodes
-    out = results[0] if treedef.num_leaves == 1 and treedef.num_nodes == 1 else treedef.unflatten(results)
+    out = results[0] if single else treedef.unflatten(results)
     if full:
         sync("node_limit")
     return out
@@ -362,7 +362,7 @@ _READ_SITES: collections.Counter = collections.Counter()
 
 def stats() -> dict[str, Any]:
     """What fused mode did since the last `reset_stats()`: `programs_run` (graphs run, one
-    per sync point with pending ops), `nodes` (ops recorded), `syncs` per reason
+    per sync point with pending ops), `nodes` (ops those graphs held), `syncs` per reason
     ("mark_step", "read": a host read such as `.item()` or a data-dependent op,
     "node_limit", "synchronize", "mode_change"), `donated_inputs` (buffers updated in
     place) and `read_sites`: the user's lines whose reads ran a graph. A training step
@@ -406,6 +406,7 @@ def sync(reason: str = "synchronize") -> None:
             external.append(np.asarray(graph.floats, np.float64))
         _last.update(compiled=compiled, external=[_abstract_input(x) for x in external])
         _STATS["programs_run"] += 1
+        _STATS["nodes"] += len(graph.nodes)
         _STATS["sync:" + reason] += 1
         _STATS["donated_inputs"] += len(donated)
         if reason == "read":
