@@ -255,9 +255,16 @@ def _weak_type_converter() -> Callable:
     return _convert_element_type
 
 
-def _abstract_input(value) -> jax.ShapeDtypeStruct:
-    # Shapes only: keeping the last step's arrays would hold a second copy of the parameters.
-    return jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=bool(getattr(value, "weak_type", False)))
+def _external_avals(nodes: list[_Node], floats: int) -> list[jax.ShapeDtypeStruct]:
+    """The graph's inputs as shapes, from its wiring (keeping the last step's arrays
+    would hold a second copy of the parameters)."""
+    found = {}
+    for node in nodes:
+        for ref in node.inputs:
+            if ref[0] == "x":
+                found[ref[1]] = jax.ShapeDtypeStruct(ref[2], ref[3], weak_type=ref[4])
+    avals = [found[i] for i in range(len(found))]
+    return avals + ([jax.ShapeDtypeStruct((floats,), np.float64)] if floats else [])
 
 
 def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], has_floats: bool) -> Callable:
@@ -404,7 +411,7 @@ def sync(reason: str = "synchronize") -> None:
         compiled = _compiled_for(fingerprint, graph.nodes, outputs, has_floats, donated)
         if has_floats:
             external.append(np.asarray(graph.floats, np.float64))
-        _last.update(compiled=compiled, external=[_abstract_input(x) for x in external])
+        _last.update(compiled=compiled, nodes=graph.nodes, floats=len(graph.floats))
         _STATS["programs_run"] += 1
         _STATS["nodes"] += len(graph.nodes)
         _STATS["sync:" + reason] += 1
@@ -435,7 +442,7 @@ def last_program_text() -> tuple[str, str]:
     if not _last:
         raise RuntimeError("no fused graph has run yet: set_eager_mode('fused') and reach a sync point first")
     compiled = _last["compiled"]
-    lowered = jax.jit(compiled.program.fn).lower(*_last["external"])
+    lowered = jax.jit(compiled.program.fn).lower(*_external_avals(_last["nodes"], _last["floats"]))
     return compiled.ops_text, lowered.as_text()
 
 
