@@ -13,28 +13,39 @@ until a sync point:
 - the graph reaching `max_nodes()` nodes (`set_max_nodes`, `TPU_FUSED_MAX_NODES`).
 
 At a sync point the graph becomes one function of its *external inputs* (arrays that
-were already concrete: parameters, data, optimizer state, rng keys, and Python floats
-such as learning rates, passed as values so that changing them does not recompile).
-Its *outputs* are the placeholders still alive (weak references tell): new parameter
-values, gradients, optimizer state, the loss. Dead intermediates are not outputs, so XLA
-fuses them away. The function is a `tpu_backend.compile.Program` (name "fused") keyed by
-a structural fingerprint: each node's key (op, static arguments) and wiring, plus the
-output positions; `Program` keys on input shapes and dtypes. So fused programs count in
-`compile_stats()`, use the persistent disk cache, are refused by `cache_only()`, and are
-written by `tpu_backend.compile.dump(folder)`. `last_program_text()` returns the last
-graph's op list and StableHLO.
+were already concrete: parameters, data, optimizer state, rng keys) plus one float64
+vector of the Python floats it used (learning rates, AdamW's bias corrections: values,
+so that changing them does not recompile). Its *outputs* are the placeholders still
+alive (weak references tell): new parameter values, gradients, optimizer state, the
+loss. Dead intermediates are not outputs, so XLA fuses them away. External inputs that
+nothing outside the graph can read again (the old values of parameters and optimizer
+state that the step overwrote: only the graph still references them) are *donated*:
+XLA writes the new values into their buffers, so a step updates its state in place.
+
+Recording costs bookkeeping only. Each op follows an edge of a trie of recorded op
+sequences (`_TraceState`), keyed by (op key, wiring, shapes of external inputs): the
+edge caches the op's output shapes (found once by `jax.eval_shape`), and the state
+reached at a sync point *is* the graph's structural key, so nothing per op grows with
+the trace. The program is a `tpu_backend.compile.Program` (name "fused") per (state,
+live outputs, donated inputs): fused programs count in `compile_stats()`, use the
+persistent disk cache, are refused by `cache_only()`, and are written by
+`tpu_backend.compile.dump(folder)`. `last_program_text()` returns the last graph's op
+list and StableHLO; `stats()` counts programs run, sync points by reason and the
+user's lines whose reads split a step into several programs.
 
 Views and in-place writes keep strict mode's semantics because the same gather/scatter
 functions run, recorded: a storage's payload is an SSA value that each write replaces.
 
 Ops recorded on autograd's device thread (the backward pass) join the same graph; a
-lock keeps recording and syncing from interleaving. Not done: donating the buffers a
-step overwrites (XLA writes updated parameters to new buffers).
+lock keeps recording and syncing from interleaving.
 """
 
 from __future__ import annotations
 
+import collections
+import math
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -63,16 +74,14 @@ def max_nodes() -> int:
 class LazyArray(tpu_tensor.LazyValue):
     """The not-yet-computed output `index` of a recorded node; `value` once synced."""
 
-    __slots__ = ("aval", "node", "index", "value", "__weakref__")
+    __slots__ = ("shape", "dtype", "weak_type", "node", "index", "value", "__weakref__")
 
-    def __init__(self, aval, node: "_Node | None", index: int):
-        self.aval, self.node, self.index, self.value = aval, node, index, None
+    def __init__(self, aval: tuple, node: "_Node | None", index: int):
+        self.shape, self.dtype, self.weak_type = aval
+        self.node, self.index, self.value = node, index, None
 
-    shape = property(lambda self: tuple(self.aval.shape))
-    dtype = property(lambda self: self.aval.dtype)
-    ndim = property(lambda self: len(self.aval.shape))
-    size = property(lambda self: int(np.prod(self.aval.shape, dtype=np.int64)))
-    weak_type = property(lambda self: self.aval.weak_type)
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
 
     @property
     def nbytes(self) -> int:
@@ -81,7 +90,7 @@ class LazyArray(tpu_tensor.LazyValue):
     def force(self) -> jax.Array:
         """The concrete array: runs the recorded graph if this value is still pending."""
         if self.value is None:
-            sync()
+            sync("read")
         if self.value is None:  # only a bug can get here: a live placeholder is always an output
             raise RuntimeError("fused mode lost a pending value; please report with the recorded op list")
         return self.value
@@ -104,12 +113,28 @@ class LazyArray(tpu_tensor.LazyValue):
 class _Node:
     """One recorded call: `fn(*inputs)` with `inputs` given as wiring references."""
 
-    __slots__ = ("key", "fn", "inputs", "outputs", "treedef", "position")
+    __slots__ = ("key", "fn", "inputs", "outputs", "position")
 
-    def __init__(self, key, fn: Callable, inputs: tuple, position: int):
-        self.key, self.fn, self.inputs, self.position = key, fn, inputs, position
-        self.outputs: list[weakref.ref] = []
-        self.treedef = None
+    def __init__(self, key, fn: Callable, inputs: tuple, position: int, outputs: list):
+        self.key, self.fn, self.inputs, self.position, self.outputs = key, fn, inputs, position, outputs
+
+
+class _TraceState:
+    """A point in the trie of every op sequence recorded so far. Recording an op follows
+    (or adds) the edge for its (key, wiring, external input shapes), so the graph's
+    structural key is known at every op at the cost of one dict lookup, and each edge
+    caches its op's output structure and shapes: no shape inference after warm-up and
+    nothing at a sync point that grows with the trace."""
+
+    __slots__ = ("children",)
+
+    def __init__(self):
+        self.children: dict[tuple, tuple] = {}  # edge -> (next state, treedef, output avals)
+
+
+_root = _TraceState()
+_trie_edges = 0
+_MAX_TRIE_EDGES = 200_000  # a program whose structure changes every step would grow it forever
 
 
 class _Graph:
@@ -117,59 +142,67 @@ class _Graph:
 
     def __init__(self):
         self.nodes: list[_Node] = []
-        self.external: list[Any] = []  # concrete arrays (and 0-d float64 numpy for Python floats)
+        self.state = _root
+        self.external: list[Any] = []  # concrete arrays
         self.external_index: dict[int, int] = {}  # id(array) -> position (an array used twice is one input)
-        self.external_floats: list[int] = []  # positions that were Python floats (weakly typed in torch)
+        self.floats: list[float] = []  # Python floats (learning rates...), passed as one float64 vector
 
     def input_ref(self, value) -> tuple:
-        if isinstance(value, LazyArray):
+        """How a node reaches `value`: ("n", node, output), ("f", i) or ("x", i, shape, dtype, weak)."""
+        if type(value) is LazyArray:
             if value.value is None:
                 return ("n", value.node.position, value.index)
             value = value.value
         if type(value) is float:
-            self.external.append(np.asarray(value, np.float64))
-            self.external_floats.append(len(self.external) - 1)
-            return ("f", len(self.external) - 1)
+            self.floats.append(value)
+            return ("f", len(self.floats) - 1)
         found = self.external_index.get(id(value))
         if found is None:
             found = self.external_index[id(value)] = len(self.external)
             self.external.append(value)
-        return ("x", found)
+        return ("x", found, value.shape, value.dtype, getattr(value, "weak_type", False))
 
 
 _graph = _Graph()
 _shape_cache: dict[tuple, tuple] = {}  # (node key, input avals) -> (treedef, output avals)
 
 
-def _aval(value) -> tuple:
-    if type(value) is float:
-        return ("float",)
-    if isinstance(value, LazyArray):
-        if value.value is None:
-            return (value.shape, value.dtype, bool(value.aval.weak_type))
-        value = value.value
-    return (tuple(value.shape), value.dtype, bool(getattr(value, "weak_type", False)))
-
-
-def _abstract(value):
-    if type(value) is float:
+def _input_aval(value, ref: tuple):
+    """What `jax.eval_shape` traces the input with."""
+    if ref[0] == "f":
         return value
-    shape, dtype, weak = _aval(value)
-    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+    if ref[0] == "x":
+        return jax.ShapeDtypeStruct(ref[2], ref[3], weak_type=ref[4])
+    return jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=value.weak_type)
 
 
-def _abstract_input(value) -> jax.ShapeDtypeStruct:
-    # Shapes only: keeping the last step's arrays would hold a second copy of the parameters.
-    return jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=bool(getattr(value, "weak_type", False)))
-
-
-def _output_shapes(key, fn: Callable, inputs: list, avals: tuple) -> tuple:
-    cache_key = (key, avals)
+def _output_shapes(key, fn: Callable, inputs: list, refs: tuple) -> tuple:
+    avals = [_input_aval(v, r) for v, r in zip(inputs, refs)]
+    cache_key = (
+        key,
+        tuple(("float",) if r[0] == "f" else (a.shape, a.dtype, a.weak_type) for a, r in zip(avals, refs)),
+    )
     found = _shape_cache.get(cache_key)
     if found is None:
-        out = jax.eval_shape(fn, *[_abstract(v) for v in inputs])
+        out = jax.eval_shape(fn, *avals)
         leaves, treedef = jax.tree_util.tree_flatten(out)
-        found = _shape_cache[cache_key] = (treedef, tuple(leaves))
+        found = _shape_cache[cache_key] = (treedef, tuple((tuple(a.shape), a.dtype, bool(a.weak_type)) for a in leaves))
+    return found
+
+
+def _follow(graph: _Graph, key, fn: Callable, inputs: list, refs: tuple) -> tuple:
+    """The trie edge for this op from the graph's state (added on first sight)."""
+    global _root, _trie_edges
+    edge = (key, refs)
+    found = graph.state.children.get(edge)
+    if found is None:
+        if _trie_edges >= _MAX_TRIE_EDGES:  # start over rather than grow without bound
+            _root, _trie_edges = _TraceState(), 0
+            _programs.clear()
+        treedef, avals = _output_shapes(key, fn, inputs, refs)
+        single = treedef.num_leaves == 1 and treedef.num_nodes == 1  # a bare array, not a pytree
+        found = graph.state.children[edge] = (_TraceState(), treedef, avals, single)
+        _trie_edges += 1
     return found
 
 
@@ -177,18 +210,19 @@ def record(key, fn: Callable, inputs: list):
     """Record `fn(*inputs)` (JAX arrays, placeholders or Python floats) and return
     placeholders shaped like its result. `key` must identify `fn` exactly (op and static
     arguments): graphs with equal keys and wiring share one compiled program."""
-    treedef, avals = _output_shapes(key, fn, inputs, tuple([_aval(v) for v in inputs]))
     with _lock:
         graph = _graph
-        node = _Node(key, fn, tuple([graph.input_ref(v) for v in inputs]), len(graph.nodes))
-        node.treedef = treedef
+        refs = tuple([graph.input_ref(v) for v in inputs])
+        state, treedef, avals, single = _follow(graph, key, fn, inputs, refs)
+        graph.state = state
+        node = _Node(key, fn, refs, len(graph.nodes), [])
         results = [LazyArray(aval, node, i) for i, aval in enumerate(avals)]
         node.outputs = [weakref.ref(r) for r in results]
         graph.nodes.append(node)
         full = len(graph.nodes) >= _max_nodes
-    out = results[0] if treedef.num_leaves == 1 and treedef.num_nodes == 1 else treedef.unflatten(results)
+    out = results[0] if single else treedef.unflatten(results)
     if full:
-        sync()
+        sync("node_limit")
     return out
 
 
@@ -221,22 +255,50 @@ def _weak_type_converter() -> Callable:
     return _convert_element_type
 
 
-def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], floats: frozenset) -> Callable:
-    """The recorded graph as one function of its external inputs, returning live outputs."""
+def _external_avals(nodes: list[_Node], floats: int) -> list[jax.ShapeDtypeStruct]:
+    """The graph's inputs as shapes, from its wiring (keeping the last step's arrays
+    would hold a second copy of the parameters)."""
+    found = {}
+    for node in nodes:
+        for ref in node.inputs:
+            if ref[0] == "x":
+                found[ref[1]] = jax.ShapeDtypeStruct(ref[2], ref[3], weak_type=ref[4])
+    avals = [found[i] for i in range(len(found))]
+    return avals + ([jax.ShapeDtypeStruct((floats,), np.float64)] if floats else [])
+
+
+def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], has_floats: bool) -> Callable:
+    """The recorded graph as one function of its external inputs (and, last, the vector
+    of Python floats when there are any), returning the live outputs."""
     steps = [(node.fn, node.inputs) for node in nodes]
     convert_element_type = _weak_type_converter()
 
     def run(*external):
-        # Python floats arrive as float64 arrays; make them weakly typed again, as in
-        # strict mode, so `float32_tensor * lr` stays float32.
-        external = [convert_element_type(x, weak_type=True) if i in floats else x for i, x in enumerate(external)]
+        floats = external[-1] if has_floats else None
         values: list[list] = []
         for fn, refs in steps:
-            args = [values[r[1]][r[2]] if r[0] == "n" else external[r[1]] for r in refs]
+            args = []
+            for r in refs:
+                if r[0] == "n":
+                    args.append(values[r[1]][r[2]])
+                elif r[0] == "x":
+                    args.append(external[r[1]])
+                else:  # a Python float: weakly typed again, as in strict mode (float32 * lr stays float32)
+                    args.append(convert_element_type(floats[r[1]], weak_type=True))
             values.append(jax.tree_util.tree_leaves(fn(*args)))
         return [values[p][i] for p, i in outputs]
 
     return run
+
+
+class OpKey:
+    """The key of one ATen op with one static-argument template (`OpRunner` makes one per
+    template): hashed by identity, so following a trie edge never re-hashes the op."""
+
+    __slots__ = ("op", "args", "kwargs")
+
+    def __init__(self, op, args: tuple, kwargs: tuple):
+        self.op, self.args, self.kwargs = op, args, kwargs
 
 
 def _render(template, refs: list[str]) -> str:
@@ -248,37 +310,87 @@ def _render(template, refs: list[str]) -> str:
     return repr(template)
 
 
+def _describe_ref(r: tuple) -> str:
+    return f"%{r[1]}.{r[2]}" if r[0] == "n" else f"in{r[1]}" if r[0] == "x" else f"float{r[1]}"
+
+
 def _describe_node(node: _Node) -> str:
-    refs = [f"%{r[1]}.{r[2]}" if r[0] == "n" else f"in{r[1]}" for r in node.inputs]
+    refs = [_describe_ref(r) for r in node.inputs]
     key = node.key
-    if isinstance(key[0], str):  # a storage access: ("gather", shape, strides, offset)...
+    if not isinstance(key, OpKey):  # a storage access: ("gather", shape, strides, offset)...
         return f"{key[0]}{tuple(key[1:])}({', '.join(refs)})"
-    op, template_args, template_kwargs = key
-    args = [_render(t, refs) for t in template_args] + [f"{k}={_render(t, refs)}" for k, t in template_kwargs]
-    return f"{op}({', '.join(args)})"
+    args = [_render(t, refs) for t in key.args] + [f"{k}={_render(t, refs)}" for k, t in key.kwargs]
+    return f"{key.op}({', '.join(args)})"
 
 
-def _describe_ops(nodes: list[_Node], outputs: list[tuple[int, int]]) -> str:
-    lines = [f"# fused graph: {len(nodes)} nodes, {len(outputs)} outputs"]
+def _describe_ops(nodes: list[_Node], outputs: list[tuple[int, int]], donated: tuple) -> str:
+    lines = [f"# fused graph: {len(nodes)} nodes, {len(outputs)} outputs", f"# donated inputs: {list(donated)}"]
     for node in nodes:
         lines.append(f"%{node.position} = {_describe_node(node)}")
     lines.append("return " + ", ".join(f"%{p}.{i}" for p, i in outputs))
     return "\n".join(lines)
 
 
-def _compiled_for(fingerprint: tuple, nodes, outputs, floats) -> _Compiled:
+def _compiled_for(fingerprint: tuple, nodes, outputs, has_floats: bool, donated: tuple) -> _Compiled:
     found = _programs.get(fingerprint)
     if found is None:
         from tpu_backend.compile.program import Program
 
-        ops_text = _describe_ops(nodes, outputs)
-        program = Program("fused", _graph_function(nodes, outputs, floats), source=ops_text)
+        ops_text = _describe_ops(nodes, outputs, donated)
+        program = Program("fused", _graph_function(nodes, outputs, has_floats), source=ops_text, donate=donated)
         found = _programs[fingerprint] = _Compiled(program, ops_text)
     return found
 
 
-def sync() -> None:
-    """Run everything recorded so far as one program; pending live values become concrete."""
+_HELD_ONLY_BY_THE_GRAPH = 3  # the graph's list, the loop variable and getrefcount's argument
+
+
+def _donated(external: list, placeholders: list) -> tuple:
+    """The external inputs nothing outside the graph can read again (their tensors were
+    overwritten, e.g. parameters and optimizer state updated in place), as many per
+    shape and dtype as outputs can reuse: XLA writes the new values into their buffers."""
+    reusable = collections.Counter((p.shape, p.dtype) for p in placeholders)
+    donated = []
+    for index in range(len(external)):
+        value = external[index]
+        if sys.getrefcount(value) > _HELD_ONLY_BY_THE_GRAPH or not isinstance(value, jax.Array):
+            continue
+        aval = (value.shape, value.dtype)
+        if reusable[aval] > 0:
+            reusable[aval] -= 1
+            donated.append(index)
+    return tuple(donated)
+
+
+SYNC_REASONS = ("mark_step", "read", "node_limit", "synchronize", "mode_change")
+_STATS: collections.Counter = collections.Counter()
+_READ_SITES: collections.Counter = collections.Counter()
+
+
+def stats() -> dict[str, Any]:
+    """What fused mode did since the last `reset_stats()`: `programs_run` (graphs run, one
+    per sync point with pending ops), `nodes` (ops those graphs held), `syncs` per reason
+    ("mark_step", "read": a host read such as `.item()` or a data-dependent op,
+    "node_limit", "synchronize", "mode_change"), `donated_inputs` (buffers updated in
+    place) and `read_sites`: the user's lines whose reads ran a graph. A training step
+    that shows more programs than steps was split: its read sites say where."""
+    return {
+        "programs_run": _STATS["programs_run"],
+        "nodes": _STATS["nodes"],
+        "syncs": {reason: _STATS["sync:" + reason] for reason in SYNC_REASONS},
+        "donated_inputs": _STATS["donated_inputs"],
+        "read_sites": dict(_READ_SITES),
+    }
+
+
+def reset_stats() -> None:
+    _STATS.clear()
+    _READ_SITES.clear()
+
+
+def sync(reason: str = "synchronize") -> None:
+    """Run everything recorded so far as one program; pending live values become concrete.
+    `reason` is counted in `stats()` (one of SYNC_REASONS)."""
     global _graph
     with _lock:
         graph = _graph
@@ -292,11 +404,24 @@ def sync() -> None:
                 if placeholder is not None:
                     outputs.append((node.position, index))
                     placeholders.append(placeholder)
-        floats = frozenset(graph.external_floats)
-        fingerprint = (tuple((n.key, n.inputs) for n in graph.nodes), tuple(outputs), floats)
-        compiled = _compiled_for(fingerprint, graph.nodes, outputs, floats)
-        _last.update(compiled=compiled, external=[_abstract_input(x) for x in graph.external])
-        results = compiled.program(*graph.external) if outputs else []
+        external = graph.external
+        donated = _donated(external, placeholders)
+        has_floats = bool(graph.floats)
+        fingerprint = (graph.state, tuple(outputs), has_floats, donated)
+        compiled = _compiled_for(fingerprint, graph.nodes, outputs, has_floats, donated)
+        if has_floats:
+            external.append(np.asarray(graph.floats, np.float64))
+        _last.update(compiled=compiled, nodes=graph.nodes, floats=len(graph.floats))
+        _STATS["programs_run"] += 1
+        _STATS["nodes"] += len(graph.nodes)
+        _STATS["sync:" + reason] += 1
+        _STATS["donated_inputs"] += len(donated)
+        if reason == "read":
+            from tpu_backend.eager.errors import user_frame
+
+            _READ_SITES[user_frame()] += 1
+        results = compiled.program(*external) if outputs else []
+        external.clear()
         for placeholder, value in zip(placeholders, results):
             placeholder.value, placeholder.node = value, None
         tpu_tensor.replace_computed_payloads()
@@ -304,7 +429,7 @@ def sync() -> None:
 
 def mark_step() -> None:
     """End of a training step: run the recorded ops as one program (a no-op outside fused mode)."""
-    sync()
+    sync("mark_step")
 
 
 def pending_nodes() -> int:
@@ -317,7 +442,7 @@ def last_program_text() -> tuple[str, str]:
     if not _last:
         raise RuntimeError("no fused graph has run yet: set_eager_mode('fused') and reach a sync point first")
     compiled = _last["compiled"]
-    lowered = jax.jit(compiled.program.fn).lower(*_last["external"])
+    lowered = jax.jit(compiled.program.fn).lower(*_external_avals(_last["nodes"], _last["floats"]))
     return compiled.ops_text, lowered.as_text()
 
 
@@ -327,5 +452,5 @@ def enable() -> None:
 
 def disable() -> None:
     """Leave fused mode: run what is pending, then ops run eagerly again."""
-    sync()
+    sync("mode_change")
     tpu_tensor.set_lazy_hooks(None, None)

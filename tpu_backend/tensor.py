@@ -19,6 +19,7 @@ read (transformers warms allocators with huge `torch.empty` calls).
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import weakref
@@ -89,10 +90,16 @@ def set_lazy_hooks(record, sync) -> None:
     _record, _sync = record, sync
 
 
+# Storage gathers/scatters run eagerly (each one launches a program): benchmarks count
+# programs per step as these plus the ops' jitted calls (`eager.runner.CACHE_STATS`).
+EAGER_STORAGE_CALLS = collections.Counter()
+
+
 def apply(key, fn, *inputs):
     """`fn(*inputs)` now, or recorded as a fused-graph node keyed by `key` in fused mode."""
     if _record is not None:
         return _record(key, fn, list(inputs))
+    EAGER_STORAGE_CALLS[key[0]] += 1
     out = fn(*inputs)
     if SYNC_EACH_COMPUTATION:
         jax.block_until_ready(out)

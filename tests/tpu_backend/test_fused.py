@@ -293,3 +293,61 @@ def test_environment_variable_selects_fused_mode():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["fused", "6.0"]
+
+
+# ----------------------------------------------------------------------------- donation and stats
+
+
+def _sgd_step(model, optimizer, inputs):
+    optimizer.zero_grad(set_to_none=True)
+    model(inputs).square().mean().backward()
+    optimizer.step()
+    tpu_backend.mark_step()
+
+
+def test_step_updates_parameters_and_state_in_place(fused_mode):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    inputs = torch.randn(5, 4).to("tpu")
+    for _ in range(2):  # the second step has momentum buffers: the steady-state graph
+        _sgd_step(model, optimizer, inputs)
+
+    def buffers(tensors) -> set[int]:  # addresses only: holding the arrays would forbid donating them
+        return {tpu_backend.tensor.payload_of(t).array.unsafe_buffer_pointer() for t in tensors}
+
+    state = [*model.parameters(), *(optimizer.state[p]["momentum_buffer"] for p in model.parameters())]
+    old_buffers = buffers(state)
+    fused.reset_stats()
+    _sgd_step(model, optimizer, inputs)
+    # XLA wrote the step's outputs (new parameters, momentum, gradients) into the old buffers.
+    assert old_buffers <= buffers(state + [p.grad for p in model.parameters()])
+    assert fused.stats()["donated_inputs"] == 4  # weight, bias and their momentum buffers
+    ops, _ = fused.last_program_text()
+    assert "# donated inputs: [" in ops
+
+
+def test_buffers_still_readable_are_not_donated(fused_mode):
+    x = torch.ones(3, device="tpu")
+    y = torch.empty(3, device="tpu")
+    y.copy_(x)  # y's storage may hold x's very array
+    tpu_backend.mark_step()
+    x.add_(1)  # x's old array is overwritten but y can still read it
+    tpu_backend.mark_step()
+    assert y.cpu().tolist() == [1.0, 1.0, 1.0]
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_stats_name_the_read_that_splits_a_step(fused_mode):
+    tpu_backend.mark_step()
+    fused.reset_stats()
+    x = torch.ones(4, device="tpu")
+    y = (x * 2).sum()
+    y.item()  # a read in the middle of the "step": runs a graph here
+    (x + y).sum()
+    tpu_backend.mark_step()
+    stats = fused.stats()
+    assert stats["programs_run"] == 2
+    assert stats["syncs"]["read"] == 1 and stats["syncs"]["mark_step"] == 1
+    (site,) = stats["read_sites"]
+    assert site.startswith(__file__) and stats["read_sites"][site] == 1

@@ -92,13 +92,18 @@ class Program:
     """`fn(*args)` compiled per signature; counted in `compile_stats()` under `name`.
 
     `source` (optional text, or a function returning it, e.g. the FX graph's code) is
-    written next to the StableHLO by `dump()`.
+    written next to the StableHLO by `dump()`. `donate`: positions among the array
+    arguments whose buffers the program may reuse for its outputs (the caller never
+    reads them again).
     """
 
-    def __init__(self, name: str, fn: Callable, source: str | Callable[[], str] | None = None):
+    def __init__(
+        self, name: str, fn: Callable, source: str | Callable[[], str] | None = None, donate: tuple[int, ...] = ()
+    ):
         self.name = name
         self.fn = fn
         self.source = source
+        self.donate = tuple(donate)
         # keyed by (matmul precision, signature): torch.set_float32_matmul_precision recompiles
         self._executables: dict[tuple, _Executable] = {}
         _LIVE.add(self)
@@ -148,7 +153,7 @@ class Program:
             )
         on_arrays, traced = self._array_function(args)
         start = time.perf_counter()
-        lowered = jax.jit(on_arrays).lower(*[a for a in args if is_array(a)])
+        lowered = jax.jit(on_arrays, donate_argnums=self.donate).lower(*[a for a in args if is_array(a)])
         traced_at = time.perf_counter()
         disk_hits_before = storage.hits if storage is not None else 0
         try:

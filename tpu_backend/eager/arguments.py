@@ -21,7 +21,7 @@ class _Slot:
         return f"<dynamic {self.index}>"
 
 
-_SLOTS: list[_Slot] = []
+_SLOTS: list[_Slot] = [_Slot(i) for i in range(64)]
 
 
 def _slot(index: int) -> _Slot:
@@ -31,6 +31,7 @@ def _slot(index: int) -> _Slot:
 
 
 def _flatten(value, dynamic: list, dynamic_floats: bool):
+    # Checked in order of frequency: this runs for every argument of every op.
     if isinstance(value, torch.Tensor):
         payload = tpu_tensor.payload_if_tpu(value)
         if payload is not None:
@@ -43,14 +44,21 @@ def _flatten(value, dynamic: list, dynamic_floats: bool):
                 f"(called from {user_frame()}); move it with .to('tpu')"
             )
         return _slot(len(dynamic) - 1)
+    kind = type(value)
+    if kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        if not dynamic_floats:
+            return value
+        dynamic.append(value)
+        return _slot(len(dynamic) - 1)
+    if kind is list or kind is tuple:
+        return tuple([_flatten(v, dynamic, dynamic_floats) for v in value])
     if isinstance(value, jax.Array):  # e.g. the rng key
         dynamic.append(value)
         return _slot(len(dynamic) - 1)
-    if isinstance(value, (list, tuple)):
-        return tuple(_flatten(v, dynamic, dynamic_floats) for v in value)
-    if type(value) is float and dynamic_floats:
-        dynamic.append(value)
-        return _slot(len(dynamic) - 1)
+    if isinstance(value, (list, tuple)):  # e.g. torch.Size
+        return tuple([_flatten(v, dynamic, dynamic_floats) for v in value])
     if isinstance(value, torch.Generator):
         return None  # device randomness comes from tpu_backend.random's key stream
     return value

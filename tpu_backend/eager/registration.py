@@ -42,7 +42,7 @@ def _functional_kernel(op):
     run = runner(op)
 
     def kernel(*args, **kwargs):
-        if "device" in kwargs:
+        if kwargs and "device" in kwargs:
             check_device_index(kwargs["device"])
         return _wrap_outputs(run(args, kwargs))
 

@@ -74,6 +74,10 @@ class OpRunner:
         self.lowering = lowering
         self.dynamic_floats = True  # turned off if the lowering needs concrete floats
         self.jitted: dict[tuple, Callable] = {}
+        # Decided once, not per call: whether a call needs the host check or an rng key.
+        self.may_run_on_host = lowering.data_dependent or lowering.data_dependent_when is not None
+        self.needs_rng = lowering.needs_rng
+        self.bound: dict[tuple, Callable] = {}  # fused mode: one bound function per template
 
     def _bound(self, template_args, template_kwargs) -> Callable:
         """The lowering as a function of the dynamic values alone (the template is static)."""
@@ -93,11 +97,11 @@ class OpRunner:
         return fn
 
     def __call__(self, args, kwargs):
-        if self.lowering.needs_rng:
+        if self.needs_rng:
             from tpu_backend import random as tpu_random
 
             kwargs = dict(kwargs, key=tpu_random.next_key())
-        if self.lowering.runs_on_host(args, kwargs):
+        if self.may_run_on_host and self.lowering.runs_on_host(args, kwargs):
             # output shape depends on values: run eagerly (a host sync)
             dynamic, template_args, template_kwargs = flatten_args(args, kwargs, False)
             dynamic = [tpu_tensor.concrete(value) for value in dynamic]  # fused mode: sync
@@ -115,17 +119,26 @@ class OpRunner:
         dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
         try:
             if modes._mode == "fused":
-                from tpu_backend import fused
-
-                bound = self._bound(template_args, template_kwargs)
-                return fused.record((self.op, template_args, template_kwargs), bound, dynamic)
+                return self._record(template_args, template_kwargs, dynamic)
             return _run_jitted(self._jitted(template_args, template_kwargs), dynamic)
         except _TRACE_ERRORS:
             if not self.dynamic_floats:
                 raise
             self.dynamic_floats = False  # the lowering branches on a float: make floats static
             self.jitted.clear()
+            self.bound.clear()
             return self._run(args, kwargs)
+
+    def _record(self, template_args, template_kwargs, dynamic):
+        """Fused mode: record the bound lowering; the (op, template) key and the bound
+        function are built once per template, not per call."""
+        from tpu_backend import fused
+
+        template = (template_args, template_kwargs)
+        found = self.bound.get(template)
+        if found is None:
+            found = self.bound[template] = (fused.OpKey(self.op, *template), self._bound(*template))
+        return fused.record(found[0], found[1], dynamic)
 
 
 _RUNNERS: dict = {}
@@ -148,3 +161,4 @@ def clear_jit_cache() -> None:
     """Forget the per-op jitted functions (they are rebuilt on next use)."""
     for op_runner in _RUNNERS.values():
         op_runner.jitted.clear()
+        op_runner.bound.clear()
