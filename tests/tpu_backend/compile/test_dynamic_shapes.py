@@ -1,0 +1,142 @@
+"""Dynamic shapes under `torch.compile(backend="tpu")`: sizes padded to buckets, a bounded
+number of programs, results equal to unpadded PyTorch (tpu_backend/compile/dynamic.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+from torch.nn import functional as F
+
+import tpu_backend  # noqa: F401  (registers the device)
+import tpu_backend.compile as tpu_compile
+from tests.tpu_backend.parity import assert_runs_match, record_training
+from tpu_backend.compile.dynamic import BucketedProgram, Buckets, ExactShapesWarning
+
+LENGTHS = (5, 7, 3, 6)  # buckets (powers of two): 8, 8, 4, 8
+MORE_LENGTHS = (5, 7, 3, 8, 6, 11, 2, 13, 16, 9)  # buckets 2, 4, 8, 16
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo(fresh_dynamo):
+    """Every test here starts from a fresh Dynamo and zero compile counts (conftest.py)."""
+
+
+def compiled_signatures(kind: str) -> int:
+    """How many programs (one XLA executable per signature) of this kind were built."""
+    stats = tpu_compile.compile_stats().programs
+    return sum(s.misses + s.disk_hits for name, s in stats.items() if name.endswith(kind))
+
+
+def bucketed_programs() -> list[BucketedProgram]:
+    return [p for p in tpu_compile.programs() if isinstance(p, BucketedProgram)]
+
+
+def classifier() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 5))
+
+
+def variable_batches(lengths=LENGTHS):
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(n, 8, generator=generator), torch.randint(0, 5, (n,), generator=generator)) for n in lengths]
+
+
+def train(model, batches, compile_options=None):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_of = lambda x, y: F.cross_entropy(model(x), y)
+    if compile_options is not None:
+        loss_of = torch.compile(loss_of, backend="tpu", dynamic=True, options=compile_options or None)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = loss_of(x, y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return record_training(model, step, batches)
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, pytest.param(MORE_LENGTHS, marks=pytest.mark.slow)])
+def test_variable_batch_training_compiles_one_program_per_bucket_and_matches_cpu(lengths):
+    batches = variable_batches(lengths)
+    want = train(classifier(), batches)
+    device_batches = [(x.to("tpu"), y.to("tpu")) for x, y in batches]
+    got = train(classifier().to("tpu"), device_batches, compile_options={})
+
+    assert_runs_match(got, want, "variable batch, bucketed")
+    buckets = {Buckets.powers_of_two()(n) for n in lengths}
+    assert compiled_signatures("_forward") == len(buckets)
+    assert compiled_signatures("_backward") == len(buckets)
+    assert all(not p.plan.pinned for p in bucketed_programs())
+
+
+def test_user_buckets_and_sizes_beyond_them():
+    model = classifier()
+    compiled = torch.compile(model, backend="tpu", dynamic=True, options={"buckets": [16]})
+    with torch.no_grad():
+        for x, _ in variable_batches((3, 9, 16, 20, 21)):
+            torch.testing.assert_close(compiled(x), model(x), rtol=TOLERANCE, atol=TOLERANCE)
+    # 3, 9, 16 share the bucket 16; 20 and 21 are beyond the largest bucket: exact programs.
+    assert compiled_signatures("_inference") == 3
+
+
+def test_mark_dynamic_is_accepted_and_bucketed():
+    model = classifier()
+    compiled = torch.compile(model, backend="tpu")
+    with torch.no_grad(), tpu_compile.dynamic.using_buckets([8, 32]):
+        for n in (5, 6, 7, 20):
+            x = torch.randn(n, 8)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled(x), model(x), rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_inference") == 2
+
+
+def attention_pool(x):
+    """Softmax, mean, sum and a contraction all over the symbolic dim 0."""
+    scores = torch.softmax(x @ x.T / 4, dim=-1)
+    mixed = scores @ x
+    return mixed.mean(dim=0) + torch.log_softmax(x, dim=0).sum(0) + x.amax(0)
+
+
+def test_reductions_over_a_padded_dim_are_masked():
+    compiled = torch.compile(attention_pool, backend="tpu", dynamic=True)
+    for n in (3, 5, 6):
+        x = torch.randn(n, 4, requires_grad=True)
+        got = compiled(x)
+        (grad,) = torch.autograd.grad(got.sum(), x)
+        want = attention_pool(x)
+        (want_grad,) = torch.autograd.grad(want.sum(), x)
+        torch.testing.assert_close(got, want, rtol=TOLERANCE, atol=TOLERANCE)
+        torch.testing.assert_close(grad, want_grad, rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_forward") == 2  # buckets 4, 8
+
+
+def reversed_rows(x):
+    return x.flip(0) * 2
+
+
+def test_ops_padding_could_change_fall_back_to_exact_shapes():
+    compiled = torch.compile(reversed_rows, backend="tpu", dynamic=True)
+    with pytest.warns(ExactShapesWarning, match="flip"):
+        for n in (3, 5, 6):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(compiled(x), reversed_rows(x), rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_inference") == 3  # one per size: flip would move padding to the front
+
+
+def test_reshape_that_would_interleave_padding_is_not_bucketed():
+    linear = nn.Linear(4, 4)
+
+    def per_token(x):  # [2, s, 4] -> [2*s, 4]: padding of s would sit between the two rows
+        return linear(x.reshape(-1, 4)).sum(0)
+
+    compiled = torch.compile(per_token, backend="tpu")
+    with torch.no_grad(), pytest.warns(ExactShapesWarning, match="reshape"):
+        for n in (3, 5):
+            x = torch.randn(2, n, 4)
+            torch._dynamo.mark_dynamic(x, 1)
+            torch.testing.assert_close(compiled(x), per_token(x), rtol=TOLERANCE, atol=TOLERANCE)
