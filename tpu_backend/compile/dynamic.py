@@ -201,6 +201,7 @@ class BucketPlan:
     symbols: list[sympy.Symbol]
     pinned: dict[sympy.Symbol, str] = field(default_factory=dict)
     masks: dict[torch.fx.Node, "Masking"] = field(default_factory=dict)
+    layouts: dict[sympy.Expr, tuple] = field(default_factory=dict)  # merged dims (see `_normalize_layout`)
 
     @property
     def padded_symbols(self) -> list[sympy.Symbol]:
@@ -225,9 +226,9 @@ def _val(arg):
     return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
 
 
-def _symbolic_dims(value, pinned) -> dict[int, tuple[int, sympy.Symbol]]:
-    """dim -> (c, s) for the dims of tensor `value` sized `c * s` with s not pinned;
-    pins the symbols of any other symbolic size expression."""
+def _symbolic_dims(value, pinned, layouts) -> dict[int, frozenset]:
+    """dim -> its symbols, for the dims of tensor `value` whose size has unpinned symbols;
+    pins the symbols of a size that is neither `c * s` nor laid out by a reshape."""
     if not isinstance(value, torch.Tensor):
         return {}
     dims = {}
@@ -236,11 +237,120 @@ def _symbolic_dims(value, pinned) -> dict[int, tuple[int, sympy.Symbol]]:
         free = expr.free_symbols - set(pinned)
         if not free:
             continue
-        linear = _linear_in_one_symbol(expr)
-        if linear is None:
-            raise _Pin(free, f"a dim of size {expr} (only c * symbol can be padded)")
-        dims[d] = linear
+        if expr not in layouts and _linear_in_one_symbol(expr) is None:
+            raise _Pin(free, f"a dim of size {expr} (only c * symbol, or a reshape's merge of such dims, can be padded)")
+        dims[d] = frozenset(free)
     return dims
+
+
+# --------------------------------------------------------------------- layouts of merged dims
+#
+# A dim made by a reshape that merges dims (`[b, s, d] -> [b*s, d]`) holds its padding
+# between rows, not at its end. Its *layout* is the row-major list of factors it was
+# merged from, `(b, s)`: position i is valid iff each mixed-radix digit of i (radices:
+# the padded factors) is below its factor's true size. A dim with no recorded layout is
+# padded at its end (`(c*s,)`). Layouts are keyed by size expression, one per graph;
+# two reshapes that disagree pin the symbols.
+
+
+def _normalize_layout(factors) -> tuple:
+    """Drop 1s, merge neighbouring integers, and collapse `(s, 4)` to the end-padded `(4*s,)`."""
+    merged: list = []
+    for f in factors:
+        if f == 1:
+            continue
+        if merged and f.is_Integer and merged[-1].is_Integer:
+            merged[-1] = merged[-1] * f
+        else:
+            merged.append(f)
+    dynamic = [i for i, f in enumerate(merged) if not f.is_Integer]
+    if dynamic == [0] and _linear_in_one_symbol(sympy.Mul(*merged)) is not None:
+        return (sympy.Mul(*merged),)
+    return tuple(merged)
+
+
+def _layout(expr, layouts) -> tuple:
+    return layouts.get(expr, (expr,))
+
+
+def _divides(whole, part) -> bool:
+    """`part` is a proper factor of `whole` (`2` of `2*s`, `s` of `4*s`)."""
+    quotient = sympy.simplify(whole / part)
+    return sympy.fraction(quotient)[1] == 1 and quotient != 1
+
+
+def _record_reshape_layout(node, layouts: dict, pinned) -> None:
+    """Match the factors of a reshape's input and output dims; define the layout of each
+    merged output (or split input) dim, or raise `_Pin` when padding cannot stay a
+    rectangle of valid positions."""
+    x, out = _val(node.args[0]), _val(node)
+    in_exprs = [e for e in (_expr(s) for s in x.shape) if e != 1]
+    out_exprs = [e for e in (_expr(s) for s in out.shape) if e != 1]
+    symbols = set().union(*(e.free_symbols for e in in_exprs + out_exprs)) - set(pinned)
+    if not symbols or in_exprs == out_exprs:
+        return
+
+    def factors(exprs):
+        result = []
+        for owner, e in enumerate(exprs):
+            result += [[f, owner] for f in _layout(e, layouts)]
+        return result
+
+    def fail():
+        raise _Pin(symbols, f"a reshape {in_exprs} -> {out_exprs} that would interleave padding")
+
+    left, right = factors(in_exprs), factors(out_exprs)
+    assigned = ({i: [] for i in range(len(in_exprs))}, {i: [] for i in range(len(out_exprs))})
+    i = j = 0
+    while i < len(left) and j < len(right):
+        (a, a_owner), (b, b_owner) = left[i], right[j]
+        if a == b:
+            assigned[0][a_owner].append(a)
+            assigned[1][b_owner].append(b)
+            i, j = i + 1, j + 1
+        elif a.is_Integer and b.is_Integer:
+            small, large = (a, b) if a < b else (b, a)
+            if large % small:
+                fail()
+            assigned[0][a_owner].append(small)
+            assigned[1][b_owner].append(small)
+            if a > b:
+                left[i][0], j = a // b, j + 1
+            else:
+                right[j][0], i = b // a, i + 1
+        else:
+            # A symbolic factor on one side equals a product of factors on the other.
+            for side, (this, this_owner, other, k, mine, theirs) in enumerate(
+                ((a, a_owner, right, j, 0, 1), (b, b_owner, left, i, 1, 0))
+            ):
+                product, end = sympy.Integer(1), k
+                while end < len(other) and sympy.expand(product * other[end][0] - this) != 0 and _divides(this, product * other[end][0]):
+                    product, end = product * other[end][0], end + 1
+                if end < len(other) and sympy.expand(product * other[end][0] - this) == 0:
+                    pieces = other[k : end + 1]
+                    assigned[mine][this_owner] += [f for f, _ in pieces]  # the finer split is its layout
+                    for f, owner in pieces:
+                        assigned[theirs][owner].append(f)
+                    if side == 0:
+                        i, j = i + 1, end + 1
+                    else:
+                        i, j = end + 1, j + 1
+                    break
+            else:
+                fail()
+    if i < len(left) or j < len(right):
+        fail()
+    # The factors each dim was matched with are its layout: record new ones, check old ones.
+    for exprs, matched_side in ((in_exprs, 0), (out_exprs, 1)):
+        for owner, e in enumerate(exprs):
+            if not e.free_symbols:
+                continue
+            layout = _normalize_layout(assigned[matched_side][owner])
+            known = layouts.get(e)
+            if known is None:
+                layouts[e] = layout
+            elif _normalize_layout(known) != layout:
+                fail()
 
 
 def _tensor_args(node) -> list[tuple[int, torch.fx.Node]]:
@@ -325,7 +435,7 @@ def _layer_norm_rule(node, dyn):
     normalized = range(x.dim() - len(node.args[1]), x.dim())
     inside = [d for d in normalized if d in dyn(node.args[0])]
     if inside:
-        raise _Pin({dyn(node.args[0])[d][1] for d in inside}, "layer norm over a symbolic dim")
+        raise _Pin(set().union(*(dyn(node.args[0])[d] for d in inside)), "layer norm over a symbolic dim")
     return None
 
 
@@ -335,7 +445,7 @@ def _layer_norm_backward_rule(node, dyn):
     leading = x.dim() - len(node.args[2])
     inside = [d for d in range(leading, x.dim()) if d in dyn(node.args[1])]
     if inside:
-        raise _Pin({dyn(node.args[1])[d][1] for d in inside}, "layer norm over a symbolic dim")
+        raise _Pin(set().union(*(dyn(node.args[1])[d] for d in inside)), "layer norm over a symbolic dim")
     masked = tuple(d for d in range(leading) if d in dyn(node.args[1]))
     if not masked:
         return None
@@ -359,7 +469,7 @@ def _batch_dim_only(*arg_positions, mask_for_weights=()):
         for position in arg_positions:
             spatial = [d for d in dyn(node.args[position]) if d != 0]
             if spatial:
-                raise _Pin({dyn(node.args[position])[d][1] for d in spatial}, f"{node.target} over a symbolic non-batch dim")
+                raise _Pin(set().union(*(dyn(node.args[position])[d] for d in spatial)), f"{node.target} over a symbolic non-batch dim")
         masked = tuple((p, (0,), 0.0) for p in mask_for_weights if 0 in dyn(node.args[p]))
         return Masking(masked) if masked else None
 
@@ -376,7 +486,7 @@ def _cat_rule(node, dyn):
     for tensor in node.args[0]:
         value = _val(tensor)
         if value is not None and value.dim() and dim % value.dim() in dyn(tensor):
-            raise _Pin({dyn(tensor)[dim % value.dim()][1]}, "cat along a symbolic dim")
+            raise _Pin(dyn(tensor)[dim % value.dim()], "cat along a symbolic dim")
     return None
 
 
@@ -395,39 +505,19 @@ def _slice_rule(node, dyn):
         and (end_val is None or (isinstance(end_val, int) and end_val >= 2**62) or _expr(end_val) == _expr(x.shape[dim]))
     )
     if not whole:
-        raise _Pin({dyn(node.args[0])[dim][1]}, "slicing along a symbolic dim")
+        raise _Pin(dyn(node.args[0])[dim], "slicing along a symbolic dim")
     return None
 
 
 def _select_rule(node, dyn):
     dim = node.args[1] % _val(node.args[0]).dim()
     if dim in dyn(node.args[0]):
-        raise _Pin({dyn(node.args[0])[dim][1]}, "indexing into a symbolic dim")
+        raise _Pin(dyn(node.args[0])[dim], "indexing into a symbolic dim")
     return None
 
 
 def _reshape_rule(node, dyn):
-    """Padding stays a rectangular block only if the reshape keeps every dim before the
-    first symbolic one and the symbolic dim is the outermost of the dims it merges or
-    splits (`[s, L, d] -> [s*L, d]` yes, `[b, s, d] -> [b*s, d]` no). Size-1 dims
-    added or removed do not matter."""
-    x, out = _val(node.args[0]), _val(node)
-    in_dyn, out_dyn = dyn(node.args[0]), dyn(node)
-    if not in_dyn and not out_dyn:
-        return None
-    symbols = {s for _, s in in_dyn.values()} | {s for _, s in out_dyn.values()}
-    in_shape = [_expr(s) for s in x.shape if _expr(s) != 1]
-    out_shape = [_expr(s) for s in out.shape if _expr(s) != 1]
-    if in_shape == out_shape:
-        return None
-    keep = 0
-    while keep < min(len(in_shape), len(out_shape)) and in_shape[keep] == out_shape[keep]:
-        keep += 1
-    later_in = [d for d, e in enumerate(in_shape) if d >= keep and e.free_symbols & symbols]
-    later_out = [d for d, e in enumerate(out_shape) if d >= keep and e.free_symbols & symbols]
-    if (later_in == [keep] and later_out == [keep] and len(symbols) == 1) or (not later_in and not later_out):
-        return None
-    raise _Pin(symbols, f"a reshape {list(in_shape)} -> {list(out_shape)} that would interleave padding")
+    return None  # layouts are matched beforehand (`_record_reshape_layout`)
 
 
 _RULES: dict[Any, Callable] = {
@@ -510,18 +600,30 @@ def plan_bucketing(gm: torch.fx.GraphModule) -> BucketPlan:
         plan.pinned.update((s, "control flow in the graph") for s in symbols)
     while True:
         try:
-            plan.masks = _masks(gm, plan.pinned)
+            plan.layouts = _reshape_layouts(gm, plan.pinned)
+            plan.masks = _masks(gm, plan.pinned, plan.layouts)
             return plan
         except _Pin as pin:
             plan.pinned.update((s, pin.reason) for s in pin.symbols)
 
 
-def _masks(gm, pinned) -> dict:
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _reshape_layouts(gm, pinned) -> dict:
+    layouts: dict = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _RESHAPES:
+            _record_reshape_layout(node, layouts, pinned)
+    return layouts
+
+
+def _masks(gm, pinned, layouts) -> dict:
     cache: dict = {}
 
     def dyn(arg):
         if arg not in cache:
-            cache[arg] = _symbolic_dims(_val(arg), pinned)
+            cache[arg] = _symbolic_dims(_val(arg), pinned, layouts)
         return cache[arg]
 
     masks = {}
@@ -532,21 +634,21 @@ def _masks(gm, pinned) -> dict:
         outputs = value if isinstance(value, (list, tuple)) else [value]
         touched = {}
         for i, arg in _tensor_args(node):
-            touched.update({d: s for d, (_, s) in dyn(arg).items()})
+            touched.update(dyn(arg))
         for out in outputs:
-            touched.update({d: s for d, (_, s) in _symbolic_dims(out, pinned).items()})
+            touched.update(_symbolic_dims(out, pinned, layouts))
         if isinstance(node.target, (list, tuple)) or not isinstance(node.target, torch._ops.OpOverload):
             continue  # getitem, size arithmetic: evaluated from their expressions
         for arg in node.args:
             if isinstance(arg, (list, tuple)):  # tensor lists (cat, stack)
                 for item in arg:
                     if isinstance(_val(item), torch.Tensor):
-                        touched.update({d: s for d, (_, s) in dyn(item).items()})
+                        touched.update(dyn(item))
         if not touched:
             continue
         rule = _rule_for(node.target)
         if rule is None:
-            raise _Pin(set(touched.values()), f"{node.target} has no padding rule")
+            raise _Pin(set().union(*touched.values()), f"{node.target} has no padding rule")
         masking = rule(node, dyn)
         if masking is not None:
             masks[node] = masking
@@ -642,16 +744,28 @@ class BucketedGraphFunction(GraphFunction):
     def _mask(self, x, meta, dims, neutral):
         keep = None
         for d in dims:
-            padded, true = self._extent(meta.shape[d])
-            if isinstance(true, int) and true == padded:
-                continue
-            shape = [1] * x.ndim
-            shape[d] = x.shape[d]
-            inside = jax.lax.broadcasted_iota(jnp.int32, shape, d) < true
-            keep = inside if keep is None else keep & inside
+            inside = self._valid(_expr(meta.shape[d]), x.ndim, d, x.shape[d])
+            if inside is not None:
+                keep = inside if keep is None else keep & inside
         if keep is None:
             return x
         return jnp.where(keep, x, jnp.asarray(neutral, dtype=x.dtype))
+
+    def _valid(self, expr, rank, d, padded_size):
+        """Boolean (broadcastable along dim d) of the valid positions of a dim, or None if all are."""
+        shape = [1] * rank
+        shape[d] = padded_size
+        position = jax.lax.broadcasted_iota(jnp.int32, shape, d)
+        keep = None
+        for factor in reversed(self.plan.layouts.get(expr, (expr,))):  # mixed radix, innermost first
+            padded, true = evaluate(factor, self._padded), evaluate(factor, self._true)
+            digit = position % padded
+            position = position // padded
+            if isinstance(true, int) and true == padded:
+                continue
+            inside = digit < true
+            keep = inside if keep is None else keep & inside
+        return keep
 
     def _rescale_mean(self, result, meta, dims):
         padded_count, true_count = 1, 1
@@ -707,16 +821,30 @@ def _bind(plan: BucketPlan, placeholders, args) -> dict:
     return true
 
 
-def _pad(array, shape):
-    if tuple(array.shape) == tuple(shape):
-        return array
-    return jnp.pad(array, [(0, want - have) for have, want in zip(array.shape, shape)])
+def _factor_shape(meta_shape, layouts, env) -> list[int]:
+    """The array's shape with each merged dim split into its layout's factors, under `env`."""
+    shape = []
+    for size in meta_shape:
+        expr = _expr(size)
+        shape += [evaluate(f, env) for f in layouts.get(expr, (expr,))]
+    return shape
 
 
-def _crop(array, shape):
-    if tuple(array.shape) == tuple(shape):
+def _pad(array, meta_shape, layouts, true, padded):
+    """Zero-pad each factor of each dim to its padded size (an end-padded dim is one factor)."""
+    have, want = _factor_shape(meta_shape, layouts, true), _factor_shape(meta_shape, layouts, padded)
+    if have == want:
         return array
-    return array[tuple(slice(0, s) for s in shape)]
+    padded_array = jnp.pad(array.reshape(have), [(0, w - h) for h, w in zip(have, want)])
+    return padded_array.reshape([evaluate(_expr(s), padded) for s in meta_shape])
+
+
+def _crop(array, meta_shape, layouts, true, padded):
+    have, want = _factor_shape(meta_shape, layouts, padded), _factor_shape(meta_shape, layouts, true)
+    if have == want:
+        return array
+    cropped = array.reshape(have)[tuple(slice(0, w) for w in want)]
+    return cropped.reshape([evaluate(_expr(s), true) for s in meta_shape])
 
 
 class BucketedProgram(GraphProgram):
@@ -728,8 +856,8 @@ class BucketedProgram(GraphProgram):
         self.policy = policy
 
     def run_tensors(self, args: list, key=None) -> tuple[list, dict]:
-        """Pad `args` (tensors as JAX arrays, sizes as ints), run, crop; returns the
-        outputs and each symbol's true value (for symbolic outputs)."""
+        """Pad `args` (tensors as JAX arrays, sizes as ints) and run; returns the padded
+        outputs and each symbol's true and padded values (to crop them)."""
         fn = self.graph_fn
         true = _bind(self.plan, fn.placeholders, args)
         padded = {s: (true[s] if s in self.plan.pinned else self.policy(true[s])) for s in self.plan.symbols}
@@ -737,7 +865,7 @@ class BucketedProgram(GraphProgram):
         for ph, arg in zip(fn.placeholders, args):
             meta = ph.meta.get("val")
             if isinstance(meta, torch.Tensor):
-                arg = _pad(arg, [evaluate(_expr(s), padded) for s in meta.shape])
+                arg = _pad(arg, meta.shape, self.plan.layouts, true, padded)
             elif _is_symbolic_scalar(meta):
                 arg = evaluate(meta.node.expr, padded)  # its true value travels in `trues`
             values.append(arg)
@@ -747,7 +875,7 @@ class BucketedProgram(GraphProgram):
             key, outputs = self(key, sizes, *values, *trues)
         else:
             outputs = self(sizes, *values, *trues)
-        return list(outputs), true
+        return list(outputs), true, padded
 
 
 def compile_bucketed(gm: torch.fx.GraphModule, name: str, policy: Buckets) -> BucketedProgram:
@@ -792,14 +920,14 @@ class BucketedCompiledGraph:
         values = [tensor_to_jax(a) if isinstance(a, torch.Tensor) else a for a in args]
         args.clear()
         key = device_random.next_key() if self.program.needs_rng else None
-        outputs, true = self.program.run_tensors(values, key)
+        outputs, true, padded = self.program.run_tensors(values, key)
         results = []
         for out, meta, device in zip(outputs, self.output_meta, self.output_devices):
             if isinstance(meta, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                 results.append(evaluate(meta.node.expr, true) if meta.node.expr.free_symbols else out)
             elif is_array(out):
                 if isinstance(meta, torch.Tensor):
-                    out = _crop(out, [evaluate(_expr(s), true) for s in meta.shape])
+                    out = _crop(out, meta.shape, self.plan.layouts, true, padded)
                 results.append(jax_to_tensor(out, device or fallback))
             else:
                 results.append(out)
