@@ -93,6 +93,10 @@ def test_mark_dynamic_is_accepted_and_bucketed():
             torch._dynamo.mark_dynamic(x, 0)
             torch.testing.assert_close(compiled(x), model(x), rtol=TOLERANCE, atol=TOLERANCE)
     assert compiled_signatures("_inference") == 2
+    (program,) = [p for p in bucketed_programs() if p.name.endswith("_inference")][-1:]
+    exported = program.export(platforms=("tpu",))  # each bucket's program lowers for a TPU
+    shapes = [{a.shape for a in e.in_avals} for e in exported]
+    assert sorted(bucket for bucket in (8, 32) for s in shapes if (bucket, 8) in s) == [8, 32]
 
 
 def attention_pool(x):
@@ -181,3 +185,15 @@ def test_variable_length_sequence_training_is_bucketed_and_matches_cpu():
     assert_runs_match(got, want, "variable sequence length, bucketed")
     assert compiled_signatures("_forward") <= 2  # buckets 4 and 8 (lengths 5, 7, 3, 6)
     assert compiled_signatures("_backward") <= 2
+
+
+def test_reshape_orders_that_disagree_fall_back_to_exact_shapes():
+    def transposed_by_reshape(x):  # [2, s] flattened, then read as [s, 2]: rows mix with padding
+        return x.reshape(-1).reshape(-1, 2).sum(1)
+
+    compiled = torch.compile(transposed_by_reshape, backend="tpu")
+    with pytest.warns(ExactShapesWarning, match="reshape"):
+        for n in (3, 5):
+            x = torch.randn(2, n)
+            torch._dynamo.mark_dynamic(x, 1)
+            torch.testing.assert_close(compiled(x), transposed_by_reshape(x), rtol=TOLERANCE, atol=TOLERANCE)
