@@ -32,9 +32,9 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import register_backend
 
 from tpu_backend import random as device_random
+from tpu_backend.compile import dynamic
 from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
 from tpu_backend.compile.interpreter import GraphProgram, compile_graph, is_covered, lowering_tables_version
-from tpu_backend.compile import dynamic
 from tpu_backend.compile.program import is_array
 
 _graph_ids = itertools.count()

@@ -34,7 +34,7 @@ import math
 import operator
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -165,7 +165,14 @@ def evaluate(expr: sympy.Expr, env: dict):
     if name in ("Min",):
         return _fold(jnp.minimum if traced else min, args)
     if isinstance(expr, sympy.core.relational.Relational):
-        compare = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+        compare = {
+            "==": operator.eq,
+            "!=": operator.ne,
+            "<": operator.lt,
+            "<=": operator.le,
+            ">": operator.gt,
+            ">=": operator.ge,
+        }
         return compare[expr.rel_op](args[0], args[1])
     raise NotImplementedError(f"size expression {expr} ({name})")
 
@@ -238,7 +245,9 @@ def _symbolic_dims(value, pinned, layouts) -> dict[int, frozenset]:
         if not free:
             continue
         if expr not in layouts and _linear_in_one_symbol(expr) is None:
-            raise _Pin(free, f"a dim of size {expr} (only c * symbol, or a reshape's merge of such dims, can be padded)")
+            raise _Pin(
+                free, f"a dim of size {expr} (only c * symbol, or a reshape's merge of such dims, can be padded)"
+            )
         dims[d] = frozenset(free)
     return dims
 
@@ -324,7 +333,11 @@ def _record_reshape_layout(node, layouts: dict, pinned) -> None:
                 ((a, a_owner, right, j, 0, 1), (b, b_owner, left, i, 1, 0))
             ):
                 product, end = sympy.Integer(1), k
-                while end < len(other) and sympy.expand(product * other[end][0] - this) != 0 and _divides(this, product * other[end][0]):
+                while (
+                    end < len(other)
+                    and sympy.expand(product * other[end][0] - this) != 0
+                    and _divides(this, product * other[end][0])
+                ):
                     product, end = product * other[end][0], end + 1
                 if end < len(other) and sympy.expand(product * other[end][0] - this) == 0:
                     pieces = other[k : end + 1]
@@ -368,11 +381,24 @@ def _normalize(dims, rank) -> tuple[int, ...]:
 # Ops whose result at a position reads inputs only at that position along every dim
 # (elementwise with broadcasting, views that keep each dim whole, creation ops).
 _ROW_LOCAL = {
-    aten.t.default, aten.transpose.int, aten.permute.default, aten.unsqueeze.default,
-    aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
-    aten.alias.default, aten.detach.default, aten.clone.default, aten._to_copy.default,
-    aten.lift_fresh_copy.default, aten.embedding.default, aten.native_dropout.default,
-    aten.native_dropout_backward.default, aten.split.Tensor, aten.split_with_sizes.default,
+    aten.t.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.expand.default,
+    aten.alias.default,
+    aten.detach.default,
+    aten.clone.default,
+    aten._to_copy.default,
+    aten.lift_fresh_copy.default,
+    aten.embedding.default,
+    aten.native_dropout.default,
+    aten.native_dropout_backward.default,
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
 }
 
 
@@ -469,7 +495,10 @@ def _batch_dim_only(*arg_positions, mask_for_weights=()):
         for position in arg_positions:
             spatial = [d for d in dyn(node.args[position]) if d != 0]
             if spatial:
-                raise _Pin(set().union(*(dyn(node.args[position])[d] for d in spatial)), f"{node.target} over a symbolic non-batch dim")
+                raise _Pin(
+                    set().union(*(dyn(node.args[position])[d] for d in spatial)),
+                    f"{node.target} over a symbolic non-batch dim",
+                )
         masked = tuple((p, (0,), 0.0) for p in mask_for_weights if 0 in dyn(node.args[p]))
         return Masking(masked) if masked else None
 
@@ -502,7 +531,9 @@ def _slice_rule(node, dyn):
     whole = (
         start in (None, 0)
         and step == 1
-        and (end_val is None or (isinstance(end_val, int) and end_val >= 2**62) or _expr(end_val) == _expr(x.shape[dim]))
+        and (
+            end_val is None or (isinstance(end_val, int) and end_val >= 2**62) or _expr(end_val) == _expr(x.shape[dim])
+        )
     )
     if not whole:
         raise _Pin(dyn(node.args[0])[dim], "slicing along a symbolic dim")
@@ -633,7 +664,7 @@ def _masks(gm, pinned, layouts) -> dict:
         value = node.meta.get("val")
         outputs = value if isinstance(value, (list, tuple)) else [value]
         touched = {}
-        for i, arg in _tensor_args(node):
+        for _, arg in _tensor_args(node):
             touched.update(dyn(arg))
         for out in outputs:
             touched.update(_symbolic_dims(out, pinned, layouts))
@@ -717,7 +748,9 @@ class BucketedGraphFunction(GraphFunction):
         try:
             result = lowering.fn(*args, **kwargs)
         except Exception as error:
-            error.add_note(f"tpu: while lowering {node.target} in bucketed graph {self.name!r}, node: {node.format_node()}")
+            error.add_note(
+                f"tpu: while lowering {node.target} in bucketed graph {self.name!r}, node: {node.format_node()}"
+            )
             raise
         if masking is not None and masking.rescale_dims is not None:
             result = self._rescale_mean(result, _val(node.args[0]), masking.rescale_dims)
@@ -904,7 +937,9 @@ class BucketedCompiledGraph:
         self.program = program
         self.output_devices = output_devices
         output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-        self.output_meta = [item.meta.get("val") if isinstance(item, torch.fx.Node) else None for item in output.args[0]]
+        self.output_meta = [
+            item.meta.get("val") if isinstance(item, torch.fx.Node) else None for item in output.args[0]
+        ]
         self._boxed_call = True
 
     @property

@@ -155,7 +155,10 @@ class TinyLM(nn.Module):
 def token_batches(lengths, batch: int = 2, vocab: int = 20):
     generator = torch.Generator().manual_seed(2)
     return [
-        (torch.randint(0, vocab, (batch, n), generator=generator), torch.randint(0, vocab, (batch, n), generator=generator))
+        (
+            torch.randint(0, vocab, (batch, n), generator=generator),
+            torch.randint(0, vocab, (batch, n), generator=generator),
+        )
         for n in lengths
     ]
 
