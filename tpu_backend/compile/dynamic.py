@@ -640,6 +640,39 @@ def plan_bucketing(gm: torch.fx.GraphModule) -> BucketPlan:
 
 _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
+# Ops whose integer arguments are sizes of what they make (padded is right); any other
+# integer argument holding a symbolic size is an index or offset (`narrow(x, 0, n, 2)`),
+# where the padded value would read other positions. `slice`'s end is a size too (a
+# prefix, cropped to the true length afterwards); its start is not.
+_SIZE_ARGUMENT_OPS = {
+    *_RESHAPES, aten.expand.default, aten.new_zeros.default, aten.new_ones.default,
+    aten.new_empty.default, aten.new_full.default, aten.full.default, aten.zeros.default,
+    aten.ones.default, aten.empty.memory_format, aten.empty_strided.default,
+    aten.arange.default, aten.arange.start, aten.arange.start_step,
+    aten.native_group_norm.default, aten.native_group_norm_backward.default,
+    aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
+    aten.split.Tensor, aten.split_with_sizes.default, aten.embedding_dense_backward.default,
+    aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
+}  # fmt: skip
+
+
+def _check_size_arguments(node, pinned) -> None:
+    """Pin the symbols of a symbolic size passed where the op reads an index or offset."""
+    if node.target in _SIZE_ARGUMENT_OPS:
+        return
+    schema = node.target._schema.arguments
+    named = [(schema[i], a) for i, a in enumerate(node.args) if i < len(schema)]
+    named += [(next((s for s in schema if s.name == k), None), a) for k, a in node.kwargs.items()]
+    for argument, value in named:
+        if argument is None or not _wants_size(argument.type):
+            continue  # numbers (Scalar) get the true value
+        if node.target == aten.slice.Tensor and argument.name == "end":
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            meta = _val(item)
+            if _is_symbolic_scalar(meta) and meta.node.expr.free_symbols - set(pinned):
+                raise _Pin(meta.node.expr.free_symbols - set(pinned), f"{node.target} takes a size as {argument.name}")
+
 
 def _reshape_layouts(gm, pinned) -> dict:
     layouts: dict = {}
@@ -677,6 +710,7 @@ def _masks(gm, pinned, layouts) -> dict:
                         touched.update(dyn(item))
         if not touched:
             continue
+        _check_size_arguments(node, pinned)
         rule = _rule_for(node.target)
         if rule is None:
             raise _Pin(set().union(*touched.values()), f"{node.target} has no padding rule")
@@ -927,7 +961,10 @@ def compile_bucketed(gm: torch.fx.GraphModule, name: str, policy: Buckets) -> Bu
 
 
 def has_symbolic_sizes(gm: torch.fx.GraphModule) -> bool:
-    return bool(_graph_symbols(gm))
+    """The graph has size symbols, all readable from its inputs (unbacked ones, such as
+    an `.item()` result used as a size, leave the graph to exact-shape compilation)."""
+    symbols = _graph_symbols(gm)
+    return bool(symbols) and not _bindable(gm, symbols)
 
 
 class BucketedCompiledGraph:

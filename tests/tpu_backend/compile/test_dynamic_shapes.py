@@ -200,3 +200,14 @@ def test_reshape_orders_that_disagree_fall_back_to_exact_shapes():
             x = torch.randn(2, n)
             torch._dynamo.mark_dynamic(x, 1)
             torch.testing.assert_close(compiled(x), transposed_by_reshape(x), rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_a_size_used_as_an_offset_is_not_padded():
+    def last_two_rows(x):
+        return x.narrow(0, x.shape[0] - 2, 2) * 3
+
+    compiled = torch.compile(last_two_rows, backend="tpu", dynamic=True)
+    with pytest.warns(ExactShapesWarning, match="narrow|slice|start"):
+        for n in (3, 5, 6):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(compiled(x), last_two_rows(x), rtol=TOLERANCE, atol=TOLERANCE)
