@@ -19,12 +19,16 @@ sizes enter each program as traced scalars, so they do not multiply programs; si
 used as values (`grad / n` in a mean's backward) are the true ones, sizes used as
 shapes the padded ones.
 
+A reshape that merges a symbolic dim with outer dims (`[b, s, d] -> [b*s, d]`) puts
+padding between rows; the merged dim's *layout* (its factors, `(b, s)`) says where,
+for masks, padding and cropping (see "layouts of merged dims" below).
+
 Whatever the plan cannot prove safe is not padded: an op outside the known families
-touching a symbolic dim, a reshape that would interleave padding (`[b, s, d] ->
-[b*s, d]` with `s` symbolic and `b` > 1), slicing or `cat` along a symbolic dim, a
-size expression other than `c * s`. The symbols involved are then *pinned*: that
-graph compiles one exact-shape program per size, as before (`BucketPlan.pinned`
-names them and why).
+touching a symbolic dim, reshapes whose layouts disagree, slicing or `cat` along a
+symbolic dim, a symbolic size used as an index or offset, a size expression that is
+neither `c * s` nor a recorded layout. The symbols involved are then *pinned*: that
+graph compiles one exact-shape program per size, as before, and an
+`ExactShapesWarning` names them and why (`BucketPlan.pinned`).
 """
 
 from __future__ import annotations
