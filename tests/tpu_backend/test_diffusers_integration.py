@@ -110,7 +110,8 @@ MODELS = {
 @pytest.mark.parametrize(
     "name,compiled",
     [
-        ("unet", False),
+        # Each costs 20-40 s of CPU (the device compiles every op of a first step): slow.
+        pytest.param("unet", False, marks=pytest.mark.slow),
         pytest.param("unet", True, marks=pytest.mark.slow),
         pytest.param("dit", False, marks=pytest.mark.slow),
         pytest.param("dit", True, marks=pytest.mark.slow),
