@@ -14,6 +14,8 @@ Importing this package registers the Dynamo backend "tpu". Public API:
   FX graph it came from;
 - `programs()`: the compiled programs alive now; `Program.export(platforms=("tpu",))`
   lowers each of a program's signatures for another platform (`jax.export.Exported`).
+- `dynamic`: graphs with symbolic sizes (`dynamic=True`, `mark_dynamic`) are padded to
+  buckets (`dynamic.set_buckets`, `using_buckets`, or `options={"buckets": [...]}`).
 """
 
 from __future__ import annotations

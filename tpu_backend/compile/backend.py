@@ -13,10 +13,11 @@ tested without the device), runs the program, and wraps the outputs as tensors o
 device each output's metadata names. Graph breaks need nothing here: Dynamo runs the
 code between graphs eagerly, on the tpu device's eager kernels.
 
-Shapes: XLA compiles for static shapes, so `dynamic=True` is refused. With the default
-`dynamic=None`, Dynamo may hand over a shape-generic graph after a shape changes; it is
-specialised per concrete shape here (one XLA program per shape, as with
-`dynamic=False`).
+Shapes: XLA compiles for static shapes. A graph with symbolic sizes (`dynamic=True`,
+`mark_dynamic`, or Dynamo's automatic dynamic shapes after a shape change) runs through
+`dynamic.py`: sizes are padded to buckets (`options={"buckets": [...]}`, default powers
+of two) with masking where padding would change a result; with `buckets=None` each
+concrete shape gets its own program.
 """
 
 from __future__ import annotations
@@ -31,15 +32,17 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import register_backend
 
 from tpu_backend import random as device_random
+from tpu_backend.compile import dynamic
 from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
 from tpu_backend.compile.interpreter import GraphProgram, compile_graph, is_covered, lowering_tables_version
 from tpu_backend.compile.program import is_array
 
 _graph_ids = itertools.count()
+_DEFAULT_BUCKETS = object()  # "the process-wide policy" (dynamic.set_buckets)
 
 
 class DynamicShapesNotSupported(RuntimeError):
-    """`torch.compile(..., backend="tpu", dynamic=True)`: XLA needs static shapes."""
+    """Kept for compatibility: `dynamic=True` is accepted now (sizes are bucketed, `dynamic.py`)."""
 
 
 def _input_to_jax(value):
@@ -91,19 +94,22 @@ class CompiledGraph:
         ]
 
 
-def compile_for_tpu(gm: torch.fx.GraphModule, name: str) -> CompiledGraph:
+def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKETS) -> CompiledGraph:
     """One AOTAutograd graph as a callable on tensors (usable as an AOTAutograd compiler)."""
     from tpu_backend.kernels import fuse_residual_norms
 
     fuse_residual_norms(gm)  # `norm(x + r)` -> one Pallas norm kernel doing the add (when kernels are on)
+    policy = dynamic.buckets() if buckets is _DEFAULT_BUCKETS else dynamic.as_buckets(buckets)
+    if policy is not None and dynamic.has_symbolic_sizes(gm):
+        return dynamic.BucketedCompiledGraph(dynamic.compile_bucketed(gm, name, policy), gm, _output_devices(gm))
     return CompiledGraph(compile_graph(gm, name), _output_devices(gm))
 
 
-def graph_compiler(name: str):
+def graph_compiler(name: str, buckets=_DEFAULT_BUCKETS):
     """An AOTAutograd `fw_compiler`/`bw_compiler` naming its program `name`."""
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-        return compile_for_tpu(gm, name)
+        return compile_for_tpu(gm, name, buckets)
 
     compiler.__name__ = f"tpu_compiler_{name}"
     return compiler
@@ -134,23 +140,23 @@ def _decomposes_itself(op) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
 
 
-def _reject_dynamic_shapes() -> None:
-    if not torch._dynamo.config.assume_static_by_default:
-        raise DynamicShapesNotSupported(
-            "torch.compile(backend='tpu', dynamic=True) is not supported: XLA compiles for static "
-            "shapes. Use dynamic=False (one compiled program per input shape; pad or bucket shapes "
-            "to keep their number small) or leave dynamic unset."
-        )
+def _bucket_option(options: dict | None):
+    """`options={"buckets": [8, 16, 32]}` (or "powers_of_two", or None: exact shapes)."""
+    options = dict(options or {})
+    buckets = options.pop("buckets", _DEFAULT_BUCKETS)
+    if options:
+        raise ValueError(f"torch.compile(backend='tpu'): unknown options {sorted(options)}; known: ['buckets']")
+    return buckets
 
 
-def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs):
+def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, **kwargs):
     """Dynamo backend: AOTAutograd forward/backward graphs, each run as one jitted JAX program."""
-    _reject_dynamic_shapes()
+    buckets = _bucket_option(options)
     graph_id = next(_graph_ids)
     backend = aot_autograd(
-        fw_compiler=graph_compiler(f"torch_compile_{graph_id}_forward"),
-        bw_compiler=graph_compiler(f"torch_compile_{graph_id}_backward"),
-        inference_compiler=graph_compiler(f"torch_compile_{graph_id}_inference"),
+        fw_compiler=graph_compiler(f"torch_compile_{graph_id}_forward", buckets),
+        bw_compiler=graph_compiler(f"torch_compile_{graph_id}_backward", buckets),
+        inference_compiler=graph_compiler(f"torch_compile_{graph_id}_inference", buckets),
         decompositions=decompositions(),
         keep_inference_input_mutations=False,
     )

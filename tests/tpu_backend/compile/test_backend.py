@@ -84,12 +84,6 @@ def test_graph_breaks_run_the_broken_parts_eagerly(capsys):
     assert len(programs("_forward")) >= 2  # the model was split into several graphs
 
 
-def test_dynamic_true_is_refused_with_the_reason():
-    compiled = torch.compile(small_mlp(), backend="tpu", dynamic=True)
-    with pytest.raises(Exception, match=r"static\s+shapes.*dynamic=False"):
-        compiled(torch.randn(3, 8))
-
-
 def test_new_input_shapes_compile_new_programs():
     model = small_mlp()
     compiled = torch.compile(model, backend="tpu")

@@ -1,0 +1,215 @@
+"""Dynamic shapes under `torch.compile(backend="tpu")`: sizes padded to buckets, a bounded
+number of programs, results equal to unpadded PyTorch (tpu_backend/compile/dynamic.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+from torch.nn import functional as F
+
+import tpu_backend  # noqa: F401  (registers the device)
+import tpu_backend.compile as tpu_compile
+from tests.tpu_backend.parity import assert_runs_match, record_training
+from tpu_backend.compile.dynamic import BucketedProgram, Buckets, ExactShapesWarning
+
+LENGTHS = (5, 7, 3, 6)  # buckets (powers of two): 8, 8, 4, 8
+MORE_LENGTHS = (5, 7, 3, 8, 6, 11, 2, 13, 16, 9)  # buckets 2, 4, 8, 16
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo(fresh_dynamo):
+    """Every test here starts from a fresh Dynamo and zero compile counts (conftest.py)."""
+
+
+def compiled_signatures(kind: str) -> int:
+    """How many programs (one XLA executable per signature) of this kind were built."""
+    stats = tpu_compile.compile_stats().programs
+    return sum(s.misses + s.disk_hits for name, s in stats.items() if name.endswith(kind))
+
+
+def bucketed_programs() -> list[BucketedProgram]:
+    """The bucketed programs this test compiled (other tests' programs may still be alive)."""
+    compiled_here = set(tpu_compile.compile_stats().programs)
+    return [p for p in tpu_compile.programs() if isinstance(p, BucketedProgram) and p.name in compiled_here]
+
+
+def classifier() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 5))
+
+
+def variable_batches(lengths=LENGTHS):
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(n, 8, generator=generator), torch.randint(0, 5, (n,), generator=generator)) for n in lengths]
+
+
+def train(model, batches, compile_options=None):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_of = lambda x, y: F.cross_entropy(model(x), y)
+    if compile_options is not None:
+        loss_of = torch.compile(loss_of, backend="tpu", dynamic=True, options=compile_options or None)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = loss_of(x, y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return record_training(model, step, batches)
+
+
+@pytest.mark.parametrize("lengths", [pytest.param(MORE_LENGTHS, marks=pytest.mark.slow)])
+def test_variable_batch_training_compiles_one_program_per_bucket_and_matches_cpu(lengths):
+    batches = variable_batches(lengths)
+    want = train(classifier(), batches)
+    device_batches = [(x.to("tpu"), y.to("tpu")) for x, y in batches]
+    got = train(classifier().to("tpu"), device_batches, compile_options={})
+
+    assert_runs_match(got, want, "variable batch, bucketed")
+    buckets = {Buckets.powers_of_two()(n) for n in lengths}
+    assert compiled_signatures("_forward") == len(buckets)
+    assert compiled_signatures("_backward") == len(buckets)
+    assert all(not p.plan.pinned for p in bucketed_programs())
+
+
+def test_user_buckets_and_sizes_beyond_them():
+    model = classifier()
+    compiled = torch.compile(model, backend="tpu", dynamic=True, options={"buckets": [16]})
+    with torch.no_grad():
+        for x, _ in variable_batches((3, 9, 16, 20, 21)):
+            torch.testing.assert_close(compiled(x), model(x), rtol=TOLERANCE, atol=TOLERANCE)
+    # 3, 9, 16 share the bucket 16; 20 and 21 are beyond the largest bucket: exact programs.
+    assert compiled_signatures("_inference") == 3
+
+
+def test_mark_dynamic_is_accepted_and_bucketed():
+    model = classifier()
+    compiled = torch.compile(model, backend="tpu")
+    with torch.no_grad(), tpu_compile.dynamic.using_buckets([8, 32]):
+        for n in (5, 6, 7, 20):
+            x = torch.randn(n, 8)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled(x), model(x), rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_inference") == 2
+    (program,) = bucketed_programs()
+    exported = program.export(platforms=("tpu",))  # each bucket's program lowers for a TPU
+    shapes = [{a.shape for a in e.in_avals} for e in exported]
+    assert sorted(bucket for bucket in (8, 32) for s in shapes if (bucket, 8) in s) == [8, 32]
+
+
+def attention_pool(x):
+    """Softmax, mean, sum and a contraction all over the symbolic dim 0."""
+    scores = torch.softmax(x @ x.T / 4, dim=-1)
+    mixed = scores @ x
+    return mixed.mean(dim=0) + torch.log_softmax(x, dim=0).sum(0) + x.amax(0)
+
+
+def test_reductions_over_a_padded_dim_are_masked():
+    compiled = torch.compile(attention_pool, backend="tpu", dynamic=True)
+    for n in (5, 6, 7):
+        x = torch.randn(n, 4, requires_grad=True)
+        got = compiled(x)
+        (grad,) = torch.autograd.grad(got.sum(), x)
+        want = attention_pool(x)
+        (want_grad,) = torch.autograd.grad(want.sum(), x)
+        torch.testing.assert_close(got, want, rtol=TOLERANCE, atol=TOLERANCE)
+        torch.testing.assert_close(grad, want_grad, rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_forward") == 1  # bucket 8
+
+
+def reversed_rows(x):
+    return x.flip(0) * 2
+
+
+def test_ops_padding_could_change_fall_back_to_exact_shapes():
+    compiled = torch.compile(reversed_rows, backend="tpu", dynamic=True)
+    with pytest.warns(ExactShapesWarning, match="flip"):
+        for n in (3, 5, 6):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(compiled(x), reversed_rows(x), rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_inference") == 3  # one per size: flip would move padding to the front
+
+
+class TinyLM(nn.Module):
+    """Embedding, one self-attention, layer norm, a vocabulary head: a sequence model whose
+    Linear layers flatten `[batch, seq, width]` to `[batch*seq, width]` (padding of seq
+    then sits between the batch's rows)."""
+
+    def __init__(self, vocab: int = 20, width: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        attention = torch.softmax(q @ k.transpose(1, 2) / 4, dim=-1)
+        return self.head(self.norm(h + attention @ v))
+
+
+def token_batches(lengths, batch: int = 2, vocab: int = 20):
+    generator = torch.Generator().manual_seed(2)
+    return [
+        (
+            torch.randint(0, vocab, (batch, n), generator=generator),
+            torch.randint(0, vocab, (batch, n), generator=generator),
+        )
+        for n in lengths
+    ]
+
+
+def test_variable_length_sequence_training_is_bucketed_and_matches_cpu():
+    def train_lm(model, batches, compiled):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss_of = lambda ids, targets: F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+        if compiled:
+            loss_of = torch.compile(loss_of, backend="tpu")
+
+        def step(ids, targets):
+            torch._dynamo.mark_dynamic(ids, 1)  # the sequence length varies
+            torch._dynamo.mark_dynamic(targets, 1)
+            optimizer.zero_grad()
+            loss = loss_of(ids, targets)
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        return record_training(model, step, batches)
+
+    batches = token_batches((5, 7, 3, 6))
+    want = train_lm(TinyLM(), batches, compiled=False)
+    got = train_lm(TinyLM().to("tpu"), [(i.to("tpu"), t.to("tpu")) for i, t in batches], compiled=True)
+
+    assert_runs_match(got, want, "variable sequence length, bucketed")
+    assert compiled_signatures("_forward") <= 2  # buckets 4 and 8 (lengths 5, 7, 3, 6)
+    assert compiled_signatures("_backward") <= 2
+
+
+def test_reshape_orders_that_disagree_fall_back_to_exact_shapes():
+    def transposed_by_reshape(x):  # [2, s] flattened, then read as [s, 2]: rows mix with padding
+        return x.reshape(-1).reshape(-1, 2).sum(1)
+
+    compiled = torch.compile(transposed_by_reshape, backend="tpu")
+    with pytest.warns(ExactShapesWarning, match="reshape"):
+        for n in (3, 5):
+            x = torch.randn(2, n)
+            torch._dynamo.mark_dynamic(x, 1)
+            torch.testing.assert_close(compiled(x), transposed_by_reshape(x), rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_a_size_used_as_an_offset_is_not_padded():
+    def last_two_rows(x):
+        return x.narrow(0, x.shape[0] - 2, 2) * 3
+
+    compiled = torch.compile(last_two_rows, backend="tpu", dynamic=True)
+    with pytest.warns(ExactShapesWarning, match="narrow|slice|start"):
+        for n in (3, 5, 6):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(compiled(x), last_two_rows(x), rtol=TOLERANCE, atol=TOLERANCE)

@@ -1,0 +1,157 @@
+"""diffusers models on the "tpu" device: a UNet2DModel and a DiT train as on CPU (eager
+and under `torch.compile(backend="tpu")`), and the trained UNet ships as a LiteRT model.
+
+Models come from tiny configs with random weights (nothing downloads). The training step
+is the usual denoising objective: noise added by a `DDPMScheduler` on CPU, the model
+predicts it, mean squared error.
+
+Tolerances: `tests/tpu_backend/parity.py` (losses, step-1 gradients and final parameters
+within 1e-4 norm-relative). The key projections' biases of attention have gradients that
+are zero in exact arithmetic (softmax ignores a per-query constant): both sides hold
+float32 noise there, compared with parity's absolute floor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import tpu_backend  # noqa: F401  (registers the device)
+from tests.tpu_backend.parity import assert_runs_match, record_training
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers.models.embeddings import LabelEmbedding  # noqa: E402
+
+STEPS = 3
+BATCH = 2
+
+
+def tiny_unet():
+    torch.manual_seed(0)
+    return diffusers.UNet2DModel(
+        sample_size=8,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=4,
+        attention_head_dim=8,
+    )
+
+
+def tiny_dit():
+    torch.manual_seed(0)
+    model = diffusers.DiTTransformer2DModel(
+        num_attention_heads=2,
+        attention_head_dim=8,
+        in_channels=4,
+        out_channels=4,
+        num_layers=2,
+        sample_size=8,
+        patch_size=2,
+        num_embeds_ada_norm=10,
+    )
+    # Label dropout (classifier-free guidance training) draws from torch's CPU generator on
+    # one side and the device's on the other; switch it off so both runs see the same labels.
+    for module in model.modules():
+        if isinstance(module, LabelEmbedding):
+            module.dropout_prob = 0.0
+    return model
+
+
+def denoising_batches(channels: int, classes: int | None = None, image_argument: str = "sample"):
+    """(inputs, noise) per step: noisy images at random timesteps (and class labels)."""
+    scheduler = diffusers.DDPMScheduler(num_train_timesteps=1000)
+    generator = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(STEPS):
+        clean = torch.randn(BATCH, channels, 8, 8, generator=generator)
+        noise = torch.randn(BATCH, channels, 8, 8, generator=generator)
+        timesteps = torch.randint(0, 1000, (BATCH,), generator=generator)
+        inputs = {image_argument: scheduler.add_noise(clean, noise, timesteps), "timestep": timesteps}
+        if classes is not None:
+            inputs["class_labels"] = torch.randint(0, classes, (BATCH,), generator=generator)
+        batches.append((inputs, noise))
+    return batches
+
+
+def on(device, batches):
+    return [({k: v.to(device) for k, v in inputs.items()}, noise.to(device)) for inputs, noise in batches]
+
+
+def train(model, batches, *, compiled: bool):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def loss_of(inputs, noise):
+        return F.mse_loss(model(**inputs).sample, noise)
+
+    if compiled:
+        loss_of = torch.compile(loss_of, backend="tpu")
+
+    def step(inputs, noise):
+        optimizer.zero_grad()
+        loss = loss_of(inputs, noise)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return record_training(model, step, batches)
+
+
+MODELS = {
+    "unet": (tiny_unet, lambda: denoising_batches(3)),
+    "dit": (tiny_dit, lambda: denoising_batches(4, classes=10, image_argument="hidden_states")),
+}
+
+
+@pytest.mark.parametrize(
+    "name,compiled",
+    [
+        # Each costs 20-40 s of CPU (the device compiles every op of a first step): slow.
+        pytest.param("unet", False, marks=pytest.mark.slow),
+        pytest.param("unet", True, marks=pytest.mark.slow),
+        pytest.param("dit", False, marks=pytest.mark.slow),
+        pytest.param("dit", True, marks=pytest.mark.slow),
+    ],
+)
+def test_training_on_tpu_matches_cpu(name, compiled):
+    build, make_batches = MODELS[name]
+    batches = make_batches()
+    want = train(build(), batches, compiled=False)
+    got = train(build().to("tpu"), on("tpu", batches), compiled=compiled)
+    assert_runs_match(got, want, f"{name} ({'torch.compile' if compiled else 'eager'}) on tpu")
+
+
+class Denoiser(torch.nn.Module):
+    """The UNet as a deployable function: (noisy image, timestep) -> predicted noise."""
+
+    def __init__(self, unet):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, sample, timestep):
+        return self.unet(sample, timestep, return_dict=False)[0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("tpu", marks=pytest.mark.slow)])
+def test_trained_unet_converts_to_litert(device):
+    import litert_torch
+    from tests.helpers import compare_outputs
+
+    unet = tiny_unet().to(device)
+    train(unet, on(device, denoising_batches(3)), compiled=False)
+    denoiser = Denoiser(unet).eval()
+    sample = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    timestep = torch.tensor([250])
+
+    edge = litert_torch.convert(denoiser, (sample, timestep))  # parameters are copied to CPU by the exporter
+    denoiser.cpu()
+    noisier = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    for x, t in ((sample, timestep), (noisier, torch.tensor([999]))):
+        with torch.no_grad():
+            want = denoiser(x, t).numpy()
+        problems = compare_outputs([edge(x, t)], [want], rtol=1e-4, atol=1e-5)
+        assert not problems, problems
