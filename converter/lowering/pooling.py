@@ -181,6 +181,20 @@ def adaptive_avg_pool2d(ctx, x, output_size):
     return ctx.emit("BATCH_MATMUL", [rows, a_w_t], {"adjX": False, "adjY": False})
 
 
+@lowers(aten.adaptive_avg_pool1d.default)
+def adaptive_avg_pool1d(ctx, x, output_size):
+    """MEAN to one position, else x @ A^T with PyTorch's constant averaging matrix A
+    (what the decomposition computes, untraced)."""
+    if x.rank != 3 or x.is_dynamic:
+        raise NotImplementedError("adaptive_avg_pool1d on a batched 3-D static input only")
+    n, c, length = x.shape
+    out = _pair(output_size)[-1]
+    if out == 1:
+        return ctx.emit("MEAN", [x, emit.int32(ctx, [2])], {"keepDims": True})
+    a_t = ctx.const(adaptive_average_matrix(length, out).T.astype(x.dtype))
+    return emit.op(ctx, "BATCH_MATMUL", [x, a_t], {"adjX": False, "adjY": False}, shape=(n, c, out), dtype=x.dtype)
+
+
 @lowers(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(ctx, x, output_size):
     n, c, h, w = x.shape

@@ -182,6 +182,14 @@ def _inside(ctx, ix: Tensor, iy: Tensor, w: int, h: int) -> Tensor:
     return emit.cast(ctx, inside, np.float32)
 
 
+@lowers(aten.grid_sampler.default)
+def grid_sampler(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
+    """What `F.grid_sample` exports as: the 2-D sampler for a 4-D input."""
+    if x.rank != 4:
+        raise NotImplementedError("grid_sampler on a non-4-D input")
+    return grid_sampler_2d(ctx, x, grid, interpolation_mode, padding_mode, align_corners)
+
+
 @lowers(aten.grid_sampler_2d.default)
 def grid_sampler_2d(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
     mode, padding = GRID_MODES.get(interpolation_mode), GRID_PADDING.get(padding_mode)

@@ -201,6 +201,46 @@ def test_ops_torch_export_leaves_whole_lower_directly(monkeypatch, module, args,
     assert "decompose" not in edge.timings
 
 
+class _Grid(nn.Module):
+    """meshgrid of a constant and of a run-time vector, both indexings."""
+
+    def forward(self, s):
+        gy, gx = torch.meshgrid(torch.arange(4.0), torch.arange(3.0), indexing="xy")
+        hy, hx = torch.meshgrid(s, s * 2, indexing="ij")
+        return (gy + gx).sum() + hy * hx
+
+
+V = torch.randn(2, 3, 11)
+CLIP = torch.randn(1, 2, 3, 6, 7)
+
+
+@pytest.mark.parametrize(
+    "module, args, direct",
+    [
+        (nn.Conv3d(2, 4, (2, 3, 3), padding=1), (CLIP,), aten.conv3d.default),
+        (nn.ConvTranspose3d(2, 3, 2, stride=2), (CLIP,), aten.conv_transpose3d.input),
+        (
+            Fn(lambda x, g: F.grid_sample(x, g, align_corners=False)),
+            (X, torch.rand(1, 5, 4, 2) * 2 - 1),
+            aten.grid_sampler.default,
+        ),
+        (nn.AdaptiveAvgPool1d(5), (V,), aten.adaptive_avg_pool1d.default),
+        (nn.AdaptiveAvgPool1d(1), (V,), aten.adaptive_avg_pool1d.default),
+        (_Grid(), (torch.randn(5),), aten.meshgrid.indexing),
+        (Fn(lambda v: torch.diff(v, n=2) + torch.diff(v, dim=1, prepend=v[:, :1]).sum()), (V,), aten.diff.default),
+    ],
+)
+def test_ops_that_were_traced_per_node_lower_directly(monkeypatch, module, args, direct):
+    """Each used to cost a per-node decomposition trace (10-100 ms, more than the rest of
+    a small model's conversion); now one lowering, same numbers."""
+    import converter.pipeline as pipeline
+
+    traced = []
+    monkeypatch.setattr(pipeline._GraphWalk, "_trace", lambda self, node, target: traced.append(target))
+    edge, seen = _lowered_targets(monkeypatch, module.eval(), args)
+    assert direct in seen and not traced, (seen, traced)
+
+
 def _pad_rows(x):
     """A decomposition that fills a fresh tensor through slice views (as some of
     PyTorch's composite kernels do, e.g. _pad_circular's)."""
