@@ -186,14 +186,14 @@ def _prepare_all(model_content: bytes, use_xnnpack: bool) -> list[tuple[int, int
         wrapper = interpreter._interpreter  # allocation by subgraph index has no public API
         for key in interpreter.get_signature_list() or [None]:
             subgraph = 0 if key is None else wrapper.GetSubgraphIndexFromSignature(key)
-            stored = [tuple(wrapper.TensorSize(i, subgraph)) for i in range(wrapper.NumTensors(subgraph))]
+            stored = [_tensor_shape(wrapper, i, subgraph) for i in range(wrapper.NumTensors(subgraph))]
             wrapper.AllocateTensors(subgraph)
-            changed = [i for i, shape in enumerate(stored) if tuple(wrapper.TensorSize(i, subgraph)) != shape]
+            changed = [i for i, shape in enumerate(stored) if _tensor_shape(wrapper, i, subgraph) != shape]
             if changed and subgraph == 0:
                 writers = {t: n for n in range(wrapper.NumNodes()) for t in wrapper.NodeOutputs(n)}
             for i in changed:
                 node = writers.get(i, -1) if subgraph == 0 else -1
-                mismatches.append((subgraph, node, stored[i], tuple(wrapper.TensorSize(i, subgraph))))
+                mismatches.append((subgraph, node, stored[i], _tensor_shape(wrapper, i, subgraph)))
     except (RuntimeError, ValueError) as e:
         text = " ".join(str(e).split())
         found = _FAILED_NODE.search(text)
@@ -201,6 +201,14 @@ def _prepare_all(model_content: bytes, use_xnnpack: bool) -> list[tuple[int, int
             text, subgraph, int(found.group(1)) if found else None, found.group(2) if found else None
         ) from e
     return mismatches
+
+
+def _tensor_shape(wrapper, index: int, subgraph: int) -> tuple[int, ...] | None:
+    """The tensor's current shape (None for one that has none, e.g. an omitted input)."""
+    try:
+        return tuple(int(d) for d in wrapper.TensorSize(index, subgraph))
+    except ValueError:
+        return None
 
 
 def prepare_model(model_content: bytes) -> None:

@@ -141,6 +141,7 @@ def _sink_once(graph: Graph, uses: Uses, slice_op: Op) -> bool:
     if any(ax is not None and t.quant is not None and np.size(t.quant.scale) > 1 for t, ax in zip(producer.inputs, axes)):
         return False  # per-channel parameters would need slicing too
     new_ops, sliced = [], {}
+    position = {id(op): k for k, op in enumerate(graph.ops)}
     for i, (t, ax) in enumerate(zip(producer.inputs, axes)):
         if ax is None:
             continue
@@ -151,7 +152,8 @@ def _sink_once(graph: Graph, uses: Uses, slice_op: Op) -> bool:
             same = [c for c in uses.consumers(t) if c.opcode == "STRIDED_SLICE" and c.inputs[0] is t]
             same = [c for c in same if c is not slice_op and _row_slice(c) == (ax, begin, end)]
             if same:
-                new_ops.append(same[0])
+                if position[id(same[0])] > position[id(producer)]:
+                    new_ops.append(same[0])  # moved up (only its input, t, must come before it)
                 sliced[key] = same[0].outputs[0]
             else:
                 sliced[key] = _slice(t, ax, begin, end, new_ops, slice_op)

@@ -45,3 +45,35 @@ class _NotRowWise(nn.Module):
 def test_a_slice_after_an_op_that_mixes_rows_stays():
     edge = assert_converts(_NotRowWise(), (torch.randn(1, 6, 4),))
     assert [op.opcode for op in edge.ir_model.graphs[0].ops][-1] == "STRIDED_SLICE"
+
+
+def test_a_slice_reused_from_earlier_keeps_the_ops_in_topological_order():
+    """The rows of t were already sliced for an op that comes before t's other reader:
+    the sunk slice reuses that one where it is (moving it would put it after its reader)."""
+    import numpy as np
+
+    from converter.ir import Model
+    from converter.passes.sink_row_slices import sink_row_slices
+    from converter.writer import validate
+    from tests.converter.passes.passes_helpers import GraphBuilder, run
+
+    def rows(b, t):
+        ends = [1, 4, 3]
+        return b.op("STRIDED_SLICE", [t, b.const([0, 3, 0], np.int32), b.const(ends, np.int32), b.const([1, 1, 1], np.int32)],
+                    {"beginMask": 0, "endMask": 0, "ellipsisMask": 0, "newAxisMask": 0, "shrinkAxisMask": 0, "offset": False},
+                    shape=(1, 1, 3))  # fmt: skip
+
+    b = GraphBuilder()
+    x = b.input((1, 4, 3))
+    t = b.op("RELU", [x])
+    early = b.op("EXP", [rows(b, t)])
+    late = rows(b, b.op("NEG", [t]))
+    graph = b.output(early, late)
+    data = np.random.default_rng(0).standard_normal((1, 4, 3)).astype(np.float32)
+    expected = run(graph, [data])
+    sink_row_slices(graph)
+    validate(Model([graph]))  # raises on an op reading a tensor made after it
+    # one slice, shared, then sunk above RELU too once it was t's only reader
+    assert [op.opcode for op in graph.ops] == ["STRIDED_SLICE", "RELU", "EXP", "NEG"]
+    for got, want in zip(run(graph, [data]), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
