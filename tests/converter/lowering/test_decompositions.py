@@ -228,6 +228,7 @@ CLIP = torch.randn(1, 2, 3, 6, 7)
         (nn.AdaptiveAvgPool1d(1), (V,), aten.adaptive_avg_pool1d.default),
         (_Grid(), (torch.randn(5),), aten.meshgrid.indexing),
         (Fn(lambda v: torch.diff(v, n=2) + torch.diff(v, dim=1, prepend=v[:, :1]).sum()), (V,), aten.diff.default),
+        (Fn(lambda v: v * torch.linspace(-1, 1, 11)), (V,), aten.linspace.default),
     ],
 )
 def test_ops_that_were_traced_per_node_lower_directly(monkeypatch, module, args, direct):
