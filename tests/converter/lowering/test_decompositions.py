@@ -229,6 +229,13 @@ CLIP = torch.randn(1, 2, 3, 6, 7)
         (_Grid(), (torch.randn(5),), aten.meshgrid.indexing),
         (Fn(lambda v: torch.diff(v, n=2) + torch.diff(v, dim=1, prepend=v[:, :1]).sum()), (V,), aten.diff.default),
         (Fn(lambda v: v * torch.linspace(-1, 1, 11)), (V,), aten.linspace.default),
+        (Fn(lambda x: F.interpolate(x, scale_factor=2, mode="trilinear")), (CLIP,), aten.upsample_trilinear3d.vec),
+        (
+            Fn(lambda x: F.interpolate(x, size=(5, 4, 9), mode="trilinear", align_corners=True)),
+            (CLIP,),
+            aten.upsample_trilinear3d.vec,
+        ),
+        (Fn(lambda x: F.interpolate(x, scale_factor=1.7, mode="trilinear")), (CLIP,), aten.upsample_trilinear3d.vec),
     ],
 )
 def test_ops_that_were_traced_per_node_lower_directly(monkeypatch, module, args, direct):
