@@ -207,6 +207,21 @@ def _inside(ctx, ix: Tensor, iy: Tensor, w: int, h: int) -> Tensor:
     return emit.cast(ctx, inside, np.float32)
 
 
+@lowers(aten.affine_grid_generator.default)
+def affine_grid_generator(ctx, theta, size, align_corners):
+    """grid = [x, y, 1] @ theta^T over PyTorch's own base grid (a constant), as one
+    BATCH_MATMUL (what the decomposition computes, without tracing it per call)."""
+    if len(size) != 4 or theta.is_dynamic or theta.rank != 3:
+        raise NotImplementedError("affine_grid_generator for 2-D grids of static shape only")
+    n, c, h, w = (int(v) for v in size)
+    with torch.no_grad():
+        xy = torch.nn.functional.affine_grid(torch.eye(2, 3)[None], [1, c, h, w], align_corners=align_corners)
+    base = torch.cat([xy, torch.ones(1, h, w, 1)], -1).reshape(1, h * w, 3).numpy().astype(theta.dtype)
+    options = {"adjX": False, "adjY": True, "asymmetricQuantizeInputs": False}
+    grid = emit.op(ctx, "BATCH_MATMUL", [ctx.const(base), theta], options, shape=(n, h * w, 2), dtype=theta.dtype)
+    return emit.reshape(ctx, grid, (n, h, w, 2))
+
+
 @lowers(aten.grid_sampler.default)
 def grid_sampler(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
     """What `F.grid_sample` exports as: the 2-D sampler for a 4-D input."""

@@ -236,6 +236,16 @@ CLIP = torch.randn(1, 2, 3, 6, 7)
             aten.upsample_trilinear3d.vec,
         ),
         (Fn(lambda x: F.interpolate(x, scale_factor=1.7, mode="trilinear")), (CLIP,), aten.upsample_trilinear3d.vec),
+        (
+            Fn(lambda t: F.affine_grid(t, [2, 3, 5, 7], align_corners=False)),
+            (torch.randn(2, 2, 3),),
+            aten.affine_grid_generator.default,
+        ),
+        (
+            Fn(lambda t: F.affine_grid(t, [2, 3, 5, 7], align_corners=True)),
+            (torch.randn(2, 2, 3),),
+            aten.affine_grid_generator.default,
+        ),
     ],
 )
 def test_ops_that_were_traced_per_node_lower_directly(monkeypatch, module, args, direct):
