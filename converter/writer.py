@@ -119,8 +119,8 @@ class _AlignedBufferT(schema.BufferT):
             n = len(self.payload)
             builder.StartVector(1, n, DATA_ALIGNMENT)
             builder.head -= n
-            # through a memoryview: bytearray slice assignment would copy a non-bytearray first
-            memoryview(builder.Bytes)[builder.head : builder.head + n] = memoryview(self.payload).cast("B")
+            # Only reserved here: _finish copies the payload once, into the file's bytes.
+            builder.payloads.append((builder.Offset(), self.payload))
             builder.vectorNumElems = n
             data = builder.EndVector()
         schema.BufferStart(builder)
@@ -129,6 +129,25 @@ class _AlignedBufferT(schema.BufferT):
         schema.BufferAddOffset(builder, self.offset)
         schema.BufferAddSize(builder, self.size)
         return schema.BufferEnd(builder)
+
+
+class _Builder(flatbuffers.Builder):
+    """A flatbuffers Builder over uninitialised memory that leaves weight data out.
+
+    Its arena is `np.empty` (the stock Builder zero-fills a bytearray: every page of the
+    weights touched once for nothing) and buffer data vectors are only reserved in it,
+    their (offset from the end, payload) recorded in `payloads`; `_finish` then joins the
+    structure around them with each payload into the file's bytes: weights are copied
+    once, straight into the result."""
+
+    __slots__ = ("payloads", "_arena")
+
+    def __init__(self, size: int):
+        super().__init__(0)
+        self._arena = np.empty(size, np.uint8)
+        self.Bytes = memoryview(self._arena)  # slice assignment and struct.pack_into work on it
+        self.head = size
+        self.payloads: list[tuple[int, Any]] = []
 
 
 def _sample(payload: memoryview, count: int = 64) -> bytes:
@@ -453,16 +472,22 @@ class _ModelBuilder:
         return m
 
 
-def _finish(model_t: schema.ModelT, size_hint: int) -> memoryview:
-    """The finished flatbuffer: a read-only view of the builder's own bytearray (built back
-    to front, so the file is its tail). No copy: a model with weights inside the flatbuffer
-    holds them once here, not twice."""
-    builder = flatbuffers.Builder(max(1024, size_hint))
+def _finish(model_t: schema.ModelT, size_hint: int) -> bytes:
+    """The finished flatbuffer as bytes (built back to front, so the file is the tail of
+    the builder's arena), every buffer's payload copied once into its reserved place."""
+    builder = _Builder(max(1024, size_hint))
     try:
         builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
     finally:
         _SHARED_VECTORS.pop(id(builder), None)
-    return memoryview(builder.Bytes)[builder.Head() :].toreadonly()
+    arena, head = memoryview(builder.Bytes), builder.Head()  # the arena grows if the hint was short
+    pieces, cursor = [], head
+    for from_end, payload in sorted(builder.payloads, key=lambda entry: -entry[0]):  # in file order
+        start = len(arena) - from_end
+        pieces += [arena[cursor:start], memoryview(payload).cast("B")]
+        cursor = start + len(payload)
+    pieces.append(arena[cursor:])
+    return b"".join(pieces)
 
 
 class ModelParts:

@@ -84,7 +84,7 @@ def check_prepares(content: bytes, model: ir.Model) -> None:
     from runtimes.litert import PrepareError, prepare_model
 
     try:
-        prepare_model(bytes(content))
+        prepare_model(content)
     except PrepareError as e:
         where = ""
         if (
@@ -239,10 +239,12 @@ def convert_signatures(
         with stages.stage("write"):
             content = write_flatbuffer_parts(model)  # pieces: large weights are not joined in memory
     stages.note(f"{len(content):,} bytes")
-    if len(content.pieces) == 1:  # over 2 GB the check would join the weights into one more copy
+    verified = len(content.pieces) == 1
+    if verified:  # over 2 GB the check would join the weights into one more copy
         with stages.stage("prepare"):
+            content.pieces[0] = bytes(content.head)  # the one copy: the interpreter and the EdgeModel share it
             check_prepares(content.head, model)
-    edge = EdgeModel(content)
+    edge = EdgeModel(content, _verified=verified)
     edge.ir_model = model
     edge.timings = dict(stages.timings)
     edge.target_report = report

@@ -44,7 +44,14 @@ class EdgeModel:
     signatures, `signature_name` (here or per call) says which one runs.
     """
 
-    def __init__(self, model_content: bytes, *, num_threads: int | None = None, signature_name: str | None = None):
+    def __init__(
+        self,
+        model_content: bytes,
+        *,
+        num_threads: int | None = None,
+        signature_name: str | None = None,
+        _verified: bool = False,
+    ):
         # A converter.writer.ModelParts (the writer's pieces: a model with weights after
         # the flatbuffer is kept as views of those weights, joined only when needed).
         from_writer = hasattr(model_content, "pieces")
@@ -54,7 +61,9 @@ class EdgeModel:
             raise ValueError("these bytes are not a LiteRT/TFLite model (no 'TFL3' file identifier)")
         # Offsets and indices are checked before the interpreter sees the bytes (some
         # malformed files crash it): raises runtimes.verify.InvalidModelError (a ValueError).
-        verify_model(head, "this model", size=sum(len(p) for p in pieces))
+        # `_verified`: convert() has just checked and prepared these very bytes.
+        if not _verified:
+            verify_model(head, "this model", size=sum(len(p) for p in pieces))
         # anything else is copied: a caller's bytearray could change after verification
         self._pieces = [head if from_writer or isinstance(head, bytes) else bytes(head)] + pieces[1:]
         self._num_threads = num_threads

@@ -169,47 +169,75 @@ class PrepareError(RuntimeError):
 _FAILED_NODE = re.compile(r"Node number (\d+) \((\w+)\) failed to prepare")
 
 
-def _prepare_all(model_content: bytes, use_xnnpack: bool) -> None:
-    """Create the interpreter and allocate every signature's subgraph (raises PrepareError)."""
+def _prepare_all(model_content: bytes, use_xnnpack: bool) -> list[tuple[int, int, tuple, tuple]]:
+    """Create the interpreter and allocate every signature's subgraph (raises PrepareError).
+
+    Returns the tensors whose shape stored in the file differs from the shape the kernels
+    computed while preparing: (subgraph, node that writes it or -1, stored, computed). The
+    builtin kernels recompute every shape and accept such a file; the XNNPACK delegate
+    trusts some stored shapes (RESHAPE's output) and may not."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
     kwargs = {} if use_xnnpack else {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
     subgraph = None
+    mismatches = []
     try:
         interpreter = Interpreter(model_content=model_content, num_threads=1, **kwargs)
         wrapper = interpreter._interpreter  # allocation by subgraph index has no public API
         for key in interpreter.get_signature_list() or [None]:
             subgraph = 0 if key is None else wrapper.GetSubgraphIndexFromSignature(key)
+            stored = [_tensor_shape(wrapper, i, subgraph) for i in range(wrapper.NumTensors(subgraph))]
             wrapper.AllocateTensors(subgraph)
+            changed = [i for i, shape in enumerate(stored) if _tensor_shape(wrapper, i, subgraph) != shape]
+            if changed and subgraph == 0:
+                writers = {t: n for n in range(wrapper.NumNodes()) for t in wrapper.NodeOutputs(n)}
+            for i in changed:
+                node = writers.get(i, -1) if subgraph == 0 else -1
+                mismatches.append((subgraph, node, stored[i], _tensor_shape(wrapper, i, subgraph)))
     except (RuntimeError, ValueError) as e:
         text = " ".join(str(e).split())
         found = _FAILED_NODE.search(text)
         raise PrepareError(
             text, subgraph, int(found.group(1)) if found else None, found.group(2) if found else None
         ) from e
+    return mismatches
+
+
+def _tensor_shape(wrapper, index: int, subgraph: int) -> tuple[int, ...] | None:
+    """The tensor's current shape (None for one that has none, e.g. an omitted input)."""
+    try:
+        return tuple(int(d) for d in wrapper.TensorSize(index, subgraph))
+    except ValueError:
+        return None
 
 
 def prepare_model(model_content: bytes) -> None:
     """Check that LiteRT can load and prepare `model_content`: every signature's tensors
-    allocated, with the builtin kernels alone and with the default delegate (XNNPACK),
-    as a user's interpreter would. No inputs are fed and nothing runs, so the cost is
-    the interpreter's setup (XNNPACK packs the weights: ~0.3 s on ResNet-50).
+    allocated as a user's interpreter would. No inputs are fed and nothing runs.
 
-    Both, because each accepts files the other refuses: XNNPACK's RESHAPE takes the
-    output shape stored in the file, the builtin kernel the shape input; the builtin
-    run goes first because it names the op (XNNPACK names only itself).
+    The builtin kernels go first: they name the op they refuse, and they recompute every
+    tensor's shape. When each computed shape equals the one stored in the file, the
+    XNNPACK delegate (the default) sees the same shapes, and its preparation, which packs
+    every weight (0.3 s on ResNet-50, half of a torch.export), is skipped. Otherwise
+    XNNPACK prepares too, because it trusts stored shapes the builtin kernels recompute
+    (RESHAPE's output), and its refusal is the error.
     Raises PrepareError locating the op that failed."""
     from runtimes.verify import verify_model
 
     verify_model(model_content)  # some malformed files crash the interpreter instead of raising
-    _prepare_all(model_content, use_xnnpack=False)
+    mismatches = _prepare_all(model_content, use_xnnpack=False)
+    if not mismatches:
+        return
     try:
         _prepare_all(model_content, use_xnnpack=True)
     except PrepareError as delegated:
+        subgraph, node, stored, computed = mismatches[0]
         raise PrepareError(
-            f"the XNNPACK delegate refused the model (the builtin kernels accept it): {delegated}",
-            delegated.subgraph,
-            None,
+            f"the XNNPACK delegate refused the model (the builtin kernels accept it): {delegated}; "
+            f"the first tensor whose stored shape {list(stored)} differs from the computed "
+            f"{list(computed)} is written by node {node}",
+            subgraph,
+            None if node < 0 else node,
             None,
         ) from delegated
 

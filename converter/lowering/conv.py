@@ -269,18 +269,27 @@ def _convolution3d(ctx, x, weight, bias, stride, padding, dilation, transposed, 
 # ---- the convolution ops torch.export gives (lowered directly, not decomposed first) -------
 
 
-@lowers(aten.conv1d.default, aten.conv2d.default)
+@lowers(aten.conv1d.default, aten.conv2d.default, aten.conv3d.default)
 def conv_nd(ctx, x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    _require_batched(x, weight)
     return convolution(ctx, x, weight, bias, _ints(stride), _ints(padding), _ints(dilation), False, [0], groups)
 
 
-@lowers(aten.conv_transpose1d.default, aten.conv_transpose2d.input)
+@lowers(aten.conv_transpose1d.default, aten.conv_transpose2d.input, aten.conv_transpose3d.input)
 def conv_transpose_nd(
     ctx, x, weight, bias=None, stride=(1,), padding=(0,), output_padding=(0,), groups=1, dilation=(1,)
 ):
+    _require_batched(x, weight)
     return convolution(
         ctx, x, weight, bias, _ints(stride), _ints(padding), _ints(dilation), True, _ints(output_padding), groups
     )
+
+
+def _require_batched(x, weight) -> None:
+    """An unbatched input (one rank less than the weight) takes the decomposition, which
+    adds the batch axis."""
+    if x.rank != weight.rank:
+        raise NotImplementedError("unbatched convolution input")
 
 
 def _ints(value) -> list[int]:

@@ -116,3 +116,12 @@ def fill(ctx, x, value):
 @lowers(aten.scalar_tensor.default)
 def scalar_tensor(ctx, value, **kwargs):
     return _filled(ctx, "scalar_tensor", value)
+
+
+@lowers(aten.linspace.default)
+def linspace(ctx, start, end, steps, **kwargs):
+    """A constant: PyTorch's own values (it fills the two halves from either end)."""
+    if not all(isinstance(v, (int, float)) for v in (start, end, steps)) or _is_dynamic(ctx):
+        raise NotImplementedError("linspace with run-time bounds")
+    dtype = ctx.meta.dtype
+    return ctx.const(torch.linspace(start, end, steps, dtype=dtype).numpy())

@@ -450,3 +450,23 @@ def min_other(ctx, a, b):
 @lowers(aten.max.other)
 def max_other(ctx, a, b):
     return maximum(ctx, a, b)
+
+
+@lowers(aten.diff.default)
+def diff(ctx, x, n=1, dim=-1, prepend=None, append=None):
+    """n-th forward difference along `dim`: SUB of two shifted slices, n times (what the
+    decomposition traces, without tracing it per call)."""
+    parts = [t for t in (prepend, x, append) if t is not None]
+    if x.dtype == np.bool_ or any(p.is_dynamic or p.dtype != x.dtype for p in parts):
+        raise NotImplementedError("diff of bool, mixed-dtype or dynamic-shaped tensors")
+    axis = emit.normalize_dim(dim, x.rank)
+    if all(p.is_const for p in parts):
+        return ctx.const(np.diff(np.concatenate([p.data for p in parts], axis=axis), n=n, axis=axis))
+    y = emit.concat(ctx, parts, axis)
+    for _ in range(n):
+        length = y.shape[axis]
+        if length == 0:
+            break
+        later, earlier = emit.slice_axis(ctx, y, axis, 1, length), emit.slice_axis(ctx, y, axis, 0, length - 1)
+        y = emit.binary(ctx, "SUB", later, earlier)
+    return y

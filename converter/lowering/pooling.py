@@ -13,6 +13,8 @@ MAX_POOL_2D / AVERAGE_POOL_2D are NHWC-only (wrapped in the layout transposes).
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 
@@ -85,8 +87,62 @@ def max_pool2d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=
     if dilation != (1, 1):
         raise emit.unsupported(ctx, "dilated max pooling has no TFLite builtin", "Use dilation=1.")
     out = layout.to_nchw(ctx, _max_pool_nhwc(ctx, layout.to_nhwc(ctx, x), kernel, stride, padding, ceil_mode))
-    # max_pool2d_with_indices also returns indices: not representable, fails if used.
-    return (out, None) if ctx.node is not None and isinstance(ctx.meta, (tuple, list)) else out
+    return _with_indices(ctx, out, x, kernel, stride, padding, ceil_mode)
+
+
+def _with_indices(ctx, out: Tensor, x: Tensor, kernel, stride, padding, ceil_mode):
+    """`out`, plus the indices output when the node has one: computed only when something
+    reads it (None otherwise, and for calls from a decomposition that drops it)."""
+    if ctx.node is None or not isinstance(ctx.meta, (tuple, list)):
+        return out
+    read = any(user.target is operator.getitem and user.args[1] == 1 for user in ctx.node.users)
+    return out, (_max_pool_indices(ctx, x, kernel, stride, padding, ceil_mode) if read else None)
+
+
+def _max_pool_indices(ctx, x: Tensor, kernel, stride, padding, ceil_mode) -> Tensor:
+    """PyTorch's max-pool indices (int64, the flat position of each window's first
+    maximum within its input plane or volume) of channels-first `x` (2-D or 3-D pools).
+
+    Every kernel offset's strided slice of the (lowest-value) padded input is one row of
+    a (window size, outputs) matrix; ARG_MAX down its columns picks the first maximum,
+    as PyTorch does; a GATHER maps that offset to its flat distance from the window's
+    corner, and an ADD of each window's corner position gives the index."""
+    if x.is_dynamic or not np.issubdtype(x.dtype, np.floating):
+        raise emit.unsupported(
+            ctx, "max pooling indices of a dynamic or non-float input", "Export with static shapes and float inputs."
+        )
+    n, c, *size = x.shape
+    out = [layout.torch_output_size(i, k, s, p, 1, ceil_mode) for i, k, s, p in zip(size, kernel, stride, padding)]
+    after = [max((o - 1) * s + k - i - p, 0) for o, s, k, i, p in zip(out, stride, kernel, size, padding)]
+    padded = x
+    if any(padding) or any(after):
+        pairs = [[0, 0], [0, 0], *([p, a] for p, a in zip(padding, after))]
+        lowest = emit.scalar_like(ctx, np.finfo(x.dtype).min, x.dtype)
+        shape = (n, c, *(i + p + a for i, p, a in zip(size, padding, after)))
+        padded = emit.op(ctx, "PADV2", [x, emit.int32(ctx, pairs), lowest], shape=shape, dtype=x.dtype)
+    count = n * c * int(np.prod(out))
+    rows = []
+    for offset in np.ndindex(*kernel):
+        end = [n, c, *(k + (o - 1) * s + 1 for k, o, s in zip(offset, out, stride))]
+        window = emit.strided_slice(ctx, padded, [0, 0, *offset], end, [1, 1, *stride])
+        rows.append(emit.reshape(ctx, window, (1, count)))
+    first_max = emit.op(
+        ctx, "ARG_MAX", [emit.concat(ctx, rows, 0), emit.int32(ctx, 0)], {"outputType": "INT64"},
+        shape=(count,), dtype=np.int64,
+    )  # fmt: skip
+    plane = np.cumprod([1, *size[::-1]])[:-1][::-1]  # flat strides of the input plane/volume
+    offsets = np.array([np.dot(o, plane) for o in np.ndindex(*kernel)], np.int64)
+    delta = emit.op(
+        ctx, "GATHER", [ctx.const(offsets), first_max], {"axis": 0, "batchDims": 0}, shape=(count,), dtype=np.int64
+    )
+    corners = np.zeros(out, np.int64)
+    for axis, (o, s, p) in enumerate(zip(out, stride, padding)):
+        line = [1] * len(out)
+        line[axis] = o
+        corners += ((np.arange(o) * s - p) * plane[axis]).reshape(line)
+    flat = emit.reshape(ctx, delta, (n * c, int(np.prod(out))))
+    index = emit.binary(ctx, "ADD", flat, ctx.const(corners.reshape(1, -1)))
+    return emit.reshape(ctx, index, (n, c, *out))
 
 
 def _max_pool_nhwc(ctx, x_nhwc: Tensor, kernel, stride, padding, ceil_mode) -> Tensor:
@@ -181,6 +237,20 @@ def adaptive_avg_pool2d(ctx, x, output_size):
     return ctx.emit("BATCH_MATMUL", [rows, a_w_t], {"adjX": False, "adjY": False})
 
 
+@lowers(aten.adaptive_avg_pool1d.default)
+def adaptive_avg_pool1d(ctx, x, output_size):
+    """MEAN to one position, else x @ A^T with PyTorch's constant averaging matrix A
+    (what the decomposition computes, untraced)."""
+    if x.rank != 3 or x.is_dynamic:
+        raise NotImplementedError("adaptive_avg_pool1d on a batched 3-D static input only")
+    n, c, length = x.shape
+    out = _pair(output_size)[-1]
+    if out == 1:
+        return ctx.emit("MEAN", [x, emit.int32(ctx, [2])], {"keepDims": True})
+    a_t = ctx.const(adaptive_average_matrix(length, out).T.astype(x.dtype))
+    return emit.op(ctx, "BATCH_MATMUL", [x, a_t], {"adjX": False, "adjY": False}, shape=(n, c, out), dtype=x.dtype)
+
+
 @lowers(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(ctx, x, output_size):
     n, c, h, w = x.shape
@@ -231,8 +301,7 @@ def max_pool3d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=
     if _triple(dilation) != (1, 1, 1):
         raise emit.unsupported(ctx, "dilated 3-D max pooling", "Use dilation=1.")
     out = _pool3d(ctx, x, kernel, stride, padding, lambda c, t, k, s, p: _max_pool_nhwc(c, t, k, s, p, ceil_mode))
-    # The indices output is not representable: a use of it fails as an unsupported getitem.
-    return (out, None) if isinstance(ctx.meta, (tuple, list)) else out
+    return _with_indices(ctx, out, x, kernel, stride, padding, ceil_mode)
 
 
 @lowers(aten.avg_pool3d.default)

@@ -80,11 +80,11 @@ def upsample_nearest_exact2d(ctx, x, output_size, scales_h=None, scales_w=None):
     return _upsample_nearest(ctx, x, _scales(None, scales_h, scales_w), half_pixel=True)
 
 
-def _upsample_bilinear(ctx, x, align_corners, scales):
+def _upsample_bilinear(ctx, x, align_corners, scales, out_hw=None):
     if x.rank != 4:
         raise emit.unsupported(ctx, f"bilinear interpolation of a rank-{x.rank} tensor", "Use 4-D (N, C, H, W) input.")
     n, c, h, w = x.shape
-    out_hw = ctx.out_shape()[2:]
+    out_hw = tuple(out_hw or ctx.out_shape()[2:])
     if align_corners:
         return _resize_nhwc(ctx, "RESIZE_BILINEAR", x, out_hw, align_corners=True)
     matches = all(
@@ -97,7 +97,7 @@ def _upsample_bilinear(ctx, x, align_corners, scales):
     a_w_t = ctx.const(linear_weights(w, out_hw[1], False, scales[1]).T.astype(x.dtype))
     options = {"adjX": False, "adjY": False, "asymmetricQuantizeInputs": False}
     rows = emit.op(ctx, "BATCH_MATMUL", [a_h, x], options, shape=(n, c, out_hw[0], w), dtype=x.dtype)
-    return ctx.emit("BATCH_MATMUL", [rows, a_w_t], options)
+    return emit.op(ctx, "BATCH_MATMUL", [rows, a_w_t], options, shape=(n, c, *out_hw), dtype=x.dtype)
 
 
 @lowers(aten.upsample_bilinear2d.vec)
@@ -108,6 +108,31 @@ def upsample_bilinear2d_vec(ctx, x, output_size, align_corners, scale_factors):
 @lowers(aten.upsample_bilinear2d.default)
 def upsample_bilinear2d(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
     return _upsample_bilinear(ctx, x, align_corners, _scales(None, scales_h, scales_w))
+
+
+def _upsample_trilinear(ctx, x, align_corners, scales):
+    """Separable: bilinear over (H, W) of every depth slice, then the depth axis as one
+    matmul with PyTorch's constant linear weights (was a per-node decomposition trace)."""
+    if x.rank != 5 or x.is_dynamic:
+        raise NotImplementedError("trilinear upsampling of a static 5-D input only")
+    n, c, d, h, w = x.shape
+    od, oh, ow = ctx.out_shape()[2:]
+    planes = _upsample_bilinear(ctx, emit.reshape(ctx, x, (n, c * d, h, w)), align_corners, scales[1:], (oh, ow))
+    rows = emit.reshape(ctx, planes, (n, c, d, oh * ow))
+    a_d = ctx.const(linear_weights(d, od, align_corners, scales[0]).astype(x.dtype))
+    options = {"adjX": False, "adjY": False, "asymmetricQuantizeInputs": False}
+    y = emit.op(ctx, "BATCH_MATMUL", [a_d, rows], options, shape=(n, c, od, oh * ow), dtype=x.dtype)
+    return emit.reshape(ctx, y, (n, c, od, oh, ow))
+
+
+@lowers(aten.upsample_trilinear3d.vec)
+def upsample_trilinear3d_vec(ctx, x, output_size, align_corners, scale_factors):
+    return _upsample_trilinear(ctx, x, align_corners, list(scale_factors) if scale_factors else [None] * 3)
+
+
+@lowers(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(ctx, x, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_trilinear(ctx, x, align_corners, [scales_d, scales_h, scales_w])
 
 
 # ---- grid_sample: sampling at positions given by a tensor -----------------------------------
@@ -180,6 +205,29 @@ def _inside(ctx, ix: Tensor, iy: Tensor, w: int, h: int) -> Tensor:
     for check in checks[1:]:
         inside = emit.binary(ctx, "LOGICAL_AND", inside, check, dtype=np.bool_)
     return emit.cast(ctx, inside, np.float32)
+
+
+@lowers(aten.affine_grid_generator.default)
+def affine_grid_generator(ctx, theta, size, align_corners):
+    """grid = [x, y, 1] @ theta^T over PyTorch's own base grid (a constant), as one
+    BATCH_MATMUL (what the decomposition computes, without tracing it per call)."""
+    if len(size) != 4 or theta.is_dynamic or theta.rank != 3:
+        raise NotImplementedError("affine_grid_generator for 2-D grids of static shape only")
+    n, c, h, w = (int(v) for v in size)
+    with torch.no_grad():
+        xy = torch.nn.functional.affine_grid(torch.eye(2, 3)[None], [1, c, h, w], align_corners=align_corners)
+    base = torch.cat([xy, torch.ones(1, h, w, 1)], -1).reshape(1, h * w, 3).numpy().astype(theta.dtype)
+    options = {"adjX": False, "adjY": True, "asymmetricQuantizeInputs": False}
+    grid = emit.op(ctx, "BATCH_MATMUL", [ctx.const(base), theta], options, shape=(n, h * w, 2), dtype=theta.dtype)
+    return emit.reshape(ctx, grid, (n, h, w, 2))
+
+
+@lowers(aten.grid_sampler.default)
+def grid_sampler(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
+    """What `F.grid_sample` exports as: the 2-D sampler for a 4-D input."""
+    if x.rank != 4:
+        raise NotImplementedError("grid_sampler on a non-4-D input")
+    return grid_sampler_2d(ctx, x, grid, interpolation_mode, padding_mode, align_corners)
 
 
 @lowers(aten.grid_sampler_2d.default)

@@ -382,3 +382,30 @@ def chunk(ctx, x, chunks, dim=0):
 @lowers(aten.to.device, aten.to.other)
 def to_device(ctx, x, *args, **kwargs):
     return to_copy(ctx, x)
+
+
+@lowers(aten.meshgrid.indexing, aten.meshgrid.default)
+def meshgrid(ctx, tensors, indexing="ij"):
+    """Each 1-D input reshaped onto its own axis and broadcast to the grid (numpy for
+    constants). With indexing="xy" the first two axes of the grid are swapped."""
+    if any(t.rank > 1 or t.is_dynamic for t in tensors):
+        raise NotImplementedError("meshgrid of dynamic or non-1-D tensors")
+    sizes = [t.shape[0] if t.rank else 1 for t in tensors]
+    axes = list(range(len(tensors)))
+    if indexing == "xy" and len(tensors) > 1:
+        axes[0], axes[1] = 1, 0
+    grid = [0] * len(tensors)
+    for axis, size in zip(axes, sizes):
+        grid[axis] = size
+    outputs = []
+    for t, axis in zip(tensors, axes):
+        shape = [1] * len(grid)
+        shape[axis] = grid[axis]
+        if t.is_const:
+            outputs.append(ctx.const(np.ascontiguousarray(np.broadcast_to(t.data.reshape(shape), grid))))
+        else:
+            column = emit.reshape(ctx, t, shape)
+            outputs.append(
+                emit.op(ctx, "BROADCAST_TO", [column, emit.int32(ctx, grid)], shape=tuple(grid), dtype=t.dtype)
+            )
+    return outputs

@@ -28,6 +28,7 @@ from .fuse_gelu import fuse_gelu
 from .narrow_int64_indices import narrow_int64_indices
 from .remove_dead_code import remove_dead_code
 from .simplify_reshapes import simplify_reshapes
+from .sink_row_slices import sink_row_slices
 from .to_nhwc import to_nhwc
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "narrow_int64_indices",
     "fuse_gelu",
     "fold_reshapes_into_fully_connected",
+    "sink_row_slices",
     "run_pass",
     "validate_between_passes",
 ]
@@ -90,6 +92,7 @@ def run_pass(graph_pass: Callable[[Graph], Graph], graph: Graph) -> bool:
 # One round of the loop, in order (see optimize_graph).
 ROUND = (
     fold_constants,
+    sink_row_slices,
     fuse_gelu,
     fold_reshapes_into_fully_connected,
     to_nhwc,
@@ -111,6 +114,8 @@ def optimize_graph(graph: Graph) -> Graph:
        become plain constants, so the layout pass only sees activation transposes;
        then fuse_gelu: a hand-written tanh GELU (GPT-2) becomes one GELU op, and
        fold_reshapes_into_fully_connected: flatten -> FC -> unflatten is one FC;
+       sink_row_slices (before them): a slice of rows (an LM's last position, a ViT's
+       class token) moves above the row-wise ops that computed the rows it drops;
     3. to_nhwc: sink and cancel the NCHW<->NHWC transposes; per-channel constants are
        transposed on the way, so batch norm's MUL/ADD now broadcast on the last axis;
        it ends with simplify_reshapes (unit-dim transposes, reshape chains, a

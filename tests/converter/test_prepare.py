@@ -69,3 +69,41 @@ def test_convert_reports_the_prepare_stage_timing():
 
     edge = convert(torch.nn.Linear(4, 3), (torch.randn(2, 4),))
     assert "prepare" in edge.timings
+
+
+def _count_prepares(monkeypatch) -> list[bool]:
+    """Record each preparation's `use_xnnpack` flag."""
+    import runtimes.litert as litert
+
+    calls, real = [], litert._prepare_all
+
+    def recording(content, use_xnnpack):
+        calls.append(use_xnnpack)
+        return real(content, use_xnnpack)
+
+    monkeypatch.setattr(litert, "_prepare_all", recording)
+    return calls
+
+
+def test_a_file_whose_stored_shapes_the_kernels_confirm_skips_the_delegates_preparation(monkeypatch):
+    calls = _count_prepares(monkeypatch)
+    edge = convert_small_cnn()
+    assert calls == [False]
+    assert "prepare" in edge.timings
+
+
+def test_a_stored_shape_the_kernels_recompute_differently_also_prepares_with_xnnpack(monkeypatch):
+    from runtimes.litert import prepare_model
+
+    b = GraphBuilder()
+    y = b.op("RESHAPE", [b.op("RELU", [b.input((1, 6))]), b.const([2, 3], np.int32)], shape=(3, 2))  # file says (3, 2)
+    calls = _count_prepares(monkeypatch)
+    prepare_model(write_flatbuffer(ir.Model([b.output(y)])))  # XNNPACK accepts it: the check passes
+    assert calls == [False, True]
+
+
+def convert_small_cnn():
+    from litert_torch import convert
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    return convert(model, (torch.randn(1, 3, 8, 8),))

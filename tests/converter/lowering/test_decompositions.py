@@ -201,6 +201,64 @@ def test_ops_torch_export_leaves_whole_lower_directly(monkeypatch, module, args,
     assert "decompose" not in edge.timings
 
 
+class _Grid(nn.Module):
+    """meshgrid of a constant and of a run-time vector, both indexings."""
+
+    def forward(self, s):
+        gy, gx = torch.meshgrid(torch.arange(4.0), torch.arange(3.0), indexing="xy")
+        hy, hx = torch.meshgrid(s, s * 2, indexing="ij")
+        return (gy + gx).sum() + hy * hx
+
+
+V = torch.randn(2, 3, 11)
+CLIP = torch.randn(1, 2, 3, 6, 7)
+
+
+@pytest.mark.parametrize(
+    "module, args, direct",
+    [
+        (nn.Conv3d(2, 4, (2, 3, 3), padding=1), (CLIP,), aten.conv3d.default),
+        (nn.ConvTranspose3d(2, 3, 2, stride=2), (CLIP,), aten.conv_transpose3d.input),
+        (
+            Fn(lambda x, g: F.grid_sample(x, g, align_corners=False)),
+            (X, torch.rand(1, 5, 4, 2) * 2 - 1),
+            aten.grid_sampler.default,
+        ),
+        (nn.AdaptiveAvgPool1d(5), (V,), aten.adaptive_avg_pool1d.default),
+        (nn.AdaptiveAvgPool1d(1), (V,), aten.adaptive_avg_pool1d.default),
+        (_Grid(), (torch.randn(5),), aten.meshgrid.indexing),
+        (Fn(lambda v: torch.diff(v, n=2) + torch.diff(v, dim=1, prepend=v[:, :1]).sum()), (V,), aten.diff.default),
+        (Fn(lambda v: v * torch.linspace(-1, 1, 11)), (V,), aten.linspace.default),
+        (Fn(lambda x: F.interpolate(x, scale_factor=2, mode="trilinear")), (CLIP,), aten.upsample_trilinear3d.vec),
+        (
+            Fn(lambda x: F.interpolate(x, size=(5, 4, 9), mode="trilinear", align_corners=True)),
+            (CLIP,),
+            aten.upsample_trilinear3d.vec,
+        ),
+        (Fn(lambda x: F.interpolate(x, scale_factor=1.7, mode="trilinear")), (CLIP,), aten.upsample_trilinear3d.vec),
+        (
+            Fn(lambda t: F.affine_grid(t, [2, 3, 5, 7], align_corners=False)),
+            (torch.randn(2, 2, 3),),
+            aten.affine_grid_generator.default,
+        ),
+        (
+            Fn(lambda t: F.affine_grid(t, [2, 3, 5, 7], align_corners=True)),
+            (torch.randn(2, 2, 3),),
+            aten.affine_grid_generator.default,
+        ),
+    ],
+)
+def test_ops_that_were_traced_per_node_lower_directly(monkeypatch, module, args, direct):
+    """Each used to cost a per-node decomposition trace (10-100 ms, more than the rest of
+    a small model's conversion); now one lowering, same numbers."""
+    import converter.pipeline as pipeline
+
+    traced = []
+    monkeypatch.setattr(pipeline._GraphWalk, "_trace", lambda self, node, target: traced.append(target))
+    edge, seen = _lowered_targets(monkeypatch, module.eval(), args)
+    assert direct in seen and not traced, (seen, traced)
+
+
 def _pad_rows(x):
     """A decomposition that fills a fresh tensor through slice views (as some of
     PyTorch's composite kernels do, e.g. _pad_circular's)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -86,3 +87,39 @@ def test_interpolate(name):
 def test_bilinear_x2_is_one_resize():
     edge = assert_converts(Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")), (X,))
     assert opcodes(edge).count("RESIZE_BILINEAR") == 1
+
+
+class _PoolWithIndices(nn.Module):
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, x):
+        values, indices = self.pool(x)
+        return values, indices, values + indices.float() * 1e-3  # the indices also feed an op
+
+
+@pytest.mark.parametrize(
+    "pool, shape",
+    [
+        (nn.MaxPool2d(3, 2, 1, return_indices=True), (1, 3, 9, 10)),
+        (nn.MaxPool2d(2, return_indices=True), (2, 4, 8, 8)),
+        (nn.MaxPool2d(3, 2, ceil_mode=True, return_indices=True), (1, 2, 8, 9)),
+        (nn.MaxPool3d(2, return_indices=True), (1, 2, 4, 6, 6)),
+        (nn.MaxPool3d(3, 2, 1, ceil_mode=True, return_indices=True), (2, 3, 5, 7, 6)),
+        (nn.MaxPool3d((1, 2, 2), return_indices=True), (1, 2, 3, 4, 4)),
+    ],
+    ids=["2d_k3_s2_p1", "2d_k2", "2d_ceil", "3d_k2", "3d_k3_s2_p1_ceil", "3d_1x2x2"],
+)
+def test_max_pool_indices_equal_pytorchs(pool, shape):
+    import litert_torch
+
+    x = torch.randn(*shape)
+    x[:, :, 1] = 0.5  # a plane of ties: PyTorch picks the first maximum in each window
+    module = _PoolWithIndices(pool).eval()
+    values, indices, mixed = litert_torch.convert(module, (x,))(x)
+    ref_values, ref_indices, ref_mixed = module(x)
+    assert indices.dtype == np.int64
+    assert (indices == ref_indices.numpy()).all()
+    assert (values == ref_values.numpy()).all()
+    assert abs(mixed - ref_mixed.numpy()).max() <= 1e-5 * abs(ref_mixed.numpy()).max()
