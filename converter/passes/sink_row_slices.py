@@ -91,7 +91,11 @@ def _operand_axes(producer: Op, y: Tensor, a: int) -> list[int | None] | None:
         return axes
     if code in ROW_REDUCERS or code in ("SOFTMAX", "LOG_SOFTMAX"):
         if code in ROW_REDUCERS:
-            reduced = [int(v) % inputs[0].rank for v in np.asarray(inputs[1].data).reshape(-1)] if inputs[1].is_const else None
+            reduced = (
+                [int(v) % inputs[0].rank for v in np.asarray(inputs[1].data).reshape(-1)]
+                if inputs[1].is_const
+                else None
+            )
             if reduced is None or not producer.options.get("keepDims", False) or a in reduced:
                 return None
         elif a == y.rank - 1:
@@ -138,7 +142,9 @@ def _sink_once(graph: Graph, uses: Uses, slice_op: Op) -> bool:
     axes = _operand_axes(producer, y, a)
     if axes is None or all(ax is None for ax in axes):
         return False
-    if any(ax is not None and t.quant is not None and np.size(t.quant.scale) > 1 for t, ax in zip(producer.inputs, axes)):
+    if any(
+        ax is not None and t.quant is not None and np.size(t.quant.scale) > 1 for t, ax in zip(producer.inputs, axes)
+    ):
         return False  # per-channel parameters would need slicing too
     new_ops, sliced = [], {}
     position = {id(op): k for k, op in enumerate(graph.ops)}
