@@ -78,32 +78,7 @@ class KnownFailure:
 # OpInfo entries that cannot run on the device by design. Key: the entry's id
 # (`name` or `name.variant`); value: why. Prefix keys ending in "." cover a family.
 SKIPS: dict[str, str] = {
-    # complex numbers: the device has no complex dtype
-    **{
-        f"fft.{name}": "uses torch.fft: complex input or output, complex dtype unsupported on the tpu device"
-        for name in (
-            "fft",
-            "fft2",
-            "fftn",
-            "hfft",
-            "hfft2",
-            "hfftn",
-            "rfft",
-            "rfft2",
-            "rfftn",
-            "ifft",
-            "ifft2",
-            "ifftn",
-            "ihfft",
-            "ihfft2",
-            "ihfftn",
-            "irfft",
-            "irfft2",
-            "irfftn",
-        )
-    },
-    "stft": "complex output (torch.stft): complex dtype unsupported on the tpu device",
-    "istft": "complex input (torch.istft): complex dtype unsupported on the tpu device",
+    # complex numbers
     "view_as_complex": "complex output: complex dtype unsupported on the tpu device",
     "polar": "complex output: complex dtype unsupported on the tpu device",
     "complex": "complex output: complex dtype unsupported on the tpu device",
