@@ -1,4 +1,5 @@
-"""Discrete Fourier transforms: the three ATen primitives every torch.fft/stft call reaches.
+"""Discrete Fourier transforms (the three ATen primitives every torch.fft/stft call reaches)
+and building complex tensors from real parts.
 
 ATen's `normalization` argument: 0 none, 1 by 1/sqrt(n), 2 by 1/n, where n is the product
 of the signal sizes over `dim` (for c2r, the sizes of the real output). JAX's transforms
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -51,3 +53,13 @@ def fft_c2r(x, dim, normalization, last_dim_size):
     sizes = [x.shape[a] for a in axes[:-1]] + [int(last_dim_size)]
     out = jnp.fft.irfftn(x, s=sizes, axes=axes, norm="forward")
     return _normalized(out, sizes, normalization)
+
+
+@lowers(aten.complex.default)
+def complex_from_parts(real, imag):
+    return jax.lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lowers(aten.polar.default)
+def polar(magnitude, angle):
+    return jax.lax.complex(*jnp.broadcast_arrays(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle)))

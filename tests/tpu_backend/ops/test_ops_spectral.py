@@ -26,3 +26,8 @@ def test_torch_fft_on_device():
     x = torch.randn(4, 8)
     for fn in (torch.fft.rfft, torch.fft.ihfft, lambda t: torch.fft.irfft(torch.fft.rfft(t), n=8)):
         torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), **TOL)  # ihfft writes conj_physical.out
+
+
+def test_complex_from_parts_broadcasts():
+    check(aten.complex.default, torch.randn(3, 1), torch.randn(4), **TOL)
+    check(aten.polar.default, torch.rand(3, 4), torch.randn(4) * 3, **TOL)
