@@ -276,14 +276,6 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
         "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
         "no lowering for aten.special_airy_ai yet: JAX has no Airy function (needs a Cephes-style rational approximation)",
     ),
-    "special.bessel_y0": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "no lowering for aten.special_bessel_y0 yet: JAX has no Bessel Y0",
-    ),
-    "special.bessel_y1": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "no lowering for aten.special_bessel_y1 yet: JAX has no Bessel Y1",
-    ),
 }
 # The same for the sampled forward pass (2 samples) in other dtypes.
 KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
@@ -390,14 +382,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 20 (15.0%) | Greatest absolute difference: nan at index (3,) (up to 1e-05 allowed)",
             "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
         ),
-        "special.bessel_y0": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-            "no lowering for aten.special_bessel_y0.out yet",
-        ),
-        "special.bessel_y1": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-            "no lowering for aten.special_bessel_y1.out yet",
-        ),
     },
     torch.bool: {
         "equal": KnownFailure(
@@ -495,14 +479,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
         "special.bessel_j1": KnownFailure(
             "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 11 / 20 (55.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)",
             "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
-        ),
-        "special.bessel_y0": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-            "no lowering for aten.special_bessel_y0.out yet",
-        ),
-        "special.bessel_y1": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-            "no lowering for aten.special_bessel_y1.out yet",
         ),
     },
 }
