@@ -306,9 +306,25 @@ def read(t: torch.Tensor, payload: StoragePayload | None = None) -> jax.Array:
     shape = t.shape
     offset = t.storage_offset()
     if offset == 0 and t.is_contiguous() and shape == base.shape:
-        return base  # fast path: the tensor is its whole storage
-    geometry = (tuple(shape), tuple(t.stride()), offset)
-    return apply(("gather", *geometry), _gather_fn(*geometry), base)
+        value = base  # fast path: the tensor is its whole storage
+    else:
+        geometry = (tuple(shape), tuple(t.stride()), offset)
+        value = apply(("gather", *geometry), _gather_fn(*geometry), base)
+    if t.is_conj() or t.is_neg():
+        return _apply_math_bits(t, value)
+    return value
+
+
+def _apply_math_bits(t: torch.Tensor, value):
+    """The lazy conjugate / negative bits of a view (`x.conj()`, `x.conj().imag`), applied.
+
+    ATen sets only a bit on such views and lets each backend's copy and the math-bit fallbacks
+    resolve it; the device resolves it wherever it reads (and, inverted, where it writes)."""
+    if t.is_conj():
+        value = apply(("conj",), jnp.conj, value)
+    if t.is_neg():
+        value = apply(("neg",), jnp.negative, value)
+    return value
 
 
 def write(t: torch.Tensor, value: jax.Array) -> None:
@@ -322,6 +338,8 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
         value = value.astype(target)
     if value.shape != shape:
         value = apply(("broadcast_to", shape), functools.partial(jnp.broadcast_to, shape=shape), value)
+    if t.is_conj() or t.is_neg():  # writing through x.conj(): store the conjugate
+        value = _apply_math_bits(t, value)
     if _covers_storage(t, payload):
         payload.array = value
         return

@@ -78,39 +78,11 @@ class KnownFailure:
 # OpInfo entries that cannot run on the device by design. Key: the entry's id
 # (`name` or `name.variant`); value: why. Prefix keys ending in "." cover a family.
 SKIPS: dict[str, str] = {
-    # complex numbers: the device has no complex dtype
-    **{
-        f"fft.{name}": "uses torch.fft: complex input or output, complex dtype unsupported on the tpu device"
-        for name in (
-            "fft",
-            "fft2",
-            "fftn",
-            "hfft",
-            "hfft2",
-            "hfftn",
-            "rfft",
-            "rfft2",
-            "rfftn",
-            "ifft",
-            "ifft2",
-            "ifftn",
-            "ihfft",
-            "ihfft2",
-            "ihfftn",
-            "irfft",
-            "irfft2",
-            "irfftn",
-        )
-    },
-    "stft": "complex output (torch.stft): complex dtype unsupported on the tpu device",
-    "istft": "complex input (torch.istft): complex dtype unsupported on the tpu device",
-    "view_as_complex": "complex output: complex dtype unsupported on the tpu device",
-    "polar": "complex output: complex dtype unsupported on the tpu device",
-    "complex": "complex output: complex dtype unsupported on the tpu device",
-    "cdouble": "converts to complex128: complex dtype unsupported on the tpu device",
-    "chalf": "converts to complex32: complex dtype unsupported on the tpu device",
-    "linalg.eig": "complex output (eigenvectors of a general matrix): complex dtype unsupported",
-    "linalg.eigvals": "complex output (eigenvalues of a general matrix): complex dtype unsupported",
+    # complex numbers
+    "cdouble": "converts to complex128: the tpu device holds complex64 only",
+    "chalf": "converts to complex32: JAX has no complex32 dtype",
+    "linalg.eig": "eigen-decomposition of a general matrix: JAX implements it on CPU only (no TPU lowering)",
+    "linalg.eigvals": "eigen-decomposition of a general matrix: JAX implements it on CPU only (no TPU lowering)",
     # sparse layouts
     "to_sparse": "sparse layout: the tpu device holds dense tensors only",
     "sparse.sampled_addmm": "sparse layout: the tpu device holds dense tensors only",
@@ -232,6 +204,38 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
 KNOWN_FAILURES: dict[str, KnownFailure] = {
+    "view_as_complex": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_complex.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+        "a complex view of float storage (the inverse of view_as_real) is not modelled by the device yet",
+    ),
+    "stft": KnownFailure(
+        "fail at sample 1: TpuLoweringError: no tpu lowering for aten.view_as_real.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
+        "view_as_real (a float view of complex storage) is not modelled by the device yet; stft with return_complex=False reaches it",
+    ),
+    "fft.hfft": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
+        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
+    ),
+    "fft.hfft2": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
+        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
+    ),
+    "fft.hfftn": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
+        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
+    ),
+    "fft.irfft": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
+        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
+    ),
+    "fft.irfft2": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
+        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
+    ),
+    "fft.irfftn": KnownFailure(
+        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
+        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
+    ),
     "nn.functional.rrelu": KnownFailure(
         "fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
         "no lowering for aten.rrelu_with_noise.default yet",
@@ -271,30 +275,6 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
     "special.airy_ai": KnownFailure(
         "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
         "no lowering for aten.special_airy_ai yet: JAX has no Airy function (needs a Cephes-style rational approximation)",
-    ),
-    "special.bessel_y0": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "no lowering for aten.special_bessel_y0 yet: JAX has no Bessel Y0",
-    ),
-    "special.bessel_y1": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "no lowering for aten.special_bessel_y1 yet: JAX has no Bessel Y1",
-    ),
-    "special.modified_bessel_k0": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
-        "no lowering for aten.special_modified_bessel_k0 yet: JAX has no Bessel K0",
-    ),
-    "special.modified_bessel_k1": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
-        "no lowering for aten.special_modified_bessel_k1 yet: JAX has no Bessel K1",
-    ),
-    "special.scaled_modified_bessel_k0": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
-        "no lowering for aten.special_scaled_modified_bessel_k0 yet: JAX has no Bessel K0",
-    ),
-    "special.scaled_modified_bessel_k1": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
-        "no lowering for aten.special_scaled_modified_bessel_k1 yet: JAX has no Bessel K1",
     ),
 }
 # The same for the sampled forward pass (2 samples) in other dtypes.
@@ -402,30 +382,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 3 / 20 (15.0%) | Greatest absolute difference: nan at index (3,) (up to 1e-05 allowed)",
             "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
         ),
-        "special.bessel_y0": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-            "no lowering for aten.special_bessel_y0.out yet",
-        ),
-        "special.bessel_y1": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-            "no lowering for aten.special_bessel_y1.out yet",
-        ),
-        "special.modified_bessel_k0": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
-            "no lowering for aten.special_modified_bessel_k0.out yet",
-        ),
-        "special.modified_bessel_k1": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
-            "no lowering for aten.special_modified_bessel_k1.out yet",
-        ),
-        "special.scaled_modified_bessel_k0": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
-            "no lowering for aten.special_scaled_modified_bessel_k0.out yet",
-        ),
-        "special.scaled_modified_bessel_k1": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
-            "no lowering for aten.special_scaled_modified_bessel_k1.out yet",
-        ),
     },
     torch.bool: {
         "equal": KnownFailure(
@@ -523,30 +479,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
         "special.bessel_j1": KnownFailure(
             "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 11 / 20 (55.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)",
             "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
-        ),
-        "special.bessel_y0": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-            "no lowering for aten.special_bessel_y0.out yet",
-        ),
-        "special.bessel_y1": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_bessel_y1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-            "no lowering for aten.special_bessel_y1.out yet",
-        ),
-        "special.modified_bessel_k0": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
-            "no lowering for aten.special_modified_bessel_k0.out yet",
-        ),
-        "special.modified_bessel_k1": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLB",
-            "no lowering for aten.special_modified_bessel_k1.out yet",
-        ),
-        "special.scaled_modified_bessel_k0": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k0.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
-            "no lowering for aten.special_scaled_modified_bessel_k0.out yet",
-        ),
-        "special.scaled_modified_bessel_k1": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_scaled_modified_bessel_k1.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CP",
-            "no lowering for aten.special_scaled_modified_bessel_k1.out yet",
         ),
     },
 }

@@ -1,5 +1,7 @@
 """The `torch.tpu` module and the tensor surface a CUDA user expects."""
 
+import os
+
 import pytest
 import torch
 
@@ -108,3 +110,30 @@ def test_dataloader_with_pin_memory_feeds_the_device():
         for x, _ in torch.utils.data.DataLoader(data, batch_size=2, pin_memory=True)
     ]
     assert totals == [6.0, 22.0]
+
+
+def _memory_mappings() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for _ in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts Linux memory mappings")
+def test_compiled_programs_are_bounded(monkeypatch):
+    """Each compiled program holds memory mappings; past the bound the caches are dropped, so
+    a process compiling without end (a full OpInfo sweep) cannot exhaust vm.max_map_count."""
+    from tpu_backend.eager import runner
+
+    monkeypatch.setattr(runner, "MAX_LIVE_PROGRAMS", 6)
+    monkeypatch.setattr(runner, "_warned_eviction", False)
+    torch.tpu.empty_cache()
+    torch.tpu.reset_cache_stats()
+    before = _memory_mappings()
+    with pytest.warns(RuntimeWarning, match="programs compiled") as warned:
+        for n in range(1, 21):  # 20 shapes x 3 ops: 60 programs, about 2.7 mappings each
+            x = torch.arange(n, dtype=torch.float32)
+            torch.testing.assert_close(((x.to("tpu") * 2 + 1).sin()).cpu(), (x * 2 + 1).sin())
+    stats = torch.tpu.cache_stats()
+    assert len(warned) == 1  # warned once, however many evictions
+    assert stats["misses"] >= 60 and stats["evictions"] >= 60 // 7
+    assert runner.live_programs() <= 6
+    assert _memory_mappings() - before < 80  # unbounded, these 60 programs keep ~160

@@ -140,3 +140,16 @@ def test_channels_last_layout_is_kept():
     torch.testing.assert_close((on_tpu * 2).cpu(), x * 2, rtol=0, atol=0)
     empty = torch.empty(2, 3, 4, 5, device="tpu", memory_format=torch.channels_last)
     assert empty.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_conjugate_view_reads_and_writes_conjugated():
+    """`x.conj()` only sets a bit on a view; the device must honour it wherever it reads or writes."""
+    x = torch.randn(4, dtype=torch.complex64)
+    view = x.to("tpu").conj()
+    assert view.is_conj()
+    torch.testing.assert_close(view.cpu(), x.conj())
+    torch.testing.assert_close((view * 2).cpu(), x.conj() * 2)  # resolved through clone
+    base = x.to("tpu")
+    base.conj().mul_(2)  # writes through the conjugate view
+    torch.testing.assert_close(base.cpu(), x * 2)
+    torch.testing.assert_close(torch.fft.ihfft(x.real.to("tpu")).cpu(), torch.fft.ihfft(x.real), atol=1e-5, rtol=1e-5)

@@ -135,8 +135,15 @@ def _functionalized_kernel(op):
 
 def _register_op(op) -> int:
     """Register `op`'s kernel and its derived in-place and out variants; returns how many."""
-    if (op, "PrivateUse1") in _REGISTERED or _is_composite_implicit(op):
+    if (op, "PrivateUse1") in _REGISTERED:
         return 0
+    if _is_composite_implicit(op):
+        # the op decomposes, but its `.out` may be a real kernel (conj_physical.out, which
+        # torch.fft.ihfft calls): that one runs the table's lowering
+        out_op = out_variant(op)
+        if out_op is None or out_op in JAX_LOWERINGS or _is_composite_implicit(out_op):
+            return 0
+        return register_kernel(out_op, _out_kernel(op, out_op))
     lowering = JAX_LOWERINGS[op]
     added = register_kernel(op, _functionalized_kernel(op) if lowering.functionalized else _functional_kernel(op))
     inplace = inplace_variant(op)

@@ -10,7 +10,9 @@ the same bound function instead of running it (`tpu_backend/fused.py`).
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -32,9 +34,16 @@ class JitCacheStats:
         self.hits = 0
         self.misses = 0
         self.compile_seconds = 0.0
+        self.evictions = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(requests=self.requests, hits=self.hits, misses=self.misses, compile_seconds=self.compile_seconds)
+        return dict(
+            requests=self.requests,
+            hits=self.hits,
+            misses=self.misses,
+            compile_seconds=self.compile_seconds,
+            evictions=self.evictions,
+        )
 
 
 CACHE_STATS = JitCacheStats()
@@ -56,6 +65,7 @@ def _run_jitted(fn: Callable, dynamic: list):
     if fn._cache_size() != before:
         CACHE_STATS.misses += 1
         CACHE_STATS.compile_seconds += time.perf_counter() - start
+        _count_compiled_program()
     else:
         CACHE_STATS.hits += 1
     return out
@@ -157,8 +167,48 @@ def execute(op, args, kwargs):
     return runner(op)(args, kwargs)
 
 
+# Each compiled XLA executable keeps memory mappings alive; a process that compiles without
+# bound (a sweep over every op and shape) exhausts vm.max_map_count (65530) and dies in LLVM
+# with "Cannot allocate memory". So past this many programs compiled since the last flush,
+# every cached program is dropped and recompiled on next use: a working set smaller than the
+# limit costs one recompile per `limit` compiles. Counted on misses only: hits pay nothing.
+MAX_LIVE_PROGRAMS = int(os.environ.get("TPU_MAX_LIVE_PROGRAMS", "2000"))
+_live_programs = 0
+_warned_eviction = False
+
+
+def _count_compiled_program() -> None:
+    global _live_programs
+    _live_programs += 1
+    if _live_programs > MAX_LIVE_PROGRAMS:
+        evict_compiled_programs()
+
+
+def evict_compiled_programs() -> None:
+    """Drop every strict-mode program and JAX's caches (counted in cache_stats()["evictions"])."""
+    global _warned_eviction
+    CACHE_STATS.evictions += 1
+    if not _warned_eviction:
+        _warned_eviction = True
+        warnings.warn(
+            f"tpu: more than {MAX_LIVE_PROGRAMS} programs compiled; dropping the jit caches "
+            "(set TPU_MAX_LIVE_PROGRAMS to change the bound)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    clear_jit_cache()
+    jax.clear_caches()
+
+
+def live_programs() -> int:
+    """Programs compiled by strict mode since the last flush (bounded by MAX_LIVE_PROGRAMS)."""
+    return _live_programs
+
+
 def clear_jit_cache() -> None:
     """Forget the per-op jitted functions (they are rebuilt on next use)."""
+    global _live_programs
+    _live_programs = 0
     for op_runner in _RUNNERS.values():
         op_runner.jitted.clear()
         op_runner.bound.clear()

@@ -29,6 +29,7 @@ from tpu_backend.ops import (  # noqa: F401  (each import registers a family)
     sampling,
     shape,
     sort,
+    spectral,
     views,
 )
 from tpu_backend.ops.registry import (
