@@ -204,38 +204,6 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
 KNOWN_FAILURES: dict[str, KnownFailure] = {
-    "view_as_complex": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_complex.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "a complex view of float storage (the inverse of view_as_real) is not modelled by the device yet",
-    ),
-    "stft": KnownFailure(
-        "fail at sample 1: TpuLoweringError: no tpu lowering for aten.view_as_real.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; stft with return_complex=False reaches it",
-    ),
-    "fft.hfft": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.hfft2": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.hfftn": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.irfft": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.irfft2": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.irfftn": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
     "nn.functional.rrelu": KnownFailure(
         "fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
         "no lowering for aten.rrelu_with_noise.default yet",
