@@ -40,6 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
+from torch.testing._internal.opinfo.core import SampleInput
+
+from tests.tpu_backend import opinfo_random
+from tests.tpu_backend.opinfo_random import RANDOM_CHECKS
 
 # The device under test; "cpu" checks the harness against itself.
 DEVICE = os.environ.get("PARITY_DEVICE", "tpu")
@@ -100,7 +104,10 @@ SKIPS: dict[str, str] = {
     ),
 }
 
-# Ops whose outputs are random or uninitialised: only shape, dtype and device are compared.
+# Ops whose outputs are random or uninitialised: only shape, dtype and device are compared
+# against CPU. The random ones in `opinfo_random.RANDOM_CHECKS` are also value-checked on
+# the device (same seed -> same values, support, moments, dropout's kept fraction and
+# scaling) and count as "pass" when those checks pass.
 SHAPE_ONLY: dict[str, str] = (
     {
         name: "random output: the device draws from jax.random, values cannot match torch's CPU generator"
@@ -768,9 +775,38 @@ def _names_no_device(sample) -> bool:
     return "device" not in sample.kwargs and not has_tensor((sample.input, sample.args, sample.kwargs))
 
 
+def _run_on_device(op, sample, moved, seed: int):
+    torch.manual_seed(seed)
+    if _names_no_device(sample):
+        # a factory call without tensors or device= (`torch.arange(2)`) builds on the default
+        # device: on the device side that is the device under test, as a user would set it
+        with torch.device(DEVICE):
+            return op(moved.input, *moved.args, **moved.kwargs)
+    return op(moved.input, *moved.args, **moved.kwargs)
+
+
+def _check_random_values(op, sample, pristine, actual, seed: int) -> None:
+    """A random op's device output: the same seed gives the same values, and the values fit
+    the distribution (`opinfo_random.RANDOM_CHECKS`)."""
+    inputs, args, kwargs = opinfo_random.snapshot(pristine)
+    again = move_sample(SampleInput(inputs, args=args, kwargs=kwargs), DEVICE)
+    repeated = _run_on_device(op, sample, again, seed)
+    for first, second in zip(_flatten(actual), _flatten(repeated)):
+        if isinstance(first, torch.Tensor) and not torch.equal(first.cpu(), second.cpu()):
+            raise Mismatch("output: the same seed gave different values on the device")
+    out = _flatten(actual)[0].detach().cpu()
+    try:
+        RANDOM_CHECKS[op_id(op)]({"input": pristine[0], "args": pristine[1], "kwargs": pristine[2]}, out)
+    except opinfo_random.RandomCheckFailed as error:
+        raise Mismatch(f"output: {error}") from None
+
+
 def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int, notes: list) -> bool:
     """Run one sample on CPU and on the device and compare; True if gradients were compared.
     Float32 mismatches that are CPU's rounding (see `_judge_by_float64`) add to `notes`."""
+    pristine = (
+        opinfo_random.snapshot((sample.input, sample.args, sample.kwargs)) if op_id(op) in RANDOM_CHECKS else None
+    )
     moved = move_sample(sample, DEVICE, keep_args_on_host=op_id(op) in HOST_ARGS)
     cpu_leaves: list = []
     _collect_leaves((sample.input, sample.args, sample.kwargs), cpu_leaves)
@@ -783,14 +819,9 @@ def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int, not
     # the seed check cannot see: a positive dropout_p means random values too.
     draws_dropout = (sample.kwargs.get("dropout_p") or 0) > 0 or _mha_dropout(op, sample)
     shape_only = shape_only or draws_dropout or _is_random_sample(op, sample, expected, seed)
-    torch.manual_seed(seed)
-    if _names_no_device(sample):
-        # a factory call without tensors or device= (`torch.arange(2)`) builds on the default
-        # device: on the device side that is the device under test, as a user would set it
-        with torch.device(DEVICE):
-            actual = op(moved.input, *moved.args, **moved.kwargs)
-    else:
-        actual = op(moved.input, *moved.args, **moved.kwargs)
+    actual = _run_on_device(op, sample, moved, seed)
+    if pristine is not None:
+        _check_random_values(op, sample, pristine, actual, seed)
     if op_id(op) in SIGN_INVARIANT:
         actual = _align_signs(actual, expected, SIGN_INVARIANT[op_id(op)])
     try:
@@ -947,7 +978,7 @@ def check_op(
     shape_only = name in SHAPE_ONLY
     wants_grad = check_grad and op.supports_autograd and dtype.is_floating_point
     start = time.perf_counter()
-    result = OpResult(name, dtype, "shape-only" if shape_only else "pass")
+    result = OpResult(name, dtype, "shape-only" if shape_only and name not in RANDOM_CHECKS else "pass")
     try:
         torch.manual_seed(0)
         samples = op.sample_inputs("cpu", dtype, requires_grad=wants_grad)
