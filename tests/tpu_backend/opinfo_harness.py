@@ -36,11 +36,11 @@ import os
 import re
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
-from torch.testing._internal.opinfo.core import SampleInput
 
 from tests.tpu_backend import opinfo_random
 from tests.tpu_backend.opinfo_random import RANDOM_CHECKS
@@ -789,7 +789,7 @@ def _check_random_values(op, sample, pristine, actual, seed: int) -> None:
     """A random op's device output: the same seed gives the same values, and the values fit
     the distribution (`opinfo_random.RANDOM_CHECKS`)."""
     inputs, args, kwargs = opinfo_random.snapshot(pristine)
-    again = move_sample(SampleInput(inputs, args=args, kwargs=kwargs), DEVICE)
+    again = move_sample(types.SimpleNamespace(input=inputs, args=args, kwargs=kwargs), DEVICE)
     repeated = _run_on_device(op, sample, again, seed)
     for first, second in zip(_flatten(actual), _flatten(repeated)):
         if isinstance(first, torch.Tensor) and not torch.equal(first.cpu(), second.cpu()):
