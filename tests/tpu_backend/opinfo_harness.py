@@ -794,9 +794,9 @@ def _check_random_values(op, sample, pristine, actual, seed: int) -> None:
     for first, second in zip(_flatten(actual), _flatten(repeated)):
         if isinstance(first, torch.Tensor) and not torch.equal(first.cpu(), second.cpu()):
             raise Mismatch("output: the same seed gave different values on the device")
-    out = _flatten(actual)[0].detach().cpu()
+    outs = [out.detach().cpu() for out in _flatten(actual) if isinstance(out, torch.Tensor)]
     try:
-        RANDOM_CHECKS[op_id(op)]({"input": pristine[0], "args": pristine[1], "kwargs": pristine[2]}, out)
+        RANDOM_CHECKS[op_id(op)]({"input": pristine[0], "args": pristine[1], "kwargs": pristine[2]}, *outs)
     except opinfo_random.RandomCheckFailed as error:
         raise Mismatch(f"output: {error}") from None
 

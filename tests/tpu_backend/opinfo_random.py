@@ -275,6 +275,33 @@ def _alpha_dropout_checker(what: str, feature: bool = False):
     return check
 
 
+# --------------------------------------------------------------------- fractional max pooling
+
+
+def _fractional_max_pool_checker(what: str, spatial: int):
+    """The windows are random; every output must still be its plane's input value at the
+    returned index (without indices: a value that occurs in its plane). The window rule
+    itself is checked against CPU with given samples in test_opinfo.py."""
+
+    def check(args, values, indices=None):
+        x = args["input"]
+        if x.numel() == 0:
+            return
+        planes = x.reshape(-1, math.prod(x.shape[-spatial:]))
+        got = values.reshape(planes.shape[0], -1)
+        if indices is None:  # values only: each must occur in its plane
+            if got.numel() and not bool((got[:, :, None] == planes[:, None, :]).any(-1).all()):
+                _fail(f"{what}: an output value does not occur in its input plane")
+            return
+        flat = indices.reshape(planes.shape[0], -1)
+        if flat.numel() and not (bool((flat >= 0).all()) and bool((flat < planes.shape[1]).all())):
+            _fail(f"{what}: an index outside its input plane")
+        if not torch.equal(planes.gather(1, flat), got):
+            _fail(f"{what}: values are not the input at the returned indices")
+
+    return check
+
+
 RANDOM_CHECKS = {
     "bernoulli": _bernoulli,
     "cauchy": _cauchy,
@@ -297,4 +324,6 @@ RANDOM_CHECKS = {
     "nn.functional.alpha_dropout": _alpha_dropout_checker("alpha_dropout"),
     "nn.functional.feature_alpha_dropout.with_train": _alpha_dropout_checker("feature_alpha_dropout", feature=True),
     "nn.functional.feature_alpha_dropout.without_train": _alpha_dropout_checker("feature_alpha_dropout", feature=True),
+    "nn.functional.fractional_max_pool2d": _fractional_max_pool_checker("fractional_max_pool2d", 2),
+    "nn.functional.fractional_max_pool3d": _fractional_max_pool_checker("fractional_max_pool3d", 3),
 }

@@ -151,6 +151,12 @@ def _wrong_random_outputs():
         ("nn.functional.dropout", _sample(x, p=0.5, training=True), x * 2 * (torch.rand(40, 50) < 0.8)),  # keeps 80%
         ("nn.functional.dropout", _sample(x, p=0.5, training=False), x * 2 * kept),  # dropped in eval
         ("nn.functional.dropout2d", _sample(y, p=0.5, training=True), y * 2 * (torch.rand(4, 5, 6, 6) < 0.5)),
+        (  # values that are not the input at the returned indices
+            "nn.functional.fractional_max_pool2d",
+            _sample(y, 2, output_size=3, return_indices=True),
+            (y.reshape(20, 36)[:, :9].reshape(4, 5, 3, 3), (torch.arange(9) + 1).expand(4, 5, 9).reshape(4, 5, 3, 3)),
+        ),
+        ("nn.functional.fractional_max_pool2d", _sample(y, 2, output_size=3), y[..., :3, :3] + 1),  # not in the input
         ("nn.functional.dropout2d", _sample(y, p=0.5, training=True), y * 2 * channel_kept),  # right: the control
     ]
 
@@ -162,7 +168,7 @@ def test_random_value_checks_reject_wrong_samplers():
     cases = _wrong_random_outputs()
     for name, args, out in cases[:-1]:
         with pytest.raises(RandomCheckFailed):
-            RANDOM_CHECKS[name](args, out)
+            RANDOM_CHECKS[name](args, *(out if isinstance(out, tuple) else (out,)))
     name, args, out = cases[-1]
     RANDOM_CHECKS[name](args, out)  # control: a per-channel mask with the right scaling passes
 
