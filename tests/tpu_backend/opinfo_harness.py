@@ -211,10 +211,6 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
 KNOWN_FAILURES: dict[str, KnownFailure] = {
-    "nn.functional.rrelu": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
-        "no lowering for aten.rrelu_with_noise.default yet",
-    ),
     "logcumsumexp": KnownFailure(
         "mismatch at sample 0: Mismatch: grad[0]: Tensor-likes are not close! |  | Mismatched elements: 7 / 125 (5.6%) | Greatest absolute difference: 0.004711627960205078 at index (0, 0, 0) (up to 0.0001 allowed) (vs float64: devi",
         "float32 cancellation in ATen's own logcumsumexp backward formula (the device runs the same composite): on a gradient element near 0 CPU is 2.8e-3 and the device 4.3e-3 from the float64 value (1e-4 allowed)",
@@ -282,10 +278,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
         "nn.functional.interpolate.trilinear": KnownFailure(
             "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 750 (0.1%) | Greatest absolute difference: 0.0126953125 at index (1, 2, 1, 2, 3) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
-        ),
-        "nn.functional.rrelu": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
-            "no lowering for aten.rrelu_with_noise.default yet",
         ),
         "topk": KnownFailure(
             "mismatch at sample 1: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 4 / 75 (5.3%) | Greatest absolute difference: 7 at index (2, 1, 4)",

@@ -275,6 +275,25 @@ def _alpha_dropout_checker(what: str, feature: bool = False):
     return check
 
 
+def _rrelu(args, out):
+    """Non-negative inputs pass; a negative one is scaled by a slope from U(lower, upper) in
+    training (their mean within bounds), by (lower + upper) / 2 in eval."""
+    x, kwargs = args["input"].double(), args["kwargs"]
+    lower, upper = kwargs.get("lower", 1 / 8), kwargs.get("upper", 1 / 3)
+    rtol = _rounding(out.dtype)
+    out = out.double()
+    if not torch.equal(out[x >= 0], x[x >= 0]):
+        _fail("rrelu: non-negative inputs must pass unchanged")
+    negative = x < 0
+    slopes = out[negative] / x[negative]
+    if not kwargs.get("training", False):
+        if not torch.allclose(slopes, torch.full_like(slopes, (lower + upper) / 2), rtol=rtol):
+            _fail("rrelu (eval): negative inputs must be scaled by (lower + upper) / 2")
+        return
+    _check_within("rrelu (slopes)", slopes, lower * (1 - rtol), upper * (1 + rtol), high_open=False)
+    _check_mean("rrelu (slopes)", slopes, (lower + upper) / 2, (upper - lower) / math.sqrt(12))
+
+
 # --------------------------------------------------------------------- fractional max pooling
 
 
@@ -324,6 +343,7 @@ RANDOM_CHECKS = {
     "nn.functional.alpha_dropout": _alpha_dropout_checker("alpha_dropout"),
     "nn.functional.feature_alpha_dropout.with_train": _alpha_dropout_checker("feature_alpha_dropout", feature=True),
     "nn.functional.feature_alpha_dropout.without_train": _alpha_dropout_checker("feature_alpha_dropout", feature=True),
+    "nn.functional.rrelu": _rrelu,
     "nn.functional.fractional_max_pool2d": _fractional_max_pool_checker("fractional_max_pool2d", 2),
     "nn.functional.fractional_max_pool3d": _fractional_max_pool_checker("fractional_max_pool3d", 3),
 }

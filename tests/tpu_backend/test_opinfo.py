@@ -157,6 +157,8 @@ def _wrong_random_outputs():
             (y.reshape(20, 36)[:, :9].reshape(4, 5, 3, 3), (torch.arange(9) + 1).expand(4, 5, 9).reshape(4, 5, 3, 3)),
         ),
         ("nn.functional.fractional_max_pool2d", _sample(y, 2, output_size=3), y[..., :3, :3] + 1),  # not in the input
+        ("nn.functional.rrelu", _sample(x, lower=0.1, upper=0.3, training=True), x.where(x > 0, x * 0.35)),
+        ("nn.functional.rrelu", _sample(x, lower=0.1, upper=0.3, training=False), x.where(x > 0, x * 0.1)),
         ("nn.functional.dropout2d", _sample(y, p=0.5, training=True), y * 2 * channel_kept),  # right: the control
     ]
 
