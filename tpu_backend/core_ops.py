@@ -155,7 +155,14 @@ def register() -> None:
     register_kernel(aten._local_scalar_dense.default, local_scalar_dense)
     register_kernel(aten.equal.default, equal)
     register_kernel(aten._to_copy.default, to_copy)
-    for view_op in (aten.view.default, aten.as_strided.default, aten._reshape_alias.default, aten.unfold.default):
+    for view_op in (
+        aten.view.default,
+        aten.as_strided.default,
+        aten._reshape_alias.default,
+        aten.unfold.default,
+        aten.view_as_real.default,  # a float view of complex storage: tensor.py re-types the bytes on access
+        aten.view_as_complex.default,
+    ):
         register_kernel(view_op, _meta_view(view_op))
 
 

@@ -260,6 +260,8 @@ def _covers_storage(t: torch.Tensor, payload: StoragePayload) -> bool:
 
 
 def _to_bytes(array: jax.Array) -> jax.Array:
+    if jnp.issubdtype(array.dtype, jnp.complexfloating):  # XLA cannot bitcast complex: (re, im) pairs
+        array = jnp.stack([array.real, array.imag], axis=-1)
     if array.dtype == jnp.bool_:
         array = array.astype(jnp.uint8)
     if array.dtype.itemsize == 1:
@@ -268,6 +270,9 @@ def _to_bytes(array: jax.Array) -> jax.Array:
 
 
 def _from_bytes(raw: jax.Array, dtype) -> jax.Array:
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        pairs = _from_bytes(raw, jnp.finfo(dtype).dtype).reshape(-1, 2)
+        return jax.lax.complex(pairs[:, 0], pairs[:, 1])
     if dtype == jnp.bool_:
         return raw != 0
     size = np.dtype(dtype).itemsize
@@ -277,7 +282,8 @@ def _from_bytes(raw: jax.Array, dtype) -> jax.Array:
 
 
 def _reinterpret(payload: StoragePayload, dtype: torch.dtype) -> None:
-    """Re-type a storage's bytes as `dtype` (`Tensor.view(dtype)`, storages from torch.load)."""
+    """Re-type a storage's bytes as `dtype` (`Tensor.view(dtype)`, `view_as_real`/`view_as_complex`,
+    storages from torch.load)."""
     nbytes = payload.numel * payload.dtype.itemsize
     payload.array = concrete(payload.array)
     if nbytes % dtype.itemsize:

@@ -36,10 +36,14 @@ import os
 import re
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
+
+from tests.tpu_backend import opinfo_random
+from tests.tpu_backend.opinfo_random import RANDOM_CHECKS
 
 # The device under test; "cpu" checks the harness against itself.
 DEVICE = os.environ.get("PARITY_DEVICE", "tpu")
@@ -100,7 +104,10 @@ SKIPS: dict[str, str] = {
     ),
 }
 
-# Ops whose outputs are random or uninitialised: only shape, dtype and device are compared.
+# Ops whose outputs are random or uninitialised: only shape, dtype and device are compared
+# against CPU. The random ones in `opinfo_random.RANDOM_CHECKS` are also value-checked on
+# the device (same seed -> same values, support, moments, dropout's kept fraction and
+# scaling) and count as "pass" when those checks pass.
 SHAPE_ONLY: dict[str, str] = (
     {
         name: "random output: the device draws from jax.random, values cannot match torch's CPU generator"
@@ -204,42 +211,6 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
 KNOWN_FAILURES: dict[str, KnownFailure] = {
-    "view_as_complex": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_complex.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "a complex view of float storage (the inverse of view_as_real) is not modelled by the device yet",
-    ),
-    "stft": KnownFailure(
-        "fail at sample 1: TpuLoweringError: no tpu lowering for aten.view_as_real.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; stft with return_complex=False reaches it",
-    ),
-    "fft.hfft": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.hfft2": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.hfftn": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.irfft": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.irfft2": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "fft.irfftn": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.view_as_real.default (in backward). Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_F",
-        "view_as_real (a float view of complex storage) is not modelled by the device yet; ATen's backward of the complex-to-real transforms (irfft, hfft) reaches it",
-    ),
-    "nn.functional.rrelu": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
-        "no lowering for aten.rrelu_with_noise.default yet",
-    ),
     "logcumsumexp": KnownFailure(
         "mismatch at sample 0: Mismatch: grad[0]: Tensor-likes are not close! |  | Mismatched elements: 7 / 125 (5.6%) | Greatest absolute difference: 0.004711627960205078 at index (0, 0, 0) (up to 0.0001 allowed) (vs float64: devi",
         "float32 cancellation in ATen's own logcumsumexp backward formula (the device runs the same composite): on a gradient element near 0 CPU is 2.8e-3 and the device 4.3e-3 from the float64 value (1e-4 allowed)",
@@ -307,10 +278,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
         "nn.functional.interpolate.trilinear": KnownFailure(
             "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 750 (0.1%) | Greatest absolute difference: 0.0126953125 at index (1, 2, 1, 2, 3) (up to 0.01 allowed)",
             "bfloat16 rounding of a long reduction: one element or a few of the output differ by a few bfloat16 ulps of its magnitude (accumulation order and when partial sums are rounded differ from CPU's kernel)",
-        ),
-        "nn.functional.rrelu": KnownFailure(
-            "fail at sample 0: TpuLoweringError: no tpu lowering for aten.rrelu_with_noise.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
-            "no lowering for aten.rrelu_with_noise.default yet",
         ),
         "topk": KnownFailure(
             "mismatch at sample 1: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 4 / 75 (5.3%) | Greatest absolute difference: 7 at index (2, 1, 4)",
@@ -800,9 +767,38 @@ def _names_no_device(sample) -> bool:
     return "device" not in sample.kwargs and not has_tensor((sample.input, sample.args, sample.kwargs))
 
 
+def _run_on_device(op, sample, moved, seed: int):
+    torch.manual_seed(seed)
+    if _names_no_device(sample):
+        # a factory call without tensors or device= (`torch.arange(2)`) builds on the default
+        # device: on the device side that is the device under test, as a user would set it
+        with torch.device(DEVICE):
+            return op(moved.input, *moved.args, **moved.kwargs)
+    return op(moved.input, *moved.args, **moved.kwargs)
+
+
+def _check_random_values(op, sample, pristine, actual, seed: int) -> None:
+    """A random op's device output: the same seed gives the same values, and the values fit
+    the distribution (`opinfo_random.RANDOM_CHECKS`)."""
+    inputs, args, kwargs = opinfo_random.snapshot(pristine)
+    again = move_sample(types.SimpleNamespace(input=inputs, args=args, kwargs=kwargs), DEVICE)
+    repeated = _run_on_device(op, sample, again, seed)
+    for first, second in zip(_flatten(actual), _flatten(repeated)):
+        if isinstance(first, torch.Tensor) and not torch.equal(first.cpu(), second.cpu()):
+            raise Mismatch("output: the same seed gave different values on the device")
+    outs = [out.detach().cpu() for out in _flatten(actual) if isinstance(out, torch.Tensor)]
+    try:
+        RANDOM_CHECKS[op_id(op)]({"input": pristine[0], "args": pristine[1], "kwargs": pristine[2]}, *outs)
+    except opinfo_random.RandomCheckFailed as error:
+        raise Mismatch(f"output: {error}") from None
+
+
 def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int, notes: list) -> bool:
     """Run one sample on CPU and on the device and compare; True if gradients were compared.
     Float32 mismatches that are CPU's rounding (see `_judge_by_float64`) add to `notes`."""
+    pristine = (
+        opinfo_random.snapshot((sample.input, sample.args, sample.kwargs)) if op_id(op) in RANDOM_CHECKS else None
+    )
     moved = move_sample(sample, DEVICE, keep_args_on_host=op_id(op) in HOST_ARGS)
     cpu_leaves: list = []
     _collect_leaves((sample.input, sample.args, sample.kwargs), cpu_leaves)
@@ -815,14 +811,9 @@ def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int, not
     # the seed check cannot see: a positive dropout_p means random values too.
     draws_dropout = (sample.kwargs.get("dropout_p") or 0) > 0 or _mha_dropout(op, sample)
     shape_only = shape_only or draws_dropout or _is_random_sample(op, sample, expected, seed)
-    torch.manual_seed(seed)
-    if _names_no_device(sample):
-        # a factory call without tensors or device= (`torch.arange(2)`) builds on the default
-        # device: on the device side that is the device under test, as a user would set it
-        with torch.device(DEVICE):
-            actual = op(moved.input, *moved.args, **moved.kwargs)
-    else:
-        actual = op(moved.input, *moved.args, **moved.kwargs)
+    actual = _run_on_device(op, sample, moved, seed)
+    if pristine is not None:
+        _check_random_values(op, sample, pristine, actual, seed)
     if op_id(op) in SIGN_INVARIANT:
         actual = _align_signs(actual, expected, SIGN_INVARIANT[op_id(op)])
     try:
@@ -979,7 +970,7 @@ def check_op(
     shape_only = name in SHAPE_ONLY
     wants_grad = check_grad and op.supports_autograd and dtype.is_floating_point
     start = time.perf_counter()
-    result = OpResult(name, dtype, "shape-only" if shape_only else "pass")
+    result = OpResult(name, dtype, "shape-only" if shape_only and name not in RANDOM_CHECKS else "pass")
     try:
         torch.manual_seed(0)
         samples = op.sample_inputs("cpu", dtype, requires_grad=wants_grad)

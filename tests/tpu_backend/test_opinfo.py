@@ -125,3 +125,73 @@ def test_fractional_max_pool_matches_cpu_for_given_samples(spatial):
     got_values, got_indices = pool(x.to(harness.DEVICE), kernel, output, samples.to(harness.DEVICE))
     torch.testing.assert_close(got_values.cpu(), want_values, rtol=0, atol=0)
     torch.testing.assert_close(got_indices.cpu(), want_indices, rtol=0, atol=0)
+
+
+def _sample(input, *args, **kwargs):
+    return {"input": input, "args": args, "kwargs": kwargs}
+
+
+def _wrong_random_outputs():
+    """(entry, sample arguments, an output a broken sampler could give): each must be rejected."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 50, generator=g)
+    kept = torch.rand(40, 50, generator=g) < 0.5
+    channel_kept = (torch.rand(4, 5, 1, 1, generator=g) < 0.5).expand(4, 5, 6, 6)
+    y = torch.randn(4, 5, 6, 6, generator=g)
+    return [
+        ("uniform", _sample(x, 0, 1), torch.rand(40, 50, generator=g) + 0.5),  # outside [0, 1]
+        ("uniform", _sample(x, 0, 1), torch.rand(40, 50, generator=g) * 0.9),  # support right, mean off
+        ("normal.in_place", _sample(x, 2.0, 0.5), 2.0 + torch.randn(40, 50, generator=g)),  # std 1, not 0.5
+        ("normal", _sample(torch.zeros(40, 50), 1.0), torch.randn(40, 50, generator=g) + 0.2),  # mean shifted
+        ("exponential", _sample(x, 3.0), torch.empty(40, 50).exponential_(1.0, generator=g)),  # rate 1, not 3
+        ("bernoulli", _sample(torch.full((40, 50), 0.2)), torch.rand(40, 50, generator=g).lt(0.3).float()),
+        ("randint", _sample(3, 10, (40, 50)), torch.randint(3, 11, (40, 50), generator=g)),  # includes high
+        ("multinomial", _sample(torch.ones(2, 6), 3, replacement=False), torch.tensor([[0, 1, 1], [2, 3, 4]])),
+        ("nn.functional.dropout", _sample(x, p=0.5, training=True), x * kept),  # kept values not scaled by 2
+        ("nn.functional.dropout", _sample(x, p=0.5, training=True), x * 2 * (torch.rand(40, 50) < 0.8)),  # keeps 80%
+        ("nn.functional.dropout", _sample(x, p=0.5, training=False), x * 2 * kept),  # dropped in eval
+        ("nn.functional.dropout2d", _sample(y, p=0.5, training=True), y * 2 * (torch.rand(4, 5, 6, 6) < 0.5)),
+        (  # values that are not the input at the returned indices
+            "nn.functional.fractional_max_pool2d",
+            _sample(y, 2, output_size=3, return_indices=True),
+            (y.reshape(20, 36)[:, :9].reshape(4, 5, 3, 3), (torch.arange(9) + 1).expand(4, 5, 9).reshape(4, 5, 3, 3)),
+        ),
+        ("nn.functional.fractional_max_pool2d", _sample(y, 2, output_size=3), y[..., :3, :3] + 1),  # not in the input
+        ("nn.functional.rrelu", _sample(x, lower=0.1, upper=0.3, training=True), x.where(x > 0, x * 0.35)),
+        ("nn.functional.rrelu", _sample(x, lower=0.1, upper=0.3, training=False), x.where(x > 0, x * 0.1)),
+        ("nn.functional.dropout2d", _sample(y, p=0.5, training=True), y * 2 * channel_kept),  # right: the control
+    ]
+
+
+def test_random_value_checks_reject_wrong_samplers():
+    """The distribution checks that make a random entry count as value-checked can fail."""
+    from tests.tpu_backend.opinfo_random import RANDOM_CHECKS, RandomCheckFailed
+
+    cases = _wrong_random_outputs()
+    for name, args, out in cases[:-1]:
+        with pytest.raises(RandomCheckFailed):
+            RANDOM_CHECKS[name](args, *(out if isinstance(out, tuple) else (out,)))
+    name, args, out = cases[-1]
+    RANDOM_CHECKS[name](args, out)  # control: a per-channel mask with the right scaling passes
+
+
+class _UnseededRandnLike:
+    """A random op that ignores torch's seed (its own generator keeps advancing)."""
+
+    name, variant_test_name = "randn_like", ""
+
+    def __init__(self):
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __call__(self, x):
+        return torch.randn(x.shape, generator=self.generator).to(x.device)
+
+
+def test_random_entries_must_follow_the_seed():
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    sample = SampleInput(torch.zeros(30, 30))
+    pristine = (sample.input.clone(), (), {})
+    op = _UnseededRandnLike()
+    with pytest.raises(harness.Mismatch, match="the same seed gave different values"):
+        harness._check_random_values(op, sample, pristine, op(sample.input.to(harness.DEVICE)), seed=0)

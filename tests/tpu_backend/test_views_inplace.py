@@ -153,3 +153,32 @@ def test_conjugate_view_reads_and_writes_conjugated():
     base.conj().mul_(2)  # writes through the conjugate view
     torch.testing.assert_close(base.cpu(), x * 2)
     torch.testing.assert_close(torch.fft.ihfft(x.real.to("tpu")).cpu(), torch.fft.ihfft(x.real), atol=1e-5, rtol=1e-5)
+
+
+def test_view_as_real_and_complex_alias_the_complex_storage():
+    """`view_as_real` (also behind `.real` / `.imag`) is a float view of complex storage:
+    reads give (re, im) pairs and writes through either view reach the base."""
+    x = torch.randn(3, 4, dtype=torch.complex64)
+    base = x.to("tpu")
+    pairs = torch.view_as_real(base)
+    assert pairs.untyped_storage()._cdata == base.untyped_storage()._cdata
+    assert torch.equal(pairs.cpu(), torch.view_as_real(x))
+    assert torch.equal(torch.view_as_real(base.t()).cpu(), torch.view_as_real(x.t()))  # strided
+    assert torch.equal(base.imag[1:, ::2].cpu(), x.imag[1:, ::2])
+
+    expected = x.clone()
+    pairs[0, 1, 1] = 5.0  # the imaginary part of element (0, 1)
+    base.real.mul_(2)
+    expected.imag[0, 1] = 5.0
+    expected.real.mul_(2)
+    assert torch.equal(base.cpu(), expected)
+
+    back = torch.view_as_complex(pairs)
+    assert torch.equal(back.cpu(), expected)
+    back.add_(1j)  # a complex write through the complex view of the float view
+    expected.add_(1j)
+    assert torch.equal(base.cpu(), expected)
+    assert torch.equal(pairs.cpu(), torch.view_as_real(expected))
+
+    floats = torch.randn(5, 2)
+    assert torch.equal(torch.view_as_complex(floats.to("tpu")).cpu(), torch.view_as_complex(floats))

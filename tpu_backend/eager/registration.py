@@ -128,7 +128,8 @@ def _functionalized_kernel(op):
         for arg_index, out_index in spec.writes.items():
             if arg_index < len(args) and args[arg_index] is not None and results[out_index] is not None:
                 tpu_tensor.write(args[arg_index], results[out_index])
-        return _wrap_outputs(tuple(results[: spec.outputs]))
+        kept = tuple(results[: spec.outputs])
+        return _wrap_outputs(kept[0] if spec.outputs == 1 else kept)  # a one-output op returns a Tensor
 
     return kernel
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_backend.ops._common import default_float, is_floating, jax_dtype
-from tpu_backend.ops.registry import lowers
+from tpu_backend.ops.registry import Functionalized, lowers
 
 aten = torch.ops.aten
 
@@ -239,3 +239,36 @@ def native_dropout(x, p, train, *, key):
 @lowers(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
     return (grad_output * mask * scale).astype(grad_output.dtype)
+
+
+def _rrelu_functional(x, noise, lower, upper, training, key):
+    """(output, noise): in training each negative input gets a slope drawn from U(lower, upper)
+    (recorded in `noise`, 1 for non-negative inputs); in eval the mean slope, noise untouched."""
+    if not training:
+        return jnp.where(x >= 0, x, x * jnp.asarray((lower + upper) / 2, x.dtype)), noise
+    slope = _uniform(key, x.shape, x.dtype, lower, upper)
+    new_noise = jnp.where(x >= 0, jnp.ones((), x.dtype), slope)
+    return x * new_noise, new_noise.astype(noise.dtype)
+
+
+@lowers(aten.rrelu_with_noise_functional.default, needs_rng=True)
+def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
+    return _rrelu_functional(x, noise, lower, upper, training, key)
+
+
+@lowers(
+    aten.rrelu_with_noise.default,
+    needs_rng=True,
+    functionalized=Functionalized(aten.rrelu_with_noise_functional.default, {1: 1}, 1),
+)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
+    """The output; the noise written back into its argument: `functionalized`."""
+    return _rrelu_functional(x, noise, lower, upper, training, key)[0]
+
+
+@lowers(aten.rrelu_with_noise_backward.default)
+def rrelu_with_noise_backward(grad_output, x, noise, lower, upper, training, self_is_result):
+    if training and upper - lower > 1e-6:  # ATen's rule: the recorded slopes
+        return (grad_output * noise).astype(grad_output.dtype)
+    slope = jnp.asarray((lower + upper) / 2, grad_output.dtype)
+    return jnp.where(x > 0, grad_output, grad_output * slope)

@@ -86,6 +86,18 @@ def view_dtype(x, dtype):
     return jax.lax.bitcast_convert_type(grouped, target)
 
 
+@view_lowering(aten.view_as_real.default, aten.view_as_real_copy.default)
+def view_as_real(x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@view_lowering(aten.view_as_complex.default, aten.view_as_complex_copy.default)
+def view_as_complex(x):
+    if x.ndim == 0 or x.shape[-1] != 2:
+        raise ValueError(f"view_as_complex: the last dimension must have size 2, got shape {list(x.shape)}")
+    return jax.lax.complex(x[..., 0], x[..., 1])
+
+
 @view_lowering(
     aten.alias.default, aten.alias_copy.default, aten.detach.default, aten.detach_copy.default, aten.lift_fresh.default
 )

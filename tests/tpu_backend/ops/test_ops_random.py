@@ -112,3 +112,26 @@ def test_native_dropout_and_backward():
         run_lowering(aten.native_dropout_backward.default, g, mask, 2.0),
         aten.native_dropout_backward.default(g, mask, 2.0),
     )
+
+
+def test_rrelu_slopes_noise_and_gradient():
+    """Training: each negative input gets a slope from U(lower, upper), recorded in `noise`
+    (1 elsewhere) and used by the gradient; eval: the mean slope."""
+    x = torch.randn(2000)
+    negative = x < 0
+    noise = torch.zeros(2000).to("tpu")
+    out = torch.ops.aten.rrelu_with_noise(x.to("tpu"), noise, 0.1, 0.3, True).cpu()
+    slopes = out[negative] / x[negative]
+    assert torch.equal(out[~negative], x[~negative])
+    assert 0.1 <= slopes.min() and slopes.max() <= 0.3 and abs(slopes.mean() - 0.2) < 6 * 0.2 / 12**0.5 / 1000**0.5
+    torch.testing.assert_close(noise.cpu()[negative], slopes)
+    assert torch.equal(noise.cpu()[~negative], torch.ones(int((~negative).sum())))
+
+    leaf = x.to("tpu").requires_grad_()
+    torch.manual_seed(0)
+    y = torch.nn.functional.rrelu(leaf, 0.1, 0.3, training=True)
+    y.sum().backward()
+    torch.testing.assert_close(leaf.grad.cpu(), (y.detach().cpu() / x).where(negative, torch.ones(())))
+
+    evaluated = torch.nn.functional.rrelu(x.to("tpu"), 0.1, 0.3, training=False).cpu()
+    torch.testing.assert_close(evaluated, torch.nn.functional.rrelu(x, 0.1, 0.3, training=False))

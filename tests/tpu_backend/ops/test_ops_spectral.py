@@ -31,3 +31,18 @@ def test_torch_fft_on_device():
 def test_complex_from_parts_broadcasts():
     check(aten.complex.default, torch.randn(3, 1), torch.randn(4), **TOL)
     check(aten.polar.default, torch.rand(3, 4), torch.randn(4) * 3, **TOL)
+
+
+def test_complex_views_in_functional_graphs():
+    """What compiled and fused graphs run for view_as_real / view_as_complex (value semantics)."""
+    import jax.numpy as jnp
+
+    from tpu_backend.ops.registry import VIEW_LOWERINGS
+
+    cplx = torch.randn(3, 4, dtype=torch.complex64)
+    as_real = VIEW_LOWERINGS[aten.view_as_real.default].fn(jnp.asarray(cplx.numpy()))
+    assert torch.equal(torch.from_numpy(as_real.__array__()), torch.view_as_real(cplx))
+    back = VIEW_LOWERINGS[aten.view_as_complex.default].fn(as_real)
+    assert torch.equal(torch.from_numpy(back.__array__()), cplx)
+    with pytest.raises(ValueError, match="view_as_complex: the last dimension must have size 2"):
+        VIEW_LOWERINGS[aten.view_as_complex.default].fn(jnp.zeros((3, 3)))
