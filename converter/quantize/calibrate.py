@@ -176,24 +176,6 @@ class _Estimator:
         return min(self.abs_lo, float(mean[0] - margin[0])), max(self.abs_hi, float(mean[1] + margin[1]))
 
 
-def _output_tensors(graph: ir.Graph) -> set[int]:
-    """Ids of the graph outputs and of the tensors whose parameters they inherit (back
-    through RESHAPE-like SAME ops, which keep their input's parameters)."""
-    from converter.quantize.full_integer import _DATA_INPUT, INT8_RULES, SAME
-
-    producers = {t.id: op for op in graph.ops for t in op.outputs}
-    found, todo = set(), [t.id for t in graph.outputs]
-    while todo:
-        tid = todo.pop()
-        found.add(tid)
-        op = producers.get(tid)
-        if op is not None and INT8_RULES.get(op.opcode) == SAME:
-            data = op.inputs[_DATA_INPUT.get(op.opcode, 0)]
-            if data is not None and not data.is_const and data.id not in found:
-                todo.append(data.id)
-    return found
-
-
 def collect_ranges(
     model: ir.Model,
     samples,
@@ -229,7 +211,7 @@ def collect_ranges(
             for index, t in watched:
                 stats[t.id].add(runtime.get_tensor(index, graph_index))
         result[graph.name] = {}
-        outputs = _output_tensors(graph)
+        outputs = {t.id for t in graph.outputs}
         for tid, stat in stats.items():
             if tid in outputs:
                 r = stat.output_range()
