@@ -272,6 +272,10 @@ def quantize(
     if config.scheme in CALIBRATED:
         ranges = calibrated_ranges(model, config, runner, progress)
     report = QuantReport(str(config))
+    if config.scheme in CALIBRATED:
+        from converter.quantize.calibrate import OUTPUT_RANGES
+
+        report.output_ranges = OUTPUT_RANGES
     for graph in model.graphs:
         count, float_ops = full_integer.quantize_graph(
             graph,

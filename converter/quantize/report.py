@@ -36,6 +36,8 @@ class QuantReport:
     float_ops: list[FloatOp] = field(default_factory=list)
     # quantize.auto: chosen keep_float, float_layers, layers, error, agreement, met, sensitivity
     auto: dict | None = None
+    # calibrated schemes: how the model outputs' ranges were set (calibrate.OUTPUT_RANGES)
+    output_ranges: str | None = None
 
     @property
     def unrequested(self) -> list[FloatOp]:
@@ -52,6 +54,8 @@ class QuantReport:
             "quantized_ops": self.quantized_ops,
             "float_ops": [asdict(f) for f in self.float_ops],
         }
+        if self.output_ranges is not None:
+            out["output_ranges"] = self.output_ranges
         if self.auto is not None:
             out["auto"] = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in self.auto.items()}
         return out
@@ -62,6 +66,8 @@ class QuantReport:
             f"({len(self.unrequested)} not requested)"
         )
         lines = [head]
+        if self.output_ranges is not None:
+            lines.append(f"  model outputs' ranges: {self.output_ranges}")
         if self.auto is not None:
             a = self.auto
             agree = "" if a["agreement"] is None else f", top-1 agreement {a['agreement']:.1%}"

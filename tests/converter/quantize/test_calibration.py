@@ -153,3 +153,36 @@ def test_bad_calibration_option_in_a_handmade_config_fails_before_conversion(mon
             quant_config=QuantConfig("full_int8", calibration="histogram"),
             calibration_data=[(torch.randn(1, 4),)],
         )
+
+
+class TinyClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten())
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("method", ["minmax", "mse"])
+def test_model_outputs_do_not_clip_an_unseen_input_with_larger_logits(method):
+    """16 calibration samples set the logits' range; the unseen input with the largest
+    logit out of 256 more from the same distribution exceeds it. Nothing downstream absorbs
+    a clipped output, so its range is widened by the spread of the per-sample extremes."""
+    model = _model(TinyClassifier)
+    gen = torch.Generator().manual_seed(2)  # unseen logits reach 1.39x the calibration max
+    calibration = [torch.randn(1, 3, 8, 8, generator=gen) for _ in range(16)]
+    with torch.no_grad():
+        peak = max(float(model(x).abs().max()) for x in calibration)
+        unseen = [torch.randn(1, 3, 8, 8, generator=gen) for _ in range(256)]
+        test = max(unseen, key=lambda x: float(model(x).abs().max()))
+        expected = model(test).numpy()
+    assert np.abs(expected).max() > 1.2 * peak  # the test input's logits leave the calibrated range
+    edge = litert_torch.convert(
+        model, (test,), quant_config=quantize.full_int8(calibration=method), calibration_data=[(x,) for x in calibration]
+    )
+    assert_fully_integer(edge)
+    # a clipped output would lose >= 20% of the largest logit; rounding costs ~1% of the range
+    assert np.max(np.abs(edge(test) - expected)) < 0.03 * np.abs(expected).max()
+    assert "per-sample extremes" in str(edge.quant_report) and edge.quant_report.to_dict()["output_ranges"]
