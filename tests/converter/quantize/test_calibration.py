@@ -180,7 +180,10 @@ def test_model_outputs_do_not_clip_an_unseen_input_with_larger_logits(method):
         expected = model(test).numpy()
     assert np.abs(expected).max() > 1.2 * peak  # the test input's logits leave the calibrated range
     edge = litert_torch.convert(
-        model, (test,), quant_config=quantize.full_int8(calibration=method), calibration_data=[(x,) for x in calibration]
+        model,
+        (test,),
+        quant_config=quantize.full_int8(calibration=method),
+        calibration_data=[(x,) for x in calibration],
     )
     assert_fully_integer(edge)
     # a clipped output would lose >= 20% of the largest logit; rounding costs ~1% of the range
