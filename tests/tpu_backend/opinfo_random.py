@@ -217,16 +217,24 @@ def _feature_mask_constant(what, kept, group):
         _fail(f"{what}: a feature map is partly dropped (the mask must be per channel)")
 
 
+def _trivial_dropout(what: str, x, out, p: float, training: bool) -> bool:
+    """Checks the cases with no randomness (eval, p=0, p=1); True when one of them applied."""
+    if not training or p == 0:
+        _check_identity(what, x, out)
+        return True
+    if p == 1:
+        if bool((out != 0).any()):
+            _fail(f"{what}: p=1 must zero everything")
+        return True
+    return False
+
+
 def _dropout_checker(what: str, feature_dims: int = 0):
     def check(args, out):
         x, p, training = _dropout_parts(args, training_default=True)
         rtol = _rounding(out.dtype)
         out = out.double()
-        if not training or p == 0:
-            return _check_identity(what, x, out)
-        if p == 1:
-            if bool((out != 0).any()):
-                _fail(f"{what}: p=1 must zero everything")
+        if _trivial_dropout(what, x, out, p, training):
             return
         group = math.prod(x.shape[x.ndim - feature_dims :]) if feature_dims and x.ndim > feature_dims else 1
         last = x.shape[-1] if feature_dims and x.ndim else 1
@@ -249,11 +257,7 @@ def _alpha_dropout_checker(what: str, feature: bool = False):
         x, p, training = _dropout_parts(args, training_default=False)
         rtol = _rounding(out.dtype)
         out = out.double()
-        if not training or p == 0:
-            return _check_identity(what, x, out)
-        if p == 1:
-            if bool((out != 0).any()):
-                _fail(f"{what}: p=1 must zero everything")
+        if _trivial_dropout(what, x, out, p, training):
             return
         # ATen: a = ((alpha^2 p + 1)(1 - p))^-1/2; kept: a x + alpha a p; dropped: alpha a (p - 1)
         a = 1 / math.sqrt((ALPHA * ALPHA * p + 1) * (1 - p))
