@@ -186,3 +186,42 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, case: ModelCa
     loss.backward()
     optimizer.step()
     return loss.detach()
+
+
+def functional_train_step(model: nn.Module, case: ModelCase, optimizer: str) -> Callable:
+    """`train_step` with `make_optimizer(optimizer)`'s update, in the form that
+    `torch.compile(step, backend="tpu")` compiles into ONE program per step (docs/architecture.md,
+    "One program per training step"): gradients by `torch.func.grad_and_value` of a
+    `functional_call`, and PyTorch's own foreach optimizer update (`torch.optim.sgd.sgd`,
+    `torch.optim.adamw.adamw` with `capturable=True`: step counts stay tensors) writing the
+    parameters and optimizer state in place. Returns `step(inputs, target) -> loss`, not
+    yet compiled; the state starts as `torch.optim` starts it."""
+    from torch.func import functional_call, grad_and_value
+    from torch.optim.adamw import adamw
+    from torch.optim.sgd import sgd
+
+    params = dict(model.named_parameters())
+    tensors = list(params.values())
+    zeros = lambda: [torch.zeros_like(p) for p in tensors]  # noqa: E731
+    momenta, exp_avgs, exp_avg_sqs = zeros(), zeros(), zeros()
+    step_counts = [torch.zeros((), device=p.device) for p in tensors]
+    if optimizer not in ("sgd", "adamw"):
+        raise ValueError(f"unknown optimizer {optimizer!r}: use 'sgd' or 'adamw'")
+
+    def loss_of(params, inputs, target):
+        return case.loss(functional_call(model, params, (inputs,)), target)
+
+    def step(inputs, target):
+        grads, loss = grad_and_value(loss_of)(params, inputs, target)
+        grads = list(grads.values())
+        with torch.no_grad():
+            if optimizer == "sgd":  # momentum buffers start at zero: 0.9 * 0 + g is torch's clone(g)
+                sgd(tensors, grads, momenta, foreach=True, lr=0.05, momentum=0.9, weight_decay=0.0,
+                    dampening=0.0, nesterov=False, maximize=False)
+            else:
+                adamw(tensors, grads, exp_avgs, exp_avg_sqs, [], step_counts, foreach=True, capturable=True,
+                      lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False)
+        return loss.detach()
+
+    step.state = {"momentum_buffer": momenta, "exp_avg": exp_avgs, "exp_avg_sq": exp_avg_sqs}
+    return step

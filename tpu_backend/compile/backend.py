@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -32,6 +33,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import register_backend
 
 from tpu_backend import random as device_random
+from tpu_backend import tensor as device_tensor
 from tpu_backend.compile import dynamic
 from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
 from tpu_backend.compile.interpreter import GraphProgram, compile_graph, is_covered, lowering_tables_version
@@ -66,32 +68,98 @@ def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
     return devices
 
 
+def lift_input_mutations(gm: torch.fx.GraphModule) -> list[int]:
+    """Turn the graph's writes into its inputs (`copy_(input, new)`, which AOTAutograd
+    keeps in inference graphs: an optimizer step's parameter and state updates) into
+    extra outputs, after the graph's own; returns the placeholder index each one writes.
+
+    The compiled callable stores them into the input tensors itself, and may donate the
+    inputs' old buffers to the program, so that XLA updates parameters in place."""
+    placeholders = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    written, values = [], []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders:
+            if node.users or node.kwargs or len(node.args) != 2:
+                raise NotImplementedError(f"tpu: graph writes its input in an unexpected form: {node.format_node()}")
+            if node.args[0] in {w for w, _ in written}:
+                raise NotImplementedError(f"tpu: graph writes input {node.args[0].name} twice")
+            written.append((node.args[0], node.args[1]))
+            gm.graph.erase_node(node)
+    if not written:
+        return []
+    output.args = (tuple(output.args[0]) + tuple(value for _, value in written),)
+    gm.recompile()
+    return [placeholders[target] for target, _ in written]
+
+
 class CompiledGraph:
     """What AOTAutograd calls for one graph: a list of tensors (and numbers) in, a list out.
 
     AOTAutograd's boxed convention: the argument list is emptied once read, so saved
     activations die as early as possible. `_boxed_call` is an instance attribute because
     Dynamo wraps the backward callable with `functools.wraps`, which copies `__dict__`.
+
+    `written`: the inputs the graph writes (`lift_input_mutations`); their new values are
+    the program's last outputs. Their old buffers are donated (a second program, built
+    with `donate`) when nothing but the input tensor holds them.
     """
 
-    def __init__(self, program: GraphProgram, output_devices: list[torch.device | None]):
+    def __init__(
+        self,
+        program: GraphProgram,
+        output_devices: list[torch.device | None],
+        written: Sequence[int] = (),
+        donating: GraphProgram | None = None,
+    ):
         self.program = program
         self.output_devices = output_devices
+        self.written = tuple(written)
+        self.donating = donating
         self._boxed_call = True
 
     def __call__(self, args: list) -> list:
         fallback = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         values = [_input_to_jax(a) for a in args]
+        targets = [args[i] for i in self.written]
         args.clear()
-        if self.program.needs_rng:
+        program = self.program
+        if self.donating is not None and all(_only_held_by_its_tensor(values[i]) for i in self.written):
+            program = self.donating
+        if program.needs_rng:
             # The device's key stream: seeded by torch.manual_seed, one fresh key per call.
-            _, outputs = self.program(device_random.next_key(), *values)
+            _, outputs = program(device_random.next_key(), *values)
         else:
-            outputs = self.program(*values)
+            outputs = program(*values)
+        del values
+        if self.written:
+            outputs, new_values = outputs[: -len(self.written)], outputs[-len(self.written) :]
+            for target, value in zip(targets, new_values):
+                _store(target, value)
         return [
             jax_to_tensor(out, device or fallback) if is_array(out) else out
             for out, device in zip(outputs, self.output_devices)
         ]
+
+
+# References to a buffer only the input tensor holds: its storage's payload, the list of
+# program arguments, the checking function's parameter and getrefcount's own argument.
+_SOLE_OWNER_REFCOUNT = 4
+
+
+def _only_held_by_its_tensor(value) -> bool:
+    """Whether donating `value` can break nothing: no other tensor, view copy or user
+    reference shares the array (e.g. `b = a.clone()` may share `a`'s immutable array)."""
+    return is_array(value) and sys.getrefcount(value) <= _SOLE_OWNER_REFCOUNT
+
+
+def _store(target: torch.Tensor, value) -> None:
+    """The graph's new value of an input tensor, written into it (through views)."""
+    if target.device.type == BACKEND_NAME:
+        device_tensor.write(target, value)
+    else:
+        with torch.no_grad():
+            target.copy_(jax_to_tensor(value, target.device))
 
 
 def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKETS) -> CompiledGraph:
@@ -102,7 +170,16 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
     policy = dynamic.buckets() if buckets is _DEFAULT_BUCKETS else dynamic.as_buckets(buckets)
     if policy is not None and dynamic.has_symbolic_sizes(gm):
         return dynamic.BucketedCompiledGraph(dynamic.compile_bucketed(gm, name, policy), gm, _output_devices(gm))
-    return CompiledGraph(compile_graph(gm, name), _output_devices(gm))
+    written = lift_input_mutations(gm)
+    devices = _output_devices(gm)[: len(_output_devices(gm)) - len(written)]
+    program = compile_graph(gm, name)
+    donating = None
+    if written:
+        offset = 1 if program.needs_rng else 0  # the key is the first array argument
+        tensor_inputs = [isinstance(n.meta.get("val"), torch.Tensor) for n in gm.graph.nodes if n.op == "placeholder"]
+        donate = tuple(offset + sum(tensor_inputs[:i]) for i in written)
+        donating = compile_graph(gm, name, donate=donate, fn=program.graph_fn)
+    return CompiledGraph(program, devices, written, donating)
 
 
 def graph_compiler(name: str, buckets=_DEFAULT_BUCKETS):
@@ -158,7 +235,7 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
         bw_compiler=graph_compiler(f"torch_compile_{graph_id}_backward", buckets),
         inference_compiler=graph_compiler(f"torch_compile_{graph_id}_inference", buckets),
         decompositions=decompositions(),
-        keep_inference_input_mutations=False,
+        keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs, **kwargs)
 

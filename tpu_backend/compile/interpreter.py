@@ -259,17 +259,21 @@ def fx_to_jax(gm: torch.fx.GraphModule, name: str = "graph") -> GraphFunction:
     return GraphFunction(gm, name)
 
 
-def compile_graph(gm: torch.fx.GraphModule, name: str) -> Program:
-    """`gm` as a `Program`: jitted per input signature, cached, counted under `name`."""
-    fn = GraphFunction(gm, name)
-    return GraphProgram(fn, name, lambda: gm.print_readable(print_output=False))
+def compile_graph(
+    gm: torch.fx.GraphModule, name: str, donate: tuple[int, ...] = (), fn: "GraphFunction | None" = None
+) -> Program:
+    """`gm` as a `Program`: jitted per input signature, cached, counted under `name`.
+    `donate`: array argument positions whose buffers the program may reuse; `fn`: the
+    graph's function if already built (a donating twin of another program)."""
+    fn = fn or GraphFunction(gm, name)
+    return GraphProgram(fn, name, lambda: gm.print_readable(print_output=False), donate)
 
 
 class GraphProgram(Program):
     """A `Program` of a `GraphFunction`, which knows whether it needs a random key."""
 
-    def __init__(self, fn: GraphFunction, name: str, source):
-        super().__init__(name, fn, source)
+    def __init__(self, fn: GraphFunction, name: str, source, donate: tuple[int, ...] = ()):
+        super().__init__(name, fn, source, donate)
         self.graph_fn = fn
 
     @property
