@@ -216,11 +216,36 @@ def functional_train_step(model: nn.Module, case: ModelCase, optimizer: str) -> 
         grads = list(grads.values())
         with torch.no_grad():
             if optimizer == "sgd":  # momentum buffers start at zero: 0.9 * 0 + g is torch's clone(g)
-                sgd(tensors, grads, momenta, foreach=True, lr=0.05, momentum=0.9, weight_decay=0.0,
-                    dampening=0.0, nesterov=False, maximize=False)
+                sgd(
+                    tensors,
+                    grads,
+                    momenta,
+                    foreach=True,
+                    lr=0.05,
+                    momentum=0.9,
+                    weight_decay=0.0,
+                    dampening=0.0,
+                    nesterov=False,
+                    maximize=False,
+                )
             else:
-                adamw(tensors, grads, exp_avgs, exp_avg_sqs, [], step_counts, foreach=True, capturable=True,
-                      lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False)
+                adamw(
+                    tensors,
+                    grads,
+                    exp_avgs,
+                    exp_avg_sqs,
+                    [],
+                    step_counts,
+                    foreach=True,
+                    capturable=True,
+                    lr=1e-3,
+                    beta1=0.9,
+                    beta2=0.999,
+                    weight_decay=0.01,
+                    eps=1e-8,
+                    amsgrad=False,
+                    maximize=False,
+                )
         return loss.detach()
 
     step.state = {"momentum_buffer": momenta, "exp_avg": exp_avgs, "exp_avg_sq": exp_avg_sqs}

@@ -77,7 +77,7 @@ def lift_input_mutations(gm: torch.fx.GraphModule) -> list[int]:
     inputs' old buffers to the program, so that XLA updates parameters in place."""
     placeholders = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    written, values = [], []
+    written = []
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders:
             if node.users or node.kwargs or len(node.args) != 2:
