@@ -81,7 +81,7 @@ class _Executable:
 
 
 _PLAIN_STATICS = (int, float, bool, str, type(None))
-_ARRAY_TYPES = (ArrayImpl, PRNGKeyArray)
+_JAX_ARRAY_TYPES = (ArrayImpl, PRNGKeyArray)
 
 
 class _LastCall:
@@ -96,15 +96,21 @@ class _LastCall:
         self.precision, self.statics, self.weak, self.executable = precision_setting, statics, weak, executable
 
 
-def _split(args) -> tuple[list, tuple]:
-    """(the jax arrays among `args`, the other arguments with their positions and types)."""
-    arrays, statics = [], []
+def _split(args) -> tuple[list, tuple, tuple]:
+    """(the arrays among `args`, their weak types, the other arguments with their positions
+    and types). Exact type tests: ~10x cheaper than `isinstance` against jax.Array."""
+    arrays, weak, statics = [], [], []
     for i, a in enumerate(args):
-        if type(a) in _ARRAY_TYPES:
+        kind = type(a)
+        if kind in _JAX_ARRAY_TYPES:
             arrays.append(a)
+            weak.append(a.aval.weak_type)
+        elif kind is np.ndarray:  # fused mode's vector of Python floats
+            arrays.append(a)
+            weak.append(False)
         else:
-            statics.append((i, type(a), a))
-    return arrays, tuple(statics)
+            statics.append((i, kind, a))
+    return arrays, tuple(weak), tuple(statics)
 
 
 _LIVE: "weakref.WeakSet[Program]" = weakref.WeakSet()
@@ -169,8 +175,7 @@ class Program:
 
     def __call__(self, *args):
         matmul_precision = precision.sync()
-        arrays, statics = _split(args)
-        weak = tuple(a.aval.weak_type for a in arrays)
+        arrays, weak, statics = _split(args)
         last = self._last
         if last is not None and last.precision == matmul_precision and last.weak == weak and last.statics == statics:
             try:
