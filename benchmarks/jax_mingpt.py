@@ -144,9 +144,17 @@ def causal_self_attention(x: jax.Array, block: Params, heads: int) -> jax.Array:
     return linear(mixed.transpose(0, 2, 1, 3).reshape(batch, length, width), block["proj"])
 
 
+def gelu(x: jax.Array) -> jax.Array:
+    """Exact GELU in PyTorch's formula, 0.5 x (1 + erf(x / sqrt 2)). Not
+    `jax.nn.gelu(approximate=False)`: that one is written with `erfc`, which XLA's CPU
+    backend expands into ~60 ops per element (its `erf` is one short polynomial), and it
+    made the minGPT step ~4% slower than the device's compiled step (measured interleaved)."""
+    return 0.5 * x * (1.0 + jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype)))
+
+
 def transformer_block(x: jax.Array, block: Params, heads: int) -> jax.Array:
     x = x + causal_self_attention(layer_norm(x, block["norm1"]), block, heads)
-    hidden = jax.nn.gelu(linear(layer_norm(x, block["norm2"]), block["fc"]), approximate=False)
+    hidden = gelu(linear(layer_norm(x, block["norm2"]), block["fc"]))
     return x + linear(hidden, block["out"])
 
 
