@@ -93,3 +93,18 @@ def test_an_array_held_elsewhere_is_not_donated():
     assert not held.is_deleted()
     torch.testing.assert_close(torch.from_numpy(held.__array__().copy()), before)
     assert not torch.equal(weight.cpu(), before)
+
+
+def test_batch_norm_running_stats_under_dynamic_shapes():
+    """Any inference graph that writes its inputs (here batch norm's running statistics,
+    train mode under no_grad) stores them, also with symbolic sizes (run at exact shapes)."""
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6))
+    model = copy.deepcopy(reference).to("tpu")
+    compiled = torch.compile(model, backend="tpu", dynamic=True)
+    with torch.no_grad():
+        for rows in (5, 7, 3):
+            x = torch.randn(rows, 4)
+            torch.testing.assert_close(compiled(x.to("tpu")).cpu(), reference(x), rtol=RTOL, atol=1e-5)
+    for name, buffer in reference[1].named_buffers():
+        torch.testing.assert_close(model[1].get_buffer(name).cpu(), buffer, rtol=RTOL, atol=ATOL, msg=name)
