@@ -101,8 +101,8 @@ class CompiledGraph:
     Dynamo wraps the backward callable with `functools.wraps`, which copies `__dict__`.
 
     `written`: the inputs the graph writes (`lift_input_mutations`); their new values are
-    the program's last outputs. Their old buffers are donated (a second program, built
-    with `donate`) when nothing but the input tensor holds them.
+    the program's last outputs. The old buffers of `donated` (among them) go to a second
+    program, built with `donate`, when nothing but the input tensor holds them.
     """
 
     def __init__(
@@ -111,11 +111,13 @@ class CompiledGraph:
         output_devices: list[torch.device | None],
         written: Sequence[int] = (),
         donating: GraphProgram | None = None,
+        donated: Sequence[int] = (),
     ):
         self.program = program
         self.output_devices = output_devices
         self.written = tuple(written)
         self.donating = donating
+        self.donated = tuple(donated)
         self._boxed_call = True
 
     def __call__(self, args: list) -> list:
@@ -124,7 +126,7 @@ class CompiledGraph:
         targets = [args[i] for i in self.written]
         args.clear()
         program = self.program
-        if self.donating is not None and all(_only_held_by_its_tensor(values[i]) for i in self.written):
+        if self.donating is not None and all(_only_held_by_its_tensor(values[i]) for i in self.donated):
             program = self.donating
         if program.needs_rng:
             # The device's key stream: seeded by torch.manual_seed, one fresh key per call.
@@ -174,7 +176,6 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         return dynamic.BucketedCompiledGraph(dynamic.compile_bucketed(gm, name, policy), gm, _output_devices(gm))
     devices = _output_devices(gm)[: len(_output_devices(gm)) - len(written)]
     program = compile_graph(gm, name)
-    donating = None
     if written:
         offset = 1 if program.needs_rng else 0  # the key is the first array argument
         values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
@@ -182,9 +183,11 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         # 0-d tensors (AdamW's step counts) are not donated: there is nothing to save, and
         # XLA copies each one in and out around its in-place update (60 more kernels and
         # 1.3x the step time for the small transformer's 30 counts at batch 1).
-        donate = tuple(offset + sum(tensor_inputs[:i]) for i in written if values[i].dim() > 0)
+        donated = [i for i in written if values[i].dim() > 0]
+        donate = tuple(offset + sum(tensor_inputs[:i]) for i in donated)
         donating = compile_graph(gm, name, donate=donate, fn=program.graph_fn) if donate else None
-    return CompiledGraph(program, devices, written, donating)
+        return CompiledGraph(program, devices, written, donating, donated)
+    return CompiledGraph(program, devices)
 
 
 def graph_compiler(name: str, buckets=_DEFAULT_BUCKETS):
