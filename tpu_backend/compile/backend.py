@@ -13,6 +13,11 @@ tested without the device), runs the program, and wraps the outputs as tensors o
 device each output's metadata names. Graph breaks need nothing here: Dynamo runs the
 code between graphs eagerly, on the tpu device's eager kernels.
 
+Inputs a graph writes (an optimizer step's parameters and state, batch norm's running
+statistics) are written by the compiled callable itself, with their old buffers donated
+to the program where nothing else holds them: a whole training step written in the form
+of `tests.tpu_backend.models.functional_train_step` is one program updating in place.
+
 Shapes: XLA compiles for static shapes. A graph with symbolic sizes (`dynamic=True`,
 `mark_dynamic`, or Dynamo's automatic dynamic shapes after a shape change) runs through
 `dynamic.py`: sizes are padded to buckets (`options={"buckets": [...]}`, default powers
