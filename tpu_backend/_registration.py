@@ -96,3 +96,8 @@ def register_backend(device_module) -> None:
 def new_device_tensor(shape, dtype: torch.dtype) -> torch.Tensor:
     """A plain PrivateUse1 TensorImpl (contiguous, its own zero-byte storage)."""
     return torch._C._acc.create_empty_tensor(tuple(shape), dtype)
+
+
+# `new_device_tensor` without the Python call around it, for the per-op hot path (the
+# shape must be a tuple). Missing on an unsupported torch: `check_torch_version` says so.
+create_device_tensor = getattr(getattr(torch._C, "_acc", None), "create_empty_tensor", new_device_tensor)

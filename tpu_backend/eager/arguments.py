@@ -21,7 +21,9 @@ class _Slot:
         return f"<dynamic {self.index}>"
 
 
-_SLOTS: list[_Slot] = [_Slot(i) for i in range(64)]
+_SLOTS: list[_Slot] = [_Slot(i) for i in range(256)]
+_PAYLOADS = tpu_tensor._PAYLOADS
+_read = tpu_tensor.read
 
 
 def _slot(index: int) -> _Slot:
@@ -30,19 +32,20 @@ def _slot(index: int) -> _Slot:
     return _SLOTS[index]
 
 
+def _non_tpu_tensor(value: torch.Tensor):
+    if value.dim() == 0:  # CPU scalar tensors mix with device tensors, as on CUDA
+        return tpu_tensor.cpu_to_jax(value)
+    raise RuntimeError(
+        f"expected all tensors on tpu, got a {value.device} tensor of shape {tuple(value.shape)} "
+        f"(called from {user_frame()}); move it with .to('tpu')"
+    )
+
+
 def _flatten(value, dynamic: list, dynamic_floats: bool):
     # Checked in order of frequency: this runs for every argument of every op.
     if isinstance(value, torch.Tensor):
-        payload = tpu_tensor.payload_if_tpu(value)
-        if payload is not None:
-            dynamic.append(tpu_tensor.read(value, payload))
-        elif value.dim() == 0:  # CPU scalar tensors mix with device tensors, as on CUDA
-            dynamic.append(tpu_tensor.cpu_to_jax(value))
-        else:
-            raise RuntimeError(
-                f"expected all tensors on tpu, got a {value.device} tensor of shape {tuple(value.shape)} "
-                f"(called from {user_frame()}); move it with .to('tpu')"
-            )
+        payload = _PAYLOADS.get(value.untyped_storage()._cdata)
+        dynamic.append(_non_tpu_tensor(value) if payload is None else _read(value, payload))
         return _slot(len(dynamic) - 1)
     kind = type(value)
     if kind is int or kind is bool or value is None:
@@ -67,9 +70,18 @@ def _flatten(value, dynamic: list, dynamic_floats: bool):
 def flatten_args(args, kwargs, dynamic_floats: bool = True):
     """Split torch arguments into (dynamic values, hashable static template of args, kwargs)."""
     dynamic: list = []
-    template_args = tuple([_flatten(a, dynamic, dynamic_floats) for a in args])
+    template = []
+    for value in args:  # the common arguments inline (tensors, ints): no call per argument
+        if isinstance(value, torch.Tensor):
+            payload = _PAYLOADS.get(value.untyped_storage()._cdata)
+            dynamic.append(_non_tpu_tensor(value) if payload is None else _read(value, payload))
+            template.append(_SLOTS[len(dynamic) - 1] if len(dynamic) <= 256 else _slot(len(dynamic) - 1))
+        elif type(value) is int or value is None:
+            template.append(value)
+        else:
+            template.append(_flatten(value, dynamic, dynamic_floats))
     template_kwargs = tuple([(k, _flatten(v, dynamic, dynamic_floats)) for k, v in kwargs.items()]) if kwargs else ()
-    return dynamic, template_args, template_kwargs
+    return dynamic, tuple(template), template_kwargs
 
 
 def _fill(template, dynamic):
