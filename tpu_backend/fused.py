@@ -308,6 +308,8 @@ def _render(template, refs: list[str]) -> str:
     """A static argument template with its dynamic slots shown as the values wired in."""
     if type(template).__name__ == "_Slot":  # dispatch's placeholder for the i-th dynamic value
         return refs[template.index]
+    if type(template).__name__ == "_ViewSlot":  # ... and for a view of it, gathered in the program
+        return f"{refs[template.index]}.view{template.geometry}"
     if type(template) is tuple:
         return "[" + ", ".join(_render(t, refs) for t in template) + "]"
     return repr(template)

@@ -23,6 +23,7 @@ import collections
 import functools
 import math
 import weakref
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -179,6 +180,7 @@ def empty_tensor(shape, dtype: torch.dtype) -> torch.Tensor:
 
 
 _TORCH_DTYPE_OF = {}  # jax/numpy dtype -> torch dtype, filled on first sight (wrap's hot path)
+_ARRAY_DTYPE_OF = {}  # torch dtype -> the numpy dtype of its JAX arrays (write's hot path)
 
 
 def wrap(array: jax.Array) -> torch.Tensor:
@@ -344,6 +346,25 @@ def read(t: torch.Tensor, payload: StoragePayload | None = None) -> jax.Array:
     return value
 
 
+def read_deferred(t: torch.Tensor, payload: StoragePayload):
+    """`read` for an op's input: (array, None), or (storage array, view geometry) when `t`
+    is a plain view of its storage, so that the op gathers the view *inside its own
+    program* (`gather_fn(*geometry)`) instead of launching one program for the gather:
+    reshapes, transposes and slices are most inputs of a training step."""
+    base = payload.array
+    if base is not None and payload.dtype is t.dtype and not t.is_conj() and not t.is_neg():
+        offset = t.storage_offset()
+        if offset == 0 and t.is_contiguous() and t.shape == base.shape:
+            return base, None
+        return base, (tuple(t.shape), tuple(t.stride()), offset)
+    return read(t, payload), None
+
+
+def gather_fn(shape, strides, offset) -> Callable:
+    """The function reading view (shape, strides, offset) from a storage array (jitted, cached)."""
+    return _gather_fn(shape, strides, offset)
+
+
 def _apply_math_bits(t: torch.Tensor, value):
     """The lazy conjugate / negative bits of a view (`x.conj()`, `x.conj().imag`), applied.
 
@@ -362,7 +383,9 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
     if payload.dtype != t.dtype:
         _reinterpret(payload, t.dtype)
     shape = tuple(t.shape)
-    target = jax_dtype(t.dtype)
+    target = _ARRAY_DTYPE_OF.get(t.dtype)
+    if target is None:
+        target = _ARRAY_DTYPE_OF[t.dtype] = np.dtype(jax_dtype(t.dtype))
     if value.dtype != target:
         value = value.astype(target)
     if value.shape != shape:
