@@ -65,11 +65,13 @@ def _hook_classes():
         def is_built(self) -> bool:
             return True
 
+    private_use1 = torch._C._autograd.DeviceType.PrivateUse1
+
     class _TpuDeviceGuard(torch._C._acc.DeviceGuard):
         """One device, index 0: multi-chip work goes through JAX sharding, not tpu:1."""
 
-        def type_(self):
-            return torch._C._autograd.DeviceType.PrivateUse1
+        def type_(self):  # called from C++ several times per op: no attribute lookups
+            return private_use1
 
     return _TpuHooks, _TpuDeviceGuard
 
