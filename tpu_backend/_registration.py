@@ -65,11 +65,13 @@ def _hook_classes():
         def is_built(self) -> bool:
             return True
 
+    private_use1 = torch._C._autograd.DeviceType.PrivateUse1
+
     class _TpuDeviceGuard(torch._C._acc.DeviceGuard):
         """One device, index 0: multi-chip work goes through JAX sharding, not tpu:1."""
 
-        def type_(self):
-            return torch._C._autograd.DeviceType.PrivateUse1
+        def type_(self):  # called from C++ several times per op: no attribute lookups
+            return private_use1
 
     return _TpuHooks, _TpuDeviceGuard
 
@@ -96,3 +98,8 @@ def register_backend(device_module) -> None:
 def new_device_tensor(shape, dtype: torch.dtype) -> torch.Tensor:
     """A plain PrivateUse1 TensorImpl (contiguous, its own zero-byte storage)."""
     return torch._C._acc.create_empty_tensor(tuple(shape), dtype)
+
+
+# `new_device_tensor` without the Python call around it, for the per-op hot path (the
+# shape must be a tuple). Missing on an unsupported torch: `check_torch_version` says so.
+create_device_tensor = getattr(getattr(torch._C, "_acc", None), "create_empty_tensor", new_device_tensor)

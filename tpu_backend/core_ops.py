@@ -56,7 +56,8 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 
 
 def _meta_view(op):
-    return lambda *args, **kwargs: op.redispatch(_META, *args, **kwargs)
+    redispatch = op._handle.redispatch_boxed  # what `op.redispatch` calls, without its Python frame (per view)
+    return lambda *args, **kwargs: redispatch(_META, *args, **kwargs)
 
 
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):

@@ -74,11 +74,12 @@ def max_nodes() -> int:
 class LazyArray(tpu_tensor.LazyValue):
     """The not-yet-computed output `index` of a recorded node; `value` once synced."""
 
-    __slots__ = ("shape", "dtype", "weak_type", "node", "index", "value", "__weakref__")
+    __slots__ = ("shape", "dtype", "weak_type", "node", "index", "value", "ref", "__weakref__")
 
-    def __init__(self, aval: tuple, node: "_Node | None", index: int):
+    def __init__(self, aval: tuple, node: "_Node", index: int):
         self.shape, self.dtype, self.weak_type = aval
         self.node, self.index, self.value = node, index, None
+        self.ref = ("n", node.position, index)  # how later nodes of its graph wire it in
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: math.prod(self.shape))
@@ -144,23 +145,25 @@ class _Graph:
         self.nodes: list[_Node] = []
         self.state = _root
         self.external: list[Any] = []  # concrete arrays
-        self.external_index: dict[int, int] = {}  # id(array) -> position (an array used twice is one input)
+        # id(array) -> its ref (an array used twice is one input; its shape is read once)
+        self.external_index: dict[int, tuple] = {}
         self.floats: list[float] = []  # Python floats (learning rates...), passed as one float64 vector
 
     def input_ref(self, value) -> tuple:
         """How a node reaches `value`: ("n", node, output), ("f", i) or ("x", i, shape, dtype, weak)."""
         if type(value) is LazyArray:
             if value.value is None:
-                return ("n", value.node.position, value.index)
+                return value.ref
             value = value.value
         if type(value) is float:
             self.floats.append(value)
             return ("f", len(self.floats) - 1)
         found = self.external_index.get(id(value))
         if found is None:
-            found = self.external_index[id(value)] = len(self.external)
+            found = ("x", len(self.external), value.shape, value.dtype, getattr(value, "weak_type", False))
+            self.external_index[id(value)] = found
             self.external.append(value)
-        return ("x", found, value.shape, value.dtype, getattr(value, "weak_type", False))
+        return found
 
 
 _graph = _Graph()
@@ -305,6 +308,8 @@ def _render(template, refs: list[str]) -> str:
     """A static argument template with its dynamic slots shown as the values wired in."""
     if type(template).__name__ == "_Slot":  # dispatch's placeholder for the i-th dynamic value
         return refs[template.index]
+    if type(template).__name__ == "_ViewSlot":  # ... and for a view of it, gathered in the program
+        return f"{refs[template.index]}.view{template.geometry}"
     if type(template) is tuple:
         return "[" + ", ".join(_render(t, refs) for t in template) + "]"
     return repr(template)

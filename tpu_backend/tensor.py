@@ -23,13 +23,14 @@ import collections
 import functools
 import math
 import weakref
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_backend._registration import DEVICE_NAME, new_device_tensor
+from tpu_backend._registration import DEVICE_NAME, create_device_tensor, new_device_tensor
 from tpu_backend.ops.registry import jax_dtype, torch_dtype
 
 
@@ -178,11 +179,24 @@ def empty_tensor(shape, dtype: torch.dtype) -> torch.Tensor:
     return t
 
 
+_TORCH_DTYPE_OF = {}  # jax/numpy dtype -> torch dtype, filled on first sight (wrap's hot path)
+_ARRAY_DTYPE_OF = {}  # torch dtype -> the numpy dtype of its JAX arrays (write's hot path)
+
+
 def wrap(array: jax.Array) -> torch.Tensor:
-    """A new contiguous tpu tensor owning `array`."""
-    dtype = torch_dtype(array.dtype)
-    t = new_device_tensor(array.shape, dtype)
-    _attach(t, StoragePayload(array.size, dtype, array))
+    """A new contiguous tpu tensor owning `array`.
+
+    Every op's result goes through here, so it is `_attach` inlined, with no shape or
+    dtype derived twice (a strict-mode op costs a few microseconds in all)."""
+    dtype = _TORCH_DTYPE_OF.get(array.dtype)
+    if dtype is None:
+        dtype = _TORCH_DTYPE_OF[array.dtype] = torch_dtype(array.dtype)
+    t = create_device_tensor(array.shape, dtype)
+    payload = StoragePayload(t.numel(), dtype, array)
+    storage = t.untyped_storage()
+    payload.key = key = storage._cdata
+    payload.ref = weakref.ref(storage, payload.release)
+    _PAYLOADS[key] = payload
     return t
 
 
@@ -304,6 +318,17 @@ def read(t: torch.Tensor, payload: StoragePayload | None = None) -> jax.Array:
     """The value of tpu tensor `t` as a JAX array of `t`'s shape and dtype."""
     if payload is None:
         payload = payload_of(t)
+    base = payload.array
+    if (  # the hot path, every op input: the tensor is its whole storage, no math bits
+        base is not None
+        and t.storage_offset() == 0
+        and payload.dtype is t.dtype
+        and t.is_contiguous()
+        and t.shape == base.shape
+        and not t.is_conj()
+        and not t.is_neg()
+    ):
+        return base
     if payload.dtype != t.dtype:
         _reinterpret(payload, t.dtype)
     base = payload.array
@@ -319,6 +344,25 @@ def read(t: torch.Tensor, payload: StoragePayload | None = None) -> jax.Array:
     if t.is_conj() or t.is_neg():
         return _apply_math_bits(t, value)
     return value
+
+
+def read_deferred(t: torch.Tensor, payload: StoragePayload):
+    """`read` for an op's input: (array, None), or (storage array, view geometry) when `t`
+    is a plain view of its storage, so that the op gathers the view *inside its own
+    program* (`gather_fn(*geometry)`) instead of launching one program for the gather:
+    reshapes, transposes and slices are most inputs of a training step."""
+    base = payload.array
+    if base is not None and payload.dtype is t.dtype and not t.is_conj() and not t.is_neg():
+        offset = t.storage_offset()
+        if offset == 0 and t.is_contiguous() and t.shape == base.shape:
+            return base, None
+        return base, (tuple(t.shape), tuple(t.stride()), offset)
+    return read(t, payload), None
+
+
+def gather_fn(shape, strides, offset) -> Callable:
+    """The function reading view (shape, strides, offset) from a storage array (jitted, cached)."""
+    return _gather_fn(shape, strides, offset)
 
 
 def _apply_math_bits(t: torch.Tensor, value):
@@ -339,7 +383,9 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
     if payload.dtype != t.dtype:
         _reinterpret(payload, t.dtype)
     shape = tuple(t.shape)
-    target = jax_dtype(t.dtype)
+    target = _ARRAY_DTYPE_OF.get(t.dtype)
+    if target is None:
+        target = _ARRAY_DTYPE_OF[t.dtype] = np.dtype(jax_dtype(t.dtype))
     if value.dtype != target:
         value = value.astype(target)
     if value.shape != shape:

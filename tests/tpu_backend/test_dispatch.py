@@ -143,3 +143,41 @@ def test_inplace_refuses_a_result_dtype_aten_would_refuse():
     flags = torch.zeros(3).to("tpu")
     flags.eq_(torch.tensor([0.0, 1.0, 0.0]).to("tpu"))  # bool result into float: allowed
     assert flags.cpu().tolist() == [1.0, 0.0, 1.0]
+
+
+def _programs_launched() -> int:
+    from tpu_backend import tensor as tpu_tensor
+    from tpu_backend.eager.runner import CACHE_STATS
+
+    return CACHE_STATS.requests + sum(tpu_tensor.EAGER_STORAGE_CALLS.values())
+
+
+def test_view_inputs_are_gathered_inside_the_ops_program():
+    x_cpu = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    y_cpu = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
+    cases = {  # a transpose, a reshape, an offset slice and a strided slice, each feeding one op
+        "mm of transposes": lambda a, b: torch.mm(a.t(), b.t()),
+        "add of a reshape": lambda a, b: a.reshape(12, 4) + 1,
+        "mul of an offset slice": lambda a, b: a[2:5, 1:7] * b[1:4, :],
+        "sum of a strided slice": lambda a, b: a[::2, 1::3].sum(),
+    }
+    for name, fn in cases.items():
+        expected = fn(x_cpu, y_cpu)
+        fn(x, y)  # compile
+        before = _programs_launched()
+        got = fn(x, y)
+        assert _programs_launched() - before == 1, name  # the op alone: no gather program per view
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_strict_counts_a_compile_once_per_new_signature():
+    torch.tpu.reset_cache_stats()
+    a = torch.randn(3, 5).to("tpu")
+    for _ in range(3):
+        a * 2.5  # the float is dynamic: one program for every value
+    b = torch.randn(7, 2).to("tpu")
+    b * 2.5  # new shapes: a second compile
+    stats = torch.tpu.cache_stats()
+    assert (stats["requests"], stats["misses"], stats["hits"]) == (4, 2, 2)
+    assert stats["compile_seconds"] > 0

@@ -46,7 +46,7 @@ def debug_check(op, args, kwargs, out) -> None:
             )
     inputs_finite = all(
         bool(jnp.isfinite(a).all())
-        for a in _leaves(flatten_args(args, kwargs, False)[0])
+        for a in _leaves(flatten_args(args, kwargs, False, defer_views=False)[0])
         if isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jnp.inexact)
     )
     for index, r in enumerate(results):

@@ -20,12 +20,18 @@ from tpu_backend.eager.runner import runner
 from tpu_backend.eager.variants import _out_names, inplace_variant, out_variant, write_result
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering, on_register
 
+_WRAP = tpu_tensor.wrap
+_ARRAY_TYPES: set[type] = set()  # the concrete array classes seen (jax's ArrayImpl, LazyArray): one set test per op
+
 
 def _wrap_outputs(out):
+    if type(out) in _ARRAY_TYPES:  # the common case first: one array
+        return _WRAP(out)
     if isinstance(out, (tuple, list)):
         return tuple(_wrap_outputs(o) for o in out)
     if isinstance(out, (jax.Array, tpu_tensor.LazyValue)):
-        return tpu_tensor.wrap(out)
+        _ARRAY_TYPES.add(type(out))
+        return _WRAP(out)
     return out
 
 
@@ -40,11 +46,13 @@ def check_device_index(device) -> None:
 
 def _functional_kernel(op):
     run = runner(op)
+    takes_device = any(a.name == "device" for a in op._schema.arguments)
 
     def kernel(*args, **kwargs):
-        if kwargs and "device" in kwargs:
+        if takes_device and "device" in kwargs:
             check_device_index(kwargs["device"])
-        return _wrap_outputs(run(args, kwargs))
+        out = run(args, kwargs)
+        return _WRAP(out) if type(out) in _ARRAY_TYPES else _wrap_outputs(out)
 
     return kernel
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import jax
 
+from tpu_backend import fused
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.eager import modes
 from tpu_backend.eager.arguments import fill_template, flatten_args
@@ -54,20 +55,28 @@ _TRACE_ERRORS = (
 )
 
 
+class _Compiles:
+    """Whether the jitted call in flight traced (so compiled) its lowering: set by the
+    bound function, which only runs when JAX traces. Cheaper per call than asking the
+    jitted function for its cache size before and after."""
+
+    started: float | None = None
+
+
 def _run_jitted(fn: Callable, dynamic: list):
     """Call a jitted lowering, counting a miss (and its compile time) when JAX compiles."""
     CACHE_STATS.requests += 1
-    before = fn._cache_size()
-    start = time.perf_counter()
+    _Compiles.started = None
     out = fn(*dynamic)
     if tpu_tensor.SYNC_EACH_COMPUTATION:  # multi-process CPU runs (see tensor.py)
         jax.block_until_ready(out)
-    if fn._cache_size() != before:
-        CACHE_STATS.misses += 1
-        CACHE_STATS.compile_seconds += time.perf_counter() - start
-        _count_compiled_program()
-    else:
+    if _Compiles.started is None:
         CACHE_STATS.hits += 1
+    else:
+        CACHE_STATS.misses += 1
+        CACHE_STATS.compile_seconds += time.perf_counter() - _Compiles.started
+        _Compiles.started = None
+        _count_compiled_program()
     return out
 
 
@@ -87,13 +96,17 @@ class OpRunner:
         # Decided once, not per call: whether a call needs the host check or an rng key.
         self.may_run_on_host = lowering.data_dependent or lowering.data_dependent_when is not None
         self.needs_rng = lowering.needs_rng
+        self.plain = not (self.may_run_on_host or self.needs_rng)  # the hot path applies
         self.bound: dict[tuple, Callable] = {}  # fused mode: one bound function per template
 
-    def _bound(self, template_args, template_kwargs) -> Callable:
-        """The lowering as a function of the dynamic values alone (the template is static)."""
+    def _bound(self, template_args, template_kwargs, traced: bool = False) -> Callable:
+        """The lowering as a function of the dynamic values alone (the template is static).
+        `traced`: note the trace in `_Compiles` (strict mode's jitted functions)."""
         lowering_fn = self.lowering.fn
 
         def call(*dynamic):
+            if traced:
+                _Compiles.started = time.perf_counter()
             args, kwargs = fill_template(template_args, template_kwargs, dynamic)
             return lowering_fn(*args, **kwargs)
 
@@ -103,10 +116,25 @@ class OpRunner:
         key = (template_args, template_kwargs)
         fn = self.jitted.get(key)
         if fn is None:
-            fn = self.jitted[key] = jax.jit(self._bound(template_args, template_kwargs))
+            fn = self.jitted[key] = jax.jit(self._bound(template_args, template_kwargs, traced=True))
         return fn
 
     def __call__(self, args, kwargs):
+        if self.plain and modes._mode != "debug":  # the hot path: no rng key, host check or debug check
+            dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
+            template = (template_args, template_kwargs)
+            try:
+                if modes._mode == "strict":
+                    fn = self.jitted.get(template)
+                    if fn is not None:
+                        return _run_jitted(fn, dynamic)
+                else:
+                    found = self.bound.get(template)
+                    if found is not None:
+                        return fused.record(found[0], found[1], dynamic)
+            except _TRACE_ERRORS:
+                pass  # a float the lowering branches on: `_run` makes floats static
+            return self._run(args, kwargs)  # first call with this template
         if self.needs_rng:
             from tpu_backend import random as tpu_random
 
@@ -142,8 +170,6 @@ class OpRunner:
     def _record(self, template_args, template_kwargs, dynamic):
         """Fused mode: record the bound lowering; the (op, template) key and the bound
         function are built once per template, not per call."""
-        from tpu_backend import fused
-
         template = (template_args, template_kwargs)
         found = self.bound.get(template)
         if found is None:
