@@ -62,6 +62,23 @@ def bmm(ctx, a, b):
     return _batch_matmul(ctx, a, b)
 
 
+@lowers(aten.baddbmm.default)
+def baddbmm(ctx, bias, a, b, beta=1, alpha=1):
+    """beta * bias + alpha * (a @ b) over a batch (BLOOM's ALiBi scores)."""
+    return _plus_bias(ctx, _batch_matmul(ctx, a, b, final=False), bias, beta, alpha)
+
+
+def _plus_bias(ctx, product: Tensor, bias: Tensor, beta, alpha) -> Tensor:
+    """beta * bias + alpha * product (the node's output)."""
+    if alpha != 1:
+        product = emit.binary(ctx, "MUL", product, emit.scalar_like(ctx, alpha, product.dtype))
+    if beta == 0:
+        return emit.reshape(ctx, product, ctx.out_shape())
+    if beta != 1:
+        bias = emit.binary(ctx, "MUL", bias, emit.scalar_like(ctx, beta, bias.dtype))
+    return ctx.emit("ADD", [product, bias], {"fusedActivationFunction": "NONE"})
+
+
 @lowers(aten.addmm.default)
 def addmm(ctx, bias, a, b, beta=1, alpha=1):
     """beta * bias + alpha * (a @ b): one FULLY_CONNECTED when b is constant and the bias
@@ -70,14 +87,7 @@ def addmm(ctx, bias, a, b, beta=1, alpha=1):
     vector_bias = bias.rank == 1 or (bias.rank == 2 and bias.shape[0] == 1)
     if _is_constant_matrix(b) and beta == 1 and alpha == 1 and vector_bias and bias.shape[-1] == out_features:
         return _fully_connected(ctx, a, ctx.const(b.data.T), emit.reshape(ctx, bias, (out_features,)))
-    product = _batch_matmul(ctx, a, b, final=False)
-    if alpha != 1:
-        product = emit.binary(ctx, "MUL", product, emit.scalar_like(ctx, alpha, product.dtype))
-    if beta == 0:
-        return emit.reshape(ctx, product, ctx.out_shape())
-    if beta != 1:
-        bias = emit.binary(ctx, "MUL", bias, emit.scalar_like(ctx, beta, bias.dtype))
-    return ctx.emit("ADD", [product, bias], {"fusedActivationFunction": "NONE"})
+    return _plus_bias(ctx, _batch_matmul(ctx, a, b, final=False), bias, beta, alpha)
 
 
 @lowers(aten.matmul.default)

@@ -358,6 +358,14 @@ def avg_pool3d(
     )
 
 
+@lowers(aten.adaptive_avg_pool3d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(ctx, x, output_size):
+    """Global video pooling: one MEAN (other sizes decompose)."""
+    if list(output_size) not in ([1], [1, 1, 1]):
+        raise NotImplementedError("adaptive average 3-D pooling to more than one position")
+    return ctx.emit("MEAN", [x, emit.int32(ctx, [2, 3, 4])], {"keepDims": True})
+
+
 @lowers(aten.max_pool1d.default)
 def max_pool1d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """A 2-D max pool over a height of 1 (what its decomposition does, without tracing it)."""
