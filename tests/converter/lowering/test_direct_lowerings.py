@@ -49,3 +49,41 @@ def test_lowered_directly_and_equal_to_pytorch(name, monkeypatch):
     edge = assert_converts(module.eval(), args)
     if ops is not None:
         assert [op.opcode for op in edge.ir_model.graphs[0].ops] == ops
+
+
+class _Einsum(nn.Module):
+    def __init__(self, equation: str, weight: torch.Tensor | None = None):
+        super().__init__()
+        self.equation, self.weight = equation, weight
+
+    def forward(self, *operands):
+        return torch.einsum(self.equation, *operands, *([self.weight] if self.weight is not None else []))
+
+
+EINSUMS = {
+    "batched_matmul": ("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)], None),
+    "output_reordered": ("bij,bjk->kbi", [(2, 3, 4), (2, 4, 5)], None),
+    "outer": ("i,j->ij", [(3,), (4,)], None),
+    "summed_alone": ("bij,bkl->bik", [(2, 3, 4), (2, 5, 6)], None),
+    "implicit_output": ("ij,jk", [(3, 4), (4, 5)], None),
+    "transpose_sum": ("ijk->ki", [(3, 4, 5)], None),
+    "by_constant": ("bnc,dc->bnd", [(2, 7, 5)], torch.randn(6, 5)),
+    "maxvit_rel_pos": ("bhwc,hkc->bhwk", [(2, 4, 4, 8), (4, 7, 8)], None),
+}
+
+
+@pytest.mark.parametrize("name", list(EINSUMS))
+def test_einsum_lowered_directly(name, monkeypatch):
+    equation, shapes, weight = EINSUMS[name]
+
+    def refuse(op, *rest, **kwargs):
+        raise AssertionError(f"{op} was decomposed instead of lowered directly")
+
+    monkeypatch.setattr(decompositions, "trace_decomposition", refuse)
+    edge = assert_converts(_Einsum(equation, weight), tuple(torch.randn(*s) for s in shapes))
+    kinds = {op.opcode for op in edge.ir_model.graphs[0].ops}
+    assert kinds <= {"BATCH_MATMUL", "FULLY_CONNECTED", "TRANSPOSE", "RESHAPE", "SUM"}, kinds
+
+
+def test_einsum_with_an_ellipsis_still_converts():
+    assert_converts(_Einsum("...ij,...jk->...ik"), (torch.randn(2, 3, 4), torch.randn(2, 4, 5)))  # decomposed
