@@ -152,13 +152,17 @@ def bare_export_seconds(model, args) -> float:
 
 def convert_and_export_times(model, args, options) -> tuple[bytes, float, float]:
     """(file, convert seconds, bare export seconds): each the minimum of --repeats runs,
-    alternated so that machine noise hits both alike."""
+    alternated ABBA (convert, export, export, convert, ...) so that machine noise, and
+    whatever one leaves warm for the next, hits both alike."""
     converts, exports, stages = [], [], []
-    for _ in range(max(1, options.repeats)):
+    for k in range(max(1, options.repeats)):
+        if k % 2:
+            exports.append(bare_export_seconds(model, args))
         stages.append({})
         content, seconds = convert_ours(model, args, options.model_timeout, stages[-1])
         converts.append(seconds)
-        exports.append(bare_export_seconds(model, args))
+        if not k % 2:
+            exports.append(bare_export_seconds(model, args))
     return content, min(converts), min(exports), stages[converts.index(min(converts))]
 
 
