@@ -375,6 +375,8 @@ def _mean_of_duplicates(ctx, scattered: Tensor, hits: Tensor) -> Tensor:
     may repeat one (max_unpool after overlapping windows writes one input's maximum once
     per window). Dividing by the count keeps such equal writes exact (PyTorch leaves
     unequal ones undefined)."""
+    if scattered.dtype == np.bool_:
+        return scattered
     count = emit.cast(ctx, emit.binary(ctx, "MAXIMUM", hits, ctx.const(np.float32(1))), scattered.dtype)
     divide = "DIV" if np.issubdtype(scattered.dtype, np.floating) else "FLOOR_DIV"
     return emit.binary(ctx, divide, scattered, count)
