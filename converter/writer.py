@@ -21,9 +21,6 @@ and the `flatbuffers` builder. What this module guarantees, beyond the schema:
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import sys
 from typing import Any
 
 import flatbuffers
@@ -490,45 +487,7 @@ def _finish(model_t: schema.ModelT, size_hint: int) -> bytes:
         pieces += [arena[cursor:start], memoryview(payload).cast("B")]
         cursor = start + len(payload)
     pieces.append(arena[cursor:])
-    return _joined(pieces)
-
-
-_HUGE_PAGE = 2 << 20
-
-
-def _raw_bytes_api():
-    """(new uninitialised bytes of a size, offset of a bytes object's data) on CPython, else None."""
-    if sys.implementation.name != "cpython" or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return None
-    new = ctypes.pythonapi.PyBytes_FromStringAndSize
-    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
-    libc = ctypes.CDLL(None)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return new, libc.madvise, sys.getsizeof(b"") - 1
-
-
-_RAW_BYTES = _raw_bytes_api()
-
-
-def _joined(pieces: list) -> bytes:
-    """`b"".join(pieces)`; a large result is written into a new bytes object whose pages
-    are first advised as huge pages (as numpy does for its large arrays): the join's 4 KiB
-    page faults were most of writing a weight-heavy model (59 MB: 90-120 ms, 30-50 ms so).
-    The object is filled before anyone else holds it (its hash is not computed yet)."""
-    size = sum(len(p) for p in pieces)
-    if _RAW_BYTES is None or size < 4 * _HUGE_PAGE:
-        return b"".join(pieces)
-    new, madvise, data_offset = _RAW_BYTES
-    out = new(None, size)
-    address = id(out) + data_offset
-    start, end = _align(address, _HUGE_PAGE), (address + size) // _HUGE_PAGE * _HUGE_PAGE
-    madvise(start, end - start, mmap.MADV_HUGEPAGE)  # a hint: ignored where the kernel says no
-    view = np.frombuffer((ctypes.c_char * size).from_address(address), np.uint8)
-    cursor = 0
-    for piece in pieces:
-        view[cursor : cursor + len(piece)] = np.frombuffer(piece, np.uint8)
-        cursor += len(piece)
-    return out
+    return b"".join(pieces)
 
 
 class ModelParts:

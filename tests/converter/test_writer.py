@@ -376,20 +376,3 @@ def test_constant_with_mismatched_data_is_rejected():
     model = ir.Model([ir.Graph(inputs=[x], outputs=[y], ops=[ir.Op("ADD", [x, c], [y])])])
     with pytest.raises(ConversionError, match=r"constant %c is declared float32\[2\] but holds float32\[3\]"):
         write_flatbuffer(model)
-
-
-def test_large_model_bytes_equal_a_plain_join_and_run():
-    """Above 8 MiB the file is written into huge-page-advised memory (not b"".join): the
-    same bytes, a real bytes object, and LiteRT computes with the weights it holds."""
-    from converter.writer import _joined
-
-    rng = np.random.default_rng(0)
-    pieces = [memoryview(rng.standard_normal(n).astype(np.float32)).cast("B") for n in (3_000_001, 7, 2_500_000)]
-    joined = _joined(pieces)
-    assert type(joined) is bytes and joined == b"".join(pieces) and hash(joined) == hash(b"".join(pieces))
-    x, y = f32("x", (1, 1024)), f32("y", (1, 3000))
-    weight = const("w", rng.standard_normal((3000, 1024)))  # 12 MB
-    model = one_op_model("FULLY_CONNECTED", [x, weight, None], y, {"fusedActivationFunction": "NONE"})
-    value = rng.standard_normal((1, 1024)).astype(np.float32)
-    (out,) = LiteRTModel(write_flatbuffer(model)).run([value])
-    np.testing.assert_allclose(out, value @ weight.data.T, rtol=1e-4, atol=1e-3)
