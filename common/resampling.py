@@ -69,3 +69,31 @@ def linear_weights(in_size: int, out_size: int, align_corners: bool, scale_facto
     np.add.at(matrix, (np.arange(out_size), low), np.float32(1) - frac)
     np.add.at(matrix, (np.arange(out_size), high), frac)
     return matrix
+
+
+def cubic_weights(in_size: int, out_size: int, align_corners: bool, scale_factor: float | None) -> np.ndarray:
+    """(out, in) float32 matrix of ATen's bicubic interpolation weights along one axis:
+    Keys' cubic convolution (A = -0.75) over the 4 taps around the source position
+    (not clamped at 0, unlike linear), tap indices clamped into the input (their weights
+    add up at the border)."""
+    dst = np.arange(out_size, dtype=np.float32)
+    if align_corners:
+        src = dst * (np.float32(in_size - 1) / np.float32(out_size - 1) if out_size > 1 else np.float32(0))
+    else:
+        src = (dst + np.float32(0.5)) * source_scale(in_size, out_size, scale_factor) - np.float32(0.5)
+    low = np.floor(src)
+    t = src - low
+    a = np.float32(-0.75)
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    taps = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    matrix = np.zeros((out_size, in_size), np.float32)
+    for k, weight in enumerate(taps):
+        index = np.clip(low.astype(np.int64) - 1 + k, 0, in_size - 1)
+        np.add.at(matrix, (np.arange(out_size), index), weight.astype(np.float32))
+    return matrix

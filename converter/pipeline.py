@@ -214,11 +214,17 @@ def user_source(node: torch.fx.Node) -> str | None:
     torch, the standard library and this project: the line that made the op (for a
     transformers model, the line in its modeling_*.py). With LITERT_TORCH_SOURCE_CHAIN=1,
     every such frame, outermost first, joined by " -> "."""
-    trace = node.meta.get("stack_trace") or ""
+    chain = os.environ.get("LITERT_TORCH_SOURCE_CHAIN", "") not in ("", "0")
+    return _source_of(node.meta.get("stack_trace") or "", chain, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _source_of(trace: str, chain: bool, cwd: str) -> str | None:
+    # Cached: the layers of a model called in a loop share one trace text per line.
     frames = [f for f in _FRAME.finditer(trace) if not _is_library_frame(f.group("file"))]
     if not frames:
         return None
-    if os.environ.get("LITERT_TORCH_SOURCE_CHAIN", "") not in ("", "0"):
+    if chain:
         return " -> ".join(_frame_text(f) for f in frames)
     return _frame_text(frames[-1])
 

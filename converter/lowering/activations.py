@@ -190,13 +190,9 @@ def relu6(ctx, x):
 
 @lowers(aten.softmax.int)
 def softmax_whole(ctx, x, dim, dtype=None):
-    if dtype is not None:
-        raise NotImplementedError("softmax with a dtype")  # its decomposition casts first
-    return softmax(ctx, x, dim)
+    return softmax(ctx, emit.cast(ctx, x, ctx.out_dtype()), dim)  # a dtype casts first
 
 
 @lowers(aten.log_softmax.int)
 def log_softmax_whole(ctx, x, dim, dtype=None):
-    if dtype is not None:
-        raise NotImplementedError("log_softmax with a dtype")
-    return log_softmax(ctx, x, dim)
+    return log_softmax(ctx, emit.cast(ctx, x, ctx.out_dtype()), dim)

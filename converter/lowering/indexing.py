@@ -366,7 +366,20 @@ def _scatter(ctx, x: Tensor, coords: Tensor, updates: Tensor, accumulate: bool, 
         ones = ctx.const(np.ones(updates.shape, dtype=np.float32))
         hits = emit.op(ctx, "SCATTER_ND", [coords, ones, shape], shape=x.shape, dtype=np.float32)
         written = emit.op(ctx, "GREATER", [hits, ctx.const(np.float32(0))], shape=x.shape, dtype=np.bool_)
+        scattered = _mean_of_duplicates(ctx, scattered, hits)
     return ctx.emit("SELECT_V2", [written, scattered, x])
+
+
+def _mean_of_duplicates(ctx, scattered: Tensor, hits: Tensor) -> Tensor:
+    """SCATTER_ND adds the updates of a position written twice; a run-time index tensor
+    may repeat one (max_unpool after overlapping windows writes one input's maximum once
+    per window). Dividing by the count keeps such equal writes exact (PyTorch leaves
+    unequal ones undefined)."""
+    if scattered.dtype == np.bool_:
+        return scattered
+    count = emit.cast(ctx, emit.binary(ctx, "MAXIMUM", hits, ctx.const(np.float32(1))), scattered.dtype)
+    divide = "DIV" if np.issubdtype(scattered.dtype, np.floating) else "FLOOR_DIV"
+    return emit.binary(ctx, divide, scattered, count)
 
 
 def _masked_fill(ctx, x: Tensor, mask: Tensor, value: Tensor, accumulate: bool) -> Tensor:

@@ -6,6 +6,8 @@ CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED. The others compute statistics wit
 
     d = x - mean(x);  y = d * rsqrt(mean(d * d) + eps)  [* weight + bias]
 
+Weight norm (`nn.utils.weight_norm`) of constant parameters is computed now, a constant.
+
 The returned tuples mirror the ATen ops' (out, mean, rstd) outputs; only `out` is ever
 used after export, so the statistics are returned as None.
 """
@@ -121,3 +123,15 @@ def group_norm_whole(ctx, x, num_groups, weight=None, bias=None, eps=1e-5, cudnn
     if x.shape_signature is not None:
         raise NotImplementedError("group_norm with dynamic sizes")  # its decomposition handles them
     return group_norm(ctx, x, weight, bias, None, None, None, num_groups, eps)[0]
+
+
+@lowers(aten._weight_norm.default)
+def weight_norm(ctx, v, g, dim=0):
+    """`nn.utils.weight_norm`'s weight, v * g / ||v|| (norm over every axis but `dim`; of
+    the whole tensor for dim=-1), computed now from the constant v and g."""
+    if not (v.is_const and g.is_const):
+        raise NotImplementedError("weight norm of run-time tensors")  # its decomposition computes it
+    data = np.asarray(v.data, np.float32)
+    axes = tuple(range(data.ndim)) if dim == -1 else tuple(a for a in range(data.ndim) if a != dim % data.ndim)
+    norm = np.sqrt(np.sum(data * data, axis=axes, keepdims=True))
+    return ctx.const((data * (np.asarray(g.data, np.float32) / norm)).astype(v.dtype))

@@ -424,6 +424,12 @@ def where(ctx, condition, a, b):
     return ctx.emit("SELECT_V2", [_as_bool(ctx, condition), a, b])
 
 
+@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(ctx, x, mask, value):
+    """`value` (cast to x's dtype) where `mask` is true, x elsewhere."""
+    return ctx.emit("SELECT_V2", [_as_bool(ctx, mask), emit.as_tensor(ctx, value, x.dtype), x])
+
+
 # ---- Python-operator spellings torch.export leaves whole (lowered directly) ----------------
 
 

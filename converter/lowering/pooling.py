@@ -8,7 +8,10 @@ MAX_POOL_2D / AVERAGE_POOL_2D are NHWC-only (wrapped in the layout transposes).
   rescaled per output position by a constant (kernel area / PyTorch's divisor).
 - Adaptive pooling: to 1x1 -> MEAN / REDUCE_MAX over H, W (no transposes); to sizes that
   divide the input -> a plain pool; adaptive average to other sizes is two matmuls with
-  constant averaging matrices (it is linear and separable).
+  constant averaging matrices (it is linear and separable); adaptive max to other sizes
+  (or with its indices read) gathers each window as a row and reduces it.
+- Indices (`return_indices=True`) are PyTorch's flat positions of each window's first
+  maximum; MaxUnpool arrives decomposed (a scatter of the values to those positions).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import operator
 import numpy as np
 import torch
 
-from common.resampling import adaptive_average_matrix
+from common.resampling import adaptive_average_matrix, adaptive_window_index
 from converter.ir import Tensor
 from converter.lowering import emit, layout
 from converter.lowering.registry import lowers
@@ -95,8 +98,14 @@ def _with_indices(ctx, out: Tensor, x: Tensor, kernel, stride, padding, ceil_mod
     reads it (None otherwise, and for calls from a decomposition that drops it)."""
     if ctx.node is None or not isinstance(ctx.meta, (tuple, list)):
         return out
-    read = any(user.target is operator.getitem and user.args[1] == 1 for user in ctx.node.users)
-    return out, (_max_pool_indices(ctx, x, kernel, stride, padding, ceil_mode) if read else None)
+    return out, (_max_pool_indices(ctx, x, kernel, stride, padding, ceil_mode) if _indices_read(ctx) else None)
+
+
+def _indices_read(ctx) -> bool:
+    """Whether the node being lowered has its second output (the indices) read."""
+    return ctx.node is not None and any(
+        user.target is operator.getitem and user.args[1] == 1 for user in ctx.node.users
+    )
 
 
 def _max_pool_indices(ctx, x: Tensor, kernel, stride, padding, ceil_mode) -> Tensor:
@@ -253,21 +262,48 @@ def adaptive_avg_pool1d(ctx, x, output_size):
 
 @lowers(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(ctx, x, output_size):
+    """REDUCE_MAX to 1x1, MAX_POOL_2D where the output size divides the input; other sizes,
+    or a read of the indices: `_adaptive_max_windows`."""
     n, c, h, w = x.shape
     oh, ow = _adaptive_out(x, output_size)
+    if _indices_read(ctx) or h % oh or w % ow:
+        return _adaptive_max_windows(ctx, x, oh, ow, with_indices=_indices_read(ctx))
     if (oh, ow) == (1, 1):
-        out = emit.reduce(ctx, "REDUCE_MAX", x, [2, 3], keep_dims=True)
-    elif h % oh == 0 and w % ow == 0:
-        kernel = (h // oh, w // ow)
-        y = _pool_nhwc(ctx, "MAX_POOL_2D", layout.to_nhwc(ctx, x), kernel, kernel, "VALID", (oh, ow))
-        out = layout.to_nchw(ctx, y)
-    else:
-        raise emit.unsupported(
-            ctx,
-            f"adaptive max pooling from {(h, w)} to {(oh, ow)} (sizes do not divide)",
-            "Pick an output size that divides the input, or use adaptive average pooling.",
-        )
-    return out, None
+        return emit.reduce(ctx, "REDUCE_MAX", x, [2, 3], keep_dims=True), None
+    kernel = (h // oh, w // ow)
+    y = _pool_nhwc(ctx, "MAX_POOL_2D", layout.to_nhwc(ctx, x), kernel, kernel, "VALID", (oh, ow))
+    return layout.to_nchw(ctx, y), None
+
+
+def _adaptive_max_windows(ctx, x: Tensor, oh: int, ow: int, with_indices: bool):
+    """Adaptive max pooling to any size, and PyTorch's indices (int64, the flat position
+    of each window's first maximum in its plane): one GATHER lays every output's window
+    out as a row of positions of the flattened plane (shorter windows repeat their last
+    cell, which changes neither the maximum nor where it first occurs); REDUCE_MAX and
+    ARG_MAX (the first maximum, as PyTorch) along the rows; a GATHER maps the row offset
+    to the position."""
+    if x.is_dynamic:
+        raise emit.unsupported(ctx, "adaptive max pooling of a dynamic input to these sizes", "Export static shapes.")
+    n, c, h, w = x.shape
+    rows, cols = adaptive_window_index(h, oh), adaptive_window_index(w, ow)  # windows padded by their last cell
+    positions = (rows[:, None, :, None] * w + cols[None, :, None, :]).reshape(oh * ow, -1)  # (outputs, window)
+    count, size = positions.shape
+    plane = emit.reshape(ctx, x, (n * c, h * w))
+    flat = ctx.const(positions.reshape(-1).astype(np.int32))
+    gathered = emit.op(
+        ctx, "GATHER", [plane, flat], {"axis": 1, "batchDims": 0}, shape=(n * c, count * size), dtype=x.dtype
+    )
+    windows = emit.reshape(ctx, gathered, (n * c, count, size))
+    values = emit.reshape(ctx, emit.reduce(ctx, "REDUCE_MAX", windows, [2], keep_dims=False), (n, c, oh, ow))
+    if not with_indices:
+        return values, None
+    first_max = emit.op(
+        ctx, "ARG_MAX", [windows, emit.int32(ctx, 2)], {"outputType": "INT64"}, shape=(n * c, count), dtype=np.int64
+    )
+    at = emit.binary(ctx, "ADD", first_max, ctx.const(np.arange(count, dtype=np.int64) * size))
+    table = ctx.const(positions.reshape(-1).astype(np.int64))
+    index = emit.op(ctx, "GATHER", [table, at], {"axis": 0, "batchDims": 0}, shape=(n * c, count), dtype=np.int64)
+    return values, emit.reshape(ctx, index, (n, c, oh, ow))
 
 
 # ---- 3-D pooling: separable, two 2-D pools on NDHWC ------------------------------------------
@@ -320,6 +356,14 @@ def avg_pool3d(
         padding,
         lambda c, t, k, s, p: _avg_pool_nhwc(c, t, k, s, p, ceil_mode, count_include_pad, None),
     )
+
+
+@lowers(aten.adaptive_avg_pool3d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(ctx, x, output_size):
+    """Global video pooling: one MEAN (other sizes decompose)."""
+    if list(output_size) not in ([1], [1, 1, 1]):
+        raise NotImplementedError("adaptive average 3-D pooling to more than one position")
+    return ctx.emit("MEAN", [x, emit.int32(ctx, [2, 3, 4])], {"keepDims": True})
 
 
 @lowers(aten.max_pool1d.default)

@@ -56,9 +56,10 @@ def no_op(ctx, *args, **kwargs):
 # Size queries (aten.sym_size) and arithmetic on sizes live in symbolic.py.
 
 
-@lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout)
+@lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default)
 def to_copy(ctx, x, *args, **kwargs):
-    """Only the dtype matters on the edge (device, layout and memory format do not)."""
+    """Only the dtype matters on the edge (device, layout and memory format do not);
+    `type_as(x, other)` is the same cast."""
     return emit.cast(ctx, x, ctx.out_dtype())
 
 
@@ -252,8 +253,9 @@ def narrow(ctx, x, dim, start, length):
 # ---- broadcasting and tiling --------------------------------------------------------------
 
 
-@lowers(aten.expand.default, aten.expand_copy.default)
+@lowers(aten.expand.default, aten.expand_copy.default, aten.expand_as.default)
 def expand(ctx, x, size, implicit=False):
+    """To the node's shape (`expand_as(x, other)`: other's shape)."""
     shape, signature = static_shape(ctx.meta.shape)
     if signature is not None:  # a dynamic target: its sizes are computed from the inputs' shapes
         if signature == x.shape_signature:
@@ -276,6 +278,22 @@ def repeat(ctx, x, repeats):
     if all(r == 1 for r in repeats):
         return x
     return ctx.emit("TILE", [x, emit.int32(ctx, repeats)])
+
+
+@lowers(aten.repeat_interleave.self_int)
+def repeat_interleave(ctx, x, repeats, dim=None, output_size=None):
+    """Each element `repeats` times in a row along `dim` (of the flattened x when None):
+    one GATHER of constant positions."""
+    if not isinstance(repeats, int) or x.is_dynamic:
+        raise NotImplementedError("repeat_interleave by a run-time count or of a dynamic input")
+    if dim is None:
+        x, dim = emit.reshape(ctx, x, (int(np.prod(x.shape)),)), 0
+    dim = emit.normalize_dim(dim, x.rank)
+    if x.is_const:
+        return ctx.const(np.repeat(x.data, repeats, axis=dim))
+    rows = np.repeat(np.arange(x.shape[dim]), repeats)
+    shape = (*x.shape[:dim], len(rows), *x.shape[dim + 1 :])
+    return emit.op(ctx, "GATHER", [x, emit.int32(ctx, rows)], {"axis": dim, "batchDims": 0}, shape=shape, dtype=x.dtype)
 
 
 @lowers(aten.flip.default)

@@ -151,7 +151,10 @@ class Uses:
             if self.producer.get(t.id) is op:
                 del self.producer[t.id]
         self.removed.add(id(op))
-        remove_ops(self.graph, [op])
+        try:
+            self.graph.ops.remove(op)  # by identity (Op has eq=False): a C-level scan, not a rebuilt list
+        except ValueError:
+            pass
 
     def bypass(self, op: Op, replacement: Tensor) -> bool:
         """`bypass` (below), keeping the index exact."""

@@ -55,7 +55,8 @@ def fold_constants(graph: Graph, *, fold_dequantize: bool = False) -> Graph:
             continue
         for out, value in zip(op.outputs, results):
             folded = Tensor(fresh_name(out.name), value.shape, out.dtype, data=np.array(value, order="C"))
-            graph.replace_uses(out, folded)
+            for reader in uses.consumers(out):  # (never a graph output: those are not folded)
+                reader.inputs = [folded if t is out else t for t in reader.inputs]
     graph.ops = kept
     return graph
 

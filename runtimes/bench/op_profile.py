@@ -34,6 +34,14 @@ def _single_op_model(schema, model_t, sg, op) -> bytes:
                 t.buffer = 0
             index[k] = len(tensors)
             tensors.append(t)
+            q = t.quantization
+            if q is not None and q.detailsType == schema.QuantizationDetails.BlockwiseQuantization:
+                # Blockwise (int4) scales are tensors named by index: bring them along, renumbered
+                # (the original indices point past this model's tensors: LiteRT would crash).
+                details = copy.copy(q.details)
+                details.scales, details.zeroPoints = take(details.scales), take(details.zeroPoints)
+                t.quantization = copy.copy(q)
+                t.quantization.details = details
         return index[k]
 
     one = copy.copy(op)

@@ -123,3 +123,30 @@ def test_cli_bench_json_compare_and_android_script(tmp_path, models, capsys):
         == 0
     )
     assert json.loads(parsed.read_text())["runtime"]["delegate"] == "gpu"
+
+
+def test_op_profile_of_an_int4_blockwise_model(tmp_path):
+    """Blockwise (int4) weights name their scales tensor by index: the one-op models must
+    carry it along (they once pointed past their own tensors and LiteRT segfaulted). Run
+    in a child process, so a crash fails this test instead of the whole session."""
+    import subprocess
+    import sys
+
+    import torch
+
+    import litert_torch
+    from litert_torch.quantize import weight_only_int4
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    path, out = tmp_path / "int4.tflite", tmp_path / "bench.json"
+    litert_torch.convert(model, (torch.randn(2, 64),), quant_config=weight_only_int4()).export(str(path))
+    command = ["from litert_torch.cli import main", f"main(['bench', {str(path)!r}, '--runs', '3', '--warmup', '1', "
+               f"'--op-profile', '--json', {str(out)!r}])"]  # fmt: skip
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run([sys.executable, "-c", "\n".join(command)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["op_profile"]
+    assert [r["op"] for r in rows] == ["FULLY_CONNECTED", "FULLY_CONNECTED"]
+    assert all(r["median_us"] > 0 for r in rows), rows

@@ -42,6 +42,7 @@ POOLS = {
     "adaptive_avg_none": nn.AdaptiveAvgPool2d((None, 2)),
     "adaptive_max_1x1": nn.AdaptiveMaxPool2d(1),
     "adaptive_max_divisible": nn.AdaptiveMaxPool2d((3, 5)),
+    "adaptive_max_uneven": nn.AdaptiveMaxPool2d((4, 3)),
 }
 
 
@@ -75,6 +76,10 @@ INTERPOLATIONS = {
     "bilinear_align_corners": lambda x: F.interpolate(x, size=(17, 6), mode="bilinear", align_corners=True),
     "bilinear_fractional_scale": lambda x: F.interpolate(x, scale_factor=1.7, mode="bilinear"),
     "upsample_module": nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True),
+    "bicubic_x2": lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"),
+    "bicubic_size_down": lambda x: F.interpolate(x, size=(4, 13), mode="bicubic"),
+    "bicubic_align_corners": lambda x: F.interpolate(x, size=(17, 6), mode="bicubic", align_corners=True),
+    "bicubic_fractional_scale": lambda x: F.interpolate(x, scale_factor=1.7, mode="bicubic"),
 }
 
 
@@ -82,6 +87,11 @@ INTERPOLATIONS = {
 def test_interpolate(name):
     fn = INTERPOLATIONS[name]
     assert_converts(fn if isinstance(fn, nn.Module) else Fn(fn), (X,))
+
+
+def test_bicubic_is_two_matmuls():
+    edge = assert_converts(Fn(lambda x: F.interpolate(x, size=(14, 23), mode="bicubic")), (X,))
+    assert opcodes(edge) == ["BATCH_MATMUL", "BATCH_MATMUL"]
 
 
 def test_bilinear_x2_is_one_resize():
@@ -108,8 +118,27 @@ class _PoolWithIndices(nn.Module):
         (nn.MaxPool3d(2, return_indices=True), (1, 2, 4, 6, 6)),
         (nn.MaxPool3d(3, 2, 1, ceil_mode=True, return_indices=True), (2, 3, 5, 7, 6)),
         (nn.MaxPool3d((1, 2, 2), return_indices=True), (1, 2, 3, 4, 4)),
+        (nn.MaxPool1d(3, 2, 1, return_indices=True), (2, 3, 11)),
+        (nn.MaxPool1d(2, ceil_mode=True, return_indices=True), (1, 4, 9)),
+        (nn.AdaptiveMaxPool2d((3, 5), return_indices=True), (1, 3, 9, 10)),
+        (nn.AdaptiveMaxPool2d((4, 3), return_indices=True), (2, 3, 9, 10)),
+        (nn.AdaptiveMaxPool2d(1, return_indices=True), (1, 3, 5, 7)),
+        (nn.AdaptiveMaxPool1d(4, return_indices=True), (2, 3, 11)),
     ],
-    ids=["2d_k3_s2_p1", "2d_k2", "2d_ceil", "3d_k2", "3d_k3_s2_p1_ceil", "3d_1x2x2"],
+    ids=[
+        "2d_k3_s2_p1",
+        "2d_k2",
+        "2d_ceil",
+        "3d_k2",
+        "3d_k3_s2_p1_ceil",
+        "3d_1x2x2",
+        "1d_k3_s2_p1",
+        "1d_ceil",
+        "adaptive_2d_divisible",
+        "adaptive_2d_uneven",
+        "adaptive_2d_1x1",
+        "adaptive_1d_uneven",
+    ],  # fmt: skip
 )
 def test_max_pool_indices_equal_pytorchs(pool, shape):
     import litert_torch
@@ -123,3 +152,26 @@ def test_max_pool_indices_equal_pytorchs(pool, shape):
     assert (indices == ref_indices.numpy()).all()
     assert (values == ref_values.numpy()).all()
     assert abs(mixed - ref_mixed.numpy()).max() <= 1e-5 * abs(ref_mixed.numpy()).max()
+
+
+class _PoolUnpool(nn.Module):
+    """SegNet's decoder step: max pooling's indices place the values back (zeros elsewhere)."""
+
+    def __init__(self, kernel, stride, padding=0, output_size=None):
+        super().__init__()
+        self.pool = nn.MaxPool2d(kernel, stride, padding, return_indices=True)
+        self.unpool = nn.MaxUnpool2d(kernel, stride, padding)
+        self.output_size = output_size
+
+    def forward(self, x):
+        values, indices = self.pool(x)
+        return self.unpool(values * 2.0, indices, output_size=self.output_size)
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, padding, shape, output_size",
+    [(2, 2, 0, (2, 3, 8, 8), None), (3, 2, 1, (1, 4, 9, 9), None), (2, 2, 0, (1, 2, 9, 7), (9, 7))],
+    ids=["k2", "k3_s2_p1", "odd_output_size"],
+)
+def test_max_unpool2d_places_the_values_as_pytorch(kernel, stride, padding, shape, output_size):
+    assert_converts(_PoolUnpool(kernel, stride, padding, output_size), (torch.randn(*shape),))
