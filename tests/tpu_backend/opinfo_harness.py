@@ -17,11 +17,13 @@ records, i.e. status, failing sample and message, and the reason in words; a tes
 only when the op fails with exactly that error, so a new bug in a known-failing op still
 fails; regenerate with `opinfo_report --emit-known-failures`).
 
-Two comparison rules besides plain tolerances: a float32 value mismatch is re-judged against
-the op computed in float64 on CPU (`_judge_by_float64`: the device passes if it is within the
-float32 tolerance of that reference or no further from it than CPU's own float32 result; the
-measured errors are kept in `OpResult.notes` and printed by the report), and eigen/singular
-vectors are compared up to sign (`SIGN_INVARIANT`: PyTorch leaves the sign unspecified).
+Three comparison rules besides plain tolerances: a float32 (bfloat16, float16) value mismatch
+is re-judged against the op computed in float64 on CPU (`_judge_by_float64`: the device passes
+if it is within the dtype's tolerance of that reference or no further from it than CPU's own
+result; the measured errors are kept in `OpResult.notes` and printed by the report),
+eigen/singular vectors are compared up to sign (`SIGN_INVARIANT`: PyTorch leaves the sign
+unspecified), and the indices of topk, kthvalue, mode and unstable sorts up to ties (`TIE_INVARIANT`: an index
+of another element of the same value is as valid).
 Samples that build their tensor arguments on CPU on purpose keep them there (`HOST_ARGS`), and
 factory samples without tensors or `device=` run under `torch.device(DEVICE)`.
 
@@ -202,7 +204,49 @@ SIGN_INVARIANT: dict[str, dict[int, int]] = {
 }
 
 
-# skip_reason() for entries# skip_reason() for entries that do not exist for a dtype (e.g. bitwise ops in float32):
+# Ops returning the indices of chosen elements where PyTorch leaves the choice among equal
+# elements unspecified (topk's and kthvalue's docs; `sort(stable=False)`; mode's CPU kernel
+# takes the index from an unstable std::sort): device indices count as CPU's when they pick
+# elements of the same values (and distinct positions where several are returned).
+# op id -> (indices output, position of `dim` in the sample's args, does the output keep
+# `dim` always ("kept") or only with keepdim, the argument after dim ("keepdim")).
+TIE_INVARIANT: dict[str, tuple[int, int, str]] = {
+    "topk": (1, 1, "kept"),
+    "kthvalue": (1, 1, "keepdim"),
+    "mode": (1, 0, "keepdim"),
+    "sort": (1, 0, "kept"),
+    "argsort": (0, 0, "kept"),
+}
+
+
+def _align_tied_indices(actual, expected, sample, rule: tuple[int, int, str]):
+    """The device outputs with the indices output taken from CPU if the device's select
+    elements of the same values along `dim` (distinct positions for topk and sort); left
+    as they are otherwise (and then compared, and reported, as usual)."""
+    if sample.kwargs.get("stable") or not isinstance(sample.input, torch.Tensor) or sample.input.ndim == 0:
+        return actual
+    out, dim_at, keeps = rule
+    args, x = sample.args, sample.input.detach()
+    dim = args[dim_at] if len(args) > dim_at else sample.kwargs.get("dim", -1)
+    keepdim = keeps == "kept" or (args[dim_at + 1] if len(args) > dim_at + 1 else sample.kwargs.get("keepdim", False))
+    outputs = list(actual) if isinstance(actual, tuple) else [actual]
+    want = expected[out] if isinstance(expected, tuple) else expected
+    got = outputs[out].detach().cpu()
+    if got.shape != want.shape or got.dtype != torch.int64 or want.dtype != torch.int64 or not got.numel():
+        return actual
+    got_at, want_at = (got, want) if keepdim else (got.unsqueeze(dim), want.unsqueeze(dim))
+    if got_at.min() < 0 or got_at.max() >= x.shape[dim]:
+        return actual
+    got_values, want_values = x.gather(dim, got_at), x.gather(dim, want_at)
+    same = (got_values == want_values) | (got_values.isnan() & want_values.isnan())
+    distinct = keeps != "kept" or bool((got_at.sort(dim).values.diff(dim=dim) != 0).all())
+    if not (bool(same.all()) and distinct):
+        return actual
+    outputs[out] = want.to(outputs[out].device)
+    return tuple(outputs) if isinstance(actual, tuple) else outputs[0]
+
+
+# skip_reason() for entries that do not exist for a dtype (e.g. bitwise ops in float32):
 # reported as "n/a", not counted as skips.
 NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 
@@ -816,6 +860,8 @@ def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int, not
         _check_random_values(op, sample, pristine, actual, seed)
     if op_id(op) in SIGN_INVARIANT:
         actual = _align_signs(actual, expected, SIGN_INVARIANT[op_id(op)])
+    if op_id(op) in TIE_INVARIANT:
+        actual = _align_tied_indices(actual, expected, sample, TIE_INVARIANT[op_id(op)])
     try:
         compare_outputs(actual, expected, shape_only, "output")
     except Mismatch as mismatch:
@@ -857,10 +903,11 @@ def _check_sample(op, sample, shape_only: bool, check_grad: bool, seed: int, not
 
 
 def _as_float64(value, leaves: list, memo: dict):
-    """A copy of a sample part with float32 tensors in float64 (grad leaves kept, in order)."""
+    """A copy of a sample part with float32/bfloat16/float16 tensors in float64 (grad leaves
+    kept, in order)."""
     if isinstance(value, torch.Tensor):
         if id(value) not in memo:
-            copy = value.detach().to(torch.float64) if value.dtype == torch.float32 else value.detach()
+            copy = value.detach().to(torch.float64) if value.dtype in ROUNDED_DTYPES else value.detach()
             if value.requires_grad:
                 copy.requires_grad_(True)
                 leaves.append(copy)
@@ -871,7 +918,10 @@ def _as_float64(value, leaves: list, memo: dict):
     if isinstance(value, tuple):
         return tuple(_as_float64(v, leaves, memo) for v in value)
     if isinstance(value, dict):
-        return {k: (torch.float64 if v is torch.float32 else _as_float64(v, leaves, memo)) for k, v in value.items()}
+        return {
+            k: (torch.float64 if isinstance(v, torch.dtype) and v in ROUNDED_DTYPES else _as_float64(v, leaves, memo))
+            for k, v in value.items()
+        }
     return value
 
 
@@ -885,13 +935,14 @@ def _max_error(values, reference) -> float:
 
 
 def _judge_by_float64(op, sample, seed, mismatch, notes, *, actual, expected, cotangents=None, picked=None):
-    """A float32 mismatch against CPU may be CPU's rounding as much as the device's: judge the
-    device against the op computed in float64 on CPU. It passes if it is within the float32
-    tolerance of that reference, or no further from it than CPU's float32 result is (as
-    accurate as PyTorch itself). Passing this way is recorded in `notes` with both measured
-    errors; otherwise the mismatch stands, with them."""
+    """A float32 (bfloat16, float16) mismatch against CPU may be CPU's rounding as much as the
+    device's: judge the device against the op computed in float64 on CPU. It passes if it is
+    within the dtype's tolerance of that reference, or no further from it than CPU's own
+    result is (as accurate as PyTorch itself). Passing this way is recorded in `notes` with
+    both measured errors; otherwise the mismatch stands, with them."""
     value_mismatch = "Tensor-likes are not close" in str(mismatch)  # not a shape, dtype or device one
-    if not value_mismatch or not _has_float32(sample) or torch.float64 not in op.supported_dtypes("cpu"):
+    dtype = _rounded_dtype(sample)
+    if not value_mismatch or dtype is None or torch.float64 not in op.supported_dtypes("cpu"):
         raise mismatch
     leaves: list = []
     memo: dict = {}
@@ -913,8 +964,9 @@ def _judge_by_float64(op, sample, seed, mismatch, notes, *, actual, expected, co
     actual_flat, reference_flat = _flatten(actual), _flatten(reference)
     device_error = _max_error(actual_flat, reference_flat)
     cpu_error = _max_error(_flatten(expected), reference_flat)
-    measured = f"vs float64: device error {device_error:.3g}, CPU float32 error {cpu_error:.3g}"
-    rtol, atol = FORWARD_TOLERANCES[torch.float32]
+    name = str(dtype).removeprefix("torch.")
+    measured = f"vs float64: device error {device_error:.3g}, CPU {name} error {cpu_error:.3g}"
+    rtol, atol = FORWARD_TOLERANCES[dtype]
     # outputs that are not floating point (indices, counts) must still match CPU exactly
     exact = [
         (g, w)
@@ -922,8 +974,8 @@ def _judge_by_float64(op, sample, seed, mismatch, notes, *, actual, expected, co
         if not (isinstance(w, torch.Tensor) and w.dtype.is_floating_point)
     ]
     compare_outputs([g for g, _ in exact], [w for _, w in exact], False, what)
-    if device_error <= cpu_error:  # at least as accurate as PyTorch's own float32 kernel
-        notes.append(f"{what}: float32 rounding, no worse than CPU's: {measured}")
+    if device_error <= cpu_error:  # at least as accurate as PyTorch's own kernel
+        notes.append(f"{what}: {name} rounding, no worse than CPU's: {measured}")
         return
     for got, want in zip(actual_flat, reference_flat):
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and want.dtype.is_floating_point:
@@ -938,18 +990,23 @@ def _judge_by_float64(op, sample, seed, mismatch, notes, *, actual, expected, co
                 )
             except AssertionError:
                 raise Mismatch(f"{mismatch} ({measured})") from None
-    notes.append(f"{what}: float32 rounding, {measured}")
+    notes.append(f"{what}: {name} rounding, {measured}")
 
 
-def _has_float32(sample) -> bool:
+# dtypes whose value mismatches are judged against a float64 reference (`_judge_by_float64`)
+ROUNDED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _rounded_dtype(sample) -> torch.dtype | None:
+    """The float32/bfloat16/float16 dtype of the sample's first such tensor, or None."""
     found = []
     _collect_float32((sample.input, sample.args, sample.kwargs), found)
-    return bool(found)
+    return found[0].dtype if found else None
 
 
 def _collect_float32(value, found: list) -> None:
     if isinstance(value, torch.Tensor):
-        if value.dtype == torch.float32:
+        if value.dtype in ROUNDED_DTYPES:
             found.append(value)
     elif isinstance(value, (list, tuple)):
         for item in value:
