@@ -30,14 +30,22 @@ from tpu_backend.ops.registry import lowers
 aten = torch.ops.aten
 
 
-def _scale_add(x, product, beta, alpha):
-    """beta * x + alpha * product in ATen's dtype; beta == 0 ignores x (even NaN in it).
+def _accumulator(x):
+    """float32 for bfloat16/float16 operands (None: the operands' own dtype): the add*
+    products below accumulate, scale and add in it and round once, as ATen's CPU gemm."""
+    return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
+
+
+def _scale_add(x, product, beta, alpha, like):
+    """beta * x + alpha * product in ATen's dtype (that of x and the matrix `like`); beta == 0
+    ignores x (even NaN in it). `product` may be wider (float32 for bfloat16 operands).
 
     beta and alpha may be traced scalars (the device passes Python floats dynamically),
     so only static values take the shortcuts. For integer results ATen first converts
     them to the result's dtype (alpha=0.6 truncates to 0), and so does this.
     """
-    dtype = result_dtype(x, product)
+    dtype = result_dtype(x, like)
+    x = x.astype(product.dtype) if product.dtype != dtype else x
     if jnp.issubdtype(dtype, jnp.integer):
         alpha, beta = (int(v) if is_static_number(v) else jnp.asarray(v).astype(dtype) for v in (alpha, beta))
     if not (is_static_number(alpha) and alpha == 1):
@@ -65,7 +73,7 @@ def bmm(x, mat2):
 
 @lowers(aten.addmm.default)
 def addmm(x, mat1, mat2, *, beta=1, alpha=1):
-    return _scale_add(x, jnp.matmul(mat1, mat2), beta, alpha)
+    return _scale_add(x, jnp.matmul(mat1, mat2, preferred_element_type=_accumulator(mat1)), beta, alpha, mat1)
 
 
 @lowers(aten._addmm_activation.default)
@@ -78,17 +86,18 @@ def addmm_activation(x, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
 
 @lowers(aten.baddbmm.default)
 def baddbmm(x, batch1, batch2, *, beta=1, alpha=1):
-    return _scale_add(x, jnp.matmul(batch1, batch2), beta, alpha)
+    return _scale_add(x, jnp.matmul(batch1, batch2, preferred_element_type=_accumulator(batch1)), beta, alpha, batch1)
 
 
 @lowers(aten.addbmm.default)
 def addbmm(x, batch1, batch2, *, beta=1, alpha=1):
-    return _scale_add(x, jnp.einsum("bij,bjk->ik", batch1, batch2), beta, alpha)
+    product = jnp.einsum("bij,bjk->ik", batch1, batch2, preferred_element_type=_accumulator(batch1))
+    return _scale_add(x, product, beta, alpha, batch1)
 
 
 @lowers(aten.addmv.default)
 def addmv(x, mat, vec, *, beta=1, alpha=1):
-    return _scale_add(x, jnp.matmul(mat, vec), beta, alpha)
+    return _scale_add(x, jnp.matmul(mat, vec, preferred_element_type=_accumulator(mat)), beta, alpha, mat)
 
 
 @lowers(aten.addr.default)
@@ -100,7 +109,8 @@ def addr(x, vec1, vec2, *, beta=1, alpha=1):
             )
     if x.dtype == jnp.bool_:
         return (x & bool(beta)) | (bool(alpha) & jnp.outer(vec1, vec2))
-    return _scale_add(x, jnp.outer(vec1, vec2), beta, alpha)
+    wide = _accumulator(vec1) or vec1.dtype
+    return _scale_add(x, jnp.outer(vec1.astype(wide), vec2.astype(wide)), beta, alpha, vec1)
 
 
 @lowers(aten.mv.default)
