@@ -427,10 +427,6 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        "sort": KnownFailure(
-            "mismatch at sample 0: Mismatch: output[1]: Tensor-likes are not equal! |  | Mismatched elements: 7999 / 8000 (100.0%) | Greatest absolute difference: 7985 at index (7985,)",
-            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
-        ),
         "put": KnownFailure(
             "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
@@ -443,17 +439,9 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
             "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
-        "native_dropout_backward": KnownFailure(
-            "mismatch at sample 0: Mismatch: output[0]: got (5, 5, 5, 5) torch.bool, expected (5, 5, 5, 5) torch.float32",
-            "output dtype: ATen returns float32 for integer/bool grads of dropout (mask * scale), the device keeps the input dtype; not fixed yet",
-        ),
         "hash_tensor": KnownFailure(
             "fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
             "no lowering for aten.hash_tensor.out yet",
-        ),
-        "argsort": KnownFailure(
-            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not equal! |  | Mismatched elements: 7999 / 8000 (100.0%) | Greatest absolute difference: 7985 at index (7985,)",
-            "indices of equal values: PyTorch leaves which of several equal elements comes first unspecified (stable=False), and the device picks another",
         ),
         "scatter_reduce.sum": KnownFailure(
             "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
@@ -475,21 +463,9 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",
             "polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN",
         ),
-        "special.zeta": KnownFailure(
-            "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 2 / 5 (40.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)",
-            "bool inputs: zeta(0, q) and zeta(1, q) poles give NaN where ATen gives inf; not fixed yet",
-        ),
         "special.airy_ai": KnownFailure(
             "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
             "no lowering for aten.special_airy_ai.out yet",
-        ),
-        "special.bessel_j0": KnownFailure(
-            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 11 / 20 (55.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)",
-            "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
-        ),
-        "special.bessel_j1": KnownFailure(
-            "mismatch at sample 0: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 11 / 20 (55.0%) | Greatest absolute difference: nan at index (2,) (up to 1e-05 allowed)",
-            "integer inputs: the float64 recurrence returns NaN for some large integers; not fixed yet",
         ),
     },
 }
