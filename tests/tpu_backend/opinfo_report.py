@@ -75,7 +75,7 @@ def print_table(results, show: set[str], dtype: torch.dtype, seconds: float) -> 
     if table.row_count:
         console.print(table)
     for r in results:
-        if r.notes:  # passed against float64 where CPU's own float32 rounding was the difference
+        if r.notes:  # passed against float64 where CPU's own rounding was the difference
             console.print(f"[dim]{r.op}: {len(r.notes)} sample(s) judged against float64; {r.notes[0]}[/]")
     counts = Counter(r.status for r in results)
     summary = ", ".join(f"[{STYLE[s]}]{s}: {counts.get(s, 0)}[/]" for s in STATUSES)

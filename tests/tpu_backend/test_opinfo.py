@@ -9,6 +9,7 @@ live in `opinfo_harness.py`; `python -m tests.tpu_backend.opinfo_report` prints 
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import pytest
@@ -109,6 +110,41 @@ def test_known_failure_matches_only_its_recorded_error():
         harness.OpResult("op", torch.float32, "fail", failed_sample=2, message=recorded.message),
     ):
         assert not known.matches(changed), changed.signature
+
+
+def test_tied_indices_count_only_when_they_pick_equal_values():
+    """TIE_INVARIANT: another index of an equal value is taken as CPU's; an index of another
+    value, or one element picked twice, is left to fail the comparison."""
+    x = torch.tensor([[3, 1, 3, 2, 1]])
+    topk = types.SimpleNamespace(input=x, args=(2, -1), kwargs={})
+    expected = torch.topk(x, 2)
+    align = lambda got, sample, name: harness._align_tied_indices(
+        got, expected_of[name], sample, harness.TIE_INVARIANT[name]
+    )
+    expected_of = {"topk": expected, "mode": torch.mode(x[0]), "kthvalue": torch.kthvalue(x[0], 2, 0)}
+    tied = (expected.values, expected.indices.flip(-1))
+    assert torch.equal(align(tied, topk, "topk")[1], expected.indices)
+    for wrong in (torch.tensor([[0, 1]]), torch.tensor([[2, 2]])):
+        assert torch.equal(align((expected.values, wrong), topk, "topk")[1], wrong)
+    one_d = types.SimpleNamespace(input=x[0], args=(), kwargs={})
+    assert align((torch.tensor(1), torch.tensor(1)), one_d, "mode")[1] == expected_of["mode"].indices  # 1 at 1 or 4
+    assert align((torch.tensor(1), torch.tensor(3)), one_d, "mode")[1] == 3  # x[3] == 2
+    kth = types.SimpleNamespace(input=x[0], args=(2, 0), kwargs={})
+    assert align((torch.tensor(1), torch.tensor(1)), kth, "kthvalue")[1] == expected_of["kthvalue"].indices
+
+
+def test_bfloat16_mismatch_is_judged_against_float64():
+    """A bfloat16 result off CPU's passes only if it is as close to the float64 value."""
+    op = harness.ops_by_id()["sum"]
+    x = torch.randn(4000, generator=torch.Generator().manual_seed(0)).bfloat16()
+    sample = types.SimpleNamespace(input=x, args=(), kwargs={}, output_process_fn_grad=lambda out: out)
+    mismatch = harness.Mismatch("output[0]: Tensor-likes are not close!")
+    notes = []
+    nearest = x.double().sum().bfloat16()
+    harness._judge_by_float64(op, sample, 0, mismatch, notes, actual=nearest, expected=op(x))
+    assert notes and notes[0].startswith("output: bfloat16 rounding"), notes
+    with pytest.raises(harness.Mismatch, match="vs float64: device error"):
+        harness._judge_by_float64(op, sample, 0, mismatch, [], actual=nearest + 4, expected=op(x))
 
 
 @pytest.mark.skipif(harness.DEVICE == "cpu", reason="checks the device's lowering")

@@ -9,13 +9,12 @@ ignored: placement is the device's business.
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
-from tpu_backend.ops._common import default_float, is_weak_scalar, jax_dtype
+from tpu_backend.ops._common import default_float, is_weak_scalar, jax_dtype, torch_dtype
 from tpu_backend.ops.registry import lowers
 
 aten = torch.ops.aten
@@ -33,6 +32,12 @@ def _scalar_kind_dtype(value):
     if hasattr(value, "dtype"):
         return value.dtype
     return default_float()
+
+
+def _static(value):
+    """A Python number for a bound; a traced float raises JAX's concretization error, on
+    which the runner retraces with static floats."""
+    return value if isinstance(value, (bool, int, float)) else float(value)
 
 
 def _dtype_or(dtype, fallback):
@@ -116,13 +121,14 @@ def _range_dtype(dtype, *values):
 
 @lowers(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
-    """arange(end), arange(start, end) or arange(start, end, step); the length is
-    ceil((end - start) / step) in double precision, as in ATen (bounds must be static)."""
+    """arange(end), arange(start, end) or arange(start, end, step) (bounds must be static).
+    The length comes from ATen's own meta kernel (for int64 it truncates the bounds and
+    counts in integers, otherwise ceil((end - start) / step) in double) and so do its errors;
+    integer results truncate start and step, as ATen's integer accumulator does."""
     start, end, step = (0, bounds[0], 1) if len(bounds) == 1 else (bounds + (1,))[:3]
-    if step == 0:
-        raise ValueError("aten.arange: step must be nonzero")
-    length = max(0, math.ceil((float(end) - float(start)) / float(step)))
     out_dtype = _range_dtype(dtype, start, end, step)
+    start, end, step = (_static(v) for v in (start, end, step))
+    length = torch.arange(start, end, step, dtype=torch_dtype(out_dtype), device="meta").shape[0]
     if jnp.issubdtype(out_dtype, jnp.integer):
         return (int(start) + int(step) * jnp.arange(length, dtype=jnp.int64)).astype(out_dtype)
     compute = jnp.float64 if out_dtype == jnp.float64 else jnp.float32
@@ -132,13 +138,20 @@ def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
 
 
 def _linspace(start, end, steps, dtype):
-    # ATen fills the first half from start and the second half back from end, so both
-    # endpoints are exact.
-    compute = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    """ATen's CPU formula: step = (end - start) / (steps - 1); the first half counts up from
+    start and the second half back from end, so both endpoints are exact. For an integer
+    `dtype` ATen first truncates the bounds to integers and counts in double (float64
+    here); callers truncate the values."""
+    integral = jnp.issubdtype(dtype, jnp.integer)
+    compute = jnp.float64 if dtype == jnp.float64 or integral else jnp.float32
     start, end = jnp.asarray(start, compute), jnp.asarray(end, compute)
+    if integral:
+        start, end = jnp.trunc(start), jnp.trunc(end)
     if steps == 1:
         return start.reshape(1)
-    step = (end - start) / (steps - 1)
+    # XLA turns a division by a constant into a multiplication by its (rounded) reciprocal:
+    # the barrier keeps ATen's correctly rounded division (-49 / 49 must be exactly -1).
+    step = (end - start) / lax.optimization_barrier(jnp.asarray(steps - 1, compute))
     i = jnp.arange(steps, dtype=compute)
     return jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
 
@@ -154,11 +167,21 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
 
 @lowers(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor)
 def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """base ** linspace(start, end, steps). Integer results follow ATen's integer branch:
+    float32(base) ** (the float64 linspace of the truncated bounds), truncated; a single
+    step is base ** start with start as given."""
     out_dtype = _dtype_or(dtype, default_float())
     if steps == 0:
         return jnp.zeros((0,), out_dtype)
-    compute = jnp.float64 if out_dtype == jnp.float64 else jnp.float32
-    return jnp.power(jnp.asarray(base, compute), _linspace(start, end, steps, out_dtype)).astype(out_dtype)
+    if not jnp.issubdtype(out_dtype, jnp.integer):
+        compute = jnp.float64 if out_dtype == jnp.float64 else jnp.float32
+        return jnp.power(jnp.asarray(base, compute), _linspace(start, end, steps, out_dtype)).astype(out_dtype)
+    if steps == 1:
+        values = jnp.power(jnp.asarray(base, jnp.float64), jnp.asarray(start, jnp.float64)).reshape(1)
+    else:
+        base = jnp.asarray(base, jnp.float32).astype(jnp.float64)
+        values = jnp.power(base, _linspace(start, end, steps, out_dtype))
+    return jnp.trunc(values).astype(out_dtype)
 
 
 @lowers(aten.eye.default, aten.eye.m)

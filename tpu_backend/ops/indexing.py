@@ -388,6 +388,8 @@ def embedding_bag(
     owner, bags = _bags(indices, offsets, include_last_offset)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
     rows = jnp.take(weight, indices, axis=0)
+    if mode != _BAG_MAX and rows.dtype in (jnp.bfloat16, jnp.float16):
+        rows = rows.astype(jnp.float32)  # sums and means accumulate in float32, rounded once at the end
     if per_sample_weights is not None:
         rows = rows * per_sample_weights[:, None].astype(rows.dtype)
     size = jnp.zeros((bags,), jnp.int64).at[owner].add(valid.astype(jnp.int64))

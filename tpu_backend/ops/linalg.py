@@ -15,25 +15,45 @@ import numpy as np
 import torch
 from jax.lax import linalg as lax_linalg
 
-from tpu_backend.ops._common import canonical_dim, is_static_number, jax_dtype, result_dtype
+from tpu_backend.ops._common import (
+    canonical_dim,
+    is_array,
+    is_floating,
+    is_integral,
+    is_static_number,
+    jax_dtype,
+    result_dtype,
+)
 from tpu_backend.ops.activation import gelu
 from tpu_backend.ops.registry import lowers
 
 aten = torch.ops.aten
 
 
-def _scale_add(x, product, beta, alpha):
-    """beta * x + alpha * product in ATen's dtype; beta == 0 ignores x (even NaN in it).
+def _accumulator(x):
+    """float32 for bfloat16/float16 operands (None: the operands' own dtype): the add*
+    products below accumulate, scale and add in it and round once, as ATen's CPU gemm."""
+    return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
+
+
+def _scale_add(x, product, beta, alpha, like):
+    """beta * x + alpha * product in ATen's dtype (that of x and the matrix `like`); beta == 0
+    ignores x (even NaN in it). `product` may be wider (float32 for bfloat16 operands).
 
     beta and alpha may be traced scalars (the device passes Python floats dynamically),
-    so only static values take the shortcuts.
+    so only static values take the shortcuts. For integer results ATen first converts
+    them to the result's dtype (alpha=0.6 truncates to 0), and so does this.
     """
+    dtype = result_dtype(x, like)
+    x = x.astype(product.dtype) if product.dtype != dtype else x
+    if jnp.issubdtype(dtype, jnp.integer):
+        alpha, beta = (int(v) if is_static_number(v) else jnp.asarray(v).astype(dtype) for v in (alpha, beta))
     if not (is_static_number(alpha) and alpha == 1):
         product = product * alpha
     if is_static_number(beta) and beta == 1:
-        return (x + product).astype(result_dtype(x, product))
+        return (x + product).astype(dtype)
     scaled = jnp.where(beta == 0, jnp.zeros_like(x), x * beta)
-    return (scaled + product).astype(result_dtype(x, product))
+    return (scaled + product).astype(dtype)
 
 
 @lowers(aten.mm.default)
@@ -53,7 +73,7 @@ def bmm(x, mat2):
 
 @lowers(aten.addmm.default)
 def addmm(x, mat1, mat2, *, beta=1, alpha=1):
-    return _scale_add(x, jnp.matmul(mat1, mat2), beta, alpha)
+    return _scale_add(x, jnp.matmul(mat1, mat2, preferred_element_type=_accumulator(mat1)), beta, alpha, mat1)
 
 
 @lowers(aten._addmm_activation.default)
@@ -66,24 +86,31 @@ def addmm_activation(x, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
 
 @lowers(aten.baddbmm.default)
 def baddbmm(x, batch1, batch2, *, beta=1, alpha=1):
-    return _scale_add(x, jnp.matmul(batch1, batch2), beta, alpha)
+    return _scale_add(x, jnp.matmul(batch1, batch2, preferred_element_type=_accumulator(batch1)), beta, alpha, batch1)
 
 
 @lowers(aten.addbmm.default)
 def addbmm(x, batch1, batch2, *, beta=1, alpha=1):
-    return _scale_add(x, jnp.einsum("bij,bjk->ik", batch1, batch2), beta, alpha)
+    product = jnp.einsum("bij,bjk->ik", batch1, batch2, preferred_element_type=_accumulator(batch1))
+    return _scale_add(x, product, beta, alpha, batch1)
 
 
 @lowers(aten.addmv.default)
 def addmv(x, mat, vec, *, beta=1, alpha=1):
-    return _scale_add(x, jnp.matmul(mat, vec), beta, alpha)
+    return _scale_add(x, jnp.matmul(mat, vec, preferred_element_type=_accumulator(mat)), beta, alpha, mat)
 
 
 @lowers(aten.addr.default)
 def addr(x, vec1, vec2, *, beta=1, alpha=1):
+    for name, value in (("beta", beta), ("alpha", alpha)):
+        if is_integral(x.dtype) and (isinstance(value, float) or (is_array(value) and is_floating(value.dtype))):
+            raise ValueError(
+                f"aten.addr: for integral input tensors, argument {name} must not be a floating point number"
+            )
     if x.dtype == jnp.bool_:
         return (x & bool(beta)) | (bool(alpha) & jnp.outer(vec1, vec2))
-    return _scale_add(x, jnp.outer(vec1, vec2), beta, alpha)
+    wide = _accumulator(vec1) or vec1.dtype
+    return _scale_add(x, jnp.outer(vec1.astype(wide), vec2.astype(wide)), beta, alpha, vec1)
 
 
 @lowers(aten.mv.default)
@@ -182,6 +209,9 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
 
 @lowers(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(a):
+    # JAX's expm has no bfloat16/float16 form: compute in float32 and round once
+    if a.dtype in (jnp.bfloat16, jnp.float16):
+        return jsl.expm(a.astype(jnp.float32)).astype(a.dtype)
     return jsl.expm(a)
 
 

@@ -267,8 +267,15 @@ def special_log_ndtr(x):
 
 def _bessel_j(v, order):
     """J_order(|v|): JAX's recurrence needs x >= 0 and is NaN for small x in float32, so
-    it runs in float64 (J0 is even, J1 odd: callers restore the sign)."""
-    return jsp.bessel_jn(jnp.abs(v).astype(jnp.float64), v=order)[order].astype(v.dtype)
+    it runs in float64 (J0 is even, J1 odd: callers restore the sign). Below 1e-3 (where the
+    recurrence is NaN or 0, from about 3e-5 down, e.g. at 0) the Taylor series is used; its
+    first omitted term is under 1e-18 of the value there."""
+    x = jnp.abs(v).astype(jnp.float64)
+    small = x < 1e-3
+    recurrence = jsp.bessel_jn(jnp.where(small, 1.0, x), v=order)[order]
+    x2 = x * x
+    series = 1 - x2 / 4 + x2 * x2 / 64 if order == 0 else x / 2 - x * x2 / 16 + x * x2 * x2 / 384
+    return jnp.where(small, series, recurrence).astype(v.dtype)
 
 
 @lowers(aten.special_bessel_j0.default)
@@ -706,7 +713,7 @@ def div(x, other):
 
 def _trunc_divide(a, b):
     if is_integral(a.dtype):
-        return lax.div(a, b)  # lax.div truncates integers toward zero
+        return lax.div(*jnp.broadcast_arrays(a, b))  # lax.div truncates integers toward zero
     return jnp.trunc(a / b)
 
 
@@ -743,7 +750,27 @@ def fmod(x, other):
     return elementwise(jnp.fmod, x, other)
 
 
+def _integer_power(base, exponent):
+    """ATen's integer pow: binary exponentiation over every bit of the exponent, wrapping
+    on overflow; a negative exponent gives 1 for base 1, +-1 for base -1 and 0 otherwise.
+    (jnp.power reads only the exponent's low 6 bits: negative exponents go wrong.)"""
+    base, exponent = jnp.broadcast_arrays(base, exponent)
+    one = jnp.ones_like(base)
+
+    def step(_, state):
+        result, a, b = state
+        result = jnp.where(b & 1 == 1, result * a, result)
+        return result, a * a, b >> 1  # b >= 0 here: the shift ends at 0
+
+    bits = jnp.iinfo(exponent.dtype).bits
+    positive, _, _ = lax.fori_loop(0, bits, step, (one, base, jnp.maximum(exponent, 0)))
+    negative = jnp.where(base == 1, one, jnp.where(base == -1, jnp.where(exponent % 2 == 0, one, -one), 0))
+    return jnp.where(exponent < 0, negative, positive)
+
+
 def _power(base, exponent):
+    if jnp.issubdtype(base.dtype, jnp.integer):
+        return _integer_power(base, exponent)
     return jnp.power(base, exponent)
 
 
@@ -764,7 +791,7 @@ def pow_tensor_scalar(x, exponent):
         if n < 0 and not is_floating(compute):
             raise ValueError("aten.pow: integers to negative integer powers are not allowed")
         return lax.integer_pow(base, n).astype(result)
-    return jnp.power(base, jnp.asarray(exponent, compute)).astype(result)
+    return _power(base, jnp.asarray(exponent, compute)).astype(result)
 
 
 @lowers(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar, aten.float_power.Scalar)
@@ -834,7 +861,17 @@ def igammac(x, other):
 
 @lowers(aten.special_zeta.default, aten.special_zeta.other_scalar, aten.special_zeta.self_scalar)
 def special_zeta(x, other):
-    return elementwise(jsp.zeta, x, other, kind=FLOAT)
+    return elementwise(_zeta, x, other, kind=FLOAT)
+
+
+def _zeta(x, q):
+    """Hurwitz zeta with ATen's (Cephes') special values: inf at x == 1, NaN for x < 1, inf
+    at the poles q = 0, -1, -2... and NaN for q < 0 with a non-integer x."""
+    value = jsp.zeta(x, q)
+    value = jnp.where((q <= 0) & (x != jnp.floor(x)), jnp.nan, value)
+    value = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, value)
+    value = jnp.where(x < 1, jnp.nan, value)
+    return jnp.where(x == 1, jnp.inf, value).astype(value.dtype)
 
 
 @lowers(aten.frexp.Tensor)

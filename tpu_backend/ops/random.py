@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_backend.ops._common import default_float, is_floating, jax_dtype
+from tpu_backend.ops._common import default_float, elementwise, is_floating, jax_dtype
 from tpu_backend.ops.registry import Functionalized, lowers
 
 aten = torch.ops.aten
@@ -238,7 +238,8 @@ def native_dropout(x, p, train, *, key):
 
 @lowers(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
-    return (grad_output * mask * scale).astype(grad_output.dtype)
+    # ATen computes grad * mask * scale: integer and bool grads promote to the float dtype
+    return elementwise(lambda g, m, s: g * m * s, grad_output, mask, scale)
 
 
 def _rrelu_functional(x, noise, lower, upper, training, key):

@@ -208,16 +208,24 @@ def count_nonzero(x, dim=None):
 # --- scans ------------------------------------------------------------------------------
 
 
+def _scan(fn, x, dim, dtype):
+    """cumsum/cumprod; bfloat16 and float16 accumulate in float32 and round each output, as
+    ATen's CPU kernel (a bfloat16 running sum drifts by an ulp per step)."""
+    x = x.astype(reduction_dtype(x, dtype))
+    if not x.ndim:
+        return x
+    wide = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
+    return fn(x.astype(wide), axis=canonical_dim(dim, x.ndim)).astype(x.dtype)
+
+
 @lowers(aten.cumsum.default)
 def cumsum(x, dim, *, dtype=None):
-    x = x.astype(reduction_dtype(x, dtype))
-    return jnp.cumsum(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
+    return _scan(jnp.cumsum, x, dim, dtype)
 
 
 @lowers(aten.cumprod.default)
 def cumprod(x, dim, *, dtype=None):
-    x = x.astype(reduction_dtype(x, dtype))
-    return jnp.cumprod(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
+    return _scan(jnp.cumprod, x, dim, dtype)
 
 
 @lowers(aten.logcumsumexp.default)

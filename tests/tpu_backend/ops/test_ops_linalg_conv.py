@@ -171,3 +171,20 @@ def test_pdist_backward():
 
 def test_matrix_exp():
     check(aten.linalg_matrix_exp.default, torch.randn(2, 3, 3) * 0.5, **TOL)
+    a = (torch.randn(3, 3) * 0.5).bfloat16()  # computed in float32, rounded once
+    expected = torch.linalg.matrix_exp(a.double())
+    torch.testing.assert_close(run_lowering(aten.linalg_matrix_exp.default, a).double(), expected, rtol=8e-3, atol=8e-3)
+
+
+def test_integer_products_truncate_alpha_and_beta():
+    # ATen converts alpha and beta to the integer dtype first (0.6 -> 0, 2.7 -> 2)
+    x, m, v = torch.randint(-9, 9, (5,)), torch.randint(-9, 9, (5, 10)), torch.randint(-9, 9, (10,))
+    b1, b2 = torch.randint(-9, 9, (3, 5, 4)), torch.randint(-9, 9, (3, 4, 6))
+    for beta, alpha in ((0.2, 0.6), (2.7, -1.5), (1, 3)):
+        check(aten.addmv.default, x, m, v, beta=beta, alpha=alpha, atol=0, rtol=0)
+        check(aten.addmm.default, m[:, :5], m[:, :5], m[:, 5:], beta=beta, alpha=alpha, atol=0, rtol=0)
+        check(aten.baddbmm.default, torch.randint(-9, 9, (3, 5, 6)), b1, b2, beta=beta, alpha=alpha, atol=0, rtol=0)
+        check(aten.addbmm.default, torch.randint(-9, 9, (5, 6)), b1, b2, beta=beta, alpha=alpha, atol=0, rtol=0)
+    check(aten.addr.default, m, x, v, beta=2, alpha=-3, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="aten.addr: for integral input tensors, argument beta must not be a float"):
+        run_lowering(aten.addr.default, m, x, v, beta=0.2)

@@ -251,6 +251,29 @@ def test_special_functions():
     check(aten.frexp.Tensor, X * 100)
 
 
+def test_special_functions_of_integers_and_special_values():
+    ints = torch.arange(-9, 10)
+    check(aten.special_bessel_j0.default, ints, atol=1e-6, rtol=1e-5)  # J0(0) = 1
+    check(aten.special_bessel_j1.default, ints, atol=1e-6, rtol=1e-5)
+    tiny = torch.tensor([0.0, 1e-30, 1e-8, -1e-5, 1.78e-5, 5e-4, -2e-3], dtype=torch.float64)
+    check(aten.special_bessel_j0.default, tiny, atol=0, rtol=1e-15)
+    check(aten.special_bessel_j1.default, tiny, atol=0, rtol=1e-15)
+    # poles and domain: x == 1 -> inf, x < 1 -> nan, q a non-positive integer -> inf
+    x, q = torch.meshgrid(torch.arange(-2, 5), torch.arange(-3, 4), indexing="ij")
+    check(aten.special_zeta.default, x, q, rtol=1e-4)
+    check(aten.special_zeta.default, x.double(), q.double() - 0.5, rtol=1e-7)
+    check(aten.special_zeta.default, x.double() + 0.5, q.double() - 0.5, rtol=1e-7)
+
+
+def test_integer_power_and_truncating_division():
+    base = torch.arange(-4, 5).reshape(9, 1)
+    exponent = torch.tensor([-3, -2, -1, 0, 1, 2, 63, 64, 65, 100])
+    check(aten.pow.Tensor_Tensor, base, exponent, atol=0, rtol=0)  # negative powers: 0, or +-1 for +-1
+    check(aten.pow.Scalar, 3, exponent, atol=0, rtol=0)  # 3 ** 64 wraps around as in ATen
+    check(aten.pow.Tensor_Tensor, base.int(), exponent.int(), atol=0, rtol=0)
+    check(aten.div.Tensor_mode, torch.tensor([[7], [-7], [9]]), torch.tensor([2, -3]), rounding_mode="trunc")
+
+
 @pytest.mark.parametrize(
     "op",
     [

@@ -112,6 +112,11 @@ def test_native_dropout_and_backward():
         run_lowering(aten.native_dropout_backward.default, g, mask, 2.0),
         aten.native_dropout_backward.default(g, mask, 2.0),
     )
+    for grad in (torch.arange(4000) - 2000, torch.arange(4000) % 3 == 0):  # int and bool grads become float32
+        torch.testing.assert_close(
+            run_lowering(aten.native_dropout_backward.default, grad, mask, 2.0),
+            aten.native_dropout_backward.default(grad, mask, 2.0),
+        )
 
 
 def test_rrelu_slopes_noise_and_gradient():

@@ -122,6 +122,22 @@ def test_linspace_and_logspace(start, end, steps):
     check(aten.linspace.Tensor_Tensor, torch.tensor(start), torch.tensor(end), steps)
 
 
+@pytest.mark.parametrize("start,end,steps", [(4.3, 50, 50), (50, 1, 50), (4.3, -3, 50), (-3.0, 4.3, 50), (4.3, 0, 1)])
+def test_integer_linspace_and_logspace_truncate_like_aten(start, end, steps):
+    # ATen truncates the bounds first and counts in float64; -49 / 49 must stay exactly -1
+    check(aten.linspace.default, start, end, steps, dtype=torch.int64, atol=0, rtol=0)
+    check(aten.linspace.Tensor_Tensor, torch.tensor(start), torch.tensor(end), steps, dtype=torch.int64, atol=0, rtol=0)
+    check(aten.logspace.default, start / 10, end / 10, steps, dtype=torch.int64, atol=0, rtol=0)
+    check(aten.logspace.default, start / 10, end / 10, steps, 2.0, dtype=torch.int32, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("bounds", [(0.0, -8.000001, -4.0), (0.5, 5, 1.5), (-3.7, 4.2, 1.9), (10, 1, -3)])
+def test_integer_arange_length_and_values_like_aten(bounds):
+    # int64 counts with truncated bounds in integers, int32 in double: different lengths
+    check(aten.arange.start_step, *bounds, dtype=torch.int64, atol=0, rtol=0)
+    check(aten.arange.start_step, *bounds, dtype=torch.int32, atol=0, rtol=0)
+
+
 def test_negative_reflect_and_replicate_pads_crop():
     x = torch.randn(1, 2, 6)
     check(aten.replication_pad1d.default, x, [-1, 2])
