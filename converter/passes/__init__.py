@@ -24,7 +24,6 @@ from .fold_batch_norm import fold_batch_norm
 from .fold_constants import fold_constants
 from .fold_pad_into_conv import fold_pad_into_conv
 from .fold_reshapes_into_fully_connected import fold_reshapes_into_fully_connected
-from .fold_transposes_into_batch_matmul import fold_transposes_into_batch_matmul
 from .fuse_activations import fuse_activations
 from .fuse_gelu import fuse_gelu
 from .narrow_int64_indices import narrow_int64_indices
@@ -38,7 +37,6 @@ __all__ = [
     "optimize_graph",
     "fold_constants",
     "drop_broadcasts",
-    "fold_transposes_into_batch_matmul",
     "to_nhwc",
     "fold_batch_norm",
     "fuse_activations",
@@ -97,7 +95,6 @@ def run_pass(graph_pass: Callable[[Graph], Graph], graph: Graph) -> bool:
 ROUND = (
     fold_constants,
     drop_broadcasts,
-    fold_transposes_into_batch_matmul,
     sink_row_slices,
     fuse_gelu,
     fold_reshapes_into_fully_connected,
@@ -120,7 +117,6 @@ def optimize_graph(graph: Graph) -> Graph:
        become plain constants, so the layout pass only sees activation transposes;
        drop_broadcasts: a BROADCAST_TO read by a binary op that broadcasts anyway
        is bypassed (XNNPACK takes no BROADCAST_TO: each splits its partition);
-       fold_transposes_into_batch_matmul: `q @ k.transpose(-2, -1)` reads k with adjY;
        then fuse_gelu: a hand-written tanh GELU (GPT-2) becomes one GELU op, and
        fold_reshapes_into_fully_connected: flatten -> FC -> unflatten is one FC;
        sink_row_slices (before them): a slice of rows (an LM's last position, a ViT's

@@ -120,7 +120,7 @@ def _operand_axes(producer: Op, y: Tensor, a: int) -> list[int | None] | None:
         x = inputs[0]
         if x.shape[: a + 1] == y.shape[: a + 1]:  # the leading axes up to a are kept
             return [a] + [None] * (len(inputs) - 1)
-        tail = y.rank - a  # or the trailing axes from a: (B, Hkv, G, T, D) -> (B, H, T, D)
+        tail = y.rank - a  # or the trailing axes from a: (B, H_kv, G, T, D) -> (B, H, T, D)
         if x.rank >= tail and x.shape[x.rank - tail :] == y.shape[a:]:
             return [x.rank - tail] + [None] * (len(inputs) - 1)
         return None
