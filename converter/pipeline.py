@@ -315,7 +315,7 @@ def _constant(name: str, value) -> ir.Tensor:
     t = value.detach().to("cpu")
     if t.dtype == torch.bfloat16:
         t = t.float()  # TFLite computes bf16 graphs in float32 (see lowering.context)
-    data = np.ascontiguousarray(t.contiguous().numpy())
+    data = np.asarray(t.contiguous().numpy(), order="C")  # (np.ascontiguousarray would make 0-d 1-d)
     data = data.astype(numpy_dtype(value.dtype), copy=False)
     return ir.Tensor(name, data.shape, data.dtype, data=data)
 

@@ -142,6 +142,8 @@ def _split_sizes(ctx, x: Tensor, sizes, dim) -> list[Tensor]:
     if x.is_const:
         bounds = np.cumsum(sizes)[:-1]
         return [ctx.const(part) for part in np.split(x.data, bounds, axis=axis)]
+    if len(set(sizes)) == 1:  # equal parts: SPLIT, which XNNPACK takes (2 to 4 parts); SPLIT_V it never does
+        return list(ctx.emit("SPLIT", [emit.int32(ctx, axis), x], {"numSplits": len(sizes)}, num_outputs=len(sizes)))
     outputs = ctx.emit(
         "SPLIT_V",
         [x, emit.int32(ctx, list(sizes)), emit.int32(ctx, axis)],
@@ -167,6 +169,17 @@ def split(ctx, x, split_size, dim=0):
 def unbind(ctx, x, dim=0):
     axis = emit.normalize_dim(dim, x.rank)
     count = x.shape[axis]
+    if x.is_const:
+        return [ctx.const(np.take(x.data, i, axis=axis)) for i in range(count)]
+    if not x.is_dynamic:
+        # SPLIT + RESHAPE, not UNPACK: XNNPACK takes SPLIT (2 to 4 parts) and RESHAPE but no
+        # UNPACK, which would cut its partition in two (`q, k, v = qkv.unbind(0)` in timm's
+        # attention blocks); and LiteRT's UNPACK refuses int64.
+        kept = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
+        parts = ctx.emit(
+            "SPLIT", [emit.int32(ctx, axis), x], {"numSplits": count}, shape=kept, dtype=x.dtype, num_outputs=count
+        )
+        return [emit.reshape(ctx, part, x.shape[:axis] + x.shape[axis + 1 :]) for part in parts]
     return list(ctx.emit("UNPACK", [x], {"num": count, "axis": axis}, num_outputs=count))
 
 

@@ -19,6 +19,7 @@ from converter.ir import Graph, Model
 
 from ._graph import opcode_histogram
 from .deduplicate_constants import deduplicate_constants
+from .drop_broadcasts import drop_broadcasts
 from .fold_batch_norm import fold_batch_norm
 from .fold_constants import fold_constants
 from .fold_pad_into_conv import fold_pad_into_conv
@@ -35,6 +36,7 @@ __all__ = [
     "optimize",
     "optimize_graph",
     "fold_constants",
+    "drop_broadcasts",
     "to_nhwc",
     "fold_batch_norm",
     "fuse_activations",
@@ -98,6 +100,7 @@ def run_pass(graph_pass: Callable[[Graph], Graph], graph: Graph) -> bool:
 # One round of the loop, in order (see optimize_graph).
 ROUND = (
     fold_constants,
+    drop_broadcasts,
     sink_row_slices,
     fuse_gelu,
     fold_reshapes_into_fully_connected,
@@ -118,6 +121,8 @@ def optimize_graph(graph: Graph) -> Graph:
     1. remove_dead_code: less to look at;
     2. fold_constants: weight rearrangements (TRANSPOSE/RESHAPE of constant filters)
        become plain constants, so the layout pass only sees activation transposes;
+       drop_broadcasts: a BROADCAST_TO read by a binary op that broadcasts anyway
+       is bypassed (XNNPACK takes no BROADCAST_TO: each splits its partition);
        then fuse_gelu: a hand-written tanh GELU (GPT-2) becomes one GELU op, and
        fold_reshapes_into_fully_connected: flatten -> FC -> unflatten is one FC;
        sink_row_slices (before them): a slice of rows (an LM's last position, a ViT's

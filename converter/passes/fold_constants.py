@@ -157,6 +157,18 @@ def _unpack(op, args):
     return [np.take(args[0], i, axis=axis) for i in range(args[0].shape[axis])]
 
 
+@evaluates("SPLIT")
+def _split(op, args):
+    return np.split(args[1], op.options["numSplits"], axis=int(args[0]))
+
+
+@evaluates("SPLIT_V")
+def _split_v(op, args):
+    if min(_ints(args[1])) < 0:
+        raise ValueError("SPLIT_V with an inferred (-1) size is not folded")
+    return np.split(args[0], np.cumsum(_ints(args[1]))[:-1], axis=int(args[2]))
+
+
 @evaluates("GATHER")
 def _gather(op, args):
     if op.options.get("batchDims", 0):
@@ -303,6 +315,29 @@ def _div(op, args):
 def _pow(op, args):
     _float_only(args[0])
     return [np.power(args[0], args[1])]
+
+
+@evaluates("FULLY_CONNECTED")
+def _fully_connected(op, args):
+    # A projection of a constant (a relative-position table through a key projection):
+    # computed here in float64, rounded once, instead of at every invoke.
+    x, w, b = (args + [None])[:3]
+    _float_only(x, w)
+    y = x.reshape(-1, w.shape[-1]).astype(np.float64) @ w.T.astype(np.float64)
+    if b is not None:
+        y = y + b
+    return [y.reshape(op.outputs[0].shape)]
+
+
+@evaluates("BATCH_MATMUL")
+def _batch_matmul(op, args):
+    x, y = (a.astype(np.float64) for a in args)
+    _float_only(*args)
+    if op.options.get("adjX", False):
+        x = np.swapaxes(x, -1, -2)
+    if op.options.get("adjY", False):
+        y = np.swapaxes(y, -1, -2)
+    return [np.matmul(x, y)]
 
 
 _UNARY = {

@@ -16,7 +16,8 @@ masks) and is the only reader of its input moves above the producing op, onto ea
 operand that varies along that axis, as long as the producer is row-wise along it:
 elementwise ops, reductions and softmax over other axes (keepDims), FULLY_CONNECTED and
 BATCH_MATMUL rows (not the contracted axis), TRANSPOSE, a RESHAPE that keeps the leading
-axes up to it, CONCATENATION along another axis. A slice that reaches an operand with
+axes up to it or the trailing axes from it (grouped-query attention's (B, H_kv, G, T, D)
+-> (B, H, T, D)), CONCATENATION along another axis. A slice that reaches an operand with
 other readers stays there (the K/V projections still read every row). Static shapes only.
 """
 
@@ -117,7 +118,12 @@ def _operand_axes(producer: Op, y: Tensor, a: int) -> list[int | None] | None:
         return None if perm is None else [perm[a], None]
     if code == "RESHAPE":
         x = inputs[0]
-        return [a] + [None] * (len(inputs) - 1) if x.shape[: a + 1] == y.shape[: a + 1] else None
+        if x.shape[: a + 1] == y.shape[: a + 1]:  # the leading axes up to a are kept
+            return [a] + [None] * (len(inputs) - 1)
+        tail = y.rank - a  # or the trailing axes from a: (B, H_kv, G, T, D) -> (B, H, T, D)
+        if x.rank >= tail and x.shape[x.rank - tail :] == y.shape[a:]:
+            return [x.rank - tail] + [None] * (len(inputs) - 1)
+        return None
     if code == "CONCATENATION":
         axis = producer.options.get("axis", 0) % y.rank
         return None if axis == a else [a] * len(inputs)

@@ -77,3 +77,21 @@ def test_a_slice_reused_from_earlier_keeps_the_ops_in_topological_order():
     assert [op.opcode for op in graph.ops] == ["STRIDED_SLICE", "RELU", "EXP", "NEG"]
     for got, want in zip(run(graph, [data]), expected):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+class _GroupedAttentionLastRow(nn.Module):
+    """Grouped-query attention as export_generative writes it ((G, B, H_kv, T, D) queries),
+    keeping only the last token's output, as a prefill returning the last logits does."""
+
+    def forward(self, q, k, v, bias):
+        from litert_torch.generative.attention import grouped_attention
+
+        return grouped_attention(q, k, v, bias, 0.25)[:, :, -1:]
+
+
+def test_the_last_row_slice_sinks_through_grouped_attention():
+    q, k, v = torch.randn(1, 8, 6, 16), torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
+    bias = torch.randn(6, 20)
+    edge = assert_converts(_GroupedAttentionLastRow(), (q, k, v, bias))
+    softmax = [op for op in edge.ir_model.graphs[0].ops if op.opcode == "SOFTMAX"]
+    assert [op.inputs[0].shape for op in softmax] == [(4, 1, 2, 1, 20)]  # (G, B, H_kv, T, S): one query row
