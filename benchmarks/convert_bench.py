@@ -195,7 +195,8 @@ class AnchorRunner:
                    "--warmup-model", WARMUP_MODEL, *names]  # fmt: skip
         self.deadline = time.monotonic() + timeout
         self.log = open(out_dir / "anchor_stderr.log", "w")
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=HERE)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # else it imports this repo's litert_torch
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=HERE, env=env)
         self.results: dict[str, dict] = {}
         self.import_s = None
 
