@@ -56,6 +56,7 @@ class Histogram:
         self.width = 0.0
         self.min = math.inf
         self.max = -math.inf
+        self.zeros = 0  # values exactly 0 (ReLU's floor, padding): exact at any range
 
     @property
     def hi(self) -> float:
@@ -65,6 +66,7 @@ class Histogram:
         values = values.reshape(-1)
         vmin, vmax = float(values.min()), float(values.max())
         self.min, self.max = min(self.min, vmin), max(self.max, vmax)
+        self.zeros += int(np.count_nonzero(values == 0))
         lo, hi = min(vmin, 0.0), max(vmax, 0.0)  # every range contains zero
         if self.counts is None:
             self.lo, self.width = lo, max(hi - lo, 1e-12) / self.bins
@@ -99,10 +101,16 @@ class Histogram:
     def mse_range(self, levels: int, symmetric: bool) -> tuple[float, float]:
         """The range minimising the expected squared error of quantizing the histogram's
         values to `levels` steps: each end shrunk towards zero by its own factor in
-        (0, 1], found by alternating one-dimensional searches (one end, then the other)."""
+        (0, 1], found by alternating one-dimensional searches (one end, then the other).
+        Exact zeros are left out: zero is a level of every candidate range, so they cost
+        no rounding noise (counting them overweighted rounding against clipping: on ReLU
+        outputs with 80-95% zeros the range came out so narrow that its error exceeded
+        min/max's, up to 3x)."""
         lo, hi = min(self.min, 0.0), max(self.max, 0.0)
-        keep = self.counts > 0
-        x, n = self.centers()[keep], self.counts[keep]
+        counts = self.counts.copy()
+        counts[min(int(-self.lo / self.width), self.bins - 1)] -= self.zeros  # the bin holding 0
+        keep = counts > 0
+        x, n = self.centers()[keep], counts[keep]
         factors = np.linspace(1.0 / MSE_CANDIDATES, 1.0, MSE_CANDIDATES)
         if symmetric:
             m = max(-lo, hi)
