@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -45,6 +46,39 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
 def prod(x, dim=None, keepdim=False, *, dtype=None):
     dims = canonical_dims(dim, x.ndim)
     return jnp.prod(x.astype(reduction_dtype(x, dtype)), axis=dims, keepdims=keepdim)
+
+
+def _float64_bits(x):
+    """The float64 bit pattern of float32 values, built from their bits with integer ops:
+    XLA flushes float32 subnormals to 0 in a float conversion, ATen does not."""
+    bits = lax.bitcast_convert_type(x, jnp.uint32).astype(jnp.uint64)
+    sign, exponent, mantissa = bits >> 31, (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    # subnormal m * 2**-149 is normal in float64: top bit of m at p gives exponent p - 149
+    top = 63 - lax.clz(jnp.maximum(mantissa, 1))
+    subnormal_exponent, subnormal_mantissa = top + 874, (mantissa - (1 << top)) << (52 - top)
+    exponent64 = jnp.where(exponent == 0xFF, 0x7FF, exponent + 896)
+    exponent64 = jnp.where(exponent == 0, jnp.where(mantissa == 0, 0, subnormal_exponent), exponent64)
+    mantissa64 = jnp.where(exponent == 0, jnp.where(mantissa == 0, 0, subnormal_mantissa), mantissa << 29)
+    return (sign << 63) | (exponent64.astype(jnp.uint64) << 52) | mantissa64
+
+
+@lowers(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), keepdim=False, *, mode=0):
+    """XOR of the elements' 64-bit patterns (floats widened to float64, integers and bools to
+    int64), as uint64: ATen's only mode (0)."""
+    if mode != 0:
+        raise NotImplementedError(f"aten.hash_tensor: mode={mode} (ATen defines only mode 0, xor)")
+    if x.size == 0 and not dim:
+        raise RuntimeError("hash_tensor: Expected reduction dim to be specified for input.numel() == 0.")
+    if x.dtype == jnp.float64:
+        bits = lax.bitcast_convert_type(x, jnp.uint64)
+    elif jnp.issubdtype(x.dtype, jnp.floating):
+        bits = _float64_bits(x.astype(jnp.float32))  # float16/bfloat16 -> float32 is exact
+    else:
+        bits = lax.bitcast_convert_type(x.astype(jnp.int64), jnp.uint64)
+    dims = canonical_dims(dim, x.ndim)
+    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, dims)
+    return jnp.expand_dims(out, dims) if keepdim else out
 
 
 @lowers(aten.amax.default)
