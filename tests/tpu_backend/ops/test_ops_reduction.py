@@ -1,5 +1,7 @@
 """Reduction and scan lowerings agree with PyTorch's CPU kernels."""
 
+import jax
+import jax.numpy as jnp
 import pytest
 import torch
 from ops_parity import assert_lowers_for_tpu, check
@@ -120,3 +122,10 @@ def test_hash_tensor_xors_64_bit_patterns():
     check(aten.hash_tensor.default, torch.tensor([[-1, 7], [3, 0]], dtype=torch.int32), [0])
     check(aten.hash_tensor.default, torch.tensor([True, False, True]))
     assert_lowers_for_tpu(aten.hash_tensor.default, x, [0])
+
+
+def test_logcumsumexp_grad_lowers_for_tpu():
+    from tpu_backend.ops.reduction import logcumsumexp_grad
+
+    spec = jax.ShapeDtypeStruct((4, 7), jnp.float32)
+    jax.export.export(jax.jit(lambda g, x: logcumsumexp_grad(g, x, 1)), platforms=["tpu"])(spec, spec)
