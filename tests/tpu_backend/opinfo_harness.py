@@ -210,20 +210,7 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # Ops that fail on the device today for reasons that are fixable (a missing lowering, a
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
-KNOWN_FAILURES: dict[str, KnownFailure] = {
-    "linalg.ldl_factor": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_factor_ex.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
-        "LDL^T with Bunch-Kaufman pivoting (LAPACK sytrf): JAX has no such factorization, and its pivots are part of the result; not written yet",
-    ),
-    "linalg.ldl_factor_ex": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_factor_ex.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
-        "LDL^T with Bunch-Kaufman pivoting (LAPACK sytrf): JAX has no such factorization, and its pivots are part of the result; not written yet",
-    ),
-    "linalg.ldl_solve": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_solve.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "needs the Bunch-Kaufman LD factors of linalg.ldl_factor (not written yet)",
-    ),
-}
+KNOWN_FAILURES: dict[str, KnownFailure] = {}
 # The same for the sampled forward pass (2 samples) in other dtypes.
 KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
     torch.bfloat16: {
