@@ -80,6 +80,9 @@ def _install() -> None:
     precision.install()  # torch.set_float32_matmul_precision -> JAX's matmul precision (default highest)
     integrations.install()  # transformers' save_pretrained on tpu weights
     kernels.install()  # Pallas kernel routers: attention, norms, cross-entropy (tpu_backend/kernels.py)
+    from tpu_backend import gradients  # (defines jax_ops: after allocation and copies are registered)
+
+    gradients.install()  # stable float32 backwards for ops whose ATen formula cancels (logcumsumexp)
     device.jax_op = jax_op  # torch.tpu.jax_op (needs the table, so attached after it is filled)
     device.pallas = sys.modules["torch.tpu.pallas"] = types.ModuleType(
         "torch.tpu.pallas", "torch-tpu's `torch.tpu.pallas.jax_op`, for code written against it"

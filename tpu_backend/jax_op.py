@@ -195,9 +195,18 @@ def _register(fn: Callable, name: str, backward: Optional[Callable]):
 
     user_backward = backward or _vjp_backward(fn, signature)
 
+    def _tensors(args):  # static values (ints, floats) stay static for eval_shape
+        return [args[p] for p in signature.tensor_positions]
+
+    def _with(args, tensors):
+        full = list(args)
+        for position, tensor in zip(signature.tensor_positions, tensors):
+            full[position] = tensor
+        return full
+
     def backward_jax(*args_and_grads):
         args, grads = args_and_grads[:-count], args_and_grads[-count:]
-        outs = jax.eval_shape(forward_jax, *args)
+        outs = jax.eval_shape(lambda *tensors: forward_jax(*_with(args, tensors)), *_tensors(args))
         outs = (outs,) if count == 1 else outs
         grads = tuple(g.astype(o.dtype) for g, o in zip(grads, outs))
         result = user_backward(grads[0] if count == 1 else grads, *args)

@@ -254,44 +254,7 @@ NOT_APPLICABLE = "op_db lists no CPU support for this dtype"
 # Ops that fail on the device today for reasons that are fixable (a missing lowering, a
 # wrong result): the slow full sweep expects them to fail (xfail, not strict: the list is
 # regenerated from `opinfo_report.py`). Every entry names the error; see the report.
-KNOWN_FAILURES: dict[str, KnownFailure] = {
-    "logcumsumexp": KnownFailure(
-        "mismatch at sample 0: Mismatch: grad[0]: Tensor-likes are not close! |  | Mismatched elements: 7 / 125 (5.6%) | Greatest absolute difference: 0.004711627960205078 at index (0, 0, 0) (up to 0.0001 allowed) (vs float64: devi",
-        "float32 cancellation in ATen's own logcumsumexp backward formula (the device runs the same composite): on a gradient element near 0 CPU is 2.8e-3 and the device 4.3e-3 from the float64 value (1e-4 allowed)",
-    ),
-    "nn.functional.grid_sample": KnownFailure(
-        "fail at sample 12: NotImplementedError: aten.grid_sampler_2d: bicubic mode is not supported on the tpu device yet",
-        "bicubic mode of grid_sampler_2d is not written yet",
-    ),
-    "grid_sampler_2d": KnownFailure(
-        "fail at sample 12: NotImplementedError: aten.grid_sampler_2d: bicubic mode is not supported on the tpu device yet",
-        "bicubic mode of grid_sampler_2d is not written yet (the ATen op's own OpInfo entry)",
-    ),
-    "hash_tensor": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "no lowering for aten.hash_tensor yet (a bitwise hash of the float bits)",
-    ),
-    "nn.functional.ctc_loss": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten._ctc_loss.default. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "no lowering for aten._ctc_loss.default yet",
-    ),
-    "linalg.ldl_factor": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_factor_ex.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
-        "LDL^T with Bunch-Kaufman pivoting (LAPACK sytrf): JAX has no such factorization, and its pivots are part of the result; not written yet",
-    ),
-    "linalg.ldl_factor_ex": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_factor_ex.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1)",
-        "LDL^T with Bunch-Kaufman pivoting (LAPACK sytrf): JAX has no such factorization, and its pivots are part of the result; not written yet",
-    ),
-    "linalg.ldl_solve": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.linalg_ldl_solve.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "needs the Bunch-Kaufman LD factors of linalg.ldl_factor (not written yet)",
-    ),
-    "special.airy_ai": KnownFailure(
-        "fail at sample 0: TpuLoweringError: no tpu lowering for aten.special_airy_ai.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
-        "no lowering for aten.special_airy_ai yet: JAX has no Airy function (needs a Cephes-style rational approximation)",
-    ),
-}
+KNOWN_FAILURES: dict[str, KnownFailure] = {}
 # The same for the sampled forward pass in other dtypes (the slow test runs 2 samples; a
 # failure recorded at a later sample passes there).
 KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {

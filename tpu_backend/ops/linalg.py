@@ -422,3 +422,141 @@ def pdist_forward(x, p=2.0):
 @lowers(aten._pdist_backward.default)
 def pdist_backward(grad, x, p, pdist):
     return jax.vjp(lambda v: pdist_forward(v, p), x)[1](grad)[0]
+
+
+# --- LDL^T with Bunch-Kaufman pivoting (LAPACK sytf2, lower), and its solve (sytrs) ------------
+# The factors and pivots are LAPACK's own format, which linalg.ldl_factor returns as is: L's
+# columns are stored as eliminated (earlier columns are not re-permuted), pivots are 1-based,
+# positive for a 1x1 block of D and -p on both columns of a 2x2 block. One while_loop step
+# eliminates one column (1x1 pivot) or two (2x2 pivot); batches are vmapped.
+
+_BUNCH_KAUFMAN_ALPHA = (1 + 17**0.5) / 8
+
+
+def _ldl_factor_one(a):
+    n = a.shape[-1]
+    index = jnp.arange(n)
+    lower = jnp.tril(a)
+    a = lower + jnp.tril(lower, -1).T  # sytrf reads the lower triangle only
+
+    def pick_pivot(m, k):
+        """(kp, kstep, singular) as sytf2 chooses them for column k."""
+        column = jnp.where(index > k, jnp.abs(m[:, k]), -1.0)
+        imax = jnp.argmax(column)  # the first largest, as idamax
+        colmax = jnp.maximum(column[imax], 0)
+        absakk = jnp.abs(m[k, k])
+        row = jnp.where((index >= k) & (index != imax), jnp.abs(m[imax]), 0)  # row imax of the trailing block
+        rowmax = jnp.max(row)
+        keep = (absakk >= _BUNCH_KAUFMAN_ALPHA * colmax) | (absakk * rowmax >= _BUNCH_KAUFMAN_ALPHA * colmax * colmax)
+        one_by_one_at_imax = jnp.abs(m[imax, imax]) >= _BUNCH_KAUFMAN_ALPHA * rowmax
+        singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        kp = jnp.where(singular | keep, k, imax)
+        kstep = jnp.where(singular | keep | one_by_one_at_imax, 1, 2)
+        return kp, kstep, singular
+
+    def step(state):
+        m, pivots, info, k = state
+        kp, kstep, singular = pick_pivot(m, k)
+        kk = k + kstep - 1
+        # swap rows and columns kk and kp of the trailing block (the stored L columns stay)
+        order = jnp.where(index == kk, kp, jnp.where(index == kp, kk, index))
+        trailing = (index[:, None] >= k) & (index[None, :] >= k)
+        m = jnp.where(trailing, m[order][:, order], m)
+        below = index > k + kstep - 1
+        block = below[:, None] & below[None, :]
+        # 1x1: the Schur complement of d = m[k, k]; L's column is x / d
+        x = jnp.where(below, m[:, k], 0)
+        d11 = 1 / m[k, k]
+        one = jnp.where(block, m - jnp.outer(x, d11 * x), m)
+        one = one.at[:, k].set(jnp.where(below, x * d11, m[:, k]))
+        # 2x2: D = [[m[k,k], m[k+1,k]], [m[k+1,k], m[k+1,k+1]]]; L's columns W = [x_k x_k1] D^-1
+        k1 = jnp.minimum(k + 1, n - 1)
+        d21 = m[k1, k]
+        e11, e22 = m[k1, k1] / d21, m[k, k] / d21
+        d21 = 1 / (e11 * e22 - 1) / d21
+        xk, xk1 = jnp.where(below, m[:, k], 0), jnp.where(below, m[:, k1], 0)
+        wk, wk1 = d21 * (e11 * xk - xk1), d21 * (e22 * xk1 - xk)
+        two = jnp.where(block, m - (jnp.outer(xk, wk) + jnp.outer(xk1, wk1)), m)
+        two = two.at[:, k].set(jnp.where(below, wk, m[:, k])).at[:, k1].set(jnp.where(below, wk1, m[:, k1]))
+        updated = jnp.where(kstep == 1, one, two)
+        m = jnp.where(singular, m, updated)
+        m = jnp.where(block, jnp.tril(m) + jnp.tril(m, -1).T, m)  # sytf2 updates the lower half only
+        stored = jnp.where(kstep == 1, kp + 1, -(kp + 1)).astype(jnp.int32)
+        pivots = jnp.where((index == k) | ((index == k + 1) & (kstep == 2)), stored, pivots)
+        info = jnp.where(singular & (info == 0), k + 1, info).astype(jnp.int32)
+        return m, pivots, info, k + kstep
+
+    state = (a, jnp.zeros(n, jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    m, pivots, info, _ = jax.lax.while_loop(lambda s: s[3] < n, step, state)
+    return jnp.tril(m), pivots, info
+
+
+@lowers(aten.linalg_ldl_factor_ex.default)
+def linalg_ldl_factor_ex(x, *, hermitian=False, check_errors=False):
+    """LD, pivots, info as LAPACK's sytrf (lower); real matrices: hermitian changes nothing."""
+    if jnp.iscomplexobj(x):
+        raise NotImplementedError("aten.linalg_ldl_factor_ex: complex matrices are not supported on the tpu device")
+    if x.shape[-1] == 0:
+        batch = x.shape[:-2]
+        return x, jnp.zeros((*batch, 0), jnp.int32), jnp.zeros(batch, jnp.int32)
+    factor = _ldl_factor_one
+    for _ in x.shape[:-2]:
+        factor = jax.vmap(factor)
+    return factor(x)
+
+
+def _ldl_solve_one(ld, pivots, b):
+    """sytrs (lower): B <- P^T L^-T D^-1 L^-1 P B, applying each pivot step in turn."""
+    n = ld.shape[-1]
+    index = jnp.arange(n)
+
+    def swap(b, i, j):
+        order = jnp.where(index == i, j, jnp.where(index == j, i, index))
+        return b[order]
+
+    def forward(state):  # L D X = B, from the first column
+        b, k = state
+        two = pivots[k] < 0
+        k1 = jnp.minimum(k + 1, n - 1)
+        b = swap(b, jnp.where(two, k1, k), jnp.abs(pivots[k]) - 1)
+        below = (index > k + two)[:, None]
+        b = b - jnp.where(below, jnp.outer(ld[:, k], b[k]), 0)
+        b = b - jnp.where(below & two, jnp.outer(ld[:, k1], b[k1]), 0)
+        # D's block: 1x1 divides; 2x2 solves [[a, c], [c, d]] scaled by c, as sytrs
+        one_row = b.at[k].set(b[k] / ld[k, k])
+        c = ld[k1, k]
+        akm1, ak = ld[k, k] / c, ld[k1, k1] / c
+        denom = akm1 * ak - 1
+        bkm1, bk = b[k] / c, b[k1] / c
+        two_rows = b.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
+        return jnp.where(two, two_rows, one_row), k + 1 + two
+
+    def backward(state):  # L^T X = B, from the last column
+        b, k = state
+        two = pivots[k] < 0  # k is the second column of a 2x2 block when two
+        km1 = jnp.maximum(k - 1, 0)
+        below = (index > k)[:, None]
+        b = b.at[k].add(-jnp.sum(jnp.where(below, ld[:, k, None] * b, 0), axis=0))
+        b = b.at[km1].add(-jnp.where(two, jnp.sum(jnp.where(below, ld[:, km1, None] * b, 0), axis=0), 0))
+        b = swap(b, k, jnp.abs(pivots[k]) - 1)
+        return b, k - 1 - two
+
+    b, _ = jax.lax.while_loop(lambda s: s[1] < n, forward, (b, jnp.zeros((), jnp.int32)))
+    b, _ = jax.lax.while_loop(lambda s: s[1] >= 0, backward, (b, jnp.full((), n - 1, jnp.int32)))
+    return b
+
+
+@lowers(aten.linalg_ldl_solve.default)
+def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
+    if jnp.iscomplexobj(ld):
+        raise NotImplementedError("aten.linalg_ldl_solve: complex matrices are not supported on the tpu device")
+    batch = jnp.broadcast_shapes(ld.shape[:-2], b.shape[:-2])
+    ld = jnp.broadcast_to(ld, (*batch, *ld.shape[-2:]))
+    pivots = jnp.broadcast_to(pivots, (*batch, pivots.shape[-1]))
+    b = jnp.broadcast_to(b, (*batch, *b.shape[-2:]))
+    if ld.shape[-1] == 0 or b.shape[-1] == 0:
+        return jnp.zeros(b.shape, jnp.result_type(ld, b))
+    solve = _ldl_solve_one
+    for _ in batch:
+        solve = jax.vmap(solve)
+    return solve(ld, pivots, b.astype(ld.dtype))

@@ -1,4 +1,4 @@
-"""Loss functions and their backward ops (nll, mse, bce, smooth-l1, huber, soft margin).
+"""Loss functions and their backward ops (nll, mse, bce, smooth-l1, huber, soft margin, ctc).
 
 `reduction` is ATen's enum: 0 = none, 1 = mean, 2 = sum. Cross-entropy reaches the
 device as `_log_softmax` + `nll_loss_forward` (its composite decomposition).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from tpu_backend.ops.registry import lowers
@@ -207,3 +208,143 @@ def _multilabel_margin_loss(x, target, reduction):
 def multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
     forward = lambda v: _multilabel_margin_loss(v, target, reduction)
     return jax.vjp(forward, x)[1](grad_output.astype(x.dtype))[0]
+
+
+# --- CTC (connectionist temporal classification) -----------------------------------------------
+# The alpha/beta recursions of Graves et al. in log space, over the extended label sequence
+# (blank, y1, blank, y2, ..., blank), one `lax.scan` step per time step and all batch rows at
+# once; rows end at their own input length. log_probs: (T, N, C).
+
+
+def _logsumexp3(a, b, c):
+    top = jnp.maximum(jnp.maximum(a, b), c)
+    shift = jnp.where(jnp.isfinite(top), top, 0)
+    return shift + jnp.log(jnp.exp(a - shift) + jnp.exp(b - shift) + jnp.exp(c - shift))
+
+
+def _ctc_labels(targets, target_lengths, blank):
+    """(N, 2S+1) extended labels (S = the longest target); targets padded (N, S) or concatenated."""
+    longest = max(target_lengths, default=0)
+    if targets.ndim == 1:  # concatenated: row n starts after the earlier rows' targets
+        starts = np.cumsum([0, *target_lengths[:-1]])
+        index = np.minimum(starts[:, None] + np.arange(longest), max(targets.shape[0] - 1, 0))
+        padded = targets[index] if targets.shape[0] else jnp.zeros(index.shape, targets.dtype)
+    else:
+        padded = targets[:, :longest]
+    labels = jnp.full((len(target_lengths), 2 * longest + 1), blank, jnp.int64)
+    return labels.at[:, 1::2].set(padded.astype(jnp.int64))
+
+
+def _ctc_shift(x, by):
+    """x[..., s - by] (by > 0) or x[..., s + |by|] (by < 0), -inf where that is outside."""
+    pad = jnp.full(x.shape[:-1] + (abs(by),), -jnp.inf, x.dtype)
+    return jnp.concatenate([pad, x[..., :-by]] if by > 0 else [x[..., -by:], pad], axis=-1)
+
+
+def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
+    labels = _ctc_labels(targets, target_lengths, blank)
+    batch = jnp.arange(labels.shape[0])[:, None]
+    label_log_probs = log_probs[:, batch, labels]  # (T, N, 2S+1): log p_t(l'_s)
+    position = jnp.arange(labels.shape[1])
+    # a step from s-2 to s skips a blank: allowed between two different labels
+    skips = (position >= 2) & (labels != blank) & (labels != _ctc_roll(labels))
+    ends = 2 * jnp.asarray(target_lengths, jnp.int64)[:, None]  # the last blank's position
+    return labels, label_log_probs, skips, position < ends + 1, ends, jnp.asarray(input_lengths, jnp.int64)
+
+
+def _ctc_roll(labels):
+    return jnp.concatenate([jnp.full_like(labels[:, :2], -1), labels[:, :-2]], axis=1)
+
+
+def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank):
+    """(negative log likelihood (N,), log_alpha (N, T, 2S+1), -inf past each row's input)."""
+    _, label_lp, skips, valid, ends, lengths = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    position = jnp.arange(label_lp.shape[-1])
+    first = jnp.where((position == 0) | ((position == 1) & (ends > 0)), label_lp[0], -jnp.inf)
+
+    def step(alpha, inputs):
+        lp, t = inputs
+        new = lp + _logsumexp3(alpha, _ctc_shift(alpha, 1), jnp.where(skips, _ctc_shift(alpha, 2), -jnp.inf))
+        return jnp.where(valid, new, -jnp.inf), None
+
+    def frozen_step(alpha, inputs):  # rows past their input length keep their last alpha
+        new, _ = step(alpha, inputs)
+        new = jnp.where(inputs[1] < lengths[:, None], new, alpha)
+        return new, new
+
+    steps = jnp.arange(1, label_lp.shape[0])
+    last, alphas = jax.lax.scan(frozen_step, first, (label_lp[1:], steps))
+    log_alpha = jnp.concatenate([first[None], alphas], axis=0)
+    log_alpha = jnp.where(jnp.arange(label_lp.shape[0])[:, None, None] < lengths[:, None], log_alpha, -jnp.inf)
+    final = jnp.take_along_axis(last, ends, axis=1)[:, 0]
+    before = jnp.where(ends[:, 0] > 0, jnp.take_along_axis(last, jnp.maximum(ends - 1, 0), axis=1)[:, 0], -jnp.inf)
+    return -jnp.logaddexp(final, before), jnp.moveaxis(log_alpha, 0, 1)
+
+
+def _ctc_backward(grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank, zero_infinity):
+    """ATen's gradient, which is with respect to the logits behind log_probs = log_softmax(logits):
+    exp(log_probs) - exp(log(sum over s with l'_s = c of alpha * beta) + nll - log_probs)."""
+    labels, label_lp, skips, valid, ends, lengths = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    position = jnp.arange(labels.shape[1])
+    skips_ahead = jnp.concatenate([skips[:, 2:], jnp.zeros_like(skips[:, :2])], axis=1)
+
+    def step(beta, inputs):
+        lp, t = inputs
+        new = lp + _logsumexp3(beta, _ctc_shift(beta, -1), jnp.where(skips_ahead, _ctc_shift(beta, -2), -jnp.inf))
+        new = jnp.where(valid, new, -jnp.inf)
+        start = jnp.where((position == ends) | ((position == ends - 1) & (ends > 0)), lp, -jnp.inf)
+        last_step = t == lengths[:, None] - 1
+        new = jnp.where(last_step, start, jnp.where(t < lengths[:, None] - 1, new, -jnp.inf))
+        return new, new
+
+    time = label_lp.shape[0]
+    initial = jnp.full(label_lp.shape[1:], -jnp.inf, log_probs.dtype)
+    _, log_beta = jax.lax.scan(step, initial, (label_lp, jnp.arange(time)), reverse=True)
+    # only where alpha is defined (ATen leaves the rest of its log_alpha uninitialised)
+    alpha = jnp.where(
+        valid & (jnp.arange(time)[:, None, None] < lengths[:, None]), jnp.moveaxis(log_alpha, 1, 0), -jnp.inf
+    )
+    both = alpha + log_beta  # (T, N, 2S+1)
+    top = jnp.max(both, axis=-1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0)
+    one_hot = jax.nn.one_hot(labels, log_probs.shape[-1], dtype=log_probs.dtype)  # (N, 2S+1, C)
+    per_class = jnp.log(jnp.einsum("tns,nsc->tnc", jnp.exp(both - top), one_hot, precision="highest")) + top
+    out = (jnp.exp(log_probs) - jnp.exp(per_class + nll[None, :, None] - log_probs)) * grad[None, :, None]
+    out = jnp.where(jnp.arange(time)[:, None, None] < lengths[None, :, None], out, 0)
+    if zero_infinity:
+        out = jnp.where(jnp.isinf(nll)[None, :, None], 0, out)
+    return out.astype(log_probs.dtype)
+
+
+@lowers(aten._ctc_loss.default)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    return _ctc_forward(log_probs, targets, list(input_lengths), list(target_lengths), blank)
+
+
+@lowers(aten._ctc_loss.Tensor, data_dependent=True)
+def _ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """Lengths as tensors: read on the host (they fix log_alpha's shape), then as above."""
+    return _ctc_loss(log_probs, targets, _host_ints(input_lengths), _host_ints(target_lengths), blank, zero_infinity)
+
+
+@lowers(aten._ctc_loss_backward.default)
+def _ctc_loss_backward(
+    grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank, zero_infinity=False
+):
+    return _ctc_backward(
+        grad, log_probs, targets, list(input_lengths), list(target_lengths), nll, log_alpha, blank, zero_infinity
+    )
+
+
+@lowers(aten._ctc_loss_backward.Tensor, data_dependent=True)
+def _ctc_loss_backward_tensor(
+    grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank, zero_infinity=False
+):
+    return _ctc_loss_backward(
+        grad, log_probs, targets, _host_ints(input_lengths), _host_ints(target_lengths), nll, log_alpha, blank,
+        zero_infinity,
+    )  # fmt: skip
+
+
+def _host_ints(values):
+    return [int(v) for v in np.asarray(values).reshape(-1)]

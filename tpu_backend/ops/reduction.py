@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -45,6 +46,39 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
 def prod(x, dim=None, keepdim=False, *, dtype=None):
     dims = canonical_dims(dim, x.ndim)
     return jnp.prod(x.astype(reduction_dtype(x, dtype)), axis=dims, keepdims=keepdim)
+
+
+def _float64_bits(x):
+    """The float64 bit pattern of float32 values, built from their bits with integer ops:
+    XLA flushes float32 subnormals to 0 in a float conversion, ATen does not."""
+    bits = lax.bitcast_convert_type(x, jnp.uint32).astype(jnp.uint64)
+    sign, exponent, mantissa = bits >> 31, (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    # subnormal m * 2**-149 is normal in float64: top bit of m at p gives exponent p - 149
+    top = 63 - lax.clz(jnp.maximum(mantissa, 1))
+    subnormal_exponent, subnormal_mantissa = top + 874, (mantissa - (1 << top)) << (52 - top)
+    exponent64 = jnp.where(exponent == 0xFF, 0x7FF, exponent + 896)
+    exponent64 = jnp.where(exponent == 0, jnp.where(mantissa == 0, 0, subnormal_exponent), exponent64)
+    mantissa64 = jnp.where(exponent == 0, jnp.where(mantissa == 0, 0, subnormal_mantissa), mantissa << 29)
+    return (sign << 63) | (exponent64.astype(jnp.uint64) << 52) | mantissa64
+
+
+@lowers(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), keepdim=False, *, mode=0):
+    """XOR of the elements' 64-bit patterns (floats widened to float64, integers and bools to
+    int64), as uint64: ATen's only mode (0)."""
+    if mode != 0:
+        raise NotImplementedError(f"aten.hash_tensor: mode={mode} (ATen defines only mode 0, xor)")
+    if x.size == 0 and not dim:
+        raise RuntimeError("hash_tensor: Expected reduction dim to be specified for input.numel() == 0.")
+    if x.dtype == jnp.float64:
+        bits = lax.bitcast_convert_type(x, jnp.uint64)
+    elif jnp.issubdtype(x.dtype, jnp.floating):
+        bits = _float64_bits(x.astype(jnp.float32))  # float16/bfloat16 -> float32 is exact
+    else:
+        bits = lax.bitcast_convert_type(x.astype(jnp.int64), jnp.uint64)
+    dims = canonical_dims(dim, x.ndim)
+    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, dims)
+    return jnp.expand_dims(out, dims) if keepdim else out
 
 
 @lowers(aten.amax.default)
@@ -231,6 +265,36 @@ def cumprod(x, dim, *, dtype=None):
 @lowers(aten.logcumsumexp.default)
 def logcumsumexp(x, dim):
     return lax.cumlogsumexp(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
+
+
+def logcumsumexp_grad(grad, x, dim):
+    """d logcumsumexp: x_j's gradient is exp(x_j - r_j) * T_j with r the result and
+    T_j = g_j + exp(r_j - r_{j+1}) T_{j+1}, a reverse linear recurrence whose factors lie in
+    [0, 1], so nothing cancels. (ATen subtracts two exponentials of reverse logcumsumexps:
+    2.5e-3 from the float64 value on an OpInfo sample where this is 2.4e-7;
+    `tpu_backend/gradients.py` puts this formula in its place.)"""
+    if x.ndim == 0:
+        return grad
+    axis = canonical_dim(dim, x.ndim)
+    if jnp.iscomplexobj(x):
+        return jax.vjp(lambda v: lax.cumlogsumexp(v, axis=axis), x)[1](grad)[0]
+    # relative to the slice's maximum: the result of x ~ 1e4 would carry float32's 1e-3 spacing
+    top = jnp.max(x, axis=axis, keepdims=True)
+    x = x - jnp.where(jnp.isfinite(top), top, 0)
+    result = lax.cumlogsumexp(x, axis=axis)
+    size = x.shape[axis]
+    following = jnp.concatenate(
+        [lax.slice_in_dim(result, 1, size, axis=axis), lax.slice_in_dim(result, size - 1, size, axis=axis)], axis=axis
+    )
+    factor = jnp.exp(result - following)  # NaN where both are -inf: no mass before, so unused
+    last = lax.broadcasted_iota(jnp.int32, x.shape, axis) == size - 1
+    factor = jnp.where(last | jnp.isnan(factor), 0, factor)
+
+    def compose(later, earlier):  # (a, b): T -> b + a T, the earlier map applied after the later
+        return later[0] * earlier[0], earlier[1] + earlier[0] * later[1]
+
+    _, total = lax.associative_scan(compose, (factor, grad.astype(x.dtype)), reverse=True, axis=axis)
+    return jnp.where(jnp.isneginf(x), 0, jnp.exp(x - result) * total)
 
 
 def _cumulative_extreme(x, dim, better):

@@ -229,6 +229,7 @@ _TORCH_TO_JAX = {
     torch.int16: jnp.int16,
     torch.int32: jnp.int32,
     torch.int64: jnp.int64,
+    torch.uint64: jnp.uint64,  # hash_tensor's result
     torch.bool: jnp.bool_,
     torch.complex64: jnp.complex64,
 }

@@ -2,7 +2,7 @@
 
 Grid coordinates in [-1, 1] are mapped to pixels (`align_corners` decides whether -1
 is the first pixel's centre or its outer edge), folded by the padding mode (zeros,
-border, reflection), then read by nearest or bilinear interpolation. Reads outside
+border, reflection), then read by nearest, bilinear or (2-D) bicubic interpolation. Reads outside
 the image give 0 in "zeros" mode. The backward is `jax.vjp` of the forward.
 """
 
@@ -38,7 +38,11 @@ def _reflect(coord, low, high):
 
 
 def _source_coordinate(coord, size, padding_mode, align_corners):
-    coord = _unnormalize(coord, size, align_corners)
+    return _fold(_unnormalize(coord, size, align_corners), size, padding_mode, align_corners)
+
+
+def _fold(coord, size, padding_mode, align_corners):
+    """A pixel coordinate folded into the image by the padding mode (zeros: unchanged)."""
     if padding_mode == BORDER:
         return jnp.clip(coord, 0, size - 1)
     if padding_mode == REFLECTION:
@@ -68,14 +72,43 @@ def _grid_sample(image, grid, interpolation_mode, padding_mode, align_corners):
     y = _source_coordinate(grid[..., 1], height, padding_mode, align_corners)
     if interpolation_mode == NEAREST:
         return _read(image, jnp.round(y).astype(jnp.int32), jnp.round(x).astype(jnp.int32))
-    if interpolation_mode != BILINEAR:
-        raise NotImplementedError("aten.grid_sampler_2d: bicubic mode is not supported on the tpu device yet")
+    if interpolation_mode == BICUBIC:
+        return _bicubic(image, grid, padding_mode, align_corners)
     x0, y0 = jnp.floor(x), jnp.floor(y)
     wx, wy = (x - x0)[:, None], (y - y0)[:, None]
     x0, y0 = x0.astype(jnp.int32), y0.astype(jnp.int32)
     top = _read(image, y0, x0) * (1 - wx) + _read(image, y0, x0 + 1) * wx
     bottom = _read(image, y0 + 1, x0) * (1 - wx) + _read(image, y0 + 1, x0 + 1) * wx
     return (top * (1 - wy) + bottom * wy).astype(image.dtype)
+
+
+def _cubic_weights(t, a=-0.75):
+    """Keys' cubic convolution weights (A = -0.75, as ATen) of the 4 taps at -1, 0, 1, 2 from t in [0, 1)."""
+    near = lambda d: ((a + 2) * d - (a + 3)) * d * d + 1  # |d| <= 1
+    far = lambda d: ((a * d - 5 * a) * d + 8 * a) * d - 4 * a  # 1 < |d| < 2
+    return far(t + 1), near(t), near(1 - t), far(2 - t)
+
+
+def _bicubic(image, grid, padding_mode, align_corners):
+    """ATen's bicubic grid sample: the 4x4 taps around the unpadded source point, each tap's
+    integer position folded by the padding mode (zeros: 0 outside)."""
+    height, width = image.shape[-2:]
+    x = _unnormalize(grid[..., 0], width, align_corners)
+    y = _unnormalize(grid[..., 1], height, align_corners)
+    x0, y0 = jnp.floor(x), jnp.floor(y)
+    wx, wy = _cubic_weights(x - x0), _cubic_weights(y - y0)
+
+    def tap(coord, size):
+        folded = _fold(coord, size, padding_mode, align_corners)
+        return jnp.trunc(folded).astype(jnp.int32)
+
+    out = 0
+    for i, fy in enumerate(wy):
+        row = 0
+        for j, fx in enumerate(wx):
+            row = row + _read(image, tap(y0 - 1 + i, height), tap(x0 - 1 + j, width)) * fx[:, None]
+        out = out + row * fy[:, None]
+    return out.astype(image.dtype)
 
 
 @lowers(aten.grid_sampler_2d.default)

@@ -102,3 +102,19 @@ def check(op, *args, atol=1e-5, rtol=1e-5, jit=None, **kwargs):
     actual = run_lowering(op, *args, jit=jit, **kwargs)
     assert_same(actual, expected, atol, rtol, str(op))
     return actual
+
+
+def assert_lowers_for_tpu(op, *args, **kwargs):
+    """The lowering of `op` for these arguments exports for a TPU (not only runs on CPU)."""
+    leaves, spec = tree_flatten((args, kwargs))
+    slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def call(*traced):
+        filled = list(leaves)
+        for slot, array in zip(slots, traced):
+            filled[slot] = array
+        call_args, call_kwargs = tree_unflatten(filled, spec)
+        return JAX_LOWERINGS[op].fn(*call_args, **call_kwargs)
+
+    specs = [jax.ShapeDtypeStruct(tuple(leaves[i].shape), to_jax(leaves[i][:0].flatten()).dtype) for i in slots]
+    jax.export.export(jax.jit(call), platforms=["tpu"])(*specs)

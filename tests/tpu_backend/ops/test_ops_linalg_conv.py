@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from ops_parity import check, run_lowering
+from ops_parity import assert_lowers_for_tpu, check, run_lowering
 
 aten = torch.ops.aten
 torch.manual_seed(0)
@@ -188,3 +188,23 @@ def test_integer_products_truncate_alpha_and_beta():
     check(aten.addr.default, m, x, v, beta=2, alpha=-3, atol=0, rtol=0)
     with pytest.raises(ValueError, match="aten.addr: for integral input tensors, argument beta must not be a float"):
         run_lowering(aten.addr.default, m, x, v, beta=0.2)
+
+
+@pytest.mark.parametrize("n", [1, 5, 9])
+def test_ldl_factor_matches_lapack_pivots_and_solve(n):
+    """Bunch-Kaufman LDL^T as LAPACK's sytrf: the same LD and pivots (1x1 and 2x2 blocks: a
+    small diagonal forces 2x2 ones, a zero column sets info), and ldl_solve on them."""
+    torch.manual_seed(n)
+    a = torch.randn(4, n, n)
+    a = a + a.mT
+    a[1].diagonal().mul_(0.01)
+    a[2, 0, 0] = 0
+    a[3, :, 0] = a[3, 0, :] = 0
+    check(aten.linalg_ldl_factor_ex.default, a, atol=1e-4, rtol=1e-4)
+    ld, pivots, _ = aten.linalg_ldl_factor_ex.default(a)
+    if n > 1:
+        assert (pivots < 0).any()  # some 2x2 block was exercised
+    b = torch.randn(4, n, 3)
+    check(aten.linalg_ldl_solve.default, ld[:3], pivots[:3], b[:3], atol=1e-4, rtol=1e-4)
+    assert_lowers_for_tpu(aten.linalg_ldl_factor_ex.default, a)
+    assert_lowers_for_tpu(aten.linalg_ldl_solve.default, ld, pivots, b)

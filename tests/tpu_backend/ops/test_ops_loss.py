@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from ops_parity import check
+from ops_parity import assert_lowers_for_tpu, check, run_lowering
 
 aten = torch.ops.aten
 torch.manual_seed(0)
@@ -49,3 +49,40 @@ def test_regression_and_classification_losses(reduction):
     check(aten.binary_cross_entropy_with_logits.default, x, y, None, None, reduction, **TOL)
     check(aten.soft_margin_loss.default, x, y * 2 - 1, reduction, **TOL)
     check(aten.soft_margin_loss_backward.default, g, x, y * 2 - 1, reduction, **TOL)
+
+
+def _ctc_case():
+    torch.manual_seed(0)
+    log_probs = torch.randn(12, 4, 5).log_softmax(-1)
+    targets = torch.randint(1, 5, (4, 5))
+    targets[1, 1] = targets[1, 0]  # a repeated label needs a blank between
+    # row 0's 5 labels fit 12 steps; row 2 has no target; row 3's 4 labels cannot fit 3 steps (infinite)
+    return log_probs, targets, [12, 10, 7, 3], [5, 3, 0, 4]
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_and_gradient(zero_infinity):
+    """The alpha recursion's likelihood (padded and concatenated targets), log_alpha where ATen
+    defines it (its memory past each row's input and target is uninitialised), and ATen's gradient."""
+    log_probs, targets, input_lengths, target_lengths = _ctc_case()
+    args = (input_lengths, target_lengths, 0, zero_infinity)
+    expected_nll, expected_alpha = aten._ctc_loss.default(log_probs, targets, *args)
+    assert torch.isinf(expected_nll[3])
+    flat = torch.cat([row[:n] for row, n in zip(targets, target_lengths)])
+    for labels in (targets, flat):
+        nll, log_alpha = run_lowering(aten._ctc_loss.default, log_probs, labels, *args)
+        torch.testing.assert_close(nll, expected_nll, atol=1e-5, rtol=1e-5)
+        for row, (steps, length) in enumerate(zip(input_lengths, target_lengths)):
+            defined = (slice(0, steps), slice(0, 2 * length + 1))
+            torch.testing.assert_close(log_alpha[row][defined], expected_alpha[row][defined], atol=1e-5, rtol=1e-5)
+    grad = torch.randn(4)
+    check(
+        aten._ctc_loss_backward.default,
+        grad, log_probs, targets, input_lengths, target_lengths, expected_nll, expected_alpha, 0, zero_infinity,
+        atol=1e-5, rtol=1e-4,
+    )  # fmt: skip
+    assert_lowers_for_tpu(aten._ctc_loss.default, log_probs, targets, *args)
+    assert_lowers_for_tpu(
+        aten._ctc_loss_backward.default,
+        grad, log_probs, targets, input_lengths, target_lengths, expected_nll, expected_alpha, 0, zero_infinity,
+    )  # fmt: skip

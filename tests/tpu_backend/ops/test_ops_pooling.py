@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from ops_parity import check
+from ops_parity import assert_lowers_for_tpu, check
 
 aten = torch.ops.aten
 torch.manual_seed(0)
@@ -125,7 +125,9 @@ GRID_SAMPLES = [
     (0, 0, False),
     (0, 2, True),
     (1, 1, False),
-    *[pytest.param(m, p, a, marks=pytest.mark.slow) for m in (0, 1) for p in (0, 1, 2) for a in (True, False)],
+    (2, 0, False),
+    (2, 2, True),
+    *[pytest.param(m, p, a, marks=pytest.mark.slow) for m in (0, 1, 2) for p in (0, 1, 2) for a in (True, False)],
 ]
 
 
@@ -134,7 +136,9 @@ def test_grid_sampler_2d(mode, padding_mode, align_corners):
     x = torch.randn(2, 3, 5, 6)
     grid = torch.rand(2, 4, 7, 2) * 2.6 - 1.3  # includes points outside the image
     out = check(aten.grid_sampler_2d.default, x, grid, mode, padding_mode, align_corners, **TOL)
-    if mode == 0:
+    if mode == 2:  # bicubic: its own tap folding, checked for a TPU too
+        assert_lowers_for_tpu(aten.grid_sampler_2d.default, x, grid, mode, padding_mode, align_corners)
+    if mode in (0, 2):
         g = torch.randn(out.shape)
         check(
             aten.grid_sampler_2d_backward.default,

@@ -1,8 +1,10 @@
 """Reduction and scan lowerings agree with PyTorch's CPU kernels."""
 
+import jax
+import jax.numpy as jnp
 import pytest
 import torch
-from ops_parity import check
+from ops_parity import assert_lowers_for_tpu, check
 
 aten = torch.ops.aten
 torch.manual_seed(0)
@@ -110,3 +112,20 @@ def test_order_statistics():
 def test_norm_variants():
     check(aten.dist.default, X, X.flip(0), 1.5, rtol=1e-4)
     check(aten.renorm.default, X, 2, 1, 1.5, rtol=1e-4)
+
+
+def test_hash_tensor_xors_64_bit_patterns():
+    """Floats widened to float64, integers and bools to int64, XOR-reduced as uint64 (ATen's mode 0)."""
+    x = torch.tensor([[1.5, -0.0, float("nan")], [float("inf"), 1e-40, -3.25]])
+    check(aten.hash_tensor.default, x)
+    check(aten.hash_tensor.default, x, [1], keepdim=True)
+    check(aten.hash_tensor.default, torch.tensor([[-1, 7], [3, 0]], dtype=torch.int32), [0])
+    check(aten.hash_tensor.default, torch.tensor([True, False, True]))
+    assert_lowers_for_tpu(aten.hash_tensor.default, x, [0])
+
+
+def test_logcumsumexp_grad_lowers_for_tpu():
+    from tpu_backend.ops.reduction import logcumsumexp_grad
+
+    spec = jax.ShapeDtypeStruct((4, 7), jnp.float32)
+    jax.export.export(jax.jit(lambda g, x: logcumsumexp_grad(g, x, 1)), platforms=["tpu"])(spec, spec)
