@@ -345,6 +345,20 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return jnp.take(weight, indices, axis=0)
 
 
+@lowers(aten.embedding_renorm.default)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """Rows named in `indices` whose p-norm exceeds max_norm are scaled to max_norm (ATen's
+    `max_norm / (norm + 1e-7)`); the in-place `embedding_renorm_` of `F.embedding(max_norm=)`
+    derives from this."""
+    named = jnp.zeros((weight.shape[0],), bool).at[indices.reshape(-1)].set(True)
+    rows = weight.astype(jnp.float32)
+    magnitudes = jnp.abs(rows)  # norm_type arrives as a traced float: the p-norm by hand
+    p_norms = jnp.sum(magnitudes**norm_type, axis=1) ** (1 / norm_type)
+    norms = jnp.where(jnp.isinf(norm_type), jnp.max(magnitudes, axis=1), p_norms)
+    scale = jnp.where(named & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    return (rows * scale[:, None]).astype(weight.dtype)
+
+
 @lowers(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     flat = indices.reshape(-1)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from ops_parity import check, run_lowering
+from ops_parity import assert_lowers_for_tpu, check, run_lowering
 
 from tpu_backend.ops import DATA_DEPENDENT, DATA_DEPENDENT_WHEN
 
@@ -107,6 +107,16 @@ def test_embedding_and_backward(padding_idx, scale):
     indices = torch.tensor([[1, 2, 2], [9, 0, 2]])
     out = check(aten.embedding.default, weight, indices, padding_idx)
     check(aten.embedding_dense_backward.default, torch.randn(out.shape), indices, 10, padding_idx, scale)
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.0, float("inf")])
+def test_embedding_renorm(norm_type):
+    """Rows named by the indices (repeats too) with a norm over max_norm are scaled to it."""
+    weight = torch.randn(10, 4) * 2
+    indices = torch.tensor([[1, 2, 2], [9, 0, 2]])
+    renormed = check(aten.embedding_renorm.default, weight, indices, 1.0, norm_type)
+    assert torch.equal(renormed[3], weight[3])  # not named: untouched
+    assert_lowers_for_tpu(aten.embedding_renorm.default, weight, indices, 1.0, norm_type)
 
 
 @pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])

@@ -151,3 +151,18 @@ def test_logcumsumexp_gradient_is_stable_in_float32():
     assert torch.isnan(expected[0, :2]).all() and (got[0, :2] == 0).all()
     expected[0, :2] = 0
     torch.testing.assert_close(got.double(), expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embedding_max_norm_renormalises_the_weight_in_place(dtype):
+    """`F.embedding(max_norm=)` / `embedding_bag` rescale the looked-up rows of the weight
+    itself (aten.embedding_renorm_), as on CPU."""
+    weight = torch.randn(10, 4, dtype=dtype) * 2
+    indices, offsets = torch.tensor([1, 2, 4, 5, 4, 3]), torch.tensor([0, 3])
+    cpu_weight, (device_weight, device_indices, device_offsets) = weight.clone(), on_tpu(weight, indices, offsets)
+    expected = F.embedding_bag(indices, cpu_weight, offsets, max_norm=1.0)
+    got = F.embedding_bag(device_indices, device_weight, device_offsets, max_norm=1.0)
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}  # bf16 ulps
+    torch.testing.assert_close(got.cpu(), expected, **tolerance)
+    torch.testing.assert_close(device_weight.cpu(), cpu_weight, **tolerance)
+    assert not torch.equal(cpu_weight, weight)  # the sample does renormalise
