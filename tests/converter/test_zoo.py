@@ -101,3 +101,17 @@ def test_build_randomizes_batch_norm_statistics():
     for norm in norms:
         assert not torch.allclose(norm.running_var, torch.ones_like(norm.running_var))
         assert not torch.allclose(norm.running_mean, torch.zeros_like(norm.running_mean))
+
+
+def test_timm_and_transformers_vision_models_build_in_one_process():
+    """timm's stand-in torchvision (tests/zoo/_timm_compat.py) is gone once timm is imported:
+    transformers' vision models, which ask torchvision's version, still build afterwards
+    (they raised "Invalid version: 'N/A'" while the stand-in stayed)."""
+    import sys
+
+    from tests.zoo._timm_compat import _StandInTorchvision
+
+    build("timm_resnet10t")
+    assert not any(isinstance(finder, _StandInTorchvision) for finder in sys.meta_path)
+    model, inputs = build("hf_vit")
+    assert model(*inputs) is not None

@@ -59,9 +59,21 @@ def import_timm():
     try:
         import torchvision  # noqa: F401
     except Exception:  # noqa: BLE001  (ImportError, or RuntimeError from a mismatched _C)
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.meta_path.insert(0, _StandInTorchvision())
+        _drop_torchvision_modules()
+        stand_in = _StandInTorchvision()
+        sys.meta_path.insert(0, stand_in)
+        try:
+            import timm
+        finally:
+            # timm keeps the placeholders it imported; the stand-in goes, so that later
+            # imports (transformers asks torchvision's version) see no torchvision at all.
+            sys.meta_path.remove(stand_in)
+            _drop_torchvision_modules()
     import timm
 
     return timm
+
+
+def _drop_torchvision_modules() -> None:
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
