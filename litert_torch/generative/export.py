@@ -12,8 +12,10 @@ Every signature takes and returns the whole cache, one tensor per layer and role
 `prefill_len` may be a list: one signature `prefill_<n>` per length (`prefill_32`,
 `prefill_128`, ...), all sharing the weights. Prefill returns the logits of the chunk's
 last position by default (`prefill_logits="last"`, n = 1; "all": every position;
-"none": no logits output); decode returns its token's. A padding token has position -1
-(it writes nothing and sees nothing).
+"none": no logits output); decode returns its token's. `input_pos` of a chunk must be
+consecutive from input_pos[0] >= 0, with padding (-1) only at the end, and the chunk must
+fit the cache (input_pos[0] + prefill_len <= cache_len): the cache is written as one block
+(DYNAMIC_UPDATE_SLICE) at input_pos[0] (`kv_cache.check_positions` says what is wrong).
 
 `kv_cache_{2i}` holds layer i's keys, `kv_cache_{2i+1}` its values, each
 `float32[1, kv_heads, cache_len, head_dim]`; a sliding-window layer (window < cache_len)
@@ -164,8 +166,9 @@ def verify_cached_lm(
     out = model(ids.to(device))
     expected = getattr(out, "logits", out).float().cpu()
     cache = [c.to(device) for c in lm.empty_cache()]
-    # Up to two prefill chunks (the last one padded), then one decode step per position.
-    chunks = [(s, min(s + prefill_len, total - 1)) for s in range(0, min(2 * prefill_len, total - 1), prefill_len)]
+    # Up to two prefill chunks (the last one padded; each within the cache), then one decode step per position.
+    starts = [s for s in range(0, min(2 * prefill_len, total - 1), prefill_len) if s + prefill_len <= cache_len]
+    chunks = [(s, min(s + prefill_len, total - 1)) for s in starts]
     got = []
     with attention_for_export(lm):
         for start, stop in chunks:

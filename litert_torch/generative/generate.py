@@ -2,10 +2,12 @@
 
 `generate` runs the prompt through the prefill signature(s) in chunks (the smallest
 `prefill_<n>` that holds the rest of the prompt, else the largest; the last chunk padded
-with position -1, which writes nothing), then `decode` once per new token, carrying the
-KV cache from outputs to inputs. When the prefill does not return the logits of the last
-prompt token (prefill_logits "none", or "last" with a padded chunk), that token goes
-through `decode` instead.
+at the end with position -1), then `decode` once per new token, carrying the KV cache
+from outputs to inputs. Positions follow the export's contract (consecutive from the
+chunk's first, `kv_cache.check_positions`): a last chunk that would run past the cache
+starts earlier instead, computing a few prompt tokens again. When the prefill does not
+return the logits of the last prompt token (prefill_logits "none", or "last" with a
+padded chunk), that token goes through `decode` instead.
 
 Tokens are greedy by default; `temperature` > 0 samples, optionally restricted to the
 `top_k` most likely tokens and to the smallest set whose probability reaches `top_p`,
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from litert_torch.edge_model import EdgeModel
+from litert_torch.generative.kv_cache import check_positions
 
 
 def _prompt(prompt_ids) -> np.ndarray:
@@ -83,14 +86,17 @@ def _prefill_signatures(runtime) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def _plan_chunks(n_tokens: int, lengths: list[int]) -> list[int]:
-    """Chunk lengths covering n_tokens: the smallest length holding the rest, else the largest."""
+def _plan_chunks(n_tokens: int, lengths: list[int], cache_len: int | None) -> list[tuple[int, int]]:
+    """(start, size) of the prefill calls covering tokens [0, n_tokens): the smallest length
+    holding the rest, else the largest. A chunk that would run past a linear cache of
+    `cache_len` slots (None: no bound) ends at n_tokens instead, redoing earlier tokens."""
     plan, done = [], 0
     while done < n_tokens:
         rest = n_tokens - done
         size = next((n for n in lengths if n >= rest), lengths[-1])
-        plan.append(size)
-        done += size
+        start = done if cache_len is None or done + size <= cache_len else max(0, n_tokens - size)
+        plan.append((start, size))
+        done = min(start + size, n_tokens)
     return plan
 
 
@@ -129,22 +135,22 @@ def generate(
     first = runtime.signature(prefills[lengths[0]])
     has_logits = first.output_names[0] == "logits"
     all_logits = has_logits and first.outputs[0].shape[1] == lengths[0] > 1
-    plan = _plan_chunks(len(prompt), lengths)
+    start, size = _plan_chunks(len(prompt), lengths, cache_len)[-1]
     # Prefill the whole prompt when its logits come back for the last token, else all but it.
-    whole = all_logits or (has_logits and sum(plan) == len(prompt))
+    whole = all_logits or (has_logits and start + size == len(prompt))
     n_prefill = len(prompt) if whole else len(prompt) - 1
     cache = [np.zeros(spec.shape, spec.dtype) for spec in decode.inputs[2:]]
-    start, logits_row = 0, None
-    for size in _plan_chunks(n_prefill, lengths):
-        part = prompt[start : start + size]
+    logits_row = None
+    for start, size in _plan_chunks(n_prefill, lengths, cache_len):
+        part = prompt[:n_prefill][start : start + size]
         tokens = np.zeros((1, size), np.int32)
         tokens[0, : len(part)] = part
         positions = np.full(size, -1, np.int32)
         positions[: len(part)] = np.arange(start, start + len(part))
+        check_positions(positions, cache_len)
         logits, *cache = _split(runtime.run([tokens, positions, *cache], prefills[size]), has_logits)
         if logits is not None:
             logits_row = logits[0, len(part) - 1] if all_logits else logits[0, -1]
-        start += len(part)
     if not whole:
         logits, *cache = runtime.run([prompt[None, -1:], np.array([len(prompt) - 1], np.int32), *cache], "decode")
         logits_row = logits[0, -1]

@@ -4,32 +4,34 @@ A cache is one tensor per layer and per role (keys, values) of shape
 `(batch, kv_heads, cache_len, head_dim)`, passed to the exported model as an input and
 returned, updated, as an output. Positions are int32 tensors of shape `(tokens,)`.
 
-Writing new entries at data-dependent positions: torch's `index_copy`/`index_put` would
-need SCATTER_ND plus a select in LiteRT. Instead:
-
-- one token (decode): `where(arange(cache_len) == position, new, cache)`, i.e. EQUAL,
-  SELECT_V2 (broadcasting the new entry along the cache axis);
-- several tokens (prefill): a one-hot matrix `(cache_len, tokens)` times the new entries
-  (BATCH_MATMUL) plus the old cache where no token lands (MUL, ADD). With 0/1 weights the
-  result is exact for finite values.
-
-Attention over the cache masks every slot after the query's own position (slots not
-written yet), so stale values are never read. A padding token carries position -1: it
-writes nothing and sees nothing.
+The position contract (what on-device LLM runtimes feed): a chunk's positions are
+consecutive from `positions[0]` >= 0; padding comes only at the end and carries -1
+(`check_positions` says what is wrong otherwise). A linear cache is written as one block:
+DYNAMIC_UPDATE_SLICE of the chunk's keys/values at slot `positions[0]` (a builtin copy; a
+scatter at arbitrary positions would cost a one-hot BATCH_MATMUL over the whole cache).
+The chunk must fit: `positions[0] + tokens <= cache_len` (LiteRT would clamp the offset
+and shift the block). Padding tokens' entries land in the slots after the prompt, which
+no query sees (the mask hides every slot after a query's own position) and which the
+next decode step or chunk overwrites before attending; a padding token sees nothing.
+Decode writes its token with `where(arange(cache_len) == position, new, cache)`
+(EQUAL, SELECT_V2) or, with `DECODE_WRITE = "update_slice"`, DYNAMIC_UPDATE_SLICE too.
 
 Sliding-window layers keep a ring buffer of `window` slots instead (position p lives in
-slot p % window). A chunk attends over the ring followed by its own new keys (the ring
-holds the positions before the chunk, so early queries of a long chunk still see keys
-that later tokens of the same chunk evict), then the last `window` positions of the
-chunk are written into the ring.
+slot p % window): a one-hot write (BATCH_MATMUL) of the chunk's last `window` real
+tokens, which wraps around the ring, and skips padding (-1). A chunk attends over the
+ring followed by its own new keys (the ring holds the positions before the chunk, so
+early queries of a long chunk still see keys that later tokens of the same chunk evict).
 """
 
 from __future__ import annotations
 
 import torch
 
-# How a single token is written: "select" (EQUAL + SELECT_V2) or "one_hot" (the prefill
-# path, BATCH_MATMUL). benchmarks/generative_bench.py --decode-write compares them.
+from converter.lowering.litert_ops import dynamic_update_slice
+
+# How a single token is written into a linear cache: "select" (EQUAL + SELECT_V2) or
+# "update_slice" (DYNAMIC_UPDATE_SLICE, the prefill path).
+# benchmarks/generative_bench.py --decode-write compares them.
 DECODE_WRITE = "select"
 
 # Added to the scores of masked slots: large enough to vanish in softmax, finite so that
@@ -37,20 +39,41 @@ DECODE_WRITE = "select"
 MASKED_SCORE = -1e30
 
 
+def check_positions(positions, cache_len: int | None, name: str = "input_pos") -> None:
+    """Raise ValueError naming `name` unless `positions` (a sequence of ints) follows the
+    contract: consecutive from positions[0] >= 0, then only -1 (padding), and the chunk
+    fits a linear cache of `cache_len` slots (None: ring buffers only, no bound)."""
+    positions = [int(p) for p in positions]
+    real = next((i for i, p in enumerate(positions) if p < 0), len(positions))
+    first = positions[0]
+    if first < 0:
+        raise ValueError(f"{name} must start with a real position (>= 0), got {positions}: a chunk of padding only")
+    if positions[:real] != list(range(first, first + real)) or any(p != -1 for p in positions[real:]):
+        raise ValueError(
+            f"{name} must be consecutive from {name}[0] with padding (-1) only at the end, got {positions}"
+        )
+    if cache_len is not None and first + len(positions) > cache_len:
+        raise ValueError(
+            f"{name}: a chunk of {len(positions)} tokens from position {first} runs past the cache "
+            f"({cache_len} slots); start it at most at {cache_len - len(positions)}"
+        )
+
+
 def write_cache(cache: torch.Tensor, new: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """`cache` with `new[:, :, t]` written at slot `positions[t]` along dim 2.
+    """`cache` with `new[:, :, t]` written at slot `positions[0] + t` along dim 2.
 
     cache: (batch, heads, cache_len, head_dim); new: (batch, heads, tokens, head_dim);
-    positions: int (tokens,), distinct, each in [0, cache_len) or -1 (padding: not written).
-    """
+    positions: int (tokens,) following the contract above (checked when run eagerly)."""
     cache_len, tokens = cache.shape[2], new.shape[2]
-    slots = torch.arange(cache_len, dtype=positions.dtype, device=cache.device)
+    if not torch.compiler.is_compiling():
+        check_positions(positions.tolist(), cache_len)
     if tokens == 1 and DECODE_WRITE == "select":
+        slots = torch.arange(cache_len, dtype=positions.dtype, device=cache.device)
         hit = (slots == positions).reshape(1, 1, cache_len, 1)
         return torch.where(hit, new, cache)
-    one_hot = (slots[:, None] == positions[None, :]).to(cache.dtype)  # (cache_len, tokens)
-    keep = 1.0 - one_hot.sum(dim=1).reshape(1, 1, cache_len, 1)
-    return cache * keep + torch.matmul(one_hot, new)
+    zero = torch.zeros(1, dtype=torch.int32, device=positions.device)
+    start = torch.cat([zero, zero, positions[:1].to(torch.int32), zero])
+    return dynamic_update_slice(cache, new, start)
 
 
 def attention_bias(positions: torch.Tensor, cache_len: int, dtype=torch.float32) -> torch.Tensor:

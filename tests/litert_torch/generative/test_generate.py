@@ -46,20 +46,25 @@ def exported(request):
     return request.param, model, export_generative(model, prefill_len=PREFILL, cache_len=CACHE, progress=False)
 
 
-def run_stepwise(edge, ids: torch.Tensor, prompt_len: int, prefill: str = "prefill") -> list[np.ndarray]:
+def run_stepwise(
+    edge, ids: torch.Tensor, prompt_len: int, prefill: str = "prefill", continue_positions: bool = False
+) -> list[np.ndarray]:
     """Logits of each step as `generate` runs them: prefill chunks over the prompt (the
-    last one padded with position -1), then one decode call per remaining token of `ids`.
-    Returns one (positions, vocab) array per call, for the positions it returns."""
+    last one padded at the end, with random tokens, at position -1 or, with
+    `continue_positions`, at the positions after the prompt), then one decode call per
+    remaining token of `ids`. Returns one (positions, vocab) array per call."""
     runtime = edge.runtime
     chunk = runtime.signature(prefill).inputs[0].shape[1]
     cache = [np.zeros(s.shape, np.float32) for s in runtime.signature("decode").inputs[2:]]
+    junk = torch.randint(0, VOCAB, (chunk,), generator=torch.Generator().manual_seed(9)).int().numpy()
     out = []
     for start in range(0, prompt_len, chunk):
         n = min(chunk, prompt_len - start)
-        tokens = np.zeros((1, chunk), np.int32)
+        tokens = junk[None].copy()
         tokens[0, :n] = ids[0, start : start + n].numpy()
-        positions = np.full(chunk, -1, np.int32)
-        positions[:n] = np.arange(start, start + n)
+        positions = np.arange(start, start + chunk, dtype=np.int32)
+        if not continue_positions:
+            positions[n:] = -1
         logits, *cache = runtime.run([tokens, positions, *cache], prefill)
         out.append(logits[0])
     for pos in range(prompt_len, ids.shape[1]):
@@ -91,6 +96,9 @@ def test_two_signatures_with_the_cache_as_inputs_and_outputs(exported):
 
 
 def test_logits_at_every_step_match_the_models_own_forward(exported):
+    """The padded chunk writes its padding's keys (random tokens, position -1) into the
+    slots after the prompt: no later step sees them (decode overwrites each slot before
+    attending to it)."""
     _, model, edge = exported
     ids = torch.randint(0, VOCAB, (1, STEPS), generator=torch.Generator().manual_seed(2))
     expected = torch_logits(model, ids)[0]
@@ -173,3 +181,82 @@ def test_sampler_restricts_to_top_k_and_top_p_and_checks_its_arguments():
     for bad in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError):
             Sampler(**bad)
+
+
+# ---- several prefill lengths, prompts across their boundaries (Llama- and Qwen3-style) -----
+# prefill_4 and prefill_8 in one file, cache 30. Per prompt length, the calls `generate`
+# makes, as (chunk length, first position): the smallest length holding the rest of the
+# prompt, else the largest; a padded last chunk does not return the last prompt token's
+# logits, so that token goes through decode and the chunks cover one token less.
+BOUNDARY_CACHE = 30
+CHUNKS = {
+    3: [(4, 0)],  # 2 tokens + 2 padding, then token 2 through decode
+    4: [(4, 0)],
+    5: [(4, 0)],  # 8 would be padded: 4 tokens, then token 4 through decode
+    8: [(8, 0)],
+    9: [(8, 0)],
+    12: [(8, 0), (4, 8)],
+    13: [(8, 0), (4, 8)],
+    27: [(8, 0), (8, 8), (8, 16), (4, 24)],  # the last chunk padded (2 tokens)
+    29: [(8, 0), (8, 8), (8, 16), (8, 21)],  # 24 + 8 would run past the cache: it starts at 21, redoing 3 tokens
+}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def two_lengths(request):
+    model = build(request.param)
+    return model, export_generative(model, prefill_len=[4, 8], cache_len=BOUNDARY_CACHE, progress=False)
+
+
+def recorded_generate(edge, prompt, new: int, monkeypatch):
+    """`generate`, recording each LiteRT call as (signature, input_pos, logits)."""
+    runtime, calls = edge.runtime, []
+    run = runtime.run
+
+    def recording(inputs, key):
+        outputs = run(inputs, key)
+        calls.append((key, inputs[1].copy(), outputs[0]))
+        return outputs
+
+    monkeypatch.setattr(runtime, "run", recording)
+    return generate(edge, prompt, new), calls
+
+
+@pytest.mark.parametrize("prompt_len", list(CHUNKS))
+def test_prompts_across_prefill_lengths_generate_exactly_with_the_logits_of_every_step(
+    two_lengths, prompt_len, monkeypatch
+):
+    """Greedy generation to the end of the cache equals PyTorch token for token, and the
+    logits of every LiteRT call (each prefill chunk's last real position, each decode step)
+    equal the model's own forward over prompt + generated tokens (max relative <= 1e-4)."""
+    model, edge = two_lengths
+    prompt = torch.randint(0, VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
+    new = BOUNDARY_CACHE - prompt_len
+    out, calls = recorded_generate(edge, prompt, new, monkeypatch)
+    assert out == reference_generate(model, prompt, new)
+    prefills = [(int(key.split("_")[1]), int(pos[0])) for key, pos, _ in calls if key.startswith("prefill")]
+    assert prefills == CHUNKS[prompt_len]
+    expected = torch_logits(model, torch.tensor([prompt + out[:-1]]))[0]
+    checked = {}
+    for _, positions, logits in calls:
+        last = int(positions[-1])
+        assert list(positions[positions >= 0]) == list(range(positions[0], positions[0] + (positions >= 0).sum()))
+        if last >= 0:  # a padded prefill chunk's last row is padding: not compared
+            checked[last] = max_relative_error(logits[0, -1], expected[last])
+    # the last prompt token and every generated one but the last had their logits checked
+    assert set(range(prompt_len - 1, BOUNDARY_CACHE - 1)) <= set(checked)
+    assert max(checked.values()) <= TOLERANCE, checked
+
+
+def test_padding_at_positions_after_the_prompt_does_not_reach_decode(two_lengths):
+    """Padding may also carry the positions that continue the prompt's (as some runtimes
+    feed it; models without sliding-window layers): a prefill_8 chunk with 3 tokens and 5
+    random padding tokens at positions 11-15, then decode from position 11 on: every
+    step's logits equal the model's own forward over the real tokens."""
+    model, edge = two_lengths
+    ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
+    expected = torch_logits(model, ids)[0]
+    got = run_stepwise(edge, ids, 11, prefill="prefill_8", continue_positions=True)
+    errors = [max_relative_error(g[-1], expected[pos]) for pos, g in enumerate(got[2:], start=11)]
+    assert max_relative_error(got[0][-1], expected[7]) <= TOLERANCE
+    assert len(errors) == 24 - 11 and max(errors) <= TOLERANCE, errors

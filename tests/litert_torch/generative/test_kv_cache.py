@@ -3,6 +3,8 @@ whose parameters live on the "tpu" device."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -17,26 +19,71 @@ from litert_torch.generative import (
     verify_cached_lm,
     with_kv_cache,
 )
-from litert_torch.generative.kv_cache import MASKED_SCORE, attention_bias, ring_attention_bias, write_cache, write_ring
+from litert_torch.generative.kv_cache import (
+    MASKED_SCORE,
+    attention_bias,
+    check_positions,
+    ring_attention_bias,
+    write_cache,
+    write_ring,
+)
 from runtimes.litert import max_relative_error
 from tests.litert_torch.generative.families import build
 
 
-@pytest.mark.parametrize("positions", [[5], [0, 1, 2], [7, 3, 9, 0]])
+@pytest.mark.parametrize("positions", [[5], [0, 1, 2], [3, 4, 5, 6], [7, 8, 9]])
 def test_write_cache_equals_index_copy(positions):
     torch.manual_seed(0)
     cache = torch.randn(1, 2, 10, 4)
     new = torch.randn(1, 2, len(positions), 4)
     pos = torch.tensor(positions, dtype=torch.int32)
     expected = cache.index_copy(2, pos.long(), new)
-    torch.testing.assert_close(write_cache(cache, new, pos), expected, rtol=0, atol=0)
+    for write in ("select", "update_slice"):  # the two ways of writing one token
+        with _decode_write(write):
+            torch.testing.assert_close(write_cache(cache, new, pos), expected, rtol=0, atol=0)
 
 
-def test_padding_positions_write_nothing():
+def test_padding_lands_after_the_prompt_only():
+    """A chunk [2, pad, pad] is written as one block: the padding entries go to slots 3-4,
+    after the prompt (hidden by the mask, overwritten by the next write); slots 0, 1, 5 keep
+    their values."""
     cache = torch.randn(1, 2, 6, 4)
     new = torch.randn(1, 2, 3, 4)
     out = write_cache(cache, new, torch.tensor([2, -1, -1], dtype=torch.int32))
-    torch.testing.assert_close(out, cache.index_copy(2, torch.tensor([2]), new[:, :, :1]), rtol=0, atol=0)
+    torch.testing.assert_close(out, cache.index_copy(2, torch.tensor([2, 3, 4]), new), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "positions,match",
+    [
+        ([3, 1, 2], r"input_pos must be consecutive from input_pos\[0\] with padding \(-1\) only at the end"),
+        ([0, -1, 2], "only at the end"),
+        ([-1, 0, 1], "must start with a real position"),
+        ([-1, -1, -1], "a chunk of padding only"),
+        ([8, 9, 10], "runs past the cache \\(10 slots\\); start it at most at 7"),
+        ([10], "runs past the cache"),
+    ],
+)
+def test_positions_outside_the_contract_are_refused_by_name(positions, match):
+    """Eagerly (PyTorch) the cache write checks its positions; so does `generate` on the
+    host before each LiteRT call (a compiled file could not: DYNAMIC_UPDATE_SLICE clamps)."""
+    model = TinyLlama(TinyLlamaConfig(n_layers=1, max_seq_len=32)).eval()
+    tokens = torch.zeros(1, len(positions), dtype=torch.long)
+    with pytest.raises(ValueError, match=match):
+        model(tokens, torch.tensor(positions), model.empty_cache(10))
+    with pytest.raises(ValueError, match=match):
+        check_positions(np.array(positions, np.int32), 10)
+
+
+@contextlib.contextmanager
+def _decode_write(write: str):
+    from litert_torch.generative import kv_cache
+
+    before, kv_cache.DECODE_WRITE = kv_cache.DECODE_WRITE, write
+    try:
+        yield
+    finally:
+        kv_cache.DECODE_WRITE = before
 
 
 @pytest.mark.parametrize(
