@@ -11,7 +11,7 @@ generation of --new-tokens tokens matches PyTorch token for token.
 
     .venv/bin/python benchmarks/generative_bench.py
     .venv/bin/python benchmarks/generative_bench.py --models tiny_llama --json /tmp/gen.json
-    .venv/bin/python benchmarks/generative_bench.py --decode-write both   # select vs one-hot cache write
+    .venv/bin/python benchmarks/generative_bench.py --decode-write both   # DYNAMIC_UPDATE_SLICE vs select decode write
 
 The anchor (litert-torch 0.10.0) exports LMs through its own model definitions or its
 `export_hf` flow (a model folder, a tokenizer and the .litertlm bundle); it is not run
@@ -122,7 +122,7 @@ def export_with_decode_write(model, write: str, opts) -> tuple[EdgeModel, float]
         )
         seconds = time.perf_counter() - start
     finally:
-        kv_cache.DECODE_WRITE = "select"
+        kv_cache.DECODE_WRITE = "update_slice"
     return EdgeModel(edge.model_content(), num_threads=opts.threads), seconds
 
 
@@ -222,7 +222,9 @@ def measure(name: str, opts) -> dict:
     torch.manual_seed(0)
     model = MODELS[name]().eval()
     params = sum(p.numel() for p in model.parameters())
-    edge, convert_s = export_with_decode_write(model, "one_hot" if opts.decode_write == "one_hot" else "select", opts)
+    edge, convert_s = export_with_decode_write(
+        model, "update_slice" if opts.decode_write == "both" else opts.decode_write, opts
+    )
     runtime = edge.runtime
     P = opts.prefill_len
     ids = torch.randint(0, SIZE["vocab"], (1, P + 1), generator=torch.Generator().manual_seed(1))
@@ -249,9 +251,9 @@ def measure(name: str, opts) -> dict:
     lm = with_kv_cache(model, opts.cache_len)
     torch_decode = [ids[:, P:].int(), torch.tensor([P], dtype=torch.int32), [torch.from_numpy(c) for c in cache]]
     decodes = [lambda: lm(*torch_decode), lambda: runtime.run(decode_in, "decode")]
-    if opts.decode_write == "both":  # the same decode step with the one-hot cache write
-        one_hot = export_with_decode_write(model, "one_hot", opts)[0].runtime
-        decodes.append(lambda: one_hot.run(decode_in, "decode"))
+    if opts.decode_write == "both":  # the same decode step writing with EQUAL + SELECT_V2
+        select = export_with_decode_write(model, "select", opts)[0].runtime
+        decodes.append(lambda: select.run(decode_in, "decode"))
     if anchor_ok:
         decodes.append(anchor.pop("decode"))
     with torch.no_grad(), attention_for_export(lm):
@@ -285,7 +287,7 @@ def measure(name: str, opts) -> dict:
         prefill_rel_err=prefill_err,
         decode_rel_err=decode_err,
         greedy_match=matches,
-        decode_one_hot_ms=decode_times[2] if opts.decode_write == "both" else None,
+        decode_select_ms=decode_times[2] if opts.decode_write == "both" else None,
         anchor=anchor,
     )
 
@@ -344,8 +346,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--decode-write",
-        choices=["select", "one_hot", "both"],
-        default="select",
+        choices=["update_slice", "select", "both"],
+        default="update_slice",
         help="how decode writes its token into the cache (both: time the two, interleaved)",
     )
     parser.add_argument(
@@ -386,7 +388,7 @@ def main(argv=None) -> int:
         f"greedy {opts.new_tokens}",
     ]
     if opts.decode_write == "both":
-        columns.append("decode ms one-hot")
+        columns.append("decode ms select")
     for col in columns:
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
@@ -402,7 +404,7 @@ def main(argv=None) -> int:
             ("-" if r["prefill_rel_err"] is None else f"{r['prefill_rel_err']:.1e}"),
             f"{r['decode_rel_err']:.1e}",
             "match" if r["greedy_match"] else "[red]DIFFERS[/red]",
-            *([f"{r['decode_one_hot_ms']:.3f}"] if opts.decode_write == "both" else []),
+            *([f"{r['decode_select_ms']:.3f}"] if opts.decode_write == "both" else []),
         )
     console.print(table)
     if opts.anchor_python:
