@@ -5,7 +5,8 @@
 at the end with position -1), then `decode` once per new token, carrying the KV cache
 from outputs to inputs. Positions follow the export's contract (consecutive from the
 chunk's first, `kv_cache.check_positions`): a last chunk that would run past the cache
-starts earlier instead, computing a few prompt tokens again. When the prefill does not
+starts earlier instead, computing a few prompt tokens again (models with sliding-window
+ring buffers run those tokens through `decode` instead). When the prefill does not
 return the logits of the last prompt token (prefill_logits "none", or "last" with a
 padded chunk), that token goes through `decode` instead.
 
@@ -86,15 +87,21 @@ def _prefill_signatures(runtime) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def _plan_chunks(n_tokens: int, lengths: list[int], cache_len: int | None) -> list[tuple[int, int]]:
-    """(start, size) of the prefill calls covering tokens [0, n_tokens): the smallest length
+def _plan_chunks(n_tokens: int, lengths: list[int], cache_len: int | None, redo: bool) -> list[tuple[int, int]]:
+    """(start, size) of the prefill calls over tokens [0, n_tokens): the smallest length
     holding the rest, else the largest. A chunk that would run past a linear cache of
-    `cache_len` slots (None: no bound) ends at n_tokens instead, redoing earlier tokens."""
+    `cache_len` slots (None: no bound) ends at n_tokens instead, redoing earlier tokens,
+    when `redo`; else (ring buffers, which hold the positions before a chunk, would see the
+    redone ones twice) the plan stops there and the rest goes through decode."""
     plan, done = [], 0
     while done < n_tokens:
         rest = n_tokens - done
         size = next((n for n in lengths if n >= rest), lengths[-1])
-        start = done if cache_len is None or done + size <= cache_len else max(0, n_tokens - size)
+        start = done
+        if cache_len is not None and done + size > cache_len:
+            if not redo:
+                break
+            start = n_tokens - size
         plan.append((start, size))
         done = min(start + size, n_tokens)
     return plan
@@ -132,16 +139,17 @@ def generate(
             f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the "
             f"exported cache length ({cache_len}); export with a larger cache_len"
         )
+    redo = not any(spec.name.startswith("kv_ring") for spec in decode.outputs)
     first = runtime.signature(prefills[lengths[0]])
     has_logits = first.output_names[0] == "logits"
     all_logits = has_logits and first.outputs[0].shape[1] == lengths[0] > 1
-    start, size = _plan_chunks(len(prompt), lengths, cache_len)[-1]
+    start, size = _plan_chunks(len(prompt), lengths, cache_len, redo)[-1]
     # Prefill the whole prompt when its logits come back for the last token, else all but it.
     whole = all_logits or (has_logits and start + size == len(prompt))
     n_prefill = len(prompt) if whole else len(prompt) - 1
     cache = [np.zeros(spec.shape, spec.dtype) for spec in decode.inputs[2:]]
-    logits_row = None
-    for start, size in _plan_chunks(n_prefill, lengths, cache_len):
+    logits_row, prefilled = None, 0
+    for start, size in _plan_chunks(n_prefill, lengths, cache_len, redo):
         part = prompt[:n_prefill][start : start + size]
         tokens = np.zeros((1, size), np.int32)
         tokens[0, : len(part)] = part
@@ -151,8 +159,9 @@ def generate(
         logits, *cache = _split(runtime.run([tokens, positions, *cache], prefills[size]), has_logits)
         if logits is not None:
             logits_row = logits[0, len(part) - 1] if all_logits else logits[0, -1]
-    if not whole:
-        logits, *cache = runtime.run([prompt[None, -1:], np.array([len(prompt) - 1], np.int32), *cache], "decode")
+        prefilled = start + len(part)
+    for pos in range(prefilled, len(prompt)):  # the last prompt token, or the tail no chunk could take
+        logits, *cache = runtime.run([prompt[None, pos : pos + 1], np.array([pos], np.int32), *cache], "decode")
         logits_row = logits[0, -1]
     rng = sampler.rng()
     out = [sampler(logits_row, rng)]
