@@ -2,7 +2,8 @@
 
     python benchmarks/fused_ab.py --batch 1 --rounds 30            # median CPU ms per step, ratio
     python benchmarks/fused_ab.py --batch 8 --modes cpu-eager,tpu-strict,tpu-fused
-    python benchmarks/fused_ab.py --batch 1 --profile fused        # cProfile of fused steps (top functions)
+    python benchmarks/fused_ab.py --batch 1 --phases               # ... split: forward, backward, optimizer, sync
+    python benchmarks/fused_ab.py --batch 1 --profile tpu-fused    # cProfile of fused steps (top functions)
 
 The machine this runs on is shared, so wall time is noise: each step is timed by
 `time.process_time()` (CPU seconds of every thread of this process, XLA's included), the
@@ -34,9 +35,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--modes", default="tpu-strict,tpu-fused")
     parser.add_argument("--profile", default=None, help="a mode to cProfile over --rounds steps (no A/B)")
+    parser.add_argument("--phases", action="store_true", help="CPU ms per phase of the step, per mode")
     args = parser.parse_args()
     backend_bench.limit_threads(1)
     backend_bench._batch_size = args.batch
+    if args.phases:
+        return phases(args)
     modes = args.modes.split(",") if args.profile is None else [args.profile]
     steps = {m: backend_bench.make_step(args.model, m) for m in modes}
     for m in modes:
@@ -63,6 +67,64 @@ def main() -> None:
     for m in modes:
         ratio = f"  x strict {med[m] / med['tpu-strict']:.2f}" if "tpu-strict" in med else ""
         print(f"{m:12s} {med[m]:7.2f} ms CPU/step{ratio}  loss {losses[m]:.6f}")
+
+
+PHASES = ("zero_grad", "forward+loss", "backward", "optimizer", "sync+read")
+
+
+def _phased_step(model_name: str, mode_name: str):
+    """`backend_bench.make_step`'s step, timed per phase (process CPU seconds)."""
+    import copy
+
+    import torch
+
+    from tests.tpu_backend.models import make_optimizer
+
+    mode = backend_bench.MODES[mode_name]
+    case = backend_bench.model_case(model_name)
+    backend_bench.set_eager_mode(mode)
+    torch.manual_seed(0)
+    model = copy.deepcopy(case.build()).to(mode.device)
+    optimizer = make_optimizer("adamw", model.parameters())
+    inputs, target = (t.to(mode.device) for t in case.batch(torch.Generator().manual_seed(0)))
+
+    def step() -> tuple[float, list[float]]:
+        backend_bench.set_eager_mode(mode)
+        marks = [time.process_time()]
+        optimizer.zero_grad(set_to_none=True)
+        marks.append(time.process_time())
+        loss = case.loss(model(inputs), target)
+        marks.append(time.process_time())
+        loss.backward()
+        marks.append(time.process_time())
+        optimizer.step()
+        marks.append(time.process_time())
+        if mode.eager_mode == "fused":
+            import tpu_backend
+
+            tpu_backend.mark_step()
+        value = loss.item()
+        marks.append(time.process_time())
+        return value, [b - a for a, b in zip(marks, marks[1:])]
+
+    return step
+
+
+def phases(args) -> None:
+    modes = args.modes.split(",")
+    steps = {m: _phased_step(args.model, m) for m in modes}
+    for m in modes:
+        for _ in range(args.warmup):
+            steps[m]()
+    times: dict[str, list[list[float]]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for m in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            times[m].append(steps[m]()[1])
+    print(f"load average {os.getloadavg()}; model {args.model} batch {args.batch}, {args.rounds} rounds; CPU ms")
+    print(f"{'mode':12s} " + " ".join(f"{p:>13s}" for p in PHASES) + f" {'sum':>8s}")
+    for m in modes:
+        medians = [statistics.median(t[i] for t in times[m]) * 1e3 for i in range(len(PHASES))]
+        print(f"{m:12s} " + " ".join(f"{v:13.2f}" for v in medians) + f" {sum(medians):8.2f}")
 
 
 if __name__ == "__main__":
