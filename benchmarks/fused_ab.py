@@ -69,7 +69,23 @@ def main() -> None:
         print(f"{m:12s} {med[m]:7.2f} ms CPU/step{ratio}  loss {losses[m]:.6f}")
 
 
-PHASES = ("zero_grad", "forward+loss", "backward", "optimizer", "sync+read")
+PHASES = ("zero_grad", "forward+loss", "backward", "optimizer", "sync+read", "(program)")
+_program_seconds = [0.0]  # CPU seconds inside fused programs (Program.__call__: XLA's run)
+
+
+def _time_programs() -> None:
+    from tpu_backend.compile.program import Program
+
+    call = Program.__call__
+
+    def timed(self, *args):
+        start = time.process_time()
+        try:
+            return call(self, *args)
+        finally:
+            _program_seconds[0] += time.process_time() - start
+
+    Program.__call__ = timed
 
 
 def _phased_step(model_name: str, mode_name: str):
@@ -91,6 +107,7 @@ def _phased_step(model_name: str, mode_name: str):
     def step() -> tuple[float, list[float]]:
         backend_bench.set_eager_mode(mode)
         marks = [time.process_time()]
+        _program_seconds[0] = 0.0
         optimizer.zero_grad(set_to_none=True)
         marks.append(time.process_time())
         loss = case.loss(model(inputs), target)
@@ -105,13 +122,14 @@ def _phased_step(model_name: str, mode_name: str):
             tpu_backend.mark_step()
         value = loss.item()
         marks.append(time.process_time())
-        return value, [b - a for a, b in zip(marks, marks[1:])]
+        return value, [b - a for a, b in zip(marks, marks[1:])] + [_program_seconds[0]]
 
     return step
 
 
 def phases(args) -> None:
     modes = args.modes.split(",")
+    _time_programs()
     steps = {m: _phased_step(args.model, m) for m in modes}
     for m in modes:
         for _ in range(args.warmup):
@@ -124,7 +142,8 @@ def phases(args) -> None:
     print(f"{'mode':12s} " + " ".join(f"{p:>13s}" for p in PHASES) + f" {'sum':>8s}")
     for m in modes:
         medians = [statistics.median(t[i] for t in times[m]) * 1e3 for i in range(len(PHASES))]
-        print(f"{m:12s} " + " ".join(f"{v:13.2f}" for v in medians) + f" {sum(medians):8.2f}")
+        print(f"{m:12s} " + " ".join(f"{v:13.2f}" for v in medians) + f" {sum(medians[:-1]):8.2f}")
+    print("(program): CPU ms inside the fused step's XLA program, part of sync+read")
 
 
 if __name__ == "__main__":
