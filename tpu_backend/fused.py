@@ -52,6 +52,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from jax._src.array import ArrayImpl as _ARRAY_IMPL  # JAX's concrete array class (an exact type test is cheap)
 
 from tpu_backend import tensor as tpu_tensor
 
@@ -354,11 +355,13 @@ def _donated(external: list, placeholders: list) -> tuple:
     """The external inputs nothing outside the graph can read again (their tensors were
     overwritten, e.g. parameters and optimizer state updated in place), as many per
     shape and dtype as outputs can reuse: XLA writes the new values into their buffers."""
-    reusable = collections.Counter((p.shape, p.dtype) for p in placeholders)
+    reusable = collections.Counter([(p.shape, p.dtype) for p in placeholders])
     donated = []
     for index in range(len(external)):
         value = external[index]
-        if sys.getrefcount(value) > _HELD_ONLY_BY_THE_GRAPH or not isinstance(value, jax.Array):
+        if sys.getrefcount(value) > _HELD_ONLY_BY_THE_GRAPH:
+            continue
+        if type(value) is not _ARRAY_IMPL and not isinstance(value, jax.Array):
             continue
         aval = (value.shape, value.dtype)
         if reusable[aval] > 0:

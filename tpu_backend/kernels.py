@@ -189,6 +189,22 @@ def _attention_gaps(query, key, value, attn_mask, dropout_p, is_causal, enable_g
     return None
 
 
+def _attention_as_one_op(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+    """Fused eager mode records XLA-path attention as ONE op (`_scaled_dot_product_efficient_attention`,
+    whose lowering is `ops/attention.py`'s `_attention`, with ATen's own C++ backward formula)
+    instead of the ~10 ops and views of its decomposition: the same values (tests compare
+    both with CPU), a fraction of the recording cost. Strict and debug modes keep the
+    decomposition (one program per ATen op). Calls the one op does not model decompose."""
+    from tpu_backend.eager import modes
+
+    if modes._mode != "fused" or dropout_p != 0.0 or (attn_mask is not None and is_causal):
+        return False
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4 or not query.dtype.is_floating_point:
+        return False
+    heads, kv_heads = query.shape[1], key.shape[1]
+    return value.shape[1] == kv_heads and (kv_heads == heads or (enable_gqa and heads % kv_heads == 0))
+
+
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     impl = _route(
         "scaled_dot_product_attention",
@@ -196,6 +212,11 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         _attention_rules(query, key, attn_mask, is_causal),
     )
     if impl is None:
+        if _attention_as_one_op(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+            wants_lse = query.requires_grad or key.requires_grad or value.requires_grad
+            return torch.ops.aten._scaled_dot_product_efficient_attention.default(
+                query, key, value, attn_mask, wants_lse, 0.0, is_causal, scale=scale
+            )[0]
         return torch.ops.aten.scaled_dot_product_attention.default.decompose(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )
@@ -215,8 +236,8 @@ def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_ena
     impl = _route(
         "layer_norm", lambda: _norm_gaps(x, normalized_shape, weight, bias), _norm_rules(x, None, weight, bias)
     )
-    if impl is None:
-        return torch.ops.aten.layer_norm.default.decompose(x, normalized_shape, weight, bias, eps, cudnn_enable)
+    if impl is None:  # ATen's decomposition, without `decompose`'s dispatcher round trip
+        return torch.native_layer_norm(x, normalized_shape, weight, bias, eps)[0]
     return torch.ops.tpu_kernels.norm(x, None, weight, bias, True, eps, impl)[0]
 
 

@@ -380,6 +380,20 @@ def _apply_math_bits(t: torch.Tensor, value):
 def write(t: torch.Tensor, value: jax.Array) -> None:
     """Store `value` (broadcast and cast to `t`'s shape and dtype) into `t`, through views."""
     payload = payload_of(t)
+    base = payload.array
+    if (  # the hot path (in-place ops, optimizer updates): a value just like the tensor's whole storage
+        base is not None
+        and value.dtype == base.dtype
+        and value.shape == base.shape
+        and payload.dtype is t.dtype
+        and t.shape == base.shape
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+    ):
+        payload.array = value
+        return
     if payload.dtype != t.dtype:
         _reinterpret(payload, t.dtype)
     shape = tuple(t.shape)
