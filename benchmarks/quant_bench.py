@@ -9,7 +9,7 @@ then measures both files in this process:
 | size x | file size / our float32 file size (target for int8 schemes: <= 0.27) |
 | max err, mean err | over `--samples` seeded random inputs: max and mean of abs(quantized - torch float), divided by max abs(torch) per input |
 | top-1 | classifiers (2-D logits): share of inputs where the argmax agrees with PyTorch (target for int8: >= 97%) |
-| ms | median latency, 1 thread, XNNPACK (the interpreter's default); ours and the anchor's runs interleaved |
+| ms | median latency, 1 thread, XNNPACK (the interpreter's default); ours and the anchor's runs interleaved; wall time, or with `--cpu-time` the invoking thread's CPU time (for a loaded machine) |
 | lat x | ours / anchor (target <= 1.05) |
 | float io | whether the file takes float inputs; integer-I/O files are fed quantized inputs and their outputs dequantized |
 
@@ -22,6 +22,7 @@ evaluation inputs, the same for both converters. `--methods minmax,percentile,ms
 one row per calibration method for the calibrated schemes (scheme shown as
 `full_int8:mse`; the anchor row is its own static recipe, measured once per scheme).
 `float ops` counts the ops our full-integer files left in float (`edge.quant_report`).
+`percentile=99.0` in `--methods` sets the percentile (default 99.99).
 
     .venv/bin/python benchmarks/quant_bench.py --schemes full_int8 --methods minmax,percentile,mse,moving_average \
         --samples 500 --anchor-python /tmp/anchor-venv/bin/python --json /tmp/quant.json
