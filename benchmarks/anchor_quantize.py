@@ -1,4 +1,4 @@
-"""Quantize zoo models with the anchor (PyPI `litert-torch` 0.10.0 + `ai-edge-quantizer`) in ITS environment.
+"""Quantize zoo models (and the bench's transformer classifiers) with the anchor (PyPI `litert-torch` 0.10.0 + `ai-edge-quantizer`) in ITS environment.
 
 Run by `quant_bench.py --anchor-python ...`, never imported by it (the anchor's import name
 `litert_torch` is ours too). For each model: the anchor converts the float model, then
