@@ -1,4 +1,4 @@
-"""Quantize zoo models with the anchor (PyPI `litert-torch` 0.10.0 + `ai-edge-quantizer`) in ITS environment.
+"""Quantize zoo models (and the bench's transformer classifiers) with the anchor (PyPI `litert-torch` 0.10.0 + `ai-edge-quantizer`) in ITS environment.
 
 Run by `quant_bench.py --anchor-python ...`, never imported by it (the anchor's import name
 `litert_torch` is ours too). For each model: the anchor converts the float model, then
@@ -80,6 +80,20 @@ def calibration_inputs(zoo, name: str, count: int, seed: int) -> list[tuple[torc
     return out
 
 
+def build(zoo, name: str, seed: int):
+    """(model, sample args, calibration inputs) for a zoo model or one of the bench's
+    transformer classifiers (`tests/zoo/classifiers.py`), with quant_bench.py's samples."""
+    import importlib
+
+    classifiers = importlib.import_module(zoo.__name__ + ".classifiers")
+    if name not in classifiers.CLASSIFIERS:
+        model, args = zoo.build(name, seed=seed)
+        return model, args, lambda count: calibration_inputs(zoo, name, count, seed)
+    factory, make_inputs = classifiers.CLASSIFIERS[name]
+    args = make_inputs(torch.Generator().manual_seed(0))
+    return factory(), args, lambda count: classifiers.samples(name, count, 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+")
@@ -96,7 +110,7 @@ def main() -> None:
         import litert_torch
     zoo = load_zoo()
     for name in options.models:
-        model, args = zoo.build(name, seed=options.seed)
+        model, args, calibration_samples = build(zoo, name, options.seed)
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 float_model = litert_torch.convert(model, args).model_content()
@@ -129,7 +143,7 @@ def main() -> None:
                         names = sorted(details)  # args_0, args_1 ...; token ids are int32 in the anchor's files
                         samples = [
                             {n: t.numpy().astype(details[n]["dtype"]) for n, t in zip(names, sample)}
-                            for sample in calibration_inputs(zoo, name, options.calibration, options.seed)
+                            for sample in calibration_samples(options.calibration)
                         ]
                         calibration = q.calibrate({"serving_default": samples})
                     content = q.quantize(calibration).quantized_model

@@ -9,7 +9,7 @@ then measures both files in this process:
 | size x | file size / our float32 file size (target for int8 schemes: <= 0.27) |
 | max err, mean err | over `--samples` seeded random inputs: max and mean of abs(quantized - torch float), divided by max abs(torch) per input |
 | top-1 | classifiers (2-D logits): share of inputs where the argmax agrees with PyTorch (target for int8: >= 97%) |
-| ms | median latency, 1 thread, XNNPACK (the interpreter's default); ours and the anchor's runs interleaved |
+| ms | median latency, 1 thread, XNNPACK (the interpreter's default); ours and the anchor's runs interleaved; wall time, or with `--cpu-time` the invoking thread's CPU time (for a loaded machine) |
 | lat x | ours / anchor (target <= 1.05) |
 | float io | whether the file takes float inputs; integer-I/O files are fed quantized inputs and their outputs dequantized |
 
@@ -22,6 +22,7 @@ evaluation inputs, the same for both converters. `--methods minmax,percentile,ms
 one row per calibration method for the calibrated schemes (scheme shown as
 `full_int8:mse`; the anchor row is its own static recipe, measured once per scheme).
 `float ops` counts the ops our full-integer files left in float (`edge.quant_report`).
+`percentile=99.0` in `--methods` sets the percentile (default 99.99).
 
     .venv/bin/python benchmarks/quant_bench.py --schemes full_int8 --methods minmax,percentile,mse,moving_average \
         --samples 500 --anchor-python /tmp/anchor-venv/bin/python --json /tmp/quant.json
@@ -240,7 +241,8 @@ def main() -> None:
     parser.add_argument(
         "--methods",
         default="minmax",
-        help="calibration methods for full_int8/int16x8, comma-separated (minmax, percentile, mse, moving_average)",
+        help="calibration methods for full_int8/int16x8, comma-separated (minmax, percentile, mse, moving_average; "
+        "percentile=99.0 sets the percentile)",
     )
     parser.add_argument(
         "--auto",
@@ -254,6 +256,12 @@ def main() -> None:
         "--bytes", action="store_true", help="print where each quantized file's bytes go (x the float file)"
     )
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="latency as the invoking thread's CPU time (time.thread_time; 1-thread XNNPACK runs on it), "
+        "not wall time: on a shared, loaded machine wall time mostly measures the other processes",
+    )
     parser.add_argument("--anchor-python", default=None)
     parser.add_argument(
         "--anchor-dir",
@@ -282,8 +290,7 @@ def main() -> None:
                 )
     elif options.anchor_python:
         start = time.perf_counter()
-        zoo_models = [m for m in models if m not in classifiers(zoo)]
-        anchor = run_anchor(options.anchor_python, zoo_models, schemes, out_dir, options.calibration)
+        anchor = run_anchor(options.anchor_python, models, schemes, out_dir, options.calibration)
         print(f"anchor: {len(anchor)} results in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
     rows = []
@@ -310,7 +317,7 @@ def main() -> None:
             row["samples"] = count
             try:
                 start = time.perf_counter()
-                config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](calibration=method)
+                config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](**_calibration(method))
                 if use_auto:
                     config = quantize.auto(config, min_agreement=options.auto, eval_data=auto_eval)
                 edge = litert_torch.convert(
@@ -368,7 +375,7 @@ def main() -> None:
             elif record:
                 row["anchor_error"] = record.get("error", "")[:200]
             pair = [ours] + ([theirs] if theirs is not None else [])
-            latencies = _latencies(pair, samples[0], options.runs)
+            latencies = _latencies(pair, samples[0], options.runs, time.thread_time if options.cpu_time else None)
             row["ms"] = latencies[0] * 1e3
             if theirs is not None:
                 row["anchor_ms"] = latencies[1] * 1e3
@@ -382,6 +389,12 @@ def main() -> None:
         _print_bytes(rows)
     if options.json:
         _write_json(options, rows)
+
+
+def _calibration(method: str) -> dict:
+    """`--methods` entry -> calibration keywords: "mse" or "percentile=99.0"."""
+    name, _, value = method.partition("=")
+    return {"calibration": name, **({name: float(value)} if value else {})}
 
 
 def _write_json(options, rows) -> None:
@@ -400,10 +413,11 @@ def _first_output(out):
     return leaves[0].detach().float().numpy()
 
 
-def _latencies(models: list[LoadedModel], sample, runs: int) -> list[float]:
-    """Median seconds per invoke; each model gets inputs in its own I/O type. Models take
-    turns in blocks of 5 invokes (ABBA order): switching models on every invoke made the
-    first of each pair up to 9x slower here (caches), blocks keep the comparison fair."""
+def _latencies(models: list[LoadedModel], sample, runs: int, clock=None) -> list[float]:
+    """Median seconds per invoke (wall time, or `clock()` differences, e.g. CPU time); each
+    model gets inputs in its own I/O type. Models take turns in blocks of 5 invokes (ABBA
+    order): switching models on every invoke made the first of each pair up to 9x slower
+    here (caches), blocks keep the comparison fair."""
     import statistics
 
     for m in models:
@@ -415,8 +429,14 @@ def _latencies(models: list[LoadedModel], sample, runs: int) -> list[float]:
         for k in order:
             models[k].set_inputs(feed(models[k], sample))
             models[k].interpreter.invoke()  # re-warm after the other model ran
-            times[k] += [models[k].invoke_seconds() for _ in range(5)]
+            times[k] += [models[k].invoke_seconds() if clock is None else _timed(models[k], clock) for _ in range(5)]
     return [statistics.median(t) for t in times]
+
+
+def _timed(model: LoadedModel, clock) -> float:
+    start = clock()
+    model.interpreter.invoke()
+    return clock() - start
 
 
 def _print_table(rows) -> None:
