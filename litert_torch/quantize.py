@@ -129,8 +129,9 @@ def auto(
     the model meets `max_error` (relative RMS error of the outputs against the float
     model) or `min_agreement` (top-1 agreement, classifiers) on `eval_data` (a list of
     sample-args tuples). Pass it as `quant_config=` with `calibration_data=`; the choice
-    is in `edge.quant_report.auto["keep_float"]`, to pin with `keep_float=` next time
-    ("(model)" stands for ops of the top-level forward, which no layer name covers)."""
+    is in `edge.quant_report.auto["keep_float"]`, to pin with `keep_float=` next time (it
+    keeps exactly the ops auto measured: "=name" is a layer's own ops without its
+    children's, "(model)" the top-level forward's)."""
     return AutoConfig(scheme, max_error, min_agreement, eval_data).check()
 
 

@@ -13,7 +13,7 @@ from converter import ir
 from converter.quantize import full_integer, sensitivity
 from converter.quantize.config import AutoConfig
 from converter.quantize.report import QuantReport
-from converter.quantize.select import keeps_float
+from converter.quantize.select import pinned
 
 
 def quantize_for_budget(model: ir.Model, config: AutoConfig, runner, progress=None) -> QuantReport:
@@ -30,14 +30,15 @@ def quantize_for_budget(model: ir.Model, config: AutoConfig, runner, progress=No
     analysis = sensitivity.analyze(
         model, ranges, activations, str(base), evals, runner, keep_float=base.keep_float, progress=progress
     )
-    order = [s.name for s in analysis.ranking()]
+    modules_with_ops = {op.module for op in graph.ops if op.module}
+    order = [pinned(s.name, modules_with_ops) for s in analysis.ranking()]
     ev = sensitivity.Evaluator(model, ranges, activations, evals, runner)
     measured: dict[int, tuple[float, float | None]] = {}  # float layers -> (error, agreement)
 
-    def keeping(k: int):
-        """The keep_float predicate with the k most sensitive layers float (and the user's)."""
-        keep = set(order[:k])
-        return lambda op: sensitivity.layer_of(op) in keep or keeps_float(op, base.keep_float)
+    def keeping(k: int) -> tuple[str, ...]:
+        """keep_float with the k most sensitive layers float (and the user's): the very
+        list the report gives to pin."""
+        return tuple(order[:k]) + tuple(base.keep_float)
 
     def measure(k: int) -> bool:
         if k not in measured:

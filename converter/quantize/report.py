@@ -12,6 +12,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import asdict, dataclass, field
 
+from converter.quantize.select import ROOT
+
 
 @dataclass(frozen=True)
 class FloatOp:
@@ -24,7 +26,7 @@ class FloatOp:
     graph: str = "serving_default"
 
     def __str__(self) -> str:
-        return f"{self.op} in {self.layer or '(no layer)'}: {self.reason}"
+        return f"{self.op} in {self.layer or ROOT}: {self.reason}"
 
 
 @dataclass
@@ -79,7 +81,7 @@ class QuantReport:
         kept: dict[tuple[str, str], list[str]] = {}  # requested ones, one line per layer
         for f in self.float_ops:
             if f.requested:
-                kept.setdefault((f.layer or "(no layer)", f.reason), []).append(f.op)
+                kept.setdefault((f.layer or ROOT, f.reason), []).append(f.op)
         lines += [
             f"  [keep_float] {layer}: {len(ops)} op(s) ({', '.join(sorted(set(ops)))}) {reason}"
             for (layer, reason), ops in kept.items()

@@ -21,13 +21,9 @@ import numpy as np
 
 from converter import ir
 from converter.quantize import full_integer
+from converter.quantize.select import layer_of
 
-ROOT = "(model)"  # ops of the top-level forward (no submodule)
 _MOVES = ("QUANTIZE", "DEQUANTIZE")
-
-
-def layer_of(op: ir.Op) -> str:
-    return op.module or ROOT
 
 
 @dataclass

@@ -20,7 +20,11 @@ FLOAT_DTYPES = {"float32", "float16", "float64", "bfloat16"}
 OP_FIXES = {
     "EXPAND_DIMS": "use RESHAPE instead (convert with this target=... to rewrite it)",
     "SQUEEZE": "use RESHAPE instead (convert with this target=... to rewrite it)",
-    "GELU": "use the tanh approximation (nn.GELU(approximate='tanh')) or quantize so it becomes a LUT",
+    "GELU": (
+        "no GELU kernel here in either form (the tanh approximation converts to the same GELU op): "
+        "use an activation the target has, e.g. nn.ReLU, nn.Hardswish or x * torch.sigmoid(1.702 * x) "
+        "(LOGISTIC + MUL), and fine-tune after the change"
+    ),
     "DEQUANTIZE": "quantize the whole model to int8 (litert_torch.quantize.full_int8) so no float part remains",
     "CAST": "keep the dtype unchanged in the model (cast outside, in the app)",
     "GATHER": "for embeddings, one-hot @ matrix (FULLY_CONNECTED) maps to the accelerator",

@@ -73,7 +73,7 @@ def test_float_ops_are_reported_with_layer_and_reason():
     model = _model(SentinelSum)
     x = torch.randn(1, 6, 16)
     calibration = [(torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
-    with pytest.warns(QuantizationWarning, match=r"1 op\(s\) stay float32 \(ADD in \(no layer\): constant input 1"):
+    with pytest.warns(QuantizationWarning, match=r"1 op\(s\) stay float32 \(ADD in \(model\): constant input 1"):
         edge = litert_torch.convert(model, (x,), quant_config=quantize.full_int8(), calibration_data=calibration)
     report = edge.quant_report
     # the relu is fused into the ADD; the projections around it are int8

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import litert_torch
-from converter.quantize import sensitivity
+from converter.quantize.select import ROOT
+from converter.quantize.sensitivity import relative_error
 from litert_torch import quantize
 from litert_torch.cli import main as cli_main
 from tests.converter.quantize.test_quantize import TinyBlock
@@ -63,7 +64,7 @@ def _output_error(edge, model, evals) -> float:
             expected, _ = torch.utils._pytree.tree_flatten(model(*sample))
         actual = edge(*sample)
         actual = actual if isinstance(actual, tuple) else (actual,)
-        errors.append(sensitivity.relative_error(actual, [e.numpy().astype(np.float64) for e in expected]))
+        errors.append(relative_error(actual, [e.numpy().astype(np.float64) for e in expected]))
     return float(np.mean(errors))
 
 
@@ -73,16 +74,16 @@ def _check_top_layer_matters_most(name: str, shape=None, randoms: int = 3):
         args = (torch.randn(shape),)
     calibration, evals = _samples(name, 8, 50, shape), _samples(name, 6, 500, shape)
     report = quantize.analyze(model, args, quantize.full_int8(), calibration, evals)
-    ranking = [s.name for s in report.ranking() if s.name != sensitivity.ROOT]
+    ranking = [s.name for s in report.ranking() if s.name != ROOT]
     top = ranking[0]
     edge = litert_torch.convert(
-        model, args, quant_config=quantize.full_int8(keep_float=[top]), calibration_data=calibration
+        model, args, quant_config=quantize.full_int8(keep_float=["=" + top]), calibration_data=calibration
     )
     keep_top = _output_error(edge, model, evals)
     assert keep_top < report.full_error, (top, keep_top, report.full_error)
     for other in random.Random(0).sample(ranking[1:], randoms):
         edge = litert_torch.convert(
-            model, args, quant_config=quantize.full_int8(keep_float=[other]), calibration_data=calibration
+            model, args, quant_config=quantize.full_int8(keep_float=["=" + other]), calibration_data=calibration
         )
         assert keep_top < _output_error(edge, model, evals), (top, other)
     return report
@@ -90,7 +91,7 @@ def _check_top_layer_matters_most(name: str, shape=None, randoms: int = 3):
 
 def test_bert_style_top_ranked_layer_in_float_lowers_the_error_most(tmp_path):
     report = _check_top_layer_matters_most("tiny_encoder", randoms=1)
-    assert len(report.layers) > 10 and all(s.in_full is not None for s in report.layers if s.name != sensitivity.ROOT)
+    assert len(report.layers) > 10 and all(s.in_full is not None for s in report.layers if s.name != ROOT)
     report.to_json(tmp_path / "r.json")
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["layers"][0]["name"] == report.layers[0].name and data["full_error"] == report.full_error
@@ -124,9 +125,40 @@ def test_auto_keeps_the_fewest_layers_float_that_meet_the_budget():
     assert auto["met"] and 0 < k < auto["layers"]
     assert _output_error(edge, model, evals) <= budget  # measured again, through the user's call
     assert auto["measured"][k - 1][0] > budget  # one float layer fewer misses it
-    kept = {f.layer for f in edge.quant_report.float_ops}
-    assert kept == set(auto["keep_float"]) and all(f.requested for f in edge.quant_report.float_ops)
+    kept = {f.layer or "(model)" for f in edge.quant_report.float_ops}
+    assert kept == {name.removeprefix("=") for name in auto["keep_float"]}
+    assert all(f.requested for f in edge.quant_report.float_ops)
     assert f"auto: {k} of {auto['layers']} layers kept float" in str(edge.quant_report)
+    # the reported list, pinned, gives the very model auto measured
+    pinned = litert_torch.convert(
+        model, args, quant_config=quantize.full_int8(keep_float=auto["keep_float"]), calibration_data=calibration
+    )
+    assert [(f.op, f.layer) for f in pinned.quant_report.float_ops] == [
+        (f.op, f.layer) for f in edge.quant_report.float_ops
+    ]
+    for sample in evals[:20]:
+        np.testing.assert_array_equal(pinned(*sample), edge(*sample))
+
+
+def test_keep_float_own_ops_and_top_level_forward():
+    """ "=layer" keeps a layer's own ops but not its children's; "(model)" the top-level
+    forward's; a bare name covers the children too."""
+    model, args = _tiny_encoder()
+    calibration = _samples("tiny_encoder", 8, 50)
+
+    def float_layers(keep_float):
+        edge = litert_torch.convert(
+            model, args, quant_config=quantize.full_int8(keep_float=keep_float), calibration_data=calibration
+        )
+        return {f.layer or "(model)" for f in edge.quant_report.float_ops}
+
+    parent = "blocks.0"  # a TinyBlock: residual adds of its own, attention and MLP children
+    whole = float_layers([parent])
+    assert parent in whole and any(layer.startswith(parent + ".") for layer in whole)
+    assert float_layers(["=" + parent]) == {parent}
+    assert float_layers(["(model)"]) <= {"(model)"}
+    with pytest.raises(ValueError, match="'=nope' is neither a layer"):
+        float_layers(["=nope"])
 
 
 @pytest.mark.parametrize(
