@@ -20,6 +20,7 @@ from converter.ir import Graph, Model
 from ._graph import opcode_histogram
 from .deduplicate_constants import deduplicate_constants
 from .drop_broadcasts import drop_broadcasts
+from .drop_zero_terms import drop_zero_terms
 from .fold_batch_norm import fold_batch_norm
 from .fold_constants import fold_constants
 from .fold_pad_into_conv import fold_pad_into_conv
@@ -37,6 +38,7 @@ __all__ = [
     "optimize_graph",
     "fold_constants",
     "drop_broadcasts",
+    "drop_zero_terms",
     "to_nhwc",
     "fold_batch_norm",
     "fuse_activations",
@@ -100,6 +102,7 @@ def run_pass(graph_pass: Callable[[Graph], Graph], graph: Graph) -> bool:
 # One round of the loop, in order (see optimize_graph).
 ROUND = (
     fold_constants,
+    drop_zero_terms,
     drop_broadcasts,
     sink_row_slices,
     fuse_gelu,
@@ -121,6 +124,8 @@ def optimize_graph(graph: Graph) -> Graph:
     1. remove_dead_code: less to look at;
     2. fold_constants: weight rearrangements (TRANSPOSE/RESHAPE of constant filters)
        become plain constants, so the layout pass only sees activation transposes;
+       drop_zero_terms: `x + branch * 0` is `x` (a zero-initialised LayerNorm scale,
+       Swin-V2), and the branch dies (see its docstring for the NaN/inf rule);
        drop_broadcasts: a BROADCAST_TO read by a binary op that broadcasts anyway
        is bypassed (XNNPACK takes no BROADCAST_TO: each splits its partition);
        then fuse_gelu: a hand-written tanh GELU (GPT-2) becomes one GELU op, and
