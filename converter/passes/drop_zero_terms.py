@@ -49,9 +49,11 @@ def drop_zero_terms(graph: Graph) -> Graph:
         return t.id in zero
 
     for op in list(graph.ops):
-        if len(op.outputs) != 1 or op.outputs[0].quant is not None or activation(op) != "NONE":
+        if len(op.outputs) != 1 or activation(op) != "NONE":
             continue
         out = op.outputs[0]
+        if out.quant is not None or out.is_variable:  # (writing a variable tensor is a side effect)
+            continue
         if _zero_result(op, is_zero):
             zero.add(out.id)
             continue
