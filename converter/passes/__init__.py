@@ -27,6 +27,7 @@ from .fold_pad_into_conv import fold_pad_into_conv
 from .fold_reshapes_into_fully_connected import fold_reshapes_into_fully_connected
 from .fuse_activations import fuse_activations
 from .fuse_gelu import fuse_gelu
+from .hoist_transpose_above_pad import hoist_transpose_above_pad
 from .narrow_int64_indices import narrow_int64_indices
 from .remove_dead_code import remove_dead_code
 from .simplify_reshapes import simplify_reshapes
@@ -49,6 +50,7 @@ __all__ = [
     "opcode_histogram",
     "narrow_int64_indices",
     "fuse_gelu",
+    "hoist_transpose_above_pad",
     "fold_reshapes_into_fully_connected",
     "sink_row_slices",
     "run_pass",
@@ -141,7 +143,9 @@ def optimize_graph(graph: Graph) -> Graph:
     6. fuse_activations: RELU/RELU6 after conv/add/... become fused activations
        (after 4, so the activation is what directly follows the conv);
     7. remove_dead_code, deduplicate_constants (and CSE);
-    then, once, narrow_int64_indices (int64 indices computed as int32 where exact).
+    then, once, narrow_int64_indices (int64 indices computed as int32 where exact) and
+    hoist_transpose_above_pad (a PAD left before the input's NCHW->NHWC TRANSPOSE moves
+    after it; once, after the loop, since to_nhwc would sink that transpose back).
     Repeated while some pass changed the graph (at most MAX_ROUNDS times): a CSE or a
     fold can expose more cancellations.
     """
@@ -151,6 +155,7 @@ def optimize_graph(graph: Graph) -> Graph:
         if not any(changed):
             break
     run_pass(narrow_int64_indices, graph)
+    run_pass(hoist_transpose_above_pad, graph)
     run_pass(remove_dead_code, graph)
     return graph
 
