@@ -1,6 +1,7 @@
 """LiteRT latency of our files against the anchor's, on a shared, loaded machine.
 
     .venv/bin/python benchmarks/latency_ab.py --anchor-dir DIR [--models a,b] [--jsonl out.jsonl]
+    .venv/bin/python benchmarks/latency_ab.py --anchor-dir DIR --jsonl out.jsonl --summary  # the table
 
 DIR holds the anchor's files, `<name>.anchor.tflite`, written by
 `anchor_convert.py --out-dir DIR ...` (run with the anchor environment's python). Our file
@@ -156,7 +157,7 @@ def measure(zoo, name: str, options) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--anchor-dir", type=Path, action="append", required=True,
+    parser.add_argument("--anchor-dir", type=Path, action="append", default=[],
                         help="directory of <name>.anchor.tflite files (repeatable; the newest file wins)")  # fmt: skip
     parser.add_argument("--models", default=None, help="comma-separated zoo names (default: all)")
     parser.add_argument("--blocks", type=int, default=6, help="fresh interpreter pairs per model (even)")
@@ -167,7 +168,13 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jsonl", type=Path, default=None, help="append rows here; models already in it are skipped")
     parser.add_argument("--save-dir", type=Path, default=None, help="keep our files here as <name>.ours.tflite")
+    parser.add_argument("--summary", action="store_true", help="print the --jsonl file's table and stop")
     options = parser.parse_args(argv)
+    if options.summary:
+        print(summary([json.loads(line) for line in options.jsonl.read_text().splitlines() if line.strip()]))
+        return
+    if not options.anchor_dir:
+        parser.error("--anchor-dir is required (directory of <name>.anchor.tflite files)")
     if options.blocks % 2:
         parser.error("--blocks must be even (half the pairs are created ours-first, half anchor-first)")
     zoo = load_zoo()
@@ -186,6 +193,24 @@ def main(argv=None) -> None:
             with options.jsonl.open("a") as f:
                 f.write(json.dumps(row) + "\n")
         print(format_row(row), flush=True)
+
+
+def summary(rows: list[dict]) -> str:
+    """A markdown table of the rows, then the median and worst ratio and those over TARGET."""
+    lines = ["| model | ratio | control | method | ours ms | anchor ms | ops ours/anchor | load |", "|---" * 8 + "|"]
+    for r in rows:
+        if "ratio" not in r:
+            lines.append(f"| {r['model']} | - | | {r.get('error')} | | | | |")
+            continue
+        control = f"{r['control']:.3f}" if "control" in r else ""
+        lines.append(f"| {r['model']} | {r['ratio']:.3f} | {control} | {r['method']} | {r['ours_ms']:.3f} | "
+                     f"{r['anchor_ms']:.3f} | {r['ours_ops']}/{r['anchor_ops']} | {r['load']:.1f} |")  # fmt: skip
+    ratios = sorted((r["ratio"], r["model"]) for r in rows if "ratio" in r)
+    if ratios:
+        over = [f"{m} {x:.3f}" for x, m in ratios if x > TARGET]
+        lines.append(f"\n{len(ratios)} measured of {len(rows)}; median {statistics.median(x for x, _ in ratios):.3f}, "
+                     f"worst {ratios[-1][0]:.3f} ({ratios[-1][1]}); over {TARGET}: {', '.join(over) or 'none'}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def format_row(row: dict) -> str:

@@ -16,7 +16,7 @@ def _write_anchor(directory, name, seed):
     (directory / f"{name}.anchor.tflite").write_bytes(litert_torch.convert(model, args).model_content())
 
 
-def test_rows_ratio_and_refusals(tmp_path, monkeypatch):
+def test_rows_ratio_and_refusals(tmp_path, monkeypatch, capsys):
     _write_anchor(tmp_path, "mlp", seed=0)  # the same weights: a valid anchor file
     _write_anchor(tmp_path, "lenet5", seed=1)  # other weights: stale
     created = []
@@ -42,3 +42,5 @@ def test_rows_ratio_and_refusals(tmp_path, monkeypatch):
     # Rerunning with the same file skips the models already there.
     latency_ab.main(["--anchor-dir", str(tmp_path), "--models", "mlp", "--jsonl", str(out)])
     assert len(out.read_text().splitlines()) == 3
+    latency_ab.main(["--jsonl", str(out), "--summary"])
+    assert "1 measured of 3" in capsys.readouterr().out
