@@ -1,8 +1,9 @@
 """Pooling: max/avg (incl. ceil_mode, count_include_pad, divisor_override) and adaptive.
 
 MAX_POOL_2D / AVERAGE_POOL_2D are NHWC-only (wrapped in the layout transposes).
-- Max pooling: SAME when PyTorch's padding reads TFLite's SAME windows (SAME ignores
-  the padding, as PyTorch's -inf padding does), else PADV2 with the lowest float + VALID.
+- Max pooling: SAME when PyTorch's padding (and ceil_mode's last window) reads TFLite's
+  SAME windows (SAME ignores the padding, as PyTorch's -inf padding does), else PADV2
+  with the lowest float + VALID.
 - Average pooling: TFLite's SAME divides by the number of real elements, which is
   PyTorch's count_include_pad=False. Every other case is zero-PAD + VALID average,
   rescaled per output position by a constant (kernel area / PyTorch's divisor).
@@ -154,12 +155,23 @@ def _max_pool_indices(ctx, x: Tensor, kernel, stride, padding, ceil_mode) -> Ten
     return emit.reshape(ctx, index, (n, c, *out))
 
 
+def _same_windows(in_hw, kernel, stride, padding, out_hw) -> bool:
+    """Whether TFLite's SAME padding reads PyTorch's windows (same count, same first start)
+    and pads at all; ceil_mode's extra last window included (GoogLeNet's `MaxPool2d(3, 2,
+    ceil_mode=True)`), so no PADV2 is needed (XNNPACK does not take PADV2: each one split
+    the delegated graph)."""
+    same = [layout.same_padding(size, k, s) for size, k, s in zip(in_hw, kernel, stride)]
+    if any(o != so or p != before for o, p, (so, before, _) in zip(out_hw, padding, same)):
+        return False
+    return any(before + after for _, before, after in same)
+
+
 def _max_pool_nhwc(ctx, x_nhwc: Tensor, kernel, stride, padding, ceil_mode) -> Tensor:
     n, h, w, c = x_nhwc.shape
     out_hw = [
         layout.torch_output_size(size, k, s, p, 1, ceil_mode) for size, k, s, p in zip((h, w), kernel, stride, padding)
     ]
-    if not ceil_mode and layout.is_same_padding((h, w), kernel, stride, padding) and any(padding):
+    if _same_windows((h, w), kernel, stride, padding, out_hw):
         return _pool_nhwc(ctx, "MAX_POOL_2D", x_nhwc, kernel, stride, "SAME", out_hw)
     dtype = x_nhwc.dtype
     lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min

@@ -20,12 +20,14 @@ from converter.ir import Graph, Model
 from ._graph import opcode_histogram
 from .deduplicate_constants import deduplicate_constants
 from .drop_broadcasts import drop_broadcasts
+from .drop_zero_terms import drop_zero_terms
 from .fold_batch_norm import fold_batch_norm
 from .fold_constants import fold_constants
 from .fold_pad_into_conv import fold_pad_into_conv
 from .fold_reshapes_into_fully_connected import fold_reshapes_into_fully_connected
 from .fuse_activations import fuse_activations
 from .fuse_gelu import fuse_gelu
+from .hoist_transpose_above_pad import hoist_transpose_above_pad
 from .narrow_int64_indices import narrow_int64_indices
 from .remove_dead_code import remove_dead_code
 from .simplify_reshapes import simplify_reshapes
@@ -37,6 +39,7 @@ __all__ = [
     "optimize_graph",
     "fold_constants",
     "drop_broadcasts",
+    "drop_zero_terms",
     "to_nhwc",
     "fold_batch_norm",
     "fuse_activations",
@@ -47,6 +50,7 @@ __all__ = [
     "opcode_histogram",
     "narrow_int64_indices",
     "fuse_gelu",
+    "hoist_transpose_above_pad",
     "fold_reshapes_into_fully_connected",
     "sink_row_slices",
     "run_pass",
@@ -100,6 +104,7 @@ def run_pass(graph_pass: Callable[[Graph], Graph], graph: Graph) -> bool:
 # One round of the loop, in order (see optimize_graph).
 ROUND = (
     fold_constants,
+    drop_zero_terms,
     drop_broadcasts,
     sink_row_slices,
     fuse_gelu,
@@ -121,6 +126,8 @@ def optimize_graph(graph: Graph) -> Graph:
     1. remove_dead_code: less to look at;
     2. fold_constants: weight rearrangements (TRANSPOSE/RESHAPE of constant filters)
        become plain constants, so the layout pass only sees activation transposes;
+       drop_zero_terms: `x + branch * 0` is `x` (a zero-initialised LayerNorm scale,
+       Swin-V2), and the branch dies (see its docstring for the NaN/inf rule);
        drop_broadcasts: a BROADCAST_TO read by a binary op that broadcasts anyway
        is bypassed (XNNPACK takes no BROADCAST_TO: each splits its partition);
        then fuse_gelu: a hand-written tanh GELU (GPT-2) becomes one GELU op, and
@@ -136,7 +143,9 @@ def optimize_graph(graph: Graph) -> Graph:
     6. fuse_activations: RELU/RELU6 after conv/add/... become fused activations
        (after 4, so the activation is what directly follows the conv);
     7. remove_dead_code, deduplicate_constants (and CSE);
-    then, once, narrow_int64_indices (int64 indices computed as int32 where exact).
+    then, once, narrow_int64_indices (int64 indices computed as int32 where exact) and
+    hoist_transpose_above_pad (a PAD left before the input's NCHW->NHWC TRANSPOSE moves
+    after it; once, after the loop, since to_nhwc would sink that transpose back).
     Repeated while some pass changed the graph (at most MAX_ROUNDS times): a CSE or a
     fold can expose more cancellations.
     """
@@ -146,6 +155,7 @@ def optimize_graph(graph: Graph) -> Graph:
         if not any(changed):
             break
     run_pass(narrow_int64_indices, graph)
+    run_pass(hoist_transpose_above_pad, graph)
     run_pass(remove_dead_code, graph)
     return graph
 

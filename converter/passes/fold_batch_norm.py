@@ -5,7 +5,9 @@ that follows CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV or the 
 convolutions, it folds:
 W'[o] = W[o] * scale[o] and b' = b * scale + shift (a zero bias is created if absent).
 SUB of a constant folds as ADD of its negation and DIV by a constant as MUL by its
-reciprocal.
+reciprocal. A RESHAPE that keeps the last (channel) axis may sit between the op and the
+MUL/ADD (LeViT's `bn(fc(x).flatten(0, 1)).reshape_as(x)`): it then reshapes the folded
+op's output instead.
 
 Guarantees:
 - only folds when the producer's output is read by that single MUL/ADD (and is no graph
@@ -55,19 +57,32 @@ def fold_batch_norm(graph: Graph) -> Graph:
             continue
         while activation(op) == "NONE":
             follower = uses.only_consumer(op.outputs[0])
+            reshape = follower if _keeps_channels(follower, op.outputs[0]) else None
+            if reshape is not None:  # LeViT's `bn(fc(x).flatten(0, 1)).reshape_as(x)`
+                follower = uses.only_consumer(reshape.outputs[0])
             if follower is None:
                 break
-            per_channel = _per_channel_operand(follower, op.outputs[0])
+            per_channel = _per_channel_operand(follower, (reshape or op).outputs[0])
             if per_channel is None or not _foldable_weights(op):
                 break
             kind, vector = per_channel
             if not _fold(op, kind, vector, weight_readers):
                 break
-            op.outputs[0] = follower.outputs[0]
+            (reshape or op).outputs[0] = follower.outputs[0]
             folded.append(follower)
     if folded:
         remove_ops(graph, folded)
     return graph
+
+
+def _keeps_channels(op: Op | None, y: Tensor) -> bool:
+    """Whether `op` is a RESHAPE of `y` that keeps its last (channel) axis, so a per-channel
+    MUL/ADD after it is the same per-channel MUL/ADD before it."""
+    if op is None or op.opcode != "RESHAPE" or op.inputs[0] is not y or y.rank == 0:
+        return False
+    out = op.outputs[0]
+    static = not (y.is_dynamic or out.is_dynamic)
+    return static and out.rank > 0 and out.shape[-1] == y.shape[-1] and out.quant is None and y.quant is None
 
 
 def _per_channel_operand(op: Op, y: Tensor) -> tuple[str, np.ndarray] | None:

@@ -65,6 +65,19 @@ def test_maxpool_padding_is_same_when_the_windows_agree():
     assert "PADV2" in opcodes(edge)
 
 
+def test_ceil_mode_maxpool_is_same_when_the_windows_agree():
+    """GoogLeNet's MaxPool2d(3, 2, ceil_mode=True): ceil_mode's extra last window is SAME's
+    on an even input, so no PADV2 (which XNNPACK does not take)."""
+    pool = nn.MaxPool2d(3, 2, ceil_mode=True)
+    for x in (torch.randn(1, 3, 16, 16), torch.randn(1, 3, 16, 20)):
+        assert opcodes(assert_converts(pool, (x,))) == ["TRANSPOSE", "MAX_POOL_2D", "TRANSPOSE"]
+    # padded and ceil: SAME's windows along H (9: 5 windows from -1), not along W (10: 6 windows)
+    edge = assert_converts(nn.MaxPool2d(3, 2, 1, ceil_mode=True), (torch.randn(1, 3, 9, 10),))
+    assert "PADV2" in opcodes(edge)
+    edge = assert_converts(nn.MaxPool2d(3, 2, 1, ceil_mode=True), (torch.randn(1, 3, 9, 9),))
+    assert "PADV2" not in opcodes(edge)
+
+
 INTERPOLATIONS = {
     "nearest_x2": lambda x: F.interpolate(x, scale_factor=2),
     "nearest_size": lambda x: F.interpolate(x, size=(5, 7)),

@@ -110,3 +110,40 @@ def test_shared_weights_are_not_modified():
     g = check_pass(build, fold_batch_norm)
     assert histogram(g) == {"CONV_2D": 2}
     assert g.ops[0].inputs[1] is not g.ops[1].inputs[1]
+
+
+def test_folds_through_a_reshape_that_keeps_the_channels():
+    def build(b):
+        y = b.reshape(fully_connected(b, b.input((2, 5, 3)), 6), (10, 6))  # flatten(0, 1)
+        y = scale_and_shift(b, y)
+        changes_channels = b.reshape(fully_connected(b, b.input((2, 5, 3)), 6), (2, 30))
+        not_folded = b.op("MUL", [changes_channels, b.const(b.rng.uniform(0.5, 2.0, (30,)))])
+        return b.output(b.reshape(y, (2, 5, 6)), not_folded)
+
+    g = check_pass(build, fold_batch_norm)
+    assert histogram(g) == {"FULLY_CONNECTED": 2, "RESHAPE": 3, "MUL": 1}
+
+
+def test_levit_linear_batch_norm_folds_into_the_linear():
+    """timm LeViT's LinearNorm: `bn(linear(x).flatten(0, 1)).reshape_as(x)`."""
+    import torch
+    from torch import nn
+
+    from tests.helpers import assert_converts
+
+    class LinearNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 12, bias=False)
+            self.bn = nn.BatchNorm1d(12)
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.bn.weight.data.uniform_(0.5, 2)
+            self.bn.bias.data.uniform_(-1, 1)
+
+        def forward(self, x):
+            y = self.linear(x)
+            return self.bn(y.flatten(0, 1)).reshape_as(y)
+
+    edge = assert_converts(LinearNorm().eval(), (torch.randn(2, 7, 8),))
+    assert [op.opcode for op in edge.ir_model.graphs[0].ops] == ["FULLY_CONNECTED"]

@@ -1,0 +1,89 @@
+"""Algebraic simplification: products with a constant zero are zero, and adding zero is a no-op.
+
+A branch scaled by a zero constant contributes nothing: timm's Swin-V2 initialises its
+res-post-norm LayerNorm weights (and biases) to 0, so `x + norm(attn(x))` is `x` and the
+whole attention and MLP branch of every block is dead (328 ops instead of 46; 15x the
+anchor's latency). The pass finds the tensors that are known to be zero and removes the
+additions of them; dead-code removal then drops the branch that computed them.
+
+A tensor is known zero when it is
+- a constant whose elements are all 0;
+- the output of MUL with a known-zero operand (`x * 0 = 0`);
+- the output of ADD/SUB of two known-zero operands (`0 + 0`, as LayerNorm's zero bias
+  after its zero scale), of NEG, or of a shape-only op (RESHAPE, TRANSPOSE, EXPAND_DIMS,
+  SQUEEZE, BROADCAST_TO) of a known-zero input.
+Then `ADD(x, zero)`, `ADD(zero, x)` and `SUB(x, zero)` are bypassed (their readers read
+`x`) when the op has no fused activation and its output has x's shape and dtype (the
+zero operand did not broadcast x to something larger).
+
+NaN/inf semantics (the one difference to IEEE arithmetic, chosen as a compiler's
+"finite math" rule for this one pattern): `x * 0` is taken to be 0 for every x, although
+IEEE gives NaN for x = +-inf or NaN. The converted model therefore returns finite results
+where PyTorch's would be NaN because a zero-scaled branch overflowed; for finite
+activations both agree exactly. `x + 0 -> x` only differs in the sign of a zero
+(-0.0 + 0.0 is +0.0): it keeps -0.0. Integer tensors have no such cases. Quantized
+tensors are left alone (their zero is a zero point, not 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from converter.ir import Graph, Op, Tensor
+
+from ._graph import Uses, activation
+
+ZERO_PRESERVING = {"RESHAPE", "TRANSPOSE", "EXPAND_DIMS", "SQUEEZE", "BROADCAST_TO", "NEG"}
+
+
+def drop_zero_terms(graph: Graph) -> Graph:
+    """Bypass additions of known-zero tensors (in place); returns the graph."""
+    uses = Uses(graph)
+    zero: set[int] = set()
+
+    def is_zero(t: Tensor | None) -> bool:
+        if t is None or t.quant is not None:
+            return False
+        if t.is_const:
+            return t.data.size > 0 and not np.any(t.data)
+        return t.id in zero
+
+    for op in list(graph.ops):
+        if len(op.outputs) != 1 or activation(op) != "NONE":
+            continue
+        out = op.outputs[0]
+        if out.quant is not None or out.is_variable:  # (writing a variable tensor is a side effect)
+            continue
+        if _zero_result(op, is_zero):
+            zero.add(out.id)
+            continue
+        kept = _kept_operand(op, is_zero)
+        if kept is not None:
+            uses.bypass(op, kept)
+    return graph
+
+
+def _zero_result(op: Op, is_zero) -> bool:
+    inputs = [t for t in op.inputs if t is not None]
+    if op.opcode == "MUL":
+        return any(is_zero(t) for t in inputs)
+    if op.opcode in ("ADD", "SUB"):
+        return len(inputs) == 2 and all(is_zero(t) for t in inputs)
+    if op.opcode in ZERO_PRESERVING:
+        return bool(inputs) and is_zero(inputs[0])
+    return False
+
+
+def _kept_operand(op: Op, is_zero) -> Tensor | None:
+    """For x + 0, 0 + x and x - 0: the x that the op's readers may read instead; else None."""
+    if op.opcode not in ("ADD", "SUB") or len(op.inputs) != 2:
+        return None
+    a, b = op.inputs
+    out = op.outputs[0]
+    candidates = [a] if op.opcode == "SUB" else [a, b]
+    for x in candidates:
+        other = b if x is a else a
+        if x is not None and is_zero(other) and x.shape == out.shape and x.dtype == out.dtype:
+            if x.shape_signature == out.shape_signature:
+                return x
+    return None
