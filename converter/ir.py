@@ -17,6 +17,7 @@ for dynamic dimensions (None when fully static).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,14 @@ def take_flat(constant: np.ndarray | LazyConstant, flat_indices: np.ndarray) -> 
     return constant.take(flat_indices) if isinstance(constant, LazyConstant) else constant.flat[flat_indices]
 
 
+def fingerprint(constant: np.ndarray | LazyConstant, samples: int = 64) -> bytes:
+    """The bytes of about `samples` evenly spaced values (all of a small constant): tells
+    almost all unequal constants apart without reading, or computing, the rest (equal
+    fingerprints are then confirmed by a full comparison)."""
+    size = math.prod(constant.shape)
+    return take_flat(constant, np.arange(0, size, max(1, size // samples))).tobytes()
+
+
 def same_bytes(a: np.ndarray | LazyConstant, b: np.ndarray | LazyConstant) -> bool:
     """Whether two stored constants of one dtype and shape hold equal bytes (a lazy one is
     computed only when the other is not the same recipe)."""
@@ -185,7 +194,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def rank(self) -> int:

@@ -179,17 +179,6 @@ class _Builder(flatbuffers.Builder):
         self.payloads: list[tuple[int, Payload]] = []
 
 
-_SAMPLES = 64
-
-
-def _fingerprint(constant: np.ndarray | ir.LazyConstant) -> bytes:
-    """About `_SAMPLES` evenly spaced values: separates almost all distinct weights without
-    reading (or computing) all of them."""
-    size = int(np.prod(constant.shape, dtype=np.int64))
-    positions = np.arange(0, size, max(1, size // _SAMPLES))
-    return ir.take_flat(constant, positions).tobytes()
-
-
 class _BufferTable:
     """Buffers of the model: index 0 is the empty sentinel; equal constants share one."""
 
@@ -203,7 +192,7 @@ class _BufferTable:
         has the same dtype, shape and bytes. Candidates are found by a cheap fingerprint
         (dtype, shape, a strided sample of the values) and then compared in full, so
         unique weights are never hashed (nor computed) and equality is exact."""
-        key = (constant.dtype.str, tuple(constant.shape), _fingerprint(constant))
+        key = (constant.dtype.str, tuple(constant.shape), ir.fingerprint(constant))
         for index in self._by_key.get(key, ()):
             if ir.same_bytes(self.payloads[index], constant):
                 return index

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from converter.ir import Graph, LazyConstant, Op, Tensor, take_flat
+from converter.ir import Graph, LazyConstant, Op, Tensor, fingerprint
 
 from ._graph import SIDE_EFFECT_OPS, remove_ops
 
@@ -32,20 +32,7 @@ def _constant_key(t: Tensor):
     quant = None
     if t.quant is not None:
         quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(), t.quant.axis)
-    return (t.dtype.str, t.shape, _fingerprint(t), quant)
-
-
-_SAMPLES = 64
-
-
-def _fingerprint(t: Tensor) -> bytes:
-    """A few evenly spaced elements: enough to tell most unequal constants apart without
-    reading every weight, or computing a lazy one (equal keys are confirmed by a full
-    comparison)."""
-    size = int(np.prod(t.shape, dtype=np.int64))
-    if size <= _SAMPLES:
-        return take_flat(t.constant, np.arange(size)).tobytes()
-    return take_flat(t.constant, np.r_[0 : size : size // _SAMPLES, size - 1]).tobytes()
+    return (t.dtype.str, t.shape, fingerprint(t.constant), quant)
 
 
 def _equal(a: Tensor, b: Tensor) -> bool:
