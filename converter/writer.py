@@ -9,8 +9,13 @@ and the `flatbuffers` builder. What this module guarantees, beyond the schema:
 - each op stamped with its MINIMUM version (`converter.op_versions`), and the model's
   `min_runtime_version` metadata (16 bytes, NUL padded) derived from them;
 - constant data 16-byte aligned inside the file (the Python builder aligns byte vectors to
-  1; XNNPACK's mmap paths and microcontrollers expect 16), packed from numpy bytes;
-- constants with identical dtype, shape and bytes share ONE buffer;
+  1; XNNPACK's mmap paths and microcontrollers expect 16);
+- every constant is written once, straight into the file's bytes: the flatbuffer is
+  packed with each buffer's data only reserved, then one `bytes` object of the file's
+  size is filled: the structure between the buffers copied, each array copied and each
+  `ir.LazyConstant` (a transposed and/or batch-norm-scaled weight) computed in place;
+- constants with identical dtype, shape and bytes share ONE buffer (found without
+  computing lazy weights: a sample of their values, then a full comparison);
 - one SignatureDef per graph with the user's input/output names;
 - models whose constants do not fit the 2 GB flatbuffer limit keep `Buffer.data` empty
   and store bytes after the flatbuffer, referenced by `Buffer.offset/size` (16-byte
@@ -21,6 +26,7 @@ and the `flatbuffers` builder. What this module guarantees, beyond the schema:
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import flatbuffers
@@ -101,6 +107,30 @@ def _align(n: int, to: int = DATA_ALIGNMENT) -> int:
 # ---- buffers ---------------------------------------------------------------------------------
 
 
+Payload = np.ndarray | ir.LazyConstant | bytes  # what a buffer holds until written into the file
+
+
+def _payload_size(payload: Payload) -> int:
+    return len(payload) if isinstance(payload, bytes) else payload.nbytes
+
+
+def _write_payload(out: np.ndarray, payload: Payload) -> None:
+    """Put `payload`'s bytes into `out` (a uint8 slice of the file, 16-byte aligned)."""
+    if isinstance(payload, bytes):
+        out[:] = np.frombuffer(payload, np.uint8)
+        return
+    target = out.view(payload.dtype).reshape(payload.shape)
+    if isinstance(payload, ir.LazyConstant):
+        payload.write(target)  # computed here, once
+    else:
+        np.copyto(target, payload)
+
+
+def _payload_bytes(payload: Payload) -> bytes | memoryview:
+    """`payload` as bytes-like (external data: a lazy weight is computed into its own array)."""
+    return payload if isinstance(payload, bytes) else ir.byte_view(ir.constant_values(payload))
+
+
 class _AlignedBufferT(schema.BufferT):
     """A BufferT whose data vector starts on a 16-byte boundary of the file.
 
@@ -109,17 +139,17 @@ class _AlignedBufferT(schema.BufferT):
     aligns it relative to the start of the file too.
     """
 
-    def __init__(self, payload: bytes | memoryview | None = None):
+    def __init__(self, payload: Payload | None = None):
         super().__init__()
         self.payload = payload
 
     def Pack(self, builder):  # noqa: N802 (schema naming)
         data = None
-        if self.payload is not None and len(self.payload):
-            n = len(self.payload)
+        n = 0 if self.payload is None else _payload_size(self.payload)
+        if n:
             builder.StartVector(1, n, DATA_ALIGNMENT)
             builder.head -= n
-            # Only reserved here: _finish copies the payload once, into the file's bytes.
+            # Only reserved here: _finish writes the payload once, into the file's bytes.
             builder.payloads.append((builder.Offset(), self.payload))
             builder.vectorNumElems = n
             data = builder.EndVector()
@@ -136,9 +166,8 @@ class _Builder(flatbuffers.Builder):
 
     Its arena is `np.empty` (the stock Builder zero-fills a bytearray: every page of the
     weights touched once for nothing) and buffer data vectors are only reserved in it,
-    their (offset from the end, payload) recorded in `payloads`; `_finish` then joins the
-    structure around them with each payload into the file's bytes: weights are copied
-    once, straight into the result."""
+    their (offset from the end, payload) recorded in `payloads`; `_finish` then writes
+    the structure around them and each payload into the file's bytes."""
 
     __slots__ = ("payloads", "_arena")
 
@@ -147,17 +176,7 @@ class _Builder(flatbuffers.Builder):
         self._arena = np.empty(size, np.uint8)
         self.Bytes = memoryview(self._arena)  # slice assignment and struct.pack_into work on it
         self.head = size
-        self.payloads: list[tuple[int, Any]] = []
-
-
-def _sample(payload: memoryview, count: int = 64) -> bytes:
-    """Up to `count` 8-byte windows spread over `payload`: a fingerprint that separates
-    almost all distinct weights without reading all of them."""
-    n = len(payload)
-    if n <= count * 8:
-        return bytes(payload)
-    step = n // count
-    return b"".join(payload[i : i + 8] for i in range(0, step * count, step))
+        self.payloads: list[tuple[int, Payload]] = []
 
 
 class _BufferTable:
@@ -165,24 +184,23 @@ class _BufferTable:
 
     def __init__(self):
         self.buffers: list[_AlignedBufferT] = [_AlignedBufferT()]
-        self.payloads: list[bytes | memoryview | None] = [None]
+        self.payloads: list[Payload | None] = [None]
         self._by_key: dict[tuple, list[int]] = {}
 
-    def add_constant(self, data: np.ndarray) -> int:
-        """The buffer index holding `data`: an existing one when an earlier constant has
-        the same dtype, shape and bytes. Candidates are found by a cheap fingerprint
-        (dtype, shape, a strided sample of the bytes) and then compared in full, so
-        unique weights are never hashed and equality is exact."""
-        payload = memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
-        key = (data.dtype.str, tuple(data.shape), len(payload), _sample(payload))
+    def add_constant(self, constant: np.ndarray | ir.LazyConstant) -> int:
+        """The buffer index holding `constant`: an existing one when an earlier constant
+        has the same dtype, shape and bytes. Candidates are found by a cheap fingerprint
+        (dtype, shape, a strided sample of the values) and then compared in full, so
+        unique weights are never hashed (nor computed) and equality is exact."""
+        key = (constant.dtype.str, tuple(constant.shape), ir.fingerprint(constant))
         for index in self._by_key.get(key, ()):
-            if self.payloads[index] == payload:
+            if ir.same_bytes(self.payloads[index], constant):
                 return index
-        index = self.add_bytes(payload)
+        index = self.add_bytes(constant)
         self._by_key.setdefault(key, []).append(index)
         return index
 
-    def add_bytes(self, payload: bytes | memoryview) -> int:
+    def add_bytes(self, payload: Payload) -> int:
         self.buffers.append(_AlignedBufferT(payload))
         self.payloads.append(payload)
         return len(self.buffers) - 1
@@ -193,7 +211,7 @@ class _BufferTable:
 
     @property
     def total_bytes(self) -> int:
-        return sum(len(p) for p in self.payloads if p is not None)
+        return sum(_payload_size(p) for p in self.payloads if p is not None)
 
 
 # ---- validation -------------------------------------------------------------------------------
@@ -221,13 +239,14 @@ def _check_tensor(t: Any, what: str) -> None:
         raise ConversionError(
             f"{what}: tensor %{t.name} has shape {t.shape} but shape_signature {t.shape_signature} of another rank"
         )
-    if t.data is not None:
-        if not isinstance(t.data, np.ndarray):
-            raise ConversionError(f"{what}: constant %{t.name} holds {type(t.data).__name__}, expected numpy")
-        if t.data.dtype != t.dtype or tuple(t.data.shape) != t.shape:
+    constant = t.constant
+    if constant is not None:
+        if not isinstance(constant, (np.ndarray, ir.LazyConstant)):
+            raise ConversionError(f"{what}: constant %{t.name} holds {type(constant).__name__}, expected numpy")
+        if constant.dtype != t.dtype or tuple(constant.shape) != t.shape:
             raise ConversionError(
                 f"{what}: constant %{t.name} is declared {t.dtype.name}{list(t.shape)} but holds "
-                f"{t.data.dtype.name}{list(t.data.shape)}"
+                f"{constant.dtype.name}{list(constant.shape)}"
             )
 
 
@@ -405,7 +424,7 @@ class _ModelBuilder:
                     tt.type = schema.TensorType.INT4
                     tt.buffer = self.buffers.add_constant(pack_int4(t.data))
                 else:
-                    tt.buffer = self.buffers.add_constant(t.data) if t.is_const else self.buffers.add_empty()
+                    tt.buffer = self.buffers.add_constant(t.constant) if t.is_const else self.buffers.add_empty()
                 scales_index = None
                 if t.quant is not None and t.quant.block_size:
                     scales = np.ascontiguousarray(t.quant.scale, dtype=np.float16)
@@ -472,22 +491,42 @@ class _ModelBuilder:
         return m
 
 
+_bytes_from_size = ctypes.pythonapi.PyBytes_FromStringAndSize
+_bytes_from_size.restype = ctypes.py_object
+_bytes_from_size.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+
+
+def _new_bytes(size: int) -> tuple[bytes, np.ndarray]:
+    """A new `bytes` of `size` uninitialised bytes and a writable uint8 array over them,
+    to fill before the object is handed to anyone (what `bytes.join` does in C). The
+    interpreter takes only `bytes` and keeps a reference instead of copying; a bytearray
+    or numpy result would cost one more copy of every weight."""
+    result = _bytes_from_size(None, size)
+    address = np.frombuffer(result, np.uint8).ctypes.data
+    return result, np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+
+
 def _finish(model_t: schema.ModelT, size_hint: int) -> bytes:
     """The finished flatbuffer as bytes (built back to front, so the file is the tail of
-    the builder's arena), every buffer's payload copied once into its reserved place."""
+    the builder's arena): the structure between the reserved buffers is copied, and each
+    buffer's payload written once, straight into its place."""
     builder = _Builder(max(1024, size_hint))
     try:
         builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
     finally:
         _SHARED_VECTORS.pop(id(builder), None)
-    arena, head = memoryview(builder.Bytes), builder.Head()  # the arena grows if the hint was short
-    pieces, cursor = [], head
+    arena = np.frombuffer(builder.Bytes, np.uint8)  # (the arena grows if the hint was short)
+    head = builder.Head()
+    result, out = _new_bytes(len(arena) - head)
+    cursor = head
     for from_end, payload in sorted(builder.payloads, key=lambda entry: -entry[0]):  # in file order
         start = len(arena) - from_end
-        pieces += [arena[cursor:start], memoryview(payload).cast("B")]
-        cursor = start + len(payload)
-    pieces.append(arena[cursor:])
-    return b"".join(pieces)
+        end = start + _payload_size(payload)
+        out[cursor - head : start - head] = arena[cursor:start]
+        _write_payload(out[start - head : end - head], payload)
+        cursor = end
+    out[cursor - head :] = arena[cursor:]
+    return result
 
 
 class ModelParts:
@@ -547,7 +586,7 @@ def _write_with_external_data(model_t: schema.ModelT, table: _BufferTable) -> Mo
     every offset/size is non-zero both times, so the fields are present in both packs
     and the second pack (with the real offsets) has the length of the first.
     """
-    live = [(b, p) for b, p in zip(table.buffers, table.payloads) if p is not None and len(p)]
+    live = [(b, _payload_bytes(p)) for b, p in zip(table.buffers, table.payloads) if p is not None and _payload_size(p)]
     for b, p in live:
         b.payload = None
         b.offset, b.size = 1, len(p)

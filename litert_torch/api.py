@@ -247,6 +247,7 @@ def convert_signatures(
     edge = EdgeModel(content, _verified=verified)
     edge.ir_model = model
     edge.timings = dict(stages.timings)
+    edge.cpu_timings = dict(stages.cpu_timings)
     edge.target_report = report
     edge.quant_report = quant_report
     return edge

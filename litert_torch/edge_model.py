@@ -69,7 +69,8 @@ class EdgeModel:
         self._num_threads = num_threads
         self._runtime: LiteRTModel | None = None
         self.ir_model = None  # the converter's IR, when this model came from convert()
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = {}  # convert()'s stages: wall seconds
+        self.cpu_timings: dict[str, float] = {}  # ... and process CPU seconds
         self.target_report = None  # runtimes.targets report, when converted with target=
         self.quant_report = None  # converter.quantize.QuantReport: ops a full-integer scheme left float
         self.signature_name = signature_name  # the default signature of calls (checked on set)

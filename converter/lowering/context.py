@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from converter.ir import Graph, Op, Tensor
+from converter.ir import Graph, LazyConstant, Op, Tensor
 
 TORCH_TO_NUMPY = {
     torch.float32: np.float32,
@@ -81,7 +81,9 @@ class LoweringContext:
         return Tensor(self.unique_name(base), tuple(shape), np.dtype(dtype), shape_signature=signature)
 
     def const(self, value, dtype=None, name: str | None = None) -> Tensor:
-        """A constant tensor holding `value` (array-like)."""
+        """A constant tensor holding `value` (array-like, or a `LazyConstant` kept as is)."""
+        if isinstance(value, LazyConstant) and (dtype is None or np.dtype(dtype) == value.dtype):
+            return Tensor(self.unique_name(name or "const"), value.shape, value.dtype, data=value)
         data = np.asarray(value, dtype=dtype, order="C")  # (np.ascontiguousarray would make 0-d 1-d)
         return Tensor(self.unique_name(name or "const"), data.shape, data.dtype, data=data)
 

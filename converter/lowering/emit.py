@@ -20,7 +20,7 @@ import numpy as np
 
 from common.tflite_schema import DTYPE_TYPE_NAMES
 from common.tflite_schema import tensor_type_name as tflite_type_name
-from converter.ir import Tensor
+from converter.ir import Tensor, transposed
 
 TFLITE_TYPE_NAMES = DTYPE_TYPE_NAMES  # numpy dtype -> TensorType name (CAST / ARG_MAX / SHAPE options)
 
@@ -126,12 +126,13 @@ def reshape(ctx, x: Tensor, shape: Sequence[int], signature=None) -> Tensor:
 
 
 def transpose(ctx, x: Tensor, perm: Sequence[int]) -> Tensor:
-    """TRANSPOSE by `perm` (constants are transposed here; identity returns x)."""
+    """TRANSPOSE by `perm` (identity returns x). A constant becomes a lazy transposed
+    constant: its values are rearranged once, when the writer writes them."""
     perm = [int(p) for p in perm]
     if perm == list(range(x.rank)):
         return x
     if x.is_const:
-        return ctx.const(np.transpose(x.data, perm))
+        return ctx.const(transposed(x.constant, perm))
     shape = tuple(x.shape[p] for p in perm)
     signature = tuple(x.shape_signature[p] for p in perm) if x.shape_signature else None
     return ctx.emit("TRANSPOSE", [x, int32(ctx, perm)], shape=shape, dtype=x.dtype, signature=signature)

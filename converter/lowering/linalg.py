@@ -2,8 +2,9 @@
 -> BATCH_MATMUL.
 
 FULLY_CONNECTED takes PyTorch's (out, in) weight as is (y = x W^T + b), so `linear` needs
-no weight rearranging; `mm`/`matmul` by a constant (in, out) matrix transpose it once in
-numpy. Inputs of rank > 2 keep their leading dimensions with `keepNumDims`.
+no weight rearranging; `mm`/`matmul` by a constant (in, out) matrix transpose it (lazily:
+rearranged once, as the writer writes it). Inputs of rank > 2 keep their leading dimensions
+with `keepNumDims`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _is_constant_matrix(t: Tensor) -> bool:
 @lowers(aten.mm.default)
 def mm(ctx, a, b):
     if _is_constant_matrix(b):
-        return _fully_connected(ctx, a, ctx.const(b.data.T), None)
+        return _fully_connected(ctx, a, emit.transpose(ctx, b, (1, 0)), None)
     return _batch_matmul(ctx, a, b)
 
 
@@ -87,7 +88,7 @@ def addmm(ctx, bias, a, b, beta=1, alpha=1):
     out_features = b.shape[1]
     vector_bias = bias.rank == 1 or (bias.rank == 2 and bias.shape[0] == 1)
     if _is_constant_matrix(b) and beta == 1 and alpha == 1 and vector_bias and bias.shape[-1] == out_features:
-        return _fully_connected(ctx, a, ctx.const(b.data.T), emit.reshape(ctx, bias, (out_features,)))
+        return _fully_connected(ctx, a, emit.transpose(ctx, b, (1, 0)), emit.reshape(ctx, bias, (out_features,)))
     return _plus_bias(ctx, _batch_matmul(ctx, a, b, final=False), bias, beta, alpha)
 
 
@@ -99,12 +100,14 @@ def matmul(ctx, a, b):
         a2 = emit.reshape(ctx, a, (1, a.shape[0])) if a.rank == 1 else a
         b2 = emit.reshape(ctx, b, (b.shape[0], 1)) if b.rank == 1 else b
         if _is_constant_matrix(b2):
-            y = _fully_connected(ctx, a2, ctx.const(b2.data.T), None, out_shape=(*a2.shape[:-1], b2.shape[1]))
+            y = _fully_connected(
+                ctx, a2, emit.transpose(ctx, b2, (1, 0)), None, out_shape=(*a2.shape[:-1], b2.shape[1])
+            )
         else:
             y = _batch_matmul(ctx, a2, b2, final=False)
         return emit.reshape(ctx, y, ctx.out_shape())
     if _is_constant_matrix(b):
-        return _fully_connected(ctx, a, ctx.const(b.data.T), None)
+        return _fully_connected(ctx, a, emit.transpose(ctx, b, (1, 0)), None)
     return _batch_matmul(ctx, a, b)
 
 

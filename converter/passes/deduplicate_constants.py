@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from converter.ir import Graph, Op, Tensor
+from converter.ir import Graph, LazyConstant, Op, Tensor, fingerprint
 
 from ._graph import SIDE_EFFECT_OPS, remove_ops
 
@@ -32,19 +32,20 @@ def _constant_key(t: Tensor):
     quant = None
     if t.quant is not None:
         quant = (np.asarray(t.quant.scale).tobytes(), np.asarray(t.quant.zero_point).tobytes(), t.quant.axis)
-    return (t.dtype.str, t.shape, _fingerprint(t.data), quant)
+    return (t.dtype.str, t.shape, fingerprint(t.constant), quant)
 
 
-_SAMPLES = 64
-
-
-def _fingerprint(data: np.ndarray) -> bytes:
-    """A few evenly spaced elements: enough to tell most unequal constants apart without
-    reading every weight (equal keys are confirmed by a full comparison)."""
-    flat = data.reshape(-1)
-    if flat.size <= _SAMPLES:
-        return flat.tobytes()
-    return flat[:: flat.size // _SAMPLES].tobytes() + flat[-1:].tobytes()
+def _equal(a: Tensor, b: Tensor) -> bool:
+    """Equal values (two lazy constants with one recipe are not computed)."""
+    if a is b:
+        return True
+    if (
+        isinstance(a.constant, LazyConstant)
+        and isinstance(b.constant, LazyConstant)
+        and a.constant.same_recipe(b.constant)
+    ):
+        return True
+    return np.array_equal(a.data, b.data)
 
 
 def _share_constants(graph: Graph) -> None:
@@ -54,7 +55,7 @@ def _share_constants(graph: Graph) -> None:
             if t is None or not t.is_const or t.is_variable:
                 continue
             same_key = canonical.setdefault(_constant_key(t), [])
-            first = next((c for c in same_key if c is t or np.array_equal(c.data, t.data)), None)
+            first = next((c for c in same_key if _equal(c, t)), None)
             if first is None:
                 same_key.append(t)
             elif first is not t:

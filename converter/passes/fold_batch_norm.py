@@ -16,17 +16,16 @@ Guarantees:
   axis only (the last axis: run after `to_nhwc`), i.e. its shape is all ones except
   possibly the last dimension, which equals the channel count (or 1);
 - the MUL/ADD must not change the output's shape or dtype;
-- weights read by other ops are never modified: they get new constant tensors (an array
-  only this op reads, and which the converter owns, is scaled in place).
+- weights are never modified: the op gets a new constant tensor, a `LazyConstant`
+  recipe (the weight times the float32 scale, computed once by the writer or the first
+  reader of its values), so folding copies no weight.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
-from converter.ir import Graph, Op, Tensor
+from converter.ir import Graph, LazyConstant, Op, Tensor
 
 from ._graph import Uses, activation, fresh_name, remove_ops
 
@@ -48,9 +47,6 @@ def fold_batch_norm(graph: Graph) -> Graph:
     (whose readers the index already knows), so an op folds its MUL and then its ADD in
     turn, and the folded followers are dropped together at the end."""
     uses = Uses(graph)
-    weight_readers = Counter(
-        id(_root(t.data)) for op in graph.ops for t in op.inputs if t is not None and isinstance(t.data, np.ndarray)
-    )
     folded = []
     for op in graph.ops:
         if op.opcode not in AFFINE_OPS or len(op.outputs) != 1:
@@ -66,7 +62,7 @@ def fold_batch_norm(graph: Graph) -> Graph:
             if per_channel is None or not _foldable_weights(op):
                 break
             kind, vector = per_channel
-            if not _fold(op, kind, vector, weight_readers):
+            if not _fold(op, kind, vector):
                 break
             (reshape or op).outputs[0] = follower.outputs[0]
             folded.append(follower)
@@ -139,10 +135,9 @@ def _foldable_weights(op: Op) -> bool:
     return True
 
 
-def _fold(op: Op, kind: str, vector: np.ndarray, weight_readers: Counter) -> bool:
+def _fold(op: Op, kind: str, vector: np.ndarray) -> bool:
     """Fold the per-channel scale or shift into `op`'s weights/bias. False if the
-    channel counts do not line up (then nothing changes). `weight_readers`: how many op
-    inputs read each array (by `_root`'s id): through any tensor or view."""
+    channel counts do not line up (then nothing changes)."""
     w_index, axis, b_index = AFFINE_OPS[op.opcode]
     w = op.inputs[w_index]
     out_channels = w.shape[axis]
@@ -155,7 +150,7 @@ def _fold(op: Op, kind: str, vector: np.ndarray, weight_readers: Counter) -> boo
     if kind == "scale":
         shape = [1] * w.rank
         shape[axis] = out_channels
-        new_w = _scaled(w.data, vector.reshape(shape), in_place=weight_readers[id(_root(w.data))] == 1)
+        new_w = _scaled(w.constant, vector.reshape(shape))
         op.inputs[w_index] = Tensor(fresh_name(w.name), new_w.shape, np.float32, data=new_w)
         b = b * vector
         if bias is None:
@@ -172,24 +167,14 @@ def _fold(op: Op, kind: str, vector: np.ndarray, weight_readers: Counter) -> boo
     return True
 
 
-def _root(array: np.ndarray) -> np.ndarray:
-    """The array that owns `array`'s memory (itself, or the base of a view)."""
-    while isinstance(array.base, np.ndarray):
-        array = array.base
-    return array
-
-
-def _scaled(weights: np.ndarray, scale: np.ndarray, in_place: bool = False) -> np.ndarray:
+def _scaled(weights: np.ndarray | LazyConstant, scale: np.ndarray) -> np.ndarray | LazyConstant:
     """float32(weights * scale), rounded once. When the scale is float32 (a MUL by a
     float32 constant) the float32 product is already that (a product of two float32
-    values is exact in float64), without two float64 copies of every weight.
-
-    `in_place`: the weights are read by this op alone; when their array is the
-    converter's own (the layout transpose's copy, not a view of a torch parameter) it is
-    scaled where it lies, sparing a new weight-sized array."""
+    values is exact in float64): a lazy product, computed once when written. Otherwise
+    (a DIV's float64 reciprocal) the float64 product is computed now."""
     scale32 = scale.astype(np.float32)
     if np.array_equal(scale32, scale):
-        if in_place and weights.dtype == np.float32 and weights.flags.owndata and weights.flags.writeable:
-            return np.multiply(weights, scale32, out=weights)
-        return np.multiply(weights, scale32, dtype=np.float32)
-    return (np.asarray(weights, np.float64) * scale).astype(np.float32)
+        lazy = weights if isinstance(weights, LazyConstant) else LazyConstant(weights)
+        return lazy.scaled(scale32)
+    values = weights.materialize() if isinstance(weights, LazyConstant) else weights
+    return (np.asarray(values, np.float64) * scale).astype(np.float32)

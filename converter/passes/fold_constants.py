@@ -78,7 +78,7 @@ def _try_fold(op: Op, uses: Uses, fold_dequantize: bool) -> list[np.ndarray] | N
         return None
     if not any(t is not None for t in op.inputs):
         return None
-    in_bytes = sum(t.data.nbytes for t in op.inputs if t is not None)
+    in_bytes = sum(t.nbytes for t in op.inputs if t is not None)
     out_bytes = sum(int(np.prod(t.shape)) * t.dtype.itemsize for t in op.outputs)
     if out_bytes > max(in_bytes, SIZE_ALLOWANCE_BYTES):
         return None

@@ -141,7 +141,7 @@ def reduce_rank(model: ir.Model) -> list[str]:
                 or len(shapes) != 1
                 or any(t.is_dynamic for t in tensors)
                 or len(next(iter(shapes))) <= GPU_MAX_RANK
-                or any(t.is_const and t.data.size > 1 for t in op.inputs if t is not None)
+                or any(t.is_const and t.nbytes > t.dtype.itemsize for t in op.inputs if t is not None)
             ):
                 ops.append(op)
                 continue
