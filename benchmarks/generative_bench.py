@@ -215,7 +215,9 @@ class AnchorSteps:
 
 def run_anchor(name: str, model, ids: torch.Tensor, expected: np.ndarray, opts) -> dict:
     """Export `model` with the anchor, check its decode logits, and return its figures
-    with two callables ("prefill", "decode") for interleaved timing; {"error": ...} if it fails."""
+    with callables for interleaved timing: "prefill", "decode" and "first_token" (its
+    prefill returns no logits, so its runtime gets the first token's from a decode step
+    after the prefill); {"error": ...} if it fails."""
     if not name.startswith("hf_"):
         return {"error": "the anchor's export_hf takes transformers models only"}
     P = opts.prefill_len
@@ -233,6 +235,7 @@ def run_anchor(name: str, model, ids: torch.Tensor, expected: np.ndarray, opts) 
         decode_rel_err=max_relative_error(outputs["logits"], expected[:, P:]),
         prefill=lambda: steps.runtime.run(prefill_in, steps.prefill_key),
         decode=lambda: steps.runtime.run(decode_in, "decode"),
+        first_token=lambda: (steps.runtime.run(prefill_in, steps.prefill_key), steps.runtime.run(decode_in, "decode")),
     )
     return report
 
@@ -264,7 +267,12 @@ def measure(name: str, opts) -> dict:
     anchor = run_anchor(name, model, ids, expected, opts) if opts.anchor_python else None
     anchor_ok = bool(anchor) and "error" not in anchor
 
-    prefills = [lambda: runtime.run(prefill_in, "prefill")] + ([anchor.pop("prefill")] if anchor_ok else [])
+    prefills = [lambda: runtime.run(prefill_in, "prefill")]
+    if anchor_ok:
+        prefills.append(anchor.pop("prefill"))
+        first_token = anchor.pop("first_token")
+        if opts.prefill_logits != "none":  # our prefill alone gives the first token's logits
+            prefills.append(first_token)
     prefill_samples = timed(prefills, opts.runs)
     prefill_times = [statistics.median(t) for t in prefill_samples]
     prefill_ms = prefill_times[0]
@@ -285,6 +293,7 @@ def measure(name: str, opts) -> dict:
             prefill_ms=prefill_times[1],
             decode_ms=decode_times[-1],
             prefill_ratio=round_ratio(prefill_samples[0], prefill_samples[1]),
+            first_token_ratio=round_ratio(prefill_samples[0], prefill_samples[2]) if len(prefills) > 2 else None,
             decode_ratio=round_ratio(decode_samples[1], decode_samples[-1]),
             size_ratio=len(edge) / anchor["bytes"],
             convert_speedup=anchor["export_s"] / convert_s,
@@ -326,6 +335,7 @@ def anchor_table(rows: list[dict]) -> Table:
         "size ratio",
         "anchor prefill ms",
         "prefill ratio",
+        "first-token ratio",
         "anchor decode ms",
         "decode ratio",
         "anchor decode err",
@@ -334,7 +344,7 @@ def anchor_table(rows: list[dict]) -> Table:
     for r in rows:
         a = r["anchor"] or {}
         if "error" in a:
-            table.add_row(r["model"], f"[red]{a['error']}[/red]", *[""] * 8)
+            table.add_row(r["model"], f"[red]{a['error']}[/red]", *[""] * 9)
         elif a:
             table.add_row(
                 r["model"],
@@ -344,6 +354,7 @@ def anchor_table(rows: list[dict]) -> Table:
                 f"{a['size_ratio']:.3f}",
                 f"{a['prefill_ms']:.2f}",
                 f"{a['prefill_ratio']:.2f}",
+                "-" if a["first_token_ratio"] is None else f"{a['first_token_ratio']:.2f}",
                 f"{a['decode_ms']:.3f}",
                 f"{a['decode_ratio']:.2f}",
                 f"{a['decode_rel_err']:.1e}",
