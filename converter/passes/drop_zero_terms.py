@@ -14,7 +14,9 @@ A tensor is known zero when it is
   SQUEEZE, BROADCAST_TO) of a known-zero input.
 Then `ADD(x, zero)`, `ADD(zero, x)` and `SUB(x, zero)` are bypassed (their readers read
 `x`) when the op has no fused activation and its output has x's shape and dtype (the
-zero operand did not broadcast x to something larger).
+zero operand did not broadcast x to something larger) and x is not a variable tensor
+(the fused LSTM reads its final cell state as `c_var + 0 * lstm_output`: the zero term
+orders the read after the LSTM that writes the variable).
 
 NaN/inf semantics (the one difference to IEEE arithmetic, chosen as a compiler's
 "finite math" rule for this one pattern): `x * 0` is taken to be 0 for every x, although
@@ -83,7 +85,9 @@ def _kept_operand(op: Op, is_zero) -> Tensor | None:
     candidates = [a] if op.opcode == "SUB" else [a, b]
     for x in candidates:
         other = b if x is a else a
-        if x is not None and is_zero(other) and x.shape == out.shape and x.dtype == out.dtype:
+        if x is None or x.is_variable:  # a read of a variable tensor is ordered by its zero term
+            continue
+        if is_zero(other) and x.shape == out.shape and x.dtype == out.dtype:
             if x.shape_signature == out.shape_signature:
                 return x
     return None
