@@ -15,8 +15,10 @@ untimed steps, which include compilation; the first step's time is reported
 separately), then `--steps` timed rounds each run one step of every mode, in a rotating
 order, so that load from other processes hits every mode alike and their ratios stay
 meaningful on a loaded machine (absolute times are not: compare only within one run; the
-load average before and after is printed and saved). `--sequential` times each mode in
-one block instead. A step is forward + backward + AdamW on one fixed batch; the figure is
+load average before and after is printed and saved). Beside wall time each step's CPU
+time is taken (`time.process_time`: the process's, every thread, XLA's workers included),
+and the target ratios are given in both: on a machine shared with other processes the
+CPU-time ratio is the one to trust. `--sequential` times each mode in one block instead. A step is forward + backward + AdamW on one fixed batch; the figure is
 the median of the timed steps.
 Every step ends with a device synchronisation. Every mode starts from the same weights
 and batch, so the final losses agree (a check that each mode computes the same step).
@@ -42,7 +44,8 @@ Dispatch overhead: the time of one small op ((64, 64) add and mm, a sum) issued
 back to back (`pipelined`: synchronise once after many calls) and one at a time
 (`latency`: synchronise after every call): torch CPU, JAX's own dispatch of a cached
 `jax.jit` on the same arrays (the yardstick: strict <= 1.5x), tpu strict, tpu fused
-(recording) and `fused.record` alone, interleaved and repeated, with ratios to JAX.
+(recording) and `fused.record` alone, interleaved and repeated, with ratios to JAX. Each figure in wall time and in
+the process's CPU time per call.
 
 Absolute numbers depend on the machine's load: small CPU ops suffer most from OpenMP
 oversubscription when other processes share the cores. `--threads N` limits PyTorch

@@ -6,9 +6,10 @@
 
 The model is `TinyGPT` of `tests/tpu_backend/models.py` (the config and the batch come from
 there: minGPT is 6 layers, 384 wide, 6 heads, context 128, batch 8, vocabulary 512),
-written as plain JAX functions: pre-norm blocks with causal multi-head attention laid out
-like `nn.MultiheadAttention` (one packed input projection), exact GELU, next-token
-cross-entropy. A step is `jax.value_and_grad` of the loss and a hand-written AdamW with
+written as plain JAX functions, as a JAX expert writes them: pre-norm blocks with causal
+multi-head attention laid out like `nn.MultiheadAttention` (one packed input projection),
+exact GELU, next-token cross-entropy, with PyTorch's hand-derived backward formulas where
+ATen has them (`jax.custom_vjp`: layer norm, softmax, GELU, cross-entropy). A step is `jax.value_and_grad` of the loss and a hand-written AdamW with
 PyTorch's formula and `make_optimizer("adamw")`'s settings (decay on every parameter),
 all inside one `jax.jit` whose parameter and state buffers are donated (updated in place,
 as PyTorch's optimizer does). The weights are the torch model's from the same seed
