@@ -44,8 +44,8 @@ Dispatch overhead: the time of one small op ((64, 64) add and mm, a sum) issued
 back to back (`pipelined`: synchronise once after many calls) and one at a time
 (`latency`: synchronise after every call): torch CPU, JAX's own dispatch of a cached
 `jax.jit` on the same arrays (the yardstick: strict <= 1.5x), tpu strict, tpu fused
-(recording) and `fused.record` alone, interleaved and repeated, with ratios to JAX. Each figure in wall time and in
-the process's CPU time per call.
+(recording) and `fused.record` alone, interleaved and repeated, with ratios to JAX;
+each figure in wall time and in the process's CPU time per call.
 
 Absolute numbers depend on the machine's load: small CPU ops suffer most from OpenMP
 oversubscription when other processes share the cores. `--threads N` limits PyTorch
