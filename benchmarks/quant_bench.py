@@ -45,6 +45,15 @@ inputs; `float layers` is how many layers auto kept float, of how many.
 biases, per-channel float32 scales and int64 zero points of weights and biases, the rest.
 
     .venv/bin/python benchmarks/quant_bench.py --models mobilenet_v2 --schemes full_int8 --samples 20 --bytes
+
+`--models cnns` stands for every CNN classifier of the zoo (`cnn_classifiers`). Long
+sweeps: `--json-dir DIR` writes one JSON per model (`DIR/<model>.json`, after every row,
+`"complete": true` once all its rows are done) and skips models already complete there,
+so a cut run resumes; `--isolate` runs each model in its own process (a crash or the
+memory of one model does not touch the others) and prints the table of all of them.
+
+    .venv/bin/python benchmarks/quant_bench.py --models cnns --schemes full_int8 --methods mse,percentile,minmax \
+        --samples 500 --runs 5 --json-dir /tmp/qcnn --isolate
 """
 
 from __future__ import annotations
@@ -87,6 +96,22 @@ INT8_SCHEMES = ("dynamic_int8", "weight_only_int8", "full_int8")
 def classifiers(zoo) -> dict:
     """`tests/zoo/classifiers.py`'s CLASSIFIERS (a module of the zoo package, not an entry)."""
     return importlib.import_module(zoo.__name__ + ".classifiers").CLASSIFIERS
+
+
+def cnn_classifiers(zoo) -> list[str]:
+    """Every CNN classifier of the zoo, in registration order: the "cnn" family (torchvision-
+    style and timm), and the audio and video models whose output is 2-D logits."""
+    names = []
+    for entry in zoo.ZOO.values():
+        if entry.family in ("audio", "video"):
+            model, args = zoo.build(entry.name)
+            with torch.no_grad():
+                if _first_output(model(*args)).ndim != 2:
+                    continue
+        elif entry.family != "cnn":
+            continue
+        names.append(entry.name)
+    return names
 
 
 def build(zoo, name: str):
@@ -262,13 +287,29 @@ def main() -> None:
         help="reuse <model>.<scheme>.anchor.tflite files an earlier run kept (--keep) instead of re-running the anchor",
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--json-dir", type=Path, default=None, help="one JSON per model; models complete there are skipped (resume)"
+    )
+    parser.add_argument("--isolate", action="store_true", help="each model in its own process")
     parser.add_argument("--keep", type=Path, default=None, help="keep the .tflite files here")
     options = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     models, schemes = options.models.split(","), options.schemes.split(",")
+    zoo = load_zoo()
+    if models == ["cnns"]:
+        models = cnn_classifiers(zoo)
+    listed = models
+    if options.json_dir:
+        options.json_dir.mkdir(parents=True, exist_ok=True)
+        done = [m for m in models if _model_json(options, m).get("complete")]
+        if done:
+            print(f"complete in {options.json_dir}, skipped: {', '.join(done)}", file=sys.stderr)
+        models = [m for m in models if m not in done]
+    if options.isolate:
+        _run_isolated(options, models, listed)
+        return
     out_dir = options.keep or Path(tempfile.mkdtemp(prefix="quant_bench_"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    zoo = load_zoo()
 
     anchor = {}
     if options.anchor_dir:
@@ -377,6 +418,10 @@ def main() -> None:
             print(json.dumps(row), file=sys.stderr, flush=True)
             if options.json:  # after every row: a crash in one model keeps the others
                 _write_json(options, rows)
+            if options.json_dir:
+                _write_model_json(options, name, rows, complete=False)
+        if options.json_dir:
+            _write_model_json(options, name, rows, complete=True)
     _print_table(rows)
     if options.bytes:
         _print_bytes(rows)
@@ -388,6 +433,42 @@ def _write_json(options, rows) -> None:
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()}
     settings["load_average"] = os.getloadavg()
     options.json.write_text(json.dumps({"rows": rows, "settings": settings}, indent=1, default=str))
+
+
+def _model_json(options, name: str) -> dict:
+    path = options.json_dir / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_model_json(options, name: str, rows, complete: bool) -> None:
+    """`DIR/<name>.json`: this model's rows so far; written to a temporary file and renamed,
+    so a run cut mid-write leaves the previous version."""
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()}
+    settings["load_average"] = os.getloadavg()
+    record = {"model": name, "complete": complete, "rows": [r for r in rows if r["model"] == name]}
+    path = options.json_dir / f"{name}.json"
+    path.with_suffix(".tmp").write_text(json.dumps({**record, "settings": settings}, indent=1, default=str))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _run_isolated(options, models, listed) -> None:
+    """One child process per model in `models` (the same options, `--models <name>`), then
+    the table of every model in `listed` (with `--json-dir`, those skipped as complete too)."""
+    args = [a for a in sys.argv[1:] if a != "--isolate"]
+    rows = []
+    for name in listed:
+        out = Path(tempfile.mkdtemp(prefix="quant_bench_")) / "rows.json"
+        if name in models:
+            proc = subprocess.run([sys.executable, __file__, *args, "--json", str(out), "--models", name])
+            if proc.returncode:
+                print(f"{name}: the process exited with {proc.returncode}", file=sys.stderr)
+        if options.json_dir:
+            out = options.json_dir / f"{name}.json"
+        if out.exists():
+            rows += json.loads(out.read_text())["rows"]
+    _print_table(rows)
+    if options.json:
+        _write_json(options, rows)
 
 
 def _float_io(model: LoadedModel) -> bool:

@@ -1,0 +1,57 @@
+"""`benchmarks/quant_bench.py`'s sweep options: `--models cnns`, `--json-dir` (one JSON per
+model, resumable) and `--isolate` (one process per model), run as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import quant_bench
+from benchmarks.zoo_loader import load_zoo
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "quant_bench.py"
+TINY = ["--schemes", "full_int8", "--methods", "mse", "--samples", "3", "--calibration", "2", "--runs", "1"]
+
+
+def test_cnn_classifiers_are_the_cnn_family_and_the_audio_video_classifiers():
+    zoo = load_zoo()
+    names = quant_bench.cnn_classifiers(zoo)
+    assert [n for n in names if zoo.ZOO[n].family == "cnn"] == [e.name for e in zoo.ZOO.values() if e.family == "cnn"]
+    # 2-D logits: kept; unet3d_small returns a volume, not logits
+    assert [n for n in names if zoo.ZOO[n].family != "cnn"] == ["audio_m5", "tcn", "c3d_small", "r2plus1d_small"]
+
+
+def _bench(tmp_path, *flags):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--json-dir", str(tmp_path), *TINY, *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow  # three processes, ~90 s on the shared 2 cores
+def test_json_dir_resumes_and_isolate_runs_each_model_alone(tmp_path):
+    done = _bench(tmp_path, "--models", "lenet5", "--isolate")
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = json.loads((tmp_path / "lenet5.json").read_text())
+    assert first["complete"] and [r["scheme"] for r in first["rows"]] == ["full_int8:mse"]
+    assert 0 <= first["rows"][0]["top1"] <= 1 and first["rows"][0]["samples"] == 3
+    assert "lenet5" in done.stdout  # the parent's table holds the child's row
+    mtime = (tmp_path / "lenet5.json").stat().st_mtime_ns
+
+    # a second run skips the complete model and runs the other
+    done = _bench(tmp_path, "--models", "lenet5,tcn")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "skipped: lenet5" in done.stderr
+    assert (tmp_path / "lenet5.json").stat().st_mtime_ns == mtime
+    second = json.loads((tmp_path / "tcn.json").read_text())
+    assert second["complete"] and second["rows"][0]["model"] == "tcn" and "top1" in second["rows"][0]
