@@ -373,6 +373,12 @@ def main() -> None:
                             float_layers=f"{chosen['float_layers']}/{chosen['layers']}",
                             keep_float=list(chosen["keep_float"]),
                             auto_agreement=chosen["agreement"],
+                            # per k float layers: (error, agreement) on the decision set
+                            auto_measured={k: list(v) for k, v in chosen["measured"].items()},
+                            # the sensitivity report's top layers: (name, error alone, agreement alone)
+                            sensitivity_top=[
+                                (s.name, s.alone, s.alone_agreement) for s in chosen["sensitivity"].ranking()[:8]
+                            ],
                         )
                 content = edge.model_content()
                 (out_dir / f"{name}.{label.replace(':', '.')}.tflite").write_bytes(content)
