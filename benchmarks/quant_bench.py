@@ -227,6 +227,26 @@ def accuracy(model: LoadedModel, samples, references) -> dict:
     }
 
 
+def output_grid_ceiling(model: LoadedModel, references) -> dict | None:
+    """The top-1 agreement the int8 output grid alone allows: the float logits rounded to
+    the grid of the int8 tensor the (float) output is dequantized from (ties go to the
+    lower index, as in argmax); None unless the first output is such a classifier."""
+    outputs = {d["index"] for d in model.outputs[:1]}
+    producer = [op for op in model.interpreter._get_ops_details() if set(op["outputs"]) & outputs]
+    if not producer or producer[0]["op_name"] != "DEQUANTIZE" or references[0].ndim != 2:
+        return None
+    detail = model.interpreter._get_tensor_details(int(producer[0]["inputs"][0]), 0)
+    scale, zero = _quant_params(detail)
+    logits = np.concatenate(references)
+    grid = np.clip(np.round(logits / scale) + zero, -128, 127)
+    top2 = np.sort(logits, -1)[:, -2:]
+    return {
+        "grid_ceiling": float(np.mean(grid.argmax(-1) == logits.argmax(-1))),
+        "grid_step": scale,
+        "margin_below_step": float(np.mean(top2[:, 1] - top2[:, 0] < scale)),
+    }
+
+
 def run_anchor(python: str, models, schemes, out_dir: Path, calibration: int) -> dict:
     cmd = [
         python,
@@ -392,6 +412,7 @@ def main() -> None:
                     float_io=_float_io(ours),
                     **accuracy(ours, samples[:count], references[:count]),
                 )
+                row.update(output_grid_ceiling(ours, references[:count]) or {})
             except Exception as error:  # noqa: BLE001  (report and go on)
                 row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
                 rows.append(row)

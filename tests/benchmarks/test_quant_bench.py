@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from benchmarks import quant_bench
 from benchmarks.zoo_loader import load_zoo
@@ -55,3 +57,25 @@ def test_json_dir_resumes_and_isolate_runs_each_model_alone(tmp_path):
     assert (tmp_path / "lenet5.json").stat().st_mtime_ns == mtime
     second = json.loads((tmp_path / "tcn.json").read_text())
     assert second["complete"] and second["rows"][0]["model"] == "tcn" and "top1" in second["rows"][0]
+
+
+def test_output_grid_ceiling_counts_the_ties_the_int8_output_grid_makes():
+    import litert_torch
+    from benchmarks.litert_measure import LoadedModel
+    from litert_torch import quantize
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
+    samples = [(torch.randn(1, 4),) for _ in range(8)]
+    edge = litert_torch.convert(model, samples[0], quant_config=quantize.full_int8(), calibration_data=samples)
+    loaded = LoadedModel(edge.model_content())
+    step = loaded.interpreter._get_tensor_details(
+        [op for op in loaded.interpreter._get_ops_details() if op["op_name"] == "DEQUANTIZE"][-1]["inputs"][0], 0
+    )["quantization"][0]
+    # 3 inputs: a margin of 3 steps survives; 0.1 step with the winner second rounds to a
+    # tie that argmax gives to the lower index; 0.1 step with the winner first survives
+    references = [np.array([[0.0, 3 * step, 0.0]]), np.array([[0.0, 0.1 * step, 0.0]]), np.array([[0.1 * step, 0, 0]])]
+    ceiling = quant_bench.output_grid_ceiling(loaded, references)
+    assert ceiling["grid_step"] == pytest.approx(step)
+    assert ceiling["grid_ceiling"] == pytest.approx(2 / 3)
+    assert ceiling["margin_below_step"] == pytest.approx(2 / 3)
