@@ -296,6 +296,12 @@ def main() -> None:
     )
     parser.add_argument("--auto-eval", type=int, default=200, help="inputs quantize.auto decides on (seed 2)")
     parser.add_argument(
+        "--keep-float",
+        default=None,
+        metavar="LAYERS",
+        help="comma-separated layer names the calibrated schemes keep float (keep_float=); rows get a +float suffix",
+    )
+    parser.add_argument(
         "--bytes", action="store_true", help="print where each quantized file's bytes go (x the float file)"
     )
     parser.add_argument("--runs", type=int, default=20)
@@ -369,12 +375,14 @@ def main() -> None:
         auto_eval = make_samples(zoo, name, options.auto_eval, seed=2) if options.auto is not None else None
         for scheme, method, use_auto in variants:
             label = (scheme if method is None else f"{scheme}:{method}") + ("+auto" if use_auto else "")
+            kept = options.keep_float.split(",") if options.keep_float and method is not None else None
+            label += f"+float({options.keep_float})" if kept else ""
             row = {"model": name, "scheme": label, "float_bytes": float_size}
             count = options.int16_samples if scheme == "int16x8" else len(samples)
             row["samples"] = count
             try:
                 start = time.perf_counter()
-                config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](calibration=method)
+                config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](calibration=method, keep_float=kept)
                 if use_auto:
                     config = quantize.auto(config, min_agreement=options.auto, eval_data=auto_eval)
                 edge = litert_torch.convert(

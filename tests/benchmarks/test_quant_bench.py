@@ -51,12 +51,15 @@ def test_json_dir_resumes_and_isolate_runs_each_model_alone(tmp_path):
     mtime = (tmp_path / "lenet5.json").stat().st_mtime_ns
 
     # a second run skips the complete model and runs the other
-    done = _bench(tmp_path, "--models", "lenet5,tcn")
+    done = _bench(tmp_path, "--models", "lenet5,tcn", "--keep-float", "head")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "skipped: lenet5" in done.stderr
     assert (tmp_path / "lenet5.json").stat().st_mtime_ns == mtime
     second = json.loads((tmp_path / "tcn.json").read_text())
-    assert second["complete"] and second["rows"][0]["model"] == "tcn" and "top1" in second["rows"][0]
+    (row,) = second["rows"]
+    assert second["complete"] and row["model"] == "tcn" and row["scheme"] == "full_int8:mse+float(head)"
+    # the head kept float: the output is no longer dequantized from an int8 grid
+    assert "top1" in row and "grid_ceiling" not in row
 
 
 def test_output_grid_ceiling_counts_the_ties_the_int8_output_grid_makes():
