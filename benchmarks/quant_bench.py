@@ -54,6 +54,11 @@ memory of one model does not touch the others) and prints the table of all of th
 
     .venv/bin/python benchmarks/quant_bench.py --models cnns --schemes full_int8 --methods mse,percentile,minmax \
         --samples 500 --runs 5 --json-dir /tmp/qcnn --isolate
+
+In the JSON, classifier rows whose output is dequantized from int8 carry `grid_ceiling`:
+the top-1 agreement the output grid alone allows (the float logits rounded to that
+grid), with `grid_step` and `margin_below_step` (share of top-2 margins below one step).
+`--keep-float LAYERS` passes `keep_float=` to the calibrated schemes (rows `...+float(LAYERS)`).
 """
 
 from __future__ import annotations
