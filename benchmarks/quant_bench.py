@@ -46,6 +46,20 @@ inputs; `float layers` is how many layers auto kept float, of how many.
 biases, per-channel float32 scales and int64 zero points of weights and biases, the rest.
 
     .venv/bin/python benchmarks/quant_bench.py --models mobilenet_v2 --schemes full_int8 --samples 20 --bytes
+
+`--models cnns` stands for every CNN classifier of the zoo (`cnn_classifiers`). Long
+sweeps: `--json-dir DIR` writes one JSON per model (`DIR/<model>.json`, after every row,
+`"complete": true` once all its rows are done) and skips models already complete there,
+so a cut run resumes; `--isolate` runs each model in its own process (a crash or the
+memory of one model does not touch the others) and prints the table of all of them.
+
+    .venv/bin/python benchmarks/quant_bench.py --models cnns --schemes full_int8 --methods mse,percentile,minmax \
+        --samples 500 --runs 5 --json-dir /tmp/qcnn --isolate
+
+In the JSON, classifier rows whose output is dequantized from int8 carry `grid_ceiling`:
+the top-1 agreement the output grid alone allows (the float logits rounded to that
+grid), with `grid_step` and `margin_below_step` (share of top-2 margins below one step).
+`--keep-float LAYERS` passes `keep_float=` to the calibrated schemes (rows `...+float(LAYERS)`).
 """
 
 from __future__ import annotations
@@ -88,6 +102,22 @@ INT8_SCHEMES = ("dynamic_int8", "weight_only_int8", "full_int8")
 def classifiers(zoo) -> dict:
     """`tests/zoo/classifiers.py`'s CLASSIFIERS (a module of the zoo package, not an entry)."""
     return importlib.import_module(zoo.__name__ + ".classifiers").CLASSIFIERS
+
+
+def cnn_classifiers(zoo) -> list[str]:
+    """Every CNN classifier of the zoo, in registration order: the "cnn" family (torchvision-
+    style and timm), and the audio and video models whose output is 2-D logits."""
+    names = []
+    for entry in zoo.ZOO.values():
+        if entry.family in ("audio", "video"):
+            model, args = zoo.build(entry.name)
+            with torch.no_grad():
+                if _first_output(model(*args)).ndim != 2:
+                    continue
+        elif entry.family != "cnn":
+            continue
+        names.append(entry.name)
+    return names
 
 
 def build(zoo, name: str):
@@ -203,6 +233,26 @@ def accuracy(model: LoadedModel, samples, references) -> dict:
     }
 
 
+def output_grid_ceiling(model: LoadedModel, references) -> dict | None:
+    """The top-1 agreement the int8 output grid alone allows: the float logits rounded to
+    the grid of the int8 tensor the (float) output is dequantized from (ties go to the
+    lower index, as in argmax); None unless the first output is such a classifier."""
+    outputs = {d["index"] for d in model.outputs[:1]}
+    producer = [op for op in model.interpreter._get_ops_details() if set(op["outputs"]) & outputs]
+    if not producer or producer[0]["op_name"] != "DEQUANTIZE" or references[0].ndim != 2:
+        return None
+    detail = model.interpreter._get_tensor_details(int(producer[0]["inputs"][0]), 0)
+    scale, zero = _quant_params(detail)
+    logits = np.concatenate(references)
+    grid = np.clip(np.round(logits / scale) + zero, -128, 127)
+    top2 = np.sort(logits, -1)[:, -2:]
+    return {
+        "grid_ceiling": float(np.mean(grid.argmax(-1) == logits.argmax(-1))),
+        "grid_step": scale,
+        "margin_below_step": float(np.mean(top2[:, 1] - top2[:, 0] < scale)),
+    }
+
+
 def run_anchor(python: str, models, schemes, out_dir: Path, calibration: int) -> dict:
     cmd = [
         python,
@@ -253,6 +303,12 @@ def main() -> None:
     )
     parser.add_argument("--auto-eval", type=int, default=200, help="inputs quantize.auto decides on (seed 2)")
     parser.add_argument(
+        "--keep-float",
+        default=None,
+        metavar="LAYERS",
+        help="comma-separated layer names the calibrated schemes keep float (keep_float=); rows get a +float suffix",
+    )
+    parser.add_argument(
         "--bytes", action="store_true", help="print where each quantized file's bytes go (x the float file)"
     )
     parser.add_argument("--runs", type=int, default=20)
@@ -270,13 +326,32 @@ def main() -> None:
         help="reuse <model>.<scheme>.anchor.tflite files an earlier run kept (--keep) instead of re-running the anchor",
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--json-dir", type=Path, default=None, help="one JSON per model; models complete there are skipped (resume)"
+    )
+    parser.add_argument("--isolate", action="store_true", help="each model in its own process")
     parser.add_argument("--keep", type=Path, default=None, help="keep the .tflite files here")
     options = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # the PyTorch references on one thread, like the interpreters: on a loaded machine two
+    # intra-op threads made a ResNet-18 forward 4-10x slower (4.2 s vs 0.4 s at load 12)
+    torch.set_num_threads(1)
     models, schemes = options.models.split(","), options.schemes.split(",")
+    zoo = load_zoo()
+    if models == ["cnns"]:
+        models = cnn_classifiers(zoo)
+    listed = models
+    if options.json_dir:
+        options.json_dir.mkdir(parents=True, exist_ok=True)
+        done = [m for m in models if _model_json(options, m).get("complete")]
+        if done:
+            print(f"complete in {options.json_dir}, skipped: {', '.join(done)}", file=sys.stderr)
+        models = [m for m in models if m not in done]
+    if options.isolate:
+        _run_isolated(options, models, listed)
+        return
     out_dir = options.keep or Path(tempfile.mkdtemp(prefix="quant_bench_"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    zoo = load_zoo()
 
     anchor = {}
     if options.anchor_dir:
@@ -312,12 +387,16 @@ def main() -> None:
         auto_eval = make_samples(zoo, name, options.auto_eval, seed=2) if options.auto is not None else None
         for scheme, method, use_auto in variants:
             label = (scheme if method is None else f"{scheme}:{method}") + ("+auto" if use_auto else "")
+            kept = options.keep_float.split(",") if options.keep_float and method is not None else None
+            label += f"+float({options.keep_float})" if kept else ""
             row = {"model": name, "scheme": label, "float_bytes": float_size}
             count = options.int16_samples if scheme == "int16x8" else len(samples)
             row["samples"] = count
             try:
                 start = time.perf_counter()
-                config = SCHEMES[scheme]() if method is None else SCHEMES[scheme](**_calibration(method))
+                config = (
+                    SCHEMES[scheme]() if method is None else SCHEMES[scheme](**_calibration(method), keep_float=kept)
+                )
                 if use_auto:
                     config = quantize.auto(config, min_agreement=options.auto, eval_data=auto_eval)
                 edge = litert_torch.convert(
@@ -336,6 +415,12 @@ def main() -> None:
                             float_layers=f"{chosen['float_layers']}/{chosen['layers']}",
                             keep_float=list(chosen["keep_float"]),
                             auto_agreement=chosen["agreement"],
+                            # per k float layers: (error, agreement) on the decision set
+                            auto_measured={k: list(v) for k, v in chosen["measured"].items()},
+                            # the sensitivity report's top layers: (name, error alone, agreement alone)
+                            sensitivity_top=[
+                                (s.name, s.alone, s.alone_agreement) for s in chosen["sensitivity"].ranking()[:8]
+                            ],
                         )
                 content = edge.model_content()
                 (out_dir / f"{name}.{label.replace(':', '.')}.tflite").write_bytes(content)
@@ -349,6 +434,7 @@ def main() -> None:
                     float_io=_float_io(ours),
                     **accuracy(ours, samples[:count], references[:count]),
                 )
+                row.update(output_grid_ceiling(ours, references[:count]) or {})
             except Exception as error:  # noqa: BLE001  (report and go on)
                 row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
                 rows.append(row)
@@ -384,6 +470,10 @@ def main() -> None:
             print(json.dumps(row), file=sys.stderr, flush=True)
             if options.json:  # after every row: a crash in one model keeps the others
                 _write_json(options, rows)
+            if options.json_dir:
+                _write_model_json(options, name, rows, complete=False)
+        if options.json_dir:
+            _write_model_json(options, name, rows, complete=True)
     _print_table(rows)
     if options.bytes:
         _print_bytes(rows)
@@ -401,6 +491,42 @@ def _write_json(options, rows) -> None:
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()}
     settings["load_average"] = os.getloadavg()
     options.json.write_text(json.dumps({"rows": rows, "settings": settings}, indent=1, default=str))
+
+
+def _model_json(options, name: str) -> dict:
+    path = options.json_dir / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_model_json(options, name: str, rows, complete: bool) -> None:
+    """`DIR/<name>.json`: this model's rows so far; written to a temporary file and renamed,
+    so a run cut mid-write leaves the previous version."""
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()}
+    settings["load_average"] = os.getloadavg()
+    record = {"model": name, "complete": complete, "rows": [r for r in rows if r["model"] == name]}
+    path = options.json_dir / f"{name}.json"
+    path.with_suffix(".tmp").write_text(json.dumps({**record, "settings": settings}, indent=1, default=str))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _run_isolated(options, models, listed) -> None:
+    """One child process per model in `models` (the same options, `--models <name>`), then
+    the table of every model in `listed` (with `--json-dir`, those skipped as complete too)."""
+    args = [a for a in sys.argv[1:] if a != "--isolate"]
+    rows = []
+    for name in listed:
+        out = Path(tempfile.mkdtemp(prefix="quant_bench_")) / "rows.json"
+        if name in models:
+            proc = subprocess.run([sys.executable, __file__, *args, "--json", str(out), "--models", name])
+            if proc.returncode:
+                print(f"{name}: the process exited with {proc.returncode}", file=sys.stderr)
+        if options.json_dir:
+            out = options.json_dir / f"{name}.json"
+        if out.exists():
+            rows += json.loads(out.read_text())["rows"]
+    _print_table(rows)
+    if options.json:
+        _write_json(options, rows)
 
 
 def _float_io(model: LoadedModel) -> bool:
