@@ -50,7 +50,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
-from litert_measure import LoadedModel, max_relative_error, op_histogram  # noqa: E402
+from litert_measure import LoadedModel, invoke_times, max_relative_error, op_histogram  # noqa: E402
 from zoo_loader import load_zoo  # noqa: E402
 
 TARGET = 1.05
@@ -58,21 +58,6 @@ STALE_ERROR = 0.1  # the anchor's file is off by up to 3e-2 on some decoders; an
 ESTIMATORS = {"min": min, "median": statistics.median}
 
 warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-
-
-def invoke_times(models: list[LoadedModel], arrays, runs: int, warmup: int) -> list[list[float]]:
-    """Thread CPU seconds of each invoke, per model; invokes alternate A B B A ... after warm-up."""
-    for model in models:
-        model.set_inputs(arrays)
-        for _ in range(warmup):
-            model.interpreter.invoke()
-    samples: list[list[float]] = [[] for _ in models]
-    for i in range(runs):
-        for k in range(len(models)) if i % 2 == 0 else reversed(range(len(models))):
-            start = time.thread_time()
-            models[k].interpreter.invoke()
-            samples[k].append(time.thread_time() - start)
-    return samples
 
 
 def paired_ratio(content_a: bytes, content_b: bytes, arrays, blocks: int, runs: int, warmup: int,
@@ -85,7 +70,7 @@ def paired_ratio(content_a: bytes, content_b: bytes, arrays, blocks: int, runs: 
         order = (0, 1) if block % 2 == 0 else (1, 0)  # which file's interpreter is created first
         contents = (content_a, content_b)
         models = {k: LoadedModel(contents[k]) for k in order}
-        times = dict(zip(order, invoke_times([models[k] for k in order], arrays, runs, warmup)))
+        times = dict(zip(order, invoke_times([models[k] for k in order], arrays, runs, warmup, time.thread_time)))
         ta, tb = times[0], times[1]
         a_times.append(pick(ta))
         b_times.append(pick(tb))

@@ -49,18 +49,25 @@ class LoadedModel:
         return [self.interpreter.get_tensor(d["index"]).copy() for d in self.outputs]
 
 
-def median_latencies(models: list[LoadedModel], arrays, runs: int = 20, warmup: int = 3) -> list[float]:
-    """Median seconds per invoke for each model, runs interleaved (ABBA order) after warm-up."""
+def invoke_times(models: list[LoadedModel], arrays, runs: int = 20, warmup: int = 3, clock=time.perf_counter):
+    """Seconds of each invoke (by `clock`, e.g. time.thread_time), per model; invokes
+    interleaved A B B A ... after warm-up, so load and position hit all models alike."""
     for model in models:
         model.set_inputs(arrays)
         for _ in range(warmup):
             model.interpreter.invoke()
     samples: list[list[float]] = [[] for _ in models]
     for i in range(runs):
-        order = range(len(models)) if i % 2 == 0 else reversed(range(len(models)))
-        for k in order:
-            samples[k].append(models[k].invoke_seconds())
-    return [statistics.median(s) for s in samples]
+        for k in range(len(models)) if i % 2 == 0 else reversed(range(len(models))):
+            start = clock()
+            models[k].interpreter.invoke()
+            samples[k].append(clock() - start)
+    return samples
+
+
+def median_latencies(models: list[LoadedModel], arrays, runs: int = 20, warmup: int = 3) -> list[float]:
+    """Median wall seconds per invoke for each model (`invoke_times`)."""
+    return [statistics.median(s) for s in invoke_times(models, arrays, runs, warmup)]
 
 
 def max_relative_error(actual: list[np.ndarray], expected: list[np.ndarray]) -> float:

@@ -24,14 +24,6 @@ from tpu_backend import fused
 from tpu_backend.compile import cache_only, compile_stats
 
 
-@pytest.fixture
-def fused_mode():
-    previous = tpu_backend.get_eager_mode()
-    tpu_backend.set_eager_mode("fused")
-    yield
-    tpu_backend.set_eager_mode(previous)
-
-
 def _cpu(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
 

@@ -16,14 +16,6 @@ from tpu_backend import fused
 ATOL, RTOL = 1e-5, 1e-4
 
 
-@pytest.fixture
-def fused_mode():
-    previous = tpu_backend.get_eager_mode()
-    tpu_backend.set_eager_mode("fused")
-    yield
-    tpu_backend.set_eager_mode(previous)
-
-
 def _inputs(kv_heads: int = 4, mask: str | None = None, mask_grad: bool = False):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 6, 8, generator=g)
