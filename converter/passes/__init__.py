@@ -147,12 +147,20 @@ def optimize_graph(graph: Graph) -> Graph:
     hoist_transpose_above_pad (a PAD left before the input's NCHW->NHWC TRANSPOSE moves
     after it; once, after the loop, since to_nhwc would sink that transpose back).
     Repeated while some pass changed the graph (at most MAX_ROUNDS times): a CSE or a
-    fold can expose more cancellations.
+    fold can expose more cancellations; a pass is not re-run while nothing changed since
+    its last run found nothing to do.
     """
-    run_pass(remove_dead_code, graph)
+    # A pass that changed nothing, with no change by any pass since, would change nothing
+    # again (passes are functions of the graph): `settled` holds those, and is skipped.
+    # The loop ends as soon as every pass of ROUND is settled, which is where the full
+    # round with no change would have ended.
+    settled = set() if run_pass(remove_dead_code, graph) else {remove_dead_code}
     for _ in range(MAX_ROUNDS):
-        changed = [run_pass(graph_pass, graph) for graph_pass in ROUND]
-        if not any(changed):
+        for graph_pass in ROUND:
+            if graph_pass in settled:
+                continue
+            settled = set() if run_pass(graph_pass, graph) else settled | {graph_pass}
+        if settled.issuperset(ROUND):
             break
     run_pass(narrow_int64_indices, graph)
     run_pass(hoist_transpose_above_pad, graph)
