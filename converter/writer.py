@@ -30,6 +30,8 @@ import ctypes
 from typing import Any
 
 import flatbuffers
+import flatbuffers.builder
+import flatbuffers.packer
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
@@ -161,6 +163,9 @@ class _AlignedBufferT(schema.BufferT):
         return schema.BufferEnd(builder)
 
 
+_UOFFSET, _SOFFSET = flatbuffers.packer.uoffset, flatbuffers.packer.soffset
+
+
 class _Builder(flatbuffers.Builder):
     """A flatbuffers Builder over uninitialised memory that leaves weight data out.
 
@@ -177,6 +182,51 @@ class _Builder(flatbuffers.Builder):
         self.Bytes = memoryview(self._arena)  # slice assignment and struct.pack_into work on it
         self.head = size
         self.payloads: list[tuple[int, Payload]] = []
+
+    # The stock hot paths, minus the per-value `enforce_number` checks (struct.pack_into
+    # still refuses an out-of-range value) and the growth loop while the arena has room:
+    # packing is pure Python, and these are most of its time. Same bytes, same layout.
+
+    def Prep(self, size, additionalBytes):
+        head = self.head
+        align = (head - len(self.Bytes) - additionalBytes) & (size - 1)
+        if head < align + size + additionalBytes:
+            return super().Prep(size, additionalBytes)  # grows the arena
+        if size > self.minalign:
+            self.minalign = size
+        if align:
+            self.Bytes[head - align : head] = bytes(align)
+            self.head = head - align
+
+    def Place(self, x, flags):
+        self.head -= flags.bytewidth
+        flags.packer_type.pack_into(self.Bytes, self.head, x)
+
+    def Prepend(self, flags, off):
+        self.Prep(flags.bytewidth, 0)
+        self.head -= flags.bytewidth
+        flags.packer_type.pack_into(self.Bytes, self.head, off)
+
+    def PrependSlot(self, flags, o, x, d):
+        if x != d or (self.forceDefaults and d is not None):
+            self.Prepend(flags, x)
+            self.current_vtable[o] = len(self.Bytes) - self.head
+
+    def PrependUOffsetTRelative(self, off):
+        self.Prep(4, 0)
+        here = len(self.Bytes) - self.head
+        if off > here:
+            raise flatbuffers.builder.OffsetArithmeticError("flatbuffers: Offset arithmetic error.")
+        self.head -= 4
+        _UOFFSET.pack_into(self.Bytes, self.head, here - off + 4)
+
+    def PlaceUOffsetT(self, x):
+        self.head -= 4
+        _UOFFSET.pack_into(self.Bytes, self.head, x)
+
+    def PlaceSOffsetT(self, x):
+        self.head -= 4
+        _SOFFSET.pack_into(self.Bytes, self.head, x)
 
 
 class _BufferTable:

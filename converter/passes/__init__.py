@@ -94,11 +94,17 @@ def _validate(graph: Graph, after: str) -> None:
 
 def run_pass(graph_pass: Callable[[Graph], Graph], graph: Graph) -> bool:
     """Run `graph_pass` on `graph` (in place); returns whether it changed the graph."""
-    before = _structure(graph)
+    return _run(graph_pass, graph, _structure(graph))[0]
+
+
+def _run(graph_pass: Callable[[Graph], Graph], graph: Graph, before: list) -> tuple[bool, list]:
+    """`run_pass` given the graph's `_structure` now; also returns the one after, which
+    is the next pass's `before` (one structure per pass instead of two)."""
     graph_pass(graph)
     if validate_between_passes():
         _validate(graph, graph_pass.__name__)
-    return _changed(before, _structure(graph))
+    after = _structure(graph)
+    return _changed(before, after), after
 
 
 # One round of the loop, in order (see optimize_graph).
@@ -147,16 +153,25 @@ def optimize_graph(graph: Graph) -> Graph:
     hoist_transpose_above_pad (a PAD left before the input's NCHW->NHWC TRANSPOSE moves
     after it; once, after the loop, since to_nhwc would sink that transpose back).
     Repeated while some pass changed the graph (at most MAX_ROUNDS times): a CSE or a
-    fold can expose more cancellations.
+    fold can expose more cancellations; a pass is not re-run while nothing changed since
+    its last run found nothing to do.
     """
-    run_pass(remove_dead_code, graph)
+    # A pass that changed nothing, with no change by any pass since, would change nothing
+    # again (passes are functions of the graph): `settled` holds those, and is skipped.
+    # The loop ends as soon as every pass of ROUND is settled, which is where the full
+    # round with no change would have ended.
+    changed, structure = _run(remove_dead_code, graph, _structure(graph))
+    settled = set() if changed else {remove_dead_code}
     for _ in range(MAX_ROUNDS):
-        changed = [run_pass(graph_pass, graph) for graph_pass in ROUND]
-        if not any(changed):
+        for graph_pass in ROUND:
+            if graph_pass in settled:
+                continue
+            changed, structure = _run(graph_pass, graph, structure)
+            settled = set() if changed else settled | {graph_pass}
+        if settled.issuperset(ROUND):
             break
-    run_pass(narrow_int64_indices, graph)
-    run_pass(hoist_transpose_above_pad, graph)
-    run_pass(remove_dead_code, graph)
+    for graph_pass in (narrow_int64_indices, hoist_transpose_above_pad, remove_dead_code):
+        changed, structure = _run(graph_pass, graph, structure)
     return graph
 
 
