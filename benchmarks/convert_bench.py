@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -136,6 +137,7 @@ def convert_ours(model, args, timeout: float, stages: dict | None = None) -> tup
     conversion's per-stage seconds ("wall" and "cpu": stage -> seconds)."""
     import litert_torch
 
+    gc.collect()  # (untimed) see convert_and_export_times
     with time_limit(timeout):
         start, cpu_start = time.perf_counter(), time.process_time()
         edge = litert_torch.convert(model, args, progress=False)
@@ -149,6 +151,7 @@ def convert_ours(model, args, timeout: float, stages: dict | None = None) -> tup
 def bare_export_seconds(model, args) -> tuple[float, float]:
     """(wall, process CPU) seconds of `torch.export.export` alone (non-strict, eval mode,
     as convert() exports)."""
+    gc.collect()  # (untimed) see convert_and_export_times
     start, cpu_start = time.perf_counter(), time.process_time()
     torch.export.export(model.eval(), tuple(args), strict=False)
     return time.perf_counter() - start, time.process_time() - cpu_start
@@ -158,7 +161,10 @@ def convert_and_export_times(model, args, options) -> tuple[bytes, dict]:
     """(file, times): convert and bare export seconds, wall and CPU, each the minimum of
     --repeats runs, alternated ABBA (convert, export, export, convert, ...) so that
     machine noise, and whatever one leaves warm for the next, hits both alike; and the
-    per-stage seconds of the conversion with the least CPU time."""
+    per-stage seconds of the conversion with the least CPU time. Each timed run starts
+    from a collected heap (`gc.collect()`, untimed): otherwise a full collection that the
+    runs before made due (200 ms on timm_crossvit) lands in whichever run allocates next.
+    The garbage collector stays on during the runs, so each pays for its own collections."""
     converts, exports, stages = [], [], []
     for k in range(max(1, options.repeats)):
         if k % 2:
