@@ -12,10 +12,14 @@ generation of --new-tokens tokens matches PyTorch token for token.
     .venv/bin/python benchmarks/generative_bench.py
     .venv/bin/python benchmarks/generative_bench.py --models tiny_llama --json /tmp/gen.json
     .venv/bin/python benchmarks/generative_bench.py --decode-write both   # DYNAMIC_UPDATE_SLICE vs select decode write
+    .venv/bin/python benchmarks/generative_bench.py --models hf_llama,hf_qwen3 \
+        --anchor-python /tmp/anchor-venv/bin/python --clock cpu   # against litert-torch 0.10.0
 
-The anchor (litert-torch 0.10.0) exports LMs through its own model definitions or its
-`export_hf` flow (a model folder, a tokenizer and the .litertlm bundle); it is not run
-here (see benchmarks/README.md).
+With `--anchor-python` (an environment with litert-torch 0.10.0, see benchmarks/README.md)
+the transformers models are also exported with the anchor's `export_hf`
+(`anchor_generative.py`) and both files timed interleaved: prefill and decode ratios, and
+the first-token ratio (our prefill, which returns the last position's logits, against the
+anchor's prefill plus the decode call its runtime needs for those logits).
 """
 
 from __future__ import annotations
