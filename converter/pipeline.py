@@ -346,8 +346,10 @@ def lower_program(program: ExportedProgram, *, name: str = "serving_default") ->
     input_kinds = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
     walk = _GraphWalk(graph, ctx)
     env: dict[torch.fx.Node, Any] = {}
-    program.graph.eliminate_dead_code()  # values nobody reads are never lowered (side effects stay)
+    live = _live_nodes(program.graph)  # values nobody reads are never lowered (side effects stay)
     for node in program.graph.nodes:
+        if node not in live:
+            continue
         if node.op == "placeholder":
             env[node] = _placeholder(node, input_kinds.get(node.name), program, graph, ctx)
         elif node.op == "call_function":
@@ -360,6 +362,16 @@ def lower_program(program: ExportedProgram, *, name: str = "serving_default") ->
     if walk.unsupported:
         raise UnsupportedOpsError(list(walk.unsupported.values()))
     return graph
+
+
+def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes `graph.eliminate_dead_code()` would keep: impure ones and those read by a
+    kept node (found without editing the program's graph, nor checking every node)."""
+    live: set[torch.fx.Node] = set()
+    for node in reversed(graph.nodes):
+        if any(user in live for user in node.users) or node.is_impure():
+            live.add(node)
+    return live
 
 
 # Decompositions nest (an op decomposes to ops that decompose...); a decomposition that
