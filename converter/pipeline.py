@@ -346,8 +346,10 @@ def lower_program(program: ExportedProgram, *, name: str = "serving_default") ->
     input_kinds = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
     walk = _GraphWalk(graph, ctx)
     env: dict[torch.fx.Node, Any] = {}
-    program.graph.eliminate_dead_code()  # values nobody reads are never lowered (side effects stay)
+    live = _live_nodes(program.graph)  # values nobody reads are never lowered (side effects stay)
     for node in program.graph.nodes:
+        if node not in live:
+            continue
         if node.op == "placeholder":
             env[node] = _placeholder(node, input_kinds.get(node.name), program, graph, ctx)
         elif node.op == "call_function":
@@ -360,6 +362,16 @@ def lower_program(program: ExportedProgram, *, name: str = "serving_default") ->
     if walk.unsupported:
         raise UnsupportedOpsError(list(walk.unsupported.values()))
     return graph
+
+
+def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes `graph.eliminate_dead_code()` would keep: impure ones and those read by a
+    kept node (found without editing the program's graph, nor checking every node)."""
+    live: set[torch.fx.Node] = set()
+    for node in reversed(graph.nodes):
+        if any(user in live for user in node.users) or node.is_impure():
+            live.add(node)
+    return live
 
 
 # Decompositions nest (an op decomposes to ops that decompose...); a decomposition that
@@ -517,8 +529,6 @@ def direct_lowering_blocker(program: ExportedProgram) -> str | None:
 def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
     """`direct_lowering_blocker` for one fx graph (placeholders are its inputs)."""
     nodes = list(graph.nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    last_read = {n: max((order[u] for u in n.users), default=order[n]) for n in nodes}
     root: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def find(n):
@@ -543,17 +553,9 @@ def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
             continue
         if not isinstance(node.target, torch._ops.OpOverload):
             continue
-        schema = node.target._schema
-        for out in schema.returns:
-            if out.alias_info is None:
-                continue
-            for arg, value in zip(schema.arguments, node.args):
-                if (
-                    arg.alias_info is not None
-                    and isinstance(value, torch.fx.Node)
-                    and set(arg.alias_info.before_set) & set(out.alias_info.before_set)
-                ):
-                    union(node, value)
+        for i in _aliased_arguments(node.target):
+            if i < len(node.args) and isinstance(node.args[i], torch.fx.Node):
+                union(node, node.args[i])
         if decompositions.functional_variant(node.target) is None:
             return f"{node.target} writes into an argument"
         if decompositions.functional_variant(node.target) is not node.target:
@@ -562,6 +564,8 @@ def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
             writes.append(node)
     if not writes:
         return None
+    order = {n: i for i, n in enumerate(nodes)}
+    last_read = {n: max((order[u] for u in n.users), default=order[n]) for n in nodes}
     classes: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for n in nodes:
         classes.setdefault(find(n), []).append(n)
@@ -573,6 +577,22 @@ def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
             if alias is not written and order[alias] < order[write] < last_read[alias]:
                 return f"{write.target} writes into '{written.name}', whose alias '{alias.name}' is read later"
     return None
+
+
+@functools.cache  # per op overload: the schema walk is the cost of the check
+def _aliased_arguments(op: torch._ops.OpOverload) -> tuple[int, ...]:
+    """Positions of the arguments that one of `op`'s results may alias (a view's input,
+    the tensor an in-place op writes)."""
+    schema = op._schema
+    returned = set()
+    for out in schema.returns:
+        if out.alias_info is not None:
+            returned |= set(out.alias_info.before_set)
+    return tuple(
+        i
+        for i, arg in enumerate(schema.arguments)
+        if arg.alias_info is not None and set(arg.alias_info.before_set) & returned
+    )
 
 
 def _returns_alias(target) -> bool:

@@ -109,6 +109,11 @@ def functional_variant(op):
     variants, ops writing several arguments)."""
     if not isinstance(op, torch._ops.OpOverload):
         return op
+    return _functional_overload(op)
+
+
+@functools.cache  # asked for every node (several times); the schema walk is the cost
+def _functional_overload(op: torch._ops.OpOverload):
     written = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
     if not written:
         return op

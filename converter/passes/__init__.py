@@ -66,14 +66,20 @@ def validate_between_passes() -> bool:
 
 
 def _structure(graph: Graph) -> list:
-    """What a pass may change, as comparable values: ops with their tensors and options,
-    and the graph's outputs. Ops and tensors compare by identity (`eq=False`: passes never
-    mutate a tensor); options by a shallow copy of their items (passes replace option
-    values, never edit one in place). Built for every pass of every round, so kept to
-    C-level copies: a repr of every op's options was a third of `optimize` on a ViT."""
-    return [(op, op.opcode, tuple(op.inputs), tuple(op.outputs), tuple(op.options.items())) for op in graph.ops] + [
-        tuple(graph.outputs)
-    ]
+    """What a pass may change, as one flat list of comparable values: the graph's outputs,
+    then per op the op, its opcode, its input count, inputs, outputs and a shallow copy of
+    its options. Ops and tensors compare by identity (`eq=False`: passes never mutate a
+    tensor); options by their values (passes replace option values, never edit one in
+    place). Built for every pass of every round, so kept flat: a tuple per op and per
+    option (and a repr of every op's options before that) made this check a third of
+    `optimize` on small graphs, and its objects fed the garbage collector."""
+    flat = [len(graph.outputs), *graph.outputs]
+    for op in graph.ops:
+        flat += (op, op.opcode, len(op.inputs))
+        flat += op.inputs
+        flat += op.outputs
+        flat.append(op.options.copy())
+    return flat
 
 
 def _changed(before: list, after: list) -> bool:
