@@ -27,6 +27,8 @@ and the `flatbuffers` builder. What this module guarantees, beyond the schema:
 from __future__ import annotations
 
 import ctypes
+import mmap
+import sys
 from typing import Any
 
 import flatbuffers
@@ -553,7 +555,28 @@ def _new_bytes(size: int) -> tuple[bytes, np.ndarray]:
     or numpy result would cost one more copy of every weight."""
     result = _bytes_from_size(None, size)
     address = np.frombuffer(result, np.uint8).ctypes.data
+    _advise_huge_pages(address, size)
     return result, np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+
+
+# Transparent huge pages for large outputs (Linux, where THP is in "madvise" mode by default
+# on many systems): filling a new 100 MB file costs one page fault per 4 KiB page, about
+# 40% of writing ResNet-50; with 2 MiB pages the faults mostly disappear. Advice only: the
+# bytes are the same, and where it is unavailable nothing changes.
+_HUGE_PAGE_MIN_BYTES = 8 << 20
+_madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform.startswith("linux") else None
+if _madvise is not None:
+    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def _advise_huge_pages(address: int, size: int) -> bool:
+    """Ask the kernel to back the whole pages of [address, address + size) with huge
+    pages; True when the advice was given (and taken)."""
+    if _madvise is None or size < _HUGE_PAGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    start = _align(address, mmap.PAGESIZE)
+    end = (address + size) // mmap.PAGESIZE * mmap.PAGESIZE
+    return _madvise(start, end - start, mmap.MADV_HUGEPAGE) == 0
 
 
 def _finish(model_t: schema.ModelT, size_hint: int) -> bytes:

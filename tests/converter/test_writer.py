@@ -3,6 +3,8 @@ by running the result in the LiteRT interpreter."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
@@ -178,6 +180,22 @@ def test_min_runtime_version_metadata():
     raw = m.Buffers(entries["min_runtime_version"]).DataAsNumpy().tobytes()
     assert len(raw) == 16
     assert raw.rstrip(b"\0") == b"2.9.0"  # GELU v1 needs LiteRT/TFLite 2.9
+
+
+def test_large_output_on_huge_pages_keeps_its_bytes(monkeypatch):
+    from converter import writer
+
+    x, y = f32("x", (3, 1 << 20)), f32("y", (3, 1 << 20))
+    w = const("w", np.random.default_rng(0).standard_normal((3, 1 << 20)))  # 12 MB: advised
+    model = one_op_model("ADD", [x, w], y)
+    advise, given = writer._advise_huge_pages, []
+    monkeypatch.setattr(writer, "_advise_huge_pages", lambda address, size: given.append(advise(address, size)))
+    advised = write_flatbuffer(model)
+    monkeypatch.setattr(writer, "_madvise", None)  # as on a system without madvise
+    assert write_flatbuffer(model) == advised
+    assert given[1] is False
+    if os.path.exists("/sys/kernel/mm/transparent_hugepage"):
+        assert given[0] is True
 
 
 # ---- models over 2 GB: data after the flatbuffer --------------------------------------------
