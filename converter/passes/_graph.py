@@ -67,26 +67,43 @@ class Uses:
 
     Passes that edit through `set_input`, `set_output`, `add`, `remove` and `bypass`
     keep it exact without rebuilding it (`refresh`) after every edit; rebuilding costs
-    a walk over the whole graph, which made rewrite-heavy passes quadratic.
+    a walk over the whole graph, which made rewrite-heavy passes quadratic. The readers
+    of a tensor, one entry per input slot in the order they were indexed, are kept as
+    its first reader plus a list of the others (most tensors have one reader: no list).
     """
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.removed: set[int] = set()
+        self.removed: set[Op] = set()  # (the ops, not their ids: a freed op's id is reused)
         self.refresh()
 
     def refresh(self) -> None:
         self.producer = self.graph.producers()
-        self.readers = self.graph.consumers()
+        self.first_reader: dict[int, Op] = {}
+        self.more_readers: dict[int, list[Op]] = {}
+        for op in self.graph.ops:
+            self._add_reader(op)
         self.output_ids = {t.id for t in self.graph.outputs}
+
+    def resync(self) -> None:
+        """Put each tensor's readers back in graph order, as `refresh` lists them (edits
+        append a new reader last): passes visiting readers in that order stay
+        deterministic, at the cost of sorting only the tensors with several readers."""
+        position = {op: i for i, op in enumerate(self.graph.ops)}
+        for key, more in self.more_readers.items():
+            readers = sorted([self.first_reader[key], *more], key=position.__getitem__)
+            self.first_reader[key] = readers[0]
+            more[:] = readers[1:]
 
     # ---- queries ---------------------------------------------------------------------
     def consumers(self, t: Tensor) -> list[Op]:
         """Distinct ops reading `t`."""
-        seen, out = set(), []
-        for op in self.readers.get(t.id, []):
-            if id(op) not in seen:
-                seen.add(id(op))
+        first = self.first_reader.get(t.id)
+        if first is None:
+            return []
+        out = [first]
+        for op in self.more_readers.get(t.id, ()):
+            if not any(op is seen for seen in out):
                 out.append(op)
         return out
 
@@ -108,20 +125,16 @@ class Uses:
 
     def is_live(self, op: Op) -> bool:
         """False once `remove`d (or bypassed) through this index."""
-        return id(op) not in self.removed
+        return op not in self.removed
 
     # ---- edits that keep the index exact ---------------------------------------------------
     def set_input(self, op: Op, index: int, t: Tensor | None) -> None:
         old = op.inputs[index]
         if old is not None:
-            readers = self.readers.get(old.id, [])
-            for k, r in enumerate(readers):
-                if r is op:
-                    del readers[k]
-                    break
+            self._drop_reader(old, op)
         op.inputs[index] = t
         if t is not None:
-            self.readers.setdefault(t.id, []).append(op)
+            self._append_reader(t.id, op)
 
     def set_output(self, op: Op, index: int, t: Tensor) -> None:
         old = op.outputs[index]
@@ -132,9 +145,7 @@ class Uses:
 
     def add(self, op: Op) -> None:
         """Index a new op (the caller puts it into `graph.ops`)."""
-        for t in op.inputs:
-            if t is not None:
-                self.readers.setdefault(t.id, []).append(op)
+        self._add_reader(op)
         for t in op.outputs:
             self.producer[t.id] = op
 
@@ -142,34 +153,73 @@ class Uses:
         """Take `op` out of the graph and the index."""
         for t in op.inputs:
             if t is not None:
-                readers = self.readers.get(t.id, [])
-                for k, r in enumerate(readers):
-                    if r is op:
-                        del readers[k]
-                        break
+                self._drop_reader(t, op)
         for t in op.outputs:
             if self.producer.get(t.id) is op:
                 del self.producer[t.id]
-        self.removed.add(id(op))
+        self.removed.add(op)
         try:
             self.graph.ops.remove(op)  # by identity (Op has eq=False): a C-level scan, not a rebuilt list
         except ValueError:
             pass
 
+    def replace_reads(self, old: Tensor, new: Tensor) -> None:
+        """Make every op reading `old` read `new` instead (graph outputs stay)."""
+        for reader in self.consumers(old):
+            for i, t in enumerate(reader.inputs):
+                if t is old:
+                    self.set_input(reader, i, new)
+
     def bypass(self, op: Op, replacement: Tensor) -> bool:
-        """`bypass` (below), keeping the index exact."""
+        """Remove the single-output `op`, making its readers read `replacement` instead.
+
+        A graph output is re-pointed too, unless that would make a graph input (or another
+        graph output) a graph output a second time: then the op stays and False is returned.
+        """
         out = op.outputs[0]
         if not _may_replace_output(self.graph, out, replacement):
             return False
-        for reader in self.consumers(out):
-            for i, t in enumerate(reader.inputs):
-                if t is out:
-                    self.set_input(reader, i, replacement)
+        self.replace_reads(out, replacement)
         if self.is_output(out):
             self.graph.outputs = [replacement if t is out else t for t in self.graph.outputs]
             self.output_ids = {t.id for t in self.graph.outputs}
         self.remove(op)
         return True
+
+    # ---- the reader lists ------------------------------------------------------------------
+    def _add_reader(self, op: Op) -> None:
+        first = self.first_reader
+        for t in op.inputs:
+            if t is not None:
+                if t.id in first:
+                    self._append_reader(t.id, op)
+                else:
+                    first[t.id] = op
+
+    def _append_reader(self, key: int, op: Op) -> None:
+        if key not in self.first_reader:
+            self.first_reader[key] = op
+        elif key in self.more_readers:
+            self.more_readers[key].append(op)
+        else:
+            self.more_readers[key] = [op]
+
+    def _drop_reader(self, t: Tensor, op: Op) -> None:
+        """Forget one of `op`'s reads of `t` (the first in reader order)."""
+        key = t.id
+        more = self.more_readers.get(key)
+        if self.first_reader.get(key) is op:
+            if more:
+                self.first_reader[key] = more.pop(0)
+            else:
+                del self.first_reader[key]
+        elif more:
+            for k, r in enumerate(more):
+                if r is op:
+                    del more[k]
+                    break
+        if more is not None and not more:
+            del self.more_readers[key]
 
 
 def _may_replace_output(graph: Graph, out: Tensor, replacement: Tensor) -> bool:
@@ -190,20 +240,6 @@ def insert_after(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
 def remove_ops(graph: Graph, dead: list[Op]) -> None:
     ids = {id(op) for op in dead}
     graph.ops = [op for op in graph.ops if id(op) not in ids]
-
-
-def bypass(graph: Graph, op: Op, replacement: Tensor) -> bool:
-    """Remove the single-output `op`, making its readers read `replacement` instead.
-
-    A graph output is re-pointed too, unless that would make a graph input (or another
-    graph output) a graph output a second time: then the op stays and False is returned.
-    """
-    out = op.outputs[0]
-    if not _may_replace_output(graph, out, replacement):
-        return False
-    graph.replace_uses(out, replacement)
-    remove_ops(graph, [op])
-    return True
 
 
 def snapshot(graph: Graph):

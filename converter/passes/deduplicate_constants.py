@@ -17,13 +17,14 @@ import numpy as np
 
 from converter.ir import Graph, LazyConstant, Op, Tensor, fingerprint
 
-from ._graph import SIDE_EFFECT_OPS, remove_ops
+from ._graph import SIDE_EFFECT_OPS, Uses
 
 
 def deduplicate_constants(graph: Graph) -> Graph:
     """Share equal constants and merge identical ops (in place); returns the graph."""
     _share_constants(graph)
-    while _merge_identical_ops(graph):
+    uses = Uses(graph)  # kept exact by the merges
+    while _merge_identical_ops(uses):
         pass
     return graph
 
@@ -75,7 +76,8 @@ def _output_key(t: Tensor):
     return (t.dtype.str, t.shape, t.shape_signature, quant)
 
 
-def _merge_identical_ops(graph: Graph) -> bool:
+def _merge_identical_ops(uses: Uses) -> bool:
+    graph = uses.graph
     outputs = {t.id for t in graph.outputs}
     seen: dict = {}
     changed = False
@@ -92,7 +94,7 @@ def _merge_identical_ops(graph: Graph) -> bool:
         if first is op:
             continue
         for old, new in zip(op.outputs, first.outputs):
-            graph.replace_uses(old, new)
-        remove_ops(graph, [op])
+            uses.replace_reads(old, new)
+        uses.remove(op)
         changed = True
     return changed

@@ -40,7 +40,7 @@ ZERO_PRESERVING = {"RESHAPE", "TRANSPOSE", "EXPAND_DIMS", "SQUEEZE", "BROADCAST_
 
 def drop_zero_terms(graph: Graph) -> Graph:
     """Bypass additions of known-zero tensors (in place); returns the graph."""
-    uses = Uses(graph)
+    uses = None  # built at the first bypass (most graphs have no zero terms)
     zero: set[int] = set()
 
     def is_zero(t: Tensor | None) -> bool:
@@ -61,6 +61,7 @@ def drop_zero_terms(graph: Graph) -> Graph:
             continue
         kept = _kept_operand(op, is_zero)
         if kept is not None:
+            uses = uses or Uses(graph)
             uses.bypass(op, kept)
     return graph
 

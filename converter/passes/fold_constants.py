@@ -46,13 +46,15 @@ def evaluates(*opcodes: str):
 
 def fold_constants(graph: Graph, *, fold_dequantize: bool = False) -> Graph:
     """Replace every foldable op by constant tensors (in place); returns the graph."""
-    uses = Uses(graph)
+    outputs = {t.id for t in graph.outputs}
+    uses = None  # built at the first fold (most calls find nothing to fold)
     kept = []
     for op in graph.ops:
-        results = _try_fold(op, uses, fold_dequantize)
+        results = _try_fold(op, outputs, fold_dequantize)
         if results is None:
             kept.append(op)
             continue
+        uses = uses or Uses(graph)  # (folds only re-point readers of folded outputs: no reader of a later op changes)
         for out, value in zip(op.outputs, results):
             folded = Tensor(fresh_name(out.name), value.shape, out.dtype, data=np.array(value, order="C"))
             for reader in uses.consumers(out):  # (never a graph output: those are not folded)
@@ -61,9 +63,9 @@ def fold_constants(graph: Graph, *, fold_dequantize: bool = False) -> Graph:
     return graph
 
 
-def _try_fold(op: Op, uses: Uses, fold_dequantize: bool) -> list[np.ndarray] | None:
+def _try_fold(op: Op, graph_outputs: set[int], fold_dequantize: bool) -> list[np.ndarray] | None:
     """The op's output values if it can and should be folded, else None."""
-    if op.opcode in SIDE_EFFECT_OPS or any(uses.is_output(t) or t.is_variable for t in op.outputs):
+    if op.opcode in SIDE_EFFECT_OPS or any(t.id in graph_outputs or t.is_variable for t in op.outputs):
         return None  # (writing a variable tensor is a side effect: e.g. an LSTM's state refresh)
     if any(t.quant is not None for t in [*op.inputs, *op.outputs] if t is not None):
         return None

@@ -18,16 +18,21 @@ import numpy as np
 
 from converter.ir import Graph, Op
 
-from ._graph import SIDE_EFFECT_OPS, bypass
+from ._graph import SIDE_EFFECT_OPS, Uses
 
 
 def remove_dead_code(graph: Graph) -> Graph:
     """Drop no-op and unused ops (in place); returns the graph."""
+    uses = None  # built at the first no-op (most calls find none)
     for op in list(graph.ops):
         if _is_noop(op):
-            bypass(graph, op, op.inputs[0])
+            replacement = op.inputs[0]
         elif op.opcode in ("SELECT", "SELECT_V2") and (chosen := _constant_choice(op)) is not None:
-            bypass(graph, op, chosen)
+            replacement = chosen
+        else:
+            continue
+        uses = uses or Uses(graph)
+        uses.bypass(op, replacement)
     live = {t.id for t in graph.outputs}
     kept = []
     for op in reversed(graph.ops):

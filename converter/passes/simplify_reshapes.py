@@ -17,13 +17,14 @@ import numpy as np
 from common.tflite_schema import REDUCTIONS
 from converter.ir import Graph, Op
 
-from ._graph import Uses, bypass, int32_const, remove_ops, shape_signature, static_dims, transpose_perm
+from ._graph import Uses, int32_const, shape_signature, static_dims, transpose_perm
 
 
 def simplify_reshapes(graph: Graph) -> Graph:
     """Apply the rewrites above to a fixed point (in place); returns the graph."""
     _transposes_to_reshapes(graph)
-    while _merge_reshapes(graph) or _drop_kept_dims(graph):
+    uses = Uses(graph)  # kept exact by the rewrites below
+    while _merge_reshapes(uses) or _drop_kept_dims(uses):
         pass
     return graph
 
@@ -55,27 +56,25 @@ def _reshape_target_is_constant(op: Op) -> bool:
     return (shape is not None and shape.is_const) or (shape is None and "newShape" in op.options)
 
 
-def _merge_reshapes(graph: Graph) -> bool:
-    uses = Uses(graph)
-    for op in graph.ops:
+def _merge_reshapes(uses: Uses) -> bool:
+    for op in uses.graph.ops:
         if op.opcode != "RESHAPE" or not _reshape_target_is_constant(op):
             continue
         x, y = op.inputs[0], op.outputs[0]
         if x.shape_signature is None and y.shape_signature is None and x.shape == y.shape:
-            if bypass(graph, op, x):
+            if uses.bypass(op, x):
                 return True
         inner = uses.produced_by(x, "RESHAPE")
         if inner is not None:
-            op.inputs = [inner.inputs[0], *op.inputs[1:]]
-            if len(uses.consumers(x)) == 1 and not uses.is_output(x):
-                remove_ops(graph, [inner])
+            uses.set_input(op, 0, inner.inputs[0])
+            if not uses.consumers(x) and not uses.is_output(x):
+                uses.remove(inner)
             return True
     return False
 
 
-def _drop_kept_dims(graph: Graph) -> bool:
-    uses = Uses(graph)
-    for op in graph.ops:
+def _drop_kept_dims(uses: Uses) -> bool:
+    for op in uses.graph.ops:
         if op.opcode not in REDUCTIONS or not op.options.get("keepDims") or not op.inputs[1].is_const:
             continue
         reshape = uses.only_consumer(op.outputs[0])
@@ -87,7 +86,7 @@ def _drop_kept_dims(graph: Graph) -> bool:
         if dropped != list(shape_signature(flat)):
             continue
         op.options["keepDims"] = False
-        op.outputs[0] = flat
-        remove_ops(graph, [reshape])
+        uses.remove(reshape)
+        uses.set_output(op, 0, flat)
         return True
     return False

@@ -39,14 +39,15 @@ ROW_REDUCERS = {"MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"}
 
 def sink_row_slices(graph: Graph) -> Graph:
     """Move each one-axis row slice above the row-wise ops that produce its input."""
+    uses = Uses(graph)  # kept exact by `_sink_once`
     moved = True
     while moved:
         moved = False
-        uses = Uses(graph)
+        uses.resync()  # (readers in graph order: which same-rows slice is reused)
         for op in list(graph.ops):
             if op.opcode == "STRIDED_SLICE" and _sink_once(graph, uses, op):
                 moved = True
-                break  # the index changed: rebuild it
+                break  # the op list changed: walk it again
     return graph
 
 
@@ -168,20 +169,21 @@ def _sink_once(graph: Graph, uses: Uses, slice_op: Op) -> bool:
                     new_ops.append(same[0])  # moved up (only its input, t, must come before it)
                 sliced[key] = same[0].outputs[0]
             else:
-                sliced[key] = _slice(t, ax, begin, end, new_ops, slice_op)
-        producer.inputs[i] = sliced[key]
+                sliced[key] = _slice(t, ax, begin, end, new_ops, slice_op, uses)
+        uses.set_input(producer, i, sliced[key])
     out = slice_op.outputs[0]
     if producer.opcode == "RESHAPE":
-        _retarget_reshape(producer, out.shape)
-    producer.outputs[0] = out
-    moved = {id(op) for op in new_ops} | {id(slice_op)}
+        _retarget_reshape(producer, out.shape, uses)
+    uses.remove(slice_op)
+    uses.set_output(producer, 0, out)
+    moved = {id(op) for op in new_ops}
     graph.ops = [op for op in graph.ops if id(op) not in moved]
     index = next(k for k, op in enumerate(graph.ops) if op is producer)
     graph.ops[index:index] = new_ops
     return True
 
 
-def _slice(t: Tensor, axis: int, begin: int, end: int, new_ops: list, origin: Op) -> Tensor:
+def _slice(t: Tensor, axis: int, begin: int, end: int, new_ops: list, origin: Op, uses: Uses) -> Tensor:
     """t's rows begin:end along `axis`: a constant sliced now, else a new STRIDED_SLICE."""
     index = [slice(None)] * t.rank
     index[axis] = slice(begin, end)
@@ -196,11 +198,12 @@ def _slice(t: Tensor, axis: int, begin: int, end: int, new_ops: list, origin: Op
     options = {"beginMask": 0, "endMask": 0, "ellipsisMask": 0, "newAxisMask": 0, "shrinkAxisMask": 0, "offset": False}
     inputs = [t, int32_const(starts, "begin"), int32_const(stops, "end"), int32_const([1] * t.rank, "strides")]
     new_ops.append(Op("STRIDED_SLICE", inputs, [out], options, source=origin.source, module=origin.module))
+    uses.add(new_ops[-1])
     return out
 
 
-def _retarget_reshape(op: Op, shape: tuple[int, ...]) -> None:
+def _retarget_reshape(op: Op, shape: tuple[int, ...], uses: Uses) -> None:
     if len(op.inputs) > 1 and op.inputs[1] is not None:
-        op.inputs[1] = int32_const(list(shape), "shape")
+        uses.set_input(op, 1, int32_const(list(shape), "shape"))
     if "newShape" in op.options:
         op.options = {**op.options, "newShape": list(shape)}

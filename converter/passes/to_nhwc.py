@@ -46,10 +46,12 @@ def to_nhwc(graph: Graph) -> Graph:
     # that still does not help, keep the graph as it was.
     for allow_fan_out in (True, False):
         # Transposes only move forward, so sweeping ends; the bound is a safety net.
+        uses = Uses(graph)  # kept exact by the sweeps' edits, resynced by each
         for _ in range(len(graph.ops) + 8):
-            if not _sweep(graph, allow_fan_out):
+            if not _sweep(uses, allow_fan_out):
                 break
-        _regroup_fanned_out_transposes(graph)
+        uses.resync()
+        _regroup_fanned_out_transposes(uses)
         simplify_reshapes(graph)
         if _transpose_count(graph) <= count_before:
             return graph
@@ -60,11 +62,11 @@ def to_nhwc(graph: Graph) -> Graph:
 # ---- driver -----------------------------------------------------------------------------
 
 
-def _sweep(graph: Graph, allow_fan_out: bool) -> bool:
+def _sweep(uses: Uses, allow_fan_out: bool) -> bool:
     """One pass over the TRANSPOSE ops; True if anything changed."""
     changed = False
-    uses = Uses(graph)
-    for op in list(graph.ops):
+    uses.resync()
+    for op in list(uses.graph.ops):
         if op.opcode != "TRANSPOSE" or not uses.is_live(op):
             continue
         if _drop_unused(op, uses) or _compose(op, uses) or _sink(op, uses, allow_fan_out):
@@ -387,11 +389,11 @@ def _plan_reshape(op, y, perm, uses) -> Rewrite | None:
     return _rewriter(uses, op, plan.post, {0: x, 1: shape}, {"newShape": list(plan.w_shape)})
 
 
-def _regroup_fanned_out_transposes(graph: Graph) -> None:
+def _regroup_fanned_out_transposes(uses: Uses) -> None:
     """Undo fan-outs that did not cancel: when several unary ops read x and each result
     is only read by a TRANSPOSE(_, perm) (the same perm), transpose x once before them.
     (Done once, after sinking, which would otherwise push that transpose down again.)"""
-    uses = Uses(graph)
+    graph = uses.graph
     for x in [t for t in graph.tensors() if not t.is_const]:
         groups: dict[tuple, list[tuple[Op, Op]]] = {}
         for op in uses.consumers(x):
