@@ -34,7 +34,7 @@ round; each of --blocks blocks creates fresh interpreters, in the listed order i
 blocks and reversed in odd ones (where an interpreter lands in memory biases its time);
 a block's ratio is the median time of a program over the anchor's, a repeat's the
 geometric mean over its blocks. The table shows the median over --repeats, and their
-range in brackets. Without --anchor-python, our "none" file stands in for the anchor's.
+range in parentheses. Without --anchor-python, our "none" file stands in for the anchor's.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def table(rows: list[dict], title: str) -> Table:
     for col in ["model", *columns, "last err", "load"]:
         out.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
-        cells = [f"{r[c]:.2f} [{r['range'][c][0]:.2f}-{r['range'][c][1]:.2f}]" for c in columns]
+        cells = [f"{r[c]:.2f} ({r['range'][c][0]:.2f}-{r['range'][c][1]:.2f})" for c in columns]
         out.add_row(r["model"], *cells, f"{r['last_rel_err']:.1e}", f"{r['load']:.1f}")
     return out
 
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     if opts.blocks % 2:
         parser.error("--blocks must be even (half create the interpreters in reverse order)")
     warnings.filterwarnings("ignore")
-    console = Console(width=200)
+    console = Console(width=240)
     rows = []
     for name in opts.models.split(","):
         console.print(f"[dim]{name}...[/dim]")
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
         table(
             rows,
             f"Prefill ({opts.prefill_len} tokens, cache {opts.cache_len}): thread CPU time per invoke / {reference}; "
-            f"median [range] over {opts.repeats} repeats of {opts.blocks} blocks x {opts.rounds} rounds; "
+            f"median (range) over {opts.repeats} repeats of {opts.blocks} blocks x {opts.rounds} rounds; "
             "bound = none + head row + layer row",
         )
     )

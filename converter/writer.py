@@ -1,7 +1,10 @@
 """Write an IR `Model` as a LiteRT (.tflite) flatbuffer.
 
-Uses the schema module shipped in ai-edge-litert (`schema_py_generated`, object API)
-and the `flatbuffers` builder. What this module guarantees, beyond the schema:
+Packs each table with the `flatbuffers` builder and the field functions of the schema
+module shipped in ai-edge-litert (`schema_py_generated`; its object API only for op
+options and quantization), in the object API's order: the same bytes as building a
+`ModelT` tree and packing it, without the tree. What this module guarantees, beyond
+the schema:
 
 - file identifier `TFL3`, model version 3, buffer 0 the empty sentinel;
 - both op-code fields set (`deprecated_builtin_code = min(code, 127)`), so ops numbered
@@ -28,8 +31,10 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import struct
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flatbuffers
 import flatbuffers.builder
@@ -135,34 +140,14 @@ def _payload_bytes(payload: Payload) -> bytes | memoryview:
     return payload if isinstance(payload, bytes) else ir.byte_view(ir.constant_values(payload))
 
 
-class _AlignedBufferT(schema.BufferT):
-    """A BufferT whose data vector starts on a 16-byte boundary of the file.
+class _Buffer:
+    """One Buffer table: its payload (inside the flatbuffer) or, for external data, the
+    offset and size of its bytes in the file."""
 
-    Flatbuffers are built back to front and the finished buffer's size is a multiple of
-    the largest alignment used, so aligning the vector's start relative to the end
-    aligns it relative to the start of the file too.
-    """
+    __slots__ = ("payload", "offset", "size")
 
     def __init__(self, payload: Payload | None = None):
-        super().__init__()
-        self.payload = payload
-
-    def Pack(self, builder):  # noqa: N802 (schema naming)
-        data = None
-        n = 0 if self.payload is None else _payload_size(self.payload)
-        if n:
-            builder.StartVector(1, n, DATA_ALIGNMENT)
-            builder.head -= n
-            # Only reserved here: _finish writes the payload once, into the file's bytes.
-            builder.payloads.append((builder.Offset(), self.payload))
-            builder.vectorNumElems = n
-            data = builder.EndVector()
-        schema.BufferStart(builder)
-        if data is not None:
-            schema.BufferAddData(builder, data)
-        schema.BufferAddOffset(builder, self.offset)
-        schema.BufferAddSize(builder, self.size)
-        return schema.BufferEnd(builder)
+        self.payload, self.offset, self.size = payload, 0, 0
 
 
 _UOFFSET, _SOFFSET = flatbuffers.packer.uoffset, flatbuffers.packer.soffset
@@ -174,9 +159,10 @@ class _Builder(flatbuffers.Builder):
     Its arena is `np.empty` (the stock Builder zero-fills a bytearray: every page of the
     weights touched once for nothing) and buffer data vectors are only reserved in it,
     their (offset from the end, payload) recorded in `payloads`; `_finish` then writes
-    the structure around them and each payload into the file's bytes."""
+    the structure around them and each payload into the file's bytes.
+    `shared_vectors` holds the quantization vectors written so far, by content."""
 
-    __slots__ = ("payloads", "_arena")
+    __slots__ = ("payloads", "shared_vectors", "_arena")
 
     def __init__(self, size: int):
         super().__init__(0)
@@ -184,6 +170,7 @@ class _Builder(flatbuffers.Builder):
         self.Bytes = memoryview(self._arena)  # slice assignment and struct.pack_into work on it
         self.head = size
         self.payloads: list[tuple[int, Payload]] = []
+        self.shared_vectors: dict[tuple[str, bytes], int] = {}
 
     # The stock hot paths, minus the per-value `enforce_number` checks (struct.pack_into
     # still refuses an out-of-range value) and the growth loop while the arena has room:
@@ -222,6 +209,29 @@ class _Builder(flatbuffers.Builder):
         self.head -= 4
         _UOFFSET.pack_into(self.Bytes, self.head, here - off + 4)
 
+    def EndObject(self):
+        """The stock EndObject/WriteVtable in one: the object's vtable (its size, the
+        table's size, each field's offset, trailing unset fields dropped) written in one
+        `pack_into`, or an equal earlier one reused."""
+        self.nested = False
+        self.Prep(4, 0)
+        self.head -= 4  # the table's offset to its vtable, written below
+        table = len(self.Bytes) - self.head
+        fields = self.current_vtable
+        n = len(fields)
+        while n and not fields[n - 1]:
+            n -= 1
+        vtable = (4 + 2 * n, table - self.objectEnd, *[table - f if f else 0 for f in fields[:n]])
+        found = self.vtables.get(vtable)
+        if found is None:
+            self.Prep(2, 2 * len(vtable))  # (never pads: the table ends 4-aligned)
+            self.head -= 2 * len(vtable)
+            struct.pack_into(f"<{len(vtable)}H", self.Bytes, self.head, *vtable)
+            found = self.vtables[vtable] = len(self.Bytes) - self.head
+        _SOFFSET.pack_into(self.Bytes, len(self.Bytes) - table, found - table)
+        self.current_vtable = None
+        return table
+
     def PlaceUOffsetT(self, x):
         self.head -= 4
         _UOFFSET.pack_into(self.Bytes, self.head, x)
@@ -235,7 +245,7 @@ class _BufferTable:
     """Buffers of the model: index 0 is the empty sentinel; equal constants share one."""
 
     def __init__(self):
-        self.buffers: list[_AlignedBufferT] = [_AlignedBufferT()]
+        self.buffers: list[_Buffer] = [_Buffer()]
         self.payloads: list[Payload | None] = [None]
         self._by_key: dict[tuple, list[int]] = {}
 
@@ -253,7 +263,7 @@ class _BufferTable:
         return index
 
     def add_bytes(self, payload: Payload) -> int:
-        self.buffers.append(_AlignedBufferT(payload))
+        self.buffers.append(_Buffer(payload))
         self.payloads.append(payload)
         return len(self.buffers) - 1
 
@@ -302,14 +312,17 @@ def _check_tensor(t: Any, what: str) -> None:
             )
 
 
-def validate(model: ir.Model) -> None:
-    """Raise ConversionError naming the first malformed graph, op, tensor or option."""
+def validate(model: ir.Model) -> list[list[tuple[int, Any]]]:
+    """Raise ConversionError naming the first malformed graph, op, tensor or option.
+    Returns each op's (BuiltinOptions type, options table), by graph, for the writer."""
     if not model.graphs:
         raise ConversionError("the model has no graphs to write")
     keys = [g.name for g in model.graphs]
     if len(set(keys)) != len(keys):
         raise ConversionError(f"signature names must be unique, got {keys}")
+    options = []
     for graph in model.graphs:
+        options.append([])
         available: set[int] = set()
         for i, t in enumerate(graph.inputs):
             _check_tensor(t, f"graph '{graph.name}' input {i}")
@@ -338,11 +351,12 @@ def validate(model: ir.Model) -> None:
                 if t.is_const:
                     raise ConversionError(f"{where}: output {k} %{t.name} is a constant")
                 available.add(t.id)
-            _build_options(op, where)  # raises on an unknown field or enum value
+            options[-1].append(_build_options(op, where))  # raises on an unknown field or enum value
         for i, t in enumerate(graph.outputs):
             _check_tensor(t, f"graph '{graph.name}' output {i}")
             if not t.is_const and t.id not in available:
                 raise ConversionError(f"graph '{graph.name}' output {i} %{t.name} is never produced")
+    return options
 
 
 # ---- options -------------------------------------------------------------------------------
@@ -385,9 +399,6 @@ def _build_options(op: ir.Op, where: str) -> tuple[int, Any]:
 # ---- model assembly ---------------------------------------------------------------------------
 
 
-_SHARED_VECTORS: dict[int, dict] = {}  # id(builder) -> {(dtype, bytes): vector offset}, during one pack
-
-
 class _SharedQuantizationT(schema.QuantizationParametersT):
     """Quantization parameters whose scale and zero-point vectors are written once per
     distinct content and shared by offset (flatbuffers allow it). Per-channel weights
@@ -395,7 +406,7 @@ class _SharedQuantizationT(schema.QuantizationParametersT):
     filter's int8 weights, about 5% of an int8 MobileNetV2 if each tensor had its own."""
 
     def Pack(self, builder):  # noqa: N802 (schema naming)
-        shared = _SHARED_VECTORS.setdefault(id(builder), {})  # emptied by _finish
+        shared = builder.shared_vectors
 
         def vector(values):
             values = np.ascontiguousarray(values)
@@ -437,110 +448,245 @@ def _quantization(q: ir.QuantParams | None, scales_index=None) -> schema.Quantiz
     return out
 
 
+# Each table is packed as the schema's object API (`TensorT.Pack` ...) packs it: children
+# first, in the same order, then the fields; fields at their default value are left out
+# (the builder would skip them). Same bytes, without building the object tree first.
+
+
+def _int32_vector(b: _Builder, values) -> int:
+    n = len(values)
+    b.StartVector(4, n, 4)
+    b.head -= 4 * n
+    struct.pack_into(f"<{n}i", b.Bytes, b.head, *values)
+    return b.EndVector()
+
+
+def _offset_vector(b: _Builder, offsets: list[int]) -> int:
+    b.StartVector(4, len(offsets), 4)
+    for offset in reversed(offsets):
+        b.PrependUOffsetTRelative(offset)
+    return b.EndVector()
+
+
+def _pack_buffer(b: _Builder, buffer: _Buffer) -> int:
+    """A Buffer whose data vector starts on a 16-byte boundary of the file, only reserved
+    here (`_finish` writes the payload once, into the file's bytes). Flatbuffers are built
+    back to front and the finished buffer's size is a multiple of the largest alignment
+    used, so aligning the vector's start relative to the end aligns it in the file too."""
+    n = 0 if buffer.payload is None else _payload_size(buffer.payload)
+    if n:
+        b.StartVector(1, n, DATA_ALIGNMENT)
+        b.head -= n
+        b.payloads.append((b.Offset(), buffer.payload))
+        data = b.EndVector()
+    schema.BufferStart(b)
+    if n:
+        schema.BufferAddData(b, data)
+    schema.BufferAddOffset(b, buffer.offset)
+    schema.BufferAddSize(b, buffer.size)
+    return schema.BufferEnd(b)
+
+
+class _TensorRow(NamedTuple):
+    tensor: ir.Tensor
+    type: int
+    buffer: int
+    quantization: schema.QuantizationParametersT | None
+
+
+def _pack_tensor(b: _Builder, row: _TensorRow) -> int:
+    t = row.tensor
+    shape = _int32_vector(b, t.shape)
+    name = b.CreateString(t.name)
+    quantization = row.quantization.Pack(b) if row.quantization is not None else None
+    signature = _int32_vector(b, t.shape_signature) if t.shape_signature is not None else None
+    schema.TensorStart(b)
+    schema.TensorAddShape(b, shape)
+    schema.TensorAddType(b, row.type)
+    schema.TensorAddBuffer(b, row.buffer)
+    schema.TensorAddName(b, name)
+    if quantization is not None:
+        schema.TensorAddQuantization(b, quantization)
+    if t.is_variable:
+        schema.TensorAddIsVariable(b, True)
+    if signature is not None:
+        schema.TensorAddShapeSignature(b, signature)
+    return schema.TensorEnd(b)
+
+
+class _OperatorRow(NamedTuple):
+    opcode_index: int
+    inputs: list[int]
+    outputs: list[int]
+    options_type: int
+    options: Any  # the options table (object API) or None
+
+
+def _pack_operator(b: _Builder, row: _OperatorRow) -> int:
+    inputs = _int32_vector(b, row.inputs)
+    outputs = _int32_vector(b, row.outputs)
+    options = row.options.Pack(b) if row.options is not None else None
+    schema.OperatorStart(b)
+    schema.OperatorAddOpcodeIndex(b, row.opcode_index)
+    schema.OperatorAddInputs(b, inputs)
+    schema.OperatorAddOutputs(b, outputs)
+    schema.OperatorAddBuiltinOptionsType(b, row.options_type)
+    if options is not None:
+        schema.OperatorAddBuiltinOptions(b, options)
+    return schema.OperatorEnd(b)
+
+
+class _GraphRows(NamedTuple):
+    """One graph's tables: its SubGraph and its SignatureDef."""
+
+    name: str
+    tensors: list[_TensorRow]
+    inputs: list[int]
+    outputs: list[int]
+    operators: list[_OperatorRow]
+    input_maps: list[tuple[str, int]]  # signature name, tensor index
+    output_maps: list[tuple[str, int]]
+
+
+def _pack_subgraph(b: _Builder, g: _GraphRows) -> int:
+    tensors = _offset_vector(b, [_pack_tensor(b, row) for row in g.tensors])
+    inputs = _int32_vector(b, g.inputs)
+    outputs = _int32_vector(b, g.outputs)
+    operators = _offset_vector(b, [_pack_operator(b, row) for row in g.operators])
+    name = b.CreateString(g.name)
+    schema.SubGraphStart(b)
+    schema.SubGraphAddTensors(b, tensors)
+    schema.SubGraphAddInputs(b, inputs)
+    schema.SubGraphAddOutputs(b, outputs)
+    schema.SubGraphAddOperators(b, operators)
+    schema.SubGraphAddName(b, name)
+    return schema.SubGraphEnd(b)
+
+
+def _pack_tensor_map(b: _Builder, name: str, tensor_index: int) -> int:
+    name = b.CreateString(name)
+    schema.TensorMapStart(b)
+    schema.TensorMapAddName(b, name)
+    schema.TensorMapAddTensorIndex(b, tensor_index)
+    return schema.TensorMapEnd(b)
+
+
+def _pack_signature(b: _Builder, g: _GraphRows, subgraph_index: int) -> int:
+    inputs = _offset_vector(b, [_pack_tensor_map(b, *m) for m in g.input_maps])
+    outputs = _offset_vector(b, [_pack_tensor_map(b, *m) for m in g.output_maps])
+    key = b.CreateString(g.name)
+    schema.SignatureDefStart(b)
+    schema.SignatureDefAddInputs(b, inputs)
+    schema.SignatureDefAddOutputs(b, outputs)
+    schema.SignatureDefAddSignatureKey(b, key)
+    schema.SignatureDefAddSubgraphIndex(b, subgraph_index)
+    return schema.SignatureDefEnd(b)
+
+
+def _pack_operator_code(b: _Builder, code: int, version: int) -> int:
+    schema.OperatorCodeStart(b)
+    schema.OperatorCodeAddDeprecatedBuiltinCode(b, min(code, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES))
+    schema.OperatorCodeAddVersion(b, version)
+    schema.OperatorCodeAddBuiltinCode(b, code)
+    return schema.OperatorCodeEnd(b)
+
+
+def _pack_metadata(b: _Builder, name: str, buffer: int) -> int:
+    name = b.CreateString(name)
+    schema.MetadataStart(b)
+    schema.MetadataAddName(b, name)
+    schema.MetadataAddBuffer(b, buffer)
+    return schema.MetadataEnd(b)
+
+
 class _ModelBuilder:
-    def __init__(self, model: ir.Model):
+    """The model's tables, collected from the IR (tensor and buffer indices assigned,
+    operator codes and versions chosen), then packed by `pack`."""
+
+    def __init__(self, model: ir.Model, options: list[list[tuple[int, Any]]]):
         self.model = model
         self.buffers = _BufferTable()
-        self.opcode_index: dict[tuple[int, int], int] = {}
-        self.operator_codes: list[schema.OperatorCodeT] = []
+        self.opcode_index: dict[tuple[int, int], int] = {}  # (builtin code, version) -> index
         self.used_versions: list[tuple[str, int]] = []
+        self.graphs = [self._graph(graph, graph_options) for graph, graph_options in zip(model.graphs, options)]
+        metadata = dict(model.metadata)
+        runtime = min_runtime_version(self.used_versions)
+        if runtime and "min_runtime_version" not in metadata:
+            metadata["min_runtime_version"] = runtime.encode().ljust(16, b"\0")
+        self.metadata = [(name, self.buffers.add_bytes(bytes(payload))) for name, payload in metadata.items()]
 
     def opcode(self, op: ir.Op) -> int:
         code = BUILTIN_CODES[op.opcode]
         version = op_version(op)
         key = (code, version)
         if key not in self.opcode_index:
-            oc = schema.OperatorCodeT()
-            oc.builtinCode = code
-            oc.deprecatedBuiltinCode = min(code, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES)
-            oc.version = version
-            self.opcode_index[key] = len(self.operator_codes)
-            self.operator_codes.append(oc)
+            self.opcode_index[key] = len(self.opcode_index)
             self.used_versions.append((op.opcode, version))
         return self.opcode_index[key]
 
-    def subgraph(self, graph: ir.Graph, graph_index: int) -> tuple[schema.SubGraphT, schema.SignatureDefT]:
-        tensors: list[schema.TensorT] = []
+    def _graph(self, graph: ir.Graph, options: list[tuple[int, Any]]) -> _GraphRows:
+        tensors: list[_TensorRow] = []
         index: dict[int, int] = {}
 
         def tensor_index(t: ir.Tensor) -> int:
             if t.id not in index:
-                tt = schema.TensorT()
-                tt.name = t.name
-                tt.shape = np.asarray(t.shape, dtype=np.int32)
-                if t.shape_signature is not None:
-                    tt.shapeSignature = np.asarray(t.shape_signature, dtype=np.int32)
-                tt.type = TENSOR_TYPES[t.dtype]
-                int4 = t.quant is not None and t.quant.int4 and t.is_const
-                if int4:  # data: int8 values in [-8, 7], stored two per byte
-                    tt.type = schema.TensorType.INT4
-                    tt.buffer = self.buffers.add_constant(pack_int4(t.data))
+                type_code = TENSOR_TYPES[t.dtype]
+                if t.quant is not None and t.quant.int4 and t.is_const:  # int8 values in [-8, 7], two per byte
+                    type_code = schema.TensorType.INT4
+                    buffer = self.buffers.add_constant(pack_int4(t.data))
                 else:
-                    tt.buffer = self.buffers.add_constant(t.constant) if t.is_const else self.buffers.add_empty()
+                    buffer = self.buffers.add_constant(t.constant) if t.is_const else self.buffers.add_empty()
                 scales_index = None
                 if t.quant is not None and t.quant.block_size:
                     scales = np.ascontiguousarray(t.quant.scale, dtype=np.float16)
                     scales_index = tensor_index(ir.Tensor(f"{t.name}_scales", scales.shape, scales.dtype, data=scales))
-                tt.quantization = _quantization(t.quant, scales_index)
-                tt.isVariable = t.is_variable
                 index[t.id] = len(tensors)
-                tensors.append(tt)
+                tensors.append(_TensorRow(t, type_code, buffer, _quantization(t.quant, scales_index)))
             return index[t.id]
 
-        sg = schema.SubGraphT()
-        sg.name = graph.name
-        sg.inputs = np.asarray([tensor_index(t) for t in graph.inputs], dtype=np.int32)
-        sg.operators = []
-        for i, op in enumerate(graph.ops):
-            o = schema.OperatorT()
-            o.opcodeIndex = self.opcode(op)
-            o.inputs = np.asarray([-1 if t is None else tensor_index(t) for t in op.inputs], dtype=np.int32)
-            o.outputs = np.asarray([tensor_index(t) for t in op.outputs], dtype=np.int32)
-            o.builtinOptionsType, o.builtinOptions = _build_options(op, _where(graph, i, op))
-            sg.operators.append(o)
-        sg.outputs = np.asarray([tensor_index(t) for t in graph.outputs], dtype=np.int32)
-        sg.tensors = tensors
+        inputs = [tensor_index(t) for t in graph.inputs]
+        operators = [
+            _OperatorRow(
+                self.opcode(op),
+                [-1 if t is None else tensor_index(t) for t in op.inputs],
+                [tensor_index(t) for t in op.outputs],
+                *op_options,
+            )
+            for op, op_options in zip(graph.ops, options)
+        ]
+        outputs = [tensor_index(t) for t in graph.outputs]
 
-        sig = schema.SignatureDefT()
-        sig.signatureKey = graph.name
-        sig.subgraphIndex = graph_index
-        sig.inputs = self._tensor_maps(graph.input_names, graph.inputs, index)
-        sig.outputs = self._tensor_maps(graph.output_names, graph.outputs, index)
-        return sg, sig
+        def maps(names: list[str], tensors: list[ir.Tensor]) -> list[tuple[str, int]]:
+            return list(zip(names or [t.name for t in tensors], [index[t.id] for t in tensors]))
 
-    @staticmethod
-    def _tensor_maps(names: list[str], tensors: list[ir.Tensor], index: dict[int, int]):
-        names = names or [t.name for t in tensors]
-        maps = []
-        for name, t in zip(names, tensors):
-            m = schema.TensorMapT()
-            m.name = name
-            m.tensorIndex = index[t.id]
-            maps.append(m)
-        return maps
+        return _GraphRows(
+            graph.name,
+            tensors,
+            inputs,
+            outputs,
+            operators,
+            maps(graph.input_names, graph.inputs),
+            maps(graph.output_names, graph.outputs),
+        )
 
-    def build(self) -> schema.ModelT:
-        m = schema.ModelT()
-        m.version = SCHEMA_VERSION
-        m.description = self.model.description
-        m.subgraphs, m.signatureDefs = [], []
-        for i, graph in enumerate(self.model.graphs):
-            sg, sig = self.subgraph(graph, i)
-            m.subgraphs.append(sg)
-            m.signatureDefs.append(sig)
-        m.operatorCodes = self.operator_codes
-        metadata = dict(self.model.metadata)
-        runtime = min_runtime_version(self.used_versions)
-        if runtime and "min_runtime_version" not in metadata:
-            metadata["min_runtime_version"] = runtime.encode().ljust(16, b"\0")
-        m.metadata = []
-        for name, payload in metadata.items():
-            md = schema.MetadataT()
-            md.name = name
-            md.buffer = self.buffers.add_bytes(bytes(payload))
-            m.metadata.append(md)
-        m.buffers = self.buffers.buffers
-        return m
+    def pack(self, b: _Builder) -> int:
+        """Pack the Model table (as `ModelT.Pack` would); returns its offset."""
+        codes = _offset_vector(b, [_pack_operator_code(b, *key) for key in self.opcode_index])
+        subgraphs = _offset_vector(b, [_pack_subgraph(b, g) for g in self.graphs])
+        description = b.CreateString(self.model.description) if self.model.description is not None else None
+        buffers = _offset_vector(b, [_pack_buffer(b, buffer) for buffer in self.buffers.buffers])
+        metadata = _offset_vector(b, [_pack_metadata(b, *entry) for entry in self.metadata])
+        signatures = _offset_vector(b, [_pack_signature(b, g, i) for i, g in enumerate(self.graphs)])
+        schema.ModelStart(b)
+        schema.ModelAddVersion(b, SCHEMA_VERSION)
+        schema.ModelAddOperatorCodes(b, codes)
+        schema.ModelAddSubgraphs(b, subgraphs)
+        if description is not None:
+            schema.ModelAddDescription(b, description)
+        schema.ModelAddBuffers(b, buffers)
+        schema.ModelAddMetadata(b, metadata)
+        schema.ModelAddSignatureDefs(b, signatures)
+        return schema.ModelEnd(b)
 
 
 _bytes_from_size = ctypes.pythonapi.PyBytes_FromStringAndSize
@@ -579,15 +725,12 @@ def _advise_huge_pages(address: int, size: int) -> bool:
     return _madvise(start, end - start, mmap.MADV_HUGEPAGE) == 0
 
 
-def _finish(model_t: schema.ModelT, size_hint: int) -> bytes:
+def _finish(pack: Callable[[_Builder], int], size_hint: int) -> bytes:
     """The finished flatbuffer as bytes (built back to front, so the file is the tail of
     the builder's arena): the structure between the reserved buffers is copied, and each
     buffer's payload written once, straight into its place."""
     builder = _Builder(max(1024, size_hint))
-    try:
-        builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
-    finally:
-        _SHARED_VECTORS.pop(id(builder), None)
+    builder.Finish(pack(builder), file_identifier=FILE_IDENTIFIER)
     arena = np.frombuffer(builder.Bytes, np.uint8)  # (the arena grows if the hint was short)
     head = builder.Head()
     result, out = _new_bytes(len(arena) - head)
@@ -643,32 +786,31 @@ def write_flatbuffer_parts(model: ir.Model, *, external_data_threshold: int | No
     defaults to the module's EXTERNAL_DATA_THRESHOLD, read at call time."""
     if external_data_threshold is None:
         external_data_threshold = EXTERNAL_DATA_THRESHOLD
-    validate(model)
-    mb = _ModelBuilder(model)
-    model_t = mb.build()
+    mb = _ModelBuilder(model, validate(model))
     payload_bytes = mb.buffers.total_bytes
     if payload_bytes <= external_data_threshold:
-        return ModelParts([_finish(model_t, payload_bytes + 16 * len(mb.buffers.buffers) + 65536)])
-    return _write_with_external_data(model_t, mb.buffers)
+        return ModelParts([_finish(mb.pack, payload_bytes + 16 * len(mb.buffers.buffers) + 65536)])
+    return _write_with_external_data(mb)
 
 
-def _write_with_external_data(model_t: schema.ModelT, table: _BufferTable) -> ModelParts:
+def _write_with_external_data(mb: _ModelBuilder) -> ModelParts:
     """Flatbuffer first, then each buffer's bytes at a 16-byte aligned offset.
 
     Offsets depend on the flatbuffer's length, which depends on the offsets' encoding;
     every offset/size is non-zero both times, so the fields are present in both packs
     and the second pack (with the real offsets) has the length of the first.
     """
+    table = mb.buffers
     live = [(b, _payload_bytes(p)) for b, p in zip(table.buffers, table.payloads) if p is not None and _payload_size(p)]
     for b, p in live:
         b.payload = None
         b.offset, b.size = 1, len(p)
-    first = _finish(model_t, 65536)
+    first = _finish(mb.pack, 65536)
     cursor = _align(len(first))
     for b, p in live:
         b.offset = cursor
         cursor = _align(cursor + len(p))
-    head = _finish(model_t, 65536)
+    head = _finish(mb.pack, 65536)
     if len(head) != len(first):
         raise ConversionError("internal: flatbuffer length changed while placing external buffers")
     pieces, position = [head], len(head)
