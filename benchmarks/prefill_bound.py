@@ -20,7 +20,8 @@ and Qwen3 configs, same seeded weights for every file), timed in LiteRT:
 - skeleton none / last: only the matrix products of the prefill (every projection of every
   layer on all rows; of the last layer only keys and values, plus with "last" its query,
   output and MLP projections and the LM head on the last row), chained by additions and
-  one product: a floor that no kernel outside the matrix products can go under.
+  one product: the prefill's time if everything else (norms, rotary embedding, attention
+  over the cache, the cache writes) were free.
 
 The bound: the "none" ratio plus the head and layer rows' ratios (the standalone models
 hold their weights warm in cache between invokes, so this underestimates what the work
