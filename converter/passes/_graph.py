@@ -59,7 +59,7 @@ def transpose_perm(op: Op) -> list[int] | None:
     p = op.inputs[1] if len(op.inputs) > 1 else None
     if p is None or not p.is_const:
         return None
-    return [int(v) for v in np.asarray(p.data).reshape(-1)]
+    return np.asarray(p.data).reshape(-1).tolist()
 
 
 class Uses:
@@ -233,7 +233,7 @@ def _may_replace_output(graph: Graph, out: Tensor, replacement: Tensor) -> bool:
 
 def insert_after(graph: Graph, anchor: Op, new_ops: list[Op]) -> None:
     """Insert `new_ops` right after `anchor` (keeps the op list topological)."""
-    i = next(k for k, op in enumerate(graph.ops) if op is anchor)
+    i = graph.ops.index(anchor)  # by identity (Op has eq=False)
     graph.ops[i + 1 : i + 1] = new_ops
 
 
@@ -258,6 +258,14 @@ def restore(graph: Graph, state) -> None:
     graph.ops, graph.outputs = ops, outputs
     for op, opcode, inputs, outs, options in op_states:
         op.opcode, op.inputs, op.outputs, op.options = opcode, inputs, outs, options
+
+
+def inverse_perm(perm) -> list[int]:
+    """The permutation that undoes `perm`."""
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return inverse
 
 
 def opcode_histogram(graph: Graph) -> dict[str, int]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ._graph import inverse_perm
+
 
 @dataclass(frozen=True)
 class ReshapeFirst:
@@ -96,7 +98,7 @@ def _place_unit_dims(o_shape, w_labels: list[int], reader_perm) -> tuple[tuple[i
         # Take w = TRANSPOSE(o, reader_perm) if its non-unit dims come in w's order.
         seen = [q for q in reader_perm if o_shape[q] != 1]
         if seen == w_labels:
-            post = [int(i) for i in _inverse(reader_perm)]
+            post = inverse_perm(reader_perm)
             return tuple(o_shape[q] for q in reader_perm), post
     # Otherwise size-1 dims keep their index, non-unit slots are filled in w's order.
     slots = [i for i in range(rank) if o_shape[i] != 1]
@@ -106,10 +108,3 @@ def _place_unit_dims(o_shape, w_labels: list[int], reader_perm) -> tuple[tuple[i
     for label, slot in w_of_o.items():
         w_shape[slot] = o_shape[label]
     return tuple(w_shape), post
-
-
-def _inverse(perm: Sequence[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv

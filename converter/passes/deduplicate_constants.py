@@ -51,15 +51,20 @@ def _equal(a: Tensor, b: Tensor) -> bool:
 
 def _share_constants(graph: Graph) -> None:
     canonical: dict = {}  # key -> the distinct constants with that key
+    shared: dict[int, Tensor] = {}  # constant id -> the one it is shared as (keyed once, read by many)
     for op in graph.ops:
         for i, t in enumerate(op.inputs):
             if t is None or not t.is_const or t.is_variable:
                 continue
-            same_key = canonical.setdefault(_constant_key(t), [])
-            first = next((c for c in same_key if _equal(c, t)), None)
+            first = shared.get(t.id)
             if first is None:
-                same_key.append(t)
-            elif first is not t:
+                same_key = canonical.setdefault(_constant_key(t), [])
+                first = next((c for c in same_key if _equal(c, t)), None)
+                if first is None:
+                    same_key.append(t)
+                    first = t
+                shared[t.id] = first
+            if first is not t:
                 op.inputs[i] = first
 
 
@@ -76,21 +81,29 @@ def _output_key(t: Tensor):
     return (t.dtype.str, t.shape, t.shape_signature, quant)
 
 
+def _rest_key(op: Op):
+    """What else two ops on the same inputs must agree on: options and output types."""
+    return _options_key(op.options), tuple(_output_key(t) for t in op.outputs)
+
+
 def _merge_identical_ops(uses: Uses) -> bool:
     graph = uses.graph
     outputs = {t.id for t in graph.outputs}
+    # (opcode, input ids) -> the first op reading them; once a second op comes, a dict
+    # {(options, output types): first op with them} (most ops share their inputs with
+    # none: their options are never keyed).
     seen: dict = {}
     changed = False
     for op in list(graph.ops):
         if op.opcode in SIDE_EFFECT_OPS or any(t.id in outputs or t.is_variable for t in op.outputs):
             continue
-        key = (
-            op.opcode,
-            tuple(None if t is None else t.id for t in op.inputs),
-            _options_key(op.options),
-            tuple(_output_key(t) for t in op.outputs),
-        )
-        first: Op | None = seen.setdefault(key, op)
+        inputs_key = (op.opcode, tuple(None if t is None else t.id for t in op.inputs))
+        same_inputs = seen.setdefault(inputs_key, op)
+        if same_inputs is op:
+            continue
+        if isinstance(same_inputs, Op):
+            same_inputs = seen[inputs_key] = {_rest_key(same_inputs): same_inputs}
+        first = same_inputs.setdefault(_rest_key(op), op)
         if first is op:
             continue
         for old, new in zip(op.outputs, first.outputs):

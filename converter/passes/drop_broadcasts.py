@@ -29,9 +29,12 @@ BROADCASTING = {
 
 def drop_broadcasts(graph: Graph) -> Graph:
     """Rewire broadcasting binary ops from a BROADCAST_TO's output to its input."""
-    uses = Uses(graph)
+    uses = None  # built at the first BROADCAST_TO
     for op in graph.ops:
-        if op.opcode != "BROADCAST_TO" or uses.is_output(op.outputs[0]):
+        if op.opcode != "BROADCAST_TO":
+            continue
+        uses = uses or Uses(graph)
+        if uses.is_output(op.outputs[0]):
             continue
         x, y = op.inputs[0], op.outputs[0]
         if x.quant is not None or x.is_dynamic or y.is_dynamic:

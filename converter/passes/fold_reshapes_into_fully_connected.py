@@ -23,10 +23,11 @@ from ._graph import Uses
 
 def fold_reshapes_into_fully_connected(graph: Graph) -> Graph:
     """Remove flatten/unflatten RESHAPE pairs around FULLY_CONNECTED ops (in place)."""
-    uses = Uses(graph)
+    uses = None  # built at the first candidate
     for fc in list(graph.ops):
         if fc.opcode != "FULLY_CONNECTED" or fc.options.get("keepNumDims") or len(fc.outputs) != 1:
             continue
+        uses = uses or Uses(graph)
         flatten = uses.produced_by(fc.inputs[0], "RESHAPE")
         unflatten = uses.only_consumer(fc.outputs[0])
         if flatten is None or unflatten is None or unflatten.opcode != "RESHAPE":

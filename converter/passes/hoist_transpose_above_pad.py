@@ -23,10 +23,11 @@ from ._graph import Uses, const, fresh_name, transpose_perm
 
 def hoist_transpose_above_pad(graph: Graph) -> Graph:
     """Swap PAD -> TRANSPOSE pairs to TRANSPOSE -> PAD (in place); returns the graph."""
-    uses = Uses(graph)
+    uses = None  # built at the first candidate
     for i, pad in enumerate(graph.ops):
         if pad.opcode not in ("PAD", "PADV2") or not pad.inputs[1].is_const or pad.inputs[0].is_dynamic:
             continue
+        uses = uses or Uses(graph)
         transpose = uses.only_consumer(pad.outputs[0])
         perm = transpose_perm(transpose) if transpose is not None and transpose.opcode == "TRANSPOSE" else None
         if perm is None or transpose.inputs[0] is not pad.outputs[0]:

@@ -43,7 +43,6 @@ def sink_row_slices(graph: Graph) -> Graph:
     moved = True
     while moved:
         moved = False
-        uses.resync()  # (readers in graph order: which same-rows slice is reused)
         for op in list(graph.ops):
             if op.opcode == "STRIDED_SLICE" and _sink_once(graph, uses, op):
                 moved = True
@@ -165,9 +164,10 @@ def _sink_once(graph: Graph, uses: Uses, slice_op: Op) -> bool:
             same = [c for c in uses.consumers(t) if c.opcode == "STRIDED_SLICE" and c.inputs[0] is t]
             same = [c for c in same if c is not slice_op and _row_slice(c) == (ax, begin, end)]
             if same:
-                if position[id(same[0])] > position[id(producer)]:
-                    new_ops.append(same[0])  # moved up (only its input, t, must come before it)
-                sliced[key] = same[0].outputs[0]
+                first = min(same, key=lambda c: position[id(c)])
+                if position[id(first)] > position[id(producer)]:
+                    new_ops.append(first)  # moved up (only its input, t, must come before it)
+                sliced[key] = first.outputs[0]
             else:
                 sliced[key] = _slice(t, ax, begin, end, new_ops, slice_op, uses)
         uses.set_input(producer, i, sliced[key])
@@ -178,7 +178,7 @@ def _sink_once(graph: Graph, uses: Uses, slice_op: Op) -> bool:
     uses.set_output(producer, 0, out)
     moved = {id(op) for op in new_ops}
     graph.ops = [op for op in graph.ops if id(op) not in moved]
-    index = next(k for k, op in enumerate(graph.ops) if op is producer)
+    index = graph.ops.index(producer)  # by identity (Op has eq=False)
     graph.ops[index:index] = new_ops
     return True
 

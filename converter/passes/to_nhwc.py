@@ -30,7 +30,17 @@ import numpy as np
 from common.tflite_schema import BROADCASTING, LAST_AXIS, PADS, REDUCTIONS, UNARY
 from converter.ir import Graph, Op, QuantParams, Tensor
 
-from ._graph import Uses, fresh_name, insert_after, int32_const, remove_ops, restore, snapshot, transpose_perm
+from ._graph import (
+    Uses,
+    fresh_name,
+    insert_after,
+    int32_const,
+    inverse_perm,
+    remove_ops,
+    restore,
+    snapshot,
+    transpose_perm,
+)
 from ._reshape_layout import reshape_first
 from .simplify_reshapes import simplify_reshapes
 
@@ -76,10 +86,6 @@ def _sweep(uses: Uses, allow_fan_out: bool) -> bool:
 
 def _transpose_count(graph: Graph) -> int:
     return sum(op.opcode == "TRANSPOSE" and not op.inputs[0].is_const for op in graph.ops)
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    return [int(i) for i in np.argsort(perm)]
 
 
 def _drop_unused(op: Op, uses: Uses) -> bool:
@@ -212,7 +218,7 @@ def _rewriter(
             back = perm if out_perms is None else out_perms[i]
             if back == list(range(len(back))):
                 continue  # the output already is in the original layout
-            inner = _transposed_tensor(out, _inverse(back))
+            inner = _transposed_tensor(out, inverse_perm(back))
             uses.set_output(op, i, inner)
             restore_op = Op("TRANSPOSE", [inner, int32_const(back, "perm")], [out], source=op.source)
             uses.add(restore_op)
@@ -235,7 +241,7 @@ def _plan_broadcasting(op, perm, uses) -> Rewrite | None:
     """Elementwise n-ary ops and CONCATENATION: every operand must come in the same
     layout: constants are transposed here; other tensors must be TRANSPOSE(_, perm)."""
     rank = len(perm)
-    inv = _inverse(perm)
+    inv = inverse_perm(perm)
     if any(len(o.shape) != rank for o in op.outputs):
         return None
     new_inputs: dict[int, Tensor] = {}
@@ -293,7 +299,7 @@ def _plan_pad(op, y, perm, uses) -> Rewrite | None:
     if any(t is y for t in op.inputs[1:]):
         return None
     data = np.asarray(pads.data)
-    moved = np.ascontiguousarray(data[_inverse(perm)])
+    moved = np.ascontiguousarray(data[inverse_perm(perm)])
     new = Tensor(fresh_name(pads.name), moved.shape, pads.dtype, data=moved)
     return _rewriter(uses, op, perm, {0: _source(y, uses), 1: new}, {})
 
@@ -301,7 +307,7 @@ def _plan_pad(op, y, perm, uses) -> Rewrite | None:
 def _permuted_const(t: Tensor, perm: list[int]) -> Tensor:
     """A 1-D constant whose entry perm[i] is entry i of `t` (per-axis vectors)."""
     data = np.asarray(t.data).reshape(-1)
-    moved = np.ascontiguousarray(data[_inverse(perm)])
+    moved = np.ascontiguousarray(data[inverse_perm(perm)])
     return Tensor(fresh_name(t.name), moved.shape, t.dtype, data=moved)
 
 
