@@ -74,12 +74,23 @@ def _on_cpu(t: torch.Tensor) -> bool:
     return t.device.type in ("cpu", "meta")
 
 
-def cpu_view(module: torch.nn.Module) -> torch.nn.Module:
-    """`module` itself when every parameter and buffer is on CPU; otherwise a deep copy
-    whose tensors are CPU copies (tied weights stay tied: the copy is keyed by identity,
-    so device tensors are never deep-copied through their own backend)."""
-    tensors = list(module.parameters()) + list(module.buffers())
-    if all(_on_cpu(t) for t in tensors):
+def module_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of `module`, each once (tied weights), in one walk over
+    its submodules (`parameters()` and `buffers()` would walk them twice)."""
+    tensors: dict[int, torch.Tensor] = {}
+    for m in module.modules():
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None:
+                tensors.setdefault(id(t), t)
+    return list(tensors.values())
+
+
+def cpu_view(module: torch.nn.Module, tensors: list[torch.Tensor] | None = None) -> torch.nn.Module:
+    """`module` itself when every parameter and buffer (`tensors`, if already listed by
+    `module_tensors`) is on CPU; otherwise a deep copy whose tensors are CPU copies (tied
+    weights stay tied: the copy is keyed by identity, so device tensors are never
+    deep-copied through their own backend)."""
+    if all(_on_cpu(t) for t in (module_tensors(module) if tensors is None else tensors)):
         return module
     memo: dict[int, Any] = {}
     for p in module.parameters():
@@ -124,11 +135,13 @@ def export_module(
     dynamic_shapes=None,
     strict_export: bool = False,
     eval_mode: bool = True,
+    tensors: list[torch.Tensor] | None = None,
 ) -> ExportedProgram:
-    """`torch.export.export` of a CPU, (by default) eval-mode view of `module`."""
+    """`torch.export.export` of a CPU, (by default) eval-mode view of `module` (`tensors`:
+    its `module_tensors`, when the caller has them)."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() expects a torch.nn.Module, got {type(module).__name__}")
-    target = cpu_view(module)
+    target = cpu_view(module, tensors)
     modes = {m: m.training for m in target.modules()}
     if eval_mode:
         target.eval()
@@ -316,7 +329,9 @@ def _constant(name: str, value) -> ir.Tensor:
         value = value.data
     if not isinstance(value, torch.Tensor):
         raise ConversionError(f"constant '{name}' is a {type(value).__name__}; only tensors can be stored in the model")
-    t = value.detach().to("cpu")
+    t = value.detach() if value.requires_grad else value  # (detach and a no-op .to cost per weight)
+    if t.device.type != "cpu":
+        t = t.to("cpu")
     if t.dtype == torch.bfloat16:
         t = t.float()  # TFLite computes bf16 graphs in float32 (see lowering.context)
     data = np.asarray(t.contiguous().numpy(), order="C")  # (np.ascontiguousarray would make 0-d 1-d)
@@ -692,13 +707,20 @@ def convert_module(
     progress: Progress | None = None,
     run_passes: bool = True,
     name: str = "serving_default",
+    tensors: list[torch.Tensor] | None = None,
 ) -> ir.Model:
     """nn.Module + sample inputs -> optimized IR Model (one graph, named `name`: the
-    SignatureDef key)."""
+    SignatureDef key; `tensors`: the module's `module_tensors`, when the caller has them)."""
     progress = progress or Progress(False)
     with progress.stage("export", type(module).__name__):
         program = export_module(
-            module, args, kwargs, dynamic_shapes=dynamic_shapes, strict_export=strict_export, eval_mode=eval_mode
+            module,
+            args,
+            kwargs,
+            dynamic_shapes=dynamic_shapes,
+            strict_export=strict_export,
+            eval_mode=eval_mode,
+            tensors=tensors,
         )
     blocker = direct_lowering_blocker(program)
     if blocker is None:
