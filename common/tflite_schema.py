@@ -73,7 +73,35 @@ def enum_max(enum: str) -> int:
     return max(_members(getattr(schema, enum)).values())
 
 
+# The largest tensor (in bytes) a model may declare: beyond it, size arithmetic in the
+# runtime overflows.
+MAX_TENSOR_BYTES = 2**62
+
+
 # ---- named op groups ---------------------------------------------------------------------
+
+# Builtins whose kernels accept -1 ("no tensor") for some inputs after the first (a bias,
+# LSTM peepholes, auxiliary inputs...). Anywhere else, -1 reaches kernels that dereference
+# it: a SignatureRunner segfaults allocating a TANH whose input is -1 (ai-edge-litert 2.3.0).
+OPTIONAL_INPUT_OPS = frozenset(
+    {
+        "FULLY_CONNECTED",
+        "CONV_2D",
+        "DEPTHWISE_CONV_2D",
+        "TRANSPOSE_CONV",
+        "CONV_3D",
+        "CONV_3D_TRANSPOSE",
+        "LSTM",
+        "UNIDIRECTIONAL_SEQUENCE_LSTM",
+        "BIDIRECTIONAL_SEQUENCE_LSTM",
+        "BIDIRECTIONAL_SEQUENCE_RNN",
+        "UNIDIRECTIONAL_SEQUENCE_RNN",
+        "RNN",
+        "SVDF",
+        "LSH_PROJECTION",
+        "CUSTOM",
+    }
+)
 
 # out = f(x) elementwise; the op's other inputs (if any) are not tensors in the layout.
 UNARY = frozenset(

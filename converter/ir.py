@@ -164,8 +164,8 @@ class Tensor:
         is_variable: bool = False,
     ):
         self.name = name
-        self.shape = tuple(int(d) for d in shape)
-        self.dtype = np.dtype(dtype)
+        self.shape = tuple(map(int, shape))
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self._constant = data
         self.shape_signature = shape_signature
         self.quant = quant

@@ -50,8 +50,9 @@ def _dtype(op: Op, i: int, outputs: bool = False) -> np.dtype | None:
 
 
 def _is(op: Op, i: int, *types, outputs: bool = False) -> bool:
+    """Whether tensor `i` has one of `types`, numpy scalar types (np.int8 ...)."""
     dt = _dtype(op, i, outputs)
-    return dt is not None and any(dt == np.dtype(t) for t in types)
+    return dt is not None and dt.type in types  # (an np.dtype per comparison cost 0.25 ms a model)
 
 
 def _in(op, i, *types):

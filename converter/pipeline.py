@@ -74,12 +74,23 @@ def _on_cpu(t: torch.Tensor) -> bool:
     return t.device.type in ("cpu", "meta")
 
 
-def cpu_view(module: torch.nn.Module) -> torch.nn.Module:
-    """`module` itself when every parameter and buffer is on CPU; otherwise a deep copy
-    whose tensors are CPU copies (tied weights stay tied: the copy is keyed by identity,
-    so device tensors are never deep-copied through their own backend)."""
-    tensors = list(module.parameters()) + list(module.buffers())
-    if all(_on_cpu(t) for t in tensors):
+def module_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of `module`, each once (tied weights), in one walk over
+    its submodules (`parameters()` and `buffers()` would walk them twice)."""
+    tensors: dict[int, torch.Tensor] = {}
+    for m in module.modules():
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None:
+                tensors.setdefault(id(t), t)
+    return list(tensors.values())
+
+
+def cpu_view(module: torch.nn.Module, tensors: list[torch.Tensor] | None = None) -> torch.nn.Module:
+    """`module` itself when every parameter and buffer (`tensors`, if already listed by
+    `module_tensors`) is on CPU; otherwise a deep copy whose tensors are CPU copies (tied
+    weights stay tied: the copy is keyed by identity, so device tensors are never
+    deep-copied through their own backend)."""
+    if all(_on_cpu(t) for t in (module_tensors(module) if tensors is None else tensors)):
         return module
     memo: dict[int, Any] = {}
     for p in module.parameters():
@@ -124,11 +135,13 @@ def export_module(
     dynamic_shapes=None,
     strict_export: bool = False,
     eval_mode: bool = True,
+    tensors: list[torch.Tensor] | None = None,
 ) -> ExportedProgram:
-    """`torch.export.export` of a CPU, (by default) eval-mode view of `module`."""
+    """`torch.export.export` of a CPU, (by default) eval-mode view of `module` (`tensors`:
+    its `module_tensors`, when the caller has them)."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() expects a torch.nn.Module, got {type(module).__name__}")
-    target = cpu_view(module)
+    target = cpu_view(module, tensors)
     modes = {m: m.training for m in target.modules()}
     if eval_mode:
         target.eval()
@@ -214,8 +227,12 @@ def user_source(node: torch.fx.Node) -> str | None:
     torch, the standard library and this project: the line that made the op (for a
     transformers model, the line in its modeling_*.py). With LITERT_TORCH_SOURCE_CHAIN=1,
     every such frame, outermost first, joined by " -> "."""
-    chain = os.environ.get("LITERT_TORCH_SOURCE_CHAIN", "") not in ("", "0")
-    return _source_of(node.meta.get("stack_trace") or "", chain, os.getcwd())
+    return _source_of(node.meta.get("stack_trace") or "", *_source_settings())
+
+
+def _source_settings() -> tuple[bool, str]:
+    """What `user_source` reads besides the node: whether to give the chain, and the cwd."""
+    return os.environ.get("LITERT_TORCH_SOURCE_CHAIN", "") not in ("", "0"), os.getcwd()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -312,7 +329,9 @@ def _constant(name: str, value) -> ir.Tensor:
         value = value.data
     if not isinstance(value, torch.Tensor):
         raise ConversionError(f"constant '{name}' is a {type(value).__name__}; only tensors can be stored in the model")
-    t = value.detach().to("cpu")
+    t = value.detach() if value.requires_grad else value  # (detach and a no-op .to cost per weight)
+    if t.device.type != "cpu":
+        t = t.to("cpu")
     if t.dtype == torch.bfloat16:
         t = t.float()  # TFLite computes bf16 graphs in float32 (see lowering.context)
     data = np.asarray(t.contiguous().numpy(), order="C")  # (np.ascontiguousarray would make 0-d 1-d)
@@ -386,6 +405,7 @@ class _GraphWalk:
         self.graph, self.ctx = graph, ctx
         self.unsupported: dict[str, UnsupportedOp] = {}
         self._traces: dict[Any, torch.fx.GraphModule] = {}  # decompositions of equal static calls, traced once
+        self._source_settings = _source_settings()  # (read once: getcwd per node is a cost)
 
     def record_unsupported(self, node, source: str | None, reason: str | None = None, target=None):
         name = _op_name(target if target is not None else node.target)
@@ -401,8 +421,9 @@ class _GraphWalk:
         came from (its source line and module path are the user's)."""
         origin = origin or node
         args = _map_args(node.args, env)
+        # A value is missing only after an op was reported unsupported: skip the checks till then.
         if node.target is operator.getitem:
-            env[node] = _MISSING if _contains_missing(args[0]) else args[0][args[1]]
+            env[node] = _MISSING if self.unsupported and _contains_missing(args[0]) else args[0][args[1]]
             return
         kwargs = _map_args(node.kwargs, env)
         target = decompositions.functional_variant(node.target)
@@ -412,8 +433,8 @@ class _GraphWalk:
                 "that needs functionalization"
             )
         lowering = find_lowering(target)
-        source = user_source(origin)
-        if _contains_missing((args, kwargs)):
+        source = _source_of(origin.meta.get("stack_trace") or "", *self._source_settings)
+        if self.unsupported and _contains_missing((args, kwargs)):
             # An input could not be lowered (already reported); still report this op if
             # nothing could ever lower it.
             if lowering is None and decompositions.decomposition_for(target) is None:
@@ -437,7 +458,7 @@ class _GraphWalk:
                 ) from e
             else:
                 _tag_module(self.graph.ops[first_new_op:], origin)
-                self._set(node, value, env)
+                self._set(node, target, value, env)
                 return
         if depth < _MAX_DECOMPOSITION_DEPTH and decompositions.decomposition_for(target) is not None:
             try:
@@ -445,14 +466,14 @@ class _GraphWalk:
             except Exception as e:  # noqa: BLE001  (the decomposition refused these arguments)
                 reason = f"its decomposition failed: {type(e).__name__}: {str(e).strip()[:200]}"
             else:
-                self._set(node, self._lower_decomposition(node, traced, env, origin, depth), env)
+                self._set(node, target, self._lower_decomposition(node, traced, env, origin, depth), env)
                 return
         self.record_unsupported(node, source, reason, target=target)
         env[node] = _MISSING
 
-    def _set(self, node: torch.fx.Node, value, env: dict) -> None:
+    def _set(self, node: torch.fx.Node, target, value, env: dict) -> None:
         env[node] = value
-        if node.target is not decompositions.functional_variant(node.target):
+        if node.target is not target:
             env[node.args[0]] = value  # in place: later reads of the written tensor see the new value
 
     def _lower_decomposition(self, node: torch.fx.Node, traced: torch.fx.GraphModule, env: dict, origin, depth: int):
@@ -472,7 +493,7 @@ class _GraphWalk:
                 self.lower_node(sub, inner, origin, depth + 1)
             elif sub.op == "output":
                 result = _map_args(sub.args[0], inner)
-        return _MISSING if _contains_missing(result) else result
+        return _MISSING if self.unsupported and _contains_missing(result) else result
 
     def _trace(self, node: torch.fx.Node, target) -> torch.fx.GraphModule:
         key = _static_call_key(target, node)
@@ -556,9 +577,10 @@ def _mutation_blocker(graph: torch.fx.Graph) -> str | None:
         for i in _aliased_arguments(node.target):
             if i < len(node.args) and isinstance(node.args[i], torch.fx.Node):
                 union(node, node.args[i])
-        if decompositions.functional_variant(node.target) is None:
+        functional = decompositions.functional_variant(node.target)
+        if functional is None:
             return f"{node.target} writes into an argument"
-        if decompositions.functional_variant(node.target) is not node.target:
+        if functional is not node.target:
             if not isinstance(node.args[0], torch.fx.Node):
                 return f"{node.target} writes into a constant"
             writes.append(node)
@@ -685,13 +707,20 @@ def convert_module(
     progress: Progress | None = None,
     run_passes: bool = True,
     name: str = "serving_default",
+    tensors: list[torch.Tensor] | None = None,
 ) -> ir.Model:
     """nn.Module + sample inputs -> optimized IR Model (one graph, named `name`: the
-    SignatureDef key)."""
+    SignatureDef key; `tensors`: the module's `module_tensors`, when the caller has them)."""
     progress = progress or Progress(False)
     with progress.stage("export", type(module).__name__):
         program = export_module(
-            module, args, kwargs, dynamic_shapes=dynamic_shapes, strict_export=strict_export, eval_mode=eval_mode
+            module,
+            args,
+            kwargs,
+            dynamic_shapes=dynamic_shapes,
+            strict_export=strict_export,
+            eval_mode=eval_mode,
+            tensors=tensors,
         )
     blocker = direct_lowering_blocker(program)
     if blocker is None:

@@ -30,6 +30,7 @@ the schema:
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import struct
 import sys
@@ -42,7 +43,7 @@ import flatbuffers.packer
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from common.tflite_schema import BUILTIN_CODES, DTYPE_TYPE_CODES
+from common.tflite_schema import BUILTIN_CODES, DTYPE_TYPE_CODES, MAX_TENSOR_BYTES, OPTIONAL_INPUT_OPS
 from converter import ir
 from converter.errors import ConversionError
 from converter.op_versions import min_runtime_version, op_version
@@ -297,10 +298,17 @@ def _check_tensor(t: Any, what: str) -> None:
             f"{what}: tensor %{t.name} has a negative dimension in its shape "
             f"{t.shape}; put -1 in shape_signature instead"
         )
-    if t.shape_signature is not None and len(t.shape_signature) != len(t.shape):
+    if t.shape_signature is not None and (
+        len(t.shape_signature) != len(t.shape) or any(d < -1 for d in t.shape_signature)
+    ):
         raise ConversionError(
-            f"{what}: tensor %{t.name} has shape {t.shape} but shape_signature {t.shape_signature} of another rank"
+            f"{what}: tensor %{t.name} has shape {t.shape} but shape_signature {t.shape_signature}: "
+            "of another rank, or a dimension below -1 (-1 marks a dynamic one)"
         )
+    if math.prod(t.shape) * t.dtype.itemsize > MAX_TENSOR_BYTES:
+        raise ConversionError(f"{what}: tensor %{t.name} of shape {t.shape} is larger than any runtime can address")
+    if t.quant is not None and not t.quant.block_size:
+        _check_quantization(t, what)
     constant = t.constant
     if constant is not None:
         if not isinstance(constant, (np.ndarray, ir.LazyConstant)):
@@ -312,6 +320,19 @@ def _check_tensor(t: Any, what: str) -> None:
             )
 
 
+def _check_quantization(t: ir.Tensor, what: str) -> None:
+    scales, zero_points = np.size(t.quant.scale), np.size(t.quant.zero_point)
+    if scales > 1 and not (0 <= t.quant.axis < len(t.shape) and t.shape[t.quant.axis] == scales):
+        raise ConversionError(
+            f"{what}: tensor %{t.name} of shape {t.shape} has {scales} quantization scales along "
+            f"axis {t.quant.axis}; per-channel scales need one per element of that axis"
+        )
+    if zero_points != scales:
+        raise ConversionError(
+            f"{what}: tensor %{t.name} has {scales} quantization scales but {zero_points} zero points"
+        )
+
+
 def validate(model: ir.Model) -> list[list[tuple[int, Any]]]:
     """Raise ConversionError naming the first malformed graph, op, tensor or option.
     Returns each op's (BuiltinOptions type, options table), by graph, for the writer."""
@@ -320,12 +341,19 @@ def validate(model: ir.Model) -> list[list[tuple[int, Any]]]:
     keys = [g.name for g in model.graphs]
     if len(set(keys)) != len(keys):
         raise ConversionError(f"signature names must be unique, got {keys}")
+    checked: set[int] = set()  # each tensor is checked where it is first seen
+
+    def check(t: Any, what: str) -> None:
+        if not (isinstance(t, ir.Tensor) and t.id in checked):
+            _check_tensor(t, what)
+            checked.add(t.id)
+
     options = []
     for graph in model.graphs:
         options.append([])
         available: set[int] = set()
         for i, t in enumerate(graph.inputs):
-            _check_tensor(t, f"graph '{graph.name}' input {i}")
+            check(t, f"graph '{graph.name}' input {i}")
             available.add(t.id)
         for n, names in (("input", graph.input_names), ("output", graph.output_names)):
             tensors = graph.inputs if n == "input" else graph.outputs
@@ -339,21 +367,23 @@ def validate(model: ir.Model) -> list[list[tuple[int, Any]]]:
                 raise ConversionError(f"{where}: the op has no outputs")
             for k, t in enumerate(op.inputs):
                 if t is None:
+                    if k == 0 or op.opcode not in OPTIONAL_INPUT_OPS:  # its kernel would read tensor -1
+                        raise ConversionError(f"{where}: input {k} is None (no tensor), which {op.opcode} cannot take")
                     continue
-                _check_tensor(t, f"{where}, input {k}")
+                check(t, f"{where}, input {k}")
                 if not t.is_const and not t.is_variable and t.id not in available:
                     raise ConversionError(
                         f"{where}: input {k} %{t.name} is not a graph input, a constant or the "
                         f"output of an earlier op (ops must be in topological order)"
                     )
             for k, t in enumerate(op.outputs):
-                _check_tensor(t, f"{where}, output {k}")
+                check(t, f"{where}, output {k}")
                 if t.is_const:
                     raise ConversionError(f"{where}: output {k} %{t.name} is a constant")
                 available.add(t.id)
             options[-1].append(_build_options(op, where))  # raises on an unknown field or enum value
         for i, t in enumerate(graph.outputs):
-            _check_tensor(t, f"graph '{graph.name}' output {i}")
+            check(t, f"graph '{graph.name}' output {i}")
             if not t.is_const and t.id not in available:
                 raise ConversionError(f"graph '{graph.name}' output {i} %{t.name} is never produced")
     return options

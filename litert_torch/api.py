@@ -10,7 +10,7 @@ import torch
 
 from converter import ir
 from converter.errors import ConversionError
-from converter.pipeline import convert_module
+from converter.pipeline import convert_module, module_tensors
 from converter.progress import Progress
 from converter.writer import write_flatbuffer_parts
 from litert_torch.edge_model import EdgeModel
@@ -54,21 +54,15 @@ def _name_outputs(graph: ir.Graph, spec: SignatureSpec) -> None:
     graph.output_names = names
 
 
-def _warn_if_bfloat16(spec: SignatureSpec) -> None:
+def _warn_if_bfloat16(spec: SignatureSpec, weights: list[torch.Tensor]) -> None:
     """LiteRT has no bfloat16 kernels: bf16 weights and inputs are stored and computed as
     float32 (twice the bytes, float32 numbers). Say so rather than surprise the user."""
-    if not isinstance(spec.module, torch.nn.Module):
-        return  # export_module says what is wrong with it
-    tensors = (
-        list(spec.module.parameters())
-        + list(spec.module.buffers())
-        + [
-            t
-            for t in torch.utils._pytree.tree_leaves((spec.sample_args, spec.sample_kwargs or {}))
-            if isinstance(t, torch.Tensor)
-        ]
-    )
-    if any(t.dtype == torch.bfloat16 for t in tensors):
+    inputs = [
+        t
+        for t in torch.utils._pytree.tree_leaves((spec.sample_args, spec.sample_kwargs or {}))
+        if isinstance(t, torch.Tensor)
+    ]
+    if any(t.dtype == torch.bfloat16 for t in weights + inputs):
         warnings.warn(
             f"signature '{spec.name}': the model has bfloat16 weights or inputs; LiteRT has no bfloat16 "
             "kernels, so the file stores and computes them in float32 (inputs and outputs are float32). "
@@ -79,12 +73,13 @@ def _warn_if_bfloat16(spec: SignatureSpec) -> None:
 
 
 def check_prepares(content: bytes, model: ir.Model) -> None:
-    """Raise ConversionError unless LiteRT (default delegate) can prepare the written model,
-    naming the op it refused and the user's source line that made it."""
+    """Raise ConversionError unless LiteRT (default delegate) can prepare `content`, the
+    file `converter.writer` wrote from `model`, naming the op it refused and the user's
+    source line that made it."""
     from runtimes.litert import PrepareError, prepare_model
 
     try:
-        prepare_model(content)
+        prepare_model(content, verify=False)  # the writer's validate refused what the verifier would
     except PrepareError as e:
         where = ""
         if (
@@ -193,7 +188,9 @@ def convert_signatures(
     stages = Progress(progress)
     graphs = []
     for spec in specs:
-        _warn_if_bfloat16(spec)
+        # (not a module: export_module says what is wrong with it)
+        tensors = module_tensors(spec.module) if isinstance(spec.module, torch.nn.Module) else None
+        _warn_if_bfloat16(spec, tensors or [])
         part = convert_module(
             spec.module,
             spec.sample_args,
@@ -203,6 +200,7 @@ def convert_signatures(
             eval_mode=eval_mode,
             progress=stages,
             name=spec.name,
+            tensors=tensors,
         )
         if spec.output_names is not None:
             _name_outputs(part.graphs[0], spec)

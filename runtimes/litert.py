@@ -211,7 +211,7 @@ def _tensor_shape(wrapper, index: int, subgraph: int) -> tuple[int, ...] | None:
         return None
 
 
-def prepare_model(model_content: bytes) -> None:
+def prepare_model(model_content: bytes, *, verify: bool = True) -> None:
     """Check that LiteRT can load and prepare `model_content`: every signature's tensors
     allocated as a user's interpreter would. No inputs are fed and nothing runs.
 
@@ -221,10 +221,15 @@ def prepare_model(model_content: bytes) -> None:
     every weight (0.3 s on ResNet-50, half of a torch.export), is skipped. Otherwise
     XNNPACK prepares too, because it trusts stored shapes the builtin kernels recompute
     (RESHAPE's output), and its refusal is the error.
-    Raises PrepareError locating the op that failed."""
-    from runtimes.verify import verify_model
+    Raises PrepareError locating the op that failed.
 
-    verify_model(model_content)  # some malformed files crash the interpreter instead of raising
+    `verify=False` skips `runtimes.verify` (most of this check's time on small models), for
+    files our writer just wrote: `converter.writer` builds every offset and index itself
+    and its `validate` refuses each IR that would write what the verifier refuses."""
+    if verify:
+        from runtimes.verify import verify_model
+
+        verify_model(model_content)  # some malformed files crash the interpreter instead of raising
     mismatches = _prepare_all(model_content, use_xnnpack=False)
     if not mismatches:
         return

@@ -53,27 +53,6 @@ _ELEMENT_BITS = {
     21: 8,
     22: 8,
 }
-_MAX_TENSOR_BYTES = 2**62  # beyond this, size arithmetic in the runtime overflows
-# Builtins whose kernels accept -1 ("no tensor") for some inputs (a bias, LSTM peepholes,
-# auxiliary inputs...). Anywhere else, -1 reaches kernels that dereference it: a
-# SignatureRunner segfaults allocating a TANH whose input is -1 (ai-edge-litert 2.3.0).
-_OPTIONAL_INPUT_OPS = (
-    "FULLY_CONNECTED",
-    "CONV_2D",
-    "DEPTHWISE_CONV_2D",
-    "TRANSPOSE_CONV",
-    "CONV_3D",
-    "CONV_3D_TRANSPOSE",
-    "LSTM",
-    "UNIDIRECTIONAL_SEQUENCE_LSTM",
-    "BIDIRECTIONAL_SEQUENCE_LSTM",
-    "BIDIRECTIONAL_SEQUENCE_RNN",
-    "UNIDIRECTIONAL_SEQUENCE_RNN",
-    "RNN",
-    "SVDF",
-    "LSH_PROJECTION",
-    "CUSTOM",
-)
 
 
 class InvalidModelError(ValueError):
@@ -98,7 +77,9 @@ _OPTIONAL_CODES: set[int] | None = None
 def _optional_input_codes() -> set[int]:
     global _OPTIONAL_CODES
     if _OPTIONAL_CODES is None:
-        _OPTIONAL_CODES = _builtin_codes(_OPTIONAL_INPUT_OPS)
+        from common.tflite_schema import OPTIONAL_INPUT_OPS
+
+        _OPTIONAL_CODES = _builtin_codes(OPTIONAL_INPUT_OPS)
     return _OPTIONAL_CODES
 
 
@@ -234,7 +215,9 @@ def _tensor_bytes(shape: np.ndarray, type_code: int, what: str) -> int | None:
     for d in shape.tolist():
         count *= int(d)
     size = (count * bits + 7) // 8  # packed sub-byte types (INT4, INT2) round up
-    if size > _MAX_TENSOR_BYTES:
+    from common.tflite_schema import MAX_TENSOR_BYTES
+
+    if size > MAX_TENSOR_BYTES:
         raise InvalidModelError(f"{what} has shape {shape.tolist()}: {size} bytes, more than any runtime can address")
     return size
 

@@ -23,9 +23,12 @@ TORCH_TO_NUMPY = {
 }
 
 
+_NUMPY_DTYPES = {t: np.dtype(n) for t, n in TORCH_TO_NUMPY.items()}
+
+
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     try:
-        return np.dtype(TORCH_TO_NUMPY[dtype])
+        return _NUMPY_DTYPES[dtype]
     except KeyError:
         raise TypeError(f"dtype {dtype} has no TFLite equivalent") from None
 
@@ -33,6 +36,8 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
 def static_shape(shape: Sequence) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """(sample shape, shape signature or None) of a possibly symbolic torch shape.
     Symbolic dimensions become -1 in the signature and their hint in the sample shape."""
+    if all(type(d) is int for d in shape):  # the common, static case
+        return tuple(shape), None
     sample, signature, dynamic = [], [], False
     for d in shape:
         if isinstance(d, torch.SymInt):
@@ -78,7 +83,7 @@ class LoweringContext:
     def tensor(self, shape, dtype, name: str | None = None, signature=None) -> Tensor:
         """A new activation tensor (not yet produced by any op)."""
         base = name or (self.node.name if self.node is not None else "t")
-        return Tensor(self.unique_name(base), tuple(shape), np.dtype(dtype), shape_signature=signature)
+        return Tensor(self.unique_name(base), shape, dtype, shape_signature=signature)
 
     def const(self, value, dtype=None, name: str | None = None) -> Tensor:
         """A constant tensor holding `value` (array-like, or a `LazyConstant` kept as is)."""
@@ -106,15 +111,14 @@ class LoweringContext:
         explicit `shape` and no `signature`, the output is static.
         """
         outputs = []
+        meta = self.meta if shape is None or dtype is None else None
         for i in range(num_outputs):
+            val = meta if num_outputs == 1 or meta is None else meta[i]
             if shape is None:
-                val = self.meta if num_outputs == 1 else self.meta[i]
                 out_shape, out_sig = static_shape(val.shape)
             else:
                 out_shape, out_sig = tuple(shape), (tuple(signature) if signature is not None else None)
-            out_dtype = (
-                dtype if dtype is not None else (numpy_dtype((self.meta if num_outputs == 1 else self.meta[i]).dtype))
-            )
+            out_dtype = dtype if dtype is not None else numpy_dtype(val.dtype)
             outputs.append(self.tensor(out_shape, out_dtype, signature=out_sig))
         self.graph.ops.append(Op(opcode, list(inputs), outputs, dict(options or {}), self.source))
         return outputs[0] if num_outputs == 1 else outputs

@@ -76,7 +76,12 @@ def unary(ctx, opcode: str, x: Tensor, options=None, dtype=None) -> Tensor:
 
 
 def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
-    return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    shape = []
+    for x, y in _right_aligned(a, b):
+        if x != y and x != 1 and y != 1:
+            return tuple(np.broadcast_shapes(tuple(a), tuple(b)))  # raises numpy's error
+        shape.append(y if x == 1 else x)
+    return tuple(shape)
 
 
 def binary(ctx, opcode: str, a: Tensor, b: Tensor, options=None, dtype=None) -> Tensor:

@@ -380,11 +380,39 @@ def _bad(**changes):
         ({"opcode": "RELU", "options": {"alpha": 1}}, "RELU takes no options"),
         ({"inputs": [f32("orphan", (2,)), f32("orphan2", (2,))]}, "not a graph input, a constant or the output"),
         ({"inputs": ["x", "x"]}, "expected an ir.Tensor"),
+        ({"opcode": "RELU", "inputs": [None]}, "input 0 is None (no tensor), which RELU cannot take"),
+        ({"inputs": [const("c", [1.0, 2.0]), None]}, "input 1 is None (no tensor), which ADD cannot take"),
     ],
 )
 def test_malformed_ir_raises_a_clear_error(changes, message):
     with pytest.raises(ConversionError, match="op #0") as info:
         write_flatbuffer(_bad(**changes))
+    assert message in str(info.value)
+
+
+def _quantized(scale, zero_point, axis=0):
+    data = np.zeros((3, 2), np.int8)
+    return ir.Tensor("q", data.shape, data.dtype, data=data, quant=ir.QuantParams(scale, zero_point, axis))
+
+
+@pytest.mark.parametrize(
+    "tensor, message",
+    [
+        (f32("s", (2,), signature=(-2,)), "a dimension below -1"),
+        (f32("huge", (2**40, 2**30)), "larger than any runtime can address"),
+        (_quantized(np.ones(2), np.zeros(2, np.int64)), "2 quantization scales along axis 0"),
+        (_quantized(np.ones(3), np.zeros(3, np.int64), axis=2), "3 quantization scales along axis 2"),
+        (_quantized(np.ones(3), np.zeros(1, np.int64)), "3 quantization scales but 1 zero points"),
+    ],
+)
+def test_tensor_the_runtime_would_misread_is_rejected(tensor, message):
+    """What the interpreter's checks (runtimes.verify) would refuse in the file, refused in
+    the IR: convert() prepares the file without them."""
+    y = ir.Tensor("y", tensor.shape, tensor.dtype)
+    inputs = [] if tensor.is_const else [tensor]
+    model = ir.Model([ir.Graph(inputs=inputs, outputs=[y], ops=[ir.Op("RELU", [tensor], [y])])])
+    with pytest.raises(ConversionError, match=f"%{tensor.name}") as info:
+        write_flatbuffer(model)
     assert message in str(info.value)
 
 
