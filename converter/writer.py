@@ -203,6 +203,24 @@ class _Builder(flatbuffers.Builder):
             self.Prepend(flags, x)
             self.current_vtable[o] = len(self.Bytes) - self.head
 
+    def PrependUOffsetTRelativeSlot(self, o, x, d):
+        if x != d or self.forceDefaults:
+            self.PrependUOffsetTRelative(x)
+            self.current_vtable[o] = len(self.Bytes) - self.head
+
+    def StartVector(self, elemSize, numElems, alignment):
+        self.nested = True
+        self.vectorNumElems = numElems
+        self.Prep(4, elemSize * numElems)
+        self.Prep(alignment, elemSize * numElems)
+        return len(self.Bytes) - self.head
+
+    def EndVector(self):
+        self.nested = False
+        self.head -= 4
+        _UOFFSET.pack_into(self.Bytes, self.head, self.vectorNumElems)
+        return len(self.Bytes) - self.head
+
     def PrependUOffsetTRelative(self, off):
         self.Prep(4, 0)
         here = len(self.Bytes) - self.head
