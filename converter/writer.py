@@ -168,6 +168,7 @@ class _Builder(flatbuffers.Builder):
     def __init__(self, size: int):
         super().__init__(0)
         self._arena = np.empty(size, np.uint8)
+        _advise_pages(self._arena.ctypes.data, size, huge=False)
         self.Bytes = memoryview(self._arena)  # slice assignment and struct.pack_into work on it
         self.head = size
         self.payloads: list[tuple[int, Payload]] = []
@@ -201,6 +202,24 @@ class _Builder(flatbuffers.Builder):
         if x != d or (self.forceDefaults and d is not None):
             self.Prepend(flags, x)
             self.current_vtable[o] = len(self.Bytes) - self.head
+
+    def PrependUOffsetTRelativeSlot(self, o, x, d):
+        if x != d or self.forceDefaults:
+            self.PrependUOffsetTRelative(x)
+            self.current_vtable[o] = len(self.Bytes) - self.head
+
+    def StartVector(self, elemSize, numElems, alignment):
+        self.nested = True
+        self.vectorNumElems = numElems
+        self.Prep(4, elemSize * numElems)
+        self.Prep(alignment, elemSize * numElems)
+        return len(self.Bytes) - self.head
+
+    def EndVector(self):
+        self.nested = False
+        self.head -= 4
+        _UOFFSET.pack_into(self.Bytes, self.head, self.vectorNumElems)
+        return len(self.Bytes) - self.head
 
     def PrependUOffsetTRelative(self, off):
         self.Prep(4, 0)
@@ -731,28 +750,32 @@ def _new_bytes(size: int) -> tuple[bytes, np.ndarray]:
     or numpy result would cost one more copy of every weight."""
     result = _bytes_from_size(None, size)
     address = np.frombuffer(result, np.uint8).ctypes.data
-    _advise_huge_pages(address, size)
+    _advise_pages(address, size, huge=True)
     return result, np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
 
 
-# Transparent huge pages for large outputs (Linux, where THP is in "madvise" mode by default
-# on many systems): filling a new 100 MB file costs one page fault per 4 KiB page, about
-# 40% of writing ResNet-50; with 2 MiB pages the faults mostly disappear. Advice only: the
-# bytes are the same, and where it is unavailable nothing changes.
+# Transparent huge pages (Linux, where THP is often in "madvise" mode): filling a new
+# 100 MB file costs one page fault per 4 KiB page, about 40% of writing ResNet-50; with
+# 2 MiB pages the faults mostly disappear. The builder's arena is the opposite: only its
+# tail (the structure) and one length word per weight are written, and when it reuses
+# memory advised for an earlier file each of those words zeroes a 2 MiB page (half of
+# ResNet-50's arena was resident). Advice only: the bytes are the same, and where it is
+# unavailable nothing changes.
 _HUGE_PAGE_MIN_BYTES = 8 << 20
 _madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform.startswith("linux") else None
 if _madvise is not None:
     _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
-def _advise_huge_pages(address: int, size: int) -> bool:
+def _advise_pages(address: int, size: int, huge: bool) -> bool:
     """Ask the kernel to back the whole pages of [address, address + size) with huge
-    pages; True when the advice was given (and taken)."""
-    if _madvise is None or size < _HUGE_PAGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+    pages, or never to; True when the advice was given (and taken)."""
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    if _madvise is None or advice is None or size < _HUGE_PAGE_MIN_BYTES:
         return False
     start = _align(address, mmap.PAGESIZE)
     end = (address + size) // mmap.PAGESIZE * mmap.PAGESIZE
-    return _madvise(start, end - start, mmap.MADV_HUGEPAGE) == 0
+    return _madvise(start, end - start, advice) == 0
 
 
 def _finish(pack: Callable[[_Builder], int], size_hint: int) -> bytes:

@@ -206,7 +206,7 @@ def _prepare_all(model_content: bytes, use_xnnpack: bool) -> list[tuple[int, int
 def _tensor_shape(wrapper, index: int, subgraph: int) -> tuple[int, ...] | None:
     """The tensor's current shape (None for one that has none, e.g. an omitted input)."""
     try:
-        return tuple(int(d) for d in wrapper.TensorSize(index, subgraph))
+        return tuple(wrapper.TensorSize(index, subgraph).tolist())  # (per element: 3x slower)
     except ValueError:
         return None
 

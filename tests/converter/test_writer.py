@@ -188,14 +188,14 @@ def test_large_output_on_huge_pages_keeps_its_bytes(monkeypatch):
     x, y = f32("x", (3, 1 << 20)), f32("y", (3, 1 << 20))
     w = const("w", np.random.default_rng(0).standard_normal((3, 1 << 20)))  # 12 MB: advised
     model = one_op_model("ADD", [x, w], y)
-    advise, given = writer._advise_huge_pages, []
-    monkeypatch.setattr(writer, "_advise_huge_pages", lambda address, size: given.append(advise(address, size)))
+    advise, given = writer._advise_pages, []
+    monkeypatch.setattr(writer, "_advise_pages", lambda *args, huge: given.append((huge, advise(*args, huge=huge))))
     advised = write_flatbuffer(model)
     monkeypatch.setattr(writer, "_madvise", None)  # as on a system without madvise
     assert write_flatbuffer(model) == advised
-    assert given[1] is False
+    assert given[2:] == [(False, False), (True, False)]  # the arena, then the file
     if os.path.exists("/sys/kernel/mm/transparent_hugepage"):
-        assert given[0] is True
+        assert given[:2] == [(False, True), (True, True)]
 
 
 # ---- models over 2 GB: data after the flatbuffer --------------------------------------------
