@@ -652,7 +652,9 @@ def _output_names(program: ExportedProgram) -> list[str] | None:
     tensors and tuples keep output_0, output_1, ...)."""
     from torch.utils import _pytree as pytree
 
-    spec = program.call_spec.out_spec
+    # (what `program.call_spec.out_spec` reads, without the NamedTuple class it defines per call)
+    calls = program.module_call_graph
+    spec = calls[0].signature.out_spec if calls and calls[0].signature is not None else None
     if spec is None:
         return None
     paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
