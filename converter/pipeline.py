@@ -388,7 +388,7 @@ def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     kept node (found without editing the program's graph, nor checking every node)."""
     live: set[torch.fx.Node] = set()
     for node in reversed(graph.nodes):
-        if any(user in live for user in node.users) or node.is_impure():
+        if not live.isdisjoint(node.users) or node.is_impure():
             live.add(node)
     return live
 
