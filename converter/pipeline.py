@@ -388,7 +388,7 @@ def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     kept node (found without editing the program's graph, nor checking every node)."""
     live: set[torch.fx.Node] = set()
     for node in reversed(graph.nodes):
-        if any(user in live for user in node.users) or node.is_impure():
+        if not live.isdisjoint(node.users) or node.is_impure():
             live.add(node)
     return live
 
@@ -652,7 +652,9 @@ def _output_names(program: ExportedProgram) -> list[str] | None:
     tensors and tuples keep output_0, output_1, ...)."""
     from torch.utils import _pytree as pytree
 
-    spec = program.call_spec.out_spec
+    # (what `program.call_spec.out_spec` reads, without the NamedTuple class it defines per call)
+    calls = program.module_call_graph
+    spec = calls[0].signature.out_spec if calls and calls[0].signature is not None else None
     if spec is None:
         return None
     paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
