@@ -10,6 +10,10 @@ class ConversionError(RuntimeError):
     malformed...). The message names the stage and the op or argument at fault."""
 
 
+class ExportError(ConversionError):
+    """`torch.export` could not capture the module (before any of our own stages ran)."""
+
+
 @dataclass
 class UnsupportedOp:
     """One ATen op with no lowering: how often it appears and where (user source lines)."""

@@ -7,8 +7,9 @@
    a deep copy of the module (`cpu_view`); the user's module is never moved. The module is
    exported in eval mode (dropout off, batch norm on running statistics: what an
    inference artifact needs) unless `eval_mode=False`; its own training flags are
-   restored afterwards. Export failures become a `ConversionError` that says what to
-   try.
+   restored afterwards. Export failures become an `ExportError` that says what to
+   try. `source_lines=False` skips torch's per-node stack traces (~15% of the export;
+   `convert()` does, and converts again with them only to name source lines in an error).
 2. `lower_program`, in one pass over the graph torch.export gives: placeholders become
    graph inputs (user inputs, named after the forward() arguments) or constants
    (parameters, buffers, lifted constants); each `call_function` node goes through the
@@ -27,6 +28,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import operator
@@ -43,7 +45,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 import converter.lowering  # noqa: F401  (importing it registers every lowering family)
 from converter import ir
-from converter.errors import ConversionError, UnsupportedOp, UnsupportedOpsError
+from converter.errors import ConversionError, ExportError, UnsupportedOp, UnsupportedOpsError
 from converter.lowering import decompositions, symbolic
 from converter.lowering.context import LoweringContext, numpy_dtype, static_shape
 from converter.lowering.registry import find_lowering
@@ -127,6 +129,22 @@ def _export_hints(error: Exception, strict: bool, dynamic: bool) -> list[str]:
     return hints
 
 
+@contextlib.contextmanager
+def _stack_traces(record: bool):
+    """torch's per-node stack traces off while exporting when not `record` (the switch
+    `torch.fx.config.do_not_emit_stack_traces`; a torch without it always records them)."""
+    config = getattr(torch.fx, "config", None)
+    before = getattr(config, "do_not_emit_stack_traces", None)
+    if record or before is None:
+        yield
+        return
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = before
+
+
 def export_module(
     module: torch.nn.Module,
     args: tuple,
@@ -136,9 +154,12 @@ def export_module(
     strict_export: bool = False,
     eval_mode: bool = True,
     tensors: list[torch.Tensor] | None = None,
+    source_lines: bool = True,
 ) -> ExportedProgram:
     """`torch.export.export` of a CPU, (by default) eval-mode view of `module` (`tensors`:
-    its `module_tensors`, when the caller has them)."""
+    its `module_tensors`, when the caller has them). `source_lines=False` skips torch's
+    per-node stack traces (about 15% of torch.export's time): the ops then carry no
+    source line for error messages."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() expects a torch.nn.Module, got {type(module).__name__}")
     target = cpu_view(module, tensors)
@@ -146,13 +167,14 @@ def export_module(
     if eval_mode:
         target.eval()
     try:
-        return torch.export.export(
-            target,
-            _to_cpu(tuple(args)),
-            _to_cpu(dict(kwargs or {})),
-            dynamic_shapes=dynamic_shapes,
-            strict=strict_export,
-        )
+        with _stack_traces(source_lines):
+            return torch.export.export(
+                target,
+                _to_cpu(tuple(args)),
+                _to_cpu(dict(kwargs or {})),
+                dynamic_shapes=dynamic_shapes,
+                strict=strict_export,
+            )
     except Exception as e:  # noqa: BLE001  (torch.export raises many unrelated types)
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         where = _user_frame_of(e)
@@ -166,7 +188,7 @@ def export_module(
                 "fix the sequence length when exported: keep the time dim static (batch may be dynamic)",
             )
         hints = "\n".join(f"  - {h}" for h in hints)
-        raise ConversionError(
+        raise ExportError(
             f"torch.export could not capture {type(module).__name__}.forward "
             f"(strict={strict_export}): {type(e).__name__}: {first_line}{where}\nWhat to try:\n{hints}"
         ) from e
@@ -710,9 +732,11 @@ def convert_module(
     run_passes: bool = True,
     name: str = "serving_default",
     tensors: list[torch.Tensor] | None = None,
+    source_lines: bool = True,
 ) -> ir.Model:
     """nn.Module + sample inputs -> optimized IR Model (one graph, named `name`: the
-    SignatureDef key; `tensors`: the module's `module_tensors`, when the caller has them)."""
+    SignatureDef key; `tensors`: the module's `module_tensors`, when the caller has them;
+    `source_lines`: see `export_module`)."""
     progress = progress or Progress(False)
     with progress.stage("export", type(module).__name__):
         program = export_module(
@@ -723,6 +747,7 @@ def convert_module(
             strict_export=strict_export,
             eval_mode=eval_mode,
             tensors=tensors,
+            source_lines=source_lines,
         )
     blocker = direct_lowering_blocker(program)
     if blocker is None:

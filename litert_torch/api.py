@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from converter import ir
-from converter.errors import ConversionError
+from converter.errors import ConversionError, ExportError
 from converter.pipeline import convert_module, module_tensors
 from converter.progress import Progress
 from converter.writer import write_flatbuffer_parts
@@ -185,7 +185,36 @@ def convert_signatures(
         if target_check not in CHECK_MODES:
             raise ValueError(f"target_check must be one of {CHECK_MODES}, got {target_check!r}")
 
-    stages = Progress(progress)
+    # Without torch's per-node stack traces (about 15% of torch.export's time); an error
+    # that names the user's source lines of ops is then made again with them. (A one-shot
+    # calibration iterator cannot be read twice: then they are recorded from the start.)
+    one_shot = calibration_data is not None and iter(calibration_data) is calibration_data
+    options = dict(
+        strict_export=strict_export,
+        eval_mode=eval_mode,
+        quant_config=quant_config,
+        calibration_data=calibration_data,
+        profile=profile,
+        target_check=target_check,
+    )
+    try:
+        return _convert(specs, Progress(progress), source_lines=one_shot, **options)
+    except ExportError:
+        raise
+    except ConversionError:
+        if one_shot:
+            raise
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (shown by the first attempt)
+            return _convert(specs, Progress(False), source_lines=True, **options)
+
+
+def _convert(
+    specs, stages: Progress, *, strict_export, eval_mode, quant_config, calibration_data, profile, target_check,
+    source_lines: bool,
+) -> EdgeModel:  # fmt: skip
+    """`convert_signatures` after its checks: convert each signature, quantize, apply and
+    check the target, write, prepare."""
     graphs = []
     for spec in specs:
         # (not a module: export_module says what is wrong with it)
@@ -201,6 +230,7 @@ def convert_signatures(
             progress=stages,
             name=spec.name,
             tensors=tensors,
+            source_lines=source_lines,
         )
         if spec.output_names is not None:
             _name_outputs(part.graphs[0], spec)

@@ -122,6 +122,42 @@ def test_unsupported_ops_are_all_listed_with_counts_and_source_lines():
     assert "@lowers" in message  # and says what to do
 
 
+@pytest.fixture
+def exports(monkeypatch):
+    """The `source_lines` flag of every export convert() makes."""
+    from converter import pipeline
+
+    flags, export = [], pipeline.export_module
+
+    def spy(*args, source_lines=True, **kwargs):
+        flags.append(source_lines)
+        return export(*args, source_lines=source_lines, **kwargs)
+
+    monkeypatch.setattr(pipeline, "export_module", spy)
+    return flags
+
+
+def test_convert_exports_without_stack_traces_and_again_with_them_for_an_error(exports):
+    module, x = TinyMLP(), torch.randn(3, 8)
+    litert_torch.convert(module, (x,))
+    assert exports == [False]  # torch's per-node stack traces skipped: 15% of export
+    with torch.no_grad():
+        nodes = convert_module(module, (x,), source_lines=False)  # (the ops carry no source)
+    assert all(op.source is None for op in nodes.graphs[0].ops)
+    exports.clear()
+    with pytest.raises(UnsupportedOpsError, match=r"test_pipeline\.py.*torch\.special\.bessel_j0\(x\)"):
+        litert_torch.convert(ManyUnsupported(), (torch.randn(4),))
+    assert exports == [False, True]  # the error is made again, naming the user's lines
+
+
+def test_a_one_shot_calibration_iterator_is_read_once_with_stack_traces(exports):
+    from litert_torch import quantize
+
+    module, x = TinyMLP(), torch.randn(3, 8)
+    litert_torch.convert(module, (x,), quant_config=quantize.full_int8(), calibration_data=iter([(x,)]))
+    assert exports == [True]
+
+
 class DataDependent(torch.nn.Module):
     def forward(self, x):
         if x.sum() > 0:
@@ -137,6 +173,12 @@ def test_export_failure_is_wrapped_with_what_to_try():
     assert "strict_export=False" in message
     assert "test_pipeline.py" in message and "if x.sum() > 0:" in message  # the user's line
     assert info.value.__cause__ is not None
+
+
+def test_an_export_failure_is_not_exported_twice(exports):
+    with pytest.raises(ConversionError, match="torch.export could not capture"):
+        litert_torch.convert(DataDependent(), (torch.randn(4),), strict_export=True)
+    assert exports == [False]
 
 
 def test_a_failing_lowering_names_the_op_and_the_user_line():
