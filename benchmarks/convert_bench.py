@@ -4,8 +4,8 @@ Per model (tests/zoo/, seeded random weights): seconds for `litert_torch.convert
 to the flatbuffer bytes, .tflite bytes, LiteRT latency (Python interpreter, XNNPACK, 1
 thread, median of --runs invokes after --warmup), max relative error against PyTorch
 (max|litert - torch| / max|torch|), op count and the most frequent ops, and the ratio of
-the conversion time to a bare `torch.export.export` of the same module ("vs export": the
-floor of this design, since conversion starts with that export; target <= 1.3), in wall
+the conversion time to a bare `torch.export.export` of the same module ("vs export";
+conversion starts with that export, minus torch's per-node stack traces; target <= 1.3), in wall
 time and in process CPU time ("cpu vs export": both are single-threaded Python work, and
 CPU time is what a loaded machine does not distort; decide by it). Each time is the
 minimum of --repeats alternating runs. Printed as a rich table; `--json PATH` writes
