@@ -19,6 +19,11 @@ fi
 # timm without its torchvision dependency (PyPI's torchvision is a CUDA build that cannot load
 # against CPU torch, and transformers would then fail to import); see tests/zoo/_timm_compat.py.
 .venv/bin/python -m pip install -q --no-deps -c constraints.txt timm pyyaml
+# libtpu (Linux x86_64 only): compiles programs and Pallas kernels for a TPU chip on this machine,
+# without one (kernels.tpu.compile_for, kernels.check_lowering); on a TPU VM it also runs them.
+if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+  .venv/bin/python -m pip install -q -c constraints.txt libtpu
+fi
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__)'))"
 if [ "$WEB" = 1 ]; then
   if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then

@@ -27,6 +27,10 @@ import types
 
 import jax
 
+from kernels import tpu as _tpu_chips
+
+_tpu_chips.quiet_libtpu_without_chip()  # before JAX starts its backends
+
 JAX_SETTINGS = {"jax_enable_x64": True, "jax_cpu_enable_async_dispatch": False}
 for _name, _value in JAX_SETTINGS.items():
     jax.config.update(_name, _value)
