@@ -118,16 +118,20 @@ def _abstract(value):
     return jax.ShapeDtypeStruct(tuple(value.shape), jax_dtype(value.dtype))
 
 
-def _joint(forward, backward, n_params: int):
+def _output_names(graph_module) -> list:
+    return [
+        n.name if isinstance(n, torch.fx.Node) else None
+        for n in next(n for n in reversed(graph_module.graph.nodes) if n.op == "output").args[0]
+    ]
+
+
+def _joint(forward, backward, n_params: int, output_names: list):
     """(loss, *parameter gradients) from AOTAutograd's two graphs as one JAX function:
-    the backward's saved-value inputs are the forward's outputs of the same name."""
+    the backward's saved-value inputs are the forward's outputs of the same name, named as
+    AOTAutograd made them (`output_names`: graph passes may replace an output node)."""
     from tpu_backend.compile import fx_to_jax
 
     fw, bw = fx_to_jax(forward, "export_forward"), fx_to_jax(backward, "export_backward")
-    output_names = [
-        n.name if isinstance(n, torch.fx.Node) else None
-        for n in next(n for n in reversed(forward.graph.nodes) if n.op == "output").args[0]
-    ]
     sources = []
     for placeholder in bw.placeholders:
         if placeholder.name.startswith("tangents"):
@@ -164,10 +168,11 @@ def export(module_or_fn, args, kwargs=None, *, platforms=("tpu",), train_step=Fa
     abstract = [_abstract(t) for t in (*params.values(), *buffers.values(), *flat_args) if isinstance(t, torch.Tensor)]
     with target:
         graphs, n_params = _traced_graphs(module_or_fn, args, kwargs, train_step)
+        forward_outputs = _output_names(graphs["forward"])  # before the pass below replaces saved `add`s
         for gm in graphs.values():
             fuse_residual_norms(gm)
         if train_step:
-            step, needs_rng = _joint(graphs["forward"], graphs["backward"], n_params)
+            step, needs_rng = _joint(graphs["forward"], graphs["backward"], n_params, forward_outputs)
         else:
             forward = fx_to_jax(graphs["forward"], "export")
             step, needs_rng = (lambda key, *xs: forward.run(xs, key)), forward.needs_rng
