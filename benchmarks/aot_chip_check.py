@@ -1,8 +1,8 @@
 """Check tpu_backend.aot's memory prediction on a real chip: predicted bytes per chip for
 `v5e:1x1` against the peak bytes the chip held while running the same training step.
 
-    python benchmarks/aot_chip_check.py                       # Llama 374M, bf16, batch 4 x 2048, AdamW
-    python benchmarks/aot_chip_check.py --size 1b --batch 2   # the 0.95B shape
+    python benchmarks/aot_chip_check.py                       # Llama 374M, bf16, batch 1 x 2048, AdamW
+    python benchmarks/aot_chip_check.py --size 350m --batch 2 # more activations (nearer the 16 GiB)
 
 One process, on a TPU VM (one chip): first `tpu_backend.aot.compile_step` compiles the step
 for compile-only devices of `--topology` (no memory used on the chip), then the model is
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="350m", help="examples/llama_fsdp_tp.py preset (350m, 1b, ...)")
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--topology", default="v5e:1x1")

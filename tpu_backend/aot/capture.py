@@ -180,10 +180,19 @@ def trace_step(
     mode = FakeTensorMode()
     with mode:
         fakes = [torch.empty(s.shape, dtype=s.dtype, device="tpu") for s in specs]
-        gm = make_fx(
-            functionalize(step, remove="mutations_and_views"),
-            decomposition_table=decompositions(),
-            tracing_mode="real",
-        )(*fakes)
+        try:
+            gm = make_fx(
+                functionalize(step, remove="mutations_and_views"),
+                decomposition_table=decompositions(),
+                tracing_mode="real",
+            )(*fakes)
+        except RuntimeError as error:
+            if "saved tensor hooks" in str(error):
+                raise NotImplementedError(
+                    "tpu_backend.aot: activation checkpointing (torch.utils.checkpoint, checkpoint_wrapper) cannot "
+                    "be traced inside torch.func's gradient yet (it refuses saved-tensor hooks); plan the model "
+                    "without it: libtpu's compiler rematerialises on its own when HBM runs short"
+                ) from error
+            raise
     written = lift_input_mutations(gm)
     return StepGraph(gm, specs, written)

@@ -28,7 +28,14 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from torch import nn
 
 from tpu_backend.aot.capture import BATCH, BUFFER, PARAM, STEP_COUNT, StepGraph, trace_step
-from tpu_backend.aot.report import Report, StepDoesNotFit, hbm_bytes, is_out_of_memory, read_compiled
+from tpu_backend.aot.report import (
+    Report,
+    StepDoesNotFit,
+    argument_buffers,
+    hbm_bytes,
+    is_out_of_memory,
+    read_compiled,
+)
 from tpu_backend.compile.interpreter import GraphFunction
 from tpu_backend.distributed.fsdp import parameter_sharding
 from tpu_backend.distributed.mesh import batch_sharding, partition_spec
@@ -183,7 +190,8 @@ def compile_step(
             compiled, lower_seconds, compile_seconds = _compile(step, shardings, jax_mesh, progress)
         except Exception as error:
             if is_out_of_memory(error):
-                raise StepDoesNotFit(None, str(error), topology) from error
+                arguments = argument_buffers(step, shardings)
+                raise StepDoesNotFit(None, str(error), topology, arguments) from error
             raise
     report = read_compiled(
         compiled,

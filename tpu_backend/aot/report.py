@@ -128,15 +128,33 @@ class StepDoesNotFit(RuntimeError):
     is None when libtpu's compiler refused the program itself (its message is kept: it
     lists the largest allocations)."""
 
-    def __init__(self, report: Report | None, compiler_message: str | None = None, topology: str = ""):
+    def __init__(
+        self,
+        report: Report | None,
+        compiler_message: str | None = None,
+        topology: str = "",
+        arguments: list[Buffer] | None = None,
+    ):
         self.report = report
+        self.required_temp_bytes = _required_temporaries(compiler_message or "")
         if report is None:
-            super().__init__(
+            lines = [
                 f"the training step does not fit {topology}: libtpu's compiler ran out of HBM "
-                "(it already rematerialises what it can).\n"
-                + (compiler_message or "").strip()[:4000]
-                + "\n- more FSDP shards, activation checkpointing per block, or a smaller micro-batch shrink it"
+                "(it already rematerialises what it can).",
+                (compiler_message or "").strip()[:2000],
+            ]
+            if arguments:
+                held = sum(b.bytes for b in arguments)
+                lines.append(f"The step's arguments alone take {gib(held)} per chip; the largest:")
+                lines += [
+                    f"  {gib(b.bytes):>10}  {b.name}  ({b.what})" for b in sorted(arguments, key=lambda b: -b.bytes)[:6]
+                ]
+            lines.append(
+                "- parameters and optimizer state: more FSDP shards (a larger fsdp axis) split them further\n"
+                "- activations: activation checkpointing per block, the flash-attention kernel, or a smaller "
+                "micro-batch shrink them"
             )
+            super().__init__("\n".join(lines))
             return
         lines = [
             f"the training step does not fit {report.topology}: it needs {gib(report.total_bytes)} per chip "
@@ -148,6 +166,14 @@ class StepDoesNotFit(RuntimeError):
             lines += [f"  {gib(b.bytes):>10}  {b.name}  ({b.what})" for b in report.largest[:6]]
         lines += [f"- {tip}" for tip in report.advice()]
         super().__init__("\n".join(lines))
+
+
+def _required_temporaries(message: str) -> int | None:
+    """libtpu's "memory required for HLO temporaries (301.57G)" in bytes, or None."""
+    found = re.search(r"required for HLO temporaries \(([\d.]+)([KMGT])\)", message)
+    if not found:
+        return None
+    return int(float(found.group(1)) * 1024 ** " KMGT".index(found.group(2)))
 
 
 def is_out_of_memory(error: Exception) -> bool:
@@ -199,6 +225,14 @@ def largest_buffers(hlo_text: str, argument_names: list[str], limit: int = 8) ->
 
 def _per_chip_bytes(shape, dtype_bytes: int, sharding) -> int:
     return math.prod(sharding.shard_shape(tuple(shape))) * dtype_bytes if shape else dtype_bytes
+
+
+def argument_buffers(step: StepGraph, shardings) -> list[Buffer]:
+    """Each argument of the step with its bytes per chip (from its sharding)."""
+    return [
+        Buffer(spec.name, _per_chip_bytes(spec.shape, spec.dtype.itemsize, sharding), f"{spec.role} {sharding.spec}")
+        for spec, sharding in zip(step.inputs, shardings)
+    ]
 
 
 def state_bytes(step: StepGraph, shardings) -> dict[str, int]:
