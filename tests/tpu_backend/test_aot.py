@@ -13,6 +13,7 @@ from torch import nn
 import tpu_backend.aot as aot
 from kernels.tpu import libtpu_version
 from tpu_backend import kernels as device_kernels
+from tpu_backend.aot.report import count_rematerialized
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from examples.llama_fsdp_tp import aot_step  # noqa: E402
@@ -59,6 +60,7 @@ def test_sharded_step_reports_per_chip_memory_cost_and_collectives(fsdp_tp_repor
     assert r.collectives["all-gather"] > 0  # FSDP gathers weights
     assert r.collectives["all-reduce"] > 0  # TP's row-parallel sums, the loss
     assert r.seconds["compile"] > 0
+    assert r.rematerialized == 0  # a tiny step has HBM to spare
     assert set(json.loads(json.dumps(r.to_json()))) >= {"total_bytes", "fits", "collectives", "flops", "advice"}
 
 
@@ -107,6 +109,7 @@ def test_collectives_are_counted_from_hlo_text():
   %c = f32[] all-reduce(f32[] %x), to_apply=%add
   %d = f32[2]{0} reduce-scatter(f32[4]{0} %y), dimensions={0}
   %e = f32[2]{0} collective-permute-start(f32[2]{0} %d), source_target_pairs={{0,1}}
+  %fusion.7.remat2 = bf16[4,8]{1,0} fusion(%b), kind=kLoop
 }"""
     counts = aot.count_collectives(hlo)
     assert counts == {
@@ -116,6 +119,7 @@ def test_collectives_are_counted_from_hlo_text():
         "all-to-all": 0,
         "collective-permute": 1,
     }
+    assert count_rematerialized(hlo) == 1
 
 
 def test_fsdp_with_tensor_parallel_splits_each_weight_over_both_axes():

@@ -62,6 +62,7 @@ def table(report):
         ("temporaries", gib(report.temp_bytes)),
         ("total", f"{gib(report.total_bytes)} ({100 * report.total_bytes / hbm:.0f}% of {gib(hbm)})"),
         ("fits", "[green]yes[/green]" if report.fits else "[red]NO[/red]"),
+        ("rematerialised instructions", str(report.rematerialized)),
         ("FLOPs", f"{report.flops / 1e12:.2f} T"),
         ("bytes accessed", gib(report.bytes_accessed)),
         *((f"  {name}", str(n)) for name, n in report.collectives.items()),

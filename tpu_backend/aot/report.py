@@ -77,6 +77,9 @@ class Report:
     collectives: dict[str, int]
     seconds: dict[str, float]
     largest: list[Buffer] = field(default_factory=list)
+    # instructions libtpu recomputed to fit HBM (its rematerialisation): > 0 means the
+    # step fits only by trading FLOPs for memory, and temporaries sit near the limit
+    rematerialized: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -116,6 +119,8 @@ class Report:
 
     def summary(self) -> str:
         verdict = "fits" if self.fits else "does NOT fit"
+        if self.rematerialized:
+            verdict += f", {self.rematerialized} instructions rematerialised to fit"
         return (
             f"{self.topology} mesh {self.mesh}: {gib(self.total_bytes)} per chip of {gib(self.hbm_bytes)} HBM "
             f"({verdict}); {self.flops / 1e12:.1f} TFLOP, "
@@ -188,6 +193,11 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
     for match in _COLLECTIVE.finditer(hlo_text):
         counts[match.group(1)] += 1
     return counts
+
+
+def count_rematerialized(hlo_text: str) -> int:
+    """Instructions the compiler's rematerialisation added (named `<original>.remat...`)."""
+    return len(re.findall(r"^\s*(?:ROOT )?%?[\w.\-]*\.remat[\w.\-]* = ", hlo_text, flags=re.MULTILINE))
 
 
 def _entry_lines(hlo_text: str):
@@ -284,4 +294,5 @@ def read_compiled(compiled, step: StepGraph, shardings, *, topology, mesh, hbm, 
         collectives=count_collectives(text),
         seconds={k: round(v, 2) for k, v in seconds.items()},
         largest=largest_buffers(text, names),
+        rematerialized=count_rematerialized(text),
     )
