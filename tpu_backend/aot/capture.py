@@ -193,6 +193,11 @@ def trace_step(
                     "be traced inside torch.func's gradient yet (it refuses saved-tensor hooks); plan the model "
                     "without it: libtpu's compiler rematerialises on its own when HBM runs short"
                 ) from error
+            if "functorch transforms" in str(error) and "setup_context" in str(error):
+                raise NotImplementedError(
+                    "tpu_backend.aot: a Pallas kernel's autograd rule cannot run inside torch.func's gradient yet; "
+                    "plan with the kernels off (TPU_KERNELS=off, --kernels off, kernels=False)"
+                ) from error
             raise
     written = lift_input_mutations(gm)
     return StepGraph(gm, specs, written)
