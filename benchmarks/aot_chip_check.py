@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     print(f"  {'arguments':26}{report.argument_bytes:>16,}")
     print(f"  {'temporaries':26}{report.temp_bytes:>16,}")
     print(f"  {'outputs - aliased':26}{report.output_bytes - report.alias_bytes:>16,}")
-    print(f"  {'program code':26}{report.code_bytes:>16,}")
+    print(f"  {'program code':26}{report.code_bytes:>16,}  (peak_bytes_in_use counts it)")
     if peak is None:
         print("measured: this device reports no peak_bytes_in_use (not a TPU?)")
         return 1
