@@ -136,3 +136,16 @@ def test_fsdp_with_tensor_parallel_splits_each_weight_over_both_axes():
     assert parameter_sharding((64,), mesh, "fsdp", P("tp")).spec == P(("tp", "fsdp"))
     # no plan: the first divisible dim, as fully_shard does
     assert parameter_sharding((3, 64), mesh, "fsdp").spec == P(None, "fsdp")
+
+
+def test_refusal_with_small_arguments_points_at_the_activations():
+    from tpu_backend.aot.report import Buffer
+
+    message = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+        "(301.57G) exceeds available HBM (15.75G)."
+    )
+    refused = aot.StepDoesNotFit(None, message, "v5e:16x16", [Buffer("output.weight", 2**26, "parameter")])
+    assert refused.required_temp_bytes == int(301.57 * 2**30)
+    assert "temporaries (activations kept for the backward pass) are what does not fit" in str(refused)
+    assert "FSDP" not in str(refused)

@@ -153,16 +153,24 @@ class StepDoesNotFit(RuntimeError):
                 "(it already rematerialises what it can).",
                 (compiler_message or "").strip()[:2000],
             ]
-            if arguments:
-                held = sum(b.bytes for b in arguments)
-                lines.append(f"The step's arguments alone take {gib(held)} per chip; the largest:")
+            held = sum(b.bytes for b in arguments or [])
+            usable = _available_hbm(compiler_message or "") or 16 * GiB
+            if arguments and held > usable / 4:
+                lines.append(f"The step's arguments take {gib(held)} per chip; the largest:")
                 lines += [
                     f"  {gib(b.bytes):>10}  {b.name}  ({b.what})" for b in sorted(arguments, key=lambda b: -b.bytes)[:6]
                 ]
+                lines.append(
+                    "- parameters and optimizer state: more FSDP shards (a larger fsdp axis) split them further"
+                )
+            elif arguments:
+                lines.append(
+                    f"The step's arguments (parameters, optimizer state, batch) take only {gib(held)} per chip: "
+                    "the temporaries (activations kept for the backward pass) are what does not fit."
+                )
             lines.append(
-                "- parameters and optimizer state: more FSDP shards (a larger fsdp axis) split them further\n"
-                "- activations: activation checkpointing per block, the flash-attention kernel, or a smaller "
-                "micro-batch shrink them"
+                "- activations: activation checkpointing per block, the flash-attention kernel, a smaller "
+                "micro-batch or more tensor parallelism shrink them"
             )
             super().__init__("\n".join(lines))
             return
@@ -184,6 +192,11 @@ def _required_temporaries(message: str) -> int | None:
     if not found:
         return None
     return int(float(found.group(1)) * 1024 ** " KMGT".index(found.group(2)))
+
+
+def _available_hbm(message: str) -> int | None:
+    found = re.search(r"available HBM \(([\d.]+)([KMGT])\)", message)
+    return int(float(found.group(1)) * 1024 ** " KMGT".index(found.group(2))) if found else None
 
 
 def is_out_of_memory(error: Exception) -> bool:
