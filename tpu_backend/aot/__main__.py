@@ -63,7 +63,7 @@ def table(report):
         ("total", f"{gib(report.total_bytes)} ({100 * report.total_bytes / hbm:.0f}% of {gib(hbm)})"),
         ("fits", "[green]yes[/green]" if report.fits else "[red]NO[/red]"),
         ("rematerialised instructions", str(report.rematerialized)),
-        ("FLOPs", f"{report.flops / 1e12:.2f} T"),
+        ("FLOPs", f"{report.flops / 1e12:.2f} T" if report.flops >= 1e11 else f"{report.flops / 1e9:.2f} G"),
         ("bytes accessed", gib(report.bytes_accessed)),
         *((f"  {name}", str(n)) for name, n in report.collectives.items()),
         ("trace / lower / compile", " / ".join(f"{report.seconds[k]:.1f} s" for k in ("trace", "lower", "compile"))),

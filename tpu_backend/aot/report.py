@@ -45,7 +45,8 @@ def hbm_bytes(topology: str) -> int:
 
 
 def gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
+    """Bytes for people: GiB, or MiB below one GiB."""
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / 2**20:.1f} MiB"
 
 
 @dataclass
