@@ -31,6 +31,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--topology", default="v5e:1x1")
     parser.add_argument("--kernels", action="store_true", help="Pallas kernels on (default off)")
+    parser.add_argument(
+        "--report",
+        help="a JSON report of the same step compiled elsewhere (python -m tpu_backend.aot --json): no compile here",
+    )
     args = parser.parse_args(argv)
 
     import jax
@@ -44,17 +48,25 @@ def main(argv=None) -> int:
     tpu_backend.kernels.use("on" if args.kernels else "off")
     step = aot_step(args.size, batch=args.batch, seq=args.seq)
     began = time.perf_counter()
-    report = aot.compile_step(
-        step["model"],
-        step["inputs"],
-        step["targets"],
-        step["loss"],
-        topology=args.topology,
-        mesh="dp=1",
-        kernels=args.kernels,
-        progress=lambda m: print(f"  [{time.perf_counter() - began:5.0f} s] {m}", flush=True),
-    )
-    print(report.summary(), flush=True)
+    if args.report:
+        import json
+        from types import SimpleNamespace
+
+        with open(args.report) as f:
+            report = SimpleNamespace(**json.load(f))
+        print(f"prediction from {args.report}: {report.total_bytes:,} bytes per chip")
+    else:
+        report = aot.compile_step(
+            step["model"],
+            step["inputs"],
+            step["targets"],
+            step["loss"],
+            topology=args.topology,
+            mesh="dp=1",
+            kernels=args.kernels,
+            progress=lambda m: print(f"  [{time.perf_counter() - began:5.0f} s] {m}", flush=True),
+        )
+        print(report.summary(), flush=True)
 
     # The same step on the chip, through the device's torch.compile path.
     config = step["model"].config
