@@ -9,15 +9,16 @@
 One case per run (a big compile takes minutes and several GB). The analytic estimate,
 per chip, with P parameters split over fsdp x tp chips and T = tokens per chip:
 parameters 2P, gradients 2P, AdamW moments 4P bytes (all bf16, over the shards);
-activations kept for the backward pass, per layer and token (bf16): the residual
-stream, the two norms' outputs and the block outputs (8 d, replicated over tp without
-sequence parallel), q, k, v and their rotated copies and the attention output
-((3 d + 3 kv) / tp), the FFN's w1, w3, silu and product (4 hidden / tp); attention's
-probabilities (heads / tp x seq^2 per sequence, 4 bytes: XLA's attention keeps its
-softmax in float32) unless the flash kernel runs; the head's logits in bf16 and float32
-and their log-softmax (10 x vocabulary bytes per token). No activation checkpointing
-(the traced step cannot hold it yet); libtpu rematerialises on its own when HBM runs short,
-so a compiled figure near the HBM size can sit well below this estimate.
+activations kept for the backward pass, per layer and token, bf16: the residual stream,
+the two norms' inputs and the two block outputs (6 d, replicated over tp without sequence
+parallel), q, k, v and the attention output (2 d + 2 kv, over tp), the FFN's w1 and w3
+outputs (2 hidden, over tp); attention's scores (heads / tp x seq^2 per sequence, 4 bytes:
+XLA's attention keeps them in float32) unless the flash kernel runs; the head's logits in
+bf16 and float32 and their log-softmax (10 x vocabulary bytes per token, over tp).
+Elementwise results (RoPE's rotated copies, SwiGLU's silu and product, RMSNorm's scaled
+output) are not counted: XLA fuses them into their consumers and recomputes them in the
+backward; counting them too (`--naive`) overestimates the compiled step by ~20%.
+No activation checkpointing (the traced step cannot hold it yet).
 """
 
 from __future__ import annotations
@@ -45,16 +46,18 @@ def parameter_count(c) -> int:
     return c.layers * block + 2 * c.vocab * c.dim + c.dim
 
 
-def analytic(c, rows: int, fsdp: int, tp: int, flash: bool) -> dict[str, float]:
+def analytic(c, rows: int, fsdp: int, tp: int, flash: bool, naive: bool = False) -> dict[str, float]:
     """Per-chip bytes by part (see the module docstring)."""
     shards = fsdp * tp
     p = parameter_count(c)
     kv = c.key_value_heads * (c.dim // c.heads)
     tokens = rows * c.seq
-    per_token = 2 * (8 * c.dim + (3 * c.dim + 3 * kv + 4 * c.hidden) / tp)
+    if naive:  # every intermediate autograd would keep
+        per_token = 2 * (8 * c.dim + (3 * c.dim + 3 * kv + 4 * c.hidden) / tp)
+    else:
+        per_token = 2 * (6 * c.dim + (2 * c.dim + 2 * kv + 2 * c.hidden) / tp)
     attention = 0 if flash else 4 * (c.heads / tp) * c.seq * c.seq * rows
-    layer = per_token * tokens + attention
-    kept = c.layers * layer
+    kept = c.layers * (per_token * tokens + attention)
     return {
         "parameters": 2 * p / shards,
         "gradients": 2 * p / shards,
@@ -69,6 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--kernels", action="store_true", help="Pallas kernels on (flash attention)")
     parser.add_argument("--json", help="append the row here (JSON lines)")
+    parser.add_argument("--naive", action="store_true", help="count every elementwise intermediate as kept")
     args = parser.parse_args(argv)
     if args.list or not args.case:
         for name, case in CASES.items():
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
         row.update(fits=False, refused=str(refused), required_temp_bytes=refused.required_temp_bytes)
         compiled = None
     rows = batch // (axes.get("fsdp", 1) * axes.get("dp", 1))
-    estimate = analytic(PRESETS[size], rows, axes.get("fsdp", 1), axes.get("tp", 1), args.kernels)
+    estimate = analytic(PRESETS[size], rows, axes.get("fsdp", 1), axes.get("tp", 1), args.kernels, args.naive)
     row["analytic"] = estimate
     total = sum(estimate.values())
     print(f"{args.case}: {parameter_count(PRESETS[size]) / 1e9:.2f}B parameters, {rows} sequence(s) per chip")
