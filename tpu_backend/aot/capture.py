@@ -1,18 +1,20 @@
-"""A training step as ONE ATen graph, traced on fake tensors: no weight is ever allocated.
+"""A training step as ATen graphs traced on fake tensors: no weight is ever allocated.
 
 The step is the one `torch.compile(backend="tpu")` compiles into one program per step
 (docs/architecture.md, "One program per training step"; `tests.tpu_backend.models.
-functional_train_step`): gradients by `torch.func.grad_and_value` of a `functional_call`,
-then PyTorch's own foreach optimizer update (`torch.optim.adamw.adamw` with
-`capturable=True`, or `torch.optim.sgd.sgd`). Here the parameters and the optimizer
-state are the step's arguments instead of closed-over tensors, so the graph can be
-traced with fake "tpu" tensors of any size (an 8B model costs no memory) and its
-arguments given shardings.
+functional_train_step`, `functional_step` below): the loss and its gradients, then
+PyTorch's own foreach optimizer update (`torch.optim.adamw.adamw` with `capturable=True`,
+or `torch.optim.sgd.sgd`) writing parameters and optimizer state in place. It is traced in
+two graphs over fake "tpu" tensors of any size (an 8B model costs no memory):
 
-`make_fx` traces it through the device's own dispatch (the kernel routers of
-`tpu_backend.kernels`, the backend's decompositions) and `functionalize` turns the
-optimizer's in-place writes into `copy_` nodes, which `lift_input_mutations` (the
-backend's) makes trailing outputs: the same graph form `compile_for_tpu` runs.
+- the joint forward + backward graph, by AOTAutograd itself (`aot_export_module`, as
+  `torch.compile` builds it), through the device's dispatch: its kernel routers (the
+  Pallas kernels' own autograd rules), the backend's decompositions;
+- the optimizer update, by `make_fx` of the functionalized update; its writes become
+  trailing outputs (the backend's `lift_input_mutations`).
+
+`StepGraph.function()` runs both through the device's FX -> JAX interpreter as ONE
+function of (parameters, optimizer state, buffers, batch).
 """
 
 from __future__ import annotations
@@ -65,12 +67,43 @@ class StepInput:
 
 @dataclass
 class StepGraph:
-    """The traced step: `gm` takes `inputs` in order and returns the loss, then the new
-    value of each input in `written` (placeholder indices: parameters, optimizer state)."""
+    """The traced step. `joint`: (parameters, buffers, batch) -> (loss, *gradients);
+    `update`: (parameters, gradients, *optimizer state) -> the new value of each of its
+    inputs in `update_written`. `written`: the step's inputs (indices into `inputs`) the
+    step writes, in the order `function()` returns their new values after the loss."""
 
-    gm: torch.fx.GraphModule
+    joint: torch.fx.GraphModule
+    update: torch.fx.GraphModule
     inputs: list[StepInput]
-    written: list[int]
+    update_written: list[int]
+
+    @property
+    def written(self) -> list[int]:
+        n = sum(s.role == PARAM for s in self.inputs)
+        # update placeholders: params [0, n), gradients [n, 2n), state [2n, ...); the step's
+        # inputs: params [0, n), state [n, ...)
+        return [i if i < n else i - n for i in self.update_written]
+
+    @property
+    def nodes(self) -> int:
+        return len(self.joint.graph.nodes) + len(self.update.graph.nodes)
+
+    def function(self) -> Callable:
+        """`fn(*arrays) -> (loss, *new values of written inputs)` over `inputs`, in JAX."""
+        from tpu_backend.compile.interpreter import GraphFunction
+
+        joint, update = GraphFunction(self.joint, "aot_forward_backward"), GraphFunction(self.update, "aot_update")
+        if joint.needs_rng or update.needs_rng:
+            raise NotImplementedError("tpu_backend.aot: steps that draw random numbers (dropout) are not planned yet")
+        n = sum(s.role == PARAM for s in self.inputs)
+        n_state = sum(s.role not in (PARAM, BUFFER, BATCH) for s in self.inputs)
+
+        def step(*arrays):
+            params, state, rest = arrays[:n], arrays[n : n + n_state], arrays[n + n_state :]
+            loss, *grads = joint(*params, *rest)
+            return (loss, *update(*params, *grads, *state))
+
+        return step
 
 
 def _spec(value) -> tuple[tuple[int, ...], torch.dtype]:
@@ -101,36 +134,17 @@ def step_inputs(model: nn.Module, inputs: Sequence, targets: Sequence, optimizer
     return out
 
 
-def functional_step(
-    model: nn.Module, loss: Callable, specs: list[StepInput], n_inputs: int, optimizer: str, lr: float = 1e-3
-) -> Callable:
-    """`step(*arrays) -> (loss,)` over `specs`' arguments; writes parameters and optimizer
-    state in place (the form `compiled_train_step` compiles)."""
+def functional_update(optimizer: str, n: int, lr: float = 1e-3) -> Callable:
+    """`update(*params, *grads, *state)`: PyTorch's foreach AdamW (`capturable=True`; state:
+    exp_avgs, exp_avg_sqs, step counts) or SGD with momentum (state: momenta), in place."""
     from torch.optim.adamw import adamw
     from torch.optim.sgd import sgd
 
-    names = [s.name for s in specs if s.role == PARAM]
-    n = len(names)
-    n_buffers = sum(s.role == BUFFER for s in specs)
-
-    def step(*args):
-        args = list(args)
-        params, args = args[:n], args[n:]
-        if optimizer == "adamw":
-            exp_avgs, exp_avg_sqs, counts, args = args[:n], args[n : 2 * n], args[2 * n : 3 * n], args[3 * n :]
-        else:
-            momenta, args = args[:n], args[n:]
-        buffer_values, batch = args[:n_buffers], args[n_buffers:]
-        buffers = dict(zip([s.name for s in specs if s.role == BUFFER], buffer_values))
-        model_inputs, targets = batch[:n_inputs], batch[n_inputs:]
-
-        def loss_of(named):
-            return loss(functional_call(model, {**named, **buffers}, tuple(model_inputs)), *targets)
-
-        grads, value = grad_and_value(loss_of)(dict(zip(names, params)))
-        grads = [grads[name] for name in names]
+    def update(*args):
+        params, grads, state = list(args[:n]), list(args[n : 2 * n]), args[2 * n :]
         with torch.no_grad():
             if optimizer == "adamw":
+                exp_avgs, exp_avg_sqs, counts = (list(state[i * n : (i + 1) * n]) for i in range(3))
                 adamw(
                     params,
                     grads,
@@ -152,7 +166,7 @@ def functional_step(
                 sgd(
                     params,
                     grads,
-                    momenta,
+                    list(state),
                     foreach=True,
                     lr=lr,
                     momentum=0.9,
@@ -161,6 +175,33 @@ def functional_step(
                     nesterov=False,
                     maximize=False,
                 )
+
+    return update
+
+
+def functional_step(
+    model: nn.Module, loss: Callable, specs: list[StepInput], n_inputs: int, optimizer: str, lr: float = 1e-3
+) -> Callable:
+    """`step(*arrays) -> (loss,)` over `specs`' arguments, writing parameters and optimizer
+    state in place: the form `torch.compile(backend="tpu")` compiles into one program
+    (`compiled_train_step`); the chip and cross checks run the device's own path with it."""
+    names = [s.name for s in specs if s.role == PARAM]
+    n = len(names)
+    n_state = sum(s.role not in (PARAM, BUFFER, BATCH) for s in specs)
+    buffer_names = [s.name for s in specs if s.role == BUFFER]
+    update = functional_update(optimizer, n, lr)
+
+    def step(*args):
+        params, state, rest = args[:n], args[n : n + n_state], args[n + n_state :]
+        buffers = dict(zip(buffer_names, rest[: len(buffer_names)]))
+        batch = rest[len(buffer_names) :]
+        model_inputs, targets = batch[:n_inputs], batch[n_inputs:]
+
+        def loss_of(named):
+            return loss(functional_call(model, {**named, **buffers}, tuple(model_inputs)), *targets)
+
+        grads, value = grad_and_value(loss_of)(dict(zip(names, params)))
+        update(*params, *[grads[name] for name in names], *state)
         return (value.detach(),)
 
     return step
@@ -176,28 +217,76 @@ def trace_step(
     import tpu_backend  # noqa: F401 - registers the device the fake tensors claim
 
     specs = step_inputs(model, inputs, targets, optimizer)
-    step = functional_step(model, loss, specs, len(inputs), optimizer)
+    n = sum(s.role == PARAM for s in specs)
     mode = FakeTensorMode()
     with mode:
-        fakes = [torch.empty(s.shape, dtype=s.dtype, device="tpu") for s in specs]
-        try:
-            gm = make_fx(
-                functionalize(step, remove="mutations_and_views"),
-                decomposition_table=decompositions(),
-                tracing_mode="real",
-            )(*fakes)
-        except RuntimeError as error:
-            if "saved tensor hooks" in str(error):
-                raise NotImplementedError(
-                    "tpu_backend.aot: activation checkpointing (torch.utils.checkpoint, checkpoint_wrapper) cannot "
-                    "be traced inside torch.func's gradient yet (it refuses saved-tensor hooks); plan the model "
-                    "without it: libtpu's compiler rematerialises on its own when HBM runs short"
-                ) from error
-            if "functorch transforms" in str(error) and "setup_context" in str(error):
-                raise NotImplementedError(
-                    "tpu_backend.aot: a Pallas kernel's autograd rule cannot run inside torch.func's gradient yet; "
-                    "plan with the kernels off (TPU_KERNELS=off, --kernels off, kernels=False)"
-                ) from error
-            raise
+        fake = {s.name: torch.empty(s.shape, dtype=s.dtype, device="tpu") for s in specs}
+    with mode:
+        joint = _trace_joint(model, loss, specs, fake, len(inputs))
+    states = [s for s in specs if s.role not in (PARAM, BUFFER, BATCH)]
+    update = functional_update(optimizer, n)
+
+    def update_step(*args):
+        update(*args)
+        return ()  # its results are its writes (lifted to outputs below)
+
+    with mode:
+        grads = [torch.empty(s.shape, dtype=s.dtype, device="tpu") for s in specs[:n]]
+        args = [fake[s.name] for s in specs[:n]] + grads + [fake[s.name] for s in states]
+        gm = make_fx(functionalize(update_step, remove="mutations_and_views"), decomposition_table=decompositions())(
+            *args
+        )
     written = lift_input_mutations(gm)
-    return StepGraph(gm, specs, written)
+    return StepGraph(joint, gm, specs, written)
+
+
+class _WithLoss(nn.Module):
+    """The model and its loss as one module returning `(loss,)` (what `aot_export_module`
+    differentiates); parameter and buffer names gain the prefix `model.`."""
+
+    def __init__(self, model: nn.Module, loss: Callable, n_inputs: int):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+        self.n_inputs = n_inputs
+
+    def forward(self, *batch):
+        return (self.loss(self.model(*batch[: self.n_inputs]), *batch[self.n_inputs :]),)
+
+
+def _trace_joint(model: nn.Module, loss: Callable, specs: list[StepInput], fake: dict, n_inputs: int):
+    """AOTAutograd's joint graph of `loss(model(inputs), *targets)` with the module's
+    parameters and buffers swapped for fake "tpu" tensors (restored after)."""
+    from torch._functorch.aot_autograd import aot_export_module
+
+    wrapper = _WithLoss(model, loss, n_inputs)
+    saved = []
+    for spec in specs:
+        if spec.role not in (PARAM, BUFFER):
+            continue
+        owner_name, _, attr = spec.name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        table = owner._parameters if spec.role == PARAM else owner._buffers
+        saved.append((table, attr, table[attr]))
+        table[attr] = nn.Parameter(fake[spec.name]) if spec.role == PARAM else fake[spec.name]
+    try:
+        batch = [fake[s.name] for s in specs if s.role == BATCH]
+        gm, signature = aot_export_module(
+            wrapper, batch, trace_joint=True, output_loss_index=0, decompositions=decompositions()
+        )
+    except RuntimeError as error:
+        if "saved tensor hooks" in str(error):
+            raise NotImplementedError(
+                "tpu_backend.aot: activation checkpointing (torch.utils.checkpoint) could not be traced; "
+                "plan the model without it"
+            ) from error
+        raise
+    finally:
+        for table, attr, value in saved:
+            table[attr] = value
+    expected = [f"model.{s.name}" for s in specs if s.role == PARAM]
+    if list(signature.parameters) != expected:
+        raise RuntimeError(
+            f"tpu_backend.aot: AOTAutograd ordered the parameters differently: {signature.parameters[:3]}..."
+        )
+    return gm

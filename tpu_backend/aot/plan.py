@@ -36,7 +36,6 @@ from tpu_backend.aot.report import (
     is_out_of_memory,
     read_compiled,
 )
-from tpu_backend.compile.interpreter import GraphFunction
 from tpu_backend.distributed.fsdp import parameter_sharding
 from tpu_backend.distributed.mesh import batch_sharding, partition_spec
 from tpu_backend.distributed.tensor_parallel import plan_placements
@@ -184,11 +183,17 @@ def compile_step(
         with _ticking(progress, "tracing the step (fake tensors)"):
             step = trace_step(model, inputs, targets, loss, optimizer)
         traced = time.perf_counter() - began
-        say(f"traced: {len(step.gm.graph.nodes)} graph nodes, {len(step.inputs)} arguments ({traced:.1f} s)")
+        say(f"traced: {step.nodes} graph nodes, {len(step.inputs)} arguments ({traced:.1f} s)")
         shardings = input_shardings(step, model, jax_mesh, tensor_parallel)
         try:
             compiled, lower_seconds, compile_seconds = _compile(step, shardings, jax_mesh, progress)
         except Exception as error:
+            if "Mosaic kernels cannot be automatically partitioned" in str(error):
+                raise NotImplementedError(
+                    f"tpu_backend.aot: the device's Pallas kernels cannot be split over a {len(jax_mesh.devices.flat)}-chip "
+                    "mesh yet (XLA cannot partition a Mosaic kernel; it needs a shard_map around the call): plan "
+                    "sharded steps with the kernels off (TPU_KERNELS=off, --kernels off), or one chip with them on"
+                ) from error
             if is_out_of_memory(error):
                 arguments = argument_buffers(step, shardings)
                 raise StepDoesNotFit(None, str(error), topology, arguments) from error
@@ -213,23 +218,15 @@ def _compile(step: StepGraph, shardings: list[NamedSharding], mesh, progress):
     """(compiled executable, lowering seconds, compile seconds) of the step's jitted function;
     parameters and optimizer state are donated and keep their shardings, as in
     `compile_for_tpu`'s donating program."""
-    graph_fn = GraphFunction(step.gm, "aot_train_step")
+    function = step.function()
     args = [
         jax.ShapeDtypeStruct(s.shape, np.dtype(jax_dtype(s.dtype)), sharding=sharding)
         for s, sharding in zip(step.inputs, shardings)
     ]
     replicated = NamedSharding(mesh, PartitionSpec())
-    if graph_fn.needs_rng:
-        key = jax.random.key(0)
-        args.insert(0, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated))
-    offset = 1 if graph_fn.needs_rng else 0
-    n_outputs = len(next(n for n in reversed(step.gm.graph.nodes) if n.op == "output").args[0])
-    n_own = n_outputs - len(step.written)
-    out_shardings = tuple([replicated] * n_own + [shardings[i] for i in step.written])
-    if graph_fn.needs_rng:
-        out_shardings = (replicated, out_shardings)
-    donate = tuple(offset + i for i in step.written if step.inputs[i].shape)
-    jitted = jax.jit(graph_fn, out_shardings=out_shardings, donate_argnums=donate)
+    out_shardings = tuple([replicated] + [shardings[i] for i in step.written])
+    donate = tuple(i for i in step.written if step.inputs[i].shape)
+    jitted = jax.jit(function, out_shardings=out_shardings, donate_argnums=donate)
     began = time.perf_counter()
     with _ticking(progress, "lowering to StableHLO"):
         lowered = jitted.lower(*args)

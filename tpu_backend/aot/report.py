@@ -290,8 +290,6 @@ def read_compiled(compiled, step: StepGraph, shardings, *, topology, mesh, hbm, 
     cost = _cost(compiled)
     text = compiled.as_text()
     names = [s.name for s in step.inputs]
-    if len(compiled.input_shardings[0]) == len(names) + 1:  # a random key leads
-        names = ["rng key", *names]
     devices = shardings[0].mesh.devices
     return Report(
         topology=topology,
