@@ -130,7 +130,7 @@ class Report:
         return (
             f"{self.topology} mesh {self.mesh}: {gib(self.total_bytes)} per chip of {gib(self.hbm_bytes)} HBM "
             f"({verdict}); {self.flops / 1e12:.1f} TFLOP, "
-            + ", ".join(f"{n} {k}" for k, n in self.collectives.items() if n)
+            + (", ".join(f"{n} {k}" for k, n in self.collectives.items() if n) or "no collectives")
         )
 
 
