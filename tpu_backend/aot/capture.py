@@ -274,19 +274,13 @@ def _trace_joint(model: nn.Module, loss: Callable, specs: list[StepInput], fake:
         gm, signature = aot_export_module(
             wrapper, batch, trace_joint=True, output_loss_index=0, decompositions=decompositions()
         )
-    except RuntimeError as error:
-        if "saved tensor hooks" in str(error):
-            raise NotImplementedError(
-                "tpu_backend.aot: activation checkpointing (torch.utils.checkpoint) could not be traced; "
-                "plan the model without it"
-            ) from error
-        raise
     finally:
         for table, attr, value in saved:
             table[attr] = value
     expected = [f"model.{s.name}" for s in specs if s.role == PARAM]
-    if list(signature.parameters) != expected:
-        raise RuntimeError(
-            f"tpu_backend.aot: AOTAutograd ordered the parameters differently: {signature.parameters[:3]}..."
+    if list(signature.parameters) != expected:  # e.g. frozen parameters (requires_grad=False)
+        raise NotImplementedError(
+            "tpu_backend.aot: every parameter must be trained (requires_grad=True); AOTAutograd's parameters "
+            f"{len(signature.parameters)}, trainable {len(expected)}"
         )
     return gm
