@@ -197,3 +197,80 @@ def test_fused_eager_programs_lower_for_another_platform():
     exported = [e for program in fused for e in program.export(platforms=("tpu",))]
     assert all(e.platforms == ("tpu",) for e in exported)
     assert any("stablehlo.dot_general" in e.mlir_module() for e in exported)
+
+
+class PreNormBlock(nn.Module):
+    """Llama-style block: x + attn(rms(x)), then h + mlp(rms(h)), the adds the norms fuse."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.attn_norm, self.mlp_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.gate, self.up = nn.Linear(dim, 2 * dim, bias=False), nn.Linear(dim, 2 * dim, bias=False)
+        self.down = nn.Linear(2 * dim, dim, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = x + self.out(attended.transpose(1, 2).reshape(b, t, d))
+        y = self.mlp_norm(h)
+        return h + self.down(nn.functional.silu(self.gate(y)) * self.up(y))
+
+
+class PreNormLM(nn.Module):
+    def __init__(self, vocab=256, dim=128, heads=2, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(PreNormBlock(dim, heads) for _ in range(layers))
+        self.norm, self.head = nn.RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids, targets):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _count_fused_norms(monkeypatch):
+    fused = []
+    original = kernels.fuse_residual_norms
+    monkeypatch.setattr(kernels, "fuse_residual_norms", lambda gm: fused.append(original(gm)) or fused[-1])
+    return fused
+
+
+def _pre_norm_lm(seq):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    ids, targets = torch.randint(0, 256, (2, seq), generator=gen), torch.randint(0, 256, (2, seq), generator=gen)
+    return PreNormLM(), ids, targets
+
+
+@pytest.mark.parametrize("mode", ["interpret", "on"])
+def test_pre_norm_lm_step_with_fused_residual_norms_gives_pytorch_gradients(mode, monkeypatch):
+    """The fusion renames the forward's saved adds; the exported step still pairs them with
+    the backward's inputs: loss and gradients as PyTorch's autograd (CPU, Pallas interpreter)."""
+    model, ids, targets = _pre_norm_lm(64)
+    fused = _count_fused_norms(monkeypatch)
+    with kernels.use(mode):
+        exported = tpu_backend.export(model, (ids, targets), platforms=("cpu",), train_step=True)
+    assert fused[0] == 4, fused  # forward: each block's two adds feed the next norm
+    loss, *grads = exported.call(*[t.detach().numpy() for t in (*model.parameters(), ids, targets)])
+    expected = model(ids, targets)
+    expected.backward()
+    np.testing.assert_allclose(float(loss), float(expected.detach()), rtol=1e-5)
+    for (name, p), g in zip(model.named_parameters(), grads):
+        np.testing.assert_allclose(np.asarray(g), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["auto", "interpret"])
+def test_pre_norm_lm_step_lowers_for_tpu_at_1024(mode, monkeypatch):
+    model, ids, targets = _pre_norm_lm(1024)
+    fused = _count_fused_norms(monkeypatch)
+    with kernels.use(mode):
+        exported = tpu_backend.export(model, (ids, targets), platforms=("tpu",), train_step=True)
+    assert fused[0] == 4, fused
+    _check_gradients_layout(exported, model)
+    assert ("tpu_custom_call" in exported.mlir_module()) == (mode == "auto")
