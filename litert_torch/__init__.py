@@ -7,7 +7,7 @@ again = litert_torch.load("model.tflite")
 """
 
 from converter.errors import ConversionError, UnsupportedOpsError
-from litert_torch import quantize
+from litert_torch import _timm_compat, quantize
 from litert_torch.api import convert
 from litert_torch.edge_model import EdgeModel, load
 from litert_torch.signatures import SignatureBuilder, signature
@@ -22,3 +22,5 @@ __all__ = [
     "ConversionError",
     "UnsupportedOpsError",
 ]
+
+_timm_compat.install()  # `import timm` works without a loadable torchvision (tools/setup.sh installs none)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -84,3 +86,37 @@ def test_inspect_rejects_a_non_model(tmp_path, capsys):
     assert main(["inspect", str(junk)]) == 2
     assert "not a LiteRT/TFLite model" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "missing.tflite")]) == 2
+
+
+TIMM_FACTORY = """
+import timm
+import torch
+
+
+def make():
+    torch.manual_seed(0)
+    return timm.create_model("resnet10t", pretrained=False, num_classes=10).eval(), (torch.randn(1, 3, 32, 32),)
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("timm") is None, reason="timm is not installed (tools/setup.sh installs it)"
+)
+def test_convert_a_timm_model_from_the_command_line(tmp_path):
+    """As a README user does: a factory module that imports timm, where setup installs no
+    torchvision; a fresh process, so nothing imported timm before the CLI."""
+    (tmp_path / "mymodels.py").write_text(TIMM_FACTORY)
+    out = tmp_path / "resnet10t.tflite"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "litert_torch.cli", "convert", "mymodels:make", "-o", str(out), "--check", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    error = float(re.search(r"max relative error (\S+)", result.stderr).group(1))
+    assert error < 1e-4, result.stderr
+    assert out.read_bytes()[4:8] == b"TFL3"
