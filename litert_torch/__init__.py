@@ -6,11 +6,15 @@ edge.export("model.tflite")
 again = litert_torch.load("model.tflite")
 """
 
-from converter.errors import ConversionError, UnsupportedOpsError
-from litert_torch import _timm_compat, quantize
-from litert_torch.api import convert
-from litert_torch.edge_model import EdgeModel, load
-from litert_torch.signatures import SignatureBuilder, signature
+from common.package_names import check_top_level_names
+
+check_top_level_names()  # before the first generic name (converter, runtimes, kernels) is imported
+
+from converter.errors import ConversionError, UnsupportedOpsError  # noqa: E402
+from litert_torch import _timm_compat, quantize  # noqa: E402
+from litert_torch.api import convert  # noqa: E402
+from litert_torch.edge_model import EdgeModel, load  # noqa: E402
+from litert_torch.signatures import SignatureBuilder, signature  # noqa: E402
 
 __all__ = [
     "convert",

@@ -27,7 +27,11 @@ import types
 
 import jax
 
-from kernels import tpu as _tpu_chips
+from common.package_names import check_top_level_names
+
+check_top_level_names()  # before `kernels` is imported: another package of that name is refused by name
+
+from kernels import tpu as _tpu_chips  # noqa: E402
 
 _tpu_chips.quiet_libtpu_without_chip()  # before JAX starts its backends
 
