@@ -121,7 +121,8 @@ def convert(
         sample_args: a tuple of example positional inputs (a lone tensor is wrapped).
         sample_kwargs: example keyword inputs.
         dynamic_shapes: passed to `torch.export.export` (e.g. `{"x": {0: Dim("batch")}}`);
-            dynamic dimensions become -1 in the model's shape signature.
+            dynamic dimensions become -1 in the model's shape signature. A tuple with one
+            entry per positional arg is also accepted with `sample_kwargs` (which stay static).
         strict_export: `torch.export`'s strict (TorchDynamo) tracing; non-strict by default.
         eval_mode: export in eval mode (dropout off, batch norm on running statistics).
             The module's own train/eval flags are restored afterwards.
