@@ -1,6 +1,8 @@
 """The `litert-torch` command line: one entry point (`main`), one exit-code convention.
 
     litert-torch convert my_pkg.models:build --args 1,3,224,224 -o model.tflite
+    litert-torch convert my_pkg.models:build --args 1,3,224,224 -o int8.tflite \
+        --quantize full_int8 --calibration-data calib.npz --target micro
     litert-torch inspect model.tflite
     litert-torch check model.tflite --target android-gpu     (litert_torch/runtime_commands.py)
     litert-torch bench model.tflite --json out.json          (litert_torch/runtime_commands.py)
@@ -8,7 +10,9 @@
 
 `convert` imports `module:factory`; the factory returns an nn.Module, or a
 (module, sample_args) pair; without sample args from the factory, `--args` gives one
-input shape per flag (random normal tensors of `--dtype`).
+input shape per flag (random normal tensors of `--dtype`). `--quantize` and `--target`
+build the API's `quant_config` / `target` (`_quant_config`, `load_calibration_data`), so
+bad settings are the API's own errors.
 """
 
 from __future__ import annotations
