@@ -5,22 +5,22 @@ those names. Another distribution that installs a package of the same name (Hugg
 `kernels`, which transformers imports whenever it is installed) cannot live in the same
 environment: Python imports one of the two as `kernels`, and whichever code expected the
 other fails (transformers: "cannot import name 'CUDAProperties' from 'kernels'"; this
-project: "cannot import name 'tpu' from 'kernels'"). `check_top_level_names()` runs at
+project: "cannot import name 'tpu' from 'kernels'"). `check_top_level_names(...)` runs at
 `import litert_torch` and `import tpu_backend` and turns that into one ImportError that
 says which package, where, and what to do. It reads `sys.path` and the installed
-distributions' metadata by name only (a few directory listings, no imports).
+distributions' metadata by name only (a few directory listings, no imports; ~1 ms).
 """
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.metadata
+import importlib.util
 import os
 import sys
 
 GENERIC_NAMES = ("common", "converter", "kernels", "runtimes")
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_checked = False
 
 
 class PackageNameClashError(ImportError):
@@ -89,12 +89,20 @@ def clash_message(found: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def check_top_level_names() -> None:
-    """Raise PackageNameClashError when another package has one of this project's import names."""
-    global _checked
-    if _checked:
-        return
-    found = clashes()
+def _ours_is_found(name: str) -> bool:
+    """Whether `import name` gets this project's package (from anywhere in the process)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return False
+    return _same_place(os.path.dirname(spec.origin), os.path.join(PROJECT_ROOT, name))
+
+
+def check_top_level_names(imported: tuple[str, ...]) -> None:
+    """Raise PackageNameClashError when another package has one of the generic names the
+    caller imports (`imported`: which one Python finds depends on sys.path order), or one of
+    the others while `import name` finds ours (the other package's users then get ours:
+    transformers and Hugging Face's `kernels`). A name the caller never imports, where the
+    other package is the one found, harms no one (litert_torch never imports `kernels`)."""
+    found = {name: other for name, other in clashes().items() if name in imported or _ours_is_found(name)}
     if found:
         raise PackageNameClashError(clash_message(found))
-    _checked = True

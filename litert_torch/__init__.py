@@ -8,7 +8,9 @@ again = litert_torch.load("model.tflite")
 
 from common.package_names import check_top_level_names
 
-check_top_level_names()  # before the first generic name (converter, runtimes, kernels) is imported
+# before the first generic name is imported (and `kernels`, which litert_torch never imports,
+# only where ours would shadow another package's)
+check_top_level_names(("common", "converter", "runtimes"))
 
 from converter.errors import ConversionError, UnsupportedOpsError  # noqa: E402
 from litert_torch import _timm_compat, quantize  # noqa: E402

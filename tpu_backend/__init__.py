@@ -29,7 +29,8 @@ import jax
 
 from common.package_names import check_top_level_names
 
-check_top_level_names()  # before `kernels` is imported: another package of that name is refused by name
+# before `kernels` is imported: another package of that name is refused, naming the fix
+check_top_level_names(("common", "kernels"))
 
 from kernels import tpu as _tpu_chips  # noqa: E402
 

@@ -21,8 +21,8 @@ FAKE_KERNELS = '''
 __version__ = "0.18.2"
 
 
-def __getattr__(name):
-    return type(name, (), {})
+def __getattr__(name):  # every name a factory of no-op decorators (use_kernel_forward_from_hub(...))
+    return lambda *args, **kwargs: (lambda obj: obj)
 '''
 
 
@@ -36,9 +36,10 @@ def _fake_hf_kernels(site):
     return site
 
 
-def _run(code, *path):
+def _run(code, *path, cwd=ROOT):
+    """`python -c code` with `path` as PYTHONPATH, in `cwd` (first on sys.path)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in path)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
 def test_no_clash_in_this_environment():
@@ -63,7 +64,10 @@ LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64
 )
 def test_hugging_face_kernels_installed_too(tmp_path, code, ours_first):
     site = _fake_hf_kernels(tmp_path / "site")
-    result = _run(code, *((ROOT, site) if ours_first else (site, ROOT)))
+    if ours_first:  # from the repository root, as `python -c` / pytest there: ours comes first
+        result = _run(code, ROOT, site)
+    else:  # from elsewhere, theirs first on PYTHONPATH
+        result = _run(code, site, ROOT, cwd=tmp_path)
     assert result.returncode != 0
     error = result.stderr
     assert "ImportError" in error or "PackageNameClashError" in error, error
@@ -76,12 +80,25 @@ def test_a_folder_of_the_same_name_next_to_the_script(tmp_path, monkeypatch):
     (tmp_path / "runtimes").mkdir()
     (tmp_path / "runtimes" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(package_names, "_checked", False)
     with pytest.raises(package_names.PackageNameClashError) as error:
-        package_names.check_top_level_names()
+        package_names.check_top_level_names(("common", "converter", "runtimes"))
     message = str(error.value)
     assert (
         f"'runtimes': this project's {os.path.join(ROOT, 'runtimes')} and another package at {tmp_path / 'runtimes'}"
         in message
     )
     assert "rename or move the other package" in message and "pip uninstall" not in message
+
+
+def test_theirs_found_first_and_litert_torch_never_imports_kernels(tmp_path):
+    """Hugging Face's `kernels` first on the path: transformers gets its own, and
+    litert_torch (which never imports `kernels`) converts a transformers model."""
+    site = _fake_hf_kernels(tmp_path / "site")
+    code = SMALL_LLAMA.replace("LlamaForCausalLM(LlamaConfig", "model = LlamaForCausalLM(LlamaConfig") + (
+        "import torch, litert_torch\n"
+        "edge = litert_torch.convert(model.eval(), (torch.zeros(1, 4, dtype=torch.long),), {'use_cache': False})\n"
+        "import kernels; print('kernels from', kernels.__file__)\n"
+    )
+    result = _run(code, site, ROOT, cwd=tmp_path)  # not the repository root, which would come first
+    assert result.returncode == 0, result.stderr
+    assert f"kernels from {site / 'kernels' / '__init__.py'}" in result.stdout
