@@ -12,8 +12,9 @@ from common.package_names import check_top_level_names
 # only where ours would shadow another package's)
 check_top_level_names(("common", "converter", "runtimes"))
 
+from common import timm_compat  # noqa: E402
 from converter.errors import ConversionError, UnsupportedOpsError  # noqa: E402
-from litert_torch import _timm_compat, quantize  # noqa: E402
+from litert_torch import quantize  # noqa: E402
 from litert_torch.api import convert  # noqa: E402
 from litert_torch.edge_model import EdgeModel, load  # noqa: E402
 from litert_torch.signatures import SignatureBuilder, signature  # noqa: E402
@@ -29,4 +30,4 @@ __all__ = [
     "UnsupportedOpsError",
 ]
 
-_timm_compat.install()  # `import timm` works without a loadable torchvision (tools/setup.sh installs none)
+timm_compat.install()  # `import timm` works without a loadable torchvision (tools/setup.sh installs none)

@@ -1,4 +1,4 @@
-"""`import timm` where torchvision cannot load (installed by `import litert_torch`).
+"""`import timm` where torchvision cannot load (installed by `import litert_torch` and `import tpu_backend`).
 
 timm's modules import a few torchvision names at import time (FrozenBatchNorm2d,
 transforms' InterpolationMode) that its models do not call. `tools/setup.sh` installs
@@ -12,7 +12,7 @@ when torchvision is missing or fails to load, timm's own import runs with a stan
 as soon as timm is imported, so nothing else ever sees it (transformers asks torchvision's
 version and must see no torchvision at all). A model that really calls torchvision fails
 loudly (a placeholder is not the real thing). A working torchvision is used as is; timm
-imported before `litert_torch` is untouched (it either worked or already failed).
+imported before them is untouched (it either worked or already failed).
 """
 
 from __future__ import annotations
