@@ -14,6 +14,7 @@ from converter.pipeline import convert_module, module_tensors
 from converter.progress import Progress
 from converter.writer import write_flatbuffer_parts
 from litert_torch.edge_model import EdgeModel
+from runtimes.targets import TargetError
 
 
 def _sample_args(sample_args) -> tuple:
@@ -187,7 +188,8 @@ def convert_signatures(
             raise ValueError(f"target_check must be one of {CHECK_MODES}, got {target_check!r}")
 
     # Without torch's per-node stack traces (about 15% of torch.export's time); an error
-    # that names the user's source lines of ops is then made again with them. (A one-shot
+    # that names the user's source lines of ops (a ConversionError, a TargetError's op
+    # violations) is then made again with them. (A one-shot
     # calibration iterator cannot be read twice: then they are recorded from the start.)
     one_shot = calibration_data is not None and iter(calibration_data) is calibration_data
     options = dict(
@@ -202,7 +204,7 @@ def convert_signatures(
         return _convert(specs, Progress(progress), source_lines=one_shot, **options)
     except ExportError:
         raise
-    except ConversionError:
+    except (ConversionError, TargetError):
         if one_shot:
             raise
         with warnings.catch_warnings():

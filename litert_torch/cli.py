@@ -237,7 +237,8 @@ def group_violations(violations) -> list[tuple[str, int, object]]:
 
 
 def print_violations(console, violations, limit: int | None = None) -> None:
-    """One table row per kind of violation: op type, count, the first one (where and why), the fix."""
+    """One table row per kind of violation: op type, count, the first one (where, and its
+    layer and source line when the converter knows them), why, the fix."""
     from rich.table import Table
 
     rows = group_violations(violations)
@@ -246,6 +247,7 @@ def print_violations(console, violations, limit: int | None = None) -> None:
         table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
     for kind, count, first in rows[:limit]:
         where = first.where.removesuffix(f" {kind}")  # the op type has its own column
+        where += f"\n{first.source}" if first.source else ""
         table.add_row(first.severity, kind, str(count), where, first.why, first.fix)
     console.print(table)
     if limit is not None and len(rows) > limit:

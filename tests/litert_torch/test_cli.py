@@ -185,6 +185,10 @@ def test_convert_for_a_microcontroller(tmp_path, capsys):
     assert "NOT compatible: 10 error(s)" in err and "--target-check warn" in err
     rows = [line for line in err.splitlines() if "FULLY_CONNECTED" in line and "│" in line]
     assert len(rows) == 1 and "│    10 │" in rows[0], err
+    first = "".join(line.split("│")[4].strip() for line in err.splitlines() if line.count("│") == 7)
+    assert first.startswith("serving_default: op #0layers.0,tests/litert_torch/cli_models.py:"), (
+        first
+    )  # layer, source line
     assert not out.exists()
     quantized = ["--quantize", "full_int8", "--io", "int8", "--calibration-data", str(tmp_path / "calibration.npy")]
     assert main(argv + quantized) == 0
