@@ -77,7 +77,7 @@ if __package__ in (None, ""):
 
 from tests.tpu_backend.models import (  # noqa: E402
     MODEL_CASES,
-    TinyGPT,
+    GPTConfig,
     functional_train_step,
     make_optimizer,
     train_step,
@@ -215,20 +215,43 @@ def _describe_error(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
 
 
-_batch_size: int | None = None  # --batch: overrides the GPT models' batch size
+TOKEN_MODELS = ("transformer", "mingpt", "llama", "llama-374m", "llama-950m")
+_batch_size: int | None = None
+_remat = False  # --remat: the Llama models recompute each block in the backward  # --batch: overrides the GPT models' batch size
+
+
+def _token_config(model_name: str):
+    """The config of a token model (GPT or Llama: it has `vocab` and `context`), else None.
+    Built on the meta device: nothing is allocated."""
+    with torch.device("meta"):
+        model = MODEL_CASES[model_name].build()
+    return getattr(model, "config", None)
+
+
+def _with_checkpointing(build):
+    def build_checkpointed():
+        model = build()
+        if not hasattr(model.config, "checkpoint"):
+            raise ValueError("--remat applies to the Llama models")
+        model.config = dataclasses.replace(model.config, checkpoint=True)
+        return model
+
+    return build_checkpointed
 
 
 def model_case(model_name: str):
-    """The benchmark's model case, with the batch size of `--batch` for the GPT models."""
+    """The benchmark's model case, with the batch size of `--batch` for the token models."""
     case = MODEL_CASES[model_name]
+    if _remat:
+        case = dataclasses.replace(case, build=_with_checkpointing(case.build))
     if _batch_size is None:
         return case
-    model = case.build()
-    if not isinstance(model, TinyGPT):
-        raise ValueError(f"--batch applies to the GPT models ('transformer', 'mingpt'), not {model_name!r}")
+    config = _token_config(model_name)
+    if config is None:
+        raise ValueError(f"--batch applies to the token models ({', '.join(TOKEN_MODELS)}), not {model_name!r}")
     from tests.tpu_backend.models import _token_batch
 
-    return dataclasses.replace(case, batch=_token_batch(model.config, _batch_size))
+    return dataclasses.replace(case, batch=_token_batch(config, _batch_size))
 
 
 # Step callables return (loss, host seconds, host CPU seconds): the wall time and the
@@ -426,15 +449,22 @@ def bench_interleaved(model_name: str, mode_names: list[str], steps: int, warmup
 
 
 def step_flops(model_name: str) -> int | None:
-    """Model FLOPs of one training step for the GPT models (None for the others)."""
-    case = model_case(model_name)
-    model = case.build()
-    if not isinstance(model, TinyGPT):
+    """Model FLOPs of one training step for the token models (None for the others): 6 * N
+    per token (N: parameters outside the input embedding) plus 12 * layers * width *
+    context per token for attention, as `jax_mingpt.step_flops` and the JAX Llama reference count."""
+    config = _token_config(model_name)
+    if config is None:
         return None
-    from benchmarks.jax_mingpt import step_flops as gpt_step_flops
+    inputs, _ = model_case(model_name).batch(torch.Generator().manual_seed(0))
+    if isinstance(config, GPTConfig):
+        from benchmarks.jax_mingpt import step_flops as gpt_step_flops
 
-    inputs, _ = case.batch(torch.Generator().manual_seed(0))
-    return gpt_step_flops(model.config, inputs.shape[0])
+        return gpt_step_flops(config, inputs.shape[0])
+    with torch.device("meta"):
+        model = MODEL_CASES[model_name].build()
+    matmul_params = sum(p.numel() for p in model.parameters()) - model.tokens.weight.numel()
+    tokens = inputs.numel()
+    return 6 * matmul_params * tokens + 12 * config.layers * config.width * config.context * tokens
 
 
 def tpu_peak_flops() -> float | None:
@@ -570,7 +600,7 @@ def bench_ops(iterations: int, repeats: int = 3) -> list[OpResult]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="transformer", choices=["mlp", "cnn", "transformer", "mingpt"])
+    parser.add_argument("--model", default="transformer", choices=list(MODEL_CASES))
     parser.add_argument(
         "--modes", default=DEFAULT_MODES, help=f"comma-separated, from: {', '.join(MODES)}; or 'all' ({ALL_MODES})"
     )
@@ -597,13 +627,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--batch", type=int, default=None, help="batch size of the GPT models (default: the model case's, 4 and 8)"
     )
+    parser.add_argument(
+        "--remat",
+        action="store_true",
+        help="Llama models: activation checkpointing per block (torch.utils.checkpoint; not under tpu-compile-step, "
+        "where torch.func.grad refuses it)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
     parser.add_argument(
         "--profile", metavar="DIR", help="trace the training steps into DIR with torch.tpu.profiler (slows them)"
     )
     args = parser.parse_args(argv)
-    if args.batch is not None and args.model not in ("transformer", "mingpt"):
-        parser.error("--batch applies to the GPT models ('transformer', 'mingpt')")
+    if args.batch is not None and args.model not in TOKEN_MODELS:
+        parser.error(f"--batch applies to the token models ({', '.join(TOKEN_MODELS)})")
     if args.modes == "all":
         args.modes = ALL_MODES
     if args.skip_inductor:
@@ -778,8 +814,9 @@ def print_tables(
 
 
 def main(argv=None) -> int:
-    global _batch_size
+    global _batch_size, _remat
     args = parse_args(argv)
+    _remat = args.remat
     modes = args.modes.split(",")
     threads = limit_threads(args.threads) if args.threads else None
     _batch_size = args.batch

@@ -14,6 +14,8 @@ cache key (so switching never reuses a stale compiled program):
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -71,8 +73,45 @@ def pad_axis(x, axis: int, size: int, value=0):
 
 
 def iota(n: int, offset=0):
-    """[offset, offset + n) as int32 (usable inside kernels)."""
+    """[offset, offset + n) as an int32 vector (for the Triton kernels; a TPU kernel uses
+    `positions`: Mosaic cannot lay out a boolean vector reshaped to 2-D)."""
     return lax.broadcasted_iota(jnp.int32, (n,), 0) + offset
+
+
+def positions(shape, axis: int, offset=0):
+    """A 2-D int32 array over a tile of `shape` holding each element's index along `axis`
+    plus `offset`: compared with a bound, the tile's mask, built at its final 2-D layout."""
+    return lax.broadcasted_iota(jnp.int32, tuple(shape), axis) + offset
+
+
+def _int32(value):
+    """Integer arrays as int32 (targets and lengths arrive as int64 from torch or in 64-bit mode)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jnp.integer) and jnp.dtype(dtype).itemsize > 4:
+        return value.astype(jnp.int32)
+    return value
+
+
+def kernel_program(fn):
+    """`jax.jit(fn)` with `config` static, always traced in 32-bit mode, whatever the
+    caller's `jax_enable_x64` (`import tpu_backend` turns it on process-wide).
+
+    Why: in 64-bit mode the integer constants of a grid's index maps become i64, and
+    Mosaic's compiler refuses the kernel ("failed to legalize operation 'func.return'
+    ... (i32, i64)"); lowering alone does not notice. Every `pallas_call` of the package
+    runs inside a function decorated with this, the backward ones included (`jax.grad`
+    traces a custom_vjp's backward rule later, outside any forward-only context), so no
+    kernel depends on the setting. 64-bit integer operands are cast to int32 first."""
+    jitted = jax.jit(fn, static_argnames=("config",))
+
+    @functools.wraps(fn)
+    def in_32_bit_mode(*args, **kwargs):
+        args = [_int32(a) for a in args]
+        kwargs = {k: _int32(v) for k, v in kwargs.items()}
+        with jax.enable_x64(False):
+            return jitted(*args, **kwargs)
+
+    return in_32_bit_mode
 
 
 def dot_nt(a, b):

@@ -1,19 +1,24 @@
-"""Lower every kernel for a TPU chip over a grid of production shapes, on any machine.
+"""Compile every kernel for a TPU chip over a grid of production shapes, on any machine.
 
-    python -m kernels.check_lowering --platform tpu --chip v5e [--json PATH] [--fast]
+    python -m kernels.check_lowering --platform tpu --chip v5e [--json PATH] [--fast] [--lower-only]
 
 Each grid point is one kernel, one pass (forward, or forward + backward) at one shape and
-dtype: it is exported with `jax.export.export(jax.jit(f), platforms=["tpu"])` on
-abstract arguments inside `kernels.tpu.lowering_for(chip)`, which runs Pallas's Mosaic
-lowering and its block rules without a TPU. Per point: lowered or the error, and the
-per-program VMEM footprint of the largest `pallas_call` (blocks double-buffered plus
-scratch, `kernels.tpu.vmem_bytes`) against the chip's scoped VMEM limit. Exit status 0
-only if every point lowers and fits.
+dtype. It is compiled by `kernels.tpu.compile_for`'s path: `jax.jit(f).lower(...)` on a
+compile-only device of the chip from libtpu, then `.compile()`, which runs the chip's
+whole compiler (XLA's TPU passes and Mosaic's layout inference and legalization), with
+`jax_enable_x64` on as the "tpu" device runs (`import tpu_backend` turns it on). Lowering
+alone misses what the chip refuses (#32): both errors seen on a v5e lowered fine. Where
+libtpu cannot load, each point is only lowered (`jax.export` for platforms=["tpu"] inside
+`kernels.tpu.lowering_for(chip)`), and the report says so plainly. Per point: compiled,
+lowered or the error, the seconds it took, and the per-program VMEM footprint of the
+largest `pallas_call` (blocks double-buffered plus scratch, `kernels.tpu.vmem_bytes`)
+against the chip's scoped VMEM limit. Exit status 0 only if every point compiles (or,
+in the fallback, lowers) and fits.
 
 The same rule functions decide at run time: `tpu_backend.kernels` asks
 `attention_rejection` & co. whether a call can take the kernel before sending it there.
-Points whose pallas_calls have identical blocks, dtypes and flags lower to the same
-Mosaic kernel up to the grid size; those are lowered once (`--no-dedupe` lowers all).
+Points whose pallas_calls have identical blocks, dtypes and flags compile to the same
+Mosaic kernel up to the grid size; those are compiled once (`--no-dedupe` compiles all).
 """
 
 from __future__ import annotations
@@ -338,11 +343,18 @@ class Result:
     blocks: str
     custom_calls: int = 0
     seconds: float = 0.0
-    same_as: int | None = None  # index of the point whose lowering this one shares
+    same_as: int | None = None  # index of the point whose compilation this one shares
+    compiled: bool | None = None  # None: not attempted (lowered only: libtpu unavailable or --lower-only)
 
     @property
     def ok(self) -> bool:
-        return self.lowered and self.vmem_bytes <= self.vmem_limit
+        return self.lowered and self.compiled is not False and self.vmem_bytes <= self.vmem_limit
+
+    @property
+    def status(self) -> str:
+        if self.error:
+            return self.error
+        return "compiled" if self.compiled else "lowered"
 
     def as_json(self) -> dict:
         return {
@@ -352,6 +364,7 @@ class Result:
             "shape": self.point.params,
             "chip": self.chip,
             "lowered": self.lowered,
+            "compiled": self.compiled,
             "error": self.error,
             "vmem_bytes": self.vmem_bytes,
             "vmem_limit_bytes": self.vmem_limit,
@@ -370,8 +383,9 @@ def _blocks_text(calls) -> str:
 
 
 def _dedupe_key(point: Point, calls, chip: tpu.Chip):
-    """Points lowering to the same Mosaic kernels: same blocks (and whether each equals its
-    array, which the layout rule reads), dtypes, flags and rule verdict."""
+    """Points compiling to the same Mosaic kernels: same blocks (and whether each equals its
+    array, which the layout rule reads, or leaves a partial edge block, which the kernels
+    mask), dtypes, flags and rule verdict."""
     flags = tuple((k, v) for k, v in point.shape if isinstance(v, bool))
     blocks = tuple(
         (b.name, b.block, jnp.dtype(b.dtype).name, b.role, tuple(x == y for x, y in zip(b.dims[-2:], b.array[-2:])))
@@ -382,23 +396,50 @@ def _dedupe_key(point: Point, calls, chip: tpu.Chip):
     ragged = tuple(
         (k, v % 128 != 0) for k, v in point.shape if k in ("seq", "kv_seq", "rows", "vocab", "hidden", "cache")
     )
+    edges = tuple(tuple(a % d != 0 for a, d in zip(b.array, b.dims)) for call in calls for b in call)
+    if "kv_seq" in point.params:  # flash attention masks padded keys when the keys are not whole blocks
+        edges += (point.params["kv_seq"] % calls[0][1].dims[-2] != 0,)
     verdict = tuple(tuple(tpu.violations(c, chip)) for c in calls)
-    return (point.kernel, point.backward, point.dtype, flags, blocks, grouped, ragged, verdict)
+    return (point.kernel, point.backward, point.dtype, flags, blocks, grouped, ragged, edges, verdict)
 
 
-def check_point(point: Point, chip: str | tpu.Chip | None = None) -> Result:
-    """Lower one point for `chip`; never raises (the error is the result)."""
+def _error_text(exc: Exception) -> str:
+    """The exception's type and first lines (Mosaic names the failing operation on the
+    lines after the first), at most 400 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    kept = [lines[0]] if lines else [""]
+    if len(lines) > 2 and lines[1].startswith("The MLIR operation involved"):
+        kept.append(lines[2])
+    return f"{type(exc).__name__}: {' | '.join(kept)}"[:400]
+
+
+def compile_unavailable(chip: str | tpu.Chip | None = None) -> str | None:
+    """Why points cannot be compiled for `chip` here (None: they can; see `kernels.tpu`)."""
+    return tpu.compile_unavailable(chip)
+
+
+def check_point(point: Point, chip: str | tpu.Chip | None = None, *, compile: bool = True) -> Result:
+    """Compile one point for `chip` (or only lower it, `compile=False`) with 64-bit mode on,
+    as the "tpu" device runs; never raises (the error is the result)."""
     c = tpu.chip(chip)
     fn, args, calls = program(point)
     vmem = max(tpu.vmem_bytes(blocks, c) for blocks in calls)
     start = time.perf_counter()
+    lowered, compiled, error, custom = False, None, None, 0
     try:
-        with tpu.lowering_for(c):
-            exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
-        text = exported.mlir_module()
-        lowered, error, custom = True, None, text.count("tpu_custom_call")
-    except Exception as exc:  # the report names any lowering failure
-        lowered, error, custom = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}", 0
+        with jax.enable_x64(True):
+            if compile:
+                program_lowered = tpu.lower_for_device(c, fn, *args)
+                lowered, custom = True, program_lowered.as_text().count("tpu_custom_call")
+                program_lowered.compile()
+                compiled = True
+            else:
+                with tpu.lowering_for(c):
+                    exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
+                lowered, custom = True, exported.mlir_module().count("tpu_custom_call")
+    except Exception as exc:  # the report names any lowering or compilation failure
+        error = ("compile: " if lowered else "lowering: ") + _error_text(exc)
+        compiled = False if compile and lowered else None
     return Result(
         point,
         c.name,
@@ -409,11 +450,14 @@ def check_point(point: Point, chip: str | tpu.Chip | None = None) -> Result:
         _blocks_text(calls),
         custom,
         time.perf_counter() - start,
+        compiled=compiled,
     )
 
 
-def check(points=None, chip: str | tpu.Chip | None = None, *, dedupe: bool = True, progress=None) -> list[Result]:
-    """Lower every point (default: the whole grid) for `chip`."""
+def check(
+    points=None, chip: str | tpu.Chip | None = None, *, dedupe: bool = True, progress=None, compile: bool = True
+) -> list[Result]:
+    """Compile (or, `compile=False`, lower) every point (default: the whole grid) for `chip`."""
     c = tpu.chip(chip)
     points = grid() if points is None else points
     results, seen = [], {}
@@ -434,7 +478,7 @@ def check(points=None, chip: str | tpu.Chip | None = None, *, dedupe: bool = Tru
         else:
             if key is not None:
                 seen[key] = index
-            results.append(check_point(point, c))
+            results.append(check_point(point, c, compile=compile))
         if progress:
             progress(index + 1, len(points))
     return results
@@ -456,20 +500,35 @@ def _mib(n: int) -> str:
     return f"{n / tpu.MiB:.2f}"
 
 
-def print_report(results, chip: tpu.Chip, *, show_all: bool = True) -> None:
+def summary(results, chip: tpu.Chip, seconds: float, fallback: str | None = None) -> str:
+    """One line: how many points compiled (or only lowered) of how many, and in how long."""
+    done = sum(r.ok for r in results)
+    own = sum(r.same_as is None for r in results)
+    verb = "lowered (NOT compiled)" if fallback else "compiled"
+    failed = len(results) - done
+    line = (
+        f"TPU {chip.name}: {done} of {len(results)} points {verb} and fit VMEM"
+        f" ({own} {'lowerings' if fallback else 'compilations'}, the rest share one), "
+        f"{failed} failed, {seconds:.0f} s"
+    )
+    return line + (f" [fallback: {fallback}]" if fallback else "")
+
+
+def print_report(results, chip: tpu.Chip, *, show_all: bool = True, fallback: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=max(Console().width, 150))
-    table = Table(title=f"Pallas kernels lowered for TPU {chip.name} (scoped VMEM {_mib(chip.scoped_vmem_bytes)} MiB)")
-    for column in ("#", "kernel", "pass", "dtype", "shape", "VMEM MiB", "status"):
-        table.add_column(column, justify="right" if column in ("#", "VMEM MiB") else "left")
+    verb = "lowered (not compiled)" if fallback else "compiled"
+    table = Table(title=f"Pallas kernels {verb} for TPU {chip.name} (scoped VMEM {_mib(chip.scoped_vmem_bytes)} MiB)")
+    for column in ("#", "kernel", "pass", "dtype", "shape", "VMEM MiB", "s", "status"):
+        table.add_column(column, justify="right" if column in ("#", "VMEM MiB", "s") else "left")
     for i, r in enumerate(results):
         if not show_all and r.ok:
             continue
-        status = "lowered" if r.lowered else f"[red]{r.error}[/red]"
-        if r.lowered and not r.ok:
-            status = "[red]lowered, over VMEM[/red]"
+        status = r.status if r.error is None else f"[red]{r.error}[/red]"
+        if r.error is None and not r.ok:
+            status = f"[red]{r.status}, over VMEM[/red]"
         if r.same_as is not None:
             status += f" (as #{r.same_as})"
         table.add_row(
@@ -479,42 +538,52 @@ def print_report(results, chip: tpu.Chip, *, show_all: bool = True) -> None:
             r.point.dtype,
             r.point.label,
             _mib(r.vmem_bytes),
+            f"{r.seconds:.1f}" if r.same_as is None else "",
             status,
         )
     console.print(table)
-    summary = Table(title="Largest per-program VMEM footprint per kernel")
+    footprints = Table(title="Largest per-program VMEM footprint per kernel")
     for column in ("kernel", "VMEM MiB", "% of scoped", "at"):
-        summary.add_column(column)
+        footprints.add_column(column)
     for kernel, (size, where) in largest_footprints(results).items():
-        summary.add_row(kernel, _mib(size), f"{100 * size / chip.scoped_vmem_bytes:.0f}%", where)
-    console.print(summary)
-    failed = sum(not r.ok for r in results)
-    lowered_now = sum(r.same_as is None for r in results)
-    console.print(
-        f"{len(results)} points ({lowered_now} lowered, {len(results) - lowered_now} sharing a lowering): "
-        + ("[green]all lower and fit[/green]" if not failed else f"[red]{failed} failed[/red]")
-    )
+        footprints.add_row(kernel, _mib(size), f"{100 * size / chip.scoped_vmem_bytes:.0f}%", where)
+    console.print(footprints)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.check_lowering", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--platform", default="tpu", choices=["tpu"], help="the platform to lower for")
+    parser.add_argument("--platform", default="tpu", choices=["tpu"], help="the platform to compile for")
     parser.add_argument("--chip", default=tpu.DEFAULT_CHIP, choices=sorted(tpu.CHIPS))
     parser.add_argument("--json", metavar="PATH", help="write every point's result as JSON")
     parser.add_argument("--fast", action="store_true", help="a handful of representative points")
     parser.add_argument("--kernel", choices=KERNELS, action="append", help="only these kernels")
-    parser.add_argument("--no-dedupe", action="store_true", help="lower every point, even with identical blocks")
+    parser.add_argument("--no-dedupe", action="store_true", help="compile every point, even with identical blocks")
     parser.add_argument("--failures-only", action="store_true", help="print only the points that fail")
+    parser.add_argument("--lower-only", action="store_true", help="only lower (Mosaic's compiler passes do not run)")
     args = parser.parse_args(argv)
     chip = tpu.chip(args.chip)
     points = [p for p in grid(fast=args.fast) if not args.kernel or p.kernel in args.kernel]
+    fallback = "--lower-only" if args.lower_only else compile_unavailable(chip)
+    if fallback:
+        print(
+            f"NOT COMPILING for TPU {chip.name}: {fallback}. Only lowering each point: Mosaic's compiler "
+            "passes do not run, so a point that lowers here can still fail on the chip."
+        )
     start = time.perf_counter()
-    results = check(points, chip, dedupe=not args.no_dedupe)
-    print_report(results, chip, show_all=not args.failures_only)
-    print(f"{time.perf_counter() - start:.1f} s")
+    results = check(points, chip, dedupe=not args.no_dedupe, compile=fallback is None)
+    seconds = time.perf_counter() - start
+    print_report(results, chip, show_all=not args.failures_only, fallback=fallback)
+    print(summary(results, chip, seconds, fallback))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"chip": dataclasses.asdict(chip), "results": [r.as_json() for r in results]}, f, indent=1)
+            report = {
+                "chip": dataclasses.asdict(chip),
+                "compiled": fallback is None,
+                "fallback": fallback,
+                "seconds": round(seconds, 1),
+                "results": [r.as_json() for r in results],
+            }
+            json.dump(report, f, indent=1)
     return 0 if all(r.ok for r in results) else 1
 
 

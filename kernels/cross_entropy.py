@@ -28,9 +28,10 @@ from kernels._common import (
     check_implementation,
     cost,
     default_implementation,
-    iota,
+    kernel_program,
     nbytes,
     pallas_options,
+    positions,
     tuning_backend,
 )
 from kernels.tuning import LANES
@@ -58,9 +59,17 @@ def cross_entropy_reference(logits, targets, ignore_index=-100):
 # over the lanes (a (rows,) array would need (rows,)-blocks that break TPU tiling).
 
 
-def _columns(block_vocab, vocab):
-    columns = iota(block_vocab, pl.program_id(1) * block_vocab)
-    return columns, (columns < vocab)[None, :]
+def _columns(tile_shape):
+    """Each element's vocabulary column, for a (block_rows, block_vocab) tile (2-D int32)."""
+    return positions(tile_shape, 1, pl.program_id(1) * tile_shape[1])
+
+
+def _logits(x_ref, vocab):
+    """The tile as float32, -inf in the columns past the vocabulary (a partial edge tile)."""
+    x = x_ref[...].astype(jnp.float32)
+    if vocab % x.shape[1] == 0:
+        return x
+    return jnp.where(_columns(x.shape) < vocab, x, -jnp.inf)
 
 
 def _lse_kernel(x_ref, lse_ref, m_ref, l_ref, *, vocab):
@@ -71,8 +80,7 @@ def _lse_kernel(x_ref, lse_ref, m_ref, l_ref, *, vocab):
         m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
         l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
 
-    _, in_vocab = _columns(x_ref.shape[1], vocab)
-    x = jnp.where(in_vocab, x_ref[...].astype(jnp.float32), -jnp.inf)
+    x = _logits(x_ref, vocab)
     m_prev, l_prev = m_ref[...][:, :1], l_ref[...][:, :1]
     m_new = jnp.maximum(m_prev, jnp.max(x, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -86,10 +94,9 @@ def _lse_kernel(x_ref, lse_ref, m_ref, l_ref, *, vocab):
 
 
 def _grad_kernel(x_ref, target_ref, lse_ref, scale_ref, dx_ref, *, vocab):
-    columns, in_vocab = _columns(x_ref.shape[1], vocab)
-    x = jnp.where(in_vocab, x_ref[...].astype(jnp.float32), -jnp.inf)
+    x = _logits(x_ref, vocab)
     probs = jnp.exp(x - lse_ref[...][:, :1])
-    one_hot = (columns[None, :] == target_ref[...][:, :1]).astype(jnp.float32)
+    one_hot = (_columns(x.shape) == target_ref[...][:, :1]).astype(jnp.float32)
     dx_ref[...] = ((probs - one_hot) * scale_ref[...][:, :1]).astype(dx_ref.dtype)
 
 
@@ -118,7 +125,7 @@ def _lanes(vector):
     return jnp.broadcast_to(vector[:, None], (vector.shape[0], LANES))
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@kernel_program
 def _forward(logits, targets, config):
     rows, vocab = logits.shape
     br, bv = config.blocks.block_rows, config.blocks.block_vocab
@@ -140,7 +147,7 @@ def _forward(logits, targets, config):
     return jnp.where(valid, lse - picked, 0.0), lse
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@kernel_program
 def _backward(grad_losses, logits, targets, lse, config):
     rows, vocab = logits.shape
     br, bv = config.blocks.block_rows, config.blocks.block_vocab

@@ -29,10 +29,11 @@ from kernels._common import (
     default_implementation,
     dot_nn,
     dot_nt,
-    iota,
+    kernel_program,
     nbytes,
     pad_axis,
     pallas_options,
+    positions,
     round_up,
     tuning_backend,
 )
@@ -72,7 +73,7 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_re
     @pl.when(j * block_k < length)
     def _step():
         s = dot_nt(q_ref[...], k_ref[...]) * scale
-        s = jnp.where((iota(block_k, j * block_k) < length)[None, :], s, -jnp.inf)
+        s = jnp.where(positions(s.shape, 1, j * block_k) < length, s, -jnp.inf)
         m_prev, l_prev = m_ref[...][:, :1], l_ref[...][:, :1]
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -109,7 +110,7 @@ def decode_blocks(q_shape, cache_shape, dtype, config) -> list:
     ]
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@kernel_program
 def _decode(q, k_cache, v_cache, lengths, config):
     batch, heads, head_dim = q.shape
     kv_heads, seq = k_cache.shape[1], k_cache.shape[2]

@@ -42,10 +42,11 @@ from kernels._common import (
     dot_nn,
     dot_nt,
     dot_tn,
-    iota,
+    kernel_program,
     nbytes,
     pad_axis,
     pallas_options,
+    positions,
     round_up,
     tuning_backend,
 )
@@ -101,11 +102,19 @@ def attention_reference(q, k, v, mask=None, causal=False, scale=None):
 # (block_k, block_q), where those rows broadcast without any relayout.
 
 
-def _key_validity(q_pos, k_pos, kv_len, causal):
-    valid = (k_pos < kv_len)[None, :]
+def _masked(scores, key_axis, key_start, query_start, kv_len, causal, fill):
+    """`scores` (a (query, key) or transposed (key, query) tile) with `fill` where the key
+    is padding (past kv_len) or, when causal, after the query. The masks are built from
+    2-D int32 iotas; a ragged mask only where kv_len is not a multiple of the key block."""
+    block_k = scores.shape[key_axis]
+    valid = None
+    keys = positions(scores.shape, key_axis, key_start)
+    if kv_len % block_k:
+        valid = keys < kv_len
     if causal:
-        valid = valid & (k_pos[None, :] <= q_pos[:, None])
-    return valid
+        before = keys <= positions(scores.shape, 1 - key_axis, query_start)
+        valid = before if valid is None else valid & before
+    return scores if valid is None else jnp.where(valid, scores, fill)
 
 
 def _visible(i, j, block_q, block_k, causal):
@@ -138,9 +147,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, kv_len, has_mask)
         s = dot_nt(q_ref[...], k_ref[...]) * scale
         if has_mask:
             s = s + mask_ref[...]
-        s = jnp.where(
-            _key_validity(iota(block_q, i * block_q), iota(block_k, j * block_k), kv_len, causal), s, -jnp.inf
-        )
+        s = _masked(s, 1, j * block_k, i * block_q, kv_len, causal, -jnp.inf)
         m_prev, l_prev = m_ref[...][:, :1], l_ref[...][:, :1]
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # every key so far masked
@@ -160,16 +167,13 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, kv_len, has_mask)
         lse_ref[...] = jnp.transpose(lse)[:1, :]  # one lane-dense row
 
 
-def _transposed_probabilities(q, k, mask_t, lse, q_pos, k_pos, kv_len, causal, scale):
+def _transposed_probabilities(q, k, mask_t, lse, q_start, k_start, kv_len, causal, scale):
     """p^T (block_k, block_q) recomputed from q, k and the saved logsumexp row."""
     s = dot_nt(k, q) * scale
     if mask_t is not None:
         s = s + mask_t
-    valid = (k_pos < kv_len)[:, None]
-    if causal:
-        valid = valid & (k_pos[:, None] <= q_pos[None, :])
     lse_safe = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # fully masked rows: p = 0
-    return jnp.where(valid, jnp.exp(s - lse_safe), 0.0)
+    return _masked(jnp.exp(s - lse_safe), 0, k_start, q_start, kv_len, causal, 0.0)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, causal, kv_len, has_mask):
@@ -190,8 +194,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, ca
             k,
             mask_ref[...] if has_mask else None,
             lse_ref[...],
-            iota(block_q, i * block_q),
-            iota(block_k, j * block_k),
+            i * block_q,
+            j * block_k,
             kv_len,
             causal,
             scale,
@@ -223,8 +227,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, c
             k_ref[...],
             mask_ref[...] if has_mask else None,
             lse_ref[...],
-            iota(block_q, i * block_q),
-            iota(block_k, j * block_k),
+            i * block_q,
+            j * block_k,
             kv_len,
             causal,
             scale,
@@ -342,7 +346,7 @@ def _attention_cost(q, k, causal, passes):
     return pairs * head_dim * 2 * passes, pairs
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@kernel_program
 def _forward(q, k, v, mask, config):
     batch, heads, length, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
@@ -384,7 +388,7 @@ def _forward(q, k, v, mask, config):
     return out[:, :, :length], lse[:, :, 0, :length]
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@kernel_program
 def _backward(dout, q, k, v, mask, out, lse, config):
     batch, heads, length, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]

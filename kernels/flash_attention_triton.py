@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels._common import cdiv, dot_nn, dot_nt, dot_tn, iota, pad_axis, round_up
-from kernels.flash_attention import SUPPORTED_HEAD_DIMS, _key_validity
+from kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
 DEFAULT_BLOCK = 64
 
@@ -56,6 +56,15 @@ def _compiler_params(config: TritonAttentionConfig) -> dict:
 
     params = getattr(pallas_triton, "CompilerParams", None) or pallas_triton.TritonCompilerParams
     return {"compiler_params": params(num_warps=config.num_warps, num_stages=config.num_stages)}
+
+
+def _key_validity(q_pos, k_pos, kv_len, causal):
+    """(query, key) tile mask from position vectors: the key is no padding and, when
+    causal, not after the query (Triton lays out these broadcasts; Mosaic would not)."""
+    valid = (k_pos < kv_len)[None, :]
+    if causal:
+        valid = valid & (k_pos[None, :] <= q_pos[:, None])
+    return valid
 
 
 def _visible_key_blocks(i, block_q, block_k, num_k_blocks, causal):

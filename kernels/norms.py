@@ -31,9 +31,10 @@ from kernels._common import (
     check_implementation,
     cost,
     default_implementation,
-    iota,
+    kernel_program,
     nbytes,
     pallas_options,
+    positions,
     tuning_backend,
 )
 
@@ -98,11 +99,11 @@ def _backward_kernel(*refs, centered, eps, rows, has_extra_grad, has_weight, has
     weight = refs.pop(0)[...].astype(jnp.float32) if has_weight else None
     dx_ref = refs.pop(0)
     block_rows = h.shape[0]
-    valid = (iota(block_rows, pl.program_id(0) * block_rows) < rows)[:, None]
-    h = jnp.where(valid, h, 0.0)  # rows past the end of a partial block hold garbage
+    if rows % block_rows:  # rows past the end of a partial block hold garbage
+        valid = positions(h.shape, 0, pl.program_id(0) * block_rows) < rows
+        h, dy = jnp.where(valid, h, 0.0), jnp.where(valid, dy, 0.0)
     mean, rstd = _statistics(h, centered, eps)
     x_hat = (h - mean) * rstd
-    dy = jnp.where(valid, dy, 0.0)
     g = dy * weight if has_weight else dy
     dx = g - x_hat * jnp.mean(g * x_hat, axis=1, keepdims=True)
     if centered:
@@ -145,7 +146,7 @@ def _vector_spec(dim):
     return pl.BlockSpec((1, dim), lambda i: (0, 0))
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@kernel_program
 def _forward(x, residual, weight, bias, config):
     block_rows = config.blocks.block_rows
     rows, dim = x.shape
@@ -179,7 +180,7 @@ def _forward(x, residual, weight, bias, config):
     return outs[0], (x if residual is None else outs[1])
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@kernel_program
 def _backward(dy, dh, h, weight, bias, config):
     block_rows = config.blocks.block_rows
     rows, dim = h.shape

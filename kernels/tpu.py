@@ -223,8 +223,12 @@ TOPOLOGIES = {"v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
 def quiet_libtpu_without_chip() -> None:
     """On a machine with libtpu installed but no TPU attached (a CPU host compiling for
     TPU), JAX's start-up asks libtpu for the chip and it prints several lines of warnings
-    to stderr. Tell libtpu there is one local host of no chips' type, which silences it;
-    a machine with a TPU (or a user's own settings) is left alone."""
+    to stderr. Tell libtpu there is one local host of no chips' type, which silences it.
+    libtpu also takes a host-wide lock file (/tmp/libtpu_lockfile) so that one process
+    holds the chips; with no chip there is nothing to guard, and without
+    ALLOW_MULTIPLE_LIBTPU_LOAD a second process compiling for a TPU at the same time
+    (a test's subprocess, another user) fails ("Internal error when accessing libtpu
+    multi-process lockfile"). A machine with a TPU (or a user's own settings) is left alone."""
     import os
 
     if "TPU_ACCELERATOR_TYPE" in os.environ or "TPU_WORKER_HOSTNAMES" in os.environ:
@@ -238,6 +242,7 @@ def quiet_libtpu_without_chip() -> None:
     if chips == 0:
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
         os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def libtpu_version() -> str | None:
@@ -280,10 +285,9 @@ def compile_only_devices(topology: str):
     return _DEVICES[topology]
 
 
-def compile_for(name: str | Chip | None, fn, *args, static_argnums=()):
-    """`jax.jit(fn)` compiled for one chip of type `name` on this machine (no TPU needed):
-    what the chip's compiler refuses raises here. `args` are arrays or ShapeDtypeStructs.
-    Kernels inside take their compiled Pallas path (`lowering_for`)."""
+def lower_for_device(name: str | Chip | None, fn, *args, static_argnums=()):
+    """`jax.jit(fn).lower(...)` placed on one compile-only device of chip `name` (see
+    `compile_for`); `.compile()` on the result runs the chip's compiler."""
     import jax
     from jax.sharding import SingleDeviceSharding
 
@@ -298,4 +302,24 @@ def compile_for(name: str | Chip | None, fn, *args, static_argnums=()):
 
     abstract = [place(i, a) for i, a in enumerate(args)]
     with lowering_for(c):
-        return jax.jit(fn, static_argnums=static_argnums).lower(*abstract).compile()
+        return jax.jit(fn, static_argnums=static_argnums).lower(*abstract)
+
+
+def compile_for(name: str | Chip | None, fn, *args, static_argnums=()):
+    """`jax.jit(fn)` compiled for one chip of type `name` on this machine (no TPU needed):
+    what the chip's compiler refuses raises here. `args` are arrays or ShapeDtypeStructs.
+    Kernels inside take their compiled Pallas path (`lowering_for`)."""
+    return lower_for_device(name, fn, *args, static_argnums=static_argnums).compile()
+
+
+def compile_unavailable(name: str | Chip | None = None) -> str | None:
+    """Why nothing can be compiled for chip `name` on this machine (None: it can), e.g.
+    libtpu is not installed or does not load."""
+    c = chip(name)
+    if libtpu_version() is None:
+        return "libtpu is not installed (`pip install 'jax[tpu]==<your jax>'`; tools/setup.sh installs it)"
+    try:
+        compile_only_devices(TOPOLOGIES[c.name])
+    except Exception as error:  # libtpu present but unusable: the message says why
+        return f"libtpu {libtpu_version()} does not load: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    return None

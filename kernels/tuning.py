@@ -64,7 +64,17 @@ def _pow2_at_most(n: int, cap: int, floor: int = 8) -> int:
 
 def _attention(backend: str, seq_q: int, seq_k: int, head_dim: int) -> AttentionBlocks:
     if backend == "tpu":
-        return AttentionBlocks(LANES, _pow2_at_most(seq_k, 512 if head_dim <= 128 else 256, LANES))
+        # JAX 0.10.2's own TPU kernels default to 128 for every block
+        # (`pallas.ops.tpu.flash_attention.BlockSizes.get_default` and splash's, both marked
+        # "TODO: select better parameters"). 512 rows of queries and of keys instead: each
+        # query block re-reads all of K and V, so at sequence 4096 (bf16, head dim 128)
+        # block_q 128 moves 64 MiB of K/V per head against ~4 GFLOP (HBM-bound on a v5e:
+        # ~80 us of traffic for ~22 us of MXU work), 512 moves 16 MiB; and a grid step costs
+        # ~0.35 us, 16x fewer steps. Head dim 256 keeps 256 keys (the s/p tiles and the
+        # accumulators stay the same size). `benchmarks/kernels_bench.py --sweep-blocks`
+        # measures the alternatives on the chip.
+        block_k = _pow2_at_most(seq_k, 512 if head_dim <= 128 else 256, LANES)
+        return AttentionBlocks(_pow2_at_most(seq_q, 512, LANES), block_k)
     return AttentionBlocks(_pow2_at_most(seq_q, 256), _pow2_at_most(seq_k, 256))
 
 

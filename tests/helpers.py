@@ -190,3 +190,19 @@ def assert_converts(
             f"{type(module).__name__} converted but LiteRT disagrees with PyTorch:\n  " + "\n  ".join(problems) + ops
         )
     return edge
+
+
+def compile_for_tpu(fn, *args, chip: str = "v5e", static_argnums=()):
+    """`jax.jit(fn)` compiled for one TPU chip ("v5e", "v6e", "v5p") on this machine, with
+    libtpu's whole compiler (XLA's TPU passes and Mosaic's), so whatever the chip refuses
+    raises here, not only on the chip. `args`: arrays or `jax.ShapeDtypeStruct`s (e.g. an
+    `Exported`'s `in_avals`, to compile `exported.call`). The Pallas kernels inside take
+    their compiled TPU path. Skips the test, saying why, only where libtpu is not installed.
+    Returns the `jax.stages.Compiled` (`.memory_analysis()`, `.cost_analysis()`)."""
+    import pytest
+
+    from kernels import tpu
+
+    if tpu.libtpu_version() is None:
+        pytest.skip("compiling for a TPU needs libtpu (tools/setup.sh installs the version JAX pins)")
+    return tpu.compile_for(chip, fn, *args, static_argnums=static_argnums)

@@ -117,15 +117,40 @@ def chip() -> str:
     return next((c.name for c in tpu.CHIPS.values() if c.device_kind == kind), tpu.DEFAULT_CHIP)
 
 
-def _route(op_name: str, gaps, tpu_rules=None) -> str | None:
+# Where "auto" leaves a compiled kernel for XLA because XLA was measured faster on the chip
+# (mode "on" always takes the kernel). Per op: the size below which XLA wins, what that
+# size is, and the measurement behind the number (chip, date, shape, kernel vs XLA ms from
+# `benchmarks/kernels_bench.py`). 0: no shape measured where XLA wins. For example, after
+# a chip run showed it:
+#   "cross_entropy": (65536, "vocabulary", "v5e 2026-12-04, 8192 rows x 32000: fwd+bwd 3.1 ms, XLA 2.7 ms"),
+XLA_FASTER_BELOW: dict[str, tuple[int, str, str]] = {
+    "scaled_dot_product_attention": (0, "key sequence", "not measured on a chip yet"),
+    "flash_attention": (0, "key sequence", "not measured on a chip yet"),
+    "rms_norm": (0, "rows", "not measured on a chip yet"),
+    "layer_norm": (0, "rows", "not measured on a chip yet"),
+    "cross_entropy": (0, "vocabulary", "not measured on a chip yet"),
+    "decode_attention": (0, "cache length", "not measured on a chip yet"),
+}
+
+
+def _xla_measured_faster(op_name: str, size: int | None) -> str | None:
+    """Why "auto" leaves this call to XLA on speed (None: the kernel is not slower)."""
+    floor, what, evidence = XLA_FASTER_BELOW.get(op_name, (0, "", ""))
+    if _mode != "auto" or size is None or size >= floor:
+        return None
+    return f"XLA measured faster for {what} < {floor}: {evidence}"
+
+
+def _route(op_name: str, gaps, tpu_rules=None, size: int | None = None) -> str | None:
     """Count the outcome; the implementation to use, or None for the XLA path.
     `gaps()` says why the kernel cannot take the call (None: it can); for the compiled
     TPU kernels, `tpu_rules(chip)` adds the layout and VMEM rules `kernels.check_lowering`
-    lowers with, so a call no TPU kernel can take goes to XLA instead of failing."""
+    compiles with, so a call no TPU kernel can take goes to XLA instead of failing, and
+    `XLA_FASTER_BELOW` (in mode "auto") the sizes where XLA was measured faster."""
     impl = implementation()
     reason = f"mode {_mode}" if impl == "reference" else gaps()
     if reason is None and impl == "pallas" and tpu_rules is not None:
-        reason = tpu_rules(chip())
+        reason = tpu_rules(chip()) or _xla_measured_faster(op_name, size)
     _STATS[f"{op_name}: xla ({reason})" if reason else f"{op_name}: kernel"] += 1
     return None if reason else impl
 
@@ -210,6 +235,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         "scaled_dot_product_attention",
         lambda: _attention_gaps(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa),
         _attention_rules(query, key, attn_mask, is_causal),
+        key.shape[-2] if key.ndim >= 2 else None,
     )
     if impl is None:
         if _attention_as_one_op(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
@@ -224,6 +250,10 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return torch.ops.tpu_kernels.flash_attention(query, key, value, attn_mask, is_causal, scale, impl)[0]
 
 
+def _rows(x) -> int:
+    return x.numel() // max(x.shape[-1], 1) if x.ndim else 1
+
+
 def _norm_gaps(x, normalized_shape, weight, bias) -> str | None:
     if len(normalized_shape) != 1 or x.ndim == 0:
         return "normalized over several dims"
@@ -234,7 +264,10 @@ def _norm_gaps(x, normalized_shape, weight, bias) -> str | None:
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
     impl = _route(
-        "layer_norm", lambda: _norm_gaps(x, normalized_shape, weight, bias), _norm_rules(x, None, weight, bias)
+        "layer_norm",
+        lambda: _norm_gaps(x, normalized_shape, weight, bias),
+        _norm_rules(x, None, weight, bias),
+        _rows(x),
     )
     if impl is None:  # ATen's decomposition, without `decompose`'s dispatcher round trip
         return torch.native_layer_norm(x, normalized_shape, weight, bias, eps)[0]
@@ -242,7 +275,9 @@ def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_ena
 
 
 def _rms_norm(x, normalized_shape, weight=None, eps=None):
-    impl = _route("rms_norm", lambda: _norm_gaps(x, normalized_shape, weight, None), _norm_rules(x, None, weight, None))
+    impl = _route(
+        "rms_norm", lambda: _norm_gaps(x, normalized_shape, weight, None), _norm_rules(x, None, weight, None), _rows(x)
+    )
     if impl is None:
         return torch.ops.aten.rms_norm.default.decompose(x, normalized_shape, weight, eps)
     eps = torch.finfo(x.dtype).eps if eps is None else eps
@@ -267,6 +302,7 @@ def _cross_entropy(logits, target, weight=None, reduction=1, ignore_index=-100, 
         "cross_entropy",
         lambda: _cross_entropy_gaps(logits, target, weight, label_smoothing),
         _cross_entropy_rules(logits),
+        logits.shape[-1] if logits.ndim else None,
     )
     if impl is None:
         return torch.ops.aten.cross_entropy_loss.default.decompose(
@@ -303,30 +339,30 @@ def install() -> None:
 # --------------------------------------------------------------------------- direct calls
 
 
-def _direct(op_name: str, tpu_rules) -> str:
+def _direct(op_name: str, tpu_rules, size: int | None = None) -> str:
     """The implementation for a direct call: the mode's, or the custom op's XLA reference
     when the compiled kernel cannot take it (counted like the routers' fallbacks)."""
-    return _route(op_name, lambda: None, tpu_rules) or "reference"
+    return _route(op_name, lambda: None, tpu_rules, size) or "reference"
 
 
 def flash_attention(q, k, v, mask=None, *, causal=False, scale=None):
     """`torch.ops.tpu_kernels.flash_attention` with the mode's implementation (the
     reference when the mode is off/auto on CPU). k/v may have fewer heads (GQA)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    impl = _direct("flash_attention", _attention_rules(q, k, mask, causal))
+    impl = _direct("flash_attention", _attention_rules(q, k, mask, causal), k.shape[-2])
     return torch.ops.tpu_kernels.flash_attention(q, k, v, mask, causal, scale, impl)[0]
 
 
 def rms_norm(x, weight=None, *, eps=1e-6, residual=None):
     """RMSNorm over the last dim; with `residual` returns (rms_norm(x + residual), x + residual)."""
-    impl = _direct("rms_norm", _norm_rules(x, residual, weight, None))
+    impl = _direct("rms_norm", _norm_rules(x, residual, weight, None), _rows(x))
     y, h = torch.ops.tpu_kernels.norm(x, residual, weight, None, False, eps, impl)
     return y if residual is None else (y, h)
 
 
 def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None):
     """LayerNorm over the last dim; with `residual` returns (layer_norm(x + residual), x + residual)."""
-    impl = _direct("layer_norm", _norm_rules(x, residual, weight, bias))
+    impl = _direct("layer_norm", _norm_rules(x, residual, weight, bias), _rows(x))
     y, h = torch.ops.tpu_kernels.norm(x, residual, weight, bias, True, eps, impl)
     return y if residual is None else (y, h)
 
@@ -334,7 +370,7 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None):
 def decode_attention(q, k_cache, v_cache, lengths, *, scale=None):
     """One query token per sequence over its KV cache; `lengths` (B,) valid entries."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    impl = _direct("decode_attention", _decode_rules(q, k_cache))
+    impl = _direct("decode_attention", _decode_rules(q, k_cache), k_cache.shape[-2])
     return torch.ops.tpu_kernels.decode_attention(q, k_cache, v_cache, lengths, scale, impl)
 
 

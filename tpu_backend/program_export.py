@@ -118,27 +118,26 @@ def _abstract(value):
     return jax.ShapeDtypeStruct(tuple(value.shape), jax_dtype(value.dtype))
 
 
-def _saved_value_sources(forward, backward) -> list[int | None]:
-    """For each backward input, the index of the forward output it is (None: the loss's
-    tangent). AOTAutograd names them alike; read before any graph pass renames the
-    forward's outputs (`fuse_residual_norms` replaces a saved `add` by the fused norm's
-    `getitem`, while the backward's placeholder keeps the name `add`)."""
-    output_names = [
+def _output_names(graph_module) -> list:
+    return [
         n.name if isinstance(n, torch.fx.Node) else None
-        for n in next(n for n in reversed(forward.graph.nodes) if n.op == "output").args[0]
+        for n in next(n for n in reversed(graph_module.graph.nodes) if n.op == "output").args[0]
     ]
-    placeholders = [n for n in backward.graph.nodes if n.op == "placeholder"]
-    return [None if p.name.startswith("tangents") else output_names.index(p.name) for p in placeholders]
 
 
-def _joint(forward, backward, sources: list[int | None], n_params: int):
+def _joint(forward, backward, n_params: int, output_names: list):
     """(loss, *parameter gradients) from AOTAutograd's two graphs as one JAX function:
-    backward input i is forward output `sources[i]` (`_saved_value_sources`)."""
+    the backward's saved-value inputs are the forward's outputs of the same name, named as
+    AOTAutograd made them (`output_names`: graph passes may replace an output node)."""
     from tpu_backend.compile import fx_to_jax
 
     fw, bw = fx_to_jax(forward, "export_forward"), fx_to_jax(backward, "export_backward")
-    if len(bw.placeholders) != len(sources):
-        raise AssertionError(f"backward takes {len(bw.placeholders)} inputs, {len(sources)} were mapped")
+    sources = []
+    for placeholder in bw.placeholders:
+        if placeholder.name.startswith("tangents"):
+            sources.append(None)  # d loss / d loss
+        else:
+            sources.append(output_names.index(placeholder.name))
 
     def step(key, *inputs):
         import jax.numpy as jnp
@@ -169,11 +168,11 @@ def export(module_or_fn, args, kwargs=None, *, platforms=("tpu",), train_step=Fa
     abstract = [_abstract(t) for t in (*params.values(), *buffers.values(), *flat_args) if isinstance(t, torch.Tensor)]
     with target:
         graphs, n_params = _traced_graphs(module_or_fn, args, kwargs, train_step)
-        sources = _saved_value_sources(graphs["forward"], graphs["backward"]) if train_step else None
+        forward_outputs = _output_names(graphs["forward"])  # before the pass below replaces saved `add`s
         for gm in graphs.values():
             fuse_residual_norms(gm)
         if train_step:
-            step, needs_rng = _joint(graphs["forward"], graphs["backward"], sources, n_params)
+            step, needs_rng = _joint(graphs["forward"], graphs["backward"], n_params, forward_outputs)
         else:
             forward = fx_to_jax(graphs["forward"], "export")
             step, needs_rng = (lambda key, *xs: forward.run(xs, key)), forward.needs_rng

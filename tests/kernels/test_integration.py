@@ -84,6 +84,25 @@ def test_calls_no_tpu_kernel_can_take_fall_back_with_counted_reason():
     }
 
 
+def test_auto_leaves_shapes_where_xla_was_measured_faster(monkeypatch):
+    """A size listed in `XLA_FASTER_BELOW` goes to XLA in mode "auto", with the measurement
+    as the counted reason; a larger one and mode "on" take the compiled kernel."""
+    from kernels import tpu
+
+    evidence = "v5e, 8 rows x 1000: kernel 0.2 ms, XLA 0.1 ms"
+    monkeypatch.setitem(kernels.XLA_FASTER_BELOW, "cross_entropy", (4096, "vocabulary", evidence))
+    small, target = torch.randn(8, 1000, device="tpu"), torch.zeros(8, dtype=torch.long, device="tpu")
+    with tpu.lowering_for("v5e"):
+        loss = F.cross_entropy(small, target)
+        assert kernels.stats() == {f"cross_entropy: xla (XLA measured faster for vocabulary < 4096: {evidence})": 1}
+        kernels.reset_stats()
+        with kernels.use("on"):  # `on` is the user's choice: the kernel (its program is only traced here)
+            assert kernels._route("cross_entropy", lambda: None, lambda chip: None, 1000) == "pallas"
+        assert kernels._route("cross_entropy", lambda: None, lambda chip: None, 8192) == "pallas"
+    assert torch.allclose(loss.cpu(), F.cross_entropy(small.cpu(), target.cpu()), atol=1e-6)
+    assert kernels.stats() == {"cross_entropy: kernel": 2}
+
+
 def test_custom_ops_on_tpu_tensors_match_cpu():
     """torch.ops.tpu_kernels.* run on tpu tensors (device table) and CPU tensors (host copies)."""
     torch.manual_seed(0)

@@ -121,9 +121,86 @@ class TinyGPT(nn.Module):
         return self.head(self.norm(x))
 
 
+@dataclass(frozen=True)
+class LlamaConfig:
+    """A Llama-style decoder: RMSNorm, rotary positions, SwiGLU MLP, causal SDPA, untied head
+    (the shapes of `../shared/tpu-vm/jax_llama_reference.py`'s rows). `checkpoint`
+    recomputes each block in the backward (activation checkpointing)."""
+
+    vocab: int = 64
+    context: int = 16
+    width: int = 32
+    heads: int = 4
+    layers: int = 2
+    ffn: int = 64
+    checkpoint: bool = False
+    dtype: torch.dtype = torch.float32
+
+
+# The JAX reference's 374M shape (d 1024, 24 layers, FFN 2816) and 0.95B shape (d 2048, 16 layers).
+LLAMA_374M = LlamaConfig(vocab=32000, context=2048, width=1024, heads=8, layers=24, ffn=2816, dtype=torch.bfloat16)
+LLAMA_950M = LlamaConfig(vocab=32000, context=2048, width=2048, heads=16, layers=16, ffn=5632, dtype=torch.bfloat16)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (the rotate-half form) of (B, H, S, D) `x`."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        width, self.heads = config.width, config.heads
+        self.attention_norm = nn.RMSNorm(width, eps=1e-6)
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in range(4))
+        self.mlp_norm = nn.RMSNorm(width, eps=1e-6)
+        self.gate = nn.Linear(width, config.ffn, bias=False)
+        self.up = nn.Linear(width, config.ffn, bias=False)
+        self.down = nn.Linear(config.ffn, width, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        h = self.attention_norm(x)
+        split = lambda t: t.view(batch, length, self.heads, -1).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+        attended = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True)
+        x = x + self.o(attended.transpose(1, 2).reshape(batch, length, width))
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class LlamaLM(nn.Module):
+    def __init__(self, config: LlamaConfig = LlamaConfig()):
+        super().__init__()
+        self.config = config
+        self.tokens = nn.Embedding(config.vocab, config.width)
+        self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.layers))
+        self.norm = nn.RMSNorm(config.width, eps=1e-6)
+        self.head = nn.Linear(config.width, config.vocab, bias=False)
+        head_dim = config.width // config.heads
+        inverse = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(config.context, dtype=torch.float32), inverse).repeat(1, 2)
+        self.register_buffer("cos", angles.cos().to(config.dtype), persistent=False)
+        self.register_buffer("sin", angles.sin().to(config.dtype), persistent=False)
+        self.to(config.dtype)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        cos, sin = self.cos[:length], self.sin[:length]
+        x = self.tokens(tokens)
+        for block in self.blocks:
+            if self.config.checkpoint:
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        return self.head(self.norm(x))
+
+
 def sequence_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy over every position."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    """Next-token cross-entropy over every position (in float32 for half-precision logits)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
 
 
 @dataclass(frozen=True)
@@ -166,6 +243,9 @@ MODEL_CASES: dict[str, ModelCase] = {
     "cnn": ModelCase("cnn", SmallCNN, _class_batch((8, 3, 16, 16)), F.cross_entropy),
     "transformer": ModelCase("transformer", TinyGPT, _token_batch(GPTConfig(), 4), sequence_loss),
     "mingpt": ModelCase("mingpt", lambda: TinyGPT(MINGPT), _token_batch(MINGPT, 8), sequence_loss),
+    "llama": ModelCase("llama", LlamaLM, _token_batch(LlamaConfig(), 4), sequence_loss),
+    "llama-374m": ModelCase("llama-374m", lambda: LlamaLM(LLAMA_374M), _token_batch(LLAMA_374M, 4), sequence_loss),
+    "llama-950m": ModelCase("llama-950m", lambda: LlamaLM(LLAMA_950M), _token_batch(LLAMA_950M, 4), sequence_loss),
 }
 
 

@@ -1,6 +1,8 @@
 """`tpu_backend.export`: every example's training step (forward + backward, gradients for
-every parameter) lowers for TPU with the Pallas kernels on, from this CPU machine; the
-exported program serializes, and run on CPU it gives PyTorch's loss and gradients."""
+every parameter) lowers for TPU with the Pallas kernels on, from this CPU machine, and a
+Llama-style step with every kernel compiles for a v5e (libtpu's compiler, Mosaic's passes
+included: lowering alone missed what the chip refused, #32); the exported program
+serializes, and run on CPU it gives PyTorch's loss and gradients."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 import torch.nn as nn
 
 import tpu_backend
+from tests.helpers import compile_for_tpu
 from tpu_backend import kernels
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
@@ -79,6 +82,71 @@ def test_example_training_step_lowers_for_tpu_with_kernels(name):
     assert text.count("tpu_custom_call") == KERNEL_CALLS[name], kernels.stats()
     again = jax.export.deserialize(exported.serialize())
     assert again.mlir_module() == text
+
+
+class TinyLlama(nn.Module):
+    """A Llama-style decoder whose every hot spot is a kernel call: nn.RMSNorm, causal
+    grouped-query SDPA with head dim 128, and F.cross_entropy over the vocabulary."""
+
+    def __init__(self, vocab=512, dim=256, heads=2, kv_heads=1, layers=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "attention_norm": nn.RMSNorm(dim),
+                    "qkv": nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim, bias=False),
+                    "out": nn.Linear(dim, dim, bias=False),
+                    "ffn_norm": nn.RMSNorm(dim),
+                    "gate_up": nn.Linear(dim, 4 * dim, bias=False),
+                    "down": nn.Linear(2 * dim, dim, bias=False),
+                }
+            )
+            for _ in range(layers)
+        )
+        self.norm, self.head = nn.RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
+
+    def attention(self, block, x):
+        batch, seq, _ = x.shape
+        q, k, v = block["qkv"](x).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
+        q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return block["out"](out.transpose(1, 2).reshape(batch, seq, -1))
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = x + self.attention(block, block["attention_norm"](x))
+            gate, up = block["gate_up"](block["ffn_norm"](x)).chunk(2, dim=-1)
+            x = x + block["down"](nn.functional.silu(gate) * up)
+        logits = self.head(self.norm(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def test_llama_style_training_step_with_kernels_compiles_for_v5e():
+    """Forward and backward of a Llama-style step through the device, kernels in "auto"
+    mode, exported for TPU (64-bit mode on, as `import tpu_backend` sets) and compiled by
+    the v5e's compiler: flash attention (forward, dQ, dK/dV), RMSNorm and cross-entropy
+    kernels all pass Mosaic's compiler passes."""
+    torch.manual_seed(0)
+    step = TinyLlama()
+    tokens = torch.randint(0, 512, (2, 257))
+    kernels.reset_stats()
+    with kernels.use("auto"):
+        exported = tpu_backend.export(step, (tokens[:, :-1], tokens[:, 1:]), platforms=("tpu",), train_step=True)
+    assert jax.config.jax_enable_x64
+    routed = {"scaled_dot_product_attention: kernel", "rms_norm: kernel", "cross_entropy: kernel"}
+    assert set(kernels.stats()) == routed, kernels.stats()  # every call took its kernel, none fell back
+    text = exported.mlir_module()
+    for kernel in ("flash_attention_forward", "flash_attention_dq", "flash_attention_dkv", "norm_forward"):
+        assert kernel in text, kernel
+    for kernel in ("norm_backward", "cross_entropy_forward", "cross_entropy_backward"):
+        assert kernel in text, kernel
+    compiled = compile_for_tpu(exported.call, *exported.in_avals, chip="v5e")
+    assert compiled.as_text().count("tpu_custom_call") >= 7  # the kernels are in the compiled program
 
 
 def test_exported_step_runs_on_cpu_with_pytorch_gradients():
@@ -199,41 +267,6 @@ def test_fused_eager_programs_lower_for_another_platform():
     assert any("stablehlo.dot_general" in e.mlir_module() for e in exported)
 
 
-class PreNormBlock(nn.Module):
-    """Llama-style block: x + attn(rms(x)), then h + mlp(rms(h)), the adds the norms fuse."""
-
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.attn_norm, self.mlp_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
-        self.qkv, self.out = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
-        self.gate, self.up = nn.Linear(dim, 2 * dim, bias=False), nn.Linear(dim, 2 * dim, bias=False)
-        self.down = nn.Linear(2 * dim, dim, bias=False)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        h = x + self.out(attended.transpose(1, 2).reshape(b, t, d))
-        y = self.mlp_norm(h)
-        return h + self.down(nn.functional.silu(self.gate(y)) * self.up(y))
-
-
-class PreNormLM(nn.Module):
-    def __init__(self, vocab=256, dim=128, heads=2, layers=2):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(PreNormBlock(dim, heads) for _ in range(layers))
-        self.norm, self.head = nn.RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, ids, targets):
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.norm(x))
-        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
 def _count_fused_norms(monkeypatch):
     fused = []
     original = kernels.fuse_residual_norms
@@ -243,15 +276,15 @@ def _count_fused_norms(monkeypatch):
 
 def _pre_norm_lm(seq):
     torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(1)
-    ids, targets = torch.randint(0, 256, (2, seq), generator=gen), torch.randint(0, 256, (2, seq), generator=gen)
-    return PreNormLM(), ids, targets
+    tokens = torch.randint(0, 512, (2, seq + 1), generator=torch.Generator().manual_seed(1))
+    return TinyLlama(), tokens[:, :-1], tokens[:, 1:]
 
 
 @pytest.mark.parametrize("mode", ["interpret", "on"])
 def test_pre_norm_lm_step_with_fused_residual_norms_gives_pytorch_gradients(mode, monkeypatch):
-    """The fusion renames the forward's saved adds; the exported step still pairs them with
-    the backward's inputs: loss and gradients as PyTorch's autograd (CPU, Pallas interpreter)."""
+    """The residual-norm fusion replaces the forward's saved adds; the exported step still
+    pairs them with the backward's inputs ("'add' is not in list" before): loss and every
+    gradient as PyTorch's autograd (CPU, the kernels through the Pallas interpreter)."""
     model, ids, targets = _pre_norm_lm(64)
     fused = _count_fused_norms(monkeypatch)
     with kernels.use(mode):
@@ -267,6 +300,7 @@ def test_pre_norm_lm_step_with_fused_residual_norms_gives_pytorch_gradients(mode
 
 @pytest.mark.parametrize("mode", ["auto", "interpret"])
 def test_pre_norm_lm_step_lowers_for_tpu_at_1024(mode, monkeypatch):
+    """Sequence 1024, TPU only: the compiled kernels (auto) or the interpreter's plain HLO."""
     model, ids, targets = _pre_norm_lm(1024)
     fused = _count_fused_norms(monkeypatch)
     with kernels.use(mode):
