@@ -252,7 +252,9 @@ BLOCKS = [
 
 def _entry(doc, block):
     matches = [entry for entry in BLOCKS if entry[0] == doc and entry[1] in block]
-    assert len(matches) == 1, f"{doc}: {len(matches)} entries of BLOCKS match this block; give it one:\n{block}"
+    assert len(matches) == 1, (
+        f"{doc}: {len(matches)} entries of BLOCKS (tests/test_docs_examples.py) match this block; give it exactly one:\n{block}"
+    )
     return matches[0]
 
 
