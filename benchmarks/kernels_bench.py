@@ -615,6 +615,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    tpu.quiet_libtpu_without_chip()  # before JAX starts its backends (a CPU host with libtpu)
     start, deadline = time.perf_counter(), time.monotonic() + args.budget
     jax.config.update("jax_enable_x64", not args.no_x64)
     compiled = args.compile_only is not None or accelerator() is not None
