@@ -12,7 +12,8 @@ one block of each of q, k, v whatever the length, and the logsumexp per query ro
 saved (lane-dense, (B, H, 1, Lq)). Backward (FlashAttention-2): delta = rowsum(dO * O),
 then a dQ kernel (key blocks sequential) and a dK/dV kernel (query blocks sequential),
 both recomputing the probabilities from q, k and the saved logsumexp. Causal programs
-past the diagonal skip their body and re-read the previous block (no DMA).
+past the diagonal skip their body and re-read the previous block (no DMA); only the
+blocks on the diagonal (or holding padded keys) build a mask, from 2-D int32 iotas.
 On TPU every block obeys the (8, 128) rule; `attention_blocks` lists them for
 `kernels.tpu` and `kernels.check_lowering`.
 
