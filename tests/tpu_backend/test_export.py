@@ -127,12 +127,12 @@ class TinyLlama(nn.Module):
 
 
 def test_llama_style_training_step_with_kernels_compiles_for_v5e():
-    """Forward and backward of a Llama-style step through the device, kernels in "auto"
-    mode, exported for TPU (64-bit mode on, as `import tpu_backend` sets) and compiled by
-    the v5e's compiler: flash attention (forward, dQ, dK/dV), RMSNorm and cross-entropy
-    kernels all pass Mosaic's compiler passes."""
+    """Forward and backward of a bf16 Llama-style step through the device, kernels in
+    "auto" mode, exported for TPU (64-bit mode on and matmul precision "highest", as
+    `import tpu_backend` sets) and compiled by the v5e's compiler: flash attention
+    (forward, dQ, dK/dV), RMSNorm and cross-entropy kernels all pass Mosaic's passes."""
     torch.manual_seed(0)
-    step = TinyLlama()
+    step = TinyLlama().to(torch.bfloat16)  # bf16 dots: the device's "highest" precision must not reach them
     tokens = torch.randint(0, 512, (2, 257))
     kernels.reset_stats()
     with kernels.use("auto"):
