@@ -9,6 +9,7 @@ import json
 import pytest
 
 from kernels import check_lowering, tpu
+from tests.chip import child_env
 
 
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
@@ -76,5 +77,5 @@ def test_kernels_package_is_pure_jax():
         "kernels.decode_attention, kernels.tuning, kernels.tpu\n"
         "print(kernels.check_lowering.check_point(kernels.check_lowering.grid(fast=True)[3], 'v6e').ok)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr[-2000:]

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import tpu_backend
+from tests.chip import child_env
 from tpu_backend import chip_limits
 from tpu_backend.chip_limits import TpuChipLimitError
 from tpu_backend.dispatch import clear_jit_cache
@@ -110,9 +111,7 @@ def test_linear_algebra_compiles_for_a_v5e_and_nothing_aborts(tmp_path):
     out = tmp_path / "sweep.json"
     command = [sys.executable, os.path.join(ROOT, "tools", "tpu_op_sweep.py"), "--json", str(out)]
     command += ["--ops", "linalg.svd,linalg.lstsq", "--dtypes", "float32,float64"]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=900, env=dict(os.environ, JAX_PLATFORMS="cpu")
-    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=child_env())
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [
         r for r in json.loads(out.read_text()) if r["op"] in ("aten._linalg_svd.default", "aten.linalg_lstsq.default")

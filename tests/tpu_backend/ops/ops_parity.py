@@ -17,6 +17,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import tpu_backend.ops  # noqa: F401  (registers every lowering)
+from tpu_backend import chip_limits
+from tpu_backend.chip_limits import TpuChipLimitError
 from tpu_backend.ops.registry import JAX_LOWERINGS, torch_dtype
 
 
@@ -71,7 +73,14 @@ def _run(op, args, kwargs, key, jit, dynamic_floats):
             call_kwargs["key"] = key if key is not None else jax.random.key(0)
         return lowering.fn(*call_args, **call_kwargs)
 
-    out = jax.jit(call)(*arrays) if jit else call(*arrays)
+    try:
+        out = jax.jit(call)(*arrays) if jit else call(*arrays)
+    except TpuChipLimitError as error:  # on a TPU: what the device runs on the host, run there too
+        if error.limit.action != "host":
+            raise
+        host = [jax.device_put(a, chip_limits.host_device()) if isinstance(a, jax.Array) else a for a in arrays]
+        with chip_limits.on_host():
+            out = jax.jit(call)(*host) if jit else call(*host)
     return jax.tree_util.tree_map(to_torch, out)
 
 
