@@ -313,6 +313,7 @@ def main(argv=None) -> None:
     parser.add_argument("--raw", action="store_true", help="bypass the device's chip policy")
     parser.add_argument("--json", help="write every case's outcome here")
     parser.add_argument("--cases", help="a file of captured calls: read if it exists, else written")
+    parser.add_argument("--rerun", help="a --json file of an earlier sweep: compile again only what failed there")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -328,6 +329,11 @@ def main(argv=None) -> None:
         if options.cases:
             with open(options.cases, "wb") as f:
                 pickle.dump(cases, f)
+    if options.rerun:
+        with open(options.rerun) as f:
+            failed = [r for r in json.load(f) if _kind(r["outcome"]) not in ("ok", "host")]
+        keys = {(r["op"], tuple(r["dtypes"]), r["source"]) for r in failed}
+        cases = [c for c in cases if (c.op, tuple(c.dtypes), c.source) in keys]
     if options.families:
         cases = [c for c in cases if c.family in options.families.split(",")]
     print(f"{len(cases)} distinct (op, dtypes) calls captured in {time.perf_counter() - began:.0f} s", flush=True)

@@ -5,10 +5,11 @@ really pass, for a TPU v5e with libtpu's compiler (`tools/tpu_op_sweep.py`; libt
 JAX 0.10.2). Outside this table everything compiles. Each `ChipLimit` names the ops, the
 argument dtypes that trigger it, what XLA does with them, and the action:
 
-- "host": eager mode (strict, debug) runs the op on the host's CPU device with the same
-  lowering, warns once per (op, dtype) and counts it in `cpu_fallback_counts()`; inside
-  one compiled program (torch.compile, fused mode, the compile-step) there is no host, so
-  the op raises `TpuChipLimitError` there, before XLA sees it;
+- "host": eager mode (strict, debug, and fused, which runs such an op at once instead of
+  recording it) runs the op on the host's CPU device with the same lowering, warns once
+  per (op, dtype) and counts it in `cpu_fallback_counts()`; inside one compiled program
+  (torch.compile, the compile-step) there is no host, so the op raises
+  `TpuChipLimitError` there, before XLA sees it;
 - "raise": raises `TpuChipLimitError` everywhere: a host round trip would hide a cost
   the user must see.
 
@@ -104,6 +105,14 @@ LIMITS: tuple[ChipLimit, ...] = (
         "contain X64 element types ... dot')",
         "multiply in int32 or float32 to stay on the chip",
     ),
+    ChipLimit(
+        frozenset([aten._fft_r2c.default]),
+        frozenset({"float64"}),
+        "raise",
+        "XLA's TPU FFT takes float32 and complex64 only ('Unexpected operand type for FFT: f64'), "
+        "and the device cannot hold the complex128 result",
+        "compute the transform in float32 (x.float())",
+    ),
 )
 
 _BY_OP: dict = {}
@@ -115,16 +124,13 @@ for _limit in LIMITS:
 class TpuChipLimitError(TpuLoweringError):
     """An op, on these dtypes, that a TPU's compiler cannot compile (see `LIMITS`)."""
 
-    def __init__(self, op, dtype: str, limit: ChipLimit, where: str):
+    def __init__(self, op, dtype: str, limit: ChipLimit):
         self.op, self.dtype, self.limit = op, dtype, limit
+        where = " inside a compiled program (torch.compile)" if limit.action == "host" else ""
         super().__init__(
-            f"{op} on {dtype} tensors cannot run on a TPU {where}: {limit.reason}. "
+            f"{op} on {dtype} tensors cannot run on a TPU{where}: {limit.reason}. "
             f"{limit.advice[0].upper()}{limit.advice[1:]}, or move the tensors to CPU (x.cpu())"
-            + (
-                "; in eager mode (tpu_backend.set_eager_mode('strict')) it runs on the host by itself."
-                if limit.action == "host"
-                else "."
-            )
+            + ("; in eager mode it runs on the host by itself." if limit.action == "host" else ".")
         )
 
 
@@ -207,7 +213,7 @@ def guarded(op, fn):
             limit = limit_for(op, found)
             if limit is not None:
                 dtype = sorted(found & limit.dtypes)[0]
-                raise TpuChipLimitError(op, dtype, limit, "inside a compiled program")
+                raise TpuChipLimitError(op, dtype, limit)
         return fn(*args, **kwargs)
 
     checked.chip_limited = True

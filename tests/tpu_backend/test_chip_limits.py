@@ -62,6 +62,20 @@ def test_float64_linear_algebra_runs_on_the_host_with_one_warning(as_on_a_tpu):
     assert tpu_backend.cpu_fallback_counts()["aten._linalg_svd.default"] == before + 2
 
 
+def test_fused_mode_runs_it_on_the_host_at_once(as_on_a_tpu, fused_mode):
+    a = torch.randn(4, 4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):  # the second time the fused graph's state has been seen before
+            inverse = torch.linalg.inv(a.to("tpu") * 2) + 1  # a pending input, a pending consumer
+            torch.testing.assert_close(inverse.cpu(), torch.linalg.inv(a * 2) + 1, rtol=1e-12, atol=1e-12)
+
+
+def test_float64_fft_says_to_compute_in_float32(as_on_a_tpu):
+    with pytest.raises(TpuChipLimitError, match=r"aten._fft_r2c.default on float64 .*x\.float\(\)"):
+        torch.fft.rfft(torch.randn(8, dtype=torch.float64).to("tpu"))
+
+
 def test_int64_matrix_product_runs_on_the_host(as_on_a_tpu):
     m = torch.arange(12).reshape(3, 4)
     with warnings.catch_warnings():
