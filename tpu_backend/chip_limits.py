@@ -252,4 +252,11 @@ def warn_on_host(error: TpuChipLimitError, frame: str) -> None:
 
 
 def host_device():
-    return jax.devices("cpu")[0]
+    """JAX's CPU device, where eager mode runs what the chip refuses."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError as error:
+        raise RuntimeError(
+            "running an op the TPU refuses on the host needs JAX's CPU backend, which JAX_PLATFORMS "
+            f"excludes here ({error}): leave JAX_PLATFORMS unset or list cpu too (JAX_PLATFORMS=tpu,cpu)"
+        ) from None
