@@ -268,6 +268,8 @@ def sweep(cases: list[Case], chip: str, raw: bool) -> list[dict]:
                         done = json.loads(line[5:])
                         results[done["index"]] = done
                         current = None
+                        if len(results) % 500 == 0:
+                            print(f"... {len(results)} of {len(cases)} compiled", file=sys.stderr, flush=True)
                 proc.wait()
             if current is None:
                 break
