@@ -8,12 +8,12 @@ in the "kernel report" section of pytest's output), the whole production grid un
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
 
 from kernels import check_lowering, tpu
+from tests.chip import child_env
 
 needs_libtpu = pytest.mark.skipif(
     tpu.libtpu_version() is None, reason="compiling for a TPU needs libtpu (tools/setup.sh installs it)"
@@ -129,7 +129,5 @@ def test_kernels_package_is_pure_jax():
         "kernels.decode_attention, kernels.tuning, kernels.tpu\n"
         "print(kernels.check_lowering.check_point(kernels.check_lowering.grid(fast=True)[3], 'v6e', compile=False).ok)"
     )
-    # lowering only, on JAX's CPU backend: on a TPU host this process holds the chip
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr[-2000:]

@@ -7,7 +7,6 @@ matches PyTorch CPU eager with `torch.optim` step by step."""
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch._dynamo
 
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
+from tests.chip import child_env
 from tests.tpu_backend.models import MODEL_CASES, functional_train_step, make_optimizer, train_step, training_batches
 from tpu_backend import tensor as device_tensor
 from tpu_backend.eager.runner import CACHE_STATS
@@ -82,7 +82,7 @@ def test_compiled_step_updates_parameters_in_place():
     reference of unidentified origin and are (safely) not donated; see docs/architecture.md."""
     code = "from tests.tpu_backend.compile.test_train_step import check_in_place; check_in_place()"
     root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = child_env(PYTHONPATH=str(root))
     child = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
     assert child.returncode == 0, child.stdout + child.stderr
 
