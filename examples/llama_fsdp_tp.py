@@ -43,6 +43,23 @@ class LlamaConfig:
     hidden: int = 64
     seq: int = 8
     eps: float = 1e-5
+    kv_heads: int | None = None  # grouped-query attention: fewer key/value heads (None: = heads)
+
+    @property
+    def key_value_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+
+# Shapes for `python -m tpu_backend.aot examples/llama_fsdp_tp.py --size ...` (weights never exist).
+PRESETS = {
+    "tiny": LlamaConfig(),
+    "small": LlamaConfig(vocab=512, dim=256, layers=2, heads=4, hidden=512, seq=128),
+    # DESIGN.md's 0.95B JAX reference shape (untied head, vocabulary 32000)
+    "1b": LlamaConfig(vocab=32000, dim=2048, layers=16, heads=16, hidden=5632, seq=2048),
+    "350m": LlamaConfig(vocab=32000, dim=1024, layers=24, heads=16, hidden=2816, seq=2048),
+    # Llama-3-8B's shape
+    "8b": LlamaConfig(vocab=128256, dim=4096, layers=32, heads=32, kv_heads=8, hidden=14336, seq=8192, eps=1e-5),
+}
 
 
 def rotary_tables(config: LlamaConfig) -> torch.Tensor:
@@ -74,9 +91,10 @@ class Attention(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.head_dim = config.dim // config.heads
+        self.grouped = config.key_value_heads != config.heads
         self.wq = nn.Linear(config.dim, config.dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.dim, bias=False)
+        self.wk = nn.Linear(config.dim, config.key_value_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(config.dim, config.key_value_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
 
     def forward(self, x, rotary):
@@ -86,7 +104,11 @@ class Attention(nn.Module):
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.grouped:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -217,6 +239,46 @@ def parallelize(
             fully_shard(block, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
     return model
+
+
+# --------------------------------------------------------------------- planning for a pod (tpu_backend.aot)
+
+
+def device_tensor_parallel_plan() -> dict:
+    """The plan above in the single-controller API's terms (`tpu_backend.distributed`):
+    attention and FFN column- then row-wise, the embedding split over the vocabulary and
+    the head over its outputs (no sequence parallel: XLA places the activations)."""
+    from tpu_backend.distributed import ColwiseParallel, RowwiseParallel
+
+    return {
+        "tok_embeddings": RowwiseParallel(),
+        "output": ColwiseParallel(),
+        "layers.*.attention.w[qkv]": ColwiseParallel(),
+        "layers.*.attention.wo": RowwiseParallel(),
+        "layers.*.feed_forward.w[13]": ColwiseParallel(),
+        "layers.*.feed_forward.w2": RowwiseParallel(),
+    }
+
+
+def aot_step(size: str = "tiny", batch: int = 8, seq: int | None = None, dtype: str = "bfloat16") -> dict:
+    """This example's training step for `python -m tpu_backend.aot` (and
+    `tpu_backend.aot.compile_step(**aot_step(...), topology=..., mesh=...)`): the model on
+    the meta device (no weights), a global batch of token ids, the loss, the TP plan."""
+    import dataclasses
+
+    if size not in PRESETS:
+        raise ValueError(f"--size {size!r}: choose one of {', '.join(PRESETS)}")
+    config = dataclasses.replace(PRESETS[size], seq=seq or PRESETS[size].seq)
+    with torch.device("meta"):
+        model = Llama(config).to(getattr(torch, dtype))
+    tokens = ((batch, config.seq), torch.long)
+    return {
+        "model": model,
+        "inputs": [tokens],
+        "targets": [tokens],
+        "loss": loss_fn,
+        "tensor_parallel": device_tensor_parallel_plan(),
+    }
 
 
 # --------------------------------------------------------------------- the training run

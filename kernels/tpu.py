@@ -259,7 +259,7 @@ _DEVICES: dict = {}
 
 
 def compile_only_devices(topology: str):
-    """Compile-only TPU devices of a named topology ("v5e:2x2", "v6e:2x2", "v5e:16x16", ...),
+    """Compile-only TPU devices of a named topology ("v5e:2x2", "v6e:2x2", "v5e:16x16", "v4:2x2x1"...),
     from libtpu's compiler, with no chip attached. Programs placed on them compile with the
     chip's whole compiler (XLA's TPU passes and Mosaic's) and report `memory_analysis()`
     and `cost_analysis()`; they cannot run."""
@@ -278,7 +278,8 @@ def compile_only_devices(topology: str):
         _DEVICES[topology] = topologies.get_topology_desc(
             platform="tpu",
             topology_name=topology,
-            chip_config_name="default",
+            # v4 has two TensorCores per chip: "megacore" makes them one device, as on the chip
+            chip_config_name="megacore" if name == "v4" else "default",
             chips_per_host_bounds=bounds[:3],
             wrap=(False, False, False),
         ).devices

@@ -17,6 +17,7 @@ propagates the operands' sharding to the result).
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -39,11 +40,35 @@ def _shard_dim(shape: Sequence[int], size: int) -> int | None:
     return None
 
 
-def parameter_sharding(shape: Sequence[int], mesh: Mesh, axis: str) -> NamedSharding:
-    """Split the first dimension of `shape` that the axis size divides; else replicate."""
-    dim = _shard_dim(shape, mesh.shape[axis])
-    spec = PartitionSpec() if dim is None else PartitionSpec(*([None] * dim), axis)
-    return NamedSharding(mesh, spec)
+def parameter_sharding(
+    shape: Sequence[int], mesh: Mesh, axis: str, tensor_parallel: PartitionSpec | None = None
+) -> NamedSharding:
+    """Split the first dimension of `shape` that the axis size divides; else replicate.
+
+    `tensor_parallel`: the parameter's spec on the other mesh axes (a tensor-parallel
+    plan), kept; FSDP then takes the first dimension that plan leaves whole, or splits a
+    planned dimension further (FSDP2 + TP's layout: 1/(fsdp x tp) of each parameter)."""
+    if not tensor_parallel or all(entry is None for entry in tensor_parallel):
+        dim = _shard_dim(shape, mesh.shape[axis])
+        spec = PartitionSpec() if dim is None else PartitionSpec(*([None] * dim), axis)
+        return NamedSharding(mesh, spec)
+    entries = list(tensor_parallel) + [None] * (len(shape) - len(tensor_parallel))
+    split = [math.prod(mesh.shape[a] for a in _axes(entry)) for entry in entries]
+    free = [d for d, entry in enumerate(entries) if entry is None]
+    dims = free + [d for d in range(len(shape)) if d not in free]
+    for dim in dims:
+        left = shape[dim] // split[dim]
+        if left % mesh.shape[axis] == 0 and left >= mesh.shape[axis]:
+            axes = _axes(entries[dim]) + (axis,)
+            entries[dim] = axes[0] if len(axes) == 1 else axes
+            break
+    while entries and entries[-1] is None:
+        entries.pop()
+    return NamedSharding(mesh, PartitionSpec(*entries))
+
+
+def _axes(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def keep_training_state_sharded(param: torch.Tensor, sharding: NamedSharding) -> None:

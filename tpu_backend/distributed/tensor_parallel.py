@@ -42,8 +42,14 @@ def _on_axis(mesh: Mesh, axis: str, placement: Placement) -> list[Placement]:
 class ParallelStyle:
     """How one module's parameters are placed over the tensor-parallel axis."""
 
-    def apply(self, module: nn.Module, mesh: Mesh, axis: str, name: str) -> None:
+    def placements(self, module: nn.Module, name: str) -> dict[str, Placement]:
+        """Parameter name (relative to `module`) -> its placement on the tensor-parallel
+        axis. Shapes only: `tpu_backend.aot` plans with modules on the meta device."""
         raise NotImplementedError
+
+    def apply(self, module: nn.Module, mesh: Mesh, axis: str, name: str) -> None:
+        for param_name, placement in self.placements(module, name).items():
+            distribute_tensor(module.get_parameter(param_name), mesh, _on_axis(mesh, axis, placement))
 
 
 def _linear_or_embedding(module: nn.Module, name: str, style: str) -> None:
@@ -55,35 +61,36 @@ def _linear_or_embedding(module: nn.Module, name: str, style: str) -> None:
 
 
 class ColwiseParallel(ParallelStyle):
-    def apply(self, module, mesh, axis, name):
+    def placements(self, module, name):
         _linear_or_embedding(module, name, "ColwiseParallel")
-        weight_dim = 1 if isinstance(module, nn.Embedding) else 0
-        distribute_tensor(module.weight, mesh, _on_axis(mesh, axis, Shard(weight_dim)))
+        out = {"weight": Shard(1 if isinstance(module, nn.Embedding) else 0)}
         if getattr(module, "bias", None) is not None:
-            distribute_tensor(module.bias, mesh, _on_axis(mesh, axis, Shard(0)))
+            out["bias"] = Shard(0)
+        return out
 
 
 class RowwiseParallel(ParallelStyle):
-    def apply(self, module, mesh, axis, name):
+    def placements(self, module, name):
         _linear_or_embedding(module, name, "RowwiseParallel")
-        weight_dim = 0 if isinstance(module, nn.Embedding) else 1
-        distribute_tensor(module.weight, mesh, _on_axis(mesh, axis, Shard(weight_dim)))
+        out = {"weight": Shard(0 if isinstance(module, nn.Embedding) else 1)}
         if getattr(module, "bias", None) is not None:
-            distribute_tensor(module.bias, mesh, _on_axis(mesh, axis, Replicate()))
+            out["bias"] = Replicate()
+        return out
 
 
 class AttentionParallel(ParallelStyle):
-    def apply(self, module, mesh, axis, name):
+    def placements(self, module, name):
         if not isinstance(module, nn.MultiheadAttention):
             raise TypeError(
                 f"AttentionParallel applies to nn.MultiheadAttention, but {name!r} is a {type(module).__name__}"
             )
         if module.in_proj_weight is None:
             raise ValueError(f"{name!r}: AttentionParallel needs the fused in_proj_weight (kdim == vdim == embed_dim)")
-        distribute_tensor(module.in_proj_weight, mesh, _on_axis(mesh, axis, Shard(0)))
+        out = {"in_proj_weight": Shard(0)}
         if module.in_proj_bias is not None:
-            distribute_tensor(module.in_proj_bias, mesh, _on_axis(mesh, axis, Shard(0)))
-        RowwiseParallel().apply(module.out_proj, mesh, axis, f"{name}.out_proj")
+            out["in_proj_bias"] = Shard(0)
+        rowwise = RowwiseParallel().placements(module.out_proj, f"{name}.out_proj")
+        return {**out, **{f"out_proj.{k}": v for k, v in rowwise.items()}}
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,37 @@ class Placements:
 
     def __init__(self, *placements: Placement):
         object.__setattr__(self, "placements", tuple(placements))
+
+
+def plan_placements(
+    module: nn.Module, mesh: Mesh, plan: Mapping[str, ParallelStyle | Placements] | None, axis: str
+) -> dict[str, list[Placement]]:
+    """Parameter name -> its placements (one per mesh axis) under `plan`, for the
+    parameters the plan names; reads only names and shapes (works on the meta device).
+    Raises if a plan key matches nothing."""
+    if axis not in mesh.axis_names:
+        raise ValueError(f"parallelize_module: axis {axis!r} is not an axis of the mesh {dict(mesh.shape)}")
+    modules = dict(module.named_modules())
+    parameters = dict(module.named_parameters())
+    placed: dict[str, list[Placement]] = {}
+    for pattern, style in (plan or {}).items():
+        if isinstance(style, Placements):
+            names = fnmatch.filter(parameters, pattern)
+            for name in names:
+                placed[name] = list(style.placements)
+        elif isinstance(style, ParallelStyle):
+            names = fnmatch.filter(modules, pattern)
+            for name in names:
+                for param_name, placement in style.placements(modules[name], name).items():
+                    placed[f"{name}.{param_name}" if name else param_name] = _on_axis(mesh, axis, placement)
+        else:
+            raise TypeError(
+                f"plan[{pattern!r}] = {style!r}: use ColwiseParallel(), RowwiseParallel(), AttentionParallel() or Placements(...)"
+            )
+        if not names:
+            kind = "parameter" if isinstance(style, Placements) else "module"
+            raise ValueError(f"plan key {pattern!r} matches no {kind} of {type(module).__name__}")
+    return placed
 
 
 def parallelize_module(
@@ -107,28 +145,11 @@ def parallelize_module(
     Raises if a plan key matches nothing. Returns `module`."""
     mesh = get_mesh(mesh)
     axis = mesh.axis_names[-1] if axis is None else axis
-    if axis not in mesh.axis_names:
-        raise ValueError(f"parallelize_module: axis {axis!r} is not an axis of the mesh {dict(mesh.shape)}")
+    placed = plan_placements(module, mesh, plan, axis)
     for t in [*module.parameters(), *module.buffers()]:
         distribute_tensor(t, mesh)  # replicated unless the plan says otherwise
-    modules = dict(module.named_modules())
-    parameters = dict(module.named_parameters())
-    for pattern, style in (plan or {}).items():
-        if isinstance(style, Placements):
-            names = fnmatch.filter(parameters, pattern)
-            for name in names:
-                distribute_tensor(parameters[name], mesh, list(style.placements))
-        elif isinstance(style, ParallelStyle):
-            names = fnmatch.filter(modules, pattern)
-            for name in names:
-                style.apply(modules[name], mesh, axis, name)
-        else:
-            raise TypeError(
-                f"plan[{pattern!r}] = {style!r}: use ColwiseParallel(), RowwiseParallel(), AttentionParallel() or Placements(...)"
-            )
-        if not names:
-            kind = "parameter" if isinstance(style, Placements) else "module"
-            raise ValueError(f"plan key {pattern!r} matches no {kind} of {type(module).__name__}")
+    for name, placements in placed.items():
+        distribute_tensor(module.get_parameter(name), mesh, placements)
     for param in module.parameters():  # gradients and optimizer state follow the parameters
         keep_training_state_sharded(param, sharding_of(param))
     return module

@@ -1,0 +1,151 @@
+"""tpu_backend.aot: a sharded training step compiled for a TPU topology on this CPU host.
+
+Needs libtpu (installed by tools/setup.sh with JAX's `tpu` extra), not a chip."""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import tpu_backend.aot as aot
+from kernels.tpu import libtpu_version
+from tpu_backend import kernels as device_kernels
+from tpu_backend.aot.report import count_rematerialized
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from examples.llama_fsdp_tp import aot_step  # noqa: E402
+
+needs_libtpu = pytest.mark.skipif(libtpu_version() is None, reason="compiling for TPU needs libtpu")
+
+
+@pytest.fixture(autouse=True)
+def kernels_off():
+    with device_kernels.use("off"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def fsdp_tp_report():
+    with device_kernels.use("off"):
+        step = aot_step("tiny", batch=8)
+        return aot.compile_step(
+            step["model"],
+            step["inputs"],
+            step["targets"],
+            step["loss"],
+            topology="v5e:2x2",
+            mesh="fsdp=2,tp=2",
+            tensor_parallel=step["tensor_parallel"],
+        )
+
+
+@needs_libtpu
+def test_sharded_step_reports_per_chip_memory_cost_and_collectives(fsdp_tp_report):
+    r = fsdp_tp_report
+    assert (r.chips, r.device_kind, r.mesh) == (4, "TPU v5 lite", {"fsdp": 2, "tp": 2})
+    assert r.hbm_bytes == 16_909_336_064 and r.fits  # the 15.75 GiB of 16 a v5e program may use
+    # every parameter is split over both axes: each chip holds a quarter of the bf16 weights
+    # (within the 1-D norm weights FSDP splits only in two), AdamW's two moments twice that
+    whole = r.parameters * 2
+    assert whole / 4 <= r.state_bytes["parameters"] <= whole / 4 * 1.1
+    assert r.state_bytes["optimizer state"] >= 2 * r.state_bytes["parameters"]
+    assert r.state_bytes["batch rows per chip"] == 4  # batch 8 over fsdp=2
+    assert r.argument_bytes >= r.state_bytes["parameters"] + r.state_bytes["optimizer state"]
+    assert r.alias_bytes > 0  # donated parameters and moments are updated in place
+    assert r.total_bytes == r.argument_bytes + r.output_bytes - r.alias_bytes + r.temp_bytes + r.code_bytes
+    assert r.flops > 0 and r.bytes_accessed > 0
+    assert r.collectives["all-gather"] > 0  # FSDP gathers weights
+    assert r.collectives["all-reduce"] > 0  # TP's row-parallel sums, the loss
+    assert r.seconds["compile"] > 0
+    assert r.rematerialized == 0  # a tiny step has HBM to spare
+    assert set(json.loads(json.dumps(r.to_json()))) >= {"total_bytes", "fits", "collectives", "flops", "advice"}
+
+
+@needs_libtpu
+def test_command_prints_table_and_writes_json(tmp_path, capsys):
+    from tpu_backend.aot.__main__ import main
+
+    out = tmp_path / "report.json"
+    argv = ["examples/llama_fsdp_tp.py", "--topology", "v5e:2x2", "--mesh", "fsdp=4", "--size", "tiny"]
+    code = main([*argv, "--batch", "8", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "temporaries" in printed and "all-gather" in printed and "compiling for 4 chips" in printed
+    report = json.loads(out.read_text())
+    assert report["mesh"] == {"fsdp": 4} and report["fits"] is True
+    assert report["state_bytes"]["batch rows per chip"] == 2
+
+
+@needs_libtpu
+def test_step_that_cannot_fit_is_refused_naming_what_to_shrink():
+    with torch.device("meta"):  # 4 x 4.3G float32 weights, replicated: ~200 GiB per chip with AdamW
+        model = nn.Sequential(*(nn.Linear(65536, 65536, bias=False) for _ in range(4)))
+    batch = [((8, 65536), torch.float32)]
+    with pytest.raises(aot.StepDoesNotFit, match="does not fit v5e:2x2") as refused:
+        aot.compile_step(
+            model, batch, batch, nn.functional.mse_loss, topology="v5e:2x2", mesh="dp=4", optimizer="sgd", check=True
+        )
+    assert "FSDP" in str(refused.value)
+
+
+def test_mesh_must_match_the_topology_and_name_known_axes():
+    with pytest.raises(ValueError, match="fsdp=64,tp=4"):
+        aot.parse_mesh("fsdp:64")
+    if libtpu_version() is None:
+        return
+    with pytest.raises(ValueError, match="v5e:2x2 has 4 chips"):
+        aot.device_mesh("v5e:2x2", {"fsdp": 8})
+    with pytest.raises(ValueError, match="use dp, fsdp, tp"):
+        aot.device_mesh("v5e:2x2", {"data": 4})
+
+
+def test_collectives_are_counted_from_hlo_text():
+    hlo = """ENTRY %main {
+  %a = bf16[4,8]{1,0} all-gather-start(bf16[1,8]{1,0} %p), replica_groups={}
+  %b = bf16[4,8]{1,0} all-gather-done(%a)
+  %c = f32[] all-reduce(f32[] %x), to_apply=%add
+  %d = f32[2]{0} reduce-scatter(f32[4]{0} %y), dimensions={0}
+  %e = f32[2]{0} collective-permute-start(f32[2]{0} %d), source_target_pairs={{0,1}}
+  %fusion.7.remat2 = bf16[4,8]{1,0} fusion(%b), kind=kLoop
+}"""
+    counts = aot.count_collectives(hlo)
+    assert counts == {
+        "all-reduce": 1,
+        "all-gather": 1,
+        "reduce-scatter": 1,
+        "all-to-all": 0,
+        "collective-permute": 1,
+    }
+    assert count_rematerialized(hlo) == 1
+
+
+def test_fsdp_with_tensor_parallel_splits_each_weight_over_both_axes():
+    if libtpu_version() is None:
+        pytest.skip("needs libtpu for the compile-only devices")
+    from jax.sharding import PartitionSpec as P
+
+    from tpu_backend.distributed.fsdp import parameter_sharding
+
+    mesh = aot.device_mesh("v5e:2x2", {"fsdp": 2, "tp": 2})
+    # column-parallel weight (out split over tp): FSDP takes the input dim
+    assert parameter_sharding((64, 32), mesh, "fsdp", P("tp")).spec == P("tp", "fsdp")
+    # a vector split by tp: FSDP splits the same dim further
+    assert parameter_sharding((64,), mesh, "fsdp", P("tp")).spec == P(("tp", "fsdp"))
+    # no plan: the first divisible dim, as fully_shard does
+    assert parameter_sharding((3, 64), mesh, "fsdp").spec == P(None, "fsdp")
+
+
+def test_refusal_with_small_arguments_points_at_the_activations():
+    from tpu_backend.aot.report import Buffer
+
+    message = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+        "(301.57G) exceeds available HBM (15.75G)."
+    )
+    refused = aot.StepDoesNotFit(None, message, "v5e:16x16", [Buffer("output.weight", 2**26, "parameter")])
+    assert refused.required_temp_bytes == int(301.57 * 2**30)
+    assert "temporaries (activations kept for the backward pass) are what does not fit" in str(refused)
+    assert "FSDP" not in str(refused)

@@ -1,0 +1,239 @@
+"""Compile a traced training step for a TPU topology on this host and read what it costs.
+
+The step's graph (`capture.trace_step`) runs through the device's FX -> JAX interpreter
+(`tpu_backend.compile.fx_to_jax`) inside one `jax.jit`, whose arguments are
+`ShapeDtypeStruct`s with the shardings the distributed API gives (`tpu_backend.
+distributed`): parameters, their gradients' owners and optimizer state as `fully_shard`
+and `parallelize_module` place them, batches as `shard_batch` splits them. libtpu's
+compiler partitions it for compile-only devices of the named topology
+(`kernels.tpu.compile_only_devices`) and reports per-chip memory and cost; the same
+compiler refuses what the chip would refuse.
+
+Mesh axes: "dp" (data parallel: parameters replicated, `DataParallel`), "fsdp"
+(parameters, gradients and optimizer state split, `fully_shard`), "tp" (tensor parallel,
+`parallelize_module` with a plan). The batch is split over "dp" and "fsdp" together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from torch import nn
+
+from tpu_backend.aot.capture import BATCH, BUFFER, PARAM, STEP_COUNT, StepGraph, trace_step
+from tpu_backend.aot.report import (
+    Report,
+    StepDoesNotFit,
+    argument_buffers,
+    hbm_bytes,
+    is_out_of_memory,
+    read_compiled,
+)
+from tpu_backend.compile.interpreter import GraphFunction
+from tpu_backend.distributed.fsdp import parameter_sharding
+from tpu_backend.distributed.mesh import batch_sharding, partition_spec
+from tpu_backend.distributed.tensor_parallel import plan_placements
+from tpu_backend.ops.registry import jax_dtype
+
+AXES = ("dp", "fsdp", "tp")
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """`"fsdp=64,tp=4"` -> {"fsdp": 64, "tp": 4}."""
+    mesh = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, size = part.partition("=")
+        if not size.isdigit():
+            raise ValueError(f"mesh {text!r}: write axes as name=size, e.g. fsdp=64,tp=4")
+        mesh[name.strip()] = int(size)
+    return mesh
+
+
+def device_mesh(topology: str, axes: Mapping[str, int]):
+    """A mesh over the compile-only devices of `topology` (as `init_mesh` builds one over a
+    run's devices: automatic axes, JAX's topology-aware device order)."""
+    from kernels.tpu import compile_only_devices
+
+    unknown = [a for a in axes if a not in AXES]
+    if unknown:
+        raise ValueError(f"mesh axes {unknown}: use {', '.join(AXES)} (data parallel, FSDP, tensor parallel)")
+    devices = compile_only_devices(topology)
+    if math.prod(axes.values()) != len(devices):
+        raise ValueError(
+            f"mesh {dict(axes)} has {math.prod(axes.values())} devices but {topology} has {len(devices)} chips: "
+            "make the axis sizes multiply to the chip count"
+        )
+    names = tuple(axes)
+    return jax.make_mesh(tuple(axes.values()), names, devices=devices, axis_types=(AxisType.Auto,) * len(names))
+
+
+def input_shardings(step: StepGraph, model: nn.Module, mesh, tensor_parallel: Mapping | None) -> list[NamedSharding]:
+    """Per step argument, the sharding the distributed API would give it."""
+    tp_specs = {}
+    if tensor_parallel:
+        if "tp" not in mesh.axis_names:
+            raise ValueError("a tensor-parallel plan needs a 'tp' mesh axis (e.g. --mesh fsdp=64,tp=4)")
+        tp_specs = plan_placements(model, mesh, tensor_parallel, "tp")
+    shapes = {s.name: s.shape for s in step.inputs if s.role == PARAM}
+    param_shardings = {}
+    for name, shape in shapes.items():
+        spec = partition_spec(tp_specs[name], mesh, len(shape)) if name in tp_specs else PartitionSpec()
+        for dim, entry in enumerate(spec):
+            parts = math.prod(mesh.shape[a] for a in ((entry,) if isinstance(entry, str) else entry or ()))
+            if parts > 1 and shape[dim] % parts:
+                raise ValueError(f"{name}: dim {dim} of {shape} cannot be split over tp={parts}")
+        if "fsdp" in mesh.axis_names:
+            param_shardings[name] = parameter_sharding(shape, mesh, "fsdp", spec)
+        else:
+            param_shardings[name] = NamedSharding(mesh, spec)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    batch_axes = [a for a in mesh.axis_names if a in ("dp", "fsdp")]
+    shardings = []
+    for s in step.inputs:
+        if s.role == PARAM:
+            shardings.append(param_shardings[s.name])
+        elif s.role in (BUFFER, STEP_COUNT) or (s.role == BATCH and not batch_axes):
+            shardings.append(replicated)
+        elif s.role == BATCH:
+            parts = math.prod(mesh.shape[a] for a in batch_axes)
+            if not s.shape or s.shape[0] % parts:
+                raise ValueError(
+                    f"{s.name}: a batch of {s.shape[0] if s.shape else 0} cannot be split over "
+                    f"{' x '.join(batch_axes)} = {parts} chips: use a multiple of {parts}"
+                )
+            shardings.append(batch_sharding(mesh, batch_axes, len(s.shape)))
+        else:  # optimizer state: its parameter's sharding (keep_training_state_sharded)
+            shardings.append(param_shardings[s.of])
+    return shardings
+
+
+@contextlib.contextmanager
+def _ticking(progress: Callable[[str], None] | None, what: str, every: float = 10.0):
+    """Say `what` now and every `every` seconds until the block ends (long compiles)."""
+    if progress is None:
+        yield
+        return
+    began = time.perf_counter()
+    done = threading.Event()
+
+    def tick():
+        while not done.wait(every):
+            progress(f"{what}... {time.perf_counter() - began:.0f} s")
+
+    progress(f"{what}...")
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _kernel_context(topology: str, kernels: bool):
+    """Kernels on: trace and lower inside `kernels.tpu.lowering_for(chip)`, where the
+    device's routers take the compiled Pallas path, as they do on the chip."""
+    if not kernels:
+        from tpu_backend import kernels as device_kernels
+
+        return device_kernels.use("off")
+    from kernels.tpu import lowering_for
+
+    return lowering_for(topology.partition(":")[0])
+
+
+def compile_step(
+    model: nn.Module,
+    inputs: Sequence,
+    targets: Sequence,
+    loss: Callable,
+    *,
+    topology: str,
+    mesh: Mapping[str, int] | str,
+    tensor_parallel: Mapping | None = None,
+    optimizer: str = "adamw",
+    kernels: bool | None = None,
+    check: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Compile one training step of `model` for TPU `topology` (e.g. "v5e:16x16") sharded
+    over `mesh` (e.g. {"fsdp": 64, "tp": 4} or "fsdp=64,tp=4"), on this host.
+
+    `inputs`: what the model takes, `targets`: what `loss(output, *targets)` takes after the
+    output, both global batches (tensors of any device, or `(shape, dtype)` pairs); build
+    big models on `torch.device("meta")`: nothing is allocated. `tensor_parallel`: a
+    `parallelize_module` plan for the "tp" axis. `kernels`: the Pallas kernels on (None:
+    unless `TPU_KERNELS=off`). `check`: raise `StepDoesNotFit` when a chip's HBM is too
+    small. Returns the per-chip `Report`."""
+    from tpu_backend import kernels as device_kernels
+
+    axes = parse_mesh(mesh) if isinstance(mesh, str) else dict(mesh)
+    say = progress or (lambda _message: None)
+    jax_mesh = device_mesh(topology, axes)
+    if kernels is None:
+        kernels = device_kernels.mode() != "off"
+    began = time.perf_counter()
+    with _kernel_context(topology, kernels):
+        with _ticking(progress, "tracing the step (fake tensors)"):
+            step = trace_step(model, inputs, targets, loss, optimizer)
+        traced = time.perf_counter() - began
+        say(f"traced: {len(step.gm.graph.nodes)} graph nodes, {len(step.inputs)} arguments ({traced:.1f} s)")
+        shardings = input_shardings(step, model, jax_mesh, tensor_parallel)
+        try:
+            compiled, lower_seconds, compile_seconds = _compile(step, shardings, jax_mesh, progress)
+        except Exception as error:
+            if is_out_of_memory(error):
+                arguments = argument_buffers(step, shardings)
+                raise StepDoesNotFit(None, str(error), topology, arguments) from error
+            raise
+    report = read_compiled(
+        compiled,
+        step,
+        shardings,
+        topology=topology,
+        mesh=axes,
+        hbm=hbm_bytes(topology),
+        seconds={"trace": traced, "lower": lower_seconds, "compile": compile_seconds},
+        kernels=kernels,
+        optimizer=optimizer,
+    )
+    if check and not report.fits:
+        raise StepDoesNotFit(report)
+    return report
+
+
+def _compile(step: StepGraph, shardings: list[NamedSharding], mesh, progress):
+    """(compiled executable, lowering seconds, compile seconds) of the step's jitted function;
+    parameters and optimizer state are donated and keep their shardings, as in
+    `compile_for_tpu`'s donating program."""
+    graph_fn = GraphFunction(step.gm, "aot_train_step")
+    args = [
+        jax.ShapeDtypeStruct(s.shape, np.dtype(jax_dtype(s.dtype)), sharding=sharding)
+        for s, sharding in zip(step.inputs, shardings)
+    ]
+    replicated = NamedSharding(mesh, PartitionSpec())
+    if graph_fn.needs_rng:
+        key = jax.random.key(0)
+        args.insert(0, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated))
+    offset = 1 if graph_fn.needs_rng else 0
+    n_outputs = len(next(n for n in reversed(step.gm.graph.nodes) if n.op == "output").args[0])
+    n_own = n_outputs - len(step.written)
+    out_shardings = tuple([replicated] * n_own + [shardings[i] for i in step.written])
+    if graph_fn.needs_rng:
+        out_shardings = (replicated, out_shardings)
+    donate = tuple(offset + i for i in step.written if step.inputs[i].shape)
+    jitted = jax.jit(graph_fn, out_shardings=out_shardings, donate_argnums=donate)
+    began = time.perf_counter()
+    with _ticking(progress, "lowering to StableHLO"):
+        lowered = jitted.lower(*args)
+    lowered_at = time.perf_counter()
+    with _ticking(progress, f"compiling for {len(mesh.devices.flat)} chips with libtpu"):
+        compiled = lowered.compile()
+    return compiled, lowered_at - began, time.perf_counter() - lowered_at
