@@ -1,7 +1,8 @@
 """The Pallas kernels of `kernels/` against XLA, on the chip: time and memory, one table.
 
     PYTHONPATH=. python benchmarks/kernels_bench.py                  # a TPU: the table (~2 min on a v5e)
-    PYTHONPATH=. python benchmarks/kernels_bench.py --sweep-blocks   # + block-size sweeps (~4 min on a v5e)
+    PYTHONPATH=. python benchmarks/kernels_bench.py --sweep-blocks   # + block-size sweeps, stopped at
+                                                                     # --budget (220 s from the start)
     PYTHONPATH=. python benchmarks/kernels_bench.py --compile-only v5e   # any machine with libtpu: compile
                                                                      # every program for the chip, memory only
     PYTHONPATH=. python benchmarks/kernels_bench.py --json k.json    # also write the figures ('-': stdout)
@@ -383,8 +384,9 @@ def plan(kernel: str, plan_sizes: dict, tokens: int):
 # --------------------------------------------------------------------------- block sweeps
 
 
-def sweep(settings: Settings, dtype, plan_sizes: dict, sweep_seq: int, tokens: int) -> list[dict]:
-    """The kernels alone over TPU block sizes; rejected combinations (layout, VMEM) skipped."""
+def sweep(settings: Settings, dtype, plan_sizes: dict, sweep_seq: int, tokens: int, deadline: float) -> list[dict]:
+    """The kernels alone over TPU block sizes; rejected combinations (layout, VMEM) skipped,
+    and every combination once `time.monotonic()` passes `deadline`."""
     found = []
     a = plan_sizes["attention"]
     batch = max(1, tokens // sweep_seq)
@@ -401,6 +403,7 @@ def sweep(settings: Settings, dtype, plan_sizes: dict, sweep_seq: int, tokens: i
                 )
             found.append(
                 _sweep_point(
+                    deadline,
                     "attention",
                     f"seq {sweep_seq} B{batch} block_q={bq} block_k={bk}",
                     reason,
@@ -422,6 +425,7 @@ def sweep(settings: Settings, dtype, plan_sizes: dict, sweep_seq: int, tokens: i
                 reason = check_lowering.cross_entropy_rejection(rows, vocab, jnp.dtype(dtype).name, chip=chip)
             found.append(
                 _sweep_point(
+                    deadline,
                     "cross_entropy",
                     f"rows {rows} V{vocab} block_rows={br} block_vocab={bv}",
                     reason,
@@ -453,7 +457,9 @@ def sweep(settings: Settings, dtype, plan_sizes: dict, sweep_seq: int, tokens: i
                     variant="rms+residual",
                 )
 
-        found.append(_sweep_point("norm", f"rows {n['rows']} D{n['hidden']} residual block_rows={br}", reason, run))
+        found.append(
+            _sweep_point(deadline, "norm", f"rows {n['rows']} D{n['hidden']} residual block_rows={br}", reason, run)
+        )
     return found
 
 
@@ -473,10 +479,10 @@ def _kernel_only(settings: Settings) -> Settings:
     return Settings(settings.impl, settings.compile_only, with_reference=False, seconds=0.1)
 
 
-def _sweep_point(kernel, label, reason, run) -> dict:
+def _sweep_point(deadline, kernel, label, reason, run) -> dict:
     point = {"kernel": kernel, "config": label, "fwd_ms": None, "fwd_bwd_ms": None, "temp_bytes": None}
-    if reason:
-        point["skipped"] = reason
+    if reason or time.monotonic() > deadline:
+        point["skipped"] = reason or "not run: --budget spent"
         return point
     try:
         row = run()
@@ -593,6 +599,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sweep-blocks", action="store_true", help="also time the kernels over TPU block sizes")
     parser.add_argument("--sweep-seq", type=int, default=TARGET_SEQ, help="attention sequence of the block sweep")
     parser.add_argument(
+        "--budget", type=float, default=220.0, help="seconds from the start after which the sweep stops (default 220)"
+    )
+    parser.add_argument(
         "--compile-only",
         metavar="CHIP",
         choices=sorted(tpu.CHIPS),
@@ -606,7 +615,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
+    tpu.quiet_libtpu_without_chip()  # before JAX starts its backends (a CPU host with libtpu)
+    start, deadline = time.perf_counter(), time.monotonic() + args.budget
     jax.config.update("jax_enable_x64", not args.no_x64)
     compiled = args.compile_only is not None or accelerator() is not None
     impl = "pallas" if compiled else "interpret"
@@ -637,7 +647,7 @@ def main(argv=None) -> int:
     print_report(rows, checks, note)
     points = []
     if args.sweep_blocks:
-        points = sweep(settings, dtype, plan_sizes, args.sweep_seq if compiled else 256, tokens)
+        points = sweep(settings, dtype, plan_sizes, args.sweep_seq if compiled else 256, tokens, deadline)
         print_sweep(points)
     print(f"\n{time.perf_counter() - start:.0f} s in all")
     if args.json:

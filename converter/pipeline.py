@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import operator
 import os
 import re
@@ -121,7 +122,8 @@ def _export_hints(error: Exception, strict: bool, dynamic: bool) -> list[str]:
     if re.search(r"Constraints violated|dynamic_shapes|specializ|Dim\(", text):
         hints.append(
             "a dimension marked dynamic was specialized or mis-specified: check dynamic_shapes "
-            "(torch.export.Dim ranges, one entry per forward() argument)"
+            "(torch.export.Dim ranges; torch.export wants one entry per input, keyword inputs included: "
+            "a dict by forward()'s argument names, e.g. {'ids': {0: batch}, 'use_cache': None})"
         )
     hints.append(f"retry with strict_export={not strict} (the other torch.export tracing mode)")
     if not dynamic:
@@ -145,6 +147,25 @@ def _stack_traces(record: bool):
         config.do_not_emit_stack_traces = before
 
 
+def _dynamic_shapes_by_name(module, args: tuple, kwargs: dict | None, dynamic_shapes):
+    """torch.export wants one dynamic_shapes entry per input, keyword inputs included. The
+    tuple form with one entry per positional arg (what `convert(m, (ids,), {"use_cache":
+    False}, dynamic_shapes=({0: batch},))` reads as) becomes the dict form by forward()'s
+    argument names, the keyword inputs static (None). Anything else goes to torch as given."""
+    if not kwargs or not isinstance(dynamic_shapes, (tuple, list)) or len(dynamic_shapes) != len(args):
+        return dynamic_shapes
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return dynamic_shapes
+    named_positional = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters[: len(args)])
+    if len(parameters) < len(args) or not named_positional:
+        return dynamic_shapes
+    by_position = {p.name: shapes for p, shapes in zip(parameters, dynamic_shapes)}
+    return {name: by_position.get(name) for name in bound.arguments}
+
+
 def export_module(
     module: torch.nn.Module,
     args: tuple,
@@ -163,6 +184,7 @@ def export_module(
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() expects a torch.nn.Module, got {type(module).__name__}")
     target = cpu_view(module, tensors)
+    dynamic_shapes = _dynamic_shapes_by_name(module, tuple(args), kwargs, dynamic_shapes)
     modes = {m: m.training for m in target.modules()}
     if eval_mode:
         target.eval()

@@ -127,8 +127,18 @@ def run(epochs: int = 4, batch_size: int = 64, lr: float = 3e-3, int8: bool = Tr
     return results
 
 
-def report(results: dict) -> None:
+COLUMNS = ["model", "accuracy", "agrees with PyTorch", "latency", "size"]
+
+
+def title(results: dict) -> str:
     start, end = results["loss_start_end"]
+    return (
+        f"Digits ResNet trained on tpu ({results['steps']} steps, loss {start:.2f} -> {end:.2f}), 360 held-out images"
+    )
+
+
+def table_rows(results: dict) -> list[list[str]]:
+    """The printed table's rows (`COLUMNS`); the README and docs/tutorial.md show them."""
     rows = [
         [
             "PyTorch (CPU, 1 thread)",
@@ -150,13 +160,11 @@ def report(results: dict) -> None:
                     f"{r['bytes']:,} B",
                 ]
             )
-    console.print(
-        results_table(
-            f"Digits ResNet trained on tpu ({results['steps']} steps, loss {start:.2f} -> {end:.2f}), 360 held-out images",
-            ["model", "accuracy", "agrees with PyTorch", "latency", "size"],
-            rows,
-        )
-    )
+    return rows
+
+
+def report(results: dict) -> None:
+    console.print(results_table(title(results), COLUMNS, table_rows(results)))
 
 
 def main(argv=None) -> dict:

@@ -21,3 +21,21 @@ calls use them. Every function takes `impl="pallas"` (compiled by Mosaic for TPU
 
 The modules import Pallas (about 1.5 s), so import them directly, not through this package.
 """
+
+
+def __getattr__(name: str):
+    """A name this package lacks. When another package is installed as `kernels` too
+    (Hugging Face's, which transformers imports: `from kernels import CUDAProperties`), the
+    ImportError says so and what to do (`common.package_names`)."""
+    import importlib.util
+
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is None:
+        from common.package_names import clash_message, clashes
+
+        found = clashes()
+        if "kernels" in found:
+            raise ImportError(
+                f"cannot import name {name!r} from this project's `kernels` (the Pallas kernels, {__file__})\n"
+                + clash_message(found)
+            )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

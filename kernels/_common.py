@@ -114,14 +114,27 @@ def kernel_program(fn):
     return in_32_bit_mode
 
 
+def _precision(a, b):
+    """A kernel dot's precision. Half-precision operands: DEFAULT, always (their products
+    are exact in the float32 accumulator, and Mosaic refuses `contract_precision<fp32>` on
+    bf16 operands, "Bad lhs type", which `jax_default_matmul_precision="highest"` would
+    ask for: the "tpu" device's default, following PyTorch's "highest"). float32
+    operands: None, the caller's setting (DEFAULT: one bf16 pass; HIGHEST: float32)."""
+    return None if a.dtype == jnp.float32 and b.dtype == jnp.float32 else lax.Precision.DEFAULT
+
+
+def _dot(a, b, dimensions):
+    return lax.dot_general(a, b, dimensions, precision=_precision(a, b), preferred_element_type=jnp.float32)
+
+
 def dot_nt(a, b):
     """a @ b.T, accumulated in float32."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return _dot(a, b, (((1,), (1,)), ((), ())))
 
 
 def dot_nn(a, b):
     """a @ b, accumulated in float32."""
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return _dot(a, b, (((1,), (0,)), ((), ())))
 
 
 def pallas_options(impl: str, *semantics: str) -> dict:
@@ -146,7 +159,7 @@ def nbytes(*arrays) -> int:
 
 def dot_tn(a, b):
     """a.T @ b, accumulated in float32."""
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return _dot(a, b, (((0,), (0,)), ((), ())))
 
 
 def compute_dtype(dtype):

@@ -6,8 +6,10 @@ Each grid point is one kernel, one pass (forward, or forward + backward) at one 
 dtype. It is compiled by `kernels.tpu.compile_for`'s path: `jax.jit(f).lower(...)` on a
 compile-only device of the chip from libtpu, then `.compile()`, which runs the chip's
 whole compiler (XLA's TPU passes and Mosaic's layout inference and legalization), with
-`jax_enable_x64` on as the "tpu" device runs (`import tpu_backend` turns it on). Lowering
-alone misses what the chip refuses (#32): both errors seen on a v5e lowered fine. Where
+the settings `import tpu_backend` makes process-wide: `jax_enable_x64` on and
+`jax_default_matmul_precision` "highest". Lowering alone misses what the chip refuses
+(#32): both errors seen on a v5e lowered fine, and so did bf16 dots that inherited
+"highest" (Mosaic's compiler refuses them: "Bad lhs type"). Where
 libtpu cannot load, each point is only lowered (`jax.export` for platforms=["tpu"] inside
 `kernels.tpu.lowering_for(chip)`), and the report says so plainly. Per point: compiled,
 lowered or the error, the seconds it took, and the per-program VMEM footprint of the
@@ -418,16 +420,24 @@ def compile_unavailable(chip: str | tpu.Chip | None = None) -> str | None:
     return tpu.compile_unavailable(chip)
 
 
+# What `import tpu_backend` sets process-wide, so each point is traced as the device
+# traces it: 64-bit mode on, and float32 matmul precision "highest" (PyTorch's default
+# `torch.get_float32_matmul_precision()`, which the device follows; a kernel dot without
+# an explicit precision would inherit it).
+DEVICE_MATMUL_PRECISION = "highest"
+
+
 def check_point(point: Point, chip: str | tpu.Chip | None = None, *, compile: bool = True) -> Result:
-    """Compile one point for `chip` (or only lower it, `compile=False`) with 64-bit mode on,
-    as the "tpu" device runs; never raises (the error is the result)."""
+    """Compile one point for `chip` (or only lower it, `compile=False`) with the device's
+    settings (64-bit mode on, matmul precision "highest"); never raises (the error is the
+    result)."""
     c = tpu.chip(chip)
     fn, args, calls = program(point)
     vmem = max(tpu.vmem_bytes(blocks, c) for blocks in calls)
     start = time.perf_counter()
     lowered, compiled, error, custom = False, None, None, 0
     try:
-        with jax.enable_x64(True):
+        with jax.enable_x64(True), jax.default_matmul_precision(DEVICE_MATMUL_PRECISION):
             if compile:
                 program_lowered = tpu.lower_for_device(c, fn, *args)
                 lowered, custom = True, program_lowered.as_text().count("tpu_custom_call")

@@ -12,7 +12,8 @@ one block of each of q, k, v whatever the length, and the logsumexp per query ro
 saved (lane-dense, (B, H, 1, Lq)). Backward (FlashAttention-2): delta = rowsum(dO * O),
 then a dQ kernel (key blocks sequential) and a dK/dV kernel (query blocks sequential),
 both recomputing the probabilities from q, k and the saved logsumexp. Causal programs
-past the diagonal skip their body and re-read the previous block (no DMA).
+past the diagonal skip their body and re-read the previous block (no DMA); only the
+blocks on the diagonal (or holding padded keys) build a mask, from 2-D int32 iotas.
 On TPU every block obeys the (8, 128) rule; `attention_blocks` lists them for
 `kernels.tpu` and `kernels.check_lowering`.
 
@@ -105,7 +106,8 @@ def attention_reference(q, k, v, mask=None, causal=False, scale=None):
 def _masked(scores, key_axis, key_start, query_start, kv_len, causal, fill):
     """`scores` (a (query, key) or transposed (key, query) tile) with `fill` where the key
     is padding (past kv_len) or, when causal, after the query. The masks are built from
-    2-D int32 iotas; a ragged mask only where kv_len is not a multiple of the key block."""
+    2-D int32 iotas; a ragged mask only where kv_len is not a multiple of the key block
+    (`_run_visible` calls this only for blocks that need a mask)."""
     block_k = scores.shape[key_axis]
     valid = None
     keys = positions(scores.shape, key_axis, key_start)
@@ -120,6 +122,24 @@ def _masked(scores, key_axis, key_start, query_start, kv_len, causal, fill):
 def _visible(i, j, block_q, block_k, causal):
     """Whether key block j holds a key some query of block i may see (causal skipping)."""
     return j * block_k < (i + 1) * block_q if causal else True
+
+
+def _run_visible(step, i, j, block_q, block_k, kv_len, causal):
+    """`step(masked)` for program (i, j) if its key block is visible: masked=True only for
+    the blocks that straddle the causal diagonal or hold padded keys; the others (most of
+    a long causal sequence) build no masks at all."""
+    visible = _visible(i, j, block_q, block_k, causal)
+    partial = []
+    if causal:  # a key after the block's first query
+        partial.append((j + 1) * block_k - 1 > i * block_q)
+    if kv_len % block_k:  # the last key block is padded
+        partial.append((j + 1) * block_k > kv_len)
+    if not partial:
+        pl.when(visible)(lambda: step(False))
+        return
+    needs_mask = functools.reduce(jnp.logical_or, partial)
+    pl.when(jnp.logical_and(visible, needs_mask))(lambda: step(True))
+    pl.when(jnp.logical_and(visible, jnp.logical_not(needs_mask)))(lambda: step(False))
 
 
 def _last_visible_key_block(i, block_q, block_k):
@@ -142,12 +162,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, kv_len, has_mask)
         l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-    @pl.when(_visible(i, j, block_q, block_k, causal))
-    def _step():
+    def step(masked):
         s = dot_nt(q_ref[...], k_ref[...]) * scale
         if has_mask:
             s = s + mask_ref[...]
-        s = _masked(s, 1, j * block_k, i * block_q, kv_len, causal, -jnp.inf)
+        if masked:
+            s = _masked(s, 1, j * block_k, i * block_q, kv_len, causal, -jnp.inf)
         m_prev, l_prev = m_ref[...][:, :1], l_ref[...][:, :1]
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # every key so far masked
@@ -156,6 +176,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, kv_len, has_mask)
         m_ref[...] = jnp.broadcast_to(m_new, m_ref.shape)
         l_ref[...] = jnp.broadcast_to(alpha * l_prev + jnp.sum(p, axis=1, keepdims=True), l_ref.shape)
         acc_ref[...] = alpha * acc_ref[...] + dot_nn(p.astype(v_ref.dtype), v_ref[...])
+
+    _run_visible(step, i, j, block_q, block_k, kv_len, causal)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -167,13 +189,14 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, kv_len, has_mask)
         lse_ref[...] = jnp.transpose(lse)[:1, :]  # one lane-dense row
 
 
-def _transposed_probabilities(q, k, mask_t, lse, q_start, k_start, kv_len, causal, scale):
+def _transposed_probabilities(q, k, mask_t, lse, q_start, k_start, kv_len, causal, scale, masked):
     """p^T (block_k, block_q) recomputed from q, k and the saved logsumexp row."""
     s = dot_nt(k, q) * scale
     if mask_t is not None:
         s = s + mask_t
     lse_safe = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # fully masked rows: p = 0
-    return _masked(jnp.exp(s - lse_safe), 0, k_start, q_start, kv_len, causal, 0.0)
+    p_t = jnp.exp(s - lse_safe)
+    return _masked(p_t, 0, k_start, q_start, kv_len, causal, 0.0) if masked else p_t
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, causal, kv_len, has_mask):
@@ -186,8 +209,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, ca
     def _init():
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-    @pl.when(_visible(i, j, block_q, block_k, causal))
-    def _step():
+    def step(masked):
         k = k_ref[...]
         p_t = _transposed_probabilities(
             q_ref[...],
@@ -199,9 +221,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, ca
             kv_len,
             causal,
             scale,
+            masked,
         )
         ds_t = p_t * (dot_nt(v_ref[...], do_ref[...]) - delta_ref[...])
         acc_ref[...] += dot_tn(ds_t.astype(k.dtype), k)
+
+    _run_visible(step, i, j, block_q, block_k, kv_len, causal)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -219,8 +244,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, c
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
 
-    @pl.when(_visible(i, j, block_q, block_k, causal))
-    def _step():
+    def step(masked):
         q, do = q_ref[...], do_ref[...]
         p_t = _transposed_probabilities(
             q,
@@ -232,10 +256,13 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, c
             kv_len,
             causal,
             scale,
+            masked,
         )
         dv_acc[...] += dot_nn(p_t.astype(do.dtype), do)
         ds_t = p_t * (dot_nt(v_ref[...], do) - delta_ref[...])
         dk_acc[...] += dot_nn(ds_t.astype(q.dtype), q)
+
+    _run_visible(step, i, j, block_q, block_k, kv_len, causal)
 
     @pl.when(i == pl.num_programs(3) - 1)
     def _finish():

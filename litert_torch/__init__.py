@@ -6,11 +6,18 @@ edge.export("model.tflite")
 again = litert_torch.load("model.tflite")
 """
 
-from converter.errors import ConversionError, UnsupportedOpsError
-from litert_torch import quantize
-from litert_torch.api import convert
-from litert_torch.edge_model import EdgeModel, load
-from litert_torch.signatures import SignatureBuilder, signature
+from common.package_names import check_top_level_names
+
+# before the first generic name is imported (and `kernels`, which litert_torch never imports,
+# only where ours would shadow another package's)
+check_top_level_names(("common", "converter", "runtimes"))
+
+from common import timm_compat  # noqa: E402
+from converter.errors import ConversionError, UnsupportedOpsError  # noqa: E402
+from litert_torch import quantize  # noqa: E402
+from litert_torch.api import convert  # noqa: E402
+from litert_torch.edge_model import EdgeModel, load  # noqa: E402
+from litert_torch.signatures import SignatureBuilder, signature  # noqa: E402
 
 __all__ = [
     "convert",
@@ -22,3 +29,5 @@ __all__ = [
     "ConversionError",
     "UnsupportedOpsError",
 ]
+
+timm_compat.install()  # `import timm` works without a loadable torchvision (tools/setup.sh installs none)

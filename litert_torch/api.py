@@ -14,6 +14,7 @@ from converter.pipeline import convert_module, module_tensors
 from converter.progress import Progress
 from converter.writer import write_flatbuffer_parts
 from litert_torch.edge_model import EdgeModel
+from runtimes.targets import TargetError
 
 
 def _sample_args(sample_args) -> tuple:
@@ -121,7 +122,8 @@ def convert(
         sample_args: a tuple of example positional inputs (a lone tensor is wrapped).
         sample_kwargs: example keyword inputs.
         dynamic_shapes: passed to `torch.export.export` (e.g. `{"x": {0: Dim("batch")}}`);
-            dynamic dimensions become -1 in the model's shape signature.
+            dynamic dimensions become -1 in the model's shape signature. A tuple with one
+            entry per positional arg is also accepted with `sample_kwargs` (which stay static).
         strict_export: `torch.export`'s strict (TorchDynamo) tracing; non-strict by default.
         eval_mode: export in eval mode (dropout off, batch norm on running statistics).
             The module's own train/eval flags are restored afterwards.
@@ -186,7 +188,8 @@ def convert_signatures(
             raise ValueError(f"target_check must be one of {CHECK_MODES}, got {target_check!r}")
 
     # Without torch's per-node stack traces (about 15% of torch.export's time); an error
-    # that names the user's source lines of ops is then made again with them. (A one-shot
+    # that names the user's source lines of ops (a ConversionError, a TargetError's op
+    # violations) is then made again with them. (A one-shot
     # calibration iterator cannot be read twice: then they are recorded from the start.)
     one_shot = calibration_data is not None and iter(calibration_data) is calibration_data
     options = dict(
@@ -201,7 +204,7 @@ def convert_signatures(
         return _convert(specs, Progress(progress), source_lines=one_shot, **options)
     except ExportError:
         raise
-    except ConversionError:
+    except (ConversionError, TargetError):
         if one_shot:
             raise
         with warnings.catch_warnings():

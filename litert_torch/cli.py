@@ -1,6 +1,8 @@
 """The `litert-torch` command line: one entry point (`main`), one exit-code convention.
 
     litert-torch convert my_pkg.models:build --args 1,3,224,224 -o model.tflite
+    litert-torch convert my_pkg.models:build --args 1,3,224,224 -o int8.tflite \
+        --quantize full_int8 --calibration-data calib.npz --target micro
     litert-torch inspect model.tflite
     litert-torch check model.tflite --target android-gpu     (litert_torch/runtime_commands.py)
     litert-torch bench model.tflite --json out.json          (litert_torch/runtime_commands.py)
@@ -8,7 +10,9 @@
 
 `convert` imports `module:factory`; the factory returns an nn.Module, or a
 (module, sample_args) pair; without sample args from the factory, `--args` gives one
-input shape per flag (random normal tensors of `--dtype`).
+input shape per flag (random normal tensors of `--dtype`). `--quantize` and `--target`
+build the API's `quant_config` / `target` (`_quant_config`, `load_calibration_data`), so
+bad settings are the API's own errors.
 """
 
 from __future__ import annotations
@@ -82,26 +86,120 @@ def _model_and_args(factory, shapes, dtype_name: str):
     return made, sample_args
 
 
+# `--quantize` schemes: the `litert_torch.quantize` functions the API takes as quant_config.
+QUANT_SCHEMES = ("dynamic_int8", "weight_only_int8", "weight_only_int4", "float16", "full_int8", "int16x8")
+CALIBRATED_SCHEMES = ("full_int8", "int16x8")
+
+
+def _quant_config(ns):
+    """The API's quant_config for the `convert` flags (its own ValueErrors on bad settings)."""
+    from litert_torch import quantize
+
+    if ns.quantize is None:
+        for flag, value in (("--calibration-data", ns.calibration_data), ("--keep-float", ns.keep_float)):
+            if value:
+                raise ValueError(f"{flag} needs --quantize SCHEME ({', '.join(QUANT_SCHEMES)})")
+        return None
+    keep_float = ns.keep_float or None
+    if ns.quantize in CALIBRATED_SCHEMES:
+        return getattr(quantize, ns.quantize)(
+            ns.io, keep_float=keep_float, calibration=ns.calibration, percentile=ns.percentile
+        )
+    if ns.io != "float":
+        raise ValueError(f"--io {ns.io} is for the calibrated schemes ({', '.join(CALIBRATED_SCHEMES)})")
+    if ns.quantize == "weight_only_int4":
+        return quantize.weight_only_int4(ns.block_size, keep_float=keep_float)
+    return getattr(quantize, ns.quantize)(keep_float=keep_float)
+
+
+def load_calibration_data(paths, sample_args) -> list[tuple]:
+    """Calibration samples (tuples like `sample_args`) from .npy / .npz files.
+
+    A .npy file holds the one input of a single-input model; a .npz file one array per
+    input, in `sample_args` order (`np.savez(f, a, b)`: arr_0, arr_1, ... or any names, in
+    the order saved). An array with one more dim than its sample input is a stack of
+    samples (`[N, *sample.shape]`); one with the same rank is cut along dim 0 into samples
+    of the sample's batch size. Samples of all files are used, in order."""
+    import numpy as np
+    import torch
+
+    samples = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ValueError(f"--calibration-data: no such file: {path}")
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except Exception as e:  # noqa: BLE001  (numpy raises ValueError/OSError/zipfile errors)
+            raise ValueError(f"--calibration-data: {path} is not a .npy or .npz file numpy can read: {e}") from None
+        arrays = [loaded[key] for key in loaded.files] if isinstance(loaded, np.lib.npyio.NpzFile) else [loaded]
+        if len(arrays) != len(sample_args):
+            raise ValueError(
+                f"--calibration-data: {path} holds {len(arrays)} array(s); the model takes {len(sample_args)} input(s)"
+                " (a .npz file with one array per input, in order)"
+            )
+        per_input = [_split_samples(a, x, path, i) for i, (a, x) in enumerate(zip(arrays, sample_args))]
+        counts = {len(s) for s in per_input}
+        if len(counts) != 1:
+            raise ValueError(f"--calibration-data: {path}: the inputs have different sample counts {sorted(counts)}")
+        samples += [tuple(torch.from_numpy(np.ascontiguousarray(s[k])) for s in per_input) for k in range(counts.pop())]
+    return samples
+
+
+def _split_samples(array, sample, path, index):
+    shape = tuple(sample.shape)
+    if array.ndim == len(shape) + 1:
+        return list(array)
+    if array.ndim == len(shape) and shape and shape[0] and array.shape[0] % shape[0] == 0:
+        return [array[i : i + shape[0]] for i in range(0, array.shape[0], shape[0])]
+    raise ValueError(
+        f"--calibration-data: {path}, input {index}: an array of shape {tuple(array.shape)} is not samples of an"
+        f" input shaped {shape}: give [N, *{list(shape)}], or [N * {shape[0] if shape else 1}, ...] cut along dim 0"
+    )
+
+
 def cmd_convert(ns) -> int:
     from rich.console import Console
 
     import litert_torch
+    from runtimes.targets import TargetError
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=max(150, Console(stderr=True).width))  # room for a violations table
     model, sample_args = _model_and_args(_load_factory(ns.factory), ns.args, ns.dtype)
     start = time.perf_counter()
     try:
+        quant_config = _quant_config(ns)
+        calibration = load_calibration_data(ns.calibration_data, sample_args) if ns.calibration_data else None
         edge = litert_torch.convert(
-            model, sample_args, strict_export=ns.strict_export, progress=False if ns.quiet else None
+            model,
+            sample_args,
+            strict_export=ns.strict_export,
+            quant_config=quant_config,
+            calibration_data=calibration,
+            target=ns.target,
+            target_check=ns.target_check,
+            progress=False if ns.quiet else None,
         )
     except litert_torch.ConversionError as e:
         console.print("[red]conversion failed[/red]")
         console.print(str(e), markup=False, highlight=False, soft_wrap=True)  # messages hold [shapes]
         return EXIT_FAILED
+    except TargetError as e:
+        console.print(f"[red]{e.report.summary()}[/red]", highlight=False)
+        print_violations(console, e.report.violations)
+        console.print("--target-check warn keeps the model anyway (nothing was written)")
+        return EXIT_FAILED
+    except (ValueError, TypeError) as e:  # the API's checks of the settings, before converting
+        hint = " (from the command line: --calibration-data FILE.npy|.npz)" if "calibration_data=" in str(e) else ""
+        console.print(f"error: {e}{hint}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_USAGE
     seconds = time.perf_counter() - start
     edge.export(ns.output)
     if not ns.quiet:
         console.print(f"wrote {ns.output} ({len(edge):,} bytes) in {seconds:.2f} s")
+        report = getattr(edge, "target_report", None)
+        if report is not None and report.violations:
+            console.print(report.summary(), highlight=False)
+            print_violations(console, report.violations)
     if ns.check:
         return _check(model, sample_args, edge, console)
     return EXIT_OK
@@ -122,6 +220,38 @@ def _check(model, sample_args, edge, console) -> int:
         b = b.detach().to("cpu").float().numpy()
         console.print(f"output {i} {list(b.shape)}: max relative error {max_relative_error(a, b):.3g}")
     return EXIT_OK
+
+
+def group_violations(violations) -> list[tuple[str, int, object]]:
+    """(op type, count, first violation) per kind of violation (severity, rule, op type,
+    fix), in order of first appearance: a float model checked for a microcontroller is one
+    row per op type, not one per op."""
+    import re
+
+    groups: dict[tuple, list] = {}
+    for v in violations:
+        match = re.search(r"op #\d+ (\S+)", v.where)
+        kind = match.group(1) if match else ("tensor" if ": tensor" in v.where else "model")
+        groups.setdefault((v.severity, v.rule, kind, v.fix), []).append(v)
+    return [(key[2], len(found), found[0]) for key, found in groups.items()]
+
+
+def print_violations(console, violations, limit: int | None = None) -> None:
+    """One table row per kind of violation: op type, count, the first one (where, and its
+    layer and source line when the converter knows them), why, the fix."""
+    from rich.table import Table
+
+    rows = group_violations(violations)
+    table = Table(show_lines=False)
+    for col in ("severity", "op", "count", "first", "why", "what to do"):
+        table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
+    for kind, count, first in rows[:limit]:
+        where = first.where.removesuffix(f" {kind}")  # the op type has its own column
+        where += f"\n{first.source}" if first.source else ""
+        table.add_row(first.severity, kind, str(count), where, first.why, first.fix)
+    console.print(table)
+    if limit is not None and len(rows) > limit:
+        console.print(f"... and {len(rows) - limit} more kinds (--limit N, or --json for every violation)")
 
 
 def cmd_quantize_report(ns) -> int:
@@ -299,6 +429,35 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("-o", "--output", required=True, help="the .tflite file to write")
     conv.add_argument("--strict-export", action="store_true", help="torch.export in strict mode")
     conv.add_argument("--check", action="store_true", help="run both models and print the max relative error")
+    quant = conv.add_argument_group('quantization (litert_torch.quantize; the README\'s "Quantized export")')
+    quant.add_argument("--quantize", choices=QUANT_SCHEMES, metavar="SCHEME", help=f"one of {', '.join(QUANT_SCHEMES)}")
+    quant.add_argument(
+        "--calibration-data",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="calibration samples for full_int8 / int16x8: .npy (one input: [N, *shape] or [N*batch, ...]) or .npz "
+        "(one array per input, in order); repeat to add files",
+    )
+    quant.add_argument(
+        "--io", default="float", choices=["float", "int8", "uint8", "int16"], help="I/O dtype (calibrated schemes)"
+    )
+    quant.add_argument("--calibration", default="minmax", help="minmax, percentile, mse or moving_average")
+    quant.add_argument("--percentile", type=float, default=99.99, help="for --calibration percentile")
+    quant.add_argument("--block-size", type=int, default=32, help="weight_only_int4 block size (a multiple of 32)")
+    quant.add_argument(
+        "--keep-float", action="append", default=[], metavar="NAME", help="a layer or op kept in float (repeat)"
+    )
+    conv.add_argument(
+        "--target",
+        help="a deployment target (android-cpu, android-gpu, ios-cpu, ios-gpu, web, web-gpu, micro, edgetpu)",
+    )
+    conv.add_argument(
+        "--target-check",
+        choices=["error", "warn"],
+        default="error",
+        help="error (default): a broken target rule fails and writes nothing; warn: write it and list the rules",
+    )
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     conv.set_defaults(run=cmd_convert)
 

@@ -112,9 +112,7 @@ class EdgeModel:
         return sum(len(p) for p in self._pieces)
 
     def __repr__(self) -> str:
-        sigs = "; ".join(
-            f"{s.key}({', '.join(map(str, s.inputs))}) -> ({', '.join(map(str, s.outputs))})" for s in self.signatures
-        )
+        sigs = "; ".join(map(str, self.signatures))
         return f"EdgeModel({len(self):,} bytes; {sigs})"
 
     # ---- running ------------------------------------------------------------------------

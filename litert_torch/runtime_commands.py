@@ -17,7 +17,7 @@ import stat
 import subprocess
 import sys
 
-from litert_torch.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from litert_torch.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_violations
 
 
 def _console():
@@ -43,7 +43,6 @@ def _invalid_model(paths) -> str | None:
 
 
 def cmd_check(ns) -> int:
-    from rich.table import Table
 
     from runtimes.targets import PROFILES, check
 
@@ -69,14 +68,7 @@ def cmd_check(ns) -> int:
         style = "green" if report.ok else "red"
         console.print(f"[{style}]{report.summary()}[/{style}]", highlight=False)
         if report.violations:
-            table = Table(show_lines=False)
-            for col in ("severity", "where", "why", "what to do"):
-                table.add_column(col, overflow="fold")
-            for v in report.violations[: ns.limit]:
-                table.add_row(v.severity, v.where, v.why, v.fix)
-            console.print(table)
-            if len(report.violations) > ns.limit:
-                console.print(f"... and {len(report.violations) - ns.limit} more (--limit N, or --json for all)")
+            print_violations(console, report.violations, ns.limit)
     return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED
 
 
@@ -221,7 +213,7 @@ def add_commands(sub) -> None:
     chk.add_argument("model", help="the .tflite file")
     chk.add_argument("--target", required=True, help=f"one of: {', '.join(PROFILES)}, or all")
     chk.add_argument("--json", action="store_true", help="print the report as JSON")
-    chk.add_argument("--limit", type=int, default=40, help="most violations to list per target")
+    chk.add_argument("--limit", type=int, default=40, help="most kinds of violation (rows) to list per target")
     chk.set_defaults(run=cmd_check)
 
     b = sub.add_parser("bench", help="benchmark .tflite files (host, web, or scripts for phones)")

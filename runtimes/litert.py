@@ -26,12 +26,20 @@ class TensorSpec:
         dims = ", ".join("?" if d < 0 else str(d) for d in shape)
         return f"{self.name}: {np.dtype(self.dtype).name}[{dims}]"
 
+    __repr__ = __str__
+
 
 @dataclass(frozen=True)
 class Signature:
     key: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+
+    def __str__(self) -> str:
+        """`serving_default(ids: int64[?, ?]) -> (output_0: float32[?, ?, 768])` (? is a dynamic dim)."""
+        return f"{self.key}({', '.join(map(str, self.inputs))}) -> ({', '.join(map(str, self.outputs))})"
+
+    __repr__ = __str__
 
     @property
     def input_names(self) -> list[str]:

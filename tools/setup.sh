@@ -17,7 +17,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
 # timm without its torchvision dependency (PyPI's torchvision is a CUDA build that cannot load
-# against CPU torch, and transformers would then fail to import); see tests/zoo/_timm_compat.py.
+# against CPU torch, and transformers would then fail to import); `import litert_torch` (or tpu_backend) lets timm import
+# without it (common/timm_compat.py).
 .venv/bin/python -m pip install -q --no-deps -c constraints.txt timm pyyaml
 # libtpu (Linux x86_64 only): compiles programs and Pallas kernels for a TPU chip on this machine,
 # without one (kernels.tpu.compile_for, kernels.check_lowering); on a TPU VM it also runs them.

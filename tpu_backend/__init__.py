@@ -27,7 +27,16 @@ import types
 
 import jax
 
-from kernels import tpu as _tpu_chips
+from common.package_names import check_top_level_names
+
+# before `kernels` is imported: another package of that name is refused, naming the fix
+check_top_level_names(("common", "kernels"))
+
+from common import timm_compat  # noqa: E402
+
+timm_compat.install()  # `import timm` works without a loadable torchvision (tools/setup.sh installs none)
+
+from kernels import tpu as _tpu_chips  # noqa: E402
 
 _tpu_chips.quiet_libtpu_without_chip()  # before JAX starts its backends
 

@@ -141,6 +141,12 @@ def _xla_measured_faster(op_name: str, size: int | None) -> str | None:
     return f"XLA measured faster for {what} < {floor}: {evidence}"
 
 
+# torch 2.13's custom-op autograd (the kernels' gradients) refuses torch.func transforms, and
+# an autograd.Function called below a transform's level trips functorch's internal assert:
+# under `torch.func.grad` (the one-program training step) the calls take the XLA path.
+UNDER_TORCH_FUNC = "inside a torch.func transform: the kernels' autograd does not support it in torch 2.13"
+
+
 def _route(op_name: str, gaps, tpu_rules=None, size: int | None = None) -> str | None:
     """Count the outcome; the implementation to use, or None for the XLA path.
     `gaps()` says why the kernel cannot take the call (None: it can); for the compiled
@@ -149,6 +155,8 @@ def _route(op_name: str, gaps, tpu_rules=None, size: int | None = None) -> str |
     `XLA_FASTER_BELOW` (in mode "auto") the sizes where XLA was measured faster."""
     impl = implementation()
     reason = f"mode {_mode}" if impl == "reference" else gaps()
+    if reason is None and torch._C._are_functorch_transforms_active():
+        reason = UNDER_TORCH_FUNC
     if reason is None and impl == "pallas" and tpu_rules is not None:
         reason = tpu_rules(chip()) or _xla_measured_faster(op_name, size)
     _STATS[f"{op_name}: xla ({reason})" if reason else f"{op_name}: kernel"] += 1

@@ -39,9 +39,11 @@ class Violation:
     where: str  # "serving_default: op #3 EXPAND_DIMS" or "...: tensor 'x' float32[1, 8]"
     why: str
     fix: str
+    source: str = ""  # the op's layer and source line, where the converter knows them (convert(target=...))
 
     def __str__(self) -> str:
-        return f"[{self.severity}] {self.where}: {self.why}. Fix: {self.fix}"
+        source = f" ({self.source})" if self.source else ""
+        return f"[{self.severity}] {self.where}{source}: {self.why}. Fix: {self.fix}"
 
 
 @dataclass

@@ -104,12 +104,12 @@ def test_build_randomizes_batch_norm_statistics():
 
 
 def test_timm_and_transformers_vision_models_build_in_one_process():
-    """timm's stand-in torchvision (tests/zoo/_timm_compat.py) is gone once timm is imported:
+    """timm's stand-in torchvision (common/timm_compat.py) is gone once timm is imported:
     transformers' vision models, which ask torchvision's version, still build afterwards
     (they raised "Invalid version: 'N/A'" while the stand-in stayed)."""
     import sys
 
-    from tests.zoo._timm_compat import _StandInTorchvision
+    from common.timm_compat import _StandInTorchvision
 
     build("timm_resnet10t")
     assert not any(isinstance(finder, _StandInTorchvision) for finder in sys.meta_path)

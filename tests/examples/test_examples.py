@@ -9,6 +9,7 @@ trained PyTorch model, generation matches token for token.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -22,9 +23,39 @@ import dlrm_clicks  # noqa: E402
 import pallas_op  # noqa: E402
 import unet_segmentation  # noqa: E402
 
+ROOT = os.path.dirname(EXAMPLES)
+
+
+def _shown_table(doc: str, header: str) -> list[list[str]]:
+    """The rows of the plain-text table under `header` in a markdown file (columns split at 2+ spaces)."""
+    with open(os.path.join(ROOT, doc)) as f:
+        lines = f.read().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split() == header.split())
+    rows = []
+    for line in lines[start + 1 :]:
+        if line.startswith("```"):
+            return rows
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    raise AssertionError(f"{doc}: the table under {header!r} has no end")
+
+
+def _tutorial_says(*phrases: str) -> None:
+    """docs/tutorial.md's figures for the quick forms are what the run gives (machine-independent ones)."""
+    with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
+        text = " ".join(f.read().split())
+    missing = [p for p in phrases if p not in text]
+    assert not missing, f"docs/tutorial.md does not say {missing}: update its figures"
+
 
 def test_digits_cnn_float_and_int8():
-    r = digits_cnn.run(epochs=2)
+    r = digits_cnn.run(epochs=2)  # what examples/quickstart.py runs
+    # the quickstart's table in the README and the tutorial: all but latency (machine-dependent)
+    printed = [row[:3] + row[4:] for row in digits_cnn.table_rows(r)]
+    for doc in ("README.md", "docs/tutorial.md"):
+        shown = [row[:3] + row[4:] for row in _shown_table(doc, "  ".join(digits_cnn.COLUMNS))]
+        assert shown == printed, f"{doc} shows {shown}; examples/quickstart.py prints {printed}"
+    with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
+        assert digits_cnn.title(r) in f.read()
     start, end = r["loss_start_end"]
     assert end < 0.5 * start, r["loss_start_end"]
     assert r["pytorch"]["accuracy"] >= 0.80
@@ -43,6 +74,11 @@ def test_unet_segmentation():
     assert r["max_relative_error"] <= 1e-4
     assert r["litert"]["pixel_accuracy"] == pytest.approx(r["pytorch"]["pixel_accuracy"], abs=1e-3)
     assert r["pytorch"]["pixel_accuracy"] >= 0.85
+    _tutorial_says(
+        f"UNet, 40 steps: loss {start:.2f} -> {end:.2f}",
+        f"pixel accuracy {r['litert']['pixel_accuracy']:.1%} and mean IoU {r['litert']['mean_iou']:.3f}",
+        f"{r['bytes'] / 1000:.0f} KB",
+    )
 
 
 def test_dlrm_clicks():
@@ -52,6 +88,12 @@ def test_dlrm_clicks():
     assert r["max_relative_error"] <= 1e-4
     assert r["litert"]["auc"] == pytest.approx(r["pytorch"]["auc"], abs=1e-4)
     assert r["pytorch"]["auc"] >= 0.75  # the hidden rule's ceiling is about 0.95
+    _tutorial_says(
+        f"DLRM, 80 steps: loss {start:.3f} -> {end:.3f}",
+        f"ROC AUC {r['litert']['auc']:.3f} in both",
+        f"scores {r['rule_auc']:.3f}",
+        f"{r['bytes'] / 1000:.0f} KB",
+    )
 
 
 def _check_char_lm(r, loss_drop: float):
@@ -63,7 +105,11 @@ def _check_char_lm(r, loss_drop: float):
 
 @pytest.mark.parametrize("model, steps, loss_drop", [("tinyllama", 30, 0.75), ("llama", 12, 0.9), ("qwen3", 12, 0.9)])
 def test_char_lm_generates_like_pytorch(model, steps, loss_drop):
-    _check_char_lm(char_lm.run(model, steps=steps, new_tokens=16), loss_drop)
+    r = char_lm.run(model, steps=steps, new_tokens=16)
+    _check_char_lm(r, loss_drop)
+    if model == "tinyllama":
+        start, end = r["loss_start_end"]
+        _tutorial_says(f"Character LM (TinyLlama), {steps} steps: loss {start:.2f} -> {end:.2f}")
 
 
 def test_pallas_op_trains_like_pytorch_and_lowers_for_tpu():

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from kernels import check_lowering, tpu
+from tests.chip import child_env
 
 needs_libtpu = pytest.mark.skipif(
     tpu.libtpu_version() is None, reason="compiling for a TPU needs libtpu (tools/setup.sh installs it)"
@@ -126,7 +127,7 @@ def test_kernels_package_is_pure_jax():
         "import sys; sys.modules['torch'] = None; sys.modules['tpu_backend'] = None\n"
         "import kernels.check_lowering, kernels.flash_attention, kernels.norms, kernels.cross_entropy, "
         "kernels.decode_attention, kernels.tuning, kernels.tpu\n"
-        "print(kernels.check_lowering.check_point(kernels.check_lowering.grid(fast=True)[3], 'v6e').ok)"
+        "print(kernels.check_lowering.check_point(kernels.check_lowering.grid(fast=True)[3], 'v6e', compile=False).ok)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr[-2000:]

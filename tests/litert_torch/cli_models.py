@@ -32,3 +32,19 @@ class Unsupported(torch.nn.Module):
 
 def build_unsupported():
     return Unsupported(), (torch.randn(3),)
+
+
+class Deep(torch.nn.Module):
+    """Ten Linear layers: a float model a microcontroller check reports op by op."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(10)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def build_deep():
+    torch.manual_seed(0)
+    return Deep(), (torch.randn(1, 6),)

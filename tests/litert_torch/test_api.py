@@ -162,3 +162,48 @@ def test_unsupported_model_writes_nothing(tmp_path):
     with pytest.raises(litert_torch.UnsupportedOpsError):
         litert_torch.convert(Det(), (torch.randn(3),)).export(tmp_path / "det.tflite")
     assert os.listdir(tmp_path) == []
+
+
+class TokenModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+
+    def forward(self, ids, use_cache=False):
+        y = self.embed(ids)
+        return y * 2 if use_cache else y
+
+
+def _batch_and_seq():
+    from torch.export import Dim
+
+    return Dim("batch", min=1, max=64), Dim("seq", min=4, max=512)
+
+
+def test_signature_reads_as_a_call():
+    """What `edge.signatures[0]` shows (the README's form): names, dtypes, ? for dynamic dims."""
+    batch, seq = _batch_and_seq()
+    ids = torch.randint(0, 50, (2, 8))
+    edge = litert_torch.convert(TokenModel(), (ids,), dynamic_shapes=({0: batch, 1: seq},))
+    assert repr(edge.signatures[0]) == "serving_default(ids: int64[?, ?]) -> (output_0: float32[?, ?, 8])"
+    assert str(edge.signatures[0].inputs[0]) == "ids: int64[?, ?]"
+    assert "serving_default(ids: int64[?, ?])" in repr(edge)
+
+
+def test_tuple_dynamic_shapes_with_sample_kwargs():
+    """One dynamic_shapes entry per positional arg also works when keyword inputs are given
+    (torch.export itself wants one per input); the keyword inputs stay static."""
+    batch, seq = _batch_and_seq()
+    model = TokenModel().eval()
+    edge = litert_torch.convert(
+        model, (torch.randint(0, 50, (2, 8)),), {"use_cache": True}, dynamic_shapes=({0: batch, 1: seq},)
+    )
+    ids = torch.randint(0, 50, (3, 17))
+    np.testing.assert_allclose(edge(ids), model(ids, use_cache=True).detach().numpy(), rtol=1e-6)
+
+
+def test_dynamic_shapes_that_do_not_match_say_how_torch_wants_them():
+    batch, _ = _batch_and_seq()
+    ids = torch.randint(0, 50, (2, 8))
+    with pytest.raises(litert_torch.ConversionError, match="one entry per input, keyword inputs included"):
+        litert_torch.convert(TokenModel(), (ids,), {"use_cache": True}, dynamic_shapes=({0: batch}, None, None))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -84,3 +86,124 @@ def test_inspect_rejects_a_non_model(tmp_path, capsys):
     assert main(["inspect", str(junk)]) == 2
     assert "not a LiteRT/TFLite model" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "missing.tflite")]) == 2
+
+
+TIMM_FACTORY = """
+import timm
+import torch
+
+
+def make():
+    torch.manual_seed(0)
+    return timm.create_model("resnet10t", pretrained=False, num_classes=10).eval(), (torch.randn(1, 3, 32, 32),)
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("timm") is None, reason="timm is not installed (tools/setup.sh installs it)"
+)
+def test_convert_a_timm_model_from_the_command_line(tmp_path):
+    """As a README user does: a factory module that imports timm, where setup installs no
+    torchvision; a fresh process, so nothing imported timm before the CLI."""
+    (tmp_path / "mymodels.py").write_text(TIMM_FACTORY)
+    out = tmp_path / "resnet10t.tflite"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "litert_torch.cli", "convert", "mymodels:make", "-o", str(out), "--check", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    error = float(re.search(r"max relative error (\S+)", result.stderr).group(1))
+    assert error < 1e-4, result.stderr
+    assert out.read_bytes()[4:8] == b"TFL3"
+
+
+def _calibration(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 6, generator=g) for _ in range(n)]
+
+
+def test_convert_full_int8_with_calibration_files_is_the_api_model(tmp_path):
+    """--quantize full_int8 --calibration-data gives the bytes the API gives for the same
+    samples, from a .npy stack [N, 2, 6] and from a .npz cut along dim 0 [N * 2, 6] alike."""
+    from litert_torch import quantize
+    from tests.litert_torch.cli_models import build
+
+    samples = _calibration()
+    np.save(tmp_path / "stack.npy", torch.stack(samples).numpy())
+    np.savez(tmp_path / "cut.npz", torch.cat(samples).numpy())
+    expected = litert_torch.convert(
+        build(), (torch.randn(2, 6),), quant_config=quantize.full_int8(), calibration_data=[(s,) for s in samples]
+    ).model_content()
+    for name in ("stack.npy", "cut.npz"):
+        out = tmp_path / f"{name}.tflite"
+        argv = ["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", str(out), "-q"]
+        assert main(argv + ["--quantize", "full_int8", "--calibration-data", str(tmp_path / name)]) == 0
+        assert out.read_bytes() == expected, name
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--quantize", "full_int8"], "full_int8 needs calibration_data=.*from the command line: --calibration-data"),
+        (
+            ["--quantize", "full_int8", "--calibration-data", "{bad_shape}"],
+            "calibration sample 0, input 0 has shape \\(2, 5\\)",
+        ),
+        (["--quantize", "full_int8", "--calibration-data", "{missing}"], "--calibration-data: no such file"),
+        (["--quantize", "full_int8", "--calibration", "best"], "calibration='best': choose one of"),
+        (
+            ["--quantize", "weight_only_int4", "--block-size", "32"],
+            "block_size=32 does not divide the 6 input features",
+        ),
+        (["--calibration-data", "{bad_shape}"], "--calibration-data needs --quantize SCHEME"),
+        (["--target", "toaster"], "unknown target 'toaster'; known targets: android-cpu"),
+    ],
+)
+def test_convert_quantization_and_target_errors_are_the_apis(tmp_path, capsys, flags, message):
+    np.save(tmp_path / "bad.npy", np.zeros((4, 2, 5), np.float32))
+    files = {"bad_shape": str(tmp_path / "bad.npy"), "missing": str(tmp_path / "none.npy")}
+    out = tmp_path / "x.tflite"
+    argv = ["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", str(out), "-q"]
+    assert main(argv + [f.format(**files) for f in flags]) == 2
+    assert re.search(message, " ".join(capsys.readouterr().err.split())), message
+    assert not out.exists()
+
+
+def test_convert_for_a_microcontroller(tmp_path, capsys):
+    """--target micro: the float model breaks its rules (one row per op type, nothing
+    written); quantized to int8 with integer I/O it converts."""
+    np.save(tmp_path / "calibration.npy", torch.stack([s[:1] for s in _calibration()]).numpy())
+    out = tmp_path / "deep.tflite"
+    argv = ["convert", "tests.litert_torch.cli_models:build_deep", "-o", str(out), "-q", "--target", "micro"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "NOT compatible: 10 error(s)" in err and "--target-check warn" in err
+    rows = [line for line in err.splitlines() if "FULLY_CONNECTED" in line and "│" in line]
+    assert len(rows) == 1 and "│    10 │" in rows[0], err
+    first = "".join(line.split("│")[4].strip() for line in err.splitlines() if line.count("│") == 7)
+    assert first.startswith("serving_default: op #0layers.0,tests/litert_torch/cli_models.py:"), (
+        first
+    )  # layer, source line
+    assert not out.exists()
+    quantized = ["--quantize", "full_int8", "--io", "int8", "--calibration-data", str(tmp_path / "calibration.npy")]
+    assert main(argv + quantized) == 0
+    edge = litert_torch.load(out)
+    assert edge.signatures[0].inputs[0].dtype == np.int8
+
+
+def test_check_groups_violations_by_op_type(tmp_path, capsys):
+    """A float model checked for a microcontroller: one row per op type with its count and
+    first op, not one row per op."""
+    out = tmp_path / "deep.tflite"
+    assert main(["convert", "tests.litert_torch.cli_models:build_deep", "-o", str(out), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(out), "--target", "micro"]) == 1
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.startswith("│ error")]
+    assert len(rows) == 1, text  # ten FULLY_CONNECTED ops, one kind
+    assert "FULLY_CONNECTED" in rows[0] and "│    10 │" in rows[0] and "op #0" in rows[0], rows

@@ -188,6 +188,24 @@ def test_convert_raises_target_error_with_the_report_unless_warn():
     assert not edge.target_report.ok and len(edge.model_content()) > 0
 
 
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x)))
+
+
+def test_target_error_names_each_ops_layer_and_source_line():
+    with pytest.raises(TargetError) as info:
+        litert_torch.convert(_TwoLayers().eval(), (torch.randn(1, 4),), target="micro", progress=False)
+    here = "tests/runtimes/test_targets.py"
+    assert f"op #0 FULLY_CONNECTED (first, {here}:" in str(info.value)
+    assert f"op #1 FULLY_CONNECTED (second, {here}:" in str(info.value)
+    assert [v.source.split(",")[0] for v in info.value.report.violations] == ["first", "second"]
+
+
 def test_unknown_target_and_bad_mode_fail_before_any_work():
     with pytest.raises(ValueError, match="unknown target 'android-npu'; known targets: android-cpu"):
         litert_torch.convert(torch.nn.Identity(), (torch.randn(1),), target="android-npu")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import tpu_backend
+from tests.chip import child_env
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
 
 # Ops defined here have a CPU kernel only, so on tpu they reach the catch-all fallback.
@@ -129,7 +130,7 @@ def test_environment_variables_choose_mode_and_fallback():
     import sys
 
     code = "import tpu_backend, tpu_backend.dispatch as d; print(tpu_backend.get_eager_mode(), d._cpu_fallback)"
-    env = dict(os.environ, TPU_EAGER_MODE="debug", TPU_CPU_FALLBACK="1")
+    env = child_env(TPU_EAGER_MODE="debug", TPU_CPU_FALLBACK="1")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["debug", "True"]

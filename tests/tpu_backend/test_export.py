@@ -127,12 +127,12 @@ class TinyLlama(nn.Module):
 
 
 def test_llama_style_training_step_with_kernels_compiles_for_v5e():
-    """Forward and backward of a Llama-style step through the device, kernels in "auto"
-    mode, exported for TPU (64-bit mode on, as `import tpu_backend` sets) and compiled by
-    the v5e's compiler: flash attention (forward, dQ, dK/dV), RMSNorm and cross-entropy
-    kernels all pass Mosaic's compiler passes."""
+    """Forward and backward of a bf16 Llama-style step through the device, kernels in
+    "auto" mode, exported for TPU (64-bit mode on and matmul precision "highest", as
+    `import tpu_backend` sets) and compiled by the v5e's compiler: flash attention
+    (forward, dQ, dK/dV), RMSNorm and cross-entropy kernels all pass Mosaic's passes."""
     torch.manual_seed(0)
-    step = TinyLlama()
+    step = TinyLlama().to(torch.bfloat16)  # bf16 dots: the device's "highest" precision must not reach them
     tokens = torch.randint(0, 512, (2, 257))
     kernels.reset_stats()
     with kernels.use("auto"):
@@ -265,3 +265,46 @@ def test_fused_eager_programs_lower_for_another_platform():
     exported = [e for program in fused for e in program.export(platforms=("tpu",))]
     assert all(e.platforms == ("tpu",) for e in exported)
     assert any("stablehlo.dot_general" in e.mlir_module() for e in exported)
+
+
+def _count_fused_norms(monkeypatch):
+    fused = []
+    original = kernels.fuse_residual_norms
+    monkeypatch.setattr(kernels, "fuse_residual_norms", lambda gm: fused.append(original(gm)) or fused[-1])
+    return fused
+
+
+def _pre_norm_lm(seq):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 512, (2, seq + 1), generator=torch.Generator().manual_seed(1))
+    return TinyLlama(), tokens[:, :-1], tokens[:, 1:]
+
+
+@pytest.mark.parametrize("mode", ["interpret", "on"])
+def test_pre_norm_lm_step_with_fused_residual_norms_gives_pytorch_gradients(mode, monkeypatch):
+    """The residual-norm fusion replaces the forward's saved adds; the exported step still
+    pairs them with the backward's inputs ("'add' is not in list" before): loss and every
+    gradient as PyTorch's autograd (CPU, the kernels through the Pallas interpreter)."""
+    model, ids, targets = _pre_norm_lm(64)
+    fused = _count_fused_norms(monkeypatch)
+    with kernels.use(mode):
+        exported = tpu_backend.export(model, (ids, targets), platforms=("cpu",), train_step=True)
+    assert fused[0] == 4, fused  # forward: each block's two adds feed the next norm
+    loss, *grads = exported.call(*[t.detach().numpy() for t in (*model.parameters(), ids, targets)])
+    expected = model(ids, targets)
+    expected.backward()
+    np.testing.assert_allclose(float(loss), float(expected.detach()), rtol=1e-5)
+    for (name, p), g in zip(model.named_parameters(), grads):
+        np.testing.assert_allclose(np.asarray(g), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["auto", "interpret"])
+def test_pre_norm_lm_step_lowers_for_tpu_at_1024(mode, monkeypatch):
+    """Sequence 1024, TPU only: the compiled kernels (auto) or the interpreter's plain HLO."""
+    model, ids, targets = _pre_norm_lm(1024)
+    fused = _count_fused_norms(monkeypatch)
+    with kernels.use(mode):
+        exported = tpu_backend.export(model, (ids, targets), platforms=("tpu",), train_step=True)
+    assert fused[0] == 4, fused
+    _check_gradients_layout(exported, model)
+    assert ("tpu_custom_call" in exported.mlir_module()) == (mode == "auto")

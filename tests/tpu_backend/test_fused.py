@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import tpu_backend
+from tests.chip import child_env
 from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
 from tests.tpu_backend.parity import TrainingRun, assert_runs_match, record_training
 from tpu_backend import fused
@@ -281,7 +282,7 @@ def test_environment_variable_selects_fused_mode():
         "assert fused.pending_nodes() > 0\n"
         "print(tpu_backend.get_eager_mode(), y.sum().item())\n"
     )
-    env = dict(os.environ, TPU_EAGER_MODE="fused")
+    env = child_env(TPU_EAGER_MODE="fused")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["fused", "6.0"]

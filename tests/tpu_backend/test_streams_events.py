@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import tpu_backend  # noqa: F401
+from tests.chip import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -142,7 +143,7 @@ ASYNC_CHILD = textwrap.dedent(
 
 @pytest.mark.slow
 def test_events_do_not_block_the_host_when_dispatch_is_asynchronous():
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = child_env(PYTHONPATH=ROOT)
     done = subprocess.run(
         [sys.executable, "-c", ASYNC_CHILD], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT
     )

@@ -17,10 +17,12 @@ from typing import Any, Callable
 
 import jax
 
-from tpu_backend import fused
+from tpu_backend import chip_limits, fused
 from tpu_backend import tensor as tpu_tensor
+from tpu_backend.chip_limits import TpuChipLimitError
 from tpu_backend.eager import modes
 from tpu_backend.eager.arguments import fill_template, flatten_args
+from tpu_backend.eager.errors import user_frame
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
 
 
@@ -98,6 +100,7 @@ class OpRunner:
         self.needs_rng = lowering.needs_rng
         self.plain = not (self.may_run_on_host or self.needs_rng)  # the hot path applies
         self.bound: dict[tuple, Callable] = {}  # fused mode: one bound function per template
+        self.host_jitted: dict[tuple, Callable] = {}  # dtypes the chip refuses (chip_limits)
 
     def _bound(self, template_args, template_kwargs, traced: bool = False) -> Callable:
         """The lowering as a function of the dynamic values alone (the template is static).
@@ -134,6 +137,8 @@ class OpRunner:
                         return fused.record(found[0], found[1], dynamic)
             except _TRACE_ERRORS:
                 pass  # a float the lowering branches on: `_run` makes floats static
+            except TpuChipLimitError as error:  # new dtypes the chip cannot compile
+                return self._on_host(error, template, dynamic)
             return self._run(args, kwargs)  # first call with this template
         if self.needs_rng:
             from tpu_backend import random as tpu_random
@@ -159,6 +164,10 @@ class OpRunner:
             if modes._mode == "fused":
                 return self._record(template_args, template_kwargs, dynamic)
             return _run_jitted(self._jitted(template_args, template_kwargs), dynamic)
+        except TpuChipLimitError as error:
+            if error.limit.action != "host":
+                raise
+            return self._on_host(error, (template_args, template_kwargs), dynamic)
         except _TRACE_ERRORS:
             if not self.dynamic_floats:
                 raise
@@ -166,6 +175,23 @@ class OpRunner:
             self.jitted.clear()
             self.bound.clear()
             return self._run(args, kwargs)
+
+    def _on_host(self, error: TpuChipLimitError, template: tuple, dynamic: list):
+        """Eager: run the lowering on the host's CPU device (the chip's compiler refuses these
+        dtypes, `tpu_backend/chip_limits.py`), results back on the default device."""
+        if error.limit.action != "host":
+            raise error.with_traceback(None)
+        chip_limits.warn_on_host(error, user_frame())
+        modes.CPU_FALLBACK_COUNTS[str(self.op)] += 1
+        host, device = chip_limits.host_device(), jax.devices()[0]
+        fn = self.host_jitted.get(template)
+        if fn is None:
+            fn = self.host_jitted[template] = jax.jit(self._bound(*template))
+        values = [tpu_tensor.concrete(v) for v in dynamic]  # fused mode: pending inputs computed
+        values = [jax.device_put(v, host) if isinstance(v, jax.Array) else v for v in values]
+        with chip_limits.on_host():
+            out = fn(*values)
+        return jax.device_put(out, device)
 
     def _record(self, template_args, template_kwargs, dynamic):
         """Fused mode: record the bound lowering; the (op, template) key and the bound
@@ -238,3 +264,4 @@ def clear_jit_cache() -> None:
     for op_runner in _RUNNERS.values():
         op_runner.jitted.clear()
         op_runner.bound.clear()
+        op_runner.host_jitted.clear()

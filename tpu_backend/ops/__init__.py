@@ -12,6 +12,7 @@ with a bool mask; `native_batch_norm` writes its running statistics back).
 
 from __future__ import annotations
 
+from tpu_backend import chip_limits
 from tpu_backend.ops import (  # noqa: F401  (each import registers a family)
     activation,
     attention,
@@ -44,6 +45,8 @@ from tpu_backend.ops.registry import (
     lowers,
     torch_dtype,
 )
+
+chip_limits.guard_table()  # ops the TPU compiler refuses on some dtypes (tpu_backend/chip_limits.py)
 
 
 def covered_overloads() -> list:

@@ -8,6 +8,8 @@ Matrix products use JAX's default matmul precision, which follows
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 from jax.lax import linalg as lax_linalg
 
+from tpu_backend import chip_limits
 from tpu_backend.ops._common import (
     canonical_dim,
     is_array,
@@ -221,11 +224,41 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
     return eigenvalues, eigenvectors if compute_v else jnp.zeros((0,), a.dtype)
 
 
+def _svd(a, full_matrices=False, compute_uv=True):
+    """`jnp.linalg.svd`, but safe to compile for a TPU.
+
+    JAX's TPU SVD (QDWH, `jax._src.tpu.linalg.svd`) is expanded when the program is
+    lowered, after the device's `jax_enable_x64` has made its loop indices int64; XLA's TPU
+    compiler then aborts the whole process ("Check failed: buffer != nullptr" in
+    TransposeFolding; float32, every shape tried; `tools/tpu_op_sweep.py`). Traced here,
+    with 32-bit indices, the same algorithm compiles. float64 never gets here on a TPU
+    (`chip_limits`: it runs on the host)."""
+    if not chip_limits.targets_tpu() or a.dtype not in (jnp.float32, jnp.complex64) or 0 in a.shape[-2:]:
+        return jnp.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv)
+    from jax._src.tpu.linalg import svd as tpu_svd  # private: the pinned JAX range is tested
+
+    decompose = functools.partial(tpu_svd.svd, full_matrices=full_matrices, compute_uv=compute_uv)
+    for _ in a.shape[:-2]:
+        decompose = jax.vmap(decompose)
+    with jax.enable_x64(False):
+        return decompose(a)
+
+
+def _pinv(a, rtol=None):
+    """`jnp.linalg.pinv` from `_svd`: singular values at or below rtol * s_max count as zero."""
+    u, s, vh = _svd(a, full_matrices=False)
+    m, n = a.shape[-2:]
+    rtol = 10.0 * max(m, n) * jnp.finfo(s.dtype).eps if rtol is None else rtol
+    cutoff = jnp.asarray(rtol, s.dtype)[..., None] * jnp.max(s, axis=-1, keepdims=True)
+    inverse = jnp.where(s > cutoff, 1 / jnp.where(s > cutoff, s, 1), 0).astype(a.dtype)
+    return jnp.matmul(jnp.swapaxes(vh, -1, -2).conj() * inverse[..., None, :], jnp.swapaxes(u, -1, -2).conj())
+
+
 @lowers(aten._linalg_svd.default)
 def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
     if not compute_uv:
-        return jnp.zeros((0,), a.dtype), jnp.linalg.svd(a, compute_uv=False), jnp.zeros((0,), a.dtype)
-    return jnp.linalg.svd(a, full_matrices=full_matrices)
+        return jnp.zeros((0,), a.dtype), _svd(a, compute_uv=False), jnp.zeros((0,), a.dtype)
+    return _svd(a, full_matrices=full_matrices)
 
 
 @lowers(aten.cholesky_solve.default)
@@ -361,9 +394,10 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     vector_rhs = b.ndim == a.ndim - 1
     rhs = b[..., None] if vector_rhs else b
     a_b, rhs = _broadcast_batch(a, rhs)
-    singular = jnp.linalg.svd(a_b, compute_uv=False)
+    singular = _svd(a_b, compute_uv=False)
     cutoff = (jnp.finfo(a.dtype).eps * max(m, n) if rcond is None or rcond < 0 else rcond) * singular[..., :1]
-    solution = jnp.matmul(jnp.linalg.pinv(a_b, rtol=None if rcond is None else rcond), rhs)
+    pinv = _pinv if chip_limits.targets_tpu() else jnp.linalg.pinv  # see _svd
+    solution = jnp.matmul(pinv(a_b, rtol=None if rcond is None else rcond), rhs)
     empty = jnp.zeros((0,), a.dtype)
     rank = jnp.sum(singular > cutoff, axis=-1).astype(jnp.int64) if driver != "gels" else jnp.zeros((0,), jnp.int64)
     residuals = empty

@@ -248,4 +248,10 @@ def jax_dtype(dtype: torch.dtype | None):
 
 def torch_dtype(dtype) -> torch.dtype:
     """The torch dtype for a JAX/numpy dtype."""
-    return _JAX_TO_TORCH[np.dtype(dtype)]
+    try:
+        return _JAX_TO_TORCH[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(
+            f"a {np.dtype(dtype).name} result cannot be held on the tpu device (complex64 is its widest "
+            "complex dtype): compute in float32/complex64, or on CPU (x.cpu())"
+        ) from None

@@ -4,7 +4,6 @@ cache-only mode and debug dumps."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import warnings
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 import tpu_backend.compile as tpu_compile
+from tests.chip import child_env
 from tpu_backend.compile import CacheMissError, Program, cache_only, compile_stats
 
 CHILD = Path(__file__).with_name("cache_child.py")
@@ -79,7 +79,7 @@ def test_record_compile_reports_other_compile_paths(fresh_cache):
 
 
 def run_child(cache: Path, *flags: str) -> dict:
-    env = dict(os.environ, TPU_CACHE_DIR=str(cache))
+    env = child_env(TPU_CACHE_DIR=str(cache))
     done = subprocess.run([sys.executable, str(CHILD), *flags], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"child failed ({done.returncode}):\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -7,7 +7,6 @@ matches PyTorch CPU eager with `torch.optim` step by step."""
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch._dynamo
 
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
+from tests.chip import child_env
 from tests.tpu_backend.models import MODEL_CASES, functional_train_step, make_optimizer, train_step, training_batches
 from tpu_backend import tensor as device_tensor
 from tpu_backend.eager.runner import CACHE_STATS
@@ -82,7 +82,7 @@ def test_compiled_step_updates_parameters_in_place():
     reference of unidentified origin and are (safely) not donated; see docs/architecture.md."""
     code = "from tests.tpu_backend.compile.test_train_step import check_in_place; check_in_place()"
     root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = child_env(PYTHONPATH=str(root))
     child = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
     assert child.returncode == 0, child.stdout + child.stderr
 
@@ -123,3 +123,28 @@ def test_batch_norm_running_stats_under_dynamic_shapes():
             torch.testing.assert_close(compiled(x.to("tpu")).cpu(), reference(x), rtol=RTOL, atol=1e-5)
     for name, buffer in reference[1].named_buffers():
         torch.testing.assert_close(model[1].get_buffer(name).cpu(), buffer, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_one_program_step_with_kernels_on_takes_the_xla_path_and_trains():
+    """Under `torch.func.grad` (the one-program step) the kernels' custom-op autograd cannot
+    run (torch 2.13); the routers send those calls to XLA, so the step with kernels on
+    computes what it computes with them off (it crashed on the chip before)."""
+    from tests.tpu_backend.models import LlamaConfig, LlamaLM, ModelCase, _token_batch, sequence_loss
+
+    config = LlamaConfig(context=128, width=64, heads=2, layers=1, ffn=128)
+    case = ModelCase("llama", lambda: LlamaLM(config), _token_batch(config, 2), sequence_loss)
+    losses = {}
+    for mode in ("off", "interpret"):
+        torch._dynamo.reset()  # a compiled step keeps the kernel choice it was traced with
+        tpu_backend.kernels.reset_stats()
+        with tpu_backend.kernels.use(mode):
+            torch.manual_seed(0)
+            model = case.build().to("tpu")
+            inputs, target = (t.to("tpu") for t in case.batch(torch.Generator().manual_seed(0)))
+            step = torch.compile(functional_train_step(model, case, "adamw"), backend="tpu")
+            losses[mode] = [float(step(inputs, target)) for _ in range(3)]
+            stats = tpu_backend.kernels.stats()
+    torch._dynamo.reset()
+    assert losses["interpret"] == pytest.approx(losses["off"], rel=1e-6)
+    assert losses["off"][-1] < losses["off"][0]
+    assert stats and all(tpu_backend.kernels.UNDER_TORCH_FUNC in key for key in stats), stats
