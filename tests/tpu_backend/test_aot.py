@@ -69,7 +69,8 @@ def test_command_prints_table_and_writes_json(tmp_path, capsys):
     from tpu_backend.aot.__main__ import main
 
     out = tmp_path / "report.json"
-    argv = ["examples/llama_fsdp_tp.py", "--topology", "v5e:2x2", "--mesh", "fsdp=4", "--size", "tiny"]
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "llama_fsdp_tp.py")
+    argv = [script, "--topology", "v5e:2x2", "--mesh", "fsdp=4", "--size", "tiny"]
     code = main([*argv, "--batch", "8", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
