@@ -15,9 +15,11 @@ import torch._dynamo
 from torch import nn
 
 import tpu_backend.compile as tpu_compile
+from tests import chip
 from tests.tpu_backend.compile.shared import ChattyModel
 
-RELATIVE_TOLERANCE = 1e-5
+# On a TPU: its float32 exp/tanh/log approximations (up to 8e-5 relative, docs/tpu.md).
+RELATIVE_TOLERANCE = chip.tolerance("transcendentals", cpu=1e-5, tpu=2e-4)
 
 
 @pytest.fixture(autouse=True)

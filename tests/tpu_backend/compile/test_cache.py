@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import tpu_backend.compile as tpu_compile
+from tests import chip
 from tests.chip import child_env
 from tpu_backend.compile import CacheMissError, Program, cache_only, compile_stats
 
@@ -47,7 +48,9 @@ def test_stats_count_requests_hits_and_compiles(fresh_cache):
     program = Program("softplus", scaled_softplus)
     x = np.arange(4.0, dtype=np.float32)
     for _ in range(3):
-        np.testing.assert_allclose(program(x, 2.0), np.log1p(np.exp(x)) * 2, rtol=1e-6)
+        np.testing.assert_allclose(
+            program(x, 2.0), np.log1p(np.exp(x)) * 2, rtol=chip.tolerance("transcendentals", cpu=1e-6, tpu=2e-4)
+        )
     program(np.arange(6.0, dtype=np.float32), 2.0)  # new shape
     program(x, 3.0)  # new static value
 

@@ -18,13 +18,15 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from tests import chip
 from tests.tpu_backend.models import MODEL_CASES, GPTConfig, TinyGPT
 from tpu_backend.compile import UnsupportedGraphError, compile_graph, decompositions, fx_to_jax
 from tpu_backend.compile.backend import graph_compiler
 from tpu_backend.ops.views import VIEW_LOWERINGS
 
 aten = torch.ops.aten
-RELATIVE_TOLERANCE = 1e-5
+# On a TPU: its float32 exp/tanh/log approximations (up to 8e-5 relative, docs/tpu.md).
+RELATIVE_TOLERANCE = chip.tolerance("transcendentals", cpu=1e-5, tpu=2e-4)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
