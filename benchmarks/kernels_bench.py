@@ -642,7 +642,12 @@ def main(argv=None) -> int:
             except Exception as error:  # out of memory at long sequences: report and go on
                 message = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
                 rows.append(Row(label, seq, str(sizes), impl, error=message))
-            print(f"  {label}: done at {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+            row = rows[-1]  # its figures at once: a run cut short by a time limit still shows them
+            figures = row.error or (
+                f"fwd+bwd {_ms(row.fwd_bwd_ms.get(impl))} ms vs XLA {_ms(row.fwd_bwd_ms.get('reference'))} ms "
+                f"({_ratio(row.fwd_bwd_ms, impl)}), fwd {_ratio(row.fwd_ms, impl)}"
+            )
+            print(f"  {label}: {figures}; done at {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     checks = check_targets(rows) if compiled and not args.compile_only else []
     print_report(rows, checks, note)
     points = []
