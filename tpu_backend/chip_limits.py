@@ -84,6 +84,18 @@ _INTEGER_PRODUCTS = frozenset(
         aten.mv.default,
         aten.dot.default,
         aten.vdot.default,
+        aten.convolution.default,
+        aten._convolution.default,
+    ]
+)
+# Lowered to bit manipulation of the float (bitcasts, shifts, masks).
+_FLOAT_BITS = frozenset(
+    [
+        aten.copysign.Tensor,
+        aten.copysign.Scalar,
+        aten.frexp.Tensor,
+        aten.nextafter.default,
+        aten.signbit.default,
     ]
 )
 
@@ -101,9 +113,17 @@ LIMITS: tuple[ChipLimit, ...] = (
         _INTEGER_PRODUCTS,
         frozenset({"int64"}),
         "host",
-        "XLA's TPU compiler has no int64 matrix product ('While rewriting computation to not "
-        "contain X64 element types ... dot')",
+        "XLA's TPU compiler has no int64 matrix product or convolution ('While rewriting computation "
+        "to not contain X64 element types ... dot/convolution')",
         "multiply in int32 or float32 to stay on the chip",
+    ),
+    ChipLimit(
+        _FLOAT_BITS,
+        frozenset({"float64"}),
+        "host",
+        "XLA's TPU compiler fails on the float64 bit manipulation they lower to ('Binary op and with "
+        "different element types: s32 and u32')",
+        "compute in float32 to stay on the chip",
     ),
     ChipLimit(
         frozenset([aten._fft_r2c.default]),
