@@ -2,7 +2,8 @@
 
 Found by compiling every lowering of the table, on the arguments PyTorch's OpInfo samples
 really pass, for a TPU v5e with libtpu's compiler (`tools/tpu_op_sweep.py`; libtpu 0.0.42.1,
-JAX 0.10.2). Outside this table everything compiles. Each `ChipLimit` names the ops, the
+JAX 0.10.2). Outside this table everything compiles (float32 SVD, which aborted XLA, is
+fixed in its lowering: `ops/linalg._svd`). Each `ChipLimit` names the ops, the
 argument dtypes that trigger it, what XLA does with them, and the action:
 
 - "host": eager mode (strict, debug, and fused, which runs such an op at once instead of
