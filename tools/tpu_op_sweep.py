@@ -175,8 +175,8 @@ def compile_case(case: Case, chip: str, raw: bool) -> str:
 
     op = _op(case.op)
     lowering = JAX_LOWERINGS[op]
-    if lowering.data_dependent:
-        return "host"
+    if lowering.data_dependent or (lowering.data_dependent_when is not None and "bool" in case.dtypes):
+        return "host"  # value-dependent shape (nonzero, a bool mask): the device runs it outside jit
     fn = getattr(lowering.fn, "__wrapped__", lowering.fn) if raw else lowering.fn  # raw: without the guard
     arrays: list = []
 

@@ -2,7 +2,8 @@
 
 Found by compiling every lowering of the table, on the arguments PyTorch's OpInfo samples
 really pass, for a TPU v5e with libtpu's compiler (`tools/tpu_op_sweep.py`; libtpu 0.0.42.1,
-JAX 0.10.2). Outside this table everything compiles. Each `ChipLimit` names the ops, the
+JAX 0.10.2). Outside this table everything compiles (float32 SVD, which aborted XLA, is
+fixed in its lowering: `ops/linalg._svd`). Each `ChipLimit` names the ops, the
 argument dtypes that trigger it, what XLA does with them, and the action:
 
 - "host": eager mode (strict, debug, and fused, which runs such an op at once instead of
@@ -84,6 +85,18 @@ _INTEGER_PRODUCTS = frozenset(
         aten.mv.default,
         aten.dot.default,
         aten.vdot.default,
+        aten.convolution.default,
+        aten._convolution.default,
+    ]
+)
+# Lowered to bit manipulation of the float (bitcasts, shifts, masks).
+_FLOAT_BITS = frozenset(
+    [
+        aten.copysign.Tensor,
+        aten.copysign.Scalar,
+        aten.frexp.Tensor,
+        aten.nextafter.default,
+        aten.signbit.default,
     ]
 )
 
@@ -101,9 +114,17 @@ LIMITS: tuple[ChipLimit, ...] = (
         _INTEGER_PRODUCTS,
         frozenset({"int64"}),
         "host",
-        "XLA's TPU compiler has no int64 matrix product ('While rewriting computation to not "
-        "contain X64 element types ... dot')",
+        "XLA's TPU compiler has no int64 matrix product or convolution ('While rewriting computation "
+        "to not contain X64 element types ... dot/convolution')",
         "multiply in int32 or float32 to stay on the chip",
+    ),
+    ChipLimit(
+        _FLOAT_BITS,
+        frozenset({"float64"}),
+        "host",
+        "XLA's TPU compiler fails on the float64 bit manipulation they lower to ('Binary op and with "
+        "different element types: s32 and u32')",
+        "compute in float32 to stay on the chip",
     ),
     ChipLimit(
         frozenset([aten._fft_r2c.default]),

@@ -36,6 +36,9 @@ def test_the_rule_is_a_function_of_op_dtypes_and_platform():
     assert chip_limits.limit_for(svd, [torch.float32]) is None  # compiles (see linalg._svd)
     assert chip_limits.limit_for(aten.mm.default, [torch.int64, torch.int64]).action == "host"
     assert chip_limits.limit_for(aten.mm.default, [torch.int32, torch.int32]) is None
+    assert chip_limits.limit_for(aten.convolution.default, ["int64", "int64"]).action == "host"
+    assert chip_limits.limit_for(aten.signbit.default, ["float64"]).action == "host"
+    assert chip_limits.limit_for(aten._fft_r2c.default, ["float64"]).action == "raise"
     assert chip_limits.limit_for(aten.add.Tensor, [torch.float64]) is None  # float64 arithmetic compiles
 
 
@@ -84,6 +87,14 @@ def test_int64_matrix_product_runs_on_the_host(as_on_a_tpu):
         product = m.to("tpu") @ m.T.to("tpu")
     assert product.dtype == torch.int64
     assert torch.equal(product.cpu(), m @ m.T)
+
+
+def test_float64_bit_manipulation_runs_on_the_host(as_on_a_tpu):
+    x = torch.tensor([-2.5, -0.0, 0.0, 1e-310, 3.0], dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(torch.signbit(x.to("tpu")).cpu(), torch.signbit(x))
+        assert torch.equal(torch.copysign(x.to("tpu"), -1.0).cpu(), torch.copysign(x, -1.0))
 
 
 def test_float32_svd_stays_on_the_device_and_is_right(as_on_a_tpu):
