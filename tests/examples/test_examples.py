@@ -49,11 +49,17 @@ def _tutorial_says(*phrases: str) -> None:
 
 def test_digits_cnn_float_and_int8():
     r = digits_cnn.run(epochs=2)  # what examples/quickstart.py runs
-    # the quickstart's table in the README and the tutorial: all but latency (machine-dependent)
-    printed = [row[:3] + row[4:] for row in digits_cnn.table_rows(r)]
+    # the quickstart's table in the README and the tutorial: all but latency (machine-dependent);
+    # sizes within 0.1%: tensor names come from a process-wide counter, so a file converted after
+    # other tests in the same process carries a few longer names (450,720 B against 450,656 B)
+    printed = digits_cnn.table_rows(r)
     for doc in ("README.md", "docs/tutorial.md"):
-        shown = [row[:3] + row[4:] for row in _shown_table(doc, "  ".join(digits_cnn.COLUMNS))]
-        assert shown == printed, f"{doc} shows {shown}; examples/quickstart.py prints {printed}"
+        shown = _shown_table(doc, "  ".join(digits_cnn.COLUMNS))
+        assert [row[:3] for row in shown] == [row[:3] for row in printed], f"{doc} shows {shown}; quickstart {printed}"
+        for doc_row, row in zip(shown, printed):
+            if row[4] != "-":
+                doc_bytes, run_bytes = (int(x.removesuffix(" B").replace(",", "")) for x in (doc_row[4], row[4]))
+                assert abs(doc_bytes - run_bytes) <= 1e-3 * run_bytes, f"{doc} shows {doc_row}; quickstart {row}"
     with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
         assert digits_cnn.title(r) in f.read()
     start, end = r["loss_start_end"]
