@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     import tpu_backend
     import tpu_backend.aot as aot
     from examples.llama_fsdp_tp import Llama, aot_step
-    from tpu_backend.aot.capture import functional_step, step_inputs
+    from tpu_backend.aot.capture import adamw_device_step
 
     tpu_backend.kernels.use("off")
     step = aot_step(args.size, batch=args.batch, seq=args.seq)
@@ -71,19 +71,14 @@ def main(argv=None) -> int:
     config = step["model"].config
     torch.manual_seed(0)
     model = Llama(config).to(torch.bfloat16).to("tpu")
-    specs = step_inputs(model, step["inputs"], step["targets"], "adamw")
-    params = [p for _, p in model.named_parameters()]
-    state = [torch.zeros_like(p) for p in params] + [torch.zeros_like(p) for p in params]
-    counts = [torch.zeros((), device="tpu") for _ in params]
-    buffers = [b for _, b in model.named_buffers()]
-    compiled = torch.compile(functional_step(model, step["loss"], specs, 1, "adamw"), backend="tpu")
+    run = adamw_device_step(model, step)
     g = torch.Generator().manual_seed(0)
     losses, times = [], []
     for _ in range(args.steps):
         tokens = torch.randint(0, config.vocab, (args.batch, config.seq + 1), generator=g)
         inputs, targets = tokens[:, :-1].to("tpu"), tokens[:, 1:].to("tpu")
         start = time.perf_counter()
-        (loss,) = compiled(*params, *state, *counts, *buffers, inputs, targets)
+        (loss,) = run(inputs, targets)
         losses.append(loss.item())
         times.append(time.perf_counter() - start)
     stats = jax.devices()[0].memory_stats() or {}

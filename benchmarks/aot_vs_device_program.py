@@ -26,7 +26,7 @@ def main() -> int:
     from examples.llama_fsdp_tp import PRESETS, Llama, LlamaConfig, aot_step
     from kernels.tpu import compile_only_devices
     from tpu_backend import kernels as device_kernels
-    from tpu_backend.aot.capture import functional_step, step_inputs
+    from tpu_backend.aot.capture import adamw_device_step
     from tpu_backend.compile import programs
 
     device_kernels.use("off")
@@ -39,14 +39,8 @@ def main() -> int:
     config = step["model"].config
     torch.manual_seed(0)
     model = Llama(config).to(torch.bfloat16).to("tpu")
-    specs = step_inputs(model, step["inputs"], step["targets"], "adamw")
-    params = [p for _, p in model.named_parameters()]
-    state = [torch.zeros_like(p) for p in params] + [torch.zeros_like(p) for p in params]
-    counts = [torch.zeros((), device="tpu") for _ in params]
-    buffers = [b for _, b in model.named_buffers()]
-    compiled = torch.compile(functional_step(model, step["loss"], specs, 1, "adamw"), backend="tpu")
     tokens = torch.randint(0, config.vocab, (1, config.seq + 1), generator=torch.Generator().manual_seed(0))
-    compiled(*params, *state, *counts, *buffers, tokens[:, :-1].to("tpu"), tokens[:, 1:].to("tpu"))
+    adamw_device_step(model, step)(tokens[:, :-1].to("tpu"), tokens[:, 1:].to("tpu"))
 
     sharding = jax.sharding.SingleDeviceSharding(compile_only_devices("v5e:1x1")[0])
     print(f"{'':34}{'arguments':>14}{'temporaries':>14}")

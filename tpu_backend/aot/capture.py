@@ -284,3 +284,16 @@ def _trace_joint(model: nn.Module, loss: Callable, specs: list[StepInput], fake:
             f"{len(signature.parameters)}, trainable {len(expected)}"
         )
     return gm
+
+
+def adamw_device_step(model, step: dict):
+    """The device's own compiled step for `model` (real weights on "tpu"), the step
+    `trace_step` plans with AdamW: `run(inputs, targets) -> (loss,)`, the parameters and
+    AdamW state updated in place. For checking a plan against what the device runs."""
+    specs = step_inputs(model, step["inputs"], step["targets"], "adamw")
+    params = [p for _, p in model.named_parameters()]
+    state = [torch.zeros_like(p) for p in params] + [torch.zeros_like(p) for p in params]
+    counts = [torch.zeros((), device="tpu") for _ in params]
+    buffers = [b for _, b in model.named_buffers()]
+    compiled = torch.compile(functional_step(model, step["loss"], specs, 1, "adamw"), backend="tpu")
+    return lambda inputs, targets: compiled(*params, *state, *counts, *buffers, inputs, targets)
