@@ -7,6 +7,8 @@
     python benchmarks/backend_bench.py --model mingpt --modes all --skip-inductor # ... without inductor's long compile
     python benchmarks/backend_bench.py --json results.json      # also write the figures as JSON ('-': stdout)
     python benchmarks/backend_bench.py --profile runs/bench      # trace the steps (torch.tpu.profiler): TensorBoard/Perfetto
+    python benchmarks/backend_bench.py --model llama-374m --remat --modes tpu-compile  # on a TPU: the JAX
+        # reference's 374M Llama shape (bf16, 4 x 2048); compare with jax_llama_reference.py (docs/tpu.md)
     python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
         --modes cpu-eager,tpu-strict,tpu-fused,tpu-compile,jax   # issue 16's dispatch-bound comparison
 
