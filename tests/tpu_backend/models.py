@@ -15,7 +15,7 @@ CPU: callers move it) and compute the loss, so a training loop is the same for a
     inputs, target = case.batch(torch.Generator().manual_seed(0))
     loss = case.loss(model(inputs), target)
 
-Depends on torch only.
+Depends on torch only (`functional_train_step` takes its optimizer update from `tpu_backend.aot`).
 """
 
 from __future__ import annotations
@@ -277,8 +277,8 @@ def functional_train_step(model: nn.Module, case: ModelCase, optimizer: str) -> 
     parameters and optimizer state in place. Returns `step(inputs, target) -> loss`, not
     yet compiled; the state starts as `torch.optim` starts it."""
     from torch.func import functional_call, grad_and_value
-    from torch.optim.adamw import adamw
-    from torch.optim.sgd import sgd
+
+    from tpu_backend.aot.capture import functional_update  # the same update the planner traces
 
     params = dict(model.named_parameters())
     tensors = list(params.values())
@@ -291,41 +291,13 @@ def functional_train_step(model: nn.Module, case: ModelCase, optimizer: str) -> 
     def loss_of(params, inputs, target):
         return case.loss(functional_call(model, params, (inputs,)), target)
 
+    # momentum buffers start at zero: 0.9 * 0 + g is torch's clone(g)
+    state = momenta if optimizer == "sgd" else exp_avgs + exp_avg_sqs + step_counts
+    update = functional_update(optimizer, len(tensors), lr=0.05 if optimizer == "sgd" else 1e-3)
+
     def step(inputs, target):
         grads, loss = grad_and_value(loss_of)(params, inputs, target)
-        grads = list(grads.values())
-        with torch.no_grad():
-            if optimizer == "sgd":  # momentum buffers start at zero: 0.9 * 0 + g is torch's clone(g)
-                sgd(
-                    tensors,
-                    grads,
-                    momenta,
-                    foreach=True,
-                    lr=0.05,
-                    momentum=0.9,
-                    weight_decay=0.0,
-                    dampening=0.0,
-                    nesterov=False,
-                    maximize=False,
-                )
-            else:
-                adamw(
-                    tensors,
-                    grads,
-                    exp_avgs,
-                    exp_avg_sqs,
-                    [],
-                    step_counts,
-                    foreach=True,
-                    capturable=True,
-                    lr=1e-3,
-                    beta1=0.9,
-                    beta2=0.999,
-                    weight_decay=0.01,
-                    eps=1e-8,
-                    amsgrad=False,
-                    maximize=False,
-                )
+        update(*tensors, *grads.values(), *state)
         return loss.detach()
 
     step.state = {"momentum_buffer": momenta, "exp_avg": exp_avgs, "exp_avg_sq": exp_avg_sqs}
