@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+from kernels import tpu
+from tests import chip
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 sys.path.insert(0, EXAMPLES)
 
@@ -24,6 +27,11 @@ import pallas_op  # noqa: E402
 import unet_segmentation  # noqa: E402
 
 ROOT = os.path.dirname(EXAMPLES)
+
+
+# The docs' figures are CPU runs: on a TPU the trained weights differ in the last bits
+# (tests/chip.py, "summation_order"), and so do accuracies, losses and AUCs after training.
+DOCS_FIGURES_HOLD = not chip.ON_TPU
 
 
 def _shown_table(doc: str, header: str) -> list[list[str]]:
@@ -41,6 +49,8 @@ def _shown_table(doc: str, header: str) -> list[list[str]]:
 
 def _tutorial_says(*phrases: str) -> None:
     """docs/tutorial.md's figures for the quick forms are what the run gives (machine-independent ones)."""
+    if not DOCS_FIGURES_HOLD:
+        return
     with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
         text = " ".join(f.read().split())
     missing = [p for p in phrases if p not in text]
@@ -53,15 +63,16 @@ def test_digits_cnn_float_and_int8():
     # sizes within 0.1%: tensor names come from a process-wide counter, so a file converted after
     # other tests in the same process carries a few longer names (450,720 B against 450,656 B)
     printed = digits_cnn.table_rows(r)
-    for doc in ("README.md", "docs/tutorial.md"):
+    for doc in ("README.md", "docs/tutorial.md") if DOCS_FIGURES_HOLD else ():
         shown = _shown_table(doc, "  ".join(digits_cnn.COLUMNS))
         assert [row[:3] for row in shown] == [row[:3] for row in printed], f"{doc} shows {shown}; quickstart {printed}"
         for doc_row, row in zip(shown, printed):
             if row[4] != "-":
                 doc_bytes, run_bytes = (int(x.removesuffix(" B").replace(",", "")) for x in (doc_row[4], row[4]))
                 assert abs(doc_bytes - run_bytes) <= 1e-3 * run_bytes, f"{doc} shows {doc_row}; quickstart {row}"
-    with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
-        assert digits_cnn.title(r) in f.read()
+    if DOCS_FIGURES_HOLD:
+        with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
+            assert digits_cnn.title(r) in f.read()
     start, end = r["loss_start_end"]
     assert end < 0.5 * start, r["loss_start_end"]
     assert r["pytorch"]["accuracy"] >= 0.80
@@ -111,6 +122,8 @@ def _check_char_lm(r, loss_drop: float):
 
 @pytest.mark.parametrize("model, steps, loss_drop", [("tinyllama", 30, 0.75), ("llama", 12, 0.9), ("qwen3", 12, 0.9)])
 def test_char_lm_generates_like_pytorch(model, steps, loss_drop):
+    if model != "tinyllama":
+        pytest.importorskip("transformers", reason=f"char_lm's {model} is a transformers model")
     r = char_lm.run(model, steps=steps, new_tokens=16)
     _check_char_lm(r, loss_drop)
     if model == "tinyllama":
@@ -123,4 +136,5 @@ def test_pallas_op_trains_like_pytorch_and_lowers_for_tpu():
     start, end = r["loss_start_end"]
     assert end < 0.85 * start, r["loss_start_end"]
     assert r["max_relative_loss_gap_vs_cpu"] < 1e-4  # the kernel op trains like F.gelu(h + b) on CPU
-    assert r["lowers_for_tpu"]
+    # compiled by libtpu (Mosaic included) wherever libtpu loads, as in CI
+    assert r["tpu_check"].startswith("compiled") or tpu.compile_unavailable() is not None, r["tpu_check"]
