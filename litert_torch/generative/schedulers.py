@@ -1,0 +1,275 @@
+"""Diffusion schedulers in NumPy, built from diffusers scheduler configs.
+
+    scheduler = numpy_scheduler(pipe.scheduler)          # or its config dict with "_class_name"
+    scheduler.set_timesteps(20)
+    latents = latents * scheduler.init_noise_sigma
+    for i, t in enumerate(scheduler.timesteps):
+        noise = denoise(scheduler.scale_model_input(latents, i), t, ...)
+        latents = scheduler.step(noise, i, latents)
+
+What runs next to a LiteRT model on a device: no torch, no diffusers. Each scheduler
+reads the fields diffusers' own reads (betas, timestep spacing, prediction type...) and
+follows diffusers' arithmetic in float32, so that the same model outputs give the same
+latents (tests/litert_torch/generative/test_diffusion.py compares every step). A config
+field whose math is not implemented here is refused by name (`UnsupportedSchedulerError`),
+never ignored. Steps are indexed by position in `timesteps` (diffusers finds the same
+index from the timestep's value).
+
+Implemented: `DDIMScheduler` (eta = 0, the deterministic sampler StableDiffusionPipeline
+runs by default) and `EulerDiscreteScheduler` (s_churn = 0, the pipeline's default).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class UnsupportedSchedulerError(NotImplementedError):
+    """The scheduler (or a field of its config) has no NumPy implementation here."""
+
+
+def _betas(config: dict, name: str) -> np.ndarray:
+    """diffusers' beta schedule (float32), then its zero-terminal-SNR rescale if asked."""
+    n = int(config["num_train_timesteps"])
+    trained = config.get("trained_betas")
+    schedule = config.get("beta_schedule", "linear")
+    start, end = float(config.get("beta_start", 1e-4)), float(config.get("beta_end", 0.02))
+    if trained is not None:
+        betas = np.asarray(trained, dtype=np.float32)
+    elif schedule == "linear":
+        betas = np.linspace(start, end, n, dtype=np.float32)
+    elif schedule == "scaled_linear":  # latent diffusion's: linear in sqrt(beta)
+        betas = np.linspace(start**0.5, end**0.5, n, dtype=np.float32) ** 2
+    elif schedule == "squaredcos_cap_v2":  # cosine alpha-bar (Nichol & Dhariwal), each beta capped at 0.999
+
+        def alpha_bar(t):
+            return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
+
+        betas = np.array(
+            [min(1 - alpha_bar((i + 1) / n) / alpha_bar(i / n), 0.999) for i in range(n)], dtype=np.float32
+        )
+    else:
+        raise UnsupportedSchedulerError(
+            f"{name}: config.beta_schedule={schedule!r} is not implemented "
+            "(supported: 'linear', 'scaled_linear', 'squaredcos_cap_v2', or trained_betas)"
+        )
+    if config.get("rescale_betas_zero_snr", False):
+        betas = _rescale_zero_terminal_snr(betas)
+    return betas
+
+
+def _rescale_zero_terminal_snr(betas: np.ndarray) -> np.ndarray:
+    """Shift and scale sqrt(alpha_bar) so that the last step has zero signal (Lin et al. 2023, algorithm 1)."""
+    root = np.sqrt(np.cumprod(1 - betas, dtype=np.float32))
+    first, last = root[0].copy(), root[-1].copy()
+    root = (root - last) * (first / (first - last))
+    alpha_bar = root**2
+    alphas = np.concatenate([alpha_bar[:1], alpha_bar[1:] / alpha_bar[:-1]])
+    return (1 - alphas).astype(np.float32)
+
+
+def _spaced_timesteps(config: dict, steps: int, name: str) -> np.ndarray:
+    """diffusers' `timestep_spacing` ("linspace", "leading", "trailing"), descending, float64."""
+    n = int(config["num_train_timesteps"])
+    spacing = config.get("timestep_spacing", "leading")
+    if spacing == "linspace":
+        return np.linspace(0, n - 1, steps)[::-1].copy()
+    if spacing == "leading":
+        return (np.arange(0, steps) * (n // steps)).round()[::-1].copy() + int(config.get("steps_offset", 0))
+    if spacing == "trailing":
+        return np.round(np.arange(n, 0, -n / steps)) - 1
+    raise UnsupportedSchedulerError(
+        f"{name}: config.timestep_spacing={spacing!r} is not implemented (supported: 'linspace', 'leading', 'trailing')"
+    )
+
+
+def _refuse(config: dict, name: str, fields: dict) -> None:
+    """Refuse each `field: (value it must have, what it would do)` the config sets otherwise."""
+    for field, (default, what) in fields.items():
+        value = config.get(field, default)
+        if value != default:
+            raise UnsupportedSchedulerError(f"{name}: config.{field}={value!r} ({what}) is not implemented")
+
+
+class NumpyScheduler:
+    """The interface the LiteRT pipeline drives: `set_timesteps(n)`, `timesteps`,
+    `init_noise_sigma`, `scale_model_input(sample, i)`, `step(model_output, i, sample)`."""
+
+    name = "scheduler"
+
+    def __init__(self, config: dict):
+        self.config = dict(config)
+        self.betas = _betas(self.config, self.name)
+        self.alphas_cumprod = np.cumprod(1 - self.betas, dtype=np.float32)
+        self.num_train_timesteps = int(self.config["num_train_timesteps"])
+        self.prediction_type = self.config.get("prediction_type", "epsilon")
+        self.timesteps = np.zeros(0, np.float32)
+
+    def _check_steps(self, steps) -> int:
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
+            raise TypeError(f"num_inference_steps must be an int, got {steps!r}")
+        if not 1 <= steps <= self.num_train_timesteps:
+            raise ValueError(
+                f"num_inference_steps must be between 1 and the scheduler's num_train_timesteps "
+                f"({self.num_train_timesteps}), got {steps}"
+            )
+        return int(steps)
+
+    def scale_model_input(self, sample: np.ndarray, i: int) -> np.ndarray:
+        return sample
+
+    @property
+    def init_noise_sigma(self) -> float:
+        return 1.0
+
+
+class DDIMScheduler(NumpyScheduler):
+    """diffusers' `DDIMScheduler.step` with eta = 0: predicted x0 (from epsilon, v or the
+    sample; clipped when `clip_sample`), then the deterministic DDIM update."""
+
+    name = "DDIMScheduler"
+
+    def __init__(self, config: dict):
+        _refuse(config, self.name, {"thresholding": (False, "dynamic thresholding of the predicted sample")})
+        super().__init__(config)
+        if self.prediction_type not in ("epsilon", "sample", "v_prediction"):
+            raise UnsupportedSchedulerError(f"{self.name}: config.prediction_type={self.prediction_type!r}")
+        one = self.config.get("set_alpha_to_one", True)
+        self.final_alpha_cumprod = np.float32(1.0) if one else self.alphas_cumprod[0]
+
+    def set_timesteps(self, num_inference_steps: int) -> None:
+        self.num_inference_steps = self._check_steps(num_inference_steps)
+        # DDIM's timesteps are integers (it indexes alphas_cumprod by them)
+        self.timesteps = _spaced_timesteps(self.config, self.num_inference_steps, self.name).round().astype(np.int64)
+
+    def step(self, model_output: np.ndarray, i: int, sample: np.ndarray) -> np.ndarray:
+        t = int(self.timesteps[i])
+        prev = t - self.num_train_timesteps // self.num_inference_steps
+        alpha = self.alphas_cumprod[t]
+        alpha_prev = self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod
+        beta = np.float32(1) - alpha
+        if self.prediction_type == "epsilon":
+            x0 = (sample - beta**0.5 * model_output) / alpha**0.5
+            eps = model_output
+        elif self.prediction_type == "sample":
+            x0 = model_output
+            eps = (sample - alpha**0.5 * x0) / beta**0.5
+        else:  # v_prediction
+            x0 = alpha**0.5 * sample - beta**0.5 * model_output
+            eps = alpha**0.5 * model_output + beta**0.5 * sample
+        if self.config.get("clip_sample", True):
+            limit = np.float32(self.config.get("clip_sample_range", 1.0))
+            x0 = np.clip(x0, -limit, limit)
+        return (alpha_prev**0.5 * x0 + (np.float32(1) - alpha_prev) ** 0.5 * eps).astype(np.float32)
+
+
+class EulerDiscreteScheduler(NumpyScheduler):
+    """diffusers' `EulerDiscreteScheduler` with s_churn = 0: sigmas interpolated at the
+    spaced timesteps (or Karras / exponential spacing), inputs scaled by
+    1/sqrt(sigma^2 + 1), one Euler step of the probability-flow ODE."""
+
+    name = "EulerDiscreteScheduler"
+
+    def __init__(self, config: dict):
+        _refuse(
+            config,
+            self.name,
+            {
+                "use_beta_sigmas": (False, "beta-distributed sigmas"),
+                "interpolation_type": ("linear", "sigma interpolation other than linear"),
+                "timestep_type": ("discrete", "continuous timesteps"),
+            },
+        )
+        super().__init__(config)
+        if self.prediction_type not in ("epsilon", "sample", "original_sample", "v_prediction"):
+            raise UnsupportedSchedulerError(f"{self.name}: config.prediction_type={self.prediction_type!r}")
+        if self.config.get("rescale_betas_zero_snr", False):
+            self.alphas_cumprod[-1] = 2.0**-24  # diffusers' guard: the first sigma stays finite
+        self.train_sigmas = ((1 - self.alphas_cumprod) / self.alphas_cumprod) ** 0.5
+        self.sigmas = np.concatenate([self.train_sigmas[::-1], [0]]).astype(np.float32)
+
+    @property
+    def init_noise_sigma(self) -> float:
+        top = float(self.sigmas.max())
+        if self.config.get("timestep_spacing", "linspace") in ("linspace", "trailing"):
+            return top
+        return (top**2 + 1) ** 0.5
+
+    def set_timesteps(self, num_inference_steps: int) -> None:
+        steps = self.num_inference_steps = self._check_steps(num_inference_steps)
+        timesteps = _spaced_timesteps(self.config, steps, self.name).astype(np.float32)
+        sigmas = np.interp(timesteps, np.arange(len(self.train_sigmas)), self.train_sigmas)
+        karras, exponential = self.config.get("use_karras_sigmas"), self.config.get("use_exponential_sigmas")
+        if karras or exponential:
+            low = self.config.get("sigma_min") or float(sigmas[-1])
+            high = self.config.get("sigma_max") or float(sigmas[0])
+            if karras:  # Karras et al. 2022, rho = 7
+                ramp = np.linspace(0, 1, steps)
+                sigmas = (high ** (1 / 7) + ramp * (low ** (1 / 7) - high ** (1 / 7))) ** 7
+            else:
+                sigmas = np.exp(np.linspace(math.log(high), math.log(low), steps))
+            timesteps = self._sigma_to_t(sigmas)
+        final = self.config.get("final_sigmas_type", "zero")
+        if final == "zero":
+            last = 0.0
+        elif final == "sigma_min":
+            last = float(self.train_sigmas[0])
+        else:
+            raise UnsupportedSchedulerError(f"{self.name}: config.final_sigmas_type={final!r}")
+        self.sigmas = np.concatenate([sigmas, [last]]).astype(np.float32)
+        self.timesteps = np.asarray(timesteps, dtype=np.float32)
+
+    def _sigma_to_t(self, sigmas: np.ndarray) -> np.ndarray:
+        """The (fractional) training timestep of each sigma: linear interpolation in log sigma."""
+        log_train = np.log(self.train_sigmas)
+        log_sigma = np.log(np.maximum(sigmas, 1e-10))
+        dists = log_sigma - log_train[:, None]
+        low = np.cumsum(dists >= 0, axis=0).argmax(axis=0).clip(max=len(log_train) - 2)
+        w = np.clip((log_train[low] - log_sigma) / (log_train[low] - log_train[low + 1]), 0, 1)
+        return (1 - w) * low + w * (low + 1)
+
+    def scale_model_input(self, sample: np.ndarray, i: int) -> np.ndarray:
+        return (sample / (self.sigmas[i] ** 2 + 1) ** 0.5).astype(np.float32)
+
+    def step(self, model_output: np.ndarray, i: int, sample: np.ndarray) -> np.ndarray:
+        sigma = self.sigmas[i]
+        if self.prediction_type == "epsilon":
+            x0 = sample - sigma * model_output
+        elif self.prediction_type == "v_prediction":
+            x0 = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + sample / (sigma**2 + 1)
+        else:
+            x0 = model_output
+        derivative = (sample - x0) / sigma
+        return (sample + derivative * (self.sigmas[i + 1] - sigma)).astype(np.float32)
+
+
+SCHEDULERS = {cls.name: cls for cls in (DDIMScheduler, EulerDiscreteScheduler)}
+
+
+def numpy_scheduler(scheduler) -> NumpyScheduler:
+    """A NumPy scheduler from a diffusers scheduler object, or from a config dict naming
+    its class under "_class_name" (what `scheduler.save_config` writes)."""
+    if isinstance(scheduler, NumpyScheduler):
+        return scheduler
+    if isinstance(scheduler, dict):
+        config, name = dict(scheduler), scheduler.get("_class_name")
+        if name is None:
+            raise ValueError(
+                "scheduler: a config dict must name its class under '_class_name' "
+                f"(one of {sorted(SCHEDULERS)}), or pass the diffusers scheduler itself"
+            )
+    elif hasattr(scheduler, "config"):
+        config, name = dict(scheduler.config), type(scheduler).__name__
+    else:
+        raise TypeError(
+            f"scheduler must be a diffusers scheduler, its config dict or a NumpyScheduler, got {type(scheduler).__name__}"
+        )
+    if name not in SCHEDULERS:
+        raise UnsupportedSchedulerError(
+            f"scheduler {name!r} has no NumPy implementation (implemented: {sorted(SCHEDULERS)}); "
+            "switch the diffusers pipeline to one, e.g. "
+            "pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)"
+        )
+    return SCHEDULERS[name](config)
