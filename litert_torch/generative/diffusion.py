@@ -97,6 +97,59 @@ class LatentDecoder(nn.Module):
         return (image * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)
 
 
+# ---- pipelines from configs ---------------------------------------------------------------
+# A Stable-Diffusion-1.x-shaped pipeline, small enough for tests (about 1.5 M parameters).
+TINY_SD_CONFIGS = {
+    "text_encoder": dict(
+        vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=16, bos_token_id=998, eos_token_id=999, pad_token_id=999,
+    ),
+    "unet": dict(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32,
+    ),
+    "vae": dict(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64), norm_num_groups=32,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), sample_size=16,
+    ),
+    # Stable Diffusion 1.x's noise schedule
+    "scheduler": dict(
+        beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1, clip_sample=False,
+        set_alpha_to_one=False,
+    ),
+}  # fmt: skip
+
+
+def pipeline_from_configs(
+    text_encoder: dict, unet: dict, vae: dict, scheduler: dict | None = None, *, scheduler_class: str = "DDIMScheduler",
+    seed: int = 0,
+):  # fmt: skip
+    """A diffusers StableDiffusionPipeline with random weights (seeded) from config dicts:
+    a transformers CLIPTextModel (CLIPTextConfig fields), a UNet2DConditionModel, an
+    AutoencoderKL and a scheduler of `scheduler_class`. No tokenizer, safety checker or
+    download: prompts go in as token ids (`prompt_embeds=` in diffusers' own call)."""
+    import diffusers
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    if not hasattr(diffusers, scheduler_class) or not scheduler_class.endswith("Scheduler"):
+        raise ValueError(f"scheduler_class must name a diffusers scheduler, got {scheduler_class!r}")
+    torch.manual_seed(seed)
+    pipe = diffusers.StableDiffusionPipeline(
+        vae=diffusers.AutoencoderKL(**vae).eval(),
+        text_encoder=CLIPTextModel(CLIPTextConfig(**text_encoder)).eval(),
+        tokenizer=None,
+        unet=diffusers.UNet2DConditionModel(**unet).eval(),
+        scheduler=getattr(diffusers, scheduler_class)(**(scheduler or {})),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 # ---- what is refused -------------------------------------------------------------------
 @dataclass
 class Components:
@@ -171,13 +224,13 @@ def _check_size(parts: Components, height, width, text_len) -> tuple[int, int, i
     width = default if width is None else width
     for name, value in (("height", height), ("width", width)):
         if isinstance(value, bool) or not isinstance(value, int) or value < factor or value % factor:
-            raise ValueError(
-                f"{name} must be a positive multiple of the VAE's scale factor ({factor}), got {value!r}"
-            )
+            raise ValueError(f"{name} must be a positive multiple of the VAE's scale factor ({factor}), got {value!r}")
     max_len = parts.text_encoder.config.max_position_embeddings
     text_len = max_len if text_len is None else text_len
     if isinstance(text_len, bool) or not isinstance(text_len, int) or not 1 <= text_len <= max_len:
-        raise ValueError(f"text_len must be an int between 1 and the text encoder's {max_len} positions, got {text_len!r}")
+        raise ValueError(
+            f"text_len must be an int between 1 and the text encoder's {max_len} positions, got {text_len!r}"
+        )
     return height, width, text_len
 
 
@@ -298,6 +351,33 @@ def export_diffusion(
     return edge
 
 
+@torch.no_grad()
+def reference_image(
+    pipe, prompt_ids, negative_prompt_ids=None, *, num_inference_steps: int = 50, guidance_scale: float = 7.5, latents
+) -> np.ndarray:
+    """diffusers' own StableDiffusionPipeline image for token ids (float32 [H, W, 3] in
+    [0, 1]): the prompts are encoded by the pipeline's text encoder and passed as
+    `prompt_embeds`, everything else is `pipe(...)` itself. The reference of
+    `LiteRTDiffusionPipeline`."""
+    device = pipe.text_encoder.device
+
+    def embed(ids):
+        ids = torch.as_tensor(np.asarray(ids)).reshape(1, -1).long().to(device)
+        return pipe.text_encoder(ids)[0]
+
+    negative = None if negative_prompt_ids is None else embed(negative_prompt_ids)
+    latents = torch.as_tensor(np.asarray(latents, dtype=np.float32)).to(device)
+    out = pipe(
+        prompt_embeds=embed(prompt_ids),
+        negative_prompt_embeds=negative,
+        latents=latents,
+        num_inference_steps=num_inference_steps,
+        guidance_scale=guidance_scale,
+        output_type="np",
+    )
+    return out.images[0]
+
+
 # ---- the LiteRT pipeline -------------------------------------------------------------------
 def _ids(value, name: str, text_len: int) -> np.ndarray:
     if value is None:
@@ -333,7 +413,9 @@ class LiteRTDiffusionPipeline:
         names = {s.key for s in edge.signatures}
         missing = [n for n in SIGNATURES if n not in names]
         if missing:
-            raise ValueError(f"edge has no signature(s) {missing}: make it with export_diffusion (it has {sorted(names)})")
+            raise ValueError(
+                f"edge has no signature(s) {missing}: make it with export_diffusion (it has {sorted(names)})"
+            )
         self.edge = edge
         self.scheduler: NumpyScheduler = numpy_scheduler(scheduler)
         sigs = {s.key: s for s in edge.signatures}
