@@ -98,7 +98,7 @@ class LatentDecoder(nn.Module):
 
 
 # ---- pipelines from configs ---------------------------------------------------------------
-# A Stable-Diffusion-1.x-shaped pipeline, small enough for tests (about 1.5 M parameters).
+# A Stable-Diffusion-1.x-shaped pipeline, small enough for tests (about 1.7 M parameters).
 TINY_SD_CONFIGS = {
     "text_encoder": dict(
         vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
