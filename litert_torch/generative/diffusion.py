@@ -141,7 +141,7 @@ def pipeline_from_configs(
         text_encoder=CLIPTextModel(CLIPTextConfig(**text_encoder)).eval(),
         tokenizer=None,
         unet=diffusers.UNet2DConditionModel(**unet).eval(),
-        scheduler=getattr(diffusers, scheduler_class)(**(scheduler or {})),
+        scheduler=getattr(diffusers, scheduler_class).from_config(scheduler or {}),  # ignores fields it lacks
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,

@@ -15,8 +15,9 @@ field whose math is not implemented here is refused by name (`UnsupportedSchedul
 never ignored. Steps are indexed by position in `timesteps` (diffusers finds the same
 index from the timestep's value).
 
-Implemented: `DDIMScheduler` (eta = 0, the deterministic sampler StableDiffusionPipeline
-runs by default) and `EulerDiscreteScheduler` (s_churn = 0, the pipeline's default).
+Implemented: `DDIMScheduler` (eta = 0, StableDiffusionPipeline's default),
+`EulerDiscreteScheduler` (s_churn = 0, the pipeline's default) and `PNDMScheduler` (SD 1.x's
+own scheduler: PRK warm-up or `skip_prk_steps`, then PLMS).
 """
 
 from __future__ import annotations
@@ -116,9 +117,11 @@ class NumpyScheduler:
     `init_noise_sigma`, `scale_model_input(sample, i)`, `step(model_output, i, sample)`."""
 
     name = "scheduler"
+    # diffusers' defaults for fields a saved config may leave out (they differ per scheduler)
+    DEFAULTS = {"num_train_timesteps": 1000, "beta_schedule": "linear", "prediction_type": "epsilon"}
 
     def __init__(self, config: dict):
-        self.config = dict(config)
+        self.config = {**NumpyScheduler.DEFAULTS, **self.DEFAULTS, **config}
         self.betas = _betas(self.config, self.name)
         self.alphas_cumprod = _cumprod(1 - self.betas)
         self.num_train_timesteps = int(self.config["num_train_timesteps"])
@@ -148,6 +151,7 @@ class DDIMScheduler(NumpyScheduler):
     sample; clipped when `clip_sample`), then the deterministic DDIM update."""
 
     name = "DDIMScheduler"
+    DEFAULTS = {"timestep_spacing": "leading", "clip_sample": True, "set_alpha_to_one": True}
 
     def __init__(self, config: dict):
         _refuse(config, self.name, {"thresholding": (False, "dynamic thresholding of the predicted sample")})
@@ -189,6 +193,7 @@ class EulerDiscreteScheduler(NumpyScheduler):
     1/sqrt(sigma^2 + 1), one Euler step of the probability-flow ODE."""
 
     name = "EulerDiscreteScheduler"
+    DEFAULTS = {"timestep_spacing": "linspace"}
 
     def __init__(self, config: dict):
         _refuse(
@@ -263,7 +268,104 @@ class EulerDiscreteScheduler(NumpyScheduler):
         return (sample + derivative * (self.sigmas[i + 1] - sigma)).astype(np.float32)
 
 
-SCHEDULERS = {cls.name: cls for cls in (DDIMScheduler, EulerDiscreteScheduler)}
+class PNDMScheduler(NumpyScheduler):
+    """diffusers' `PNDMScheduler` (Stable Diffusion 1.x's default): pseudo Runge-Kutta
+    warm-up steps (unless `skip_prk_steps`), then linear multistep (PLMS) over the last
+    four noise predictions. It keeps state between steps: `set_timesteps` resets it, and
+    steps must come in order."""
+
+    name = "PNDMScheduler"
+    DEFAULTS = {"timestep_spacing": "leading", "set_alpha_to_one": False}
+
+    def __init__(self, config: dict):
+        super().__init__(config)
+        if self.prediction_type not in ("epsilon", "v_prediction"):
+            raise UnsupportedSchedulerError(f"{self.name}: config.prediction_type={self.prediction_type!r}")
+        one = self.config.get("set_alpha_to_one", False)
+        self.final_alpha_cumprod = np.float32(1.0) if one else self.alphas_cumprod[0]
+        self.skip_prk = bool(self.config.get("skip_prk_steps", False))
+
+    def set_timesteps(self, num_inference_steps: int) -> None:
+        steps = self.num_inference_steps = self._check_steps(num_inference_steps)
+        ascending = _spaced_timesteps(self.config, steps, self.name)[::-1].round().astype(np.int64)
+        ratio = self.num_train_timesteps // steps
+        if self.skip_prk:
+            # PLMS only; its first step is taken twice (a two-point start at the same timestep)
+            self.prk_timesteps = np.zeros(0, np.int64)
+            plms = np.concatenate([ascending[:-1], ascending[-2:-1], ascending[-1:]])[::-1]
+        else:
+            if steps < 4:
+                raise ValueError(
+                    f"{self.name}: num_inference_steps must be at least 4 for its Runge-Kutta warm-up, got {steps} "
+                    "(or set skip_prk_steps=True in the scheduler config)"
+                )
+            # each of the last four timesteps and its half step, as RK's four evaluations
+            pairs = ascending[-4:].repeat(2) + np.tile([0, ratio // 2], 4)
+            self.prk_timesteps = pairs[:-1].repeat(2)[1:-1][::-1].copy()
+            plms = ascending[:-3][::-1]
+        self.timesteps = np.concatenate([self.prk_timesteps, plms]).astype(np.int64)
+        self._history: list[np.ndarray] = []  # the latest noise predictions, oldest first
+        self._count = 0
+        self._rk_sum = 0.0
+        self._start_sample = None
+
+    def step(self, model_output: np.ndarray, i: int, sample: np.ndarray) -> np.ndarray:
+        t = int(self.timesteps[i])
+        if self._count < len(self.prk_timesteps) and not self.skip_prk:
+            out = self._runge_kutta(model_output, t, sample)
+        else:
+            out = self._multistep(model_output, t, sample)
+        self._count += 1
+        return out.astype(np.float32)
+
+    def _runge_kutta(self, model_output, t, sample):
+        phase = self._count % 4
+        prev_t = t - (0 if self._count % 2 else self.num_train_timesteps // self.num_inference_steps // 2)
+        t = int(self.prk_timesteps[self._count // 4 * 4])
+        if phase == 0:
+            self._rk_sum = self._rk_sum + model_output / 6
+            self._history.append(model_output)
+            self._start_sample = sample
+        elif phase in (1, 2):
+            self._rk_sum = self._rk_sum + model_output / 3
+        else:
+            model_output, self._rk_sum = self._rk_sum + model_output / 6, 0.0
+        start = self._start_sample if self._start_sample is not None else sample
+        return self._transfer(start, t, prev_t, model_output)
+
+    def _multistep(self, model_output, t, sample):
+        ratio = self.num_train_timesteps // self.num_inference_steps
+        prev_t = t - ratio
+        if self._count == 1:  # the repeated first step: from the start sample, over the same interval
+            prev_t, t = t, t + ratio
+        else:
+            self._history = self._history[-3:] + [model_output]
+        e = self._history
+        if len(e) == 1 and self._count == 0:
+            self._start_sample = sample
+        elif len(e) == 1 and self._count == 1:
+            model_output = (model_output + e[-1]) / 2
+            sample, self._start_sample = self._start_sample, None
+        elif len(e) == 2:
+            model_output = (3 * e[-1] - e[-2]) / 2
+        elif len(e) == 3:
+            model_output = (23 * e[-1] - 16 * e[-2] + 5 * e[-3]) / 12
+        else:
+            model_output = (1 / 24) * (55 * e[-1] - 59 * e[-2] + 37 * e[-3] - 9 * e[-4])
+        return self._transfer(sample, t, prev_t, model_output)
+
+    def _transfer(self, sample, t, prev_t, model_output):
+        """x_{prev_t} from x_t and a noise estimate (PNDM's transfer function, eq. 9)."""
+        alpha = self.alphas_cumprod[t]
+        alpha_prev = self.alphas_cumprod[prev_t] if prev_t >= 0 else self.final_alpha_cumprod
+        beta, beta_prev = np.float32(1) - alpha, np.float32(1) - alpha_prev
+        if self.prediction_type == "v_prediction":
+            model_output = alpha**0.5 * model_output + beta**0.5 * sample
+        denominator = alpha * beta_prev**0.5 + (alpha * beta * alpha_prev) ** 0.5
+        return (alpha_prev / alpha) ** 0.5 * sample - (alpha_prev - alpha) * model_output / denominator
+
+
+SCHEDULERS = {cls.name: cls for cls in (DDIMScheduler, EulerDiscreteScheduler, PNDMScheduler)}
 
 
 def numpy_scheduler(scheduler) -> NumpyScheduler:
