@@ -402,7 +402,7 @@ class LiteRTDiffusionPipeline:
 
     edge: the EdgeModel (or a path to the .tflite file).
     scheduler: a diffusers scheduler, its config dict (with "_class_name") or a
-        `schedulers.NumpyScheduler` (DDIM and Euler discrete are implemented).
+        `schedulers.NumpyScheduler` (DDIM, Euler discrete and PNDM are implemented).
     """
 
     def __init__(self, edge, scheduler, *, num_threads: int | None = None):
@@ -470,10 +470,12 @@ class LiteRTDiffusionPipeline:
                 "negative_prompt_ids is required when guidance_scale > 1: pass the tokenized negative prompt "
                 '(diffusers\' default is the empty prompt "": bos, eos, then padding)'
             )
-        self.timings = {}
-        self.scheduler.set_timesteps(num_inference_steps)
+        prompt = _ids(prompt_ids, "prompt_ids", self.text_len)  # every argument checked before any work
+        negative = _ids(negative_prompt_ids, "negative_prompt_ids", self.text_len)
         noise = self._initial_latents(latents, seed)
-        embeddings = self.encode(prompt_ids, negative_prompt_ids)
+        self.scheduler.set_timesteps(num_inference_steps)
+        self.timings = {}
+        embeddings = self.encode(prompt, negative)
         x = (noise * np.float32(self.scheduler.init_noise_sigma)).astype(np.float32)
         scale = np.array([guidance_scale], np.float32)
         for i, t in enumerate(self.scheduler.timesteps):

@@ -39,6 +39,15 @@ def _tiny(scheduler_class="DDIMScheduler", **overrides):
     return pipeline_from_configs(**configs, scheduler_class=scheduler_class)
 
 
+def _with_scheduler(pipe, scheduler):
+    """The same components under another scheduler (the module's `pipe` keeps its own)."""
+    import diffusers
+
+    other = diffusers.StableDiffusionPipeline(**{**pipe.components, "scheduler": scheduler})
+    other.set_progress_bar_config(disable=True)
+    return other
+
+
 @pytest.fixture(scope="module")
 def pipe():
     return _tiny()
@@ -77,10 +86,12 @@ def test_signatures_and_verification(edge):
 def test_image_matches_diffusers(pipe, edge, scheduler_class):
     import diffusers
 
-    pipe.scheduler = getattr(diffusers, scheduler_class).from_config(pipe.scheduler.config)
+    scheduler = getattr(diffusers, scheduler_class).from_config(pipe.scheduler.config)
     ids, negative, latents = _prompt()
-    expected = reference_image(pipe, ids, negative, num_inference_steps=STEPS, guidance_scale=7.5, latents=latents)
-    run = LiteRTDiffusionPipeline(edge, pipe.scheduler)
+    expected = reference_image(
+        _with_scheduler(pipe, scheduler), ids, negative, num_inference_steps=STEPS, guidance_scale=7.5, latents=latents
+    )
+    run = LiteRTDiffusionPipeline(edge, scheduler)
     image = run(ids, negative, num_inference_steps=STEPS, guidance_scale=7.5, latents=latents)
     assert image.shape == expected.shape == (16, 16, 3)
     error = np.abs(image - expected).max()
@@ -108,6 +119,17 @@ def test_file_round_trip_and_seeded_latents(pipe, edge, tmp_path):
     b = run(ids[0].numpy(), negative[0].numpy(), num_inference_steps=2, seed=3)
     np.testing.assert_array_equal(a, b)
     assert set(run.timings) == {"encode_text", "denoise", "decode_latents"}
+
+
+def test_a_pipeline_on_the_tpu_device_exports_and_stays_there():
+    import tpu_backend  # noqa: F401  (registers the device)
+
+    on_tpu = _tiny()
+    for name in ("text_encoder", "unet", "vae"):
+        getattr(on_tpu, name).to("tpu")
+    edge = export_diffusion(on_tpu)
+    assert max(edge.verification.errors.values()) <= 1e-4, edge.verification
+    assert all(p.device.type == "tpu" for p in on_tpu.unet.parameters())
 
 
 def test_bad_inputs_name_the_argument(pipe, edge):
@@ -162,9 +184,6 @@ def test_refusals_say_why(part, fields, match):
 
 
 def test_quantized_dynamic_int8(pipe, edge):
-    import diffusers
-
-    pipe.scheduler = diffusers.DDIMScheduler.from_config(pipe.scheduler.config)
     q = export_diffusion(pipe, quant_config=quantize.dynamic_int8())
     ids, negative, latents = _prompt()
     expected = reference_image(pipe, ids, negative, num_inference_steps=STEPS, guidance_scale=7.5, latents=latents)
