@@ -219,9 +219,10 @@ def check_supported(parts: Components) -> None:
 
 def _check_size(parts: Components, height, width, text_len) -> tuple[int, int, int]:
     factor = parts.vae_scale_factor
-    default = parts.unet.config.sample_size * factor
-    height = default if height is None else height
-    width = default if width is None else width
+    size = parts.unet.config.sample_size  # an int, or (height, width)
+    default_h, default_w = (size, size) if isinstance(size, int) else size
+    height = default_h * factor if height is None else height
+    width = default_w * factor if width is None else width
     for name, value in (("height", height), ("width", width)):
         if isinstance(value, bool) or not isinstance(value, int) or value < factor or value % factor:
             raise ValueError(f"{name} must be a positive multiple of the VAE's scale factor ({factor}), got {value!r}")
