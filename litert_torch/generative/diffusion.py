@@ -24,11 +24,14 @@ returns classifier-free guidance, uncond + guidance_scale * (cond - uncond) (one
 step; guidance_scale is an input, so one file serves every scale); `decode_latents`
 divides by `vae.config.scaling_factor`, decodes and maps [-1, 1] to [0, 1] as the
 pipeline's image processor does, channels last. The scheduler (scale_model_input, step)
-runs in NumPy on the host (`schedulers.py`).
+runs in NumPy on the host (`schedulers.py`). A UNet with a guidance-scale embedding
+(`time_cond_proj_dim`, LCM-distilled) has no classifier-free guidance in diffusers: its
+`denoise` takes text_embeddings [1, L, D] (the prompt alone) and feeds the pipeline's
+embedding of guidance_scale - 1 as `timestep_cond`.
 
 Exact or refused: features the signatures would not reproduce are refused by name before
 export (`check_supported`: SDXL's added conditions, class labels, inpainting UNets,
-guidance-embedding UNets, mismatched widths...), and after conversion every signature is
+mismatched widths...), and after conversion every signature is
 run in the LiteRT interpreter on seeded random inputs and compared with the component's
 own forward in PyTorch: above `tolerance` (1e-4, max relative) the export is refused
 with each signature's error (`DiffusionExportError`). With a `quant_config` the errors
@@ -82,6 +85,38 @@ class GuidedDenoiser(nn.Module):
         noise = self.unet(torch.cat([latents, latents]), timestep, text_embeddings, return_dict=False)[0]
         uncond, cond = noise.chunk(2)
         return uncond + guidance_scale * (cond - uncond)
+
+
+class GuidanceEmbeddedDenoiser(nn.Module):
+    """`denoise` for a UNet with a guidance-scale embedding (`time_cond_proj_dim`, as in
+    LCM-distilled models): one batch against the prompt's embeddings, the scale entering
+    through `timestep_cond` (StableDiffusionPipeline's own embedding of guidance_scale - 1),
+    no classifier-free guidance."""
+
+    def __init__(self, unet: nn.Module):
+        super().__init__()
+        self.unet = unet
+        self.dim = int(unet.config.time_cond_proj_dim)
+
+    def forward(self, latents, timestep, text_embeddings, guidance_scale):
+        cond = guidance_scale_embedding(guidance_scale - 1, self.dim)
+        return self.unet(latents, timestep, text_embeddings, timestep_cond=cond, return_dict=False)[0]
+
+
+def guidance_scale_embedding(w: torch.Tensor, dim: int) -> torch.Tensor:
+    """StableDiffusionPipeline's sinusoidal embedding of w = guidance_scale - 1 (diffusers' own method)."""
+    from diffusers import StableDiffusionPipeline
+
+    return StableDiffusionPipeline.get_guidance_scale_embedding(None, w, embedding_dim=dim)  # (uses no state)
+
+
+def embeds_guidance(unet: nn.Module) -> bool:
+    """Whether the UNet takes the guidance scale as an embedding (then no classifier-free guidance)."""
+    return getattr(unet.config, "time_cond_proj_dim", None) is not None
+
+
+def _denoiser(unet: nn.Module) -> nn.Module:
+    return GuidanceEmbeddedDenoiser(unet) if embeds_guidance(unet) else GuidedDenoiser(unet)
 
 
 class LatentDecoder(nn.Module):
@@ -185,7 +220,6 @@ def check_supported(parts: Components) -> None:
         "addition_embed_type": "added conditions (SDXL's text_embeds/time_ids, image embeddings)",
         "class_embed_type": "class-label conditioning",
         "encoder_hid_dim_type": "a projection of the encoder states (image-prompt UNets)",
-        "time_cond_proj_dim": "a guidance-scale embedding (LCM-distilled UNets; no classifier-free guidance)",
     }
     for name, what in refused.items():
         if getattr(unet, name, None) is not None:
@@ -243,7 +277,8 @@ def sample_inputs(parts: Components, height: int, width: int, text_len: int, see
     factor = parts.vae_scale_factor
     latents = torch.randn(1, channels, height // factor, width // factor, generator=gen)
     ids = torch.randint(0, parts.text_encoder.config.vocab_size, (1, text_len), generator=gen, dtype=torch.int32)
-    embeddings = torch.randn(2, text_len, parts.text_encoder.config.hidden_size, generator=gen)
+    batch = 1 if embeds_guidance(parts.unet) else 2  # the prompt alone, or [negative, prompt]
+    embeddings = torch.randn(batch, text_len, parts.text_encoder.config.hidden_size, generator=gen)
     t = float(parts.scheduler.config.num_train_timesteps // 2) if parts.scheduler is not None else 500.0
     return {
         "encode_text": (ids,),
@@ -259,13 +294,17 @@ def reference_outputs(parts: Components, samples: dict[str, tuple]) -> dict[str,
 
     ids = samples["encode_text"][0]
     latents, t, embeddings, scale = samples["denoise"]
-    noise = parts.unet(torch.cat([latents] * 2), t[0], encoder_hidden_states=embeddings, return_dict=False)[0]
-    uncond, cond = noise.chunk(2)
+    if embeds_guidance(parts.unet):
+        cond = guidance_scale_embedding(torch.tensor(float(scale) - 1).repeat(1), parts.unet.config.time_cond_proj_dim)
+        noise = parts.unet(latents, t[0], encoder_hidden_states=embeddings, timestep_cond=cond, return_dict=False)[0]
+    else:
+        uncond, cond = parts.unet(torch.cat([latents] * 2), t[0], encoder_hidden_states=embeddings)[0].chunk(2)
+        noise = uncond + float(scale) * (cond - uncond)
     decoded = parts.vae.decode(samples["decode_latents"][0] / parts.vae.config.scaling_factor, return_dict=False)[0]
     processor = VaeImageProcessor(vae_scale_factor=parts.vae_scale_factor)
     return {
         "encode_text": parts.text_encoder(ids.long())[0].numpy(),
-        "denoise": (uncond + float(scale) * (cond - uncond)).numpy(),
+        "denoise": noise.numpy(),
         "decode_latents": processor.postprocess(decoded, output_type="np", do_denormalize=[True]),
     }
 
@@ -336,7 +375,7 @@ def export_diffusion(
     samples = sample_inputs(parts, height, width, text_len)
     modules = {
         "encode_text": (TextEncoder(parts.text_encoder), ["text_embeddings"]),
-        "denoise": (GuidedDenoiser(parts.unet), ["noise_pred"]),
+        "denoise": (_denoiser(parts.unet), ["noise_pred"]),
         "decode_latents": (LatentDecoder(parts.vae), ["image"]),
     }
     builder = None
@@ -422,6 +461,8 @@ class LiteRTDiffusionPipeline:
         sigs = {s.key: s for s in edge.signatures}
         self.text_len = int(sigs["encode_text"].inputs[0].shape[-1])
         self.latent_shape = tuple(int(d) for d in sigs["denoise"].inputs[0].shape)
+        # one text embedding: the UNet embeds the guidance scale (no negative prompt, no CFG)
+        self.guidance_embedded = int(sigs["denoise"].inputs[2].shape[0]) == 1
         self.timings: dict[str, float] = {}  # seconds per signature, over the last call
 
     def _run(self, name: str, *args) -> np.ndarray:
@@ -430,11 +471,14 @@ class LiteRTDiffusionPipeline:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
         return out
 
-    def encode(self, prompt_ids, negative_prompt_ids) -> np.ndarray:
-        """[negative; prompt] text embeddings, [2, L, D]."""
-        prompt = _ids(prompt_ids, "prompt_ids", self.text_len)
+    def encode(self, prompt_ids, negative_prompt_ids=None) -> np.ndarray:
+        """[negative; prompt] text embeddings, [2, L, D] (the prompt's alone, [1, L, D], for
+        a guidance-embedding UNet)."""
+        prompt = self._run("encode_text", _ids(prompt_ids, "prompt_ids", self.text_len))
+        if self.guidance_embedded:
+            return prompt
         negative = _ids(negative_prompt_ids, "negative_prompt_ids", self.text_len)
-        return np.concatenate([self._run("encode_text", negative), self._run("encode_text", prompt)])
+        return np.concatenate([self._run("encode_text", negative), prompt])
 
     def __call__(
         self,
@@ -451,9 +495,11 @@ class LiteRTDiffusionPipeline:
 
         prompt_ids: the tokenized prompt padded to the file's text length (int, [L] or [1, L]).
         negative_prompt_ids: the tokenized negative prompt; for diffusers' default (no
-            negative prompt) the tokenized empty prompt "". Required when guidance_scale > 1.
+            negative prompt) the tokenized empty prompt "". Required when guidance_scale > 1
+            (unused with a guidance-embedding UNet).
         guidance_scale: classifier-free guidance; <= 1 means none (as in diffusers: the
-            prompt's prediction alone).
+            prompt's prediction alone). A guidance-embedding UNet (`time_cond_proj_dim`)
+            takes it as an embedding of guidance_scale - 1 instead, as diffusers does.
         latents: the initial noise, [1, C, h, w] (diffusers' `latents=`; scaled by the
             scheduler's init_noise_sigma here as there); else drawn from N(0, 1) with
             NumPy's generator seeded with `seed` (not torch's: pass latents to reproduce a
@@ -463,8 +509,9 @@ class LiteRTDiffusionPipeline:
             raise ValueError(f"output must be 'image' or 'latents', got {output!r}")
         if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float)):
             raise TypeError(f"guidance_scale must be a number, got {guidance_scale!r}")
-        guided = guidance_scale > 1
-        if not guided:  # the negative half is weighted 0: the prompt's prediction alone
+        if self.guidance_embedded:  # the scale goes in as it is; no negative prompt is read
+            negative_prompt_ids = None
+        elif guidance_scale <= 1:  # the negative half is weighted 0: the prompt's prediction alone
             negative_prompt_ids, guidance_scale = prompt_ids, 1.0
         elif negative_prompt_ids is None:
             raise ValueError(
@@ -472,7 +519,7 @@ class LiteRTDiffusionPipeline:
                 '(diffusers\' default is the empty prompt "": bos, eos, then padding)'
             )
         prompt = _ids(prompt_ids, "prompt_ids", self.text_len)  # every argument checked before any work
-        negative = _ids(negative_prompt_ids, "negative_prompt_ids", self.text_len)
+        negative = None if self.guidance_embedded else _ids(negative_prompt_ids, "negative_prompt_ids", self.text_len)
         noise = self._initial_latents(latents, seed)
         self.scheduler.set_timesteps(num_inference_steps)
         self.timings = {}
