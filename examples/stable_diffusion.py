@@ -11,8 +11,9 @@ one file with three signatures (encode_text, denoise with classifier-free guidan
 decode_latents), each checked in LiteRT against the component's own forward. Then the
 same prompt ids and initial latents go through diffusers' own `pipe(...)` and through
 `LiteRTDiffusionPipeline`; printed: per variant (float32, dynamic int8, int4 weights)
-the file size, each signature's weights, latency per call and error against PyTorch,
-and the image's largest difference from diffusers' image.
+the file size, each signature's weights, latency per call (LiteRT's default one thread;
+PyTorch eager on one thread for comparison) and error against PyTorch, and the image's
+largest difference from diffusers' image.
 """
 
 from __future__ import annotations
@@ -25,15 +26,20 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _flow import cli, console, results_table  # noqa: E402
+from _flow import cli, console, results_table, torch_cpu_latency_us  # noqa: E402
 
 from litert_torch import quantize  # noqa: E402
 from litert_torch.generative.diffusion import (  # noqa: E402
     SIGNATURES,
+    GuidedDenoiser,
+    LatentDecoder,
     LiteRTDiffusionPipeline,
+    TextEncoder,
+    components_of,
     export_diffusion,
     pipeline_from_configs,
     reference_image,
+    sample_inputs,
 )
 
 CONFIGS = {
@@ -102,6 +108,12 @@ def run(steps: int = 20, size: int = 128, guidance: float = 7.5, int8: bool = Tr
     latents = torch.randn(1, 4, size // 8, size // 8, generator=gen)
     expected = reference_image(pipe, ids, negative, num_inference_steps=steps, guidance_scale=guidance, latents=latents)
     results = {"steps": steps, "size": size, "params": params}
+    samples = sample_inputs(components_of(pipe), size, size, 77)
+    modules = {"encode_text": TextEncoder(pipe.text_encoder), "denoise": GuidedDenoiser(pipe.unet)}
+    modules["decode_latents"] = LatentDecoder(pipe.vae)
+    results["pytorch_ms"] = {  # each signature's module in PyTorch eager, one CPU thread
+        name: torch_cpu_latency_us(modules[name], samples[name], repeats=3, warmup=1) / 1e3 for name in SIGNATURES
+    }
     wanted = {"float32": True, "dynamic int8": int8, "int4 weights": int4}
     for name, config in VARIANTS.items():
         if not wanted[name]:
@@ -126,7 +138,16 @@ def run(steps: int = 20, size: int = 128, guidance: float = 7.5, int8: bool = Tr
 
 
 def table_rows(results: dict) -> list[list[str]]:
-    rows = []
+    rows = [
+        [
+            "PyTorch (CPU, 1 thread)" if sig == SIGNATURES[0] else "",
+            sig,
+            "-",
+            f"{results['pytorch_ms'][sig]:.1f} ms",
+            "-",
+        ]
+        for sig in SIGNATURES
+    ]
     for name in VARIANTS:
         if name in results:
             r = results[name]
