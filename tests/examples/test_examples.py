@@ -135,3 +135,4 @@ def test_stable_diffusion_matches_diffusers():
     assert max(float32["errors"].values()) <= 1e-4
     assert int8["bytes"] <= 0.3 * float32["bytes"]
     assert int8["image_max_abs_error"] <= 0.1
+    assert len(stable_diffusion.table_rows(r)) == 9  # PyTorch, float32, int8: one row per signature
