@@ -40,6 +40,7 @@ are measured and kept (`edge.verification`) but not refused: quantization trades
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -309,6 +310,18 @@ def reference_outputs(parts: Components, samples: dict[str, tuple]) -> dict[str,
     }
 
 
+@contextlib.contextmanager
+def _eval_mode(*modules: nn.Module):
+    flags = [(m, m.training) for module in modules for m in module.modules()]
+    try:
+        for module in modules:
+            module.eval()
+        yield
+    finally:
+        for m, training in flags:
+            m.train(training)
+
+
 @dataclass
 class Verification:
     """Per signature: max relative error of LiteRT against the component's own forward."""
@@ -328,7 +341,8 @@ def verify_signatures(edge: EdgeModel, parts: Components, samples: dict[str, tup
     raise DiffusionExportError above `tolerance` (None: measure only)."""
     from runtimes.litert import max_relative_error
 
-    expected = reference_outputs(parts, samples)
+    with _eval_mode(parts.text_encoder, parts.unet, parts.vae):  # as exported (dropout off); flags restored
+        expected = reference_outputs(parts, samples)
     result = Verification(tolerance=tolerance)
     for name in SIGNATURES:
         got = edge(*samples[name], signature_name=name)
