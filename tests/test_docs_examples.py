@@ -212,6 +212,23 @@ def _checkpoint():
     return {}
 
 
+def _diffusion():
+    from litert_torch.generative.diffusion import TINY_SD_CONFIGS, pipeline_from_configs
+
+    g = torch.Generator().manual_seed(0)
+    return {
+        "pipe": pipeline_from_configs(**TINY_SD_CONFIGS),
+        "prompt_ids": torch.randint(0, 1000, (1, 16), generator=g),
+        "negative_prompt_ids": torch.randint(0, 1000, (1, 16), generator=g),
+        "noise": torch.randn(1, 4, 8, 8, generator=g),
+    }
+
+
+def _check_diffusion(block, names):
+    assert names["image"].shape == (16, 16, 3)
+    assert abs(names["image"] - names["expected"]).max() <= 1e-3
+
+
 SKIP = "not run here"
 # (file, a phrase of the block, setup -> names | reason it does not run, check after the run)
 BLOCKS = [
@@ -220,6 +237,7 @@ BLOCKS = [
     ("README.md", 'Dim("batch", min=1, max=64)', _dynamic, _check_signature_comment),
     ("README.md", 'litert_torch.signature("encode"', _signatures, None),
     ("README.md", "export_generative(model, prefill_len=32", _prompt, _check_generated),
+    ("README.md", "export_diffusion(pipe)", _diffusion, _check_diffusion),
     ("README.md", "quantize.weight_only_int4(32)", _quantization, None),
     ("README.md", "quantize.analyze(", _quantization, None),
     ("README.md", 'target="android-cpu"', _image_model, None),

@@ -4,8 +4,12 @@ running in LiteRT.
     from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
     edge = export_generative(model, prefill_len=32, cache_len=128)
     new_ids = generate(edge, prompt_ids, max_new_tokens=20)
+
+Diffusion (a Stable-Diffusion-shaped diffusers pipeline as three signatures, a NumPy
+scheduler): `litert_torch.generative.diffusion` (export_diffusion, LiteRTDiffusionPipeline).
 """
 
+from litert_torch.generative.diffusion import DiffusionExportError, LiteRTDiffusionPipeline, export_diffusion
 from litert_torch.generative.export import (
     CachedHFCausalLM,
     CachedLM,
@@ -31,4 +35,7 @@ __all__ = [
     "TinyLlama",
     "Sampler",
     "UnsupportedModelError",
+    "export_diffusion",
+    "LiteRTDiffusionPipeline",
+    "DiffusionExportError",
 ]

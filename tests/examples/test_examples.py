@@ -24,6 +24,7 @@ import char_lm  # noqa: E402
 import digits_cnn  # noqa: E402
 import dlrm_clicks  # noqa: E402
 import pallas_op  # noqa: E402
+import stable_diffusion  # noqa: E402
 import unet_segmentation  # noqa: E402
 
 ROOT = os.path.dirname(EXAMPLES)
@@ -138,3 +139,14 @@ def test_pallas_op_trains_like_pytorch_and_lowers_for_tpu():
     assert r["max_relative_loss_gap_vs_cpu"] < 1e-4  # the kernel op trains like F.gelu(h + b) on CPU
     # compiled by libtpu (Mosaic included) wherever libtpu loads, as in CI
     assert r["tpu_check"].startswith("compiled") or tpu.compile_unavailable() is not None, r["tpu_check"]
+
+
+@pytest.mark.slow
+def test_stable_diffusion_matches_diffusers():
+    r = stable_diffusion.run(steps=4, size=64, int4=False)  # about 60 s on 2 loaded cores
+    float32, int8 = r["float32"], r["dynamic int8"]
+    assert float32["image_max_abs_error"] <= 1e-3  # the stated tolerance for float32 images in [0, 1]
+    assert max(float32["errors"].values()) <= 1e-4
+    assert int8["bytes"] <= 0.3 * float32["bytes"]
+    assert int8["image_max_abs_error"] <= 0.1
+    assert len(stable_diffusion.table_rows(r)) == 9  # PyTorch, float32, int8: one row per signature
