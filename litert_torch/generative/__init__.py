@@ -1,11 +1,12 @@
 """Generative export: decoder-only LMs with an explicit KV cache, and greedy generation
-running in LiteRT.
+running in LiteRT; sentence embedders (`export_embedder`).
 
     from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
     edge = export_generative(model, prefill_len=32, cache_len=128)
     new_ids = generate(edge, prompt_ids, max_new_tokens=20)
 """
 
+from litert_torch.generative.embedder import SentenceEmbedder, embed, export_embedder
 from litert_torch.generative.export import (
     CachedHFCausalLM,
     CachedLM,
@@ -19,6 +20,9 @@ from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
 from litert_torch.generative.transformers_lm import UnsupportedModelError
 
 __all__ = [
+    "export_embedder",
+    "embed",
+    "SentenceEmbedder",
     "export_generative",
     "generate",
     "reference_generate",
