@@ -1,5 +1,6 @@
 """Generative export: decoder-only LMs with an explicit KV cache, and greedy generation
-running in LiteRT; sentence embedders (`export_embedder`).
+running in LiteRT; vision-language models (`export_vlm`, `generate_vlm`) and sentence
+embedders (`export_embedder`).
 
     from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
     edge = export_generative(model, prefill_len=32, cache_len=128)
@@ -18,11 +19,15 @@ from litert_torch.generative.export import (
 from litert_torch.generative.generate import Sampler, generate, reference_generate
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
 from litert_torch.generative.transformers_lm import UnsupportedModelError
+from litert_torch.generative.vlm import export_vlm, generate_vlm, reference_generate_vlm
 
 __all__ = [
     "export_embedder",
     "embed",
     "SentenceEmbedder",
+    "export_vlm",
+    "generate_vlm",
+    "reference_generate_vlm",
     "export_generative",
     "generate",
     "reference_generate",

@@ -41,6 +41,7 @@ from litert_torch.generative.transformers_lm import (
     TransformersCachedLM,
     UnsupportedModelError,
     attention_through_litert,
+    text_config,
 )
 from litert_torch.signatures import signature
 
@@ -117,7 +118,7 @@ class CachedHFCausalLM(CachedLM):
         return self.inner.cache_shapes()
 
     def num_layers(self):
-        return self.model.config.num_hidden_layers
+        return text_config(self.model).num_hidden_layers
 
     def forward(self, tokens, input_pos, kv_cache):
         return self.inner(tokens, input_pos, kv_cache)
