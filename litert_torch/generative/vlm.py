@@ -30,6 +30,8 @@ every logit within 1e-4) before anything is converted.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
@@ -49,9 +51,29 @@ from litert_torch.signatures import signature
 
 TOLERANCE = 1e-4
 
-# Families whose image tokens attend to each other bidirectionally (token_type_ids == 1).
-BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
-SUPPORTED = BIDIRECTIONAL_IMAGES
+
+@dataclass(frozen=True)
+class VLMFamily:
+    """What differs between the supported families."""
+
+    # an image's tokens attend to each other both ways (Gemma 3's token_type_ids mask)
+    bidirectional_images: bool
+    # the model's forward takes pixel_values as (batch, images, 3, S, S) (SmolVLM), not (images, 3, S, S)
+    batched_pixels: bool
+    # encode_image runs the vision model and connector that get_image_features runs (SmolVLM's
+    # get_image_features first drops all-zero images by boolean indexing, a data-dependent shape)
+    tower_and_connector: bool
+
+
+FAMILIES = {
+    "Gemma3ForConditionalGeneration": VLMFamily(
+        bidirectional_images=True, batched_pixels=False, tower_and_connector=False
+    ),
+    "SmolVLMForConditionalGeneration": VLMFamily(
+        bidirectional_images=False, batched_pixels=True, tower_and_connector=True
+    ),
+}
+SUPPORTED = tuple(FAMILIES)
 # Families refused by name, with what the export would not reproduce.
 REFUSED = {
     "Qwen2VLForConditionalGeneration": "multimodal rotary positions (M-RoPE: 3-D positions from the image grid) "
@@ -60,10 +82,6 @@ REFUSED = {
     "are not reproduced by the 1-D positions of the exported cache",
     "PaliGemmaForConditionalGeneration": "the prefix-LM mask (the whole prompt attends both ways, token_type_ids == 0) "
     "and 1-indexed positions are not implemented yet",
-    "SmolVLMForConditionalGeneration": "the vision embeddings bucketize patch coordinates (torch.bucketize), "
-    "which has no LiteRT lowering yet",
-    "Idefics3ForConditionalGeneration": "the vision embeddings bucketize patch coordinates (torch.bucketize), "
-    "which has no LiteRT lowering yet",
 }
 
 
@@ -79,6 +97,11 @@ def check_vlm(model: nn.Module) -> None:
         )
     if getattr(model.config, "image_token_id", None) is None:
         raise UnsupportedModelError(f"{name}: config.image_token_id is not set")
+
+
+def family(model: nn.Module) -> VLMFamily:
+    check_vlm(model)
+    return FAMILIES[type(model).__name__]
 
 
 def image_token_id(model: nn.Module) -> int:
@@ -103,10 +126,14 @@ class ImageEncoder(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        self.model, self.family = model, family(model)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        features = self.model.get_image_features(pixel_values, return_dict=True).pooler_output
+        if self.family.tower_and_connector:
+            inner = self.model.model
+            features = inner.connector(inner.vision_model(pixel_values=pixel_values).last_hidden_state)
+        else:
+            features = self.model.get_image_features(pixel_values, return_dict=True).pooler_output
         return features.reshape(1, -1, features.shape[-1])
 
 
@@ -119,7 +146,7 @@ class CachedVLMPrefill(nn.Module):
         super().__init__()
         self.lm = with_kv_cache(model, cache_len, logits)
         self.model, self.image_token_id = model, image_token_id(model)
-        self.bidirectional = type(model).__name__ in BIDIRECTIONAL_IMAGES
+        self.bidirectional = family(model).bidirectional_images
         self.cache_len, self.logits = cache_len, logits
 
     def cache_shapes(self):
@@ -144,14 +171,22 @@ def image_shape(model: nn.Module, images: int = 1) -> tuple[int, int, int, int]:
 
 
 def tokens_per_image(model: nn.Module) -> int:
-    return int(model.config.mm_tokens_per_image)
+    """Image tokens per image (tile): Gemma 3's mm_tokens_per_image; SmolVLM's patches
+    after its pixel shuffle."""
+    cfg = model.config
+    if hasattr(cfg, "mm_tokens_per_image"):
+        return int(cfg.mm_tokens_per_image)
+    patches = (cfg.vision_config.image_size // cfg.vision_config.patch_size) ** 2
+    return int(patches // cfg.scale_factor**2)
 
 
 def reference_forward(model: nn.Module, ids: torch.Tensor, pixel_values: torch.Tensor):
     """The model's own forward over a whole sequence with its image (no cache): logits."""
-    kwargs = {}
-    if type(model).__name__ in BIDIRECTIONAL_IMAGES:
+    kwargs, fam = {}, family(model)
+    if fam.bidirectional_images:
         kwargs["token_type_ids"] = (ids == image_token_id(model)).long()
+    if fam.batched_pixels:
+        pixel_values = pixel_values[None]
     out = model(input_ids=ids.long(), pixel_values=pixel_values, **kwargs)
     return out.logits
 
@@ -172,22 +207,18 @@ def place_image_rows(prompt: np.ndarray, image_embeds: np.ndarray, image_id: int
 
 
 def plan_chunks(prompt: np.ndarray, chunk: int, image_id: int, cache_len: int) -> list[tuple[int, int]]:
-    """(start, stop) of prefill chunks of at most `chunk` tokens over `prompt`, never
-    splitting a run of image tokens (an image attends to itself both ways in one chunk)."""
-    is_image = prompt == image_id
+    """(start, stop) of prefill chunks of at most `chunk` tokens over `prompt`. A run of
+    image tokens that fits a chunk is never split (an image that attends to itself both
+    ways, Gemma 3's, must come in one chunk; export_vlm refuses a prefill shorter than such
+    an image); a longer run (a causal family's many tiles) is split like text."""
     runs, start = [], None
-    for i, flag in enumerate(list(is_image) + [False]):
+    for i, flag in enumerate(list(prompt == image_id) + [False]):
         if flag and start is None:
             start = i
         elif not flag and start is not None:
-            runs.append((start, i))
+            if i - start <= chunk:
+                runs.append((start, i))
             start = None
-    for a, b in runs:
-        if b - a > chunk:
-            raise ValueError(
-                f"an image takes {b - a} tokens but the prefill chunk is {chunk}: export with "
-                f"prefill_len >= {b - a} (an image's tokens attend to each other in one chunk)"
-            )
     plan, done = [], 0
     while done < prompt.size:
         stop = min(done + chunk, prompt.size)
@@ -221,7 +252,11 @@ def verify_vlm(
     total = min(cache_len, max(steps, n_image + 2 * prefill_len))
     ids = torch.randint(0, vocab, (1, total), generator=gen)
     ids[ids == image_id] = (image_id + 1) % vocab
-    first = min(3, max(0, prefill_len - n_image))  # image after a little text, in the first chunk when it fits
+    if family(model).bidirectional_images:  # image after a little text, in the first chunk (it must fit)
+        first = min(3, prefill_len - n_image)
+    else:  # image across the first chunk's end
+        first = max(1, prefill_len - n_image // 2)
+    total = min(cache_len, max(total, first + n_image + prefill_len))
     if first + n_image >= total:
         raise ValueError(f"verify needs a cache longer than an image ({n_image} tokens), got cache_len={cache_len}")
     ids[0, first : first + n_image] = image_id
@@ -261,24 +296,31 @@ def export_vlm(
     prefill_len: int = 32,
     cache_len: int = 128,
     images: int = 1,
+    tiles: tuple[int, int] | None = None,
     prefill_logits: str = "last",
     verify: bool = True,
     **convert_options,
 ) -> EdgeModel:
     """Convert a vision-language model into `encode_image`, `prefill` and `decode`
     signatures sharing its weights (see the module docstring). `images`: how many images
-    (tiles) `encode_image` takes per call, a fixed size. `verify`: check the text path
+    (tiles) `encode_image` takes per call, a fixed size; `tiles=(rows, cols)`: SmolVLM's
+    image splitting as a fixed grid, `images = rows * cols + 1` (the tiles and the whole
+    image, as `tile_image` makes them). `verify`: check the text path
     and the image path against the model's own forward in PyTorch first (refuses above
     1e-4). `convert_options` go to `convert` (quant_config, target, progress...)."""
     from converter.pipeline import cpu_view
 
     check_vlm(model)
+    if tiles is not None:
+        if images != 1:
+            raise ValueError(f"pass either images ({images}) or tiles ({tiles!r}), not both")
+        images = _tile_count(tiles)
     if not isinstance(images, int) or images < 1:
         raise ValueError(f"images must be an int >= 1, got {images!r}")
     if not isinstance(prefill_len, int):
         raise ValueError(f"prefill_len must be one int for a vision-language model, got {prefill_len!r}")
     _prefill_lengths(prefill_len, cache_len)  # checks the range
-    if tokens_per_image(model) > prefill_len:
+    if family(model).bidirectional_images and tokens_per_image(model) > prefill_len:
         raise ValueError(
             f"prefill_len ({prefill_len}) is shorter than an image ({tokens_per_image(model)} tokens), whose "
             "tokens attend to each other in one prefill chunk"
@@ -346,6 +388,12 @@ def generate_vlm(
             f"pixel_values has shape {pixels.shape}; the model was exported for {tuple(encode.inputs[0].shape)} "
             "(images, channels, height, width)"
         )
+    empty = [i for i in range(pixels.shape[0]) if not pixels[i].any()]
+    if empty:
+        raise ValueError(
+            f"pixel_values image {empty[0]} is all zeros, which SmolVLM's forward drops as padding: "
+            "pass only real images (tiles)"
+        )
     if max_new_tokens == 0:
         return []
     cache_len = max((s.shape[2] for s in decode.outputs[1:] if s.name.startswith("kv_cache")), default=None)
@@ -366,6 +414,38 @@ def generate_vlm(
         logits, *cache = runtime.run([np.array([[out[-1]]], np.int32), np.array([pos], np.int32), *cache], "decode")
         out.append(sampler(logits[0, -1], rng))
     return out
+
+
+def _tile_count(tiles) -> int:
+    if not (isinstance(tiles, (tuple, list)) and len(tiles) == 2 and all(isinstance(t, int) and t >= 1 for t in tiles)):
+        raise ValueError(f"tiles must be (rows, cols) of ints >= 1, got {tiles!r}")
+    return tiles[0] * tiles[1] + (tiles[0] * tiles[1] > 1)
+
+
+def tile_image(image, tiles: tuple[int, int], size: int) -> torch.Tensor:
+    """SmolVLM's image splitting with a grid the user fixes: `image` (3, H, W), already
+    normalised, resized to (rows * size, cols * size) and cut into rows x cols tiles (row
+    by row), followed by the whole image resized to (size, size) -> (rows * cols + 1, 3,
+    size, size); one tile, (1, 3, size, size), for a 1 x 1 grid. Bilinear resizing with
+    antialiasing: the processor's resampling differs, so pass its tiles where they must
+    match it."""
+    count = _tile_count(tiles)
+    image = torch.as_tensor(np.asarray(image, dtype=np.float32))
+    if image.ndim != 3:
+        raise ValueError(f"image must be (channels, height, width), got shape {tuple(image.shape)}")
+    rows, cols = tiles
+
+    def resize(height, width):
+        return torch.nn.functional.interpolate(
+            image[None], size=(height, width), mode="bilinear", antialias=True, align_corners=False
+        )[0]
+
+    whole = resize(size, size)[None]
+    if count == 1:
+        return whole
+    grid = resize(rows * size, cols * size)
+    parts = grid.reshape(image.shape[0], rows, size, cols, size).permute(1, 3, 0, 2, 4)
+    return torch.cat([parts.reshape(rows * cols, image.shape[0], size, size), whole])
 
 
 def prefill_prompt(edge_model: EdgeModel, pixel_values: np.ndarray, prompt: np.ndarray, image_token_id: int) -> list:
