@@ -19,7 +19,7 @@ from litert_torch.generative.export import (
 from litert_torch.generative.generate import Sampler, generate, reference_generate
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
 from litert_torch.generative.transformers_lm import UnsupportedModelError
-from litert_torch.generative.vlm import export_vlm, generate_vlm, reference_generate_vlm
+from litert_torch.generative.vlm import export_vlm, generate_vlm, reference_generate_vlm, tile_image
 
 __all__ = [
     "export_embedder",
@@ -28,6 +28,7 @@ __all__ = [
     "export_vlm",
     "generate_vlm",
     "reference_generate_vlm",
+    "tile_image",
     "export_generative",
     "generate",
     "reference_generate",

@@ -52,7 +52,7 @@ def _quiet(build):
         return build()
 
 
-def gemma3_vlm():
+def gemma3_vlm(per_image: int = PER_IMAGE):
     import transformers
 
     text = dict(
@@ -67,7 +67,7 @@ def gemma3_vlm():
         lambda: transformers.Gemma3Config(
             text_config=text,
             vision_config=VISION,
-            mm_tokens_per_image=PER_IMAGE,
+            mm_tokens_per_image=per_image,
             image_token_id=IMAGE,
             boi_token_id=BOI,
             eoi_token_id=EOI,
@@ -187,6 +187,13 @@ def test_the_check_catches_a_causal_gemma3_image(monkeypatch):
     monkeypatch.setattr(vlm, "image_blocks", lambda is_image: torch.zeros(len(is_image), len(is_image)).bool())
     with pytest.raises(UnsupportedModelError, match="with an image, the cached model's logits differ"):
         verify_vlm(model, CACHE, PREFILL)
+
+
+def test_an_image_longer_than_the_sliding_window():
+    """16 image tokens, window 8: within the image, a sliding layer's query sees every later
+    token of the image and only the last 8 before it (transformers: AND(window, OR(causal,
+    image)))."""
+    assert verify_vlm(gemma3_vlm(per_image=16), CACHE, prefill_len=20) <= TOLERANCE
 
 
 def test_dynamic_int8_size_and_logit_error():
