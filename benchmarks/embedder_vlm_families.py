@@ -31,12 +31,12 @@ from tests.litert_torch.generative import test_embedder as emb
 from tests.litert_torch.generative import test_vlm as tv
 
 
-def _median_ms(fn, runs: int) -> float:
-    fn()
+def _median_ms(runs: int, fn, *args) -> float:
+    fn(*args)
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        fn()
+        fn(*args)
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
 
@@ -53,7 +53,7 @@ def embedder_rows(runs: int) -> list[tuple]:
                 for seqs in (emb.sentences(b) for b in emb.BATCHES)
             )
             ids = [emb.sentences([32])[0]]
-            latency = _median_ms(lambda: embed(edge, ids), runs)
+            latency = _median_ms(runs, embed, edge, ids)
             status = "exact" if quant is None else "dynamic int8"
             rows.append((name, "embed", status, f"{error:.1e}", f"{len(edge) / 1024:.0f} KiB", f"{latency:.2f} ms"))
     return rows
@@ -88,8 +88,8 @@ def vlm_rows(runs: int) -> list[tuple]:
             else:
                 error = max(max_relative_error(q, f) for q, f in zip(step_logits, base))
             step = [ids[None, :1], np.array([len(prompt)], np.int32), *cache]
-            decode_ms = _median_ms(lambda: edge.runtime.run(step, "decode"), runs)
-            encode_ms = _median_ms(lambda: edge.runtime.run([px.numpy()], "encode_image"), runs)
+            decode_ms = _median_ms(runs, edge.runtime.run, step, "decode")
+            encode_ms = _median_ms(runs, edge.runtime.run, [px.numpy()], "encode_image")
             status = "exact" if quant is None else "dynamic int8 (vs float)"
             task = f"encode_image ({encode_ms:.2f} ms) + prefill + decode"
             rows.append(
