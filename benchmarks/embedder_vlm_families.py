@@ -66,16 +66,18 @@ def vlm_rows(runs: int) -> list[tuple]:
             continue
         model = build()
         prompt = np.array(tv.prompt_with_images(images, text_before=3, text_after=2), np.int32)
-        px = tv.pixels(images)
+        px = tv.pixels(images, size=model.config.vision_config.image_size)
         gen = torch.Generator().manual_seed(3)
         ids = np.concatenate([prompt, torch.randint(0, 89, (tv.TOTAL - len(prompt),), generator=gen).int().numpy()])
         with torch.no_grad():
-            expected = vlm.reference_forward(model, torch.from_numpy(ids)[None], px)[0].numpy()
+            expected = vlm.reference_forward(model, torch.from_numpy(ids)[None], px, prompt_len=len(prompt))[0].numpy()
+        options = {"prefill_len": tv.PREFILL, **options}
+        body = prompt if vlm.family(model).prefix_lm else prompt[:-1]
         base = None
         for quant in (None, "int8"):
             extra = {"quant_config": quantize.dynamic_int8(), "verify": False} if quant else {}
-            edge = export_vlm(model, prefill_len=tv.PREFILL, cache_len=tv.CACHE, progress=False, **options, **extra)
-            cache = vlm.prefill_prompt(edge, px.numpy(), prompt[:-1], tv.IMAGE)
+            edge = export_vlm(model, cache_len=tv.CACHE, progress=False, **options, **extra)
+            cache = vlm.prefill_prompt(edge, px.numpy(), body, tv.IMAGE)
             errors, step_logits = [], []
             for pos in range(len(prompt) - 1, tv.TOTAL):
                 logits, *cache = edge.runtime.run(
@@ -105,14 +107,8 @@ def refused_rows() -> list[tuple]:
         text_config=dict(tv.TEXT, num_hidden_layers=1, bos_token_id=0, eos_token_id=1),
         vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2),
     )
-    paligemma = transformers.PaliGemmaConfig(
-        text_config=dict(tv.TEXT, num_hidden_layers=1, model_type="gemma"), vision_config=tv.VISION, image_token_id=92
-    )
     rows = []
-    for name, model in (
-        ("qwen2-vl", transformers.Qwen2VLForConditionalGeneration(qwen2_vl)),
-        ("paligemma", transformers.PaliGemmaForConditionalGeneration(paligemma)),
-    ):
+    for name, model in (("qwen2-vl", transformers.Qwen2VLForConditionalGeneration(qwen2_vl)),):
         try:
             export_vlm(model)
         except UnsupportedModelError as e:

@@ -202,7 +202,7 @@ def cache_tensor_names(lm: CachedLM) -> list[str]:
 
 
 def _vocab_size(model: nn.Module) -> int:
-    cfg = model.config
+    cfg = text_config(model)  # a multimodal config's own vocab_size may not be its decoder's (PaliGemma)
     return cfg.vocab_size if hasattr(cfg, "vocab_size") else cfg.get_text_config().vocab_size
 
 

@@ -46,6 +46,10 @@ REFUSED_ATTENTION_ARGUMENTS = {
     "alibi": "ALiBi biases",
 }
 
+# Families whose forward counts positions from a number other than 0 (what it adds to
+# arange when no position_ids are given, and what its generate passes): PaliGemma's are 1-indexed.
+POSITION_OFFSETS = {"PaliGemmaForConditionalGeneration": 1}
+
 # Families that do not route attention or their cache through transformers' interfaces
 # in a way this adapter can use, with what is missing.
 UNSUPPORTED_FAMILIES: dict[str, str] = {}
@@ -364,6 +368,7 @@ class TransformersCachedLM(nn.Module):
         params = _forward_parameters(model)
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params
+        self.position_offset = POSITION_OFFSETS.get(_model_name(model), 0)
         self._shapes = self._probe_shapes()
 
     def _probe_shapes(self) -> list[tuple[int, ...]]:
@@ -411,7 +416,7 @@ class TransformersCachedLM(nn.Module):
         cache = explicit_cache_class()(kv_cache, input_pos, self.plans, self.cache_len, shapes, overlay)
         # Padding (-1) takes position 0 in the model (learned position tables are gathered
         # with it); the cache and the masks see -1 and ignore it.
-        position_ids = input_pos.clamp(min=0)[None, :].long()
+        position_ids = input_pos.clamp(min=0)[None, :].long() + self.position_offset
         extra = {"input_ids": tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         if self._keeps_logits and self.logits == "last":
             extra["logits_to_keep"] = 1

@@ -2,7 +2,10 @@
 embeddings, as LiteRT signatures sharing weights, and generation in LiteRT.
 
     edge = export_vlm(Gemma3ForConditionalGeneration(config), prefill_len=32, cache_len=128)
-    new_ids = generate_vlm(edge, pixel_values, prompt_ids, max_new_tokens=20)
+    new_ids = generate_vlm(edge, pixel_values, prompt_ids, 20, image_token_id=config.image_token_id)
+
+Families (`FAMILIES`): Gemma 3, SmolVLM (its image splitting as a fixed grid: `tiles=`),
+PaliGemma; Qwen2-VL / Qwen2.5-VL are refused by name (`REFUSED`).
 
 Signatures (the decoder's cache tensors as in `export.py`):
 
@@ -20,7 +23,12 @@ embeddings are looked up and the image rows selected where `tokens == image_toke
 explicit cache of `transformers_lm`. Gemma 3 lets the tokens of one image attend to each
 other both ways (its `token_type_ids` mask): the prefill adds those keys to each query's
 causal mask (`image_blocks`), so an image's tokens must come in one prefill chunk
-(`generate_vlm` plans chunks so; a chunk shorter than an image is refused).
+(`generate_vlm` plans chunks so; a chunk shorter than an image is refused). PaliGemma's
+whole prompt attends both ways (its prefix-LM, token_type_ids 0): the prefill adds every
+later real token of the chunk (`prompt_prefix`), the prompt comes in one chunk, and the
+signature is named `prefill_whole_prompt` so that a runtime knows (`generate_vlm` prefills
+the whole prompt, then decodes its last token again for its logits: the same keys and
+values, now with the logits of a query that sees the whole prompt, as it did in prefill).
 
 Exact or refused: families are checked by name (`check_vlm`), the text path by
 `verify_cached_lm`, and the image path by `verify_vlm` (prompt with an image, prefill
@@ -62,17 +70,21 @@ class VLMFamily:
     batched_pixels: bool
     # encode_image runs the vision model and connector that get_image_features runs (SmolVLM's
     # get_image_features first drops all-zero images by boolean indexing, a data-dependent shape)
-    tower_and_connector: bool
+    tower_and_connector: bool = False
+    # the whole prompt attends both ways, generated tokens causally (PaliGemma's prefix-LM,
+    # token_type_ids 0 / 1): the prompt comes in one prefill chunk, signature "prefill_whole_prompt"
+    prefix_lm: bool = False
 
 
 FAMILIES = {
-    "Gemma3ForConditionalGeneration": VLMFamily(
-        bidirectional_images=True, batched_pixels=False, tower_and_connector=False
-    ),
+    "Gemma3ForConditionalGeneration": VLMFamily(bidirectional_images=True, batched_pixels=False),
     "SmolVLMForConditionalGeneration": VLMFamily(
         bidirectional_images=False, batched_pixels=True, tower_and_connector=True
     ),
+    "PaliGemmaForConditionalGeneration": VLMFamily(bidirectional_images=False, batched_pixels=False, prefix_lm=True),
 }
+# The prefill signature's name: a prefix-LM model's says that the whole prompt goes in one call.
+PREFILL, PREFILL_WHOLE_PROMPT = "prefill", "prefill_whole_prompt"
 SUPPORTED = tuple(FAMILIES)
 # Families refused by name, with what the export would not reproduce.
 REFUSED = {
@@ -80,8 +92,6 @@ REFUSED = {
     "are not reproduced by the 1-D positions of the exported cache",
     "Qwen2_5_VLForConditionalGeneration": "multimodal rotary positions (M-RoPE: 3-D positions from the image grid) "
     "are not reproduced by the 1-D positions of the exported cache",
-    "PaliGemmaForConditionalGeneration": "the prefix-LM mask (the whole prompt attends both ways, token_type_ids == 0) "
-    "and 1-indexed positions are not implemented yet",
 }
 
 
@@ -106,6 +116,15 @@ def family(model: nn.Module) -> VLMFamily:
 
 def image_token_id(model: nn.Module) -> int:
     return int(model.config.image_token_id)
+
+
+def prompt_prefix(positions: torch.Tensor) -> torch.Tensor:
+    """(T, T) bool: key k is a later real token of the chunk than query q (PaliGemma's
+    prefix-LM over a chunk holding the whole prompt; padding, at -1, is no part of it)."""
+    real = positions >= 0
+    tokens = positions.shape[0]
+    later = torch.ones(tokens, tokens, dtype=torch.bool, device=positions.device).triu(1)
+    return real[:, None] & real[None, :] & later
 
 
 def image_blocks(is_image: torch.Tensor) -> torch.Tensor:
@@ -146,7 +165,7 @@ class CachedVLMPrefill(nn.Module):
         super().__init__()
         self.lm = with_kv_cache(model, cache_len, logits)
         self.model, self.image_token_id = model, image_token_id(model)
-        self.bidirectional = family(model).bidirectional_images
+        self.family = family(model)
         self.cache_len, self.logits = cache_len, logits
 
     def cache_shapes(self):
@@ -161,7 +180,11 @@ class CachedVLMPrefill(nn.Module):
         ids = torch.where(is_image, torch.zeros_like(tokens), tokens)
         embeds = self.model.get_input_embeddings()(ids)
         merged = torch.where(is_image[..., None], image_embeds.to(embeds.dtype), embeds)
-        overlay = image_blocks(is_image[0]) if self.bidirectional else None
+        overlay = None
+        if self.family.prefix_lm:
+            overlay = prompt_prefix(input_pos)
+        elif self.family.bidirectional_images:
+            overlay = image_blocks(is_image[0])
         return self.lm.inner(tokens, input_pos, kv_cache, inputs_embeds=merged, overlay=overlay)
 
 
@@ -176,15 +199,20 @@ def tokens_per_image(model: nn.Module) -> int:
     cfg = model.config
     if hasattr(cfg, "mm_tokens_per_image"):
         return int(cfg.mm_tokens_per_image)
+    if hasattr(text_config(model), "num_image_tokens"):  # PaliGemma: one token per patch
+        return int(text_config(model).num_image_tokens)
     patches = (cfg.vision_config.image_size // cfg.vision_config.patch_size) ** 2
     return int(patches // cfg.scale_factor**2)
 
 
-def reference_forward(model: nn.Module, ids: torch.Tensor, pixel_values: torch.Tensor):
-    """The model's own forward over a whole sequence with its image (no cache): logits."""
+def reference_forward(model: nn.Module, ids: torch.Tensor, pixel_values: torch.Tensor, prompt_len: int | None = None):
+    """The model's own forward over a whole sequence with its image (no cache): logits.
+    `prompt_len`: where the prompt ends (PaliGemma's prefix; default: the whole sequence)."""
     kwargs, fam = {}, family(model)
     if fam.bidirectional_images:
         kwargs["token_type_ids"] = (ids == image_token_id(model)).long()
+    if fam.prefix_lm:  # as its processor and generate give them: 0 for the prompt, 1 after
+        kwargs["token_type_ids"] = (torch.arange(ids.shape[1]) >= (prompt_len or ids.shape[1])).long()[None]
     if fam.batched_pixels:
         pixel_values = pixel_values[None]
     out = model(input_ids=ids.long(), pixel_values=pixel_values, **kwargs)
@@ -206,11 +234,21 @@ def place_image_rows(prompt: np.ndarray, image_embeds: np.ndarray, image_id: int
     return placed
 
 
-def plan_chunks(prompt: np.ndarray, chunk: int, image_id: int, cache_len: int) -> list[tuple[int, int]]:
+def plan_chunks(
+    prompt: np.ndarray, chunk: int, image_id: int, cache_len: int, whole_prompt: bool = False
+) -> list[tuple[int, int]]:
     """(start, stop) of prefill chunks of at most `chunk` tokens over `prompt`. A run of
     image tokens that fits a chunk is never split (an image that attends to itself both
     ways, Gemma 3's, must come in one chunk; export_vlm refuses a prefill shorter than such
-    an image); a longer run (a causal family's many tiles) is split like text."""
+    an image); a longer run (a causal family's many tiles) is split like text. With
+    `whole_prompt` (a prefix-LM: the prompt attends to itself both ways) one chunk."""
+    if whole_prompt:
+        if prompt.size > chunk:
+            raise ValueError(
+                f"prompt_ids ({prompt.size} tokens) must fit one prefill chunk ({chunk}): this model's prompt "
+                f"attends to itself both ways (PaliGemma's prefix-LM); export with prefill_len >= {prompt.size}"
+            )
+        return [(0, prompt.size)]
     runs, start = [], None
     for i, flag in enumerate(list(prompt == image_id) + [False]):
         if flag and start is None:
@@ -252,7 +290,10 @@ def verify_vlm(
     total = min(cache_len, max(steps, n_image + 2 * prefill_len))
     ids = torch.randint(0, vocab, (1, total), generator=gen)
     ids[ids == image_id] = (image_id + 1) % vocab
-    if family(model).bidirectional_images:  # image after a little text, in the first chunk (it must fit)
+    fam = family(model)
+    if fam.prefix_lm:  # the image first, as PaliGemma's processor puts it; the prompt in one chunk
+        first = 0
+    elif fam.bidirectional_images:  # image after a little text, in the first chunk (it must fit)
         first = min(3, prefill_len - n_image)
     else:  # image across the first chunk's end
         first = max(1, prefill_len - n_image // 2)
@@ -261,15 +302,17 @@ def verify_vlm(
         raise ValueError(f"verify needs a cache longer than an image ({n_image} tokens), got cache_len={cache_len}")
     ids[0, first : first + n_image] = image_id
     pixel_values = torch.randn(image_shape(model), generator=gen)
-    expected = reference_forward(model, ids, pixel_values).float()
+    n_prompt = min(total - 1, first + n_image + prefill_len // 2)
+    if fam.prefix_lm:
+        n_prompt = min(n_prompt, prefill_len)
+    expected = reference_forward(model, ids, pixel_values, prompt_len=n_prompt).float()
     prefill = CachedVLMPrefill(model, cache_len, logits="all")
     image_embeds = ImageEncoder(model)(pixel_values)
     prompt = ids[0].numpy().astype(np.int32)
-    n_prompt = min(total - 1, first + n_image + prefill_len // 2)
     placed = torch.from_numpy(place_image_rows(prompt[:n_prompt], image_embeds.numpy(), image_id))
     cache, got = prefill.empty_cache(), []
     with attention_through_litert(model):
-        for start, stop in plan_chunks(prompt[:n_prompt], prefill_len, image_id, cache_len):
+        for start, stop in plan_chunks(prompt[:n_prompt], prefill_len, image_id, cache_len, fam.prefix_lm):
             tokens = torch.zeros(1, prefill_len, dtype=torch.int32)
             tokens[0, : stop - start] = ids[0, start:stop]
             positions = torch.full((prefill_len,), -1, dtype=torch.int32)
@@ -320,14 +363,21 @@ def export_vlm(
     if not isinstance(prefill_len, int):
         raise ValueError(f"prefill_len must be one int for a vision-language model, got {prefill_len!r}")
     _prefill_lengths(prefill_len, cache_len)  # checks the range
-    if family(model).bidirectional_images and tokens_per_image(model) > prefill_len:
+    fam = family(model)
+    if fam.bidirectional_images and tokens_per_image(model) > prefill_len:
         raise ValueError(
             f"prefill_len ({prefill_len}) is shorter than an image ({tokens_per_image(model)} tokens), whose "
             "tokens attend to each other in one prefill chunk"
         )
+    if fam.prefix_lm and tokens_per_image(model) * images >= prefill_len:
+        raise ValueError(
+            f"prefill_len ({prefill_len}) must hold the whole prompt, images ({tokens_per_image(model) * images} "
+            "tokens) and text: the prompt attends to itself both ways (PaliGemma's prefix-LM)"
+        )
     model = cpu_view(model).eval()
     if verify:
-        verify_cached_lm(model, cache_len, prefill_len)
+        if not fam.prefix_lm:  # a prefix-LM's own text-only forward attends both ways over everything
+            verify_cached_lm(model, cache_len, prefill_len)
         verify_vlm(model, cache_len, prefill_len)
     prefill = CachedVLMPrefill(model, cache_len, prefill_logits)
     decode = with_kv_cache(model, cache_len, "last")
@@ -349,7 +399,10 @@ def export_vlm(
             output_names=["image_embeds"],
         )
         .signature(
-            "prefill", prefill, prefill_args, output_names=([] if prefill_logits == "none" else ["logits"]) + names
+            PREFILL_WHOLE_PROMPT if fam.prefix_lm else PREFILL,
+            prefill,
+            prefill_args,
+            output_names=([] if prefill_logits == "none" else ["logits"]) + names,
         )
         .signature("decode", decode, decode_args, output_names=["logits"] + names)
         .convert(**convert_options)
@@ -402,7 +455,10 @@ def generate_vlm(
             f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the exported cache length "
             f"({cache_len}); export with a larger cache_len"
         )
-    cache = prefill_prompt(edge_model, pixels, prompt[:-1], image_token_id)
+    # A prefix-LM's prompt is prefilled whole (its tokens see the last one); its last token
+    # then runs again through decode for its logits, writing the same keys and values.
+    whole = PREFILL_WHOLE_PROMPT in [s.key for s in runtime.signatures]
+    cache = prefill_prompt(edge_model, pixels, prompt if whole else prompt[:-1], image_token_id)
     rng = sampler.rng()
     pos = len(prompt) - 1
     logits, *cache = runtime.run([prompt[None, pos:], np.array([pos], np.int32), *cache], "decode")
@@ -452,7 +508,9 @@ def prefill_prompt(edge_model: EdgeModel, pixel_values: np.ndarray, prompt: np.n
     """Run `encode_image` and the prefill chunks over `prompt` (which may end with the
     image); returns the cache after it (the next position is len(prompt))."""
     runtime = edge_model.runtime
-    prefill, decode = runtime.signature("prefill"), runtime.signature("decode")
+    whole = PREFILL_WHOLE_PROMPT in [s.key for s in runtime.signatures]
+    name = PREFILL_WHOLE_PROMPT if whole else PREFILL
+    prefill, decode = runtime.signature(name), runtime.signature("decode")
     cache_len = max((s.shape[2] for s in decode.outputs[1:] if s.name.startswith("kv_cache")), default=None)
     (image_embeds,) = runtime.run([pixel_values], "encode_image")
     placed = place_image_rows(prompt, image_embeds, image_token_id)
@@ -460,7 +518,7 @@ def prefill_prompt(edge_model: EdgeModel, pixel_values: np.ndarray, prompt: np.n
     has_logits = prefill.output_names[0] == "logits"
     cache = [np.zeros(spec.shape, spec.dtype) for spec in decode.inputs[2:]]
     limit = cache_len if cache_len is not None else np.iinfo(np.int32).max
-    for start, stop in plan_chunks(prompt, chunk, image_token_id, limit) if prompt.size else []:
+    for start, stop in plan_chunks(prompt, chunk, image_token_id, limit, whole) if prompt.size else []:
         tokens = np.zeros((1, chunk), np.int32)
         tokens[0, : stop - start] = prompt[start:stop]
         positions = np.full(chunk, -1, np.int32)
@@ -468,7 +526,7 @@ def prefill_prompt(edge_model: EdgeModel, pixel_values: np.ndarray, prompt: np.n
         check_positions(positions, cache_len)
         rows = np.zeros((1, chunk, placed.shape[1]), np.float32)
         rows[0, : stop - start] = placed[start:stop]
-        _, *cache = _split(runtime.run([tokens, positions, rows, *cache], "prefill"), has_logits)
+        _, *cache = _split(runtime.run([tokens, positions, rows, *cache], name), has_logits)
     return cache
 
 
@@ -492,9 +550,9 @@ def reference_generate_vlm(
     stop = {int(t) for t in stop_tokens}
     ids = torch.as_tensor(_prompt(prompt_ids), dtype=torch.long)[None]
     pixels = torch.as_tensor(np.asarray(pixel_values, dtype=np.float32))
-    rng, out = sampler.rng(), []
+    rng, out, prompt_len = sampler.rng(), [], ids.shape[1]
     for _ in range(max_new_tokens):
-        logits = reference_forward(model, ids, pixels)
+        logits = reference_forward(model, ids, pixels, prompt_len=prompt_len)
         out.append(sampler(logits[0, -1].float().numpy(), rng))
         if out[-1] in stop:
             break

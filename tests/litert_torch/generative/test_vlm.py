@@ -6,7 +6,9 @@ decoding beyond the sliding window; what is refused says why. Models:
 - Gemma 3 (SigLIP tower, pooled projector; two sliding layers and one global; an image's
   tokens attend to each other both ways), one image and two;
 - SmolVLM (its vision embeddings, pixel-shuffle connector, Llama decoder, causal), with its
-  image splitting as a fixed 2 x 2 grid: five tiles, the image running across chunks."""
+  image splitting as a fixed 2 x 2 grid: five tiles, the image running across chunks;
+- PaliGemma (SigLIP, linear projector, Gemma decoder; prefix-LM: the whole prompt attends
+  both ways, in one prefill chunk; positions from 1)."""
 
 from __future__ import annotations
 
@@ -79,6 +81,27 @@ def gemma3_vlm(per_image: int = PER_IMAGE):
     return model
 
 
+def paligemma():
+    import transformers
+
+    torch.manual_seed(0)
+    config = _quiet(
+        lambda: transformers.PaliGemmaConfig(
+            text_config=dict(TEXT, num_hidden_layers=2, model_type="gemma"),
+            vision_config=dict(VISION, image_size=16),  # 2 x 2 patches: 4 image tokens
+            image_token_id=IMAGE,
+            projection_dim=64,
+            hidden_size=64,
+        )
+    )
+    model = _quiet(lambda: transformers.PaliGemmaForConditionalGeneration(config)).eval()
+    with torch.no_grad():  # larger weights than the init's: generation that does not repeat one token
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    return model
+
+
 def smolvlm():
     import transformers
 
@@ -100,6 +123,7 @@ CASES = {
     "gemma3, one image": (gemma3_vlm, {"images": 1}, 1),
     "gemma3, two images": (gemma3_vlm, {"images": 2}, 2),
     "smolvlm, 2x2 tiles": (smolvlm, {"tiles": (2, 2)}, 5),
+    "paligemma": (paligemma, {"prefill_len": 16}, 1),
 }
 
 
@@ -113,24 +137,33 @@ def prompt_with_images(images: int, text_before: int, text_after: int, seed: int
     return ids + words(text_after)
 
 
-def pixels(images: int, seed: int = 2) -> torch.Tensor:
-    return torch.randn(images, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+def pixels(images: int, seed: int = 2, size: int = 32) -> torch.Tensor:
+    return torch.randn(images, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def exported(request):
     build, options, images = CASES[request.param]
     model = build()
-    return model, images, export_vlm(model, prefill_len=PREFILL, cache_len=CACHE, progress=False, **options)
+    options = {"prefill_len": PREFILL, **options}
+    return model, images, export_vlm(model, cache_len=CACHE, progress=False, **options)
+
+
+def _pixels_for(model, images: int) -> torch.Tensor:
+    return pixels(images, size=model.config.vision_config.image_size)
 
 
 def test_three_signatures_sharing_the_weights(exported):
     model, images, edge = exported
-    encode, prefill, decode = (edge.runtime.signature(k) for k in ("encode_image", "prefill", "decode"))
-    assert encode.inputs[0].shape == (images, 3, 32, 32)
+    prefix_lm = vlm.family(model).prefix_lm
+    names = ["encode_image", "prefill_whole_prompt" if prefix_lm else "prefill", "decode"]
+    assert [s.key for s in edge.signatures] == names
+    encode, prefill, decode = (edge.runtime.signature(k) for k in names)
+    size = model.config.vision_config.image_size
+    assert encode.inputs[0].shape == (images, 3, size, size)
     assert encode.output_names == ["image_embeds"] and encode.outputs[0].shape == (1, images * PER_IMAGE, 64)
     assert prefill.input_names[:3] == ["tokens", "input_pos", "image_embeds"]
-    assert prefill.inputs[2].shape == (1, PREFILL, 64)
+    assert prefill.inputs[2].shape == (1, 16 if prefix_lm else PREFILL, 64)
     assert decode.input_names[:2] == ["tokens", "input_pos"]
     assert prefill.output_names == decode.output_names
     weights = sum(p.numel() * 4 for p in model.parameters())
@@ -139,7 +172,7 @@ def test_three_signatures_sharing_the_weights(exported):
 
 def test_image_embeddings_are_the_models(exported):
     model, images, edge = exported
-    px = pixels(images)
+    px = _pixels_for(model, images)
     with torch.no_grad():
         batched = px[None] if vlm.family(model).batched_pixels else px
         features = model.get_image_features(batched, return_dict=True).pooler_output
@@ -152,15 +185,17 @@ def test_image_embeddings_are_the_models(exported):
 def test_logits_at_every_decode_step_match_the_models_own_forward(exported):
     """The first image starts 2 tokens before the end of the first chunk: Gemma 3's chunk
     ends before it (its image comes whole in the next one), SmolVLM's runs on into the
-    next chunks; then decode runs past 3x Gemma's window."""
+    next chunks (PaliGemma's prompt is one chunk); then decode runs past 3x Gemma's window."""
     model, images, edge = exported
     prompt = prompt_with_images(images, text_before=5, text_after=3)
     gen = torch.Generator().manual_seed(3)
     ids = torch.tensor(prompt + torch.randint(0, 89, (TOTAL - len(prompt),), generator=gen).tolist())[None]
-    px = pixels(images)
+    px = _pixels_for(model, images)
     with torch.no_grad():
-        expected = reference_forward(model, ids, px)[0].numpy()
-    cache = vlm.prefill_prompt(edge, px.numpy(), np.array(prompt[:-1], np.int32), IMAGE)
+        expected = reference_forward(model, ids, px, prompt_len=len(prompt))[0].numpy()
+    # as generate_vlm: a prefix-LM's prompt is prefilled whole and its last token decoded again
+    body = prompt if vlm.family(model).prefix_lm else prompt[:-1]
+    cache = vlm.prefill_prompt(edge, px.numpy(), np.array(body, np.int32), IMAGE)
     errors = []
     for pos in range(len(prompt) - 1, TOTAL):
         step = [ids[:, pos : pos + 1].int().numpy(), np.array([pos], np.int32), *cache]
@@ -172,7 +207,7 @@ def test_logits_at_every_decode_step_match_the_models_own_forward(exported):
 def test_generation_matches_pytorch_token_for_token(exported):
     model, images, edge = exported
     prompt = prompt_with_images(images, text_before=3, text_after=2)
-    px = pixels(images)
+    px = _pixels_for(model, images)
     new = TOTAL - len(prompt)
     assert generate_vlm(edge, px, prompt, new, image_token_id=IMAGE) == reference_generate_vlm(model, px, prompt, new)
     sampled = dict(temperature=0.8, top_k=20, top_p=0.95, seed=5)
@@ -224,6 +259,15 @@ def test_tile_image_is_a_fixed_grid_plus_the_whole_image():
         tile_image(image, (0, 2), 32)
 
 
+def test_a_paligemma_prompt_comes_in_one_chunk():
+    model = paligemma()
+    with pytest.raises(ValueError, match=r"prefill_len \(4\) must hold the whole prompt"):
+        export_vlm(model, prefill_len=4, cache_len=CACHE)
+    edge = export_vlm(model, prefill_len=12, cache_len=CACHE, progress=False, verify=False)
+    with pytest.raises(ValueError, match=r"prompt_ids \(14 tokens\) must fit one prefill chunk \(12\)"):
+        generate_vlm(edge, pixels(1, size=16), prompt_with_images(1, 5, 3), 3, image_token_id=IMAGE)
+
+
 def test_refusals_say_why():
     import transformers
 
@@ -248,7 +292,7 @@ def test_refusals_say_why():
 
 def test_bad_inputs_name_the_argument(exported):
     model, images, edge = exported
-    if images != 1:
+    if images != 1 or vlm.family(model).prefix_lm:
         pytest.skip("one model is enough")
     prompt = prompt_with_images(1, 2, 2)
     with pytest.raises(ValueError, match=r"pixel_values has shape \(2, 3, 32, 32\)"):
