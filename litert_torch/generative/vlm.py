@@ -141,7 +141,8 @@ def image_blocks(is_image: torch.Tensor) -> torch.Tensor:
 
 class ImageEncoder(nn.Module):
     """`forward(pixel_values (images, 3, S, S)) -> (1, images * tokens_per_image, hidden)`:
-    the model's own `get_image_features`."""
+    the model's own `get_image_features` (SmolVLM: the vision model and connector it runs,
+    see `VLMFamily.tower_and_connector`)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -425,7 +426,9 @@ def generate_vlm(
     """Continuation of `prompt_ids` (with one `image_token_id` per image embedding) about
     `pixel_values` (images, 3, S, S) with a model from `export_vlm`, in LiteRT. The prompt
     is prefilled in chunks that never split an image, all but its last token, which goes
-    through `decode` (it must be text). Greedy unless `temperature` > 0 (see `generate`)."""
+    through `decode` (it must be text); with `prefill_whole_prompt` (PaliGemma) in one
+    chunk, all of it, and its last token through `decode` again. Greedy unless
+    `temperature` > 0 (see `generate`)."""
     prompt = _prompt(prompt_ids)
     sampler = _sampler(temperature, top_k, top_p, seed)
     if max_new_tokens < 0:
