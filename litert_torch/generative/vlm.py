@@ -4,8 +4,8 @@ embeddings, as LiteRT signatures sharing weights, and generation in LiteRT.
     edge = export_vlm(Gemma3ForConditionalGeneration(config), prefill_len=32, cache_len=128)
     new_ids = generate_vlm(edge, pixel_values, prompt_ids, 20, image_token_id=config.image_token_id)
 
-Families (`FAMILIES`): Gemma 3, SmolVLM (its image splitting as a fixed grid: `tiles=`),
-PaliGemma; Qwen2-VL / Qwen2.5-VL are refused by name (`REFUSED`).
+Families (`FAMILIES`): Gemma 3, SmolVLM and Idefics3 (their image splitting as a fixed
+grid: `tiles=`), PaliGemma; Qwen2-VL / Qwen2.5-VL are refused by name (`REFUSED`).
 
 Signatures (the decoder's cache tensors as in `export.py`):
 
@@ -79,6 +79,9 @@ class VLMFamily:
 FAMILIES = {
     "Gemma3ForConditionalGeneration": VLMFamily(bidirectional_images=True, batched_pixels=False),
     "SmolVLMForConditionalGeneration": VLMFamily(
+        bidirectional_images=False, batched_pixels=True, tower_and_connector=True
+    ),
+    "Idefics3ForConditionalGeneration": VLMFamily(  # SmolVLM's parent, the same image path
         bidirectional_images=False, batched_pixels=True, tower_and_connector=True
     ),
     "PaliGemmaForConditionalGeneration": VLMFamily(bidirectional_images=False, batched_pixels=False, prefix_lm=True),

@@ -8,7 +8,8 @@ decoding beyond the sliding window; what is refused says why. Models:
 - SmolVLM (its vision embeddings, pixel-shuffle connector, Llama decoder, causal), with its
   image splitting as a fixed 2 x 2 grid: five tiles, the image running across chunks;
 - PaliGemma (SigLIP, linear projector, Gemma decoder; prefix-LM: the whole prompt attends
-  both ways, in one prefill chunk; positions from 1)."""
+  both ways, in one prefill chunk; positions from 1);
+- Idefics3 (SmolVLM's parent) under `-m slow`."""
 
 from __future__ import annotations
 
@@ -102,12 +103,12 @@ def paligemma():
     return model
 
 
-def smolvlm():
+def smolvlm(family: str = "SmolVLM"):
     import transformers
 
     torch.manual_seed(0)
     config = _quiet(
-        lambda: transformers.SmolVLMConfig(
+        lambda: getattr(transformers, f"{family}Config")(
             text_config=dict(TEXT, num_hidden_layers=2),
             vision_config=VISION,
             scale_factor=2,  # 16 patches -> 4 tokens per tile
@@ -115,7 +116,7 @@ def smolvlm():
             pad_token_id=0,
         )
     )
-    return _quiet(lambda: transformers.SmolVLMForConditionalGeneration(config)).eval()
+    return _quiet(lambda: getattr(transformers, f"{family}ForConditionalGeneration")(config)).eval()
 
 
 # case -> (model builder, export keywords, images per call)
@@ -124,7 +125,9 @@ CASES = {
     "gemma3, two images": (gemma3_vlm, {"images": 2}, 2),
     "smolvlm, 2x2 tiles": (smolvlm, {"tiles": (2, 2)}, 5),
     "paligemma": (paligemma, {"prefill_len": 16}, 1),
+    "idefics3, 2x2 tiles": (lambda: smolvlm("Idefics3"), {"tiles": (2, 2)}, 5),
 }
+SLOW = {"idefics3, 2x2 tiles"}  # SmolVLM's parent: the same code path
 
 
 def prompt_with_images(images: int, text_before: int, text_after: int, seed: int = 1) -> list[int]:
@@ -141,7 +144,7 @@ def pixels(images: int, seed: int = 2, size: int = 32) -> torch.Tensor:
     return torch.randn(images, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=[pytest.mark.slow] if c in SLOW else []) for c in CASES])
 def exported(request):
     build, options, images = CASES[request.param]
     model = build()
