@@ -4,7 +4,7 @@ image embeddings and every decode step's logits within 1e-4 (max relative), gree
 sampled generation token for token; images split from the text across prefill chunks and
 decoding beyond the sliding window; what is refused says why. Models:
 - Gemma 3 (SigLIP tower, pooled projector; two sliding layers and one global; an image's
-  tokens attend to each other both ways), one image and two;
+  tokens attend to each other both ways), one image (two under `-m slow`);
 - SmolVLM (its vision embeddings, pixel-shuffle connector, Llama decoder, causal), with its
   image splitting as a fixed 2 x 2 grid: five tiles, the image running across chunks;
 - PaliGemma (SigLIP, linear projector, Gemma decoder; prefix-LM: the whole prompt attends
@@ -127,7 +127,7 @@ CASES = {
     "paligemma": (paligemma, {"prefill_len": 16}, 1),
     "idefics3, 2x2 tiles": (lambda: smolvlm("Idefics3"), {"tiles": (2, 2)}, 5),
 }
-SLOW = {"idefics3, 2x2 tiles"}  # SmolVLM's parent: the same code path
+SLOW = {"gemma3, two images", "idefics3, 2x2 tiles"}  # Idefics3: SmolVLM's parent, the same code path
 
 
 def prompt_with_images(images: int, text_before: int, text_after: int, seed: int = 1) -> list[int]:
@@ -225,6 +225,15 @@ def test_the_check_catches_a_causal_gemma3_image(monkeypatch):
     monkeypatch.setattr(vlm, "image_blocks", lambda is_image: torch.zeros(len(is_image), len(is_image)).bool())
     with pytest.raises(UnsupportedModelError, match="with an image, the cached model's logits differ"):
         verify_vlm(model, CACHE, PREFILL)
+
+
+def test_image_blocks_keep_two_images_apart():
+    """Two images in one chunk: each token sees the later tokens of its own image only."""
+    is_image = torch.tensor([0, 1, 1, 1, 0, 1, 1, 0]).bool()
+    expected = torch.zeros(8, 8, dtype=torch.bool)
+    for q, k in [(1, 2), (1, 3), (2, 3), (5, 6)]:
+        expected[q, k] = True
+    assert torch.equal(vlm.image_blocks(is_image), expected)
 
 
 def test_an_image_longer_than_the_sliding_window():
