@@ -1,15 +1,15 @@
 """Generative export: decoder-only LMs with an explicit KV cache, and greedy generation
-running in LiteRT.
+running in LiteRT; vision-language models (`export_vlm`, `generate_vlm`), sentence
+embedders (`export_embedder`) and Stable-Diffusion-shaped pipelines (`export_diffusion`,
+`LiteRTDiffusionPipeline`: three signatures and a NumPy scheduler).
 
     from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
     edge = export_generative(model, prefill_len=32, cache_len=128)
     new_ids = generate(edge, prompt_ids, max_new_tokens=20)
-
-Diffusion (a Stable-Diffusion-shaped diffusers pipeline as three signatures, a NumPy
-scheduler): `litert_torch.generative.diffusion` (export_diffusion, LiteRTDiffusionPipeline).
 """
 
 from litert_torch.generative.diffusion import DiffusionExportError, LiteRTDiffusionPipeline, export_diffusion
+from litert_torch.generative.embedder import SentenceEmbedder, embed, export_embedder
 from litert_torch.generative.export import (
     CachedHFCausalLM,
     CachedLM,
@@ -21,8 +21,16 @@ from litert_torch.generative.export import (
 from litert_torch.generative.generate import Sampler, generate, reference_generate
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
 from litert_torch.generative.transformers_lm import UnsupportedModelError
+from litert_torch.generative.vlm import export_vlm, generate_vlm, reference_generate_vlm, tile_image
 
 __all__ = [
+    "export_embedder",
+    "embed",
+    "SentenceEmbedder",
+    "export_vlm",
+    "generate_vlm",
+    "reference_generate_vlm",
+    "tile_image",
     "export_generative",
     "generate",
     "reference_generate",
