@@ -1,0 +1,447 @@
+"""Model families through our exporters and through the reference converter's examples
+(litert-torch 0.10.0, `generative/examples/<family>`), side by side: error against the
+framework's own forward, file size, latency, conversion seconds.
+
+Each family is a small random-weight model built here from a config (seeded; nothing is
+downloaded) and saved to a temporary folder in the layout the anchor's example loads;
+the anchor converts it in its own environment (`anchor_families.py`, one subprocess per
+family). Both .tflite files are then run in this process by the LiteRT interpreter
+(XNNPACK, 1 thread) on the same inputs:
+
+- error: max relative (`runtimes.litert.max_relative_error`) of each file's output
+  against the framework model's forward in PyTorch (transformers / diffusers), the max
+  over the family's input sets;
+- latency: median ms of one call, the two files' calls interleaved ABBA (`--clock cpu`:
+  thread CPU time, robust to other processes on a shared machine);
+- conversion seconds: ours `export_*`/`convert` without its own LiteRT verification
+  (the anchor verifies nothing), the anchor's `litert_torch.convert` after its model
+  is built and loaded (its import is reported apart).
+
+    .venv/bin/python benchmarks/families_vs_anchor.py --anchor-python /tmp/anchor-venv/bin/python
+    .venv/bin/python benchmarks/families_vs_anchor.py --anchor-python ... --families embedding_gemma --json out.json
+
+Without --anchor-python only our side is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from runtimes.litert import LiteRTModel, max_relative_error  # noqa: E402
+
+CLOCK = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+@dataclass
+class Family:
+    """One family's comparison: `build()` returns the framework model(s); `save(models,
+    folder)` writes what the anchor's example loads; `ours(models)` our EdgeModel;
+    `cases(models)` the input sets as (inputs for our file, inputs for the anchor's file,
+    expected outputs from the framework)."""
+
+    name: str
+    anchor_example: str
+    build: Callable
+    save: Callable
+    ours: Callable
+    cases: Callable
+    seq_len: int = 0
+    ours_signature: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+def _save_safetensors(tensors: dict, path: str) -> None:
+    from safetensors.torch import save_file
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, path)
+
+
+# ---- EmbeddingGemma ------------------------------------------------------------------------
+# The anchor's model fixes the layout: 5 sliding + 1 global layer per 6 (it takes the global
+# rotary base from layer 5), one kv head, query scale 1/sqrt(head_dim), a 2x4 dense head.
+GEMMA_SEQ = 32
+
+
+def build_embedding_gemma():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=2048,
+        hidden_size=192,
+        intermediate_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=64,
+        query_pre_attn_scalar=64,
+        max_position_embeddings=512,
+        sliding_window=512,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        use_bidirectional_attention=True,
+    )
+    model = _quiet(transformers.Gemma3TextModel, config).eval()
+    head = torch.nn.Sequential(torch.nn.Linear(192, 768, bias=False), torch.nn.Linear(768, 192, bias=False)).eval()
+    return model, head
+
+
+def save_embedding_gemma(models, folder: str) -> None:
+    """A sentence-transformers checkpoint folder: the body, then 2_Dense and 3_Dense."""
+    model, head = models
+    model.save_pretrained(folder)
+    _save_safetensors({"linear.weight": head[0].weight}, os.path.join(folder, "2_Dense", "model.safetensors"))
+    _save_safetensors({"linear.weight": head[1].weight}, os.path.join(folder, "3_Dense", "model.safetensors"))
+
+
+def ours_embedding_gemma(models, verify: bool = False):
+    from litert_torch.generative import export_embedder
+
+    model, head = models
+    return export_embedder(model, pooling="mean", head=head, max_len=GEMMA_SEQ, verify=verify, progress=False)
+
+
+def embedding_reference(model, head, ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    """transformers on the unpadded sentence, mean-pooled, the dense head, L2-normalised."""
+    kept = ids[:, mask[0].bool()]
+    with torch.no_grad():
+        hidden = model(input_ids=kept, attention_mask=torch.ones_like(kept), use_cache=False).last_hidden_state
+        return torch.nn.functional.normalize(head(hidden.mean(1)), dim=-1).numpy()
+
+
+def embedding_cases(models):
+    model, head = models
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, model.config.vocab_size, (1, GEMMA_SEQ), generator=gen)
+    cases = []
+    for length in (GEMMA_SEQ, GEMMA_SEQ - 9):  # full, and padded at the end
+        mask = (torch.arange(GEMMA_SEQ) < length).long()[None]
+        inputs = [ids.numpy(), mask.numpy()]
+        cases.append((inputs, inputs, [embedding_reference(model, head, ids, mask)]))
+    return cases
+
+
+# ---- Stable Diffusion pieces ---------------------------------------------------------------
+# examples/stable_diffusion.py's sizes (SD 1.x layout, small); the anchor's CLIP adds all
+# 77 positions, so the prompt is 77 ids as diffusers pads it.
+SD_TEXT_LEN = 77
+
+
+def build_sd_text_encoder():
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    config = CLIPTextConfig(
+        vocab_size=4096,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=SD_TEXT_LEN,
+        bos_token_id=4094,
+        eos_token_id=4095,
+        pad_token_id=4095,
+    )
+    return (_quiet(CLIPTextModel, config).eval(),)
+
+
+def save_sd_text_encoder(models, folder: str) -> None:
+    """The single-file SD 1.x checkpoint holds the CLIPTextModel under cond_stage_model.transformer."""
+    (model,) = models
+    model.config.to_json_file(os.path.join(folder, "config.json"))
+    state = {f"cond_stage_model.transformer.{k}": v for k, v in model.state_dict().items()}
+    _save_safetensors(state, os.path.join(folder, "sd.safetensors"))
+
+
+def ours_sd_text_encoder(models):
+    from litert_torch.generative.diffusion import TextEncoder
+    from litert_torch.signatures import signature
+
+    (model,) = models
+    ids = torch.zeros((1, SD_TEXT_LEN), dtype=torch.int32)
+    return signature("encode_text", TextEncoder(model), (ids,), output_names=["text_embeddings"]).convert(
+        progress=False
+    )
+
+
+def sd_text_cases(models):
+    (model,) = models
+    gen = torch.Generator().manual_seed(1)
+    cases = []
+    for length in (SD_TEXT_LEN, 12):  # a full prompt; a short one padded with the end token
+        ids = torch.full((1, SD_TEXT_LEN), model.config.eos_token_id, dtype=torch.int32)
+        ids[0, 0] = model.config.bos_token_id
+        ids[0, 1:length] = torch.randint(0, 4000, (length - 1,), generator=gen, dtype=torch.int32)
+        with torch.no_grad():
+            expected = model(ids).last_hidden_state.numpy()
+        cases.append(([ids.numpy()], [ids.numpy()], [expected]))
+    return cases
+
+
+def build_sd_vae_decoder():
+    import diffusers
+
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(32, 64, 64, 64),
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        layers_per_block=1,
+        norm_num_groups=32,
+        sample_size=128,
+    ).eval()
+    return (vae,)
+
+
+def save_sd_vae_decoder(models, folder: str) -> None:
+    """diffusers' AutoencoderKL weights under first_stage_model., where the SD 1.x
+    single-file checkpoint keeps its VAE (the anchor's name map reads that prefix)."""
+    (vae,) = models
+    vae.save_config(folder)
+    state = {f"first_stage_model.{k}": v for k, v in vae.state_dict().items()}
+    _save_safetensors(state, os.path.join(folder, "sd.safetensors"))
+
+
+def ours_sd_vae_decoder(models):
+    from litert_torch.generative.diffusion import LatentDecoder
+    from litert_torch.signatures import signature
+
+    (vae,) = models
+    return signature(
+        "decode_latents", LatentDecoder(vae), (torch.zeros(1, 4, 16, 16),), output_names=["image"]
+    ).convert(progress=False)
+
+
+def sd_vae_cases(models):
+    from litert_torch.generative.diffusion import LatentDecoder
+
+    (vae,) = models
+    latents = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = LatentDecoder(vae)(latents).numpy()
+    return [([latents.numpy()], [latents.numpy()], [expected])]
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family(
+            "embedding_gemma",
+            "embedding_gemma",
+            build_embedding_gemma,
+            save_embedding_gemma,
+            ours_embedding_gemma,
+            embedding_cases,
+            seq_len=GEMMA_SEQ,
+        ),
+        Family(
+            "sd_text_encoder",
+            "stable_diffusion (clip)",
+            build_sd_text_encoder,
+            save_sd_text_encoder,
+            ours_sd_text_encoder,
+            sd_text_cases,
+            seq_len=SD_TEXT_LEN,
+        ),
+        Family(
+            "sd_vae_decoder",
+            "stable_diffusion (decoder)",
+            build_sd_vae_decoder,
+            save_sd_vae_decoder,
+            ours_sd_vae_decoder,
+            sd_vae_cases,
+        ),
+    )
+}
+
+
+# ---- measuring -----------------------------------------------------------------------------
+def timed(fns, runs: int, clock, warmup: int = 3) -> list[list[float]]:
+    """Milliseconds of each call of each function over `runs` rounds; the order reversed
+    every other round (ABBA), so that load from other processes hits all alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    samples = [[] for _ in fns]
+    for i in range(runs):
+        for k in range(len(fns)) if i % 2 == 0 else reversed(range(len(fns))):
+            start = clock()
+            fns[k]()
+            samples[k].append(1e3 * (clock() - start))
+    return samples
+
+
+def round_ratio(ours: list[float], theirs: list[float]) -> float:
+    """Median over rounds of ours / theirs within the round."""
+    return statistics.median(a / b for a, b in zip(ours, theirs))
+
+
+def worst_error(runtime: LiteRTModel, signature_key: str | None, cases, side: int) -> float:
+    """Max relative error over the cases' input sets (`side` 0: ours, 1: the anchor's)."""
+    return max(max_relative_error(runtime.run(case[side], signature_key), case[2]) for case in cases)
+
+
+def run_anchor(family: Family, folder: str, opts) -> dict:
+    """The anchor's conversion of `folder` (anchor_families.py in its own environment):
+    its report with "content", or {"error": ..., "stage": ...}."""
+    out = os.path.join(folder, "anchor.tflite")
+    command = [opts.anchor_python, str(HERE / "anchor_families.py"), family.name, folder, out, str(family.seq_len)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # else it imports this repo's litert_torch
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:600], "stage": "run"}
+    report = json.loads(lines[-1])
+    if "error" not in report:
+        report["content"] = Path(out).read_bytes()
+    return report
+
+
+def measure(family: Family, opts) -> dict:
+    models = family.build()
+    cases = family.cases(models)
+    start = time.perf_counter()
+    edge = family.ours(models)
+    ours_s = time.perf_counter() - start
+    ours_bytes = edge.model_content()
+    ours_rt = LiteRTModel(ours_bytes, num_threads=1)
+    row = dict(
+        family=family.name,
+        anchor_example=family.anchor_example,
+        params=sum(p.numel() for m in models for p in m.parameters()),
+        ours=dict(
+            convert_s=ours_s,
+            bytes=len(ours_bytes),
+            rel_err=worst_error(ours_rt, family.ours_signature, cases, 0),
+        ),
+        anchor=None,
+    )
+    fns = [lambda: ours_rt.run(cases[0][0], family.ours_signature)]
+    if opts.anchor_python:
+        with tempfile.TemporaryDirectory() as folder:
+            family.save(models, folder)
+            anchor = run_anchor(family, folder, opts)
+        if "error" not in anchor:
+            content = anchor.pop("content")
+            anchor_rt = LiteRTModel(content, num_threads=1)
+            anchor.update(bytes=len(content), rel_err=worst_error(anchor_rt, None, cases, 1))
+            fns.append(lambda: anchor_rt.run(cases[0][1]))
+        row["anchor"] = anchor
+    samples = timed(fns, opts.runs, CLOCK[opts.clock])
+    row["ours"]["latency_ms"] = statistics.median(samples[0])
+    if len(samples) > 1:
+        anchor = row["anchor"]
+        anchor["latency_ms"] = statistics.median(samples[1])
+        anchor["latency_ratio"] = round_ratio(samples[0], samples[1])
+        anchor["size_ratio"] = len(ours_bytes) / anchor["bytes"]
+        anchor["convert_speedup"] = anchor["convert_s"] / ours_s
+    return row
+
+
+def table(rows: list[dict], clock: str) -> Table:
+    t = Table(
+        title=f"Ours vs litert-torch 0.10.0's examples (float32; error: max relative vs the framework; "
+        f"latency: median {clock} ms, interleaved; ratios ours / anchor)"
+    )
+    for col in (
+        "family",
+        "anchor example",
+        "params",
+        "ours err",
+        "anchor err",
+        "ours KiB",
+        "anchor KiB",
+        "ours ms",
+        "anchor ms",
+        "latency ratio",
+        "ours convert s",
+        "anchor convert s",
+    ):
+        t.add_column(col, justify="left" if col in ("family", "anchor example") else "right")
+    for r in rows:
+        o, a = r["ours"], r["anchor"] or {}
+        if "error" in a:
+            anchor_cells = [f"failed ({a['stage']}): {a['error']}"] + [""] * 4
+        elif a:
+            anchor_cells = [
+                f"{a['rel_err']:.1e}",
+                f"{a['bytes'] / 1024:.0f}",
+                f"{a['latency_ms']:.3f}",
+                f"{a['latency_ratio']:.2f}",
+                f"{a['convert_s']:.2f}",
+            ]
+        else:
+            anchor_cells = ["-"] * 5
+        t.add_row(
+            r["family"],
+            r["anchor_example"],
+            f"{r['params'] / 1e6:.2f}M",
+            f"{o['rel_err']:.1e}",
+            anchor_cells[0],
+            f"{o['bytes'] / 1024:.0f}",
+            anchor_cells[1],
+            f"{o['latency_ms']:.3f}",
+            anchor_cells[2],
+            anchor_cells[3],
+            f"{o['convert_s']:.2f}",
+            anchor_cells[4],
+        )
+    return t
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, from {list(FAMILIES)}")
+    parser.add_argument("--anchor-python", help="python of the litert-torch 0.10.0 environment (benchmarks/README.md)")
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--clock", choices=sorted(CLOCK), default="cpu")
+    parser.add_argument("--json", help="write every figure here")
+    opts = parser.parse_args(argv)
+    names = [n.strip() for n in opts.families.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families {unknown}; choose from {list(FAMILIES)}")
+    torch.set_num_threads(1)
+    console = Console(width=240)
+    rows = []
+    for name in names:
+        console.print(f"[dim]{name}...[/dim]")
+        rows.append(measure(FAMILIES[name], opts))
+    console.print(table(rows, opts.clock))
+    if opts.json:
+        environment = dict(python=platform.python_version(), torch=torch.__version__, load=os.getloadavg())
+        settings = dict(runs=opts.runs, clock=opts.clock, anchor_python=opts.anchor_python)
+        Path(opts.json).write_text(json.dumps(dict(rows=rows, settings=settings, environment=environment), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
