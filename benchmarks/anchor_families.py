@@ -18,6 +18,8 @@ FAMILY:
                    checkpoint plus the sentence-transformers 2_Dense / 3_Dense folders
   sd_text_encoder  examples/stable_diffusion: clip.CLIP + ClipModelLoader on a
                    single-file checkpoint (the CLIPTextModel under cond_stage_model.transformer.)
+  t5               examples/t5: T5Encoder / T5Decoder with the example's name map, as
+                   convert_t5_to_tflite_multisig converts them (encode, decode), float
   sd_vae_decoder   examples/stable_diffusion: decoder.Decoder + AutoEncoderModelLoader
                    on diffusers' saved AutoencoderKL (keys under first_stage_model.)
 """
@@ -126,7 +128,7 @@ def embedding_gemma(folder: str, seq_len: int):
     model = example.build_model(folder).eval()
     # the example's convert_to_tflite: tokens and attention_mask, int64, batch 1
     sample = (torch.ones(1, seq_len, dtype=torch.long), torch.ones(1, seq_len, dtype=torch.long))
-    return model, sample
+    return [("serving_default", model, sample)]
 
 
 def sd_text_encoder(folder: str, seq_len: int):
@@ -172,7 +174,7 @@ def sd_text_encoder(folder: str, seq_len: int):
     model = clip.CLIP(config)
     loader = stable_diffusion_loader.ClipModelLoader(os.path.join(folder, "sd.safetensors"), clip.TENSOR_NAMES)
     loader.load(model, strict=False)
-    return model.eval(), (torch.zeros((1, seq_len), dtype=torch.int),)
+    return [("encode", model.eval(), (torch.zeros((1, seq_len), dtype=torch.int),))]
 
 
 def sd_vae_decoder(folder: str, seq_len: int):
@@ -188,10 +190,76 @@ def sd_vae_decoder(folder: str, seq_len: int):
     )
     loader.load(model, strict=False)
     side = hf["sample_size"] // 2 ** (len(hf["block_out_channels"]) - 1)
-    return model.eval(), (torch.zeros((1, hf["latent_channels"], side, side)),)
+    return [("decode", model.eval(), (torch.zeros((1, hf["latent_channels"], side, side)),))]
 
 
-FAMILIES = {"embedding_gemma": embedding_gemma, "sd_text_encoder": sd_text_encoder, "sd_vae_decoder": sd_vae_decoder}
+def t5_config(folder: str, seq_len: int):
+    """The example's T5 (get_model_config_t5: t5-base, v1.0 layout) at the checkpoint's
+    sizes, for sources of `seq_len` tokens (the example's converter uses 512)."""
+    from litert_torch.generative.layers import model_config as cfg
+
+    hf = _config(folder)
+    attn = cfg.AttentionConfig(
+        num_heads=hf["num_heads"],
+        head_dim=hf["d_kv"],
+        num_query_groups=hf["num_heads"],
+        qkv_use_bias=False,
+        relative_attention_num_buckets=hf["relative_attention_num_buckets"],
+        relative_attention_max_distance=hf["relative_attention_max_distance"],
+    )
+    ff = cfg.FeedForwardConfig(
+        type=cfg.FeedForwardType.SEQUENTIAL,
+        activation=cfg.ActivationConfig(cfg.ActivationType.RELU),
+        intermediate_size=hf["d_ff"],
+    )
+    norm = cfg.NormalizationConfig(
+        type=cfg.NormalizationType.RMS_NORM, epsilon=hf["layer_norm_epsilon"], enable_hlfb=False
+    )
+    block = cfg.TransformerBlockConfig(
+        attn_config=attn,
+        relative_attention=True,
+        ff_config=ff,
+        pre_attention_norm_config=norm,
+        post_attention_norm_config=norm,
+    )
+    return cfg.ModelConfig(
+        vocab_size=hf["vocab_size"],
+        num_layers=hf["num_layers"],
+        max_seq_len=seq_len,
+        embedding_dim=hf["d_model"],
+        block_configs=block,
+        final_norm_config=norm,
+        lm_head_use_bias=False,
+    )
+
+
+def t5(folder: str, seq_len: int):
+    """The example's two-signature conversion (convert_t5_to_tflite_multisig), float."""
+    import torch
+
+    from litert_torch.generative.examples.t5 import t5 as example
+
+    config = t5_config(folder, seq_len)
+    embedding = torch.nn.Embedding(config.vocab_size, config.embedding_dim, padding_idx=0)
+    encoder = example.build_t5_encoder_model(config, embedding, folder).eval()
+    decoder = example.build_t5_decoder_model(config, embedding, folder).eval()
+    tokens = torch.zeros((1, seq_len), dtype=torch.int)
+    positions = torch.arange(0, seq_len, dtype=torch.int)
+    pad_mask = torch.zeros([seq_len], dtype=torch.float32)
+    hidden = torch.zeros((1, seq_len, config.embedding_dim), dtype=torch.float32)
+    token, position = torch.tensor([[1]], dtype=torch.int), torch.tensor([0], dtype=torch.int)
+    return [
+        ("encode", encoder, (tokens, positions, pad_mask)),
+        ("decode", decoder, (hidden, token, position, pad_mask)),
+    ]
+
+
+FAMILIES = {
+    "t5": t5,
+    "embedding_gemma": embedding_gemma,
+    "sd_text_encoder": sd_text_encoder,
+    "sd_vae_decoder": sd_vae_decoder,
+}
 
 
 def _fail(stage: str, error: BaseException) -> None:
@@ -210,13 +278,16 @@ def main(family: str, folder: str, out_path: str, seq_len: int) -> None:
     import_s = time.perf_counter() - start
     torch.manual_seed(0)
     try:
-        model, sample = FAMILIES[family](folder, seq_len)
+        signatures = FAMILIES[family](folder, seq_len)
     except Exception as e:  # the finding is the example's own error
         _fail("load", e)
     try:
         start = time.perf_counter()
+        builder = litert_torch
+        for name, module, sample in signatures:
+            builder = builder.signature(name, module, sample)
         with torch.no_grad():
-            edge = litert_torch.convert(model, sample)
+            edge = builder.convert()
         convert_s = time.perf_counter() - start
         edge.export(out_path)
     except Exception as e:

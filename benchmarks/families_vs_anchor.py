@@ -55,8 +55,9 @@ CLOCK = {"wall": time.perf_counter, "cpu": time.thread_time}
 class Family:
     """One family's comparison: `build()` returns the framework model(s); `save(models,
     folder)` writes what the anchor's example loads; `ours(models)` our EdgeModel;
-    `cases(models)` the input sets as (inputs for our file, inputs for the anchor's file,
-    expected outputs from the framework)."""
+    `cases(models)` the input sets as (our call, the anchor's call, the framework's
+    outputs), a call being `fn(runtime) -> outputs` (e.g. `single(inputs)`: one run of
+    the file's only signature, or an encode and decode steps)."""
 
     name: str
     anchor_example: str
@@ -65,8 +66,12 @@ class Family:
     ours: Callable
     cases: Callable
     seq_len: int = 0
-    ours_signature: str | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def single(inputs: list, key: str | None = None) -> Callable:
+    """A call running signature `key` (the only one if None) of a file on `inputs`."""
+    return lambda runtime: runtime.run(inputs, key)
 
 
 def _quiet(fn, *args, **kwargs):
@@ -142,7 +147,7 @@ def embedding_cases(models):
     for length in (GEMMA_SEQ, GEMMA_SEQ - 9):  # full, and padded at the end
         mask = (torch.arange(GEMMA_SEQ) < length).long()[None]
         inputs = [ids.numpy(), mask.numpy()]
-        cases.append((inputs, inputs, [embedding_reference(model, head, ids, mask)]))
+        cases.append((single(inputs), single(inputs), [embedding_reference(model, head, ids, mask)]))
     return cases
 
 
@@ -174,7 +179,12 @@ def save_sd_text_encoder(models, folder: str) -> None:
     """The single-file SD 1.x checkpoint holds the CLIPTextModel under cond_stage_model.transformer."""
     (model,) = models
     model.config.to_json_file(os.path.join(folder, "config.json"))
-    state = {f"cond_stage_model.transformer.{k}": v for k, v in model.state_dict().items()}
+    # transformers 5 names the CLIPTextModel's weights without the "text_model." of v4, with
+    # which the SD 1.x checkpoints were written
+    state = {
+        "cond_stage_model.transformer." + (k if k.startswith("text_model.") else f"text_model.{k}"): v
+        for k, v in model.state_dict().items()
+    }
     _save_safetensors(state, os.path.join(folder, "sd.safetensors"))
 
 
@@ -199,7 +209,7 @@ def sd_text_cases(models):
         ids[0, 1:length] = torch.randint(0, 4000, (length - 1,), generator=gen, dtype=torch.int32)
         with torch.no_grad():
             expected = model(ids).last_hidden_state.numpy()
-        cases.append(([ids.numpy()], [ids.numpy()], [expected]))
+        cases.append((single([ids.numpy()]), single([ids.numpy()]), [expected]))
     return cases
 
 
@@ -247,7 +257,89 @@ def sd_vae_cases(models):
     latents = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = LatentDecoder(vae)(latents).numpy()
-    return [([latents.numpy()], [latents.numpy()], [expected])]
+    return [(single([latents.numpy()]), single([latents.numpy()]), [expected])]
+
+
+# ---- T5 ------------------------------------------------------------------------------------
+# The anchor's example is T5 v1.0 (ReLU feed-forward, tied embeddings); its decode signature
+# takes the encoder's hidden states and one token, with no cache in or out.
+T5_SOURCE, T5_CACHE = 64, 16
+
+
+def build_t5():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=512,
+        d_model=128,
+        d_kv=32,
+        d_ff=256,
+        num_layers=2,
+        num_heads=4,
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return (_quiet(transformers.T5ForConditionalGeneration, config).eval(),)
+
+
+def save_t5(models, folder: str) -> None:
+    models[0].save_pretrained(folder)
+
+
+def ours_t5(models):
+    from litert_torch.generative.seq2seq import export_seq2seq  # branch encdec, merged into main
+
+    return export_seq2seq(models[0], source_len=T5_SOURCE, cache_len=T5_CACHE, verify=False, progress=False)
+
+
+def t5_ours_call(source: np.ndarray, decoder_ids: list[int]) -> Callable:
+    """encode, then decode over `decoder_ids` with the cache carried: the last step's logits."""
+
+    def call(runtime):
+        ids = np.zeros((1, T5_SOURCE), np.int32)
+        mask = np.zeros((1, T5_SOURCE), np.int32)
+        ids[0, : source.size], mask[0, : source.size] = source, 1
+        cross = runtime.run([ids, mask], "encode")
+        cache = [np.zeros(s.shape, s.dtype) for s in runtime.signature("decode").inputs if s.name.startswith("kv_")]
+        for pos, token in enumerate(decoder_ids):
+            step = [np.array([[token]], np.int32), np.array([pos], np.int32), *cache, *cross, mask]
+            logits, *cache = runtime.run(step, "decode")
+        return [logits[0, -1]]
+
+    return call
+
+
+def t5_anchor_call(source: np.ndarray, decoder_ids: list[int]) -> Callable:
+    """The anchor's encode, then its decode on the last decoder token at its position (the
+    signature has no cache: earlier tokens cannot be passed)."""
+
+    def call(runtime):
+        ids = np.zeros((1, T5_SOURCE), np.int32)
+        ids[0, : source.size] = source
+        pad_mask = np.where(np.arange(T5_SOURCE) < source.size, 0.0, -np.inf).astype(np.float32)
+        (hidden,) = runtime.run([ids, np.arange(T5_SOURCE, dtype=np.int32), pad_mask], "encode")
+        step = [hidden, np.array([[decoder_ids[-1]]], np.int32), np.array([len(decoder_ids) - 1], np.int32), pad_mask]
+        (logits,) = runtime.run(step, "decode")
+        return [logits.reshape(-1)]
+
+    return call
+
+
+def t5_cases(models, steps: int = 1):
+    """The logits of decoder step `steps` after a 40-token source, against transformers'
+    forward on the unpadded source (teacher-forced decoder ids)."""
+    (model,) = models
+    gen = torch.Generator().manual_seed(1)
+    source = torch.randint(2, model.config.vocab_size, (40,), generator=gen)
+    decoder_ids = [0] + torch.randint(2, model.config.vocab_size, (steps - 1,), generator=gen).tolist()
+    with torch.no_grad():
+        logits = model(input_ids=source[None], decoder_input_ids=torch.tensor([decoder_ids])).logits[0, -1]
+    src = source.int().numpy()
+    return [(t5_ours_call(src, decoder_ids), t5_anchor_call(src, decoder_ids), [logits.numpy()])]
 
 
 FAMILIES = {
@@ -262,6 +354,7 @@ FAMILIES = {
             embedding_cases,
             seq_len=GEMMA_SEQ,
         ),
+        Family("t5", "t5 (multisig)", build_t5, save_t5, ours_t5, t5_cases, seq_len=T5_SOURCE),
         Family(
             "sd_text_encoder",
             "stable_diffusion (clip)",
@@ -304,9 +397,9 @@ def round_ratio(ours: list[float], theirs: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(ours, theirs))
 
 
-def worst_error(runtime: LiteRTModel, signature_key: str | None, cases, side: int) -> float:
-    """Max relative error over the cases' input sets (`side` 0: ours, 1: the anchor's)."""
-    return max(max_relative_error(runtime.run(case[side], signature_key), case[2]) for case in cases)
+def worst_error(runtime: LiteRTModel, cases, side: int) -> float:
+    """Max relative error over the cases (`side` 0: our call, 1: the anchor's)."""
+    return max(max_relative_error(case[side](runtime), case[2]) for case in cases)
 
 
 def run_anchor(family: Family, folder: str, opts) -> dict:
@@ -340,11 +433,11 @@ def measure(family: Family, opts) -> dict:
         ours=dict(
             convert_s=ours_s,
             bytes=len(ours_bytes),
-            rel_err=worst_error(ours_rt, family.ours_signature, cases, 0),
+            rel_err=worst_error(ours_rt, cases, 0),
         ),
         anchor=None,
     )
-    fns = [lambda: ours_rt.run(cases[0][0], family.ours_signature)]
+    fns = [lambda: cases[0][0](ours_rt)]
     if opts.anchor_python:
         with tempfile.TemporaryDirectory() as folder:
             family.save(models, folder)
@@ -352,8 +445,8 @@ def measure(family: Family, opts) -> dict:
         if "error" not in anchor:
             content = anchor.pop("content")
             anchor_rt = LiteRTModel(content, num_threads=1)
-            anchor.update(bytes=len(content), rel_err=worst_error(anchor_rt, None, cases, 1))
-            fns.append(lambda: anchor_rt.run(cases[0][1]))
+            anchor.update(bytes=len(content), rel_err=worst_error(anchor_rt, cases, 1))
+            fns.append(lambda: cases[0][1](anchor_rt))
         row["anchor"] = anchor
     samples = timed(fns, opts.runs, CLOCK[opts.clock])
     row["ours"]["latency_ms"] = statistics.median(samples[0])
