@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -66,7 +66,7 @@ class Family:
     ours: Callable
     cases: Callable
     seq_len: int = 0
-    notes: list[str] = field(default_factory=list)
+    anchor_family: str = ""  # anchor_families.py's name, if not `name`
 
 
 def single(inputs: list, key: str | None = None) -> Callable:
@@ -129,6 +129,20 @@ def ours_embedding_gemma(models, verify: bool = False):
 
     model, head = models
     return export_embedder(model, pooling="mean", head=head, max_len=GEMMA_SEQ, verify=verify, progress=False)
+
+
+def ours_embedding_gemma_static(models):
+    """Diagnostic, not an API: our converter on the same embedder at the anchor's fixed
+    shape (1, GEMMA_SEQ), traced with a padded mask (an all-ones one lets transformers
+    drop the mask from the graph)."""
+    from litert_torch.generative.embedder import SentenceEmbedder
+    from litert_torch.signatures import signature
+
+    model, head = models
+    ids = torch.ones(1, GEMMA_SEQ, dtype=torch.long)
+    mask = (torch.arange(GEMMA_SEQ) < GEMMA_SEQ // 2).long()[None]
+    embedder = SentenceEmbedder(model, "mean", True, head).eval()
+    return signature("embed", embedder, (ids, mask), output_names=["embeddings"]).convert(progress=False)
 
 
 def embedding_reference(model, head, ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
@@ -354,6 +368,16 @@ FAMILIES = {
             embedding_cases,
             seq_len=GEMMA_SEQ,
         ),
+        Family(
+            "embedding_gemma_static",
+            "embedding_gemma",
+            build_embedding_gemma,
+            save_embedding_gemma,
+            ours_embedding_gemma_static,
+            embedding_cases,
+            seq_len=GEMMA_SEQ,
+            anchor_family="embedding_gemma",
+        ),
         Family("t5", "t5 (multisig)", build_t5, save_t5, ours_t5, t5_cases, seq_len=T5_SOURCE),
         Family(
             "sd_text_encoder",
@@ -406,7 +430,8 @@ def run_anchor(family: Family, folder: str, opts) -> dict:
     """The anchor's conversion of `folder` (anchor_families.py in its own environment):
     its report with "content", or {"error": ..., "stage": ...}."""
     out = os.path.join(folder, "anchor.tflite")
-    command = [opts.anchor_python, str(HERE / "anchor_families.py"), family.name, folder, out, str(family.seq_len)]
+    command = [opts.anchor_python, str(HERE / "anchor_families.py"), family.anchor_family or family.name, folder, out]
+    command.append(str(family.seq_len))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # else it imports this repo's litert_torch
     proc = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
