@@ -20,6 +20,9 @@ FAMILY:
                    single-file checkpoint (the CLIPTextModel under cond_stage_model.transformer.)
   t5               examples/t5: T5Encoder / T5Decoder with the example's name map, as
                    convert_t5_to_tflite_multisig converts them (encode, decode), float
+  paligemma        examples/paligemma: build_model(version=2) at the example's fake
+                   (test) config, converted by its converter.convert_to_tflite
+                   (prefill_SEQ_LEN_pixel, decode); seconds include building and loading
   sd_vae_decoder   examples/stable_diffusion: decoder.Decoder + AutoEncoderModelLoader
                    on diffusers' saved AutoencoderKL (keys under first_stage_model.)
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -254,6 +258,57 @@ def t5(folder: str, seq_len: int):
     ]
 
 
+PALIGEMMA_CACHE = 64
+
+
+def paligemma(folder: str, seq_len: int):
+    """The example's PaliGemma 2 at its own test size (get_fake_model_config with
+    decoder2's fake decoder: width 128, 2 layers; SigLIP width 1152, 2 layers, 8x8 pixels
+    in 2x2 patches), loaded with build_model(version=2); the checkpoint's config.json must
+    have those sizes. Converted by the example's converter.convert_to_tflite (float):
+    prefill_{seq_len}_pixel and decode signatures, cache PALIGEMMA_CACHE. Returns the path."""
+    import glob
+    import tempfile
+
+    import torch
+
+    from litert_torch.generative.examples.paligemma import decoder2
+    from litert_torch.generative.examples.paligemma import paligemma as example
+    from litert_torch.generative.utilities import converter, export_config
+
+    example.get_model_config = lambda get_decoder_config: example.get_fake_model_config(
+        decoder2.get_fake_decoder2_config
+    )
+    model = example.build_model(folder, version=2, mask_cache_size=PALIGEMMA_CACHE)  # as its flags give
+    image = model.config.image_encoder_config.image_embedding
+    hf = _config(folder)
+    found = (hf["text_config"]["hidden_size"], hf["vision_config"]["hidden_size"], hf["vision_config"]["image_size"])
+    wanted = (
+        model.config.decoder_config.embedding_dim,
+        model.config.image_encoder_config.embedding_dim,
+        image.image_size,
+    )
+    if found != wanted:
+        raise ValueError(f"config.json sizes {found} are not the example's fake config's {wanted}")
+    out = tempfile.mkdtemp()
+    converter.convert_to_tflite(
+        model,
+        output_path=out,
+        output_name_prefix="paligemma",
+        prefill_seq_len=seq_len,
+        kv_cache_max_len=PALIGEMMA_CACHE,
+        pixel_values_size=torch.Size([1, image.channels, image.image_size, image.image_size]),
+        pixel_seq_len=(image.image_size // image.patch_size) ** 2,
+        quantize="none",
+        config=model.config.decoder_config,
+        export_config=export_config.ExportConfig(),
+    )
+    (path,) = glob.glob(os.path.join(out, "*.tflite"))
+    return path
+
+
+# families converted by the example's own converter function: they return the .tflite path
+CONVERTED = {"paligemma": paligemma}
 FAMILIES = {
     "t5": t5,
     "embedding_gemma": embedding_gemma,
@@ -277,6 +332,16 @@ def main(family: str, folder: str, out_path: str, seq_len: int) -> None:
 
     import_s = time.perf_counter() - start
     torch.manual_seed(0)
+    if family in CONVERTED:
+        try:
+            start = time.perf_counter()
+            path = CONVERTED[family](folder, seq_len)  # building and loading the model included
+            convert_s = time.perf_counter() - start
+            shutil.copyfile(path, out_path)
+        except Exception as e:
+            _fail("convert", e)
+        print(json.dumps({"import_s": import_s, "convert_s": convert_s, "path": out_path}), flush=True)
+        return
     try:
         signatures = FAMILIES[family](folder, seq_len)
     except Exception as e:  # the finding is the example's own error

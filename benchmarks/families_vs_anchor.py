@@ -356,6 +356,140 @@ def t5_cases(models, steps: int = 1):
     return [(t5_ours_call(src, decoder_ids), t5_anchor_call(src, decoder_ids), [logits.numpy()])]
 
 
+# ---- PaliGemma 2 -----------------------------------------------------------------------------
+# The anchor's example at its own test size (paligemma.get_fake_model_config with decoder2's
+# fake decoder), mirrored here as a transformers PaliGemma 2 (Gemma 2 text, SigLIP vision).
+# Prompt: 16 image tokens, then 8 text tokens (the prefix); then decode steps.
+PG_IMAGE, PG_TEXT, PG_STEPS, PG_CACHE = 127, 8, 4, 64
+
+
+def build_paligemma():
+    import transformers
+
+    torch.manual_seed(0)
+    text = dict(
+        model_type="gemma2",
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=4096,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=256,
+    )
+    vision = dict(
+        model_type="siglip_vision_model",
+        hidden_size=1152,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        image_size=8,
+        patch_size=2,
+    )
+    config = transformers.PaliGemmaConfig(
+        text_config=text, vision_config=vision, image_token_index=PG_IMAGE, projection_dim=128
+    )
+    model = _quiet(transformers.PaliGemmaForConditionalGeneration, config).eval()
+    with torch.no_grad():  # larger weights, so that the logits are not all alike (as test_vlm does)
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.3, generator=torch.Generator().manual_seed(param.numel()))
+    return (model,)
+
+
+def save_paligemma(models, folder: str) -> None:
+    """save_pretrained, the vision tower's weights renamed to the hub checkpoints' layout
+    (vision_tower.vision_model.*, transformers 4), which the anchor's name map reads;
+    transformers 5 writes vision_tower.* (the anchor then fails on
+    'vision_tower.vision_model.embeddings.patch_embedding.weight')."""
+    from safetensors.torch import load_file
+
+    models[0].save_pretrained(folder)
+    path = os.path.join(folder, "model.safetensors")
+    state = load_file(path)
+    renamed = {
+        ("vision_tower.vision_model." + k[len("vision_tower.") :] if k.startswith("vision_tower.") else k): v
+        for k, v in state.items()
+    }
+    _save_safetensors(renamed, path)
+
+
+def ours_paligemma(models):
+    from litert_torch.generative import export_vlm
+
+    return export_vlm(models[0], prefill_len=32, cache_len=PG_CACHE, verify=False, progress=False)
+
+
+def _decode_steps(runtime, ids: np.ndarray, start: int, cache: dict | list, by_name: bool) -> list:
+    """Teacher-forced decode of ids[start:] at their positions: the logits rows."""
+    rows = []
+    for pos in range(start, ids.size):
+        token, position = np.array([[ids[pos]]], np.int32), np.array([pos], np.int32)
+        if by_name:  # the anchor's signature: inputs and outputs by name
+            sig = runtime.signature("decode")
+            feed = {"tokens": token, "input_pos": position, **cache}
+            outputs = dict(zip(sig.output_names, runtime.run([feed[t.name] for t in sig.inputs], "decode")))
+            cache = {k: v for k, v in outputs.items() if k != "logits"}
+            rows.append(outputs["logits"].reshape(-1))
+        else:
+            logits, *cache = runtime.run([token, position, *cache], "decode")
+            rows.append(logits.reshape(-1))
+    return rows
+
+
+def paligemma_ours_call(ids: np.ndarray, pixels: np.ndarray) -> Callable:
+    from litert_torch.generative import vlm
+
+    def call(runtime):
+        class _Edge:  # prefill_prompt reads .runtime only
+            pass
+
+        edge = _Edge()
+        edge.runtime = runtime
+        cache = vlm.prefill_prompt(edge, pixels, ids[: 16 + PG_TEXT], PG_IMAGE)
+        return _decode_steps(runtime, ids, 16 + PG_TEXT, cache, by_name=False)
+
+    return call
+
+
+def paligemma_anchor_call(ids: np.ndarray, pixels: np.ndarray) -> Callable:
+    """prefill_{PG_TEXT}_pixel over the whole prompt (its image embeddings replace the first
+    16 positions; the chunk attends both ways), then decode."""
+
+    def call(runtime):
+        key = f"prefill_{PG_TEXT}_pixel"
+        sig = runtime.signature(key)
+        n = 16 + PG_TEXT
+        feed = {"tokens": ids[None, :n].astype(np.int32), "input_pos": np.arange(n, dtype=np.int32)}
+        feed["pixel_values"] = pixels
+        inputs = [feed[t.name] if t.name in feed else np.zeros(t.shape, t.dtype) for t in sig.inputs]
+        cache = dict(zip(sig.output_names, runtime.run(inputs, key)))
+        return _decode_steps(runtime, ids, n, cache, by_name=True)
+
+    return call
+
+
+def paligemma_cases(models):
+    from litert_torch.generative import vlm
+
+    (model,) = models
+    gen = torch.Generator().manual_seed(1)
+    text = [2] + torch.randint(3, 100, (PG_TEXT - 2,), generator=gen).tolist() + [108 % 127]  # bos, words, "\n"
+    rest = torch.randint(3, 100, (PG_STEPS,), generator=gen).tolist()
+    ids = np.array([PG_IMAGE] * 16 + text + rest, np.int32)
+    pixels = torch.randn(1, 3, 8, 8, generator=gen)
+    with torch.no_grad():
+        logits = vlm.reference_forward(model, torch.from_numpy(ids)[None], pixels, prompt_len=16 + PG_TEXT)[0]
+    expected = list(logits[16 + PG_TEXT :].numpy())
+    px = pixels.numpy()
+    return [(paligemma_ours_call(ids, px), paligemma_anchor_call(ids, px), expected)]
+
+
 FAMILIES = {
     f.name: f
     for f in (
@@ -377,6 +511,15 @@ FAMILIES = {
             embedding_cases,
             seq_len=GEMMA_SEQ,
             anchor_family="embedding_gemma",
+        ),
+        Family(
+            "paligemma",
+            "paligemma (v2, fake config)",
+            build_paligemma,
+            save_paligemma,
+            ours_paligemma,
+            paligemma_cases,
+            seq_len=PG_TEXT,
         ),
         Family("t5", "t5 (multisig)", build_t5, save_t5, ours_t5, t5_cases, seq_len=T5_SOURCE),
         Family(

@@ -294,7 +294,10 @@ def litert_attention(
         if kwargs.get(arg) is not None:
             raise UnsupportedModelError(f"layer {layer}: {what} (attention argument {arg!r}) are not supported")
     planned = cache.plans[layer].window
-    if (sliding_window or None) != planned:
+    window = sliding_window or None
+    if window is not None and window >= cache.cache_len:
+        window = None  # a window covering the whole cache is full attention, as the plan says
+    if window != planned:
         raise UnsupportedModelError(
             f"layer {layer}: the model attends with sliding_window={sliding_window!r}, its config says {planned!r}"
         )

@@ -182,6 +182,17 @@ def test_a_window_the_model_does_not_use_is_refused():
         lm(torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), lm.empty_cache())
 
 
+def test_a_window_longer_than_the_cache_is_full_attention():
+    """Gemma 2's 4096-token window with a 24-slot cache: every position sees the whole
+    cache, so the layer is planned as full attention, and the model's own sliding_window
+    argument agrees with that plan (it used to be refused)."""
+    model = build("gemma2")
+    model.config.sliding_window = 4096
+    for layer in model.model.layers:
+        layer.self_attn.sliding_window = 4096 if layer.self_attn.sliding_window else None
+    assert verify_cached_lm(model, cache_len=24, prefill_len=8) <= 1e-5
+
+
 @pytest.mark.parametrize("experts", ["gather", "dense"])
 def test_mixture_of_experts_is_exact_in_both_forms(experts):
     """Mixtral-style top-2 of 4 routing through transformers' ExpertsInterface: the gather
