@@ -23,6 +23,8 @@ FAMILY:
   paligemma        examples/paligemma: build_model(version=2) at the example's fake
                    (test) config, converted by its converter.convert_to_tflite
                    (prefill_SEQ_LEN_pixel, decode); seconds include building and loading
+  sd_unet          examples/stable_diffusion: diffusion.Diffusion + DiffusionModelLoader
+                   on diffusers' saved UNet2DConditionModel (keys under model.diffusion_model.)
   sd_vae_decoder   examples/stable_diffusion: decoder.Decoder + AutoEncoderModelLoader
                    on diffusers' saved AutoencoderKL (keys under first_stage_model.)
 """
@@ -258,6 +260,19 @@ def t5(folder: str, seq_len: int):
     ]
 
 
+def sd_unet(folder: str, seq_len: int):
+
+    from litert_torch.generative.examples.stable_diffusion import diffusion
+    from litert_torch.generative.utilities import stable_diffusion_loader
+
+    model = diffusion.Diffusion(diffusion.get_model_config(batch_size=2, device_type="cpu"))
+    loader = stable_diffusion_loader.DiffusionModelLoader(
+        os.path.join(folder, "sd.safetensors"), diffusion.TENSOR_NAMES
+    )
+    loader.load(model, strict=False)
+    raise NotImplementedError("the anchor's UNet loaded; its call is not written in families_vs_anchor.py")
+
+
 PALIGEMMA_CACHE = 64
 
 
@@ -314,6 +329,7 @@ FAMILIES = {
     "embedding_gemma": embedding_gemma,
     "sd_text_encoder": sd_text_encoder,
     "sd_vae_decoder": sd_vae_decoder,
+    "sd_unet": sd_unet,
 }
 
 

@@ -274,6 +274,68 @@ def sd_vae_cases(models):
     return [(single([latents.numpy()]), single([latents.numpy()]), [expected])]
 
 
+def build_sd_unet():
+    import diffusers
+
+    torch.manual_seed(0)
+    unet = diffusers.UNet2DConditionModel(
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=2,
+        block_out_channels=(64, 128, 128, 128),
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        cross_attention_dim=128,
+        attention_head_dim=8,
+        norm_num_groups=32,
+        sample_size=16,
+    ).eval()
+    return (unet,)
+
+
+def save_sd_unet(models, folder: str) -> None:
+    """diffusers' UNet weights under model.diffusion_model., where the SD 1.x single-file
+    checkpoint keeps its UNet (the anchor's name map reads that prefix)."""
+    (unet,) = models
+    unet.save_config(folder)
+    state = {f"model.diffusion_model.{k}": v for k, v in unet.state_dict().items()}
+    _save_safetensors(state, os.path.join(folder, "sd.safetensors"))
+
+
+SD_UNET_SAMPLE = 16  # latents 16x16: a 128x128 image
+
+
+def ours_sd_unet(models):
+    from litert_torch.generative.diffusion import GuidedDenoiser
+    from litert_torch.signatures import signature
+
+    (unet,) = models
+    args = (
+        torch.zeros(1, 4, SD_UNET_SAMPLE, SD_UNET_SAMPLE),
+        torch.tensor([500.0]),
+        torch.zeros(2, SD_TEXT_LEN, 128),
+        torch.tensor([7.5]),
+    )
+    return signature("denoise", GuidedDenoiser(unet), args, output_names=["noise_pred"]).convert(progress=False)
+
+
+def _no_anchor_call(runtime):
+    raise NotImplementedError("the anchor's UNet call is not written: its loader does not take diffusers' weights")
+
+
+def sd_unet_cases(models):
+    from litert_torch.generative.diffusion import GuidedDenoiser
+
+    (unet,) = models
+    gen = torch.Generator().manual_seed(1)
+    latents = torch.randn(1, 4, SD_UNET_SAMPLE, SD_UNET_SAMPLE, generator=gen)
+    context = torch.randn(2, SD_TEXT_LEN, 128, generator=gen)
+    args = (latents, torch.tensor([500.0]), context, torch.tensor([7.5]))
+    with torch.no_grad():
+        expected = GuidedDenoiser(unet)(*args).numpy()
+    return [(single([a.numpy() for a in args]), _no_anchor_call, [expected])]
+
+
 # ---- T5 ------------------------------------------------------------------------------------
 # The anchor's example is T5 v1.0 (ReLU feed-forward, tied embeddings); its decode signature
 # takes the encoder's hidden states and one token, with no cache in or out.
@@ -395,10 +457,11 @@ def build_paligemma():
         text_config=text, vision_config=vision, image_token_index=PG_IMAGE, projection_dim=128
     )
     model = _quiet(transformers.PaliGemmaForConditionalGeneration, config).eval()
+    gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # larger weights, so that the logits are not all alike (as test_vlm does)
         for param in model.parameters():
             if param.dim() > 1:
-                param.normal_(0, 0.3, generator=torch.Generator().manual_seed(param.numel()))
+                param.normal_(0, 0.3, generator=gen)
     return (model,)
 
 
@@ -531,6 +594,7 @@ FAMILIES = {
             sd_text_cases,
             seq_len=SD_TEXT_LEN,
         ),
+        Family("sd_unet", "stable_diffusion (diffusion)", build_sd_unet, save_sd_unet, ours_sd_unet, sd_unet_cases),
         Family(
             "sd_vae_decoder",
             "stable_diffusion (decoder)",
