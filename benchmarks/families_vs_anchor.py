@@ -26,6 +26,7 @@ Without --anchor-python only our side is measured.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -67,6 +68,7 @@ class Family:
     cases: Callable
     seq_len: int = 0
     anchor_family: str = ""  # anchor_families.py's name, if not `name`
+    requires: str = ""  # a module of ours the family needs (skipped, said so, if absent)
 
 
 def single(inputs: list, key: str | None = None) -> Callable:
@@ -584,7 +586,16 @@ FAMILIES = {
             paligemma_cases,
             seq_len=PG_TEXT,
         ),
-        Family("t5", "t5 (multisig)", build_t5, save_t5, ours_t5, t5_cases, seq_len=T5_SOURCE),
+        Family(
+            "t5",
+            "t5 (multisig)",
+            build_t5,
+            save_t5,
+            ours_t5,
+            t5_cases,
+            seq_len=T5_SOURCE,
+            requires="litert_torch.generative.seq2seq",
+        ),
         Family(
             "sd_text_encoder",
             "stable_diffusion (clip)",
@@ -758,6 +769,10 @@ def main(argv=None) -> int:
     console = Console(width=240)
     rows = []
     for name in names:
+        needed = FAMILIES[name].requires
+        if needed and importlib.util.find_spec(needed) is None:
+            console.print(f"[yellow]{name}: skipped, this checkout has no {needed}[/yellow]")
+            continue
         console.print(f"[dim]{name}...[/dim]")
         rows.append(measure(FAMILIES[name], opts))
     console.print(table(rows, opts.clock))
