@@ -4,6 +4,11 @@ running in LiteRT.
     from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
     edge = export_generative(model, prefill_len=32, cache_len=128)
     new_ids = generate(edge, prompt_ids, max_new_tokens=20)
+
+Encoder-decoders (T5, BART, mBART, Marian, Whisper): `encode` and `decode` signatures.
+
+    edge = export_seq2seq(model, source_len=64, cache_len=64)
+    new_ids = generate_seq2seq(edge, source_ids, 20, decoder_prompt=decoder_start_ids(model))
 """
 
 from litert_torch.generative.export import (
@@ -16,6 +21,16 @@ from litert_torch.generative.export import (
 )
 from litert_torch.generative.generate import Sampler, generate, reference_generate
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
+from litert_torch.generative.seq2seq import (
+    CachedSeq2SeqLM,
+    Seq2SeqSession,
+    decoder_start_ids,
+    export_seq2seq,
+    generate_seq2seq,
+    reference_generate_seq2seq,
+    score_seq2seq,
+    verify_seq2seq,
+)
 from litert_torch.generative.transformers_lm import UnsupportedModelError
 
 __all__ = [
@@ -31,4 +46,12 @@ __all__ = [
     "TinyLlama",
     "Sampler",
     "UnsupportedModelError",
+    "export_seq2seq",
+    "generate_seq2seq",
+    "reference_generate_seq2seq",
+    "score_seq2seq",
+    "verify_seq2seq",
+    "decoder_start_ids",
+    "CachedSeq2SeqLM",
+    "Seq2SeqSession",
 ]

@@ -275,9 +275,7 @@ class CachedSeq2SeqLM(nn.Module):
             raise ValueError(f"cache_len must be positive, got {cache_len}")
         target_limit = getattr(cfg, "max_target_positions", None) or getattr(cfg, "max_position_embeddings", None)
         if "T5" not in _name(model) and target_limit is not None and self.cache_len > target_limit:
-            raise ValueError(
-                f"cache_len ({cache_len}) exceeds the decoder's position table ({target_limit} positions)"
-            )
+            raise ValueError(f"cache_len ({cache_len}) exceeds the decoder's position table ({target_limit} positions)")
         if self.audio:
             frames = 2 * cfg.max_source_positions
             if source_len not in (None, frames):
@@ -356,7 +354,9 @@ class CachedSeq2SeqLM(nn.Module):
     def encode(self, *source) -> tuple[torch.Tensor, ...]:
         """source: (input_ids, source_mask) or (input_features,) -> cross keys/values."""
         positions = torch.zeros(1, dtype=torch.int32)
-        self_cache = _self_cache([torch.zeros(s[:2] + (1,) + s[3:]) for s in self.self_shapes], positions, 1, self.n_layers)
+        self_cache = _self_cache(
+            [torch.zeros(s[:2] + (1,) + s[3:]) for s in self.self_shapes], positions, 1, self.n_layers
+        )
         cross = _cross_cache(self.n_layers, None)
         mask = None if self.audio else source[1]
         state = _CallState("encode", self_cache, cross, _source_bias(mask, self.encoder_len, positions.device))
@@ -428,10 +428,13 @@ def check_supported(model: nn.Module) -> None:
         raise UnsupportedModelError(f"{name}: {UNSUPPORTED_FAMILIES[name]} is not supported")
     if not hasattr(model, "get_encoder"):
         raise UnsupportedModelError(f"{name}: has no encoder (get_encoder); not a conditional-generation model")
-    for attr in ("attention_window", "block_size", "local_radius", "ngram"):
-        value = getattr(cfg, attr, None)
-        if value and attr != "block_size" or (attr == "block_size" and getattr(cfg, "attention_type", "") == "block_sparse"):
-            raise UnsupportedModelError(f"{name}: config.{attr}={value!r} (not full attention) is not supported")
+    for attr in ("attention_window", "local_radius"):
+        if getattr(cfg, attr, None):
+            raise UnsupportedModelError(
+                f"{name}: config.{attr}={getattr(cfg, attr)!r} (local attention) is not supported"
+            )
+    if getattr(cfg, "attention_type", None) == "block_sparse":
+        raise UnsupportedModelError(f"{name}: config.attention_type='block_sparse' is not supported")
 
 
 # ---- verification, export ------------------------------------------------------------------
@@ -464,7 +467,7 @@ def verify_seq2seq(
     model = lm.model
     gen = torch.Generator().manual_seed(0)
     total = min(steps, lm.cache_len)
-    vocab = model.config.vocab_size
+    vocab = getattr(model.config, "decoder_vocab_size", None) or model.config.vocab_size
     decoder_ids = torch.randint(0, vocab, (1, total), generator=gen)
     if lm.audio:
         features = torch.randn(lm.source_shape, generator=gen)
@@ -544,6 +547,40 @@ def _decoder_prompt(decoder_prompt) -> list[int]:
     return prompt
 
 
+class Seq2SeqSession:
+    """One source in LiteRT: `encode` runs once when made; `step(token)` runs `decode` on
+    the next decoder token (positions 0, 1, ...) and returns its logits row."""
+
+    def __init__(self, edge_model: EdgeModel, source):
+        self.runtime = runtime = edge_model.runtime
+        encode = runtime.signature("encode")  # a KeyError naming the model's signatures otherwise
+        decode = runtime.signature("decode")
+        if encode.input_names[0] == "input_features":
+            source_inputs, self.mask = [_features(source, encode.inputs[0].shape)], []
+        else:
+            ids, source_mask = _text_source(source, encode.inputs[0].shape[1])
+            source_inputs, self.mask = [ids.numpy(), source_mask.numpy()], [source_mask.numpy()]
+        caches = [spec for spec in decode.inputs if spec.name.startswith("kv_cache")]
+        self.cache_len = caches[0].shape[2]
+        self.cache = [np.zeros(spec.shape, spec.dtype) for spec in caches]
+        self.cross = runtime.run(source_inputs, "encode")
+        self.position = 0
+
+    def step(self, token: int) -> np.ndarray:
+        positions = np.array([self.position], np.int32)
+        check_positions(positions, self.cache_len)
+        inputs = [np.array([[token]], np.int32), positions, *self.cache, *self.cross, *self.mask]
+        logits, *self.cache = self.runtime.run(inputs, "decode")
+        self.position += 1
+        return logits[0, -1]
+
+
+def score_seq2seq(edge_model: EdgeModel, source, decoder_ids) -> np.ndarray:
+    """Logits (T, vocab) of every position of `decoder_ids` (teacher forcing), in LiteRT."""
+    session = Seq2SeqSession(edge_model, source)
+    return np.stack([session.step(t) for t in _decoder_prompt(decoder_ids)])
+
+
 def generate_seq2seq(
     edge_model: EdgeModel,
     source,
@@ -561,45 +598,29 @@ def generate_seq2seq(
     once per decoder prompt token and per new token. `source`: token ids (1-D, at most the
     exported source length) or, for Whisper, log-mel features (n_mels, frames).
     `decoder_prompt`: the decoder's first tokens (`decoder_start_ids(model)`, or Whisper's
-    start/language/task tokens). Returns the new token ids (up to `max_new_tokens`, ending
+    start/language/task tokens). Greedy unless `temperature` > 0 (then `top_k`, `top_p`,
+    `seed` as for `generate`). Returns the new token ids (up to `max_new_tokens`, ending
     after a stop token); with `return_logits`, also the logits row of every new token."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     prompt = _decoder_prompt(decoder_prompt)
     sampler = _sampler(temperature, top_k, top_p, seed)
-    runtime = edge_model.runtime
-    encode = runtime.signature("encode")  # a KeyError naming the model's signatures otherwise
-    decode = runtime.signature("decode")
-    if encode.input_names[0] == "input_features":
-        source_inputs = [_features(source, encode.inputs[0].shape)]
-        mask = []
-    else:
-        ids, source_mask = _text_source(source, encode.inputs[0].shape[1])
-        source_inputs = [ids.numpy(), source_mask.numpy()]
-        mask = [source_mask.numpy()]
-    n_layers2 = sum(name.startswith("kv_cache") for name in decode.input_names)
-    cache_len = decode.inputs[2].shape[2]
-    if len(prompt) + max_new_tokens > cache_len:
+    session = Seq2SeqSession(edge_model, source)
+    if len(prompt) + max_new_tokens > session.cache_len:
         raise ValueError(
             f"decoder_prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the exported "
-            f"cache length ({cache_len}); export with a larger cache_len"
+            f"cache length ({session.cache_len}); export with a larger cache_len"
         )
-    if max_new_tokens == 0:
-        return ([], []) if return_logits else []
-    cross = runtime.run(source_inputs, "encode")
-    cache = [np.zeros(spec.shape, spec.dtype) for spec in decode.inputs[2 : 2 + n_layers2]]
-    stop = {int(t) for t in stop_tokens}
-    rng = sampler.rng()
-    out, rows, token = [], [], None
-    for pos in range(len(prompt) + max_new_tokens - 1):
-        token = prompt[pos] if pos < len(prompt) else out[-1]
-        positions = np.array([pos], np.int32)
-        check_positions(positions, cache_len)
-        logits, *cache = runtime.run([np.array([[token]], np.int32), positions, *cache, *cross, *mask], "decode")
-        if pos >= len(prompt) - 1:
-            rows.append(logits[0, -1])
-            out.append(sampler(logits[0, -1], rng))
-            if out[-1] in stop:
+    out, rows = [], []
+    if max_new_tokens:
+        for token in prompt[:-1]:
+            session.step(token)
+        stop, rng, token = {int(t) for t in stop_tokens}, sampler.rng(), prompt[-1]
+        for _ in range(max_new_tokens):
+            rows.append(session.step(token))
+            token = sampler(rows[-1], rng)
+            out.append(token)
+            if token in stop:
                 break
     return (out, rows) if return_logits else out
 
