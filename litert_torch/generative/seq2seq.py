@@ -639,15 +639,19 @@ def reference_generate_seq2seq(
     stop_tokens=(),
     return_logits: bool = False,
 ):
-    """The same generation in PyTorch with the model's own forward and no cache (the
-    unpadded source and the whole decoder sequence every step): the reference that
-    `generate_seq2seq` must match token for token."""
+    """The same generation in PyTorch with the model's own forward and no decoder cache
+    (the unpadded source, encoded once as transformers' `generate` does, and the whole
+    decoder sequence every step): the reference that `generate_seq2seq` must match token
+    for token."""
     sampler: Sampler = _sampler(temperature, top_k, top_p, seed)
     ids = torch.tensor([_decoder_prompt(decoder_prompt)])
     if _is_audio(model):
-        source_kwargs = {"input_features": torch.as_tensor(_features(source, (1, *np.asarray(source).shape[-2:])))}
+        source = torch.as_tensor(_features(source, (1, *np.asarray(source).shape[-2:])))
+        encoded = model.get_encoder()(input_features=source)
     else:
-        source_kwargs = {"input_ids": torch.as_tensor(np.asarray(source).reshape(1, -1), dtype=torch.long)}
+        source = torch.as_tensor(np.asarray(source).reshape(1, -1), dtype=torch.long)
+        encoded = model.get_encoder()(input_ids=source)
+    source_kwargs = {"encoder_outputs": encoded}
     stop = {int(t) for t in stop_tokens}
     rng = sampler.rng()
     out, rows = [], []
