@@ -177,3 +177,17 @@ def test_dynamic_int8_is_smaller_and_close():
     print(f"t5 tiny: float {len(plain)} B, dynamic int8 {len(small)} B, max logit error {error:.3g}")
     assert len(small) < 0.5 * len(plain)
     assert error < 0.1
+
+
+@pytest.mark.slow
+def test_the_family_table_says_what_the_run_finds():
+    """docs/generative_families.md's encoder-decoder rows (tiny configs): the task and the
+    status (exact / refused, with the reason) are what a run finds; numbers vary by machine.
+    Regenerate with `benchmarks/seq2seq_bench.py --real --write`."""
+    from benchmarks.seq2seq_bench import DOC, doc_rows, tiny_rows
+
+    shown = {row[0]: row for row in doc_rows(DOC.read_text())}
+    for row in tiny_rows(24):
+        assert shown[row[0]][1:3] == row[1:3], (shown.get(row[0]), row)
+        if row[2].startswith("exact"):
+            assert float(shown[row[0]][3]) <= TOLERANCE

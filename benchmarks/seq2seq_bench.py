@@ -1,0 +1,139 @@
+"""The encoder-decoder rows of docs/generative_families.md: each family exported with
+`export_seq2seq`, generated greedily in LiteRT and compared with transformers.
+
+Per family (random weights, configs in code): status (exact: every greedy token equal and
+every step's logits within 1e-4 max relative of transformers' forward; or refused, with
+the reason), the largest logit error over the steps, the .tflite size, and the LiteRT
+latency of one `decode` call (median over the generated tokens, 1 thread, XNNPACK, the
+self and cross caches passed in as `generate_seq2seq` does).
+
+    .venv/bin/python benchmarks/seq2seq_bench.py                # the tiny test configs
+    .venv/bin/python benchmarks/seq2seq_bench.py --real         # + Whisper-tiny and T5-small shapes
+    .venv/bin/python benchmarks/seq2seq_bench.py --real --write # update docs/generative_families.md
+
+`--write` replaces the rows of the families it ran (matched by the first column) and
+appends new ones, keeping every other row of the table (other tasks add their own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+from litert_torch.generative import (  # noqa: E402
+    Seq2SeqSession,
+    UnsupportedModelError,
+    decoder_start_ids,
+    export_seq2seq,
+    reference_generate_seq2seq,
+)
+from runtimes.litert import max_relative_error  # noqa: E402
+
+DOC = ROOT / "docs" / "generative_families.md"
+COLUMNS = ["family", "task", "status", "max logit err", "size", "latency"]
+TOLERANCE = 1e-4
+
+
+def family_row(family: str, task: str, model, source, prompt, new_tokens: int, **export_options) -> list[str]:
+    """One table row: export, greedy generation in LiteRT against transformers."""
+    try:
+        edge = export_seq2seq(model, progress=False, **export_options)
+    except UnsupportedModelError as e:
+        return [family, task, f"refused: {str(e).split(': ', 1)[-1]}", "-", "-", "-"]
+    want, want_rows = reference_generate_seq2seq(model, source, new_tokens, decoder_prompt=prompt, return_logits=True)
+    session = Seq2SeqSession(edge, source)
+    for token in prompt[:-1]:
+        session.step(token)
+    got, times, token = [], [], prompt[-1]
+    for _ in range(new_tokens):
+        start = time.perf_counter()
+        row = session.step(token)
+        times.append(time.perf_counter() - start)
+        error = max_relative_error(row, want_rows[len(got)])
+        token = int(np.argmax(row))
+        got.append((token, error))
+    tokens, errors = [t for t, _ in got], [e for _, e in got]
+    exact = tokens == want and max(errors) <= TOLERANCE
+    status = "exact" if exact else f"differs ({sum(a == b for a, b in zip(tokens, want))}/{new_tokens} tokens)"
+    return [
+        family,
+        task,
+        f"{status}, {new_tokens} steps",
+        f"{max(errors):.0e}",
+        f"{len(edge) / 1e6:.2f} MB",
+        f"{statistics.median(times) * 1e3:.2f} ms/token",
+    ]
+
+
+def tiny_rows(new_tokens: int) -> list[list[str]]:
+    from tests.litert_torch.generative.seq2seq_families import CACHE, FAMILIES, SOURCE_LEN, build, source_for
+
+    rows = []
+    for family in FAMILIES:
+        model = build(family)
+        audio = hasattr(model.config, "num_mel_bins")
+        task = "speech-to-text (tiny config)" if audio else "seq2seq text (tiny config)"
+        prompt = decoder_start_ids(model)
+        options = dict(cache_len=CACHE, source_len=None if audio else SOURCE_LEN)
+        rows.append(family_row(family, task, model, source_for(model), prompt, new_tokens, **options))
+    return rows
+
+
+def real_rows(new_tokens: int) -> list[list[str]]:
+    import seq2seq_generate
+
+    rows = []
+    for name, task in (("whisper-tiny", "speech-to-text, 3000 mel frames"), ("t5-small", "seq2seq text, source 64")):
+        model, source, prompt, options = seq2seq_generate.build(name, "real")
+        rows.append(family_row(f"{name} shape", task, model, source, prompt, new_tokens, **options))
+    return rows
+
+
+def table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def doc_rows(text: str) -> list[list[str]]:
+    """The rows of the table between `<!-- table -->` and `<!-- /table -->`."""
+    start, end = text.index("<!-- table -->"), text.index("<!-- /table -->")
+    rows = []
+    for line in text[start:end].splitlines()[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == len(COLUMNS) and cells != COLUMNS and not set(cells[0]) <= set("- "):
+            rows.append(cells)
+    return rows
+
+
+def write_rows(rows: list[list[str]]) -> None:
+    text = DOC.read_text()
+    kept = doc_rows(text)
+    new = {row[0]: row for row in rows}
+    merged = [new.pop(row[0], row) for row in kept] + list(new.values())
+    start, end = text.index("<!-- table -->"), text.index("<!-- /table -->")
+    DOC.write_text(text[:start] + "<!-- table -->\n" + table(merged) + "\n" + text[end:])
+
+
+def main(argv=None) -> list[list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--real", action="store_true", help="also the Whisper-tiny and T5-small shapes")
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    rows = tiny_rows(args.new_tokens) + (real_rows(min(args.new_tokens, 60)) if args.real else [])
+    print(table(rows))
+    if args.write:
+        write_rows(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
