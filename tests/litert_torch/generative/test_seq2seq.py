@@ -67,12 +67,13 @@ def test_generation_equals_pytorch_token_for_token_with_every_steps_logits(expor
 
 
 def test_sampling_with_a_seed_matches_the_reference_sampler(exported):
-    _, model, edge = exported
+    family, model, edge = exported
     source, prompt = source_for(model, seed=5, length=7), decoder_start_ids(model)
     options = dict(decoder_prompt=prompt, temperature=1.0, top_k=40, top_p=0.95, seed=11)
     got = generate_seq2seq(edge, source, 12, **options)
     assert got == reference_generate_seq2seq(model, source, 12, **options)
-    assert got != generate_seq2seq(edge, source, 12, **dict(options, seed=12))  # the seed matters
+    if family == "bart":  # a flat distribution (random weights): the seed matters
+        assert got != generate_seq2seq(edge, source, 12, **dict(options, seed=12))
 
 
 def test_signatures_and_cache_shapes():
