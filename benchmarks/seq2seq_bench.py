@@ -10,6 +10,7 @@ self and cross caches passed in as `generate_seq2seq` does).
     .venv/bin/python benchmarks/seq2seq_bench.py                # the tiny test configs
     .venv/bin/python benchmarks/seq2seq_bench.py --real         # + Whisper-tiny and T5-small shapes
     .venv/bin/python benchmarks/seq2seq_bench.py --real --write # update docs/generative_families.md
+    .venv/bin/python benchmarks/seq2seq_bench.py --attention-ab # sdpa vs matmul attention, real shapes
 
 `--write` replaces the rows of the families it ran (matched by the first column) and
 appends new ones, keeping every other row of the table (other tasks add their own).
@@ -18,6 +19,7 @@ appends new ones, keeping every other row of the table (other tasks add their ow
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -80,7 +82,8 @@ def tiny_rows(new_tokens: int) -> list[list[str]]:
     for family in FAMILIES:
         model = build(family)
         audio = hasattr(model.config, "num_mel_bins")
-        task = "speech-to-text (tiny config)" if audio else "seq2seq text (tiny config)"
+        speech = audio or {"input_features", "input_values"} & set(inspect.signature(model.forward).parameters)
+        task = "speech-to-text (tiny config)" if speech else "seq2seq text (tiny config)"
         prompt = decoder_start_ids(model)
         options = dict(cache_len=CACHE, source_len=None if audio else SOURCE_LEN)
         rows.append(family_row(family, task, model, source_for(model), prompt, new_tokens, **options))
@@ -94,6 +97,43 @@ def real_rows(new_tokens: int) -> list[list[str]]:
     for name, task in (("whisper-tiny", "speech-to-text, 3000 mel frames"), ("t5-small", "seq2seq text, source 64")):
         model, source, prompt, options = seq2seq_generate.build(name, "real")
         rows.append(family_row(f"{name} shape", task, model, source, prompt, new_tokens, **options))
+    return rows
+
+
+def attention_ab(steps: int = 30) -> list[list[str]]:
+    """Decode step time of the two attention forms (`seq2seq.ATTENTION_FORM`) on the real
+    shapes: thread CPU time (the 1-thread interpreter runs on this thread), median over
+    `steps` steps interleaved (A B B A ...)."""
+    import seq2seq_generate
+
+    from litert_torch.generative import seq2seq
+
+    rows = []
+    for name in ("whisper-tiny", "t5-small"):
+        model, source, prompt, options = seq2seq_generate.build(name, "real")
+        sessions = {}
+        for form in ("matmul", "sdpa"):
+            seq2seq.ATTENTION_FORM = form
+            edge = export_seq2seq(model, progress=False, verify=False, **options)
+            sessions[form] = Seq2SeqSession(edge, source)
+            for token in prompt:
+                sessions[form].step(token)
+        seq2seq.ATTENTION_FORM = "sdpa"
+        times, logits = {f: [] for f in sessions}, {f: [] for f in sessions}
+        for i in range(steps):
+            for form in ("matmul", "sdpa") if i % 2 else ("sdpa", "matmul"):
+                start = time.thread_time()  # the interpreter's one thread is this one: CPU time, robust to load
+                logits[form].append(sessions[form].step(5))
+                times[form].append(time.thread_time() - start)
+        diff = max(max_relative_error(a, b) for a, b in zip(logits["sdpa"], logits["matmul"]))
+        ms = {f: statistics.median(t) * 1e3 for f, t in times.items()}
+        rows.append(
+            [name, f"{ms['matmul']:.2f} ms", f"{ms['sdpa']:.2f} ms", f"{ms['sdpa'] / ms['matmul']:.2f}", f"{diff:.0e}"]
+        )
+    print("| model | matmul + TRANSPOSE (CPU) | sdpa, adjY (CPU) | ratio | logits differ by |")
+    print("| --- | --- | --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
     return rows
 
 
@@ -127,7 +167,10 @@ def main(argv=None) -> list[list[str]]:
     parser.add_argument("--real", action="store_true", help="also the Whisper-tiny and T5-small shapes")
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)}")
+    parser.add_argument("--attention-ab", action="store_true", help="only time the two attention forms")
     args = parser.parse_args(argv)
+    if args.attention_ab:
+        return attention_ab()
     rows = tiny_rows(args.new_tokens) + (real_rows(min(args.new_tokens, 60)) if args.real else [])
     print(table(rows))
     if args.write:

@@ -66,6 +66,12 @@ from litert_torch.signatures import signature
 
 ATTENTION_NAME = "litert_seq2seq"
 
+# How attention is written: "sdpa" (scaled_dot_product_attention, which the converter lowers
+# to BATCH_MATMUL with adjY: the keys are read as they are) or "matmul" (`grouped_attention`,
+# whose k^T is a TRANSPOSE of every cache and cross-key tensor at every decode step). Read at
+# export time; benchmarks/seq2seq_bench.py --attention both compares them.
+ATTENTION_FORM = "sdpa"
+
 # Attention-function arguments that change the math and have no implementation here.
 REFUSED_ATTENTION_ARGUMENTS = {"sliding_window": "sliding windows", "softcap": "soft-capping", "sinks": "sinks"}
 
@@ -74,7 +80,9 @@ REFUSED_ATTENTION_ARGUMENTS = {"sliding_window": "sliding windows", "softcap": "
 UNSUPPORTED_FAMILIES = {
     "LEDForConditionalGeneration": "Longformer's local + global attention in the encoder",
     "LongT5ForConditionalGeneration": "local / transient-global attention in the encoder",
-    "BigBirdPegasusForConditionalGeneration": "block-sparse attention in the encoder",
+    "SwitchTransformersForConditionalGeneration": (
+        "mixture-of-experts routing whose forward needs the encoder's router logits next to cached encoder states"
+    ),
     "ProphetNetForConditionalGeneration": "n-gram stream self-attention in the decoder",
     "XLMProphetNetForConditionalGeneration": "n-gram stream self-attention in the decoder",
 }
@@ -86,6 +94,15 @@ def _name(model: nn.Module) -> str:
 
 def _is_audio(model: nn.Module) -> bool:
     return "input_features" in inspect.signature(model.forward).parameters
+
+
+def decoder_layers(model: nn.Module) -> int:
+    """The number of decoder layers, from every spelling transformers configs use."""
+    cfg = model.config
+    for name in ("decoder_layers", "num_decoder_layers", "decoder_num_hidden_layers", "num_layers"):
+        if getattr(cfg, name, None):
+            return int(getattr(cfg, name))
+    raise UnsupportedModelError(f"{_name(model)}: its config names no decoder layer count")
 
 
 def decoder_start_ids(model: nn.Module) -> list[int]:
@@ -107,7 +124,7 @@ class _CallState:
     self_cache: object  # the explicit self-attention cache (transformers_lm)
     cross: "object"  # the cross-attention cache
     source_bias: torch.Tensor  # (1, S) additive: the source padding mask
-    attended: dict = field(default_factory=lambda: {"self": set(), "cross": set()})
+    attended: dict = field(default_factory=lambda: {"self": set(), "cross": set(), "encoder": set()})
 
 
 _ACTIVE: list[_CallState] = []
@@ -139,7 +156,10 @@ def seq2seq_attention(
         bias = bias + position_bias
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    out = grouped_attention(query, key, value, bias, scaling)
+    if ATTENTION_FORM == "sdpa":
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scaling)
+    else:
+        out = grouped_attention(query, key, value, bias, scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -155,6 +175,7 @@ def _bias_for(state: _CallState, key: torch.Tensor) -> torch.Tensor:
             state.attended["cross"].add(i)
             return state.source_bias
     if state.phase == "encode":  # the encoder's own self-attention
+        state.attended["encoder"].add(id(key))
         return state.source_bias
     raise UnsupportedModelError(
         "an attention in the decoder got keys that are neither its self-attention cache nor the "
@@ -294,8 +315,7 @@ class CachedSeq2SeqLM(nn.Module):
                 raise ValueError(f"source_len ({source_len}) exceeds max_position_embeddings ({limit})")
             self.source_len = self.encoder_len = int(source_len)
             self.source_shape = (1, self.source_len)
-        self.n_layers = getattr(cfg, "decoder_layers", None) or getattr(cfg, "num_decoder_layers", None)
-        self.n_layers = self.n_layers or cfg.num_layers
+        self.n_layers = decoder_layers(model)
         params = set(inspect.signature(model.forward).parameters)
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.self_shapes, self.cross_shapes = self._probe_shapes()
@@ -339,9 +359,10 @@ class CachedSeq2SeqLM(nn.Module):
         from transformers.modeling_outputs import BaseModelOutput
 
         cache = _encoder_decoder_cache(state.self_cache, state.cross)
-        kwargs = {self._cache_arg: cache, "use_cache": True, "decoder_input_ids": tokens}
-        if encoder_states is not None:
+        kwargs = {self._cache_arg: cache, "decoder_input_ids": tokens}
+        if encoder_states is not None:  # (use_cache reaches the encoder too in some families, which refuse it)
             kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_states)
+            kwargs["use_cache"] = True
         elif self.audio:
             kwargs["input_features"] = source[0]
         else:
@@ -378,6 +399,11 @@ class CachedSeq2SeqLM(nn.Module):
         return (logits[:, -1:], *self_cache.tensors)
 
     def _check_attended(self, state: _CallState, phase: str):
+        if phase == "encode" and not state.attended["encoder"]:
+            raise UnsupportedModelError(
+                f"{_name(self.model)}: its encoder computes attention itself (not through transformers' "
+                "AttentionInterface), so the source padding mask cannot be applied"
+            )
         for kind in ("self", "cross"):
             missing = sorted(set(range(self.n_layers)) - state.attended[kind])
             if missing:
@@ -426,6 +452,20 @@ def check_supported(model: nn.Module) -> None:
         )
     if name in UNSUPPORTED_FAMILIES:
         raise UnsupportedModelError(f"{name}: {UNSUPPORTED_FAMILIES[name]} is not supported")
+    params = inspect.signature(model.forward).parameters
+    if "input_values" in params:
+        raise UnsupportedModelError(
+            f"{name}: raw-audio input (input_values) is not supported; Whisper-style log-mel is"
+        )
+    if (
+        "input_features" in params
+        and not hasattr(cfg, "max_source_positions")
+        or ("input_features" in params and not hasattr(cfg, "num_mel_bins"))
+    ):
+        raise UnsupportedModelError(
+            f"{name}: audio features of a variable length are not supported; only Whisper's fixed "
+            "2 * max_source_positions log-mel frames are"
+        )
     if not hasattr(model, "get_encoder"):
         raise UnsupportedModelError(f"{name}: has no encoder (get_encoder); not a conditional-generation model")
     for attr in ("attention_window", "local_radius"):
@@ -444,6 +484,8 @@ def _text_source(ids, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.as_tensor(np.asarray(ids).reshape(-1), dtype=torch.int32)
     if ids.numel() == 0:
         raise ValueError("the source is empty: pass at least one token id")
+    if int(ids.min()) < 0:
+        raise ValueError(f"the source has a negative token id ({int(ids.min())})")
     if ids.numel() > source_len:
         raise ValueError(f"the source has {ids.numel()} tokens; the model was exported for at most {source_len}")
     padded = torch.zeros(1, source_len, dtype=torch.int32)
@@ -563,10 +605,13 @@ class Seq2SeqSession:
         caches = [spec for spec in decode.inputs if spec.name.startswith("kv_cache")]
         self.cache_len = caches[0].shape[2]
         self.cache = [np.zeros(spec.shape, spec.dtype) for spec in caches]
+        self.vocab = decode.outputs[0].shape[-1]
         self.cross = runtime.run(source_inputs, "encode")
         self.position = 0
 
     def step(self, token: int) -> np.ndarray:
+        if not 0 <= int(token) < self.vocab:
+            raise ValueError(f"decoder token {token} is outside the vocabulary [0, {self.vocab})")
         positions = np.array([self.position], np.int32)
         check_positions(positions, self.cache_len)
         inputs = [np.array([[token]], np.int32), positions, *self.cache, *self.cross, *self.mask]

@@ -131,6 +131,10 @@ def test_bad_input_is_refused_with_the_reason():
         generate_seq2seq(edge, [5, 6], CACHE, decoder_prompt=[0])
     with pytest.raises(ValueError, match="pass decoder_prompt"):
         generate_seq2seq(edge, [5, 6], 3, decoder_prompt=None)
+    with pytest.raises(ValueError, match=r"decoder token 96 is outside the vocabulary \[0, 96\)"):
+        generate_seq2seq(edge, [5, 6], 3, decoder_prompt=[0, 96])
+    with pytest.raises(ValueError, match="negative token id"):
+        generate_seq2seq(edge, [5, -1], 3, decoder_prompt=[0])
     with pytest.raises(ValueError, match="the source is empty"):
         generate_seq2seq(edge, [], 3, decoder_prompt=[0])
     with pytest.raises(ValueError, match="pass source_len"):
@@ -143,6 +147,8 @@ def test_bad_input_is_refused_with_the_reason():
     "family,match",
     [
         ("led (local attention)", "Longformer's local \\+ global attention"),
+        ("bigbird_pegasus (full attention)", "its encoder computes attention itself"),
+        ("moonshine (raw audio)", "raw-audio input \\(input_values\\)"),
     ],
 )
 def test_what_would_not_be_exact_is_refused_by_name(family, match):
