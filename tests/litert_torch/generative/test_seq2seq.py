@@ -198,3 +198,16 @@ def test_the_family_table_says_what_the_run_finds():
         assert shown[row[0]][1:3] == row[1:3], (shown.get(row[0]), row)
         if row[2].startswith("exact"):
             assert float(shown[row[0]][3]) <= TOLERANCE
+
+
+def test_a_model_on_the_tpu_device_exports_and_stays_there():
+    import tpu_backend  # noqa: F401  (registers the device)
+
+    reference = build("bart")
+    on_tpu = build("bart").to("tpu")
+    edge = export_seq2seq(on_tpu, source_len=SOURCE_LEN, cache_len=16, progress=False)
+    assert all(p.device.type == "tpu" for p in on_tpu.parameters())
+    source = source_for(reference)
+    assert generate_seq2seq(edge, source, 10, decoder_prompt=[2]) == reference_generate_seq2seq(
+        reference, source, 10, decoder_prompt=[2]
+    )
