@@ -24,6 +24,7 @@ from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
 from litert_torch.generative.seq2seq import (
     CachedSeq2SeqLM,
     Seq2SeqSession,
+    beam_search_seq2seq,
     decoder_start_ids,
     export_seq2seq,
     generate_seq2seq,
@@ -48,6 +49,7 @@ __all__ = [
     "UnsupportedModelError",
     "export_seq2seq",
     "generate_seq2seq",
+    "beam_search_seq2seq",
     "reference_generate_seq2seq",
     "score_seq2seq",
     "verify_seq2seq",

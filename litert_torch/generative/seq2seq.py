@@ -622,6 +622,14 @@ class Seq2SeqSession:
         self.position += 1
         return logits[0, -1]
 
+    def fork(self) -> "Seq2SeqSession":
+        """A session continuing from this one's state (the cross cache is shared, the self
+        cache is not: each call returns new arrays)."""
+        other = object.__new__(Seq2SeqSession)
+        other.__dict__.update(self.__dict__)
+        other.cache = list(self.cache)
+        return other
+
 
 def score_seq2seq(edge_model: EdgeModel, source, decoder_ids) -> np.ndarray:
     """Logits (T, vocab) of every position of `decoder_ids` (teacher forcing), in LiteRT."""
@@ -671,6 +679,39 @@ def generate_seq2seq(
             if token in stop:
                 break
     return (out, rows) if return_logits else out
+
+
+def beam_search_seq2seq(
+    edge_model: EdgeModel, source, max_new_tokens: int, *, decoder_prompt, num_beams: int = 4
+) -> list[int]:
+    """Beam search in LiteRT: at each step every beam is extended by every token (one
+    `decode` call per beam), and the `num_beams` sequences of highest total log
+    probability (float32 log-softmax, as transformers computes it) are kept; returns the
+    best one's `max_new_tokens` new tokens. No stop tokens: every hypothesis has the same
+    length, so this is transformers' `generate(num_beams=..., do_sample=False)` with no
+    EOS token (its length penalty cannot change the order)."""
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompt = _decoder_prompt(decoder_prompt)
+    session = Seq2SeqSession(edge_model, source)
+    if len(prompt) + max_new_tokens > session.cache_len:
+        raise ValueError(
+            f"decoder_prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the exported "
+            f"cache length ({session.cache_len}); export with a larger cache_len"
+        )
+    for token in prompt[:-1]:
+        session.step(token)
+    beams = [(torch.zeros(()), [prompt[-1]], session)]  # (total log probability, tokens, session)
+    for _ in range(max_new_tokens):
+        children = [s.fork() for _, _, s in beams]
+        rows = [torch.from_numpy(child.step(tokens[-1])) for child, (_, tokens, _) in zip(children, beams)]
+        totals = torch.stack([torch.log_softmax(r.float(), -1) + score for r, (score, _, _) in zip(rows, beams)])
+        best = torch.topk(totals.reshape(-1), min(num_beams, totals.numel())).indices.tolist()
+        vocab = totals.shape[1]
+        beams = [(totals.reshape(-1)[i], beams[i // vocab][1] + [i % vocab], children[i // vocab]) for i in best]
+    return beams[0][1][1:]
 
 
 @torch.no_grad()

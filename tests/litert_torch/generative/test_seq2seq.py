@@ -15,6 +15,7 @@ import torch
 
 from litert_torch.generative import UnsupportedModelError
 from litert_torch.generative.seq2seq import (
+    beam_search_seq2seq,
     decoder_start_ids,
     export_seq2seq,
     generate_seq2seq,
@@ -211,3 +212,23 @@ def test_a_model_on_the_tpu_device_exports_and_stays_there():
     assert generate_seq2seq(edge, source, 10, decoder_prompt=[2]) == reference_generate_seq2seq(
         reference, source, 10, decoder_prompt=[2]
     )
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_beam_search_in_litert_equals_transformers_generate(family):
+    """transformers' own beam search (no EOS, so every hypothesis runs to the end)."""
+    model, edge = exported_family(family)
+    source, start = source_for(model), model.config.decoder_start_token_id
+    got = beam_search_seq2seq(edge, source, 12, decoder_prompt=[start], num_beams=3)
+    with torch.no_grad():
+        want = model.generate(
+            source[None].long(),
+            max_new_tokens=12,
+            num_beams=3,
+            do_sample=False,
+            eos_token_id=None,
+            forced_eos_token_id=None,
+            length_penalty=1.0,
+        )
+    assert got == want[0, 1:].tolist()
+    assert got != generate_seq2seq(edge, source, 12, decoder_prompt=[start])  # the beams found another sequence
