@@ -5,7 +5,10 @@ Per family (random weights, configs in code): status (exact: every greedy token 
 every step's logits within 1e-4 max relative of transformers' forward; or refused, with
 the reason), the largest logit error over the steps, the .tflite size, and the LiteRT
 latency of one `decode` call (median over the generated tokens, 1 thread, XNNPACK, the
-self and cross caches passed in as `generate_seq2seq` does).
+self and cross caches passed in as `generate_seq2seq` does). With `--real`, the
+Whisper-tiny and T5-small shapes also as dynamic int8 and int4 (blocks of 32) files:
+their logits along transformers' float tokens (teacher forcing) and how many of their
+own greedy tokens equal the float model's.
 
     .venv/bin/python benchmarks/seq2seq_bench.py                # the tiny test configs
     .venv/bin/python benchmarks/seq2seq_bench.py --real         # + Whisper-tiny and T5-small shapes
@@ -36,6 +39,7 @@ from litert_torch.generative import (  # noqa: E402
     decoder_start_ids,
     export_seq2seq,
     reference_generate_seq2seq,
+    score_seq2seq,
 )
 from runtimes.litert import max_relative_error  # noqa: E402
 
@@ -90,13 +94,48 @@ def tiny_rows(new_tokens: int) -> list[list[str]]:
     return rows
 
 
+def quantized_row(family: str, task: str, model, source, prompt, new_tokens: int, quant_config, **options):
+    """A quantized variant: its logits along transformers' float tokens (teacher forcing),
+    and how many of its own greedy tokens equal them."""
+    want, want_rows = reference_generate_seq2seq(model, source, new_tokens, decoder_prompt=prompt, return_logits=True)
+    edge = export_seq2seq(model, progress=False, verify=False, quant_config=quant_config, **options)
+    got = score_seq2seq(edge, source, prompt + want[:-1])[len(prompt) - 1 :]
+    error = max(max_relative_error(g, w) for g, w in zip(got, want_rows))
+    session = Seq2SeqSession(edge, source)
+    for token in prompt[:-1]:
+        session.step(token)
+    tokens, times, token = [], [], prompt[-1]
+    for _ in range(new_tokens):
+        start = time.perf_counter()
+        token = int(np.argmax(session.step(token)))
+        times.append(time.perf_counter() - start)
+        tokens.append(token)
+    equal = sum(a == b for a, b in zip(tokens, want))
+    return [
+        family,
+        task,
+        f"quantized: {equal}/{new_tokens} greedy tokens equal",
+        f"{error:.0e}",
+        f"{len(edge) / 1e6:.2f} MB",
+        f"{statistics.median(times) * 1e3:.2f} ms/token",
+    ]
+
+
 def real_rows(new_tokens: int) -> list[list[str]]:
     import seq2seq_generate
+
+    from litert_torch import quantize
 
     rows = []
     for name, task in (("whisper-tiny", "speech-to-text, 3000 mel frames"), ("t5-small", "seq2seq text, source 64")):
         model, source, prompt, options = seq2seq_generate.build(name, "real")
         rows.append(family_row(f"{name} shape", task, model, source, prompt, new_tokens, **options))
+        for label, config in (
+            ("dynamic int8", quantize.dynamic_int8()),
+            ("int4 block 32", quantize.weight_only_int4(32)),
+        ):
+            row = quantized_row(f"{name} shape, {label}", task, model, source, prompt, new_tokens, config, **options)
+            rows.append(row)
     return rows
 
 
