@@ -125,7 +125,7 @@ def decoder_start_ids(model: nn.Module) -> list[int]:
 class _CallState:
     phase: str  # "probe" (shapes only), "encode", "decode"
     self_cache: object  # the explicit self-attention cache (transformers_lm)
-    cross: "object"  # the cross-attention cache
+    cross: object  # the cross-attention cache
     source_bias: torch.Tensor  # (1, S) additive: the source padding mask
     attended: dict = field(default_factory=lambda: {"self": set(), "cross": set(), "encoder": set()})
 
@@ -151,11 +151,15 @@ def seq2seq_attention(
         return torch.zeros(shape, dtype=query.dtype, device=query.device), None
     for arg, what in REFUSED_ATTENTION_ARGUMENTS.items():
         if kwargs.get(arg) is not None:
-            raise UnsupportedModelError(f"{what} (attention argument {arg!r}) are not supported in encoder-decoders")
-    bias = _bias_for(state, key)
+            raise UnsupportedModelError(
+                f"{type(module).__name__}: {what} (attention argument {arg!r}) are not supported in encoder-decoders"
+            )
+    bias = _bias_for(state, key, module)
     if position_bias is not None:  # T5: relative position buckets, added to the scores by its own code
         if query.shape[1] != key.shape[1]:
-            raise UnsupportedModelError("a position bias with grouped key/value heads is not supported")
+            raise UnsupportedModelError(
+                f"{type(module).__name__}: a position bias with grouped key/value heads is not supported"
+            )
         bias = bias + position_bias
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -166,7 +170,7 @@ def seq2seq_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _bias_for(state: _CallState, key: torch.Tensor) -> torch.Tensor:
+def _bias_for(state: _CallState, key: torch.Tensor, module: nn.Module) -> torch.Tensor:
     """The additive mask of the attention whose keys are `key`, told by identity."""
     cache = state.self_cache
     layer = cache.current_layer
@@ -181,7 +185,7 @@ def _bias_for(state: _CallState, key: torch.Tensor) -> torch.Tensor:
         state.attended["encoder"].add(id(key))
         return state.source_bias
     raise UnsupportedModelError(
-        "an attention in the decoder got keys that are neither its self-attention cache nor the "
+        f"{type(module).__name__}: an attention in the decoder got keys that are neither its self-attention cache nor the "
         "precomputed cross-attention cache (the model does not use transformers' EncoderDecoderCache)"
     )
 
@@ -297,8 +301,9 @@ class CachedSeq2SeqLM(nn.Module):
         self.audio = _is_audio(model)
         if self.cache_len < 1:
             raise ValueError(f"cache_len must be positive, got {cache_len}")
+        # learned or sinusoidal position tables bound the lengths (T5's relative buckets do not)
         target_limit = getattr(cfg, "max_target_positions", None) or getattr(cfg, "max_position_embeddings", None)
-        if "T5" not in _name(model) and target_limit is not None and self.cache_len > target_limit:
+        if target_limit is not None and self.cache_len > target_limit:
             raise ValueError(f"cache_len ({cache_len}) exceeds the decoder's position table ({target_limit} positions)")
         if self.audio:
             frames = 2 * cfg.max_source_positions
@@ -314,7 +319,7 @@ class CachedSeq2SeqLM(nn.Module):
             if source_len is None or int(source_len) < 1:
                 raise ValueError(f"{_name(model)}: pass source_len, the (padded) source length, got {source_len!r}")
             limit = getattr(cfg, "max_position_embeddings", None)
-            if "T5" not in _name(model) and limit is not None and source_len > limit:
+            if limit is not None and source_len > limit:
                 raise ValueError(f"source_len ({source_len}) exceeds max_position_embeddings ({limit})")
             self.source_len = self.encoder_len = int(source_len)
             self.source_shape = (1, self.source_len)
@@ -363,7 +368,7 @@ class CachedSeq2SeqLM(nn.Module):
 
         cache = _encoder_decoder_cache(state.self_cache, state.cross)
         kwargs = {self._cache_arg: cache, "decoder_input_ids": tokens}
-        if encoder_states is not None:  # (use_cache reaches the encoder too in some families, which refuse it)
+        if encoder_states is not None:  # use_cache only where no encoder runs (some encoder stacks refuse it)
             kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_states)
             kwargs["use_cache"] = True
         elif self.audio:
@@ -421,9 +426,6 @@ class _Encode(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, *source):
-        return self.lm.encode(*source)
-
 
 class _EncodeText(_Encode):
     def forward(self, input_ids, source_mask):
@@ -460,11 +462,7 @@ def check_supported(model: nn.Module) -> None:
         raise UnsupportedModelError(
             f"{name}: raw-audio input (input_values) is not supported; Whisper-style log-mel is"
         )
-    if (
-        "input_features" in params
-        and not hasattr(cfg, "max_source_positions")
-        or ("input_features" in params and not hasattr(cfg, "num_mel_bins"))
-    ):
+    if "input_features" in params and not (hasattr(cfg, "max_source_positions") and hasattr(cfg, "num_mel_bins")):
         raise UnsupportedModelError(
             f"{name}: audio features of a variable length are not supported; only Whisper's fixed "
             "2 * max_source_positions log-mel frames are"
