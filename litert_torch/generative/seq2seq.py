@@ -731,22 +731,24 @@ def reference_generate_seq2seq(
     decoder sequence every step): the reference that `generate_seq2seq` must match token
     for token."""
     sampler: Sampler = _sampler(temperature, top_k, top_p, seed)
-    ids = torch.tensor([_decoder_prompt(decoder_prompt)])
+    device = next(model.parameters()).device
+    ids = torch.tensor([_decoder_prompt(decoder_prompt)], device=device)
+    source = source.detach().cpu() if isinstance(source, torch.Tensor) else source
     if _is_audio(model):
-        source = torch.as_tensor(_features(source, (1, *np.asarray(source).shape[-2:])))
-        encoded = model.get_encoder()(input_features=source)
+        features = torch.as_tensor(_features(source, (1, *np.asarray(source).shape[-2:])))
+        encoded = model.get_encoder()(input_features=features.to(device))
     else:
-        source = torch.as_tensor(np.asarray(source).reshape(1, -1), dtype=torch.long)
-        encoded = model.get_encoder()(input_ids=source)
+        source_ids = torch.as_tensor(np.asarray(source).reshape(1, -1), dtype=torch.long)
+        encoded = model.get_encoder()(input_ids=source_ids.to(device))
     source_kwargs = {"encoder_outputs": encoded}
     stop = {int(t) for t in stop_tokens}
     rng = sampler.rng()
     out, rows = [], []
     for _ in range(max_new_tokens):
-        logits = model(**source_kwargs, decoder_input_ids=ids).logits[0, -1].float().numpy()
+        logits = model(**source_kwargs, decoder_input_ids=ids).logits[0, -1].float().cpu().numpy()
         rows.append(logits)
         out.append(sampler(logits, rng))
         if out[-1] in stop:
             break
-        ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
+        ids = torch.cat([ids, torch.tensor([[out[-1]]], device=device)], dim=1)
     return (out, rows) if return_logits else out
