@@ -233,3 +233,22 @@ def test_beam_search_in_litert_equals_transformers_generate(family):
         )
     assert got == want[0, 1:].tolist()
     assert got != generate_seq2seq(edge, source, 12, decoder_prompt=[start])  # the beams found another sequence
+
+
+def test_t5s_own_bucket_settings_are_exact_over_150_positions():
+    """T5's real relative-bucket settings (32 buckets, max distance 128) on a one-layer
+    model: a 150-token source and 149 generated tokens reach beyond max_distance on both
+    sides (the decoder's bucket is computed in LiteRT from the position: LOG, DIV, CAST)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4
+    )
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    edge = export_seq2seq(model, source_len=150, cache_len=150, progress=False)
+    source = torch.randint(0, VOCAB, (150,), generator=torch.Generator().manual_seed(3))
+    got, rows = generate_seq2seq(edge, source, 149, decoder_prompt=[0], return_logits=True)
+    want, want_rows = reference_generate_seq2seq(model, source, 149, decoder_prompt=[0], return_logits=True)
+    assert got == want
+    assert max(max_relative_error(g, w) for g, w in zip(rows, want_rows)) <= TOLERANCE
