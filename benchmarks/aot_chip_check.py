@@ -8,8 +8,11 @@ One process, on a TPU VM (one chip): first `tpu_backend.aot.compile_step` compil
 for compile-only devices of `--topology` (no memory used on the chip), then the model is
 built with real weights on the "tpu" device and the device's own compiled step runs
 (`torch.compile(backend="tpu")` of the same functional step: one program, parameters and
-AdamW state donated and updated in place). The chip's `peak_bytes_in_use` after the
-steps is compared with the prediction; target: within 10%. Kernels are off in both (the
+AdamW state donated and updated in place). The chip's peak after the steps is compared
+with the prediction; target: within 10%. On a TPU the peak is two figures of
+`memory_stats()`: `peak_bytes_in_use` (buffers: arguments, outputs and program code) plus
+`peak_bytes_reserved` (the region a running program's temporaries live in, which
+`peak_bytes_in_use` leaves out: a probe with a 512 MiB temporary showed it there alone). Kernels are off in both (the
 one-program step, written with `torch.func`, takes XLA's attention on the device anyway).
 """
 
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
         losses.append(loss.item())
         times.append(time.perf_counter() - start)
     stats = jax.devices()[0].memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use")
+    buffers, scratch = stats.get("peak_bytes_in_use"), stats.get("peak_bytes_reserved", 0)
     predicted = report.total_bytes
     print(f"losses: {', '.join(f'{x:.4f}' for x in losses)}; step seconds: {', '.join(f'{t:.2f}' for t in times)}")
     print(f"{'':28}{'bytes':>16}{'GiB':>10}")
@@ -90,12 +93,15 @@ def main(argv=None) -> int:
     print(f"  {'arguments':26}{report.argument_bytes:>16,}")
     print(f"  {'temporaries':26}{report.temp_bytes:>16,}")
     print(f"  {'outputs - aliased':26}{report.output_bytes - report.alias_bytes:>16,}")
-    print(f"  {'program code':26}{report.code_bytes:>16,}  (peak_bytes_in_use counts it)")
-    if peak is None:
+    print(f"  {'program code':26}{report.code_bytes:>16,}")
+    if buffers is None:
         print("measured: this device reports no peak_bytes_in_use (not a TPU?)")
         return 1
+    peak = buffers + scratch
     ratio = peak / predicted
-    print(f"{'measured peak_bytes_in_use':28}{peak:>16,}{peak / 2**30:>10.3f}")
+    print(f"{'measured peak':28}{peak:>16,}{peak / 2**30:>10.3f}")
+    print(f"  {'peak_bytes_in_use':26}{buffers:>16,}  (buffers and program code)")
+    print(f"  {'peak_bytes_reserved':26}{scratch:>16,}  (temporaries)")
     print(f"ratio measured / predicted: {ratio:.3f} ({'within' if abs(ratio - 1) <= 0.10 else 'OUTSIDE'} 10%)")
     return 0 if abs(ratio - 1) <= 0.10 else 1
 

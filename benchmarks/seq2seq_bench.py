@@ -184,8 +184,8 @@ def table(rows: list[list[str]]) -> str:
 
 
 def doc_rows(text: str) -> list[list[str]]:
-    """The rows of the table between `<!-- table -->` and `<!-- /table -->`."""
-    start, end = text.index("<!-- table -->"), text.index("<!-- /table -->")
+    """The rows of the table between `<!-- seq2seq table -->` and `<!-- /seq2seq table -->`."""
+    start, end = text.index("<!-- seq2seq table -->"), text.index("<!-- /seq2seq table -->")
     rows = []
     for line in text[start:end].splitlines()[1:]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -199,8 +199,8 @@ def write_rows(rows: list[list[str]]) -> None:
     kept = doc_rows(text)
     new = {row[0]: row for row in rows}
     merged = [new.pop(row[0], row) for row in kept] + list(new.values())
-    start, end = text.index("<!-- table -->"), text.index("<!-- /table -->")
-    DOC.write_text(text[:start] + "<!-- table -->\n" + table(merged) + "\n" + text[end:])
+    start, end = text.index("<!-- seq2seq table -->"), text.index("<!-- /seq2seq table -->")
+    DOC.write_text(text[:start] + "<!-- seq2seq table -->\n" + table(merged) + "\n" + text[end:])
 
 
 def main(argv=None) -> list[list[str]]:

@@ -212,6 +212,81 @@ def _checkpoint():
     return {}
 
 
+def _diffusion():
+    from litert_torch.generative.diffusion import TINY_SD_CONFIGS, pipeline_from_configs
+
+    g = torch.Generator().manual_seed(0)
+    return {
+        "pipe": pipeline_from_configs(**TINY_SD_CONFIGS),
+        "prompt_ids": torch.randint(0, 1000, (1, 16), generator=g),
+        "negative_prompt_ids": torch.randint(0, 1000, (1, 16), generator=g),
+        "noise": torch.randn(1, 4, 8, 8, generator=g),
+    }
+
+
+def _check_diffusion(block, names):
+    assert names["image"].shape == (16, 16, 3)
+    assert abs(names["image"] - names["expected"]).max() <= 1e-3
+
+
+def _vlms():
+    import transformers
+
+    from tests.litert_torch.generative.test_vlm import IMAGE, gemma3_vlm, prompt_with_images, smolvlm
+
+    small = smolvlm()
+    small.config.text_config.max_position_embeddings = 512  # the block's cache_len
+    return {
+        "gemma3": gemma3_vlm(),
+        "smolvlm": small,
+        "pixel_values": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)),
+        "prompt_ids": prompt_with_images(1, text_before=3, text_after=2),
+        "image": torch.rand(3, 48, 64, generator=torch.Generator().manual_seed(1)),
+        "transformers": transformers,
+        "_image_id": IMAGE,
+    }
+
+
+def _check_vlm_generated(block, names):
+    assert len(names["new_ids"]) == 20 and names["pixel_values"].shape == (5, 3, 32, 32)
+
+
+def _embedder():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=2048, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
+    return {"BertModel": lambda config: transformers.BertModel(config, add_pooling_layer=False), "config": config}
+
+
+def _check_embeddings(block, names):
+    vectors = names["vectors"]
+    assert vectors.shape == (2, 32) and abs(float((vectors**2).sum(-1).max()) - 1) < 1e-5
+
+
+def _seq2seq():
+    import transformers
+
+    from tests.litert_torch.generative.seq2seq_families import FAMILIES, build, source_for
+
+    t5 = build("t5")
+    torch.manual_seed(0)
+    whisper_config = transformers.WhisperConfig(**dict(FAMILIES["whisper"][2], max_target_positions=64))
+    whisper = transformers.WhisperForConditionalGeneration(whisper_config).eval()
+    return {
+        "t5_model": t5,
+        "whisper_model": whisper,
+        "source_ids": source_for(t5),
+        "input_features": source_for(whisper),
+    }
+
+
+def _check_seq2seq_generated(block, names):
+    assert len(names["new_ids"]) == 20
+
+
 SKIP = "not run here"
 # (file, a phrase of the block, setup -> names | reason it does not run, check after the run)
 BLOCKS = [
@@ -220,6 +295,10 @@ BLOCKS = [
     ("README.md", 'Dim("batch", min=1, max=64)', _dynamic, _check_signature_comment),
     ("README.md", 'litert_torch.signature("encode"', _signatures, None),
     ("README.md", "export_generative(model, prefill_len=32", _prompt, _check_generated),
+    ("README.md", "export_diffusion(pipe)", _diffusion, _check_diffusion),
+    ("README.md", "export_vlm(gemma3", _vlms, _check_vlm_generated),
+    ("README.md", "export_embedder(BertModel(config)", _embedder, _check_embeddings),
+    ("README.md", "export_seq2seq(t5_model", _seq2seq, _check_seq2seq_generated),
     ("README.md", "quantize.weight_only_int4(32)", _quantization, None),
     ("README.md", "quantize.analyze(", _quantization, None),
     ("README.md", 'target="android-cpu"', _image_model, None),

@@ -27,11 +27,14 @@ returns its `CustomOpDef`:
   is itself a custom op (`<name>_backward`) in the table, so compiled training steps
   hold it as one node.
 
-Gradients flow to floating-point tensor arguments only.
+Gradients flow to floating-point tensor arguments only. The function is traced with JAX's
+default 32-bit types, as its author wrote it (the device itself runs with 64-bit types on),
+unless a tensor argument is 64-bit: a Pallas kernel's grid needs 32-bit on a TPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import types
 import typing
@@ -183,6 +186,19 @@ def _default_name(fn: Callable) -> str:
     return name
 
 
+_WIDE_DTYPES = {jnp.dtype(t) for t in ("int64", "uint64", "float64", "complex128")}
+
+
+def _jax_defaults(args):
+    """Where a user's function is traced: with JAX's default 32-bit types (what its author
+    wrote it for) unless a tensor argument is 64-bit. The device runs with
+    `jax_enable_x64` on (PyTorch's int64/float64), and in 64-bit mode a Pallas grid's index
+    maps return i64, which Mosaic refuses on a TPU ("failed to legalize operation
+    'func.return' ... (i32, i64)")."""
+    wide = any(getattr(a, "dtype", None) in _WIDE_DTYPES for a in args)
+    return contextlib.nullcontext() if wide else jax.enable_x64(False)
+
+
 def _register(fn: Callable, name: str, backward: Optional[Callable]):
     if name.count("::") != 1:
         raise ValueError(f"jax_op: op name {name!r} must be 'namespace::name' (e.g. 'mylib::swish')")
@@ -190,7 +206,8 @@ def _register(fn: Callable, name: str, backward: Optional[Callable]):
     count = signature.outputs
 
     def forward_jax(*args):
-        outputs = _as_outputs(fn(*args), count, name)
+        with _jax_defaults(args):
+            outputs = _as_outputs(fn(*args), count, name)
         return outputs[0] if count == 1 else outputs
 
     user_backward = backward or _vjp_backward(fn, signature)
@@ -209,7 +226,8 @@ def _register(fn: Callable, name: str, backward: Optional[Callable]):
         outs = jax.eval_shape(lambda *tensors: forward_jax(*_with(args, tensors)), *_tensors(args))
         outs = (outs,) if count == 1 else outs
         grads = tuple(g.astype(o.dtype) for g, o in zip(grads, outs))
-        result = user_backward(grads[0] if count == 1 else grads, *args)
+        with _jax_defaults(args):
+            result = user_backward(grads[0] if count == 1 else grads, *args)
         result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
         if len(result) != len(signature.tensor_positions):
             raise JaxOpError(

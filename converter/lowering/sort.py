@@ -1,4 +1,4 @@
-"""Ordering: topk, sort and argsort, all through TOPK_V2.
+"""Ordering: topk, sort and argsort, all through TOPK_V2; bucketize by counting.
 
 LiteRT has one ordering builtin, TOPK_V2: the k largest values along the LAST axis, in
 descending order, ties broken by the lower index first, with int32 indices. So:
@@ -9,6 +9,11 @@ descending order, ties broken by the lower index first, with int32 indices. So:
 - indices are cast to int64, PyTorch's dtype.
 Boolean tensors are refused (TOPK_V2 has no boolean kernel). XNNPACK does not delegate
 TOPK_V2: it runs on LiteRT's builtin kernel.
+
+`bucketize(x, boundaries)` (sorted 1-D boundaries) is the number of boundaries below each
+value (at or below with `right=True`): GREATER(_EQUAL) against the boundaries on a new last
+axis, CAST, SUM. No search op needed; the cost is one comparison per boundary (SmolVLM's
+patch-position buckets: a few dozen).
 """
 
 from __future__ import annotations
@@ -68,3 +73,13 @@ def sort(ctx, x, dim=-1, descending=False):
 def sort_stable(ctx, x, *, stable=None, dim=-1, descending=False):
     # TOPK_V2 keeps equal values in index order whichever the direction: a stable sort.
     return sort(ctx, x, dim, descending)
+
+
+@lowers(aten.bucketize.Tensor)
+def bucketize(ctx, x, boundaries, *, out_int32=False, right=False):
+    if boundaries.rank != 1:
+        raise emit.unsupported(ctx, "bucketize with boundaries of rank != 1", "Pass 1-D sorted boundaries.")
+    values = emit.reshape(ctx, x, (*x.shape, 1))
+    below = emit.binary(ctx, "GREATER_EQUAL" if right else "GREATER", values, boundaries, dtype=np.dtype(np.bool_))
+    count = emit.reduce(ctx, "SUM", emit.cast(ctx, below, np.int32), [x.rank], keep_dims=False)
+    return emit.cast(ctx, count, np.int32 if out_int32 else np.int64)

@@ -1,5 +1,7 @@
 """Generative export: decoder-only LMs with an explicit KV cache, and greedy generation
-running in LiteRT.
+running in LiteRT; vision-language models (`export_vlm`, `generate_vlm`), sentence
+embedders (`export_embedder`) and Stable-Diffusion-shaped pipelines (`export_diffusion`,
+`LiteRTDiffusionPipeline`: three signatures and a NumPy scheduler).
 
     from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
     edge = export_generative(model, prefill_len=32, cache_len=128)
@@ -11,6 +13,8 @@ Encoder-decoders (T5, BART, mBART, Marian, Whisper): `encode` and `decode` signa
     new_ids = generate_seq2seq(edge, source_ids, 20, decoder_prompt=decoder_start_ids(model))
 """
 
+from litert_torch.generative.diffusion import DiffusionExportError, LiteRTDiffusionPipeline, export_diffusion
+from litert_torch.generative.embedder import SentenceEmbedder, embed, export_embedder
 from litert_torch.generative.export import (
     CachedHFCausalLM,
     CachedLM,
@@ -33,8 +37,16 @@ from litert_torch.generative.seq2seq import (
     verify_seq2seq,
 )
 from litert_torch.generative.transformers_lm import UnsupportedModelError
+from litert_torch.generative.vlm import export_vlm, generate_vlm, reference_generate_vlm, tile_image
 
 __all__ = [
+    "export_embedder",
+    "embed",
+    "SentenceEmbedder",
+    "export_vlm",
+    "generate_vlm",
+    "reference_generate_vlm",
+    "tile_image",
     "export_generative",
     "generate",
     "reference_generate",
@@ -56,4 +68,7 @@ __all__ = [
     "decoder_start_ids",
     "CachedSeq2SeqLM",
     "Seq2SeqSession",
+    "export_diffusion",
+    "LiteRTDiffusionPipeline",
+    "DiffusionExportError",
 ]

@@ -41,6 +41,7 @@ from litert_torch.generative.transformers_lm import (
     TransformersCachedLM,
     UnsupportedModelError,
     attention_through_litert,
+    text_config,
 )
 from litert_torch.signatures import signature
 
@@ -117,7 +118,7 @@ class CachedHFCausalLM(CachedLM):
         return self.inner.cache_shapes()
 
     def num_layers(self):
-        return self.model.config.num_hidden_layers
+        return text_config(self.model).num_hidden_layers
 
     def forward(self, tokens, input_pos, kv_cache):
         return self.inner(tokens, input_pos, kv_cache)
@@ -201,7 +202,7 @@ def cache_tensor_names(lm: CachedLM) -> list[str]:
 
 
 def _vocab_size(model: nn.Module) -> int:
-    cfg = model.config
+    cfg = text_config(model)  # a multimodal config's own vocab_size may not be its decoder's (PaliGemma)
     return cfg.vocab_size if hasattr(cfg, "vocab_size") else cfg.get_text_config().vocab_size
 
 

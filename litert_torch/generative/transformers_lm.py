@@ -46,6 +46,10 @@ REFUSED_ATTENTION_ARGUMENTS = {
     "alibi": "ALiBi biases",
 }
 
+# Families whose forward counts positions from a number other than 0 (what it adds to
+# arange when no position_ids are given, and what its generate passes): PaliGemma's are 1-indexed.
+POSITION_OFFSETS = {"PaliGemmaForConditionalGeneration": 1}
+
 # Families that do not route attention or their cache through transformers' interfaces
 # in a way this adapter can use, with what is missing.
 UNSUPPORTED_FAMILIES: dict[str, str] = {}
@@ -57,6 +61,14 @@ class UnsupportedModelError(NotImplementedError):
 
 def _model_name(model: nn.Module) -> str:
     return type(model).__name__
+
+
+def text_config(model: nn.Module):
+    """The decoder's config: the model's own, or a multimodal model's text config."""
+    cfg = model.config
+    if hasattr(cfg, "num_hidden_layers") or not hasattr(cfg, "get_text_config"):
+        return cfg
+    return cfg.get_text_config()
 
 
 def _rope_types(params) -> set[str]:
@@ -107,7 +119,7 @@ def layer_windows(config, n_layers: int, model_name: str = "model") -> list[int 
 
 def check_supported(model: nn.Module) -> None:
     """Refuse, by name, config fields whose math the adapter does not reproduce."""
-    cfg, name = model.config, _model_name(model)
+    cfg, name = text_config(model), _model_name(model)
     if name in UNSUPPORTED_FAMILIES:
         raise UnsupportedModelError(f"{name}: {UNSUPPORTED_FAMILIES[name]}")
     if name.startswith("Falcon") and getattr(cfg, "alibi", False):
@@ -115,7 +127,7 @@ def check_supported(model: nn.Module) -> None:
             f"{name}: config.alibi=True (Falcon's ALiBi path computes attention itself, "
             "with biases rounded to bfloat16 from a padding mask; not reproduced)"
         )
-    if getattr(cfg, "is_encoder_decoder", False):
+    if getattr(cfg, "is_encoder_decoder", False) or getattr(model.config, "is_encoder_decoder", False):
         raise UnsupportedModelError(f"{name}: only decoder-only causal LMs are supported")
     rope = _rope_types(getattr(cfg, "rope_parameters", None)) | _rope_types(getattr(cfg, "rope_scaling", None))
     data_dependent = sorted(rope & {"dynamic", "longrope"})
@@ -183,8 +195,9 @@ def explicit_cache_class():
     from transformers import Cache
 
     class _ExplicitCache(Cache):
-        def __init__(self, tensors, positions, plans, cache_len, shapes: dict | None = None):
+        def __init__(self, tensors, positions, plans, cache_len, shapes: dict | None = None, overlay=None):
             super().__init__(layers=[])
+            self.overlay = overlay
             self.shapes = shapes
             self.tensors = list(tensors)
             self.positions = positions
@@ -215,10 +228,18 @@ def explicit_cache_class():
                 self.tensors[2 * layer_idx + 1] = write_ring(v_old, value_states, pos)
                 self.masks[layer_idx] = ring_attention_bias(pos, plan.window, key_states.dtype)
                 keys, values = torch.cat([k_old, key_states], dim=2), torch.cat([v_old, value_states], dim=2)
+                if self.overlay is not None:  # keys: [ring, the chunk's own]
+                    shown = torch.cat([torch.zeros_like(self.overlay[:, :1]).expand(-1, plan.window), self.overlay], 1)
+                    self.masks[layer_idx] = self.masks[layer_idx].masked_fill(shown, 0.0)
             else:
                 keys = self.tensors[2 * layer_idx] = write_cache(k_old, key_states, pos)
                 values = self.tensors[2 * layer_idx + 1] = write_cache(v_old, value_states, pos)
                 self.masks[layer_idx] = windowed_attention_bias(pos, self.cache_len, plan.window, key_states.dtype)
+                if self.overlay is not None:  # keys: slot = position
+                    slots = torch.arange(self.cache_len, dtype=pos.dtype, device=pos.device)
+                    at_slot = (pos[:, None] == slots[None, :]).to(key_states.dtype)  # (chunk, slots)
+                    shown = torch.matmul(self.overlay.to(key_states.dtype), at_slot) > 0
+                    self.masks[layer_idx] = self.masks[layer_idx].masked_fill(shown, 0.0)
             self.current_layer = layer_idx
             return keys, values
 
@@ -326,7 +347,7 @@ class TransformersCachedLM(nn.Module):
 
     def __init__(self, model: nn.Module, cache_len: int, logits: str = "last", experts: str = "gather"):
         super().__init__()
-        if not hasattr(model, "config") or not hasattr(model.config, "num_hidden_layers"):
+        if not hasattr(model, "config") or not hasattr(text_config(model), "num_hidden_layers"):
             raise TypeError(
                 f"{_model_name(model)} is not a transformers causal LM (no config.num_hidden_layers); "
                 "wrap it in a CachedLM subclass"
@@ -334,7 +355,7 @@ class TransformersCachedLM(nn.Module):
         if logits not in ("last", "all", "none"):
             raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
         check_supported(model)
-        cfg = model.config
+        cfg = text_config(model)
         limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
         if limit is not None and cache_len > limit:
             raise ValueError(f"cache_len ({cache_len}) exceeds max_position_embeddings ({limit})")
@@ -347,6 +368,7 @@ class TransformersCachedLM(nn.Module):
         params = _forward_parameters(model)
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params
+        self.position_offset = POSITION_OFFSETS.get(_model_name(model), 0)
         self._shapes = self._probe_shapes()
 
     def _probe_shapes(self) -> list[tuple[int, ...]]:
@@ -361,7 +383,7 @@ class TransformersCachedLM(nn.Module):
                 self._run(torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), [], shapes)
         finally:
             self.model = model
-        n = self.model.config.num_hidden_layers
+        n = text_config(self.model).num_hidden_layers
         if sorted(shapes) != list(range(n)):
             raise UnsupportedModelError(
                 f"{_model_name(self.model)}: its layers did not write their keys and values "
@@ -377,8 +399,12 @@ class TransformersCachedLM(nn.Module):
     def cache_shapes(self) -> list[tuple[int, ...]]:
         return list(self._shapes)
 
-    def forward(self, tokens, input_pos, kv_cache):
-        cache, out = self._run(tokens, input_pos, kv_cache)
+    def forward(self, tokens, input_pos, kv_cache, inputs_embeds=None, overlay=None):
+        """`inputs_embeds` (1, T, hidden): the model's input embeddings for the chunk
+        instead of looking up `tokens` (multimodal prefill); `overlay` (T, T) bool: keys of
+        the chunk a query sees beyond the causal ones, within its window (bidirectional
+        blocks: a Gemma 3 image)."""
+        cache, out = self._run(tokens, input_pos, kv_cache, inputs_embeds=inputs_embeds, overlay=overlay)
         logits = out.logits if hasattr(out, "logits") else out[0]
         if self.logits == "none":
             return tuple(cache.tensors)
@@ -386,20 +412,18 @@ class TransformersCachedLM(nn.Module):
             logits = logits[:, -1:]
         return (logits, *cache.tensors)
 
-    def _run(self, tokens, input_pos, kv_cache, shapes=None):
-        cache = explicit_cache_class()(kv_cache, input_pos, self.plans, self.cache_len, shapes)
+    def _run(self, tokens, input_pos, kv_cache, shapes=None, inputs_embeds=None, overlay=None):
+        cache = explicit_cache_class()(kv_cache, input_pos, self.plans, self.cache_len, shapes, overlay)
         # Padding (-1) takes position 0 in the model (learned position tables are gathered
         # with it); the cache and the masks see -1 and ignore it.
-        position_ids = input_pos.clamp(min=0)[None, :].long()
-        extra = {}
+        position_ids = input_pos.clamp(min=0)[None, :].long() + self.position_offset
+        extra = {"input_ids": tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         if self._keeps_logits and self.logits == "last":
             extra["logits_to_keep"] = 1
         _ACTIVE.append(cache)
         try:
             with attention_through_litert(self.model, self.experts):
-                out = self.model(
-                    input_ids=tokens, position_ids=position_ids, **{self._cache_arg: cache}, use_cache=True, **extra
-                )
+                out = self.model(position_ids=position_ids, **{self._cache_arg: cache}, use_cache=True, **extra)
         finally:
             _ACTIVE.pop()
         for i, plan in enumerate(self.plans):

@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+from kernels import tpu
+from tests import chip
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 sys.path.insert(0, EXAMPLES)
 
@@ -22,9 +25,15 @@ import digits_cnn  # noqa: E402
 import dlrm_clicks  # noqa: E402
 import pallas_op  # noqa: E402
 import seq2seq_generate  # noqa: E402
+import stable_diffusion  # noqa: E402
 import unet_segmentation  # noqa: E402
 
 ROOT = os.path.dirname(EXAMPLES)
+
+
+# The docs' figures are CPU runs: on a TPU the trained weights differ in the last bits
+# (tests/chip.py, "summation_order"), and so do accuracies, losses and AUCs after training.
+DOCS_FIGURES_HOLD = not chip.ON_TPU
 
 
 def _shown_table(doc: str, header: str) -> list[list[str]]:
@@ -42,6 +51,8 @@ def _shown_table(doc: str, header: str) -> list[list[str]]:
 
 def _tutorial_says(*phrases: str) -> None:
     """docs/tutorial.md's figures for the quick forms are what the run gives (machine-independent ones)."""
+    if not DOCS_FIGURES_HOLD:
+        return
     with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
         text = " ".join(f.read().split())
     missing = [p for p in phrases if p not in text]
@@ -54,15 +65,16 @@ def test_digits_cnn_float_and_int8():
     # sizes within 0.1%: tensor names come from a process-wide counter, so a file converted after
     # other tests in the same process carries a few longer names (450,720 B against 450,656 B)
     printed = digits_cnn.table_rows(r)
-    for doc in ("README.md", "docs/tutorial.md"):
+    for doc in ("README.md", "docs/tutorial.md") if DOCS_FIGURES_HOLD else ():
         shown = _shown_table(doc, "  ".join(digits_cnn.COLUMNS))
         assert [row[:3] for row in shown] == [row[:3] for row in printed], f"{doc} shows {shown}; quickstart {printed}"
         for doc_row, row in zip(shown, printed):
             if row[4] != "-":
                 doc_bytes, run_bytes = (int(x.removesuffix(" B").replace(",", "")) for x in (doc_row[4], row[4]))
                 assert abs(doc_bytes - run_bytes) <= 1e-3 * run_bytes, f"{doc} shows {doc_row}; quickstart {row}"
-    with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
-        assert digits_cnn.title(r) in f.read()
+    if DOCS_FIGURES_HOLD:
+        with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
+            assert digits_cnn.title(r) in f.read()
     start, end = r["loss_start_end"]
     assert end < 0.5 * start, r["loss_start_end"]
     assert r["pytorch"]["accuracy"] >= 0.80
@@ -112,6 +124,8 @@ def _check_char_lm(r, loss_drop: float):
 
 @pytest.mark.parametrize("model, steps, loss_drop", [("tinyllama", 30, 0.75), ("llama", 12, 0.9), ("qwen3", 12, 0.9)])
 def test_char_lm_generates_like_pytorch(model, steps, loss_drop):
+    if model != "tinyllama":
+        pytest.importorskip("transformers", reason=f"char_lm's {model} is a transformers model")
     r = char_lm.run(model, steps=steps, new_tokens=16)
     _check_char_lm(r, loss_drop)
     if model == "tinyllama":
@@ -124,7 +138,19 @@ def test_pallas_op_trains_like_pytorch_and_lowers_for_tpu():
     start, end = r["loss_start_end"]
     assert end < 0.85 * start, r["loss_start_end"]
     assert r["max_relative_loss_gap_vs_cpu"] < 1e-4  # the kernel op trains like F.gelu(h + b) on CPU
-    assert r["lowers_for_tpu"]
+    # compiled by libtpu (Mosaic included) wherever libtpu loads, as in CI
+    assert r["tpu_check"].startswith("compiled") or tpu.compile_unavailable() is not None, r["tpu_check"]
+
+
+@pytest.mark.slow
+def test_stable_diffusion_matches_diffusers():
+    r = stable_diffusion.run(steps=4, size=64, int4=False)  # about 60 s on 2 loaded cores
+    float32, int8 = r["float32"], r["dynamic int8"]
+    assert float32["image_max_abs_error"] <= 1e-3  # the stated tolerance for float32 images in [0, 1]
+    assert max(float32["errors"].values()) <= 1e-4
+    assert int8["bytes"] <= 0.3 * float32["bytes"]
+    assert int8["image_max_abs_error"] <= 0.1
+    assert len(stable_diffusion.table_rows(r)) == 9  # PyTorch, float32, int8: one row per signature
 
 
 def _check_seq2seq(rows, n_models: int):

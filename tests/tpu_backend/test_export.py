@@ -127,15 +127,15 @@ class TinyLlama(nn.Module):
 
 
 def test_llama_style_training_step_with_kernels_compiles_for_v5e():
-    """Forward and backward of a bf16 Llama-style step through the device, kernels in
-    "auto" mode, exported for TPU (64-bit mode on and matmul precision "highest", as
+    """Forward and backward of a bf16 Llama-style step through the device, kernels "on"
+    (in "auto", RMSNorm at these rows goes to XLA, measured faster on a v5e), exported for TPU (64-bit mode on and matmul precision "highest", as
     `import tpu_backend` sets) and compiled by the v5e's compiler: flash attention
     (forward, dQ, dK/dV), RMSNorm and cross-entropy kernels all pass Mosaic's passes."""
     torch.manual_seed(0)
     step = TinyLlama().to(torch.bfloat16)  # bf16 dots: the device's "highest" precision must not reach them
     tokens = torch.randint(0, 512, (2, 257))
     kernels.reset_stats()
-    with kernels.use("auto"):
+    with kernels.use("on"):
         exported = tpu_backend.export(step, (tokens[:, :-1], tokens[:, 1:]), platforms=("tpu",), train_step=True)
     assert jax.config.jax_enable_x64
     routed = {"scaled_dot_product_attention: kernel", "rms_norm: kernel", "cross_entropy: kernel"}
@@ -298,13 +298,13 @@ def test_pre_norm_lm_step_with_fused_residual_norms_gives_pytorch_gradients(mode
         np.testing.assert_allclose(np.asarray(g), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("mode", ["auto", "interpret"])
+@pytest.mark.parametrize("mode", ["on", "interpret"])
 def test_pre_norm_lm_step_lowers_for_tpu_at_1024(mode, monkeypatch):
-    """Sequence 1024, TPU only: the compiled kernels (auto) or the interpreter's plain HLO."""
+    """Sequence 1024, TPU only: the compiled kernels (on) or the interpreter's plain HLO."""
     model, ids, targets = _pre_norm_lm(1024)
     fused = _count_fused_norms(monkeypatch)
     with kernels.use(mode):
         exported = tpu_backend.export(model, (ids, targets), platforms=("tpu",), train_step=True)
     assert fused[0] == 4, fused
     _check_gradients_layout(exported, model)
-    assert ("tpu_custom_call" in exported.mlir_module()) == (mode == "auto")
+    assert ("tpu_custom_call" in exported.mlir_module()) == (mode == "on")

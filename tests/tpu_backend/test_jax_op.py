@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tpu_backend
+from tests.helpers import compile_for_tpu
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 sys.path.insert(0, EXAMPLES)
@@ -141,8 +142,8 @@ def test_fused_eager_records_the_op_into_the_step_program():
     assert ops_text.count("test_jax_op.swish") == 2
 
 
-@pytest.mark.slow  # (the example lowers the kernels for TPU in the default suite)
-def test_a_pallas_kernel_op_lowers_for_tpu_inside_a_training_step():
+@pytest.mark.slow  # (the example compiles the kernels for TPU in the default suite)
+def test_a_pallas_kernel_op_compiles_for_tpu_inside_a_training_step():
     import pallas_op
 
     model = pallas_op.mlp(use_kernel=True, features=128)
@@ -159,6 +160,21 @@ def test_a_pallas_kernel_op_lowers_for_tpu_inside_a_training_step():
     exported = tpu_backend.export(TrainStep(), (x, y), platforms=("tpu",), train_step=True)
     text = exported.mlir_module()
     assert text.count("tpu_custom_call") >= 2  # the forward and the backward kernel
+    compile_for_tpu(exported.call, *exported.in_avals)  # Mosaic refused 64-bit index maps here
+
+
+def test_the_function_sees_jax_defaults_unless_an_argument_is_64_bit():
+    """The device runs with `jax_enable_x64` on; a user's function is traced with JAX's
+    default 32-bit types (as its author wrote it, and as a Pallas kernel needs on a TPU)
+    unless a tensor argument is 64-bit, which then keeps its precision."""
+
+    @torch.tpu.jax_op("test_jax_op::index_dtype")
+    def index_dtype(x: jax.Array) -> jax.Array:
+        return x + jnp.arange(x.shape[0])
+
+    assert index_dtype(torch.ones(3, device="tpu")).dtype == torch.float32
+    big = torch.tensor([2**40, 3], device="tpu")  # int64: traced in 64-bit mode, nothing truncated
+    assert index_dtype(big).cpu().tolist() == [2**40, 4]
 
 
 def test_unusable_functions_are_refused_with_the_reason():

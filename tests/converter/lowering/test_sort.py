@@ -30,6 +30,15 @@ def test_ordering_matches_pytorch(name):
     assert "TOPK_V2" in {op.opcode for op in edge.ir_model.graphs[0].ops}
 
 
+@pytest.mark.parametrize("right", [False, True])
+def test_bucketize_counts_the_boundaries_below(right):
+    boundaries = torch.tensor([0.25, 0.5, 0.75])
+    x = torch.tensor([[0.0, 0.25, 0.3, 0.5], [0.6, 0.75, 0.9, 1.0]])  # values on the boundaries too
+    module = Fn(lambda v: torch.bucketize(v, boundaries, right=right))
+    edge = assert_converts(module, (x,))
+    assert "SUM" in {op.opcode for op in edge.ir_model.graphs[0].ops}
+
+
 def test_sorting_booleans_is_refused_with_a_hint():
     with pytest.raises(litert_torch.UnsupportedOpsError, match="boolean"):
         litert_torch.convert(Fn(lambda x: torch.sort(x > 0, stable=True)), (torch.randn(2, 5),), progress=False)

@@ -1,0 +1,199 @@
+"""Sentence embedders exported with one dynamic `embed` signature: the LiteRT file's
+embeddings equal the transformers model's (its own forward on each sentence alone, then
+mean or CLS pooling and L2 normalisation) at several batch sizes and lengths, padding
+included (max relative error <= 1e-4); dynamic int8 within a bound and smaller; what is
+refused says why."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from litert_torch import quantize
+from litert_torch.generative import UnsupportedModelError, embed, export_embedder
+from runtimes.litert import max_relative_error
+
+VOCAB = 96
+TOLERANCE = 1e-4
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+)
+
+
+def _build(config_name: str, model_name: str, **kwargs) -> nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(transformers, model_name)(getattr(transformers, config_name)(**kwargs)).eval()
+
+
+def bert():
+    return _build("BertConfig", "BertModel", **SMALL)
+
+
+def modernbert():  # local attention (window 8) on every other layer
+    return _build(
+        "ModernBertConfig",
+        "ModernBertModel",
+        **SMALL,
+        global_attn_every_n_layers=2,
+        local_attention=8,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+    )
+
+
+def embedding_gemma():
+    """EmbeddingGemma's layout: Gemma 3 text with bidirectional attention (a sliding and a
+    global layer, GQA), mean pooling, then two dense projections."""
+    return _build(
+        "Gemma3TextConfig",
+        "Gemma3TextModel",
+        **SMALL,
+        num_key_value_heads=2,
+        head_dim=16,
+        use_bidirectional_attention=True,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+
+
+def embedding_gemma2():
+    """EmbeddingGemma 2's text tower: bidirectional Gemma with per-layer inputs and an output projection."""
+    return _build(
+        "EmbeddingGemma2TextConfig",
+        "EmbeddingGemma2TextModel",
+        **SMALL,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        hidden_size_per_layer_input=16,
+        embedding_dim=32,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+
+
+def gemma_head():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(64, 128, bias=False), nn.Linear(128, 48, bias=False))
+
+
+def reference(model, sequences, pooling="mean", head=None) -> np.ndarray:
+    """What a user computes with transformers: each sentence alone, pooled, normalised."""
+    out = []
+    with torch.no_grad():
+        for seq in sequences:
+            ids = torch.tensor([seq])
+            kwargs = {"use_cache": False} if "Gemma3" in type(model).__name__ else {}
+            hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs).last_hidden_state[0]
+            pooled = hidden.mean(0) if pooling == "mean" else hidden[0]
+            if head is not None:
+                pooled = head(pooled)
+            out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+    return np.stack(out)
+
+
+def sentences(lengths, seed=0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+# batches: one token; two rows padded; three rows beyond the local/sliding window (8)
+BATCHES = [[1], [3, 9], [17, 4, 30]]
+
+CASES = {
+    "bert mean": (bert, "mean", None),
+    "modernbert cls": (modernbert, "cls", None),
+    "embedding-gemma mean + dense": (embedding_gemma, "mean", gemma_head),
+    "embedding-gemma2 mean": (embedding_gemma2, "mean", None),
+}
+SLOW = {"embedding-gemma2 mean"}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=[pytest.mark.slow] if c in SLOW else []) for c in CASES])
+def exported(request):
+    build, pooling, head = CASES[request.param]
+    model, head = build(), head() if head else None
+    edge = export_embedder(model, pooling=pooling, head=head, max_len=64, progress=False)
+    return model, pooling, head, edge
+
+
+def test_one_dynamic_signature(exported):
+    model, _, head, edge = exported
+    (sig,) = edge.signatures
+    assert sig.key == "embed"
+    assert sig.input_names == ["input_ids", "attention_mask"] and sig.output_names == ["embeddings"]
+    dim = 48 if head is not None else getattr(model.config, "embedding_dim", 64)
+    assert edge.runtime.signature("embed").outputs[0].shape_signature == (-1, dim)
+    assert edge.embedder_error <= TOLERANCE
+
+
+@pytest.mark.parametrize("lengths", BATCHES, ids=lambda b: "x".join(map(str, b)))
+def test_embeddings_match_transformers_with_padding(exported, lengths):
+    model, pooling, head, edge = exported
+    seqs = sentences(lengths)
+    got = embed(edge, seqs)
+    expected = reference(model, seqs, pooling, head)
+    assert got.shape == expected.shape
+    assert max_relative_error(got, expected) <= TOLERANCE
+    assert np.allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-5)
+
+
+def test_an_explicit_mask_and_padding_with_any_id():
+    model = bert()
+    edge = export_embedder(model, max_len=32, progress=False)
+    seqs = sentences([5, 11])
+    ids = np.full((2, 11), 77, np.int32)  # padding ids need not be 0: the mask decides
+    mask = np.zeros((2, 11), np.int32)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)], mask[i, : len(s)] = s, 1
+    assert max_relative_error(embed(edge, ids, mask), reference(model, seqs)) <= TOLERANCE
+
+
+def test_dynamic_int8_is_smaller_within_a_bound():
+    model = bert()
+    full = export_embedder(model, max_len=64, progress=False)
+    int8 = export_embedder(model, max_len=64, quant_config=quantize.dynamic_int8(), progress=False)
+    seqs = sentences([9, 20, 3], seed=3)
+    error = max_relative_error(embed(int8, seqs), reference(model, seqs))
+    print(f"bert embedder: float {len(full)} B, dynamic int8 {len(int8)} B, max rel. error {error:.2e}")
+    assert len(int8) < 0.5 * len(full)
+    assert 0 < int8.embedder_error < 0.05 and error < 0.05
+
+
+class _IgnoresMask(nn.Module):
+    """A model whose forward takes attention_mask and drops it."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.inner(input_ids=input_ids)
+
+
+def test_refusals_say_why():
+    with pytest.raises(UnsupportedModelError, match="padding changes the embeddings"):
+        export_embedder(_IgnoresMask(bert()), max_len=32, progress=False)
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        export_embedder(bert(), pooling="max")
+    with pytest.raises(ValueError, match=r"max_len \(256\) exceeds the model's max_position_embeddings \(128\)"):
+        export_embedder(bert(), max_len=256)
+    with pytest.raises(TypeError, match="not a transformers model"):
+        export_embedder(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="sequences must be"):
+        embed(None, [[]])
