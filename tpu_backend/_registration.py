@@ -92,6 +92,11 @@ def register_backend(device_module) -> None:
         hook=hooks(),
         device_guard=device_guard(),
     )
+    from tpu_backend import native
+
+    compiled = native.load()
+    if compiled is not None:  # the same one-device guard in C++: no Python call per guard query
+        compiled.install_device_guard()
     _registered = True
 
 
