@@ -344,6 +344,166 @@ PyObject* py_flatten_args(PyObject*, PyObject* const* argv, Py_ssize_t argc, PyO
   return result;
 }
 
+// ------------------------------------------------------------------------ write
+
+PyObject* python_write = nullptr;  // tensor.write as defined in Python (every case but the hot one)
+PyObject* str_value = nullptr;
+PyObject* str_ref = nullptr;
+PyObject* str_weak_type = nullptr;
+
+// 1 when `a` and `b` are equal shape tuples (or the same object), 0 when not, -1 on error.
+int same_tuple(PyObject* a, PyObject* b) {
+  if (a == b) {
+    return 1;
+  }
+  return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+// tensor.write(t, value): the hot path (in-place ops, optimizer updates: a value just like
+// the tensor's whole storage) here, every other case in Python.
+PyObject* py_write(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 2 || python_write == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "write(t, value), after configure_write()");
+    return nullptr;
+  }
+  PyObject* value = argv[1];
+  if (payloads != nullptr && THPVariable_Check(argv[0])) {
+    const at::Tensor& t = THPVariable_Unpack(argv[0]);
+    int decided = 0;  // 1: written here, -1: error
+    if (t.storage_offset() == 0 && t.is_contiguous() && !t.is_conj() && !t.is_neg()) {
+      PyObject* key = storage_key_of(t);
+      PyObject* payload = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
+      Py_XDECREF(key);
+      PyObject* base = payload ? PyObject_GetAttr(payload, str_array) : nullptr;
+      if (base != nullptr && base != Py_None) {
+        PyObject* payload_dtype = PyObject_GetAttr(payload, str_dtype);
+        PyObject* base_dtype = PyObject_GetAttr(base, str_dtype);
+        PyObject* value_dtype = PyObject_GetAttr(value, str_dtype);
+        PyObject* base_shape = PyObject_GetAttr(base, str_shape);
+        PyObject* value_shape = PyObject_GetAttr(value, str_shape);
+        if (payload_dtype && base_dtype && value_dtype && base_shape && value_shape) {
+          int same = payload_dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+          if (same == 1) {
+            same = same_tuple(value_dtype, base_dtype);
+          }
+          if (same == 1) {
+            same = same_tuple(value_shape, base_shape);
+          }
+          if (same == 1) {
+            same = same_shape(base_shape, t.sizes());
+          }
+          if (same == 1) {
+            decided = PyObject_SetAttr(payload, str_array, value) == 0 ? 1 : -1;
+          } else if (same < 0) {
+            decided = -1;
+          }
+        } else {
+          decided = -1;
+        }
+        Py_XDECREF(payload_dtype);
+        Py_XDECREF(base_dtype);
+        Py_XDECREF(value_dtype);
+        Py_XDECREF(base_shape);
+        Py_XDECREF(value_shape);
+      }
+      Py_XDECREF(base);
+      if (PyErr_Occurred()) {
+        PyErr_Clear();  // the Python definition decides what the error is
+        decided = 0;
+      }
+    }
+    if (decided == 1) {
+      Py_RETURN_NONE;
+    }
+  }
+  return PyObject_Vectorcall(python_write, argv, 2, nullptr);
+}
+
+PyObject* py_configure_write(PyObject*, PyObject* fn) {
+  Py_INCREF(fn);
+  Py_XSETREF(python_write, fn);
+  Py_RETURN_NONE;
+}
+
+// ------------------------------------------------------------------------ fused recording
+
+// fused._Graph.input_ref(value) for one input; a new reference, or nullptr on error.
+PyObject* input_ref(PyObject* value, PyObject* floats, PyObject* external, PyObject* external_index, PyObject* lazy_type) {
+  PyObject* computed = nullptr;  // a placeholder's value once its graph has run
+  if (reinterpret_cast<PyObject*>(Py_TYPE(value)) == lazy_type) {
+    computed = PyObject_GetAttr(value, str_value);
+    if (computed == nullptr) {
+      return nullptr;
+    }
+    if (computed == Py_None) {
+      Py_DECREF(computed);
+      return PyObject_GetAttr(value, str_ref);  // pending: wired to the node that makes it
+    }
+    value = computed;
+  }
+  PyObject* ref = nullptr;
+  if (Py_TYPE(value) == &PyFloat_Type) {
+    if (PyList_Append(floats, value) == 0) {
+      ref = Py_BuildValue("(sn)", "f", PyList_GET_SIZE(floats) - 1);
+    }
+    Py_XDECREF(computed);
+    return ref;
+  }
+  PyObject* identity = PyLong_FromVoidPtr(value);
+  PyObject* found = identity ? PyDict_GetItemWithError(external_index, identity) : nullptr;  // borrowed
+  if (found != nullptr) {
+    ref = Py_NewRef(found);
+  } else if (identity != nullptr && !PyErr_Occurred()) {
+    PyObject* shape = PyObject_GetAttr(value, str_shape);
+    PyObject* dtype = shape ? PyObject_GetAttr(value, str_dtype) : nullptr;
+    PyObject* weak = nullptr;
+    if (dtype != nullptr) {
+      weak = PyObject_GetAttr(value, str_weak_type);  // getattr(value, "weak_type", False)
+      if (weak == nullptr && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        weak = Py_NewRef(Py_False);
+      }
+    }
+    if (weak != nullptr) {
+      ref = Py_BuildValue("(snOOO)", "x", PyList_GET_SIZE(external), shape, dtype, weak);
+      if (ref != nullptr &&
+          (PyDict_SetItem(external_index, identity, ref) != 0 || PyList_Append(external, value) != 0)) {
+        Py_CLEAR(ref);
+      }
+    }
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(weak);
+  }
+  Py_XDECREF(identity);
+  Py_XDECREF(computed);
+  return ref;
+}
+
+// input_refs(inputs, floats, external, external_index, LazyArray) -> tuple of refs
+PyObject* py_input_refs(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 5) {
+    PyErr_SetString(PyExc_TypeError, "input_refs(inputs, floats, external, external_index, LazyArray)");
+    return nullptr;
+  }
+  PyObject* items = PySequence_Fast(argv[0], "inputs must be a sequence");
+  if (items == nullptr) {
+    return nullptr;
+  }
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  PyObject* refs = PyTuple_New(n);
+  for (Py_ssize_t i = 0; refs != nullptr && i < n; ++i) {
+    PyObject* ref = input_ref(PySequence_Fast_GET_ITEM(items, i), argv[1], argv[2], argv[3], argv[4]);
+    if (ref == nullptr) {
+      Py_CLEAR(refs);
+      break;
+    }
+    PyTuple_SET_ITEM(refs, i, ref);
+  }
+  Py_DECREF(items);
+  return refs;
+}
+
 // ------------------------------------------------------------------------ module
 
 PyObject* py_configure(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
@@ -405,6 +565,11 @@ PyMethodDef methods[] = {
     {"install_device_guard", py_install_device_guard, METH_NOARGS, "Register the C++ PrivateUse1 device guard."},
     {"install_view_kernels", py_install_view_kernels, METH_NOARGS,
      "Register the C++ PrivateUse1 kernels of as_strided, view, _reshape_alias, unfold."},
+    {"write", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_write)), METH_FASTCALL,
+     "tensor.write with its hot path in C++."},
+    {"configure_write", py_configure_write, METH_O, "Hand tensor.write's Python definition to write."},
+    {"input_refs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_input_refs)), METH_FASTCALL,
+     "fused._Graph.input_ref for every input of a recorded node."},
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -416,5 +581,8 @@ PyMODINIT_FUNC PyInit__tpu_native() {
   str_array = PyUnicode_InternFromString("array");
   str_dtype = PyUnicode_InternFromString("dtype");
   str_shape = PyUnicode_InternFromString("shape");
+  str_value = PyUnicode_InternFromString("value");
+  str_ref = PyUnicode_InternFromString("ref");
+  str_weak_type = PyUnicode_InternFromString("weak_type");
   return PyModule_Create(&module_def);
 }
