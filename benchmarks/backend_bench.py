@@ -63,6 +63,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -1068,6 +1069,8 @@ def main(argv=None) -> int:
     if profile is not None:
         print(f"profile (steps timed under the profiler): {profile.stop()}", file=sys.stderr)
     phases = bench_phases(STEP_FNS, args.phases) if args.phases else {}
+    STEP_FNS.clear()  # the modes' models and state: not alive while the per-op figures are taken
+    gc.collect()
     ops = [] if args.skip_ops else bench_ops(args.op_iterations)
     load["after"] = os.getloadavg()
     flops = step_flops(args.model)
