@@ -11,6 +11,10 @@
         # reference's 374M Llama shape (bf16, 4 x 2048); compare with jax_llama_reference.py (docs/tpu.md)
     python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
         --modes cpu-eager,tpu-strict,tpu-fused,tpu-compile,jax   # issue 16's dispatch-bound comparison
+    python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
+        --modes tpu-strict,tpu-fused,jax --phases             # issue 33: where each step's host time goes
+    python benchmarks/backend_bench.py --model mingpt --batch 32 --modes tpu-strict,tpu-fused,jax \
+        --pipeline 4 --phases    # on a TPU: steps enqueued back to back (host and chip overlap)
 
 Every mode runs IN THE SAME PROCESS: each is built and warmed up in turn (`--warmup`
 untimed steps, which include compilation; the first step's time is reported
@@ -22,7 +26,11 @@ time is taken (`time.process_time`: the process's, every thread, XLA's workers i
 and the target ratios are given in both: on a machine shared with other processes the
 CPU-time ratio is the one to trust. `--sequential` times each mode in one block instead. A step is forward + backward + AdamW on one fixed batch; the figure is
 the median of the timed steps.
-Every step ends with a device synchronisation. Every mode starts from the same weights
+Every step ends with a device synchronisation (`--pipeline K`: every K steps, so that the
+host enqueues step n+1 while the device runs step n; figures per step). `--phases [N]`
+accounts N more steps per device mode by part (forward, backward, optimizer, mark_step,
+wait) and by kind (dispatch, record, lower, launch, wait: `HostPhases`), so the next
+bottleneck is visible. Every mode starts from the same weights
 and batch, so the final losses agree (a check that each mode computes the same step).
 
 Modes: native PyTorch CPU eager (the reference) and `torch.compile` with inductor; the
@@ -319,6 +327,7 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
                 return value, *host
             return float(loss), *host  # float() waits for the result
 
+        jax_step.enqueue, jax_step.wait = trainer.enqueue_step, float
         return jax_step
     set_eager_mode(mode)
     torch.manual_seed(0)
@@ -350,6 +359,21 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
         if _phases is not None:
             _phases.segment("wait")
         return value, *host
+
+    def enqueue() -> torch.Tensor:  # --pipeline: the step without waiting for it
+        set_eager_mode(mode)
+        loss = whole_step(inputs, target) if whole_step else train_step(runner, optimizer, case, inputs, target)
+        if mode.eager_mode == "fused":
+            import tpu_backend
+
+            tpu_backend.mark_step()
+        return loss
+
+    def wait(loss: torch.Tensor) -> float:
+        synchronize(mode.device)
+        return loss.item()
+
+    step.enqueue, step.wait = enqueue, wait
 
     return step
 
@@ -537,7 +561,18 @@ def leave_lazy_modes() -> None:
         set_eager_mode(MODES["tpu-strict"])
 
 
+_pipeline = 1  # --pipeline: steps per timed sample, waited for once
+
+
 def _timed(step: StepFn) -> Sample:
+    if _pipeline > 1:  # K steps back to back, one wait: per-step figures of the pipelined loop
+        start, cpu_start = time.perf_counter(), time.process_time()
+        host_start = _host_clock()
+        losses = [step.enqueue() for _ in range(_pipeline)]
+        host, host_cpu = _since(host_start)
+        loss = step.wait(losses[-1])
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        return Sample(wall / _pipeline, cpu / _pipeline, host / _pipeline, host_cpu / _pipeline, loss)
     start, cpu_start = time.perf_counter(), time.process_time()
     loss, host, host_cpu = step()
     return Sample(time.perf_counter() - start, time.process_time() - cpu_start, host, host_cpu, loss)
@@ -546,7 +581,7 @@ def _timed(step: StepFn) -> Sample:
 def _count_programs(result: StepResult, step: StepFn) -> float:
     """Run one (warm) step and count the device programs it launched; returns its loss."""
     launched, _ = device_counters()
-    loss = _timed(step).loss
+    loss = step()[0]
     if MODES[result.mode].device == "tpu":
         result.programs_per_step = device_counters()[0] - launched
     elif MODES[result.mode].device == "jax":
@@ -821,6 +856,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         "where torch.func.grad refuses it)",
     )
     parser.add_argument(
+        "--pipeline",
+        type=int,
+        default=1,
+        metavar="K",
+        help="time K steps back to back with one wait at the end (figures per step): the host enqueues step n+1 "
+        "while the device runs step n, as a training loop that does not read the loss every step (default 1: "
+        "every step waits)",
+    )
+    parser.add_argument(
         "--phases",
         nargs="?",
         type=int,
@@ -1047,8 +1091,9 @@ def print_phases(phases: dict[str, dict], steps: int) -> None:
 
 
 def main(argv=None) -> int:
-    global _batch_size, _remat
+    global _batch_size, _remat, _pipeline
     args = parse_args(argv)
+    _pipeline = max(1, args.pipeline)
     _remat = args.remat
     modes = args.modes.split(",")
     threads = limit_threads(args.threads) if args.threads else None
@@ -1092,6 +1137,7 @@ def main(argv=None) -> int:
             "torch_threads": torch.get_num_threads(),
             "threads_limited": threads,
             "batch": args.batch,
+            "pipeline": _pipeline,
             "load_average": load,
             "flops_per_step": flops,
             "tpu_peak_flops": peak,
