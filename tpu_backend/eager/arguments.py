@@ -1,4 +1,9 @@
-"""torch arguments -> (dynamic JAX values, hashable static template), and back."""
+"""torch arguments -> (dynamic JAX values, hashable static template), and back.
+
+`flatten_args` is defined here; on the compiled dispatch path (`tpu_backend/native`) the
+name is bound to its C++ twin, which handles the common cases itself and calls `_tensor`
+and `_flatten` below for the rest (`python_flatten_args` keeps the definition; the tests
+compare the two)."""
 
 from __future__ import annotations
 
