@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -124,6 +125,8 @@ def load():
     _tried = True
     if not requested():
         reason = "TPU_NATIVE=0"
+        # asked for: said once at INFO level (a warning would be noise in every such run)
+        logging.getLogger("tpu_backend").info("tpu_backend: TPU_NATIVE=0, using the pure-Python dispatch path")
         return None
     path = library_path()
     try:
