@@ -97,9 +97,7 @@ def register_backend(device_module) -> None:
     )
     from tpu_backend import native
 
-    compiled = native.load()
-    if compiled is not None:  # the same one-device guard in C++: no Python call per guard query
-        compiled.install_device_guard()
+    native.install("device guard", "install_device_guard")  # the same guard in C++: no Python call per query
     _registered = True
 
 

@@ -159,9 +159,7 @@ def register() -> None:
     register_kernel(aten._local_scalar_dense.default, local_scalar_dense)
     register_kernel(aten.equal.default, equal)
     register_kernel(aten._to_copy.default, to_copy)
-    compiled = native.load()
-    if compiled is not None:  # the same views (a TensorImpl over the same storage) made in C++
-        compiled.install_view_kernels()
+    compiled = native.install("view kernels", "install_view_kernels")  # the same views, made in C++
     for view_op in (
         *(() if compiled is not None else NATIVE_VIEW_OPS),
         aten.view_as_real.default,  # a float view of complex storage: tensor.py re-types the bytes on access

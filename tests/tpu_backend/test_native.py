@@ -153,3 +153,9 @@ def test_one_device_guard():
     (x * 2).sum().backward()  # autograd's device thread asks the guard for the device
     assert torch.equal(x.grad.cpu(), torch.full((3,), 2.0))
     assert tpu_backend.native.status() in ("native", f"python ({native.reason})")
+
+
+@compiled
+def test_an_installer_that_fails_keeps_the_python_version():
+    with pytest.warns(RuntimeWarning, match="compiled thing could not be installed"):
+        assert native.install("thing", "no_such_installer") is None

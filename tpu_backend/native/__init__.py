@@ -150,6 +150,25 @@ def load():
     return module
 
 
+def install(what: str, installer: str):
+    """Run the extension's `installer` (which registers `what` with PyTorch); returns the
+    module, or None (no extension, or the installer failed: said once, and the caller
+    keeps its Python version of `what`)."""
+    compiled = load()
+    if compiled is None:
+        return None
+    try:
+        getattr(compiled, installer)()
+    except Exception as error:  # noqa: BLE001 - e.g. a torch whose schemas moved: the Python path still works
+        warnings.warn(
+            f"tpu_backend: the compiled {what} could not be installed ({error}); using the Python one",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return compiled
+
+
 def status() -> str:
     """'native' or 'python (<why>)': which dispatch path this process runs."""
     return "native" if module is not None else f"python ({reason})"
