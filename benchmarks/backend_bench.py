@@ -9,8 +9,14 @@
     python benchmarks/backend_bench.py --profile runs/bench      # trace the steps (torch.tpu.profiler): TensorBoard/Perfetto
     python benchmarks/backend_bench.py --model llama-374m --remat --modes tpu-compile  # on a TPU: the JAX
         # reference's 374M Llama shape (bf16, 4 x 2048); compare with jax_llama_reference.py (docs/tpu.md)
+    python benchmarks/backend_bench.py --model llama-374m --remat --modes tpu-compile --compile-optimizer
+        # ... with the AdamW step compiled too (one program instead of one per foreach op)
     python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
         --modes cpu-eager,tpu-strict,tpu-fused,tpu-compile,jax   # issue 16's dispatch-bound comparison
+    python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
+        --modes tpu-strict,tpu-fused,jax --phases             # issue 33: where each step's host time goes
+    python benchmarks/backend_bench.py --model mingpt --batch 32 --modes tpu-strict,tpu-fused,jax \
+        --pipeline 4 --phases    # on a TPU: steps enqueued back to back (host and chip overlap)
 
 Every mode runs IN THE SAME PROCESS: each is built and warmed up in turn (`--warmup`
 untimed steps, which include compilation; the first step's time is reported
@@ -22,7 +28,11 @@ time is taken (`time.process_time`: the process's, every thread, XLA's workers i
 and the target ratios are given in both: on a machine shared with other processes the
 CPU-time ratio is the one to trust. `--sequential` times each mode in one block instead. A step is forward + backward + AdamW on one fixed batch; the figure is
 the median of the timed steps.
-Every step ends with a device synchronisation. Every mode starts from the same weights
+Every step ends with a device synchronisation (`--pipeline K`: every K steps, so that the
+host enqueues step n+1 while the device runs step n; figures per step). `--phases [N]`
+accounts N more steps per device mode by part (forward, backward, optimizer, mark_step,
+wait) and by kind (dispatch, record, lower, launch, wait: `HostPhases`), so the next
+bottleneck is visible. Every mode starts from the same weights
 and batch, so the final losses agree (a check that each mode computes the same step).
 
 Modes: native PyTorch CPU eager (the reference) and `torch.compile` with inductor; the
@@ -60,8 +70,10 @@ Adding an execution mode is one entry in MODES.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -220,6 +232,7 @@ def _describe_error(error: Exception) -> str:
 TOKEN_MODELS = ("transformer", "mingpt", "llama", "llama-374m", "llama-950m")
 _batch_size: int | None = None
 _remat = False  # --remat: the Llama models recompute each block in the backward  # --batch: overrides the GPT models' batch size
+_compile_optimizer = False  # --compile-optimizer: tpu-compile also compiles the optimizer's step
 
 
 def _token_config(model_name: str):
@@ -310,14 +323,24 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
             start = _host_clock()
             loss = trainer.enqueue_step()
             host = _since(start)
+            if _phases is not None:
+                _phases.segment("step")
+                value = float(loss)
+                _phases.segment("wait")
+                return value, *host
             return float(loss), *host  # float() waits for the result
 
+        jax_step.enqueue, jax_step.wait = trainer.enqueue_step, float
         return jax_step
     set_eager_mode(mode)
     torch.manual_seed(0)
     model = copy.deepcopy(case.build()).to(mode.device)
     runner = mode.prepare(model)
     optimizer = make_optimizer("adamw", model.parameters())
+    if _compile_optimizer and mode_name == "tpu-compile":
+        # PyTorch's recipe for a compiled optimizer: the foreach update becomes one program
+        # (on CPU, minGPT-sized: 16 programs per step -> 9) instead of one per foreach op
+        optimizer.step = torch.compile(optimizer.step, backend="tpu")
     inputs, target = (t.to(mode.device) for t in case.batch(torch.Generator().manual_seed(0)))
 
     whole_step = compiled_train_step(model, case) if mode_name == "tpu-compile-step" else None
@@ -325,16 +348,204 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
     def step() -> tuple[float, float, float]:
         set_eager_mode(mode)  # interleaved modes share the device's eager mode
         start = _host_clock()
-        loss = whole_step(inputs, target) if whole_step else train_step(runner, optimizer, case, inputs, target)
+        if whole_step is not None:
+            loss = whole_step(inputs, target)
+        elif _phases is not None:  # --phases: the same step, its parts timed
+            loss = _phased_train_step(runner, optimizer, case, inputs, target)
+        else:
+            loss = train_step(runner, optimizer, case, inputs, target)
         if mode.eager_mode == "fused":
             import tpu_backend
 
             tpu_backend.mark_step()  # enqueue the step's program (the sync below waits for it)
         host = _since(start)
+        if _phases is not None:
+            _phases.segment("mark_step" if mode.eager_mode == "fused" else "step")
         synchronize(mode.device)
-        return loss.item(), *host
+        value = loss.item()
+        if _phases is not None:
+            _phases.segment("wait")
+        return value, *host
+
+    def enqueue() -> torch.Tensor:  # --pipeline: the step without waiting for it
+        set_eager_mode(mode)
+        loss = whole_step(inputs, target) if whole_step else train_step(runner, optimizer, case, inputs, target)
+        if mode.eager_mode == "fused":
+            import tpu_backend
+
+            tpu_backend.mark_step()
+        return loss
+
+    def wait(loss: torch.Tensor) -> float:
+        synchronize(mode.device)
+        return loss.item()
+
+    step.enqueue, step.wait = enqueue, wait
 
     return step
+
+
+# --------------------------------------------------------------------- host-time accounting
+
+PHASE_SEGMENTS = ("forward", "backward", "optimizer", "step", "mark_step", "wait")
+PHASE_KINDS = ("dispatch", "record", "lower", "launch", "wait")
+
+
+class HostPhases:
+    """Where a step's host time goes, for `--phases`: the step's parts (forward, backward,
+    optimizer, fused mode's mark_step, the final wait) and, across them, time by kind:
+
+    - record: fused mode's bookkeeping (`fused.record`, and `fused.sync` apart from running
+      its program);
+    - lower: tracing and compiling (strict's per-op jit on a miss, `Program._build`, fused
+      mode's shape inference of an op not seen before): 0 after warm-up;
+    - launch: calling compiled code (strict's per-op jitted calls and eager storage
+      accesses, `Program.__call__`). On JAX's CPU runtime (synchronous dispatch) this
+      includes running it;
+    - wait: the synchronisation at the end of the step (and the loss read);
+    - dispatch: the rest of the host time: PyTorch's dispatcher, the device's kernels
+      (argument conversion, views, wrapping results), the model's and optimizer's Python.
+
+    Kinds are exclusive (a nested call's time counts for its own kind only) and kept per
+    thread (the backward runs on autograd's device thread). The seams are wrapped only
+    while phases are taken (~0.3 us per wrapped call), so these steps run a little slower
+    than the timed ones."""
+
+    def __init__(self):
+        import threading
+
+        self.kinds: dict[str, float] = dict.fromkeys(PHASE_KINDS, 0.0)
+        self.segments: dict[str, float] = dict.fromkeys(PHASE_SEGMENTS, 0.0)
+        self.calls: dict[str, int] = dict.fromkeys(PHASE_KINDS, 0)
+        self._local = threading.local()
+        self._mark = time.perf_counter()
+        self._restore: list[tuple[object, str, object]] = []
+        self._compile_seconds = 0.0
+
+    def _stack(self) -> list:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def wrap(self, kind: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            stack = self._stack()
+            now = time.perf_counter()
+            if stack:
+                self.kinds[stack[-1][0]] += now - stack[-1][1]
+            stack.append([kind, now])
+            self.calls[kind] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end = time.perf_counter()
+                done = stack.pop()
+                self.kinds[done[0]] += end - done[1]
+                if stack:
+                    stack[-1][1] = end
+
+        timed.__wrapped__ = fn
+        return timed
+
+    def patch(self, owner, name: str, kind: str) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        self._restore.append((owner, name, original))
+        setattr(owner, name, self.wrap(kind, original))
+
+    def segment(self, name: str) -> None:
+        """The step part that ended now (since the previous one)."""
+        now = time.perf_counter()
+        self.segments[name] += now - self._mark
+        if name == "wait":
+            self.kinds["wait"] += now - self._mark
+        self._mark = now
+
+    def restart(self) -> None:
+        self._mark = time.perf_counter()
+
+    def __enter__(self) -> "HostPhases":
+        from tpu_backend import fused
+        from tpu_backend import tensor as tpu_tensor
+        from tpu_backend.compile.program import Program
+        from tpu_backend.eager import runner
+
+        self._compile_seconds = runner.CACHE_STATS.compile_seconds
+        self.patch(fused, "record", "record")
+        self.patch(fused, "sync", "record")
+        self.patch(fused, "_output_shapes", "lower")
+        self.patch(runner, "_run_jitted", "launch")
+        if tpu_tensor._record is None:  # (in fused mode `apply` records: counted as record)
+            self.patch(tpu_tensor, "apply", "launch")
+        self.patch(Program, "__call__", "launch")
+        self.patch(Program, "_build", "lower")
+        if tpu_tensor._record is not None:  # fused mode is on: its hooks become the wrapped ones
+            tpu_tensor.set_lazy_hooks(fused.record, fused.sync)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from tpu_backend import fused
+        from tpu_backend import tensor as tpu_tensor
+        from tpu_backend.eager import runner
+
+        for owner, name, original in reversed(self._restore):
+            setattr(owner, name, original)
+        self._restore.clear()
+        if tpu_tensor._record is not None:
+            tpu_tensor.set_lazy_hooks(fused.record, fused.sync)
+        # strict mode compiles inside its jitted calls: move that time from launch to lower
+        compiled = runner.CACHE_STATS.compile_seconds - self._compile_seconds
+        self.kinds["launch"] -= compiled
+        self.kinds["lower"] += compiled
+
+    def per_step(self, steps: int) -> dict:
+        """Milliseconds per step by part and by kind, and wrapped calls per step by kind."""
+        host = sum(seconds for name, seconds in self.segments.items() if name != "wait")
+        kinds = dict(self.kinds)
+        kinds["dispatch"] = host - kinds["record"] - kinds["lower"] - kinds["launch"]
+        return {
+            "host_ms": host / steps * 1e3,
+            "segments_ms": {k: v / steps * 1e3 for k, v in self.segments.items()},
+            "kinds_ms": {k: v / steps * 1e3 for k, v in kinds.items()},
+            "calls": {k: v / steps for k, v in self.calls.items() if k != "dispatch"},
+        }
+
+
+_phases: HostPhases | None = None  # set while --phases accounts for its steps
+
+
+def _phased_train_step(model: nn.Module, optimizer, case, inputs, target) -> torch.Tensor:
+    """`train_step` with its parts marked for `--phases`."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = case.loss(model(inputs), target)
+    _phases.segment("forward")
+    loss.backward()
+    _phases.segment("backward")
+    optimizer.step()
+    _phases.segment("optimizer")
+    return loss.detach()
+
+
+def bench_phases(step_fns: dict[str, "StepFn"], steps: int) -> dict[str, dict]:
+    """Per mode (not the CPU ones), `steps` more warm steps with their host time accounted
+    by part and kind (`HostPhases`)."""
+    global _phases
+    found = {}
+    for mode_name, step in step_fns.items():
+        if MODES[mode_name].device == "cpu":
+            continue
+        phases = HostPhases()
+        _phases = phases
+        try:
+            with phases if MODES[mode_name].device == "tpu" else contextlib.nullcontext():
+                for _ in range(steps):
+                    phases.restart()
+                    step()
+        finally:
+            _phases = None
+            leave_lazy_modes()
+        found[mode_name] = phases.per_step(steps)
+    return found
 
 
 def device_counters() -> tuple[int, int]:
@@ -357,7 +568,18 @@ def leave_lazy_modes() -> None:
         set_eager_mode(MODES["tpu-strict"])
 
 
+_pipeline = 1  # --pipeline: steps per timed sample, waited for once
+
+
 def _timed(step: StepFn) -> Sample:
+    if _pipeline > 1:  # K steps back to back, one wait: per-step figures of the pipelined loop
+        start, cpu_start = time.perf_counter(), time.process_time()
+        host_start = _host_clock()
+        losses = [step.enqueue() for _ in range(_pipeline)]
+        host, host_cpu = _since(host_start)
+        loss = step.wait(losses[-1])
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        return Sample(wall / _pipeline, cpu / _pipeline, host / _pipeline, host_cpu / _pipeline, loss)
     start, cpu_start = time.perf_counter(), time.process_time()
     loss, host, host_cpu = step()
     return Sample(time.perf_counter() - start, time.process_time() - cpu_start, host, host_cpu, loss)
@@ -366,7 +588,7 @@ def _timed(step: StepFn) -> Sample:
 def _count_programs(result: StepResult, step: StepFn) -> float:
     """Run one (warm) step and count the device programs it launched; returns its loss."""
     launched, _ = device_counters()
-    loss = _timed(step).loss
+    loss = step()[0]
     if MODES[result.mode].device == "tpu":
         result.programs_per_step = device_counters()[0] - launched
     elif MODES[result.mode].device == "jax":
@@ -402,11 +624,15 @@ def bench_training(model_name: str, mode_name: str, steps: int, warmup: int) -> 
         result.first_step_s = samples[0].wall
         result.compiles_after_warmup = device_counters()[1] - compiled_before
         _finish(result, samples[warmup:])
+        STEP_FNS[mode_name] = step
     except Exception as error:  # noqa: BLE001 - report the mode as failed and go on
         result.error = _describe_error(error)
     finally:
         leave_lazy_modes()
     return result
+
+
+STEP_FNS: dict[str, "StepFn"] = {}  # the warm step of every mode that ran (for --phases)
 
 
 def bench_interleaved(model_name: str, mode_names: list[str], steps: int, warmup: int) -> list[StepResult]:
@@ -447,6 +673,7 @@ def bench_interleaved(model_name: str, mode_names: list[str], steps: int, warmup
     leave_lazy_modes()
     for m in runners:
         _finish(results[m], samples[m])
+    STEP_FNS.update(runners)
     return [results[m] for m in mode_names]
 
 
@@ -635,6 +862,30 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Llama models: activation checkpointing per block (torch.utils.checkpoint; not under tpu-compile-step, "
         "where torch.func.grad refuses it)",
     )
+    parser.add_argument(
+        "--compile-optimizer",
+        action="store_true",
+        help='tpu-compile: also torch.compile(optimizer.step, backend="tpu") (one program for the AdamW update)',
+    )
+    parser.add_argument(
+        "--pipeline",
+        type=int,
+        default=1,
+        metavar="K",
+        help="time K steps back to back with one wait at the end (figures per step): the host enqueues step n+1 "
+        "while the device runs step n, as a training loop that does not read the loss every step (default 1: "
+        "every step waits)",
+    )
+    parser.add_argument(
+        "--phases",
+        nargs="?",
+        type=int,
+        const=5,
+        default=None,
+        metavar="STEPS",
+        help="after the timed steps, STEPS (default 5) more per device mode with their host time accounted: "
+        "per part (forward, backward, optimizer, mark_step, wait) and per kind (dispatch, record, lower, launch, wait)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write results as JSON to FILE ('-' for stdout)")
     parser.add_argument(
         "--profile", metavar="DIR", help="trace the training steps into DIR with torch.tpu.profiler (slows them)"
@@ -815,9 +1066,47 @@ def print_tables(
     )
 
 
+def dispatch_path() -> str:
+    """Which dispatch path the device ran: "native" (the C++ extension) or "python (<why>)"."""
+    if "tpu_backend" not in sys.modules:
+        return "-"
+    from tpu_backend import native
+
+    return native.status()
+
+
+def print_phases(phases: dict[str, dict], steps: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    table = Table(title=f"Host time per step by part and by kind (ms, mean of {steps} accounted steps)")
+    parts_shown = [name for name in PHASE_SEGMENTS if name != "wait"]  # (wait is a kind too)
+    columns = ["mode", "host", *parts_shown, "|", *PHASE_KINDS, "n record", "n launch", "n lower"]
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    for mode_name, found in phases.items():
+        parts = [f"{found['segments_ms'][name]:.2f}" for name in parts_shown]
+        kinds = [f"{found['kinds_ms'][name]:.2f}" for name in PHASE_KINDS]
+        calls = [f"{found['calls'][name]:.0f}" for name in ("record", "launch", "lower")]
+        table.add_row(mode_name, f"{found['host_ms']:.2f}", *parts, "|", *kinds, *calls)
+    console.print(table)
+    console.print(
+        "  parts: forward (zero_grad + forward + loss), backward, optimizer, step (a whole-step program, or what "
+        "follows the optimizer), mark_step (fused: enqueue the step's program), wait (synchronise, read the loss). "
+        "kinds: record (fused bookkeeping), lower (trace/compile: 0 once warm), launch (calls of compiled code; on "
+        "JAX's CPU runtime this includes running it), wait, dispatch (the rest: PyTorch's dispatcher, the device's "
+        "kernels, the model's Python). n record/launch/lower: wrapped calls per step"
+    )
+
+
 def main(argv=None) -> int:
-    global _batch_size, _remat
+    global _batch_size, _remat, _pipeline, _compile_optimizer
     args = parse_args(argv)
+    _compile_optimizer = args.compile_optimizer
+    _pipeline = max(1, args.pipeline)
     _remat = args.remat
     modes = args.modes.split(",")
     threads = limit_threads(args.threads) if args.threads else None
@@ -837,11 +1126,17 @@ def main(argv=None) -> int:
         steps = bench_interleaved(args.model, modes, args.steps, args.warmup)
     if profile is not None:
         print(f"profile (steps timed under the profiler): {profile.stop()}", file=sys.stderr)
+    phases = bench_phases(STEP_FNS, args.phases) if args.phases else {}
+    STEP_FNS.clear()  # the modes' models and state: not alive while the per-op figures are taken
+    gc.collect()
     ops = [] if args.skip_ops else bench_ops(args.op_iterations)
     load["after"] = os.getloadavg()
     flops = step_flops(args.model)
     peak = tpu_peak_flops() if flops else None
     print_tables(args.model, steps, ops, flops, peak, load)
+    if phases:
+        print_phases(phases, args.phases)
+    print(f"dispatch path: {dispatch_path()}")
     if threads:
         print(f"threads limited: {threads}")
     recompiled = [s.mode for s in steps if s.compiles_after_warmup]
@@ -855,12 +1150,15 @@ def main(argv=None) -> int:
             "torch_threads": torch.get_num_threads(),
             "threads_limited": threads,
             "batch": args.batch,
+            "pipeline": _pipeline,
             "load_average": load,
             "flops_per_step": flops,
             "tpu_peak_flops": peak,
             "steps": [vars(s) for s in steps],
             "targets": check_targets(steps, args.model),
             "ops": [vars(o) for o in ops],
+            "phases": phases,
+            "dispatch_path": dispatch_path(),
         }
         text = json.dumps(payload, indent=1)
         if args.json == "-":

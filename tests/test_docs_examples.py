@@ -266,6 +266,27 @@ def _check_embeddings(block, names):
     assert vectors.shape == (2, 32) and abs(float((vectors**2).sum(-1).max()) - 1) < 1e-5
 
 
+def _seq2seq():
+    import transformers
+
+    from tests.litert_torch.generative.seq2seq_families import FAMILIES, build, source_for
+
+    t5 = build("t5")
+    torch.manual_seed(0)
+    whisper_config = transformers.WhisperConfig(**dict(FAMILIES["whisper"][2], max_target_positions=64))
+    whisper = transformers.WhisperForConditionalGeneration(whisper_config).eval()
+    return {
+        "t5_model": t5,
+        "whisper_model": whisper,
+        "source_ids": source_for(t5),
+        "input_features": source_for(whisper),
+    }
+
+
+def _check_seq2seq_generated(block, names):
+    assert len(names["new_ids"]) == 20
+
+
 SKIP = "not run here"
 # (file, a phrase of the block, setup -> names | reason it does not run, check after the run)
 BLOCKS = [
@@ -277,6 +298,7 @@ BLOCKS = [
     ("README.md", "export_diffusion(pipe)", _diffusion, _check_diffusion),
     ("README.md", "export_vlm(gemma3", _vlms, _check_vlm_generated),
     ("README.md", "export_embedder(BertModel(config)", _embedder, _check_embeddings),
+    ("README.md", "export_seq2seq(t5_model", _seq2seq, _check_seq2seq_generated),
     ("README.md", "quantize.weight_only_int4(32)", _quantization, None),
     ("README.md", "quantize.analyze(", _quantization, None),
     ("README.md", 'target="android-cpu"', _image_model, None),

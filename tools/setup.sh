@@ -25,6 +25,11 @@ fi
 if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
   .venv/bin/python -m pip install -q -c constraints.txt libtpu
 fi
+# The device's compiled dispatch path (tpu_backend/native: C++ built against this torch, ~30 s).
+# Without a compiler the device runs its pure-Python path: the same results, more host time per op.
+if ! TPU_NATIVE=0 .venv/bin/python -m tpu_backend.native build >/dev/null; then
+  echo "setup: the tpu native extension did not build (see above): the device will use its pure-Python path" >&2
+fi
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__)'))"
 if [ "$WEB" = 1 ]; then
   if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then

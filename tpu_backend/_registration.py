@@ -7,6 +7,9 @@ installs a Python device guard and PrivateUse1 hooks (without them autograd abor
 experimental, so everything that depends on it is wrapped here and checked at import:
 when a torch upgrade moves it, this module fails with one clear message instead of the
 backend failing in odd places later.
+
+On the compiled dispatch path (`tpu_backend/native`) the Python device guard is then
+replaced by the same one-device guard in C++ (PyTorch queries it several times per op).
 """
 
 from __future__ import annotations
@@ -92,6 +95,9 @@ def register_backend(device_module) -> None:
         hook=hooks(),
         device_guard=device_guard(),
     )
+    from tpu_backend import native
+
+    native.install("device guard", "install_device_guard")  # the same guard in C++: no Python call per query
     _registered = True
 
 

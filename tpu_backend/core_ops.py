@@ -13,12 +13,15 @@ import math
 import jax.numpy as jnp
 import torch
 
+from tpu_backend import native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.dispatch import check_device_index, execute, register_kernel
 from tpu_backend.ops.registry import JAX_LOWERINGS
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+# Views whose kernels the compiled path (tpu_backend/native) provides in C++.
+NATIVE_VIEW_OPS = (aten.view.default, aten.as_strided.default, aten._reshape_alias.default, aten.unfold.default)
 
 
 def _default_dtype(dtype):
@@ -156,11 +159,9 @@ def register() -> None:
     register_kernel(aten._local_scalar_dense.default, local_scalar_dense)
     register_kernel(aten.equal.default, equal)
     register_kernel(aten._to_copy.default, to_copy)
+    compiled = native.install("view kernels", "install_view_kernels")  # the same views, made in C++
     for view_op in (
-        aten.view.default,
-        aten.as_strided.default,
-        aten._reshape_alias.default,
-        aten.unfold.default,
+        *(() if compiled is not None else NATIVE_VIEW_OPS),
         aten.view_as_real.default,  # a float view of complex storage: tensor.py re-types the bytes on access
         aten.view_as_complex.default,
     ):

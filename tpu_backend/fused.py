@@ -54,6 +54,7 @@ import jax
 import numpy as np
 from jax._src.array import ArrayImpl as _ARRAY_IMPL  # JAX's concrete array class (an exact type test is cheap)
 
+from tpu_backend import native
 from tpu_backend import tensor as tpu_tensor
 
 _lock = threading.RLock()
@@ -168,6 +169,7 @@ class _Graph:
 
 
 _graph = _Graph()
+_native_input_refs = getattr(native.load(), "input_refs", None)
 _shape_cache: dict[tuple, tuple] = {}  # (node key, input avals) -> (treedef, output avals)
 
 
@@ -216,7 +218,10 @@ def record(key, fn: Callable, inputs: list):
     arguments): graphs with equal keys and wiring share one compiled program."""
     with _lock:
         graph = _graph
-        refs = tuple([graph.input_ref(v) for v in inputs])
+        if _native_input_refs is None:
+            refs = tuple([graph.input_ref(v) for v in inputs])
+        else:  # the same, in C++ (tpu_backend/native)
+            refs = _native_input_refs(inputs, graph.floats, graph.external, graph.external_index, LazyArray)
         state, treedef, avals, single = _follow(graph, key, fn, inputs, refs)
         graph.state = state
         node = _Node(key, fn, refs, len(graph.nodes), [])

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from tpu_backend import native
 from tpu_backend._registration import DEVICE_NAME, create_device_tensor, new_device_tensor
 from tpu_backend.ops.registry import jax_dtype, torch_dtype
 
@@ -411,6 +412,13 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
         return
     geometry = (shape, tuple(t.stride()), t.storage_offset())
     payload.array = apply(("scatter", *geometry), _scatter_fn(*geometry), payload.materialised(), value)
+
+
+python_write = write  # the definition; the compiled path runs its hot case in C++, the rest here
+_native = native.load()
+if _native is not None:
+    _native.configure_write(python_write)
+    write = _native.write  # noqa: F811
 
 
 def resize_payload(t: torch.Tensor, numel: int) -> None:

@@ -6,6 +6,11 @@ embedders (`export_embedder`) and Stable-Diffusion-shaped pipelines (`export_dif
     from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
     edge = export_generative(model, prefill_len=32, cache_len=128)
     new_ids = generate(edge, prompt_ids, max_new_tokens=20)
+
+Encoder-decoders (T5, BART, mBART, Marian, Whisper): `encode` and `decode` signatures.
+
+    edge = export_seq2seq(model, source_len=64, cache_len=64)
+    new_ids = generate_seq2seq(edge, source_ids, 20, decoder_prompt=decoder_start_ids(model))
 """
 
 from litert_torch.generative.diffusion import DiffusionExportError, LiteRTDiffusionPipeline, export_diffusion
@@ -20,6 +25,17 @@ from litert_torch.generative.export import (
 )
 from litert_torch.generative.generate import Sampler, generate, reference_generate
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
+from litert_torch.generative.seq2seq import (
+    CachedSeq2SeqLM,
+    Seq2SeqSession,
+    beam_search_seq2seq,
+    decoder_start_ids,
+    export_seq2seq,
+    generate_seq2seq,
+    reference_generate_seq2seq,
+    score_seq2seq,
+    verify_seq2seq,
+)
 from litert_torch.generative.transformers_lm import UnsupportedModelError
 from litert_torch.generative.vlm import export_vlm, generate_vlm, reference_generate_vlm, tile_image
 
@@ -43,6 +59,15 @@ __all__ = [
     "TinyLlama",
     "Sampler",
     "UnsupportedModelError",
+    "export_seq2seq",
+    "generate_seq2seq",
+    "beam_search_seq2seq",
+    "reference_generate_seq2seq",
+    "score_seq2seq",
+    "verify_seq2seq",
+    "decoder_start_ids",
+    "CachedSeq2SeqLM",
+    "Seq2SeqSession",
     "export_diffusion",
     "LiteRTDiffusionPipeline",
     "DiffusionExportError",

@@ -24,6 +24,7 @@ import char_lm  # noqa: E402
 import digits_cnn  # noqa: E402
 import dlrm_clicks  # noqa: E402
 import pallas_op  # noqa: E402
+import seq2seq_generate  # noqa: E402
 import stable_diffusion  # noqa: E402
 import unet_segmentation  # noqa: E402
 
@@ -150,3 +151,25 @@ def test_stable_diffusion_matches_diffusers():
     assert int8["bytes"] <= 0.3 * float32["bytes"]
     assert int8["image_max_abs_error"] <= 0.1
     assert len(stable_diffusion.table_rows(r)) == 9  # PyTorch, float32, int8: one row per signature
+
+
+def _check_seq2seq(rows, n_models: int):
+    assert len(rows) == 3 * n_models
+    float_bytes = {r["model"]: r["bytes"] for r in rows if r["variant"] == "float32"}
+    for r in rows:
+        if r["variant"] == "float32":  # exact: every greedy token, every step's logits
+            assert r["tokens_equal"] == r["new_tokens"] and r["max_logit_error"] <= 1e-4, r
+        else:  # quantized: smaller, and close along transformers' tokens
+            assert r["bytes"] < 0.45 * float_bytes[r["model"]], r
+            assert r["max_logit_error"] < (0.1 if r["variant"] == "dynamic int8" else 0.5), r
+
+
+def test_seq2seq_generate_tiny():
+    """Whisper and T5 in their tiny form: float32 exact in LiteRT, int8 and int4 export and run."""
+    _check_seq2seq(seq2seq_generate.run(shape="tiny", new_tokens=8)["rows"], 2)
+
+
+@pytest.mark.slow
+def test_seq2seq_generate_real_shapes():
+    """Whisper-tiny and T5-small shaped (3000 mel frames; 60 M parameters) end to end."""
+    _check_seq2seq(seq2seq_generate.run(shape="real", new_tokens=8)["rows"], 2)

@@ -320,6 +320,28 @@ def test_step_updates_parameters_and_state_in_place(fused_mode):
     assert "# donated inputs: [" in ops
 
 
+def test_mark_step_enqueues_the_step_and_does_not_wait(fused_mode, monkeypatch):
+    """The host records step n+1 while the device runs step n: `mark_step` hands the
+    step's program to JAX (asynchronous on an accelerator) and returns; nothing waits for
+    its results until a value is read. A repeated step reuses its program, not re-lowered."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    inputs = torch.randn(5, 4).to("tpu")
+    for _ in range(2):
+        _sgd_step(model, optimizer, inputs)
+    waits = []
+    real_wait = fused.jax.block_until_ready
+    monkeypatch.setattr(fused.jax, "block_until_ready", lambda x: waits.append(x) or real_wait(x))
+    compiled_before = compile_stats().total().misses
+    fused.reset_stats()
+    for _ in range(3):
+        _sgd_step(model, optimizer, inputs)
+    assert waits == [] and fused.stats()["syncs"]["read"] == 0
+    assert fused.stats()["programs_run"] == 3 and compile_stats().total().misses == compiled_before
+    assert all(isinstance(tpu_backend.tensor.payload_of(p).array, fused.jax.Array) for p in model.parameters())
+
+
 def test_buffers_still_readable_are_not_donated(fused_mode):
     x = torch.ones(3, device="tpu")
     y = torch.empty(3, device="tpu")

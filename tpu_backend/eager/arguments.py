@@ -1,10 +1,16 @@
-"""torch arguments -> (dynamic JAX values, hashable static template), and back."""
+"""torch arguments -> (dynamic JAX values, hashable static template), and back.
+
+`flatten_args` is defined here; on the compiled dispatch path (`tpu_backend/native`) the
+name is bound to its C++ twin, which handles the common cases itself and calls `_tensor`
+and `_flatten` below for the rest (`python_flatten_args` keeps the definition; the tests
+compare the two)."""
 
 from __future__ import annotations
 
 import jax
 import torch
 
+from tpu_backend import native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.eager.errors import user_frame
 
@@ -122,6 +128,13 @@ def flatten_args(args, kwargs, dynamic_floats: bool = True, defer_views: bool = 
         tuple([(k, _flatten(v, dynamic, dynamic_floats, defer_views)) for k, v in kwargs.items()]) if kwargs else ()
     )
     return dynamic, tuple(template), template_kwargs
+
+
+python_flatten_args = flatten_args  # the definition; the compiled path must agree with it
+_native = native.load()
+if _native is not None:  # the same function in C++: the common cases there, the rest calls the above
+    _native.configure(_PAYLOADS, _SLOTS, _slot, _tensor, _flatten)
+    flatten_args = _native.flatten_args  # noqa: F811
 
 
 def _fill(template, dynamic):

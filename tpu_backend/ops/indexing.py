@@ -304,6 +304,19 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     return x.at[_along(x, axis, slice(start, end, step))].set(src.astype(x.dtype))
 
 
+# The backwards of `select` and `slice` (autograd's, e.g. of `MultiheadAttention`'s packed
+# q/k/v projection): ATen's kernels allocate zeros and copy through a view, three device
+# calls and a scatter each; as one op they are one call (one node in a fused graph).
+@lowers(aten.select_backward.default)
+def select_backward(grad, input_sizes, dim, index):
+    return select_scatter(jnp.zeros(tuple(input_sizes), grad.dtype), grad, dim, index)
+
+
+@lowers(aten.slice_backward.default)
+def slice_backward(grad, input_sizes, dim, start, end, step):
+    return slice_scatter(jnp.zeros(tuple(input_sizes), grad.dtype), grad, dim, start, end, step)
+
+
 def _diagonal_coordinates(shape, offset, dim1, dim2):
     rows, cols = shape[dim1], shape[dim2]
     length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))

@@ -95,6 +95,9 @@ def test_view_scatters():
     check(aten.slice_scatter.default, X, torch.randn(4, 2, 6), 1, 1, 5, 2)
     check(aten.slice_scatter.default, X, torch.randn(4, 5, 3), -1, None, -3)
     check(aten.slice_scatter.default, X, torch.randn(2, 5, 6), 0, 2, 100)
+    check(aten.select_backward.default, torch.randn(4, 6), [4, 5, 6], 1, -2)
+    check(aten.slice_backward.default, torch.randn(4, 2, 6), [4, 5, 6], 1, 1, 5, 2)
+    check(aten.slice_backward.default, torch.randn(2, 5, 6), [4, 5, 6], 0, 2, 9223372036854775807, 1)
     for offset, dims in [(0, (0, 1)), (1, (1, 2)), (-2, (2, 0))]:
         diag = torch.diagonal(X, offset, *dims)
         check(aten.diagonal_scatter.default, X, torch.randn(diag.shape), offset, *dims)

@@ -1,0 +1,161 @@
+"""The compiled dispatch path (`tpu_backend/native`) against the pure-Python one.
+
+The extension must change nothing but speed: `flatten_args` in C++ gives what the Python
+definition gives, its views share their storage's payload as the Meta views do, and the
+device's core parity tests pass on the other path too (run in a child process, since the
+path is chosen once, at import).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import pytest
+import torch
+
+import tpu_backend
+from tpu_backend import native
+from tpu_backend.eager import arguments
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+compiled = pytest.mark.skipif(native.module is None, reason=f"dispatch path: {native.status()}")
+
+# The other path runs these (views and in-place writes, the kernels, a strict and a fused
+# training run against CPU): about a minute.
+CORE_PARITY_TESTS = [
+    "tests/tpu_backend/test_views_inplace.py",
+    "tests/tpu_backend/test_dispatch.py",
+    "tests/tpu_backend/test_training_parity.py::test_losses_match_cpu_every_step[transformer-adamw-strict]",
+    "tests/tpu_backend/test_fused.py::test_views_and_inplace_match_cpu",
+    "tests/tpu_backend/test_fused.py::test_training_matches_cpu_with_one_program_per_step[transformer-adamw]",
+]
+
+
+def _run(env_overrides: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT, **env_overrides)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_core_parity_on_the_other_dispatch_path():
+    """This process runs one path (native when built); the core parity tests run on the other."""
+    other = "0" if native.module is not None else "1"
+    if other == "1" and not os.path.exists(native.library_path()):
+        pytest.skip("the native extension is not built (tools/setup.sh builds it)")
+    done = _run({"TPU_NATIVE": other}, "-m", "pytest", "-q", "-p", "no:randomly", *CORE_PARITY_TESTS)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    check = _run({"TPU_NATIVE": other}, "-c", "import tpu_backend.native as n, tpu_backend; print(n.status())")
+    assert check.stdout.strip().startswith("native" if other == "1" else "python (TPU_NATIVE=0)"), check
+
+
+def test_missing_extension_falls_back_and_says_so_once(tmp_path):
+    code = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import torch, tpu_backend\n"
+        "    from tpu_backend import native\n"
+        "    native.load(); native.load()\n"
+        "    x = torch.arange(6.0).to('tpu').view(2, 3).t()\n"
+        "    print(x.sum().item(), native.status())\n"
+        "print(sum('compiled dispatch path is off' in str(w.message) for w in seen))\n"
+    )
+    done = _run({"TPU_NATIVE": "1", "TPU_NATIVE_BUILD_DIR": str(tmp_path)}, "-c", code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, count = done.stdout.strip().splitlines()[-2:]
+    assert first.startswith("15.0 python (not built")
+    assert count == "1"
+
+
+@compiled
+def test_storage_key_is_the_payload_tables_key():
+    x = torch.ones(4, device="tpu")
+    assert native.module.storage_key(x) == x.untyped_storage()._cdata
+    assert native.module.storage_key(x[1:]) == native.module.storage_key(x)
+
+
+def _argument_cases():
+    a = torch.arange(12.0).reshape(3, 4).to("tpu")
+    b = torch.ones(3, 4, device="tpu")
+    cases = [
+        ((a, b), {}),
+        ((a, 2.5), {"alpha": 3}),
+        ((a.t(), a[1:], a[:, 1], a.expand(2, 3, 4)), {}),  # views: geometry in the template
+        (([a, b], [b, a], 0.5), {}),  # foreach lists
+        ((a, None, True, torch.float32, "mean"), {"dim": (0, 1), "keepdim": False}),
+        ((a, torch.tensor(2.0)), {}),  # a CPU scalar tensor mixes in
+        ((a.view(torch.int32),), {}),  # a re-typed storage: the Python slow path
+        ((a, torch.Size([4, 3])), {}),
+        ((a.conj(), a.neg()), {}),
+    ]
+    return cases
+
+
+@compiled
+@pytest.mark.parametrize("dynamic_floats", [True, False])
+@pytest.mark.parametrize("defer_views", [True, False])
+def test_flatten_args_in_cpp_agrees_with_python(dynamic_floats, defer_views):
+    # Each side gets its own tensors: reading a re-typed storage re-types its payload.
+    for (args, kwargs), (same_args, same_kwargs) in zip(_argument_cases(), _argument_cases()):
+        got = native.module.flatten_args(args, kwargs, dynamic_floats, defer_views=defer_views)
+        want = arguments.python_flatten_args(same_args, same_kwargs, dynamic_floats, defer_views)
+        assert got[1:] == want[1:], (args, kwargs)
+        assert len(got[0]) == len(want[0])
+        for mine, theirs in zip(got[0], want[0]):
+            assert type(mine) is type(theirs) and bool(jnp.all(jnp.asarray(mine) == jnp.asarray(theirs))), (
+                args,
+                kwargs,
+            )
+
+
+@compiled
+def test_flatten_args_errors_are_pythons():
+    with pytest.raises(RuntimeError, match="expected all tensors on tpu"):
+        native.module.flatten_args((torch.ones(2, device="tpu"), torch.ones(2)), {})
+
+
+@compiled
+def test_cpp_views_share_the_payload_and_writes_reach_the_base():
+    base = torch.zeros(4, 6, device="tpu")
+    views = [base.view(24), base.t(), base.as_strided((2, 3), (6, 2), 1), base.unfold(1, 2, 2), base.reshape(6, 4)]
+    for view in views:
+        assert view.untyped_storage()._cdata == base.untyped_storage()._cdata
+    base.t()[1].fill_(1.0)  # a write through a view of a view
+    expected = torch.zeros(4, 6)
+    expected.t()[1].fill_(1.0)
+    assert torch.equal(base.cpu(), expected)
+    assert torch.equal(base.unfold(1, 2, 2).cpu(), expected.unfold(1, 2, 2))
+
+
+@compiled
+def test_cpp_views_check_their_arguments():
+    x = torch.zeros(4, device="tpu")
+    with pytest.raises(RuntimeError, match="Negative strides"):
+        x.as_strided((2,), (-1,))
+    with pytest.raises(RuntimeError, match="mismatch in length"):
+        x.as_strided((2, 2), (1,))
+    with pytest.raises(RuntimeError, match="invalid"):
+        x.view(3)
+
+
+def test_one_device_guard():
+    """The guard (C++ or Python) reports one device and one in-order stream."""
+    assert torch.accelerator.device_count() == 1
+    assert torch.accelerator.current_device_index() == 0
+    stream = torch.Stream(device="tpu")
+    assert (stream.device_index, stream.stream_id, stream.query()) == (0, 0, True)
+    event = torch.Event(device="tpu")
+    event.record(stream)
+    assert event.query()
+    x = torch.ones(3, device="tpu", requires_grad=True)
+    (x * 2).sum().backward()  # autograd's device thread asks the guard for the device
+    assert torch.equal(x.grad.cpu(), torch.full((3,), 2.0))
+    assert tpu_backend.native.status() in ("native", f"python ({native.reason})")
+
+
+@compiled
+def test_an_installer_that_fails_keeps_the_python_version():
+    with pytest.warns(RuntimeWarning, match="compiled thing could not be installed"):
+        assert native.install("thing", "no_such_installer") is None
