@@ -38,22 +38,8 @@ import sys
 import time
 import traceback
 
-
-def _tensorflow_schema_shim() -> None:
-    """The examples import `tensorflow.lite.python.schema_py_generated` (through
-    generative.utilities) without using it for these models; ai_edge_litert ships the same
-    generated module, so it stands in for tensorflow (not installed: hundreds of MB)."""
-    import importlib.machinery
-    import types
-
-    from ai_edge_litert import schema_py_generated
-
-    for name in ("tensorflow", "tensorflow.lite", "tensorflow.lite.python"):
-        module = types.ModuleType(name)
-        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-        sys.modules.setdefault(name, module)
-    sys.modules["tensorflow.lite.python"].schema_py_generated = schema_py_generated
-    sys.modules["tensorflow.lite.python.schema_py_generated"] = schema_py_generated
+# the same shim as the decoder comparison's (this folder is on sys.path when run as a script)
+from anchor_generative import _tensorflow_schema_shim
 
 
 def _config(folder: str) -> dict:
