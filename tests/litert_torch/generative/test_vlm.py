@@ -302,10 +302,9 @@ def test_refusals_say_why():
         export_vlm(transformers.GemmaForCausalLM(transformers.GemmaConfig(vocab_size=8, num_hidden_layers=1)))
 
 
+@pytest.mark.parametrize("exported", ["gemma3, one image"], indirect=True)  # one model is enough
 def test_bad_inputs_name_the_argument(exported):
     model, images, edge = exported
-    if images != 1 or vlm.family(model).prefix_lm:
-        pytest.skip("one model is enough")
     prompt = prompt_with_images(1, 2, 2)
     with pytest.raises(ValueError, match=r"pixel_values has shape \(2, 3, 32, 32\)"):
         generate_vlm(edge, pixels(2), prompt, 3, image_token_id=IMAGE)
