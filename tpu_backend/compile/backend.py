@@ -251,7 +251,9 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
     """One AOTAutograd graph as a callable on tensors (usable as an AOTAutograd compiler)."""
     from tpu_backend.kernels import fuse_residual_norms
 
-    fuse_residual_norms(gm)  # `norm(x + r)` -> one Pallas norm kernel doing the add (when kernels are on)
+    for module in gm.modules():  # the graph and the blocks it calls (scan_layers' subgraphs)
+        if isinstance(module, torch.fx.GraphModule):
+            fuse_residual_norms(module)  # `norm(x + r)` -> one Pallas norm kernel doing the add (when kernels are on)
     policy = dynamic.buckets() if buckets is _DEFAULT_BUCKETS else dynamic.as_buckets(buckets)
     written = lift_input_mutations(gm)
     # A graph that writes its inputs runs at exact shapes: padding cannot reach the inputs.

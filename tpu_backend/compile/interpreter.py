@@ -7,7 +7,9 @@ functions in a functional graph) or "graph" (prims, size queries, assertions:
 `tpu_backend.compile.prims`).
 
 Control flow (`torch.cond`, `while_loop`) becomes `lax.cond` / `lax.while_loop` over
-the branch subgraphs, interpreted the same way.
+the branch subgraphs, interpreted the same way. Calls of a nested compile region
+(`invoke_subgraph`, from `scan.scan_layers`) run their subgraph as a function; a run of
+calls of the same block becomes one `lax.scan` (`tpu_backend.compile.scan`).
 
 Plain Python callables in the graph (`operator.getitem`, `operator.mul` on sizes,
 `torch.sym_max`...) are called as they are: inside `jax.jit` shapes are concrete, so
@@ -35,6 +37,7 @@ import tpu_backend.compile.prims  # noqa: F401  (registers the graph-only loweri
 import tpu_backend.ops  # noqa: F401  (fills the table)
 from tpu_backend.compile.interop import tensor_to_jax
 from tpu_backend.compile.program import Program
+from tpu_backend.compile.scan import INVOKE_SUBGRAPH, plan_runs
 from tpu_backend.ops.registry import LOWERINGS, Lowering, jax_dtype
 
 
@@ -105,12 +108,34 @@ class GraphFunction:
         self.gm = gm
         self.name = name
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._constants: dict[str, Any] = {}
+        self._subgraphs: dict[str, GraphFunction] = {}
+        self._invoked: dict[int, GraphFunction] = {}
+        self.runs = plan_runs(gm, self.invoked_function)  # repeated blocks: one lax.scan each
         self.needs_rng = any(
             n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and lowering_for(n.target).needs_rng
             for n in gm.graph.nodes
-        )
-        self._constants: dict[str, Any] = {}
-        self._subgraphs: dict[str, GraphFunction] = {}
+        ) or any(fn.needs_rng for fn in self._invoked.values())
+
+    @property
+    def output_nodes(self) -> tuple:
+        output = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        values = output.args[0]
+        return tuple(values) if isinstance(values, (list, tuple)) else (values,)
+
+    def forwarded_operand(self, index: int) -> int | None:
+        """The input position output `index` returns unchanged, or None."""
+        node = self.output_nodes[index]
+        if isinstance(node, torch.fx.Node) and node.op == "placeholder":
+            return self.placeholders.index(node)
+        return None
+
+    def invoked_function(self, call: torch.fx.Node) -> "GraphFunction":
+        """The function an `invoke_subgraph` call runs (one per subgraph module)."""
+        module = _fetch_attr(self.gm, call.args[0].target)
+        if id(module) not in self._invoked:
+            self._invoked[id(module)] = GraphFunction(module, f"{self.name}/{call.args[1]}")
+        return self._invoked[id(module)]
 
     def __call__(self, *args):
         if self.needs_rng:
@@ -127,12 +152,32 @@ class GraphFunction:
         env: dict[torch.fx.Node, Any] = dict(zip(self.placeholders, inputs))
         state = {"key": key}
         for node in self.gm.graph.nodes:
-            if node.op == "placeholder":
+            if node.op == "placeholder" or node in env:  # (computed early for a scan)
                 continue
             if node.op == "output":
                 return state["key"], self._match_metadata(node.args[0], _map_nodes(node.args[0], env))
-            env[node] = self._evaluate(node, env, state)
+            self._compute(node, env, state)
         raise ValueError(f"graph {self.name!r} has no output node")
+
+    def _compute(self, node: torch.fx.Node, env: dict, state: dict) -> None:
+        """Put `node`'s value in `env`. A call of a scanned run computes the whole run, after
+        the values it reads (which the graph may place between the layers' calls)."""
+        run = self.runs.get(node)
+        if run is None:
+            env[node] = self._evaluate(node, env, state)
+            return
+        pending = [n for n in run.inputs if n not in env]
+        while pending:  # their ancestors first, depth first (none depends on the run: scan.plan_runs)
+            top = pending[-1]
+            missing = [n for n in top.all_input_nodes if n not in env]
+            if missing:
+                pending.extend(missing)
+                continue
+            pending.pop()
+            if top not in env:
+                self._compute(top, env, state)
+        functions = [self.invoked_function(call) for call in run.calls[: run.period]]
+        env.update(run.evaluate(functions, env, state, _map_nodes))
 
     def _match_metadata(self, output_nodes, outputs):
         """Outputs with the dtypes AOTAutograd's metadata promises (autograd checks them).
@@ -163,6 +208,12 @@ class GraphFunction:
             return self._constants[node.target]  # a constant, or a subgraph (GraphModule)
         if node.op != "call_function":
             raise UnsupportedGraphError(f"tpu: graph {self.name!r}: node kind {node.op!r} ({node}) is not supported")
+        if node.target is INVOKE_SUBGRAPH:  # a block called once, or not scannable: a plain call
+            function = self.invoked_function(node)
+            key = None
+            if function.needs_rng:
+                state["key"], key = jax.random.split(state["key"])
+            return function.run(_map_nodes(node.args[2:], env), key)[1]
         args = _map_nodes(node.args, env)
         kwargs = _map_nodes(node.kwargs, env)
         if _is_python_callable(node.target):
@@ -226,6 +277,7 @@ def _while_loop(graph: GraphFunction, cond_gm, body_gm, carried_inputs, addition
 _HIGHER_ORDER = {
     torch.ops.higher_order.cond: _cond,
     torch.ops.higher_order.while_loop: _while_loop,
+    INVOKE_SUBGRAPH: None,  # GraphFunction._evaluate / scan.Run (needs the random key state)
 }
 
 

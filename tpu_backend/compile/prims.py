@@ -87,6 +87,37 @@ def collapse(x, start, end):
     return jnp.reshape(x, x.shape[:start] + (-1,) + x.shape[end:])
 
 
+@graph_lowering(prims.add.default)
+def add(a, b):
+    """Reached from decompositions traced inside a nested compile region (`rms_norm`'s
+    `x + eps` in a `scan_layers` block); prims take operands of one dtype already."""
+    return jnp.add(a, b)
+
+
+@graph_lowering(prims.sub.default)
+def sub(a, b):
+    return jnp.subtract(a, b)
+
+
+@graph_lowering(prims.mul.default)
+def mul(a, b):
+    return jnp.multiply(a, b)
+
+
+@graph_lowering(prims.div.default)
+def div(a, b):
+    """prims.div: true division for floating operands, truncation for integers."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if jnp.issubdtype(jnp.result_type(a, b), jnp.integer):
+        return jax.lax.div(a, b)
+    return jnp.true_divide(a, b)
+
+
+@graph_lowering(prims.rsqrt.default)
+def rsqrt(x):
+    return jax.lax.rsqrt(x)
+
+
 # --------------------------------------------------------------------- sizes (static inside jit)
 
 
