@@ -14,6 +14,8 @@ Importing this package registers the Dynamo backend "tpu". Public API:
   FX graph it came from;
 - `programs()`: the compiled programs alive now; `Program.export(platforms=("tpu",))`
   lowers each of a program's signatures for another platform (`jax.export.Exported`).
+- `scan_layers(blocks)`: a model's repeated blocks (decoder layers) compiled once, as one
+  `lax.scan` over their stacked parameters, forward and backward (`scan.py`); `unmark`.
 - `dynamic`: graphs with symbolic sizes (`dynamic=True`, `mark_dynamic`) are padded to
   buckets (`dynamic.set_buckets`, `using_buckets`, or `options={"buckets": [...]}`).
 """
@@ -45,6 +47,7 @@ from tpu_backend.compile.interpreter import (
     missing_lowerings,
 )
 from tpu_backend.compile.program import Program, programs
+from tpu_backend.compile.scan import scan_layers, unmark
 
 __all__ = [
     "BACKEND_NAME",
@@ -69,7 +72,9 @@ __all__ = [
     "programs",
     "record_compile",
     "record_hit",
+    "scan_layers",
     "set_cache_dir",
     "using_cache_dir",
+    "unmark",
     "verify_cache",
 ]
