@@ -11,6 +11,8 @@
         # reference's 374M Llama shape (bf16, 4 x 2048); compare with jax_llama_reference.py (docs/tpu.md)
     python benchmarks/backend_bench.py --model llama-374m --remat --modes tpu-compile --compile-optimizer
         # ... with the AdamW step compiled too (one program instead of one per foreach op)
+    python benchmarks/backend_bench.py --model llama-374m --remat --modes tpu-compile --scan-layers
+        # ... the 24 decoder layers as one lax.scan (tpu_backend.compile.scan_layers): compiled once
     python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
         --modes cpu-eager,tpu-strict,tpu-fused,tpu-compile,jax   # issue 16's dispatch-bound comparison
     python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
@@ -105,7 +107,10 @@ def _eager(model: nn.Module) -> nn.Module:
 def _compiled(backend: str) -> Callable[[nn.Module], nn.Module]:
     def prepare(model: nn.Module) -> nn.Module:
         if backend == "tpu":
-            import tpu_backend.compile  # noqa: F401 - registers the "tpu" Dynamo backend
+            import tpu_backend.compile  # registers the "tpu" Dynamo backend
+
+            if _scan_layers:
+                tpu_backend.compile.scan_layers(model.blocks)
         return torch.compile(model, backend=backend)
 
     return prepare
@@ -233,6 +238,7 @@ TOKEN_MODELS = ("transformer", "mingpt", "llama", "llama-374m", "llama-950m")
 _batch_size: int | None = None
 _remat = False  # --remat: the Llama models recompute each block in the backward  # --batch: overrides the GPT models' batch size
 _compile_optimizer = False  # --compile-optimizer: tpu-compile also compiles the optimizer's step
+_scan_layers = False  # --scan-layers: tpu-compile runs the model's blocks as one lax.scan
 
 
 def _token_config(model_name: str):
@@ -868,6 +874,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help='tpu-compile: also torch.compile(optimizer.step, backend="tpu") (one program for the AdamW update)',
     )
     parser.add_argument(
+        "--scan-layers",
+        action="store_true",
+        help="tpu-compile: the model's repeated blocks as one lax.scan over their stacked weights "
+        "(tpu_backend.compile.scan_layers; XLA compiles one block instead of each layer)",
+    )
+    parser.add_argument(
         "--pipeline",
         type=int,
         default=1,
@@ -891,6 +903,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--profile", metavar="DIR", help="trace the training steps into DIR with torch.tpu.profiler (slows them)"
     )
     args = parser.parse_args(argv)
+    if args.scan_layers and args.model not in TOKEN_MODELS:
+        parser.error(f"--scan-layers applies to the models with blocks ({', '.join(TOKEN_MODELS)})")
     if args.batch is not None and args.model not in TOKEN_MODELS:
         parser.error(f"--batch applies to the token models ({', '.join(TOKEN_MODELS)})")
     if args.modes == "all":
@@ -1103,8 +1117,9 @@ def print_phases(phases: dict[str, dict], steps: int) -> None:
 
 
 def main(argv=None) -> int:
-    global _batch_size, _remat, _pipeline, _compile_optimizer
+    global _batch_size, _remat, _pipeline, _compile_optimizer, _scan_layers
     args = parse_args(argv)
+    _scan_layers = args.scan_layers
     _compile_optimizer = args.compile_optimizer
     _pipeline = max(1, args.pipeline)
     _remat = args.remat

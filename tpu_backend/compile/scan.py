@@ -256,6 +256,12 @@ def _same_shape(nodes) -> bool:
     return all(tuple(m.shape) == tuple(first.shape) and m.dtype == first.dtype for m in metas)
 
 
+# The first repetition alone is tied to the rest of the graph: with the block checkpointed
+# from outside, the last layer's recomputed forward feeds the head's backward, whose result
+# is the first gradient the run carries. That repetition is called unrolled, the rest scanned.
+FIRST_REPETITION_TIED = "the first layer's operands are computed from its own outputs"
+
+
 def _build_run(calls: list[torch.fx.Node], period: int, subgraphs: list) -> Run | str:
     """The run of `calls` (repetitions of `period` calls), or why it cannot be scanned."""
     repeats = len(calls) // period
@@ -312,6 +318,8 @@ def _build_run(calls: list[torch.fx.Node], period: int, subgraphs: list) -> Run 
     ]
     late = _depends_on(inputs, set(calls))
     if late is not None:
+        if _depends_on(inputs, set(calls[period:])) is None:
+            return FIRST_REPETITION_TIED
         return f"an operand of one block ({late.name}) is computed from the output of another, not passed as an operand"
     carried_sources = {slot.source for group in slots for slot in group if slot.kind == "carried"}
     outputs: dict = {}
@@ -366,14 +374,11 @@ def plan_runs(gm: torch.fx.GraphModule, subgraph_function) -> dict[torch.fx.Node
         repeats, period = best
         chosen = calls[i : i + repeats * period]
         run = _build_run(chosen, period, identity[i : i + period])
-        if isinstance(run, str) and repeats > 2:
-            # The first repetition alone may be tied to the rest of the graph: with the block
-            # checkpointed from outside, the last layer's recomputed forward feeds the
-            # head's backward, whose result is the first gradient the run carries. That
-            # repetition is called unrolled and the others are scanned.
-            peeled = _build_run(chosen[period:], period, identity[i : i + period])
-            if not isinstance(peeled, str):
-                run = peeled
+        if run == FIRST_REPETITION_TIED:
+            if repeats == 2:  # one left: nothing to scan, and nothing lost by calling both
+                i += repeats * period
+                continue
+            run = _build_run(chosen[period:], period, identity[i : i + period])
         if isinstance(run, str):
             _say_once(
                 f"tpu: {repeats} repeated calls of block {chosen[0].args[1]!r} are compiled unrolled "

@@ -1,0 +1,188 @@
+"""`scan_layers`: a model's repeated blocks compiled once, as one `lax.scan`, forward and
+backward, with the same losses and gradients as the unrolled layers and PyTorch CPU eager."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tpu_backend  # noqa: F401  (registers the device)
+import tpu_backend.compile as tpu_compile
+from tests.tpu_backend.models import LlamaConfig, LlamaLM, make_optimizer, sequence_loss
+from tpu_backend.compile import scan
+
+STEPS = 3
+# float32, the same ops per layer in a loop instead of unrolled: XLA may fuse and sum in
+# another order, so losses agree to 1e-5 relative and gradients to 1e-5 of their scale.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(autouse=True)
+def _fresh(fresh_dynamo):
+    scan._warned.clear()
+
+
+def train(model: nn.Module, device: str, mark: bool, batches) -> tuple[list[float], list[dict]]:
+    """Losses and every parameter's gradient, step by step (AdamW)."""
+    model = copy.deepcopy(model).to(device)
+    if mark:
+        tpu_compile.scan_layers(model.blocks)
+    run = torch.compile(model, backend="tpu") if device == "tpu" else model
+    optimizer = make_optimizer("adamw", model.parameters())
+    losses, grads = [], []
+    for inputs, target in batches:
+        optimizer.zero_grad()
+        loss = sequence_loss(run(inputs.to(device)), target.to(device))
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({name: p.grad.cpu() for name, p in model.named_parameters()})
+        optimizer.step()
+    return losses, grads
+
+
+def batches(config: LlamaConfig) -> list:
+    generator = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, config.vocab, (2, config.context + 1), generator=generator) for _ in range(STEPS)]
+    return [(t[:, :-1], t[:, 1:]) for t in tokens]
+
+
+def programs_text(folder: Path) -> dict[str, str]:
+    """The StableHLO of each compiled model program, by kind (forward, backward)."""
+    texts = {}
+    for path in sorted(folder.glob("torch_compile_*.stablehlo.mlir")):
+        kind = path.name.split(".")[0].rsplit("_", 1)[-1]
+        texts[kind] = path.read_text()
+    return texts
+
+
+def assert_same_training(expected, actual, what: str) -> None:
+    (losses_a, grads_a), (losses_b, grads_b) = expected, actual
+    assert losses_b == pytest.approx(losses_a, rel=RTOL), what
+    for step, (a, b) in enumerate(zip(grads_a, grads_b)):
+        assert a.keys() == b.keys()
+        for name in a:
+            scale = a[name].abs().max().item()
+            torch.testing.assert_close(
+                b[name], a[name], rtol=RTOL, atol=1e-5 * scale + ATOL, msg=f"{what}: step {step} grad of {name}"
+            )
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
+def test_scanned_layers_train_like_unrolled_and_eager(remat, tmp_path):
+    config = LlamaConfig(layers=3, checkpoint=remat)
+    torch.manual_seed(0)
+    model = LlamaLM(config)
+    data = batches(config)
+    eager = train(model, "cpu", False, data)
+    with tpu_compile.dump(tmp_path / "unrolled"):
+        unrolled = train(model, "tpu", False, data)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught, tpu_compile.dump(tmp_path / "scan"):
+        warnings.simplefilter("always")
+        scanned = train(model, "tpu", True, data)
+    assert not [w for w in caught if "compiled unrolled" in str(w.message)]
+    assert_same_training(eager, unrolled, "unrolled vs eager")
+    assert_same_training(eager, scanned, "scan vs eager")
+
+    unrolled_text, scanned_text = programs_text(tmp_path / "unrolled"), programs_text(tmp_path / "scan")
+    assert set(scanned_text) == {"forward", "backward"}
+    for kind, text in scanned_text.items():
+        assert text.count("stablehlo.while") == 1, f"{kind}: the layers should be one loop"
+        assert "stablehlo.while" not in unrolled_text[kind]
+        # One block body in the loop instead of three copies: far fewer matmuls in the program
+        assert text.count("stablehlo.dot_general") < unrolled_text[kind].count("stablehlo.dot_general")
+
+
+def test_the_loop_body_does_not_grow_with_the_layers(tmp_path):
+    counts = {}
+    for layers in (2, 4):
+        torch._dynamo.reset()
+        config = LlamaConfig(layers=layers)
+        torch.manual_seed(0)
+        with tpu_compile.dump(tmp_path / str(layers)):
+            train(LlamaLM(config), "tpu", True, batches(config)[:1])
+        texts = programs_text(tmp_path / str(layers))
+        counts[layers] = {kind: text.count("stablehlo.dot_general") for kind, text in texts.items()}
+    assert counts[2] == counts[4]
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, scale):
+        return x + torch.tanh(self.linear(x)) * scale
+
+
+class Stack(nn.Module):
+    """Blocks whose second input is computed from the previous block's output: not a scan."""
+
+    def __init__(self, layers: int = 3, tied: bool = True):
+        super().__init__()
+        self.blocks = nn.ModuleList(Scaled() for _ in range(layers))
+        self.tied = tied
+
+    def forward(self, x):
+        scale = torch.ones(())
+        for block in self.blocks:
+            if self.tied:
+                scale = x.mean()
+            x = block(x, scale)
+        return x.square().sum()
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["unscannable", "scannable"])
+def test_blocks_that_cannot_be_scanned_run_unrolled_and_say_why(tied, tmp_path):
+    torch.manual_seed(0)
+    model = Stack(tied=tied)
+    x = torch.randn(4, 8)
+    reference = copy.deepcopy(model)
+    expected = reference(x)
+    expected.backward()
+    device_model = copy.deepcopy(model).to("tpu")
+    tpu_compile.scan_layers(device_model.blocks)
+    with warnings.catch_warnings(record=True) as caught, tpu_compile.dump(tmp_path):
+        warnings.simplefilter("always")
+        loss = torch.compile(device_model, backend="tpu")(x.to("tpu"))
+        loss.backward()
+    said = [str(w.message) for w in caught if "compiled unrolled" in str(w.message)]
+    forward = programs_text(tmp_path)["forward"]
+    if tied:
+        assert said and "computed from the output of another" in said[0]
+        assert "stablehlo.while" not in forward
+    else:
+        assert not said
+        assert forward.count("stablehlo.while") == 1
+    torch.testing.assert_close(loss.cpu(), expected, rtol=RTOL, atol=ATOL)
+    for (name, p), q in zip(reference.named_parameters(), device_model.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_one_marked_block_is_a_plain_call():
+    torch.manual_seed(0)
+    model = Stack(layers=1, tied=False)
+    x = torch.randn(4, 8)
+    expected = copy.deepcopy(model)(x)
+    tpu_compile.scan_layers(model.blocks)
+    assert torch.compile(model.to("tpu"), backend="tpu")(x.to("tpu")).item() == pytest.approx(expected.item(), rel=RTOL)
+
+
+def test_marking_keeps_eager_and_can_be_undone():
+    torch.manual_seed(0)
+    model = Stack(tied=False)
+    x = torch.randn(4, 8)
+    expected = model(x)
+    tpu_compile.scan_layers(model.blocks)
+    assert all(scan.is_marked(block) for block in model.blocks)
+    assert isinstance(model.blocks[0], Scaled)
+    assert torch.equal(model(x), expected)
+    tpu_compile.unmark(model.blocks)
+    assert type(model.blocks[0]) is Scaled
+    with pytest.raises(TypeError, match="nn.Module"):
+        tpu_compile.scan_layers([lambda x: x])
