@@ -123,7 +123,7 @@ def measure(args, layers: int, scan: bool) -> dict:
         "first_step_s": first,
         "trace_s": sum(p.trace_seconds for p in model_programs),
         "compile_s": sum(p.compile_seconds for p in model_programs),
-        "step_s": statistics.median(times),
+        "step_s": statistics.median(times) if times else float("nan"),
         "loss": loss,
     }
     if args.compile_for:

@@ -98,6 +98,25 @@ def test_scanned_layers_train_like_unrolled_and_eager(remat, tmp_path):
         assert text.count("stablehlo.dot_general") < unrolled_text[kind].count("stablehlo.dot_general")
 
 
+def test_kernels_inside_the_scanned_block(tmp_path):
+    """The Pallas kernels (attention, RMSNorm: custom ops inside the block's subgraph) run
+    inside the loop (interpreted here; compiled on a TPU in mode "auto")."""
+    from tpu_backend import kernels
+
+    config = LlamaConfig(layers=3, width=64, heads=2, ffn=128, context=64)  # head dim 32: the kernels take it
+    torch.manual_seed(0)
+    model = LlamaLM(config)
+    data = batches(config)[:2]
+    eager = train(model, "cpu", False, data)
+    kernels.reset_stats()
+    with kernels.use("interpret"), tpu_compile.dump(tmp_path):
+        scanned = train(model, "tpu", True, data)
+        used = kernels.stats()
+    assert used.get("scaled_dot_product_attention: kernel") and used.get("rms_norm: kernel")
+    assert "tpu_kernels.flash_attention" in (tmp_path / "torch_compile_0_forward.fx.py").read_text()
+    assert_same_training(eager, scanned, "scan with kernels vs eager")
+
+
 def test_the_loop_body_does_not_grow_with_the_layers(tmp_path):
     counts = {}
     for layers in (2, 4):
