@@ -117,6 +117,21 @@ def test_kernels_inside_the_scanned_block(tmp_path):
     assert_same_training(eager, scanned, "scan with kernels vs eager")
 
 
+def test_inference_scans_too(tmp_path):
+    config = LlamaConfig(layers=3)
+    torch.manual_seed(0)
+    model = LlamaLM(config).eval()
+    tokens = batches(config)[0][0]
+    with torch.no_grad():
+        expected = model(tokens)
+        device_model = copy.deepcopy(model).to("tpu")
+        tpu_compile.scan_layers(device_model.blocks)
+        with tpu_compile.dump(tmp_path):
+            logits = torch.compile(device_model, backend="tpu")(tokens.to("tpu"))
+    assert programs_text(tmp_path)["inference"].count("stablehlo.while") == 1
+    torch.testing.assert_close(logits.cpu(), expected, rtol=RTOL, atol=1e-5)
+
+
 def test_the_loop_body_does_not_grow_with_the_layers(tmp_path):
     counts = {}
     for layers in (2, 4):
