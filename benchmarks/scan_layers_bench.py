@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(args, layers: int):
+    import torch
+
     from tests.tpu_backend.models import LlamaConfig
 
     return LlamaConfig(
@@ -42,6 +44,7 @@ def _config(args, layers: int):
         layers=layers,
         ffn=args.ffn,
         checkpoint=args.remat,
+        dtype=getattr(torch, args.dtype),
     )
 
 
@@ -71,8 +74,8 @@ def _step_function(config, scan: bool, batch: int):
     return step
 
 
-def _chip_compile_seconds(chip: str) -> dict[str, float]:
-    """Each `torch.compile` program of this process compiled again for `chip`."""
+def _chip_compile_seconds(chip: str, names) -> dict[str, float]:
+    """The programs `names` compiled again for `chip`."""
     import jax
 
     from kernels import tpu
@@ -81,7 +84,7 @@ def _chip_compile_seconds(chip: str) -> dict[str, float]:
 
     seconds = {}
     for program in programs():
-        if not program.name.startswith("torch_compile_"):
+        if program.name not in names:
             continue
         for matmul_precision, sig in list(program._executables):
             args = [_abstract(item) for item in sig]
@@ -111,7 +114,8 @@ def measure(args, layers: int, scan: bool) -> dict:
     loss = step()
     first = time.perf_counter() - start
     stats = tpu_compile.compile_stats()
-    model_programs = [p for name, p in stats.programs.items() if name.startswith("torch_compile_")]
+    names = [name for name in stats.programs if name.startswith("torch_compile_")]
+    model_programs = [stats.programs[name] for name in names]
     times = []
     for _ in range(args.steps):
         start = time.perf_counter()
@@ -127,7 +131,9 @@ def measure(args, layers: int, scan: bool) -> dict:
         "loss": loss,
     }
     if args.compile_for:
-        result["chip_compile_s"] = sum(_chip_compile_seconds(args.compile_for).values())
+        per_program = _chip_compile_seconds(args.compile_for, names)
+        result["chip_compile_s"] = sum(per_program.values())
+        result["chip_compile_per_program_s"] = per_program
     return result
 
 
@@ -140,6 +146,7 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and activations")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after the first")
     parser.add_argument("--remat", action="store_true", help="each block under torch.utils.checkpoint")
     parser.add_argument("--compile-for", metavar="CHIP", help="also compile the programs for CHIP (e.g. v5e)")
@@ -154,7 +161,8 @@ def main(argv=None) -> int:
     passthrough = [
         f"--{name.replace('_', '-')}={value}"
         for name, value in vars(args).items()
-        if name in ("width", "ffn", "heads", "context", "vocab", "batch", "steps") or (name == "compile_for" and value)
+        if name in ("width", "ffn", "heads", "context", "vocab", "batch", "steps", "dtype")
+        or (name == "compile_for" and value)
     ] + (["--remat"] if args.remat else [])
     for layers in (int(n) for n in args.layers.split(",")):
         for mode in args.modes.split(","):
