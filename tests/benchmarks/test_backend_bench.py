@@ -35,3 +35,11 @@ def test_bench_reports_cpu_time_beside_wall_time(tmp_path):
     assert backend_bench._ratio(results, "cpu-eager", "jax", "cpu") == pytest.approx(
         steps["cpu-eager"]["cpu_median_s"] / steps["jax"]["cpu_median_s"]
     )
+
+
+def test_scan_layers_flag_trains_the_llama_case_like_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["--model", "llama", "--remat", "--scan-layers", "--modes", "cpu-eager,tpu-compile"]
+    assert backend_bench.main([*argv, "--steps", "1", "--warmup", "1", "--skip-ops", "--json", str(out)]) == 0
+    steps = {s["mode"]: s for s in json.loads(out.read_text())["steps"]}
+    assert steps["tpu-compile"]["final_loss"] == pytest.approx(steps["cpu-eager"]["final_loss"], rel=1e-5)
