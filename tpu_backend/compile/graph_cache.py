@@ -7,9 +7,11 @@ metadata, PyTorch's version and configuration. It serves any compiler that retur
 picklable `OutputCode` (`SerializableAOTDispatchCompiler`) when entries are *bundled*
 (`torch._functorch.config.bundled_autograd_cache`; checked against torch 2.13):
 `TpuGraphCode` is ours. It keeps the ATen graph as AOTAutograd gave it (before our own
-passes, which depend on the kernel mode) and rebuilds the device callable from it on a
-hit (`post_compile`); the program itself then comes from the lowered-program cache
-(`program_cache.py`) or JAX's persistent cache.
+passes, which depend on the kernel mode) as a `GraphRecord`, plain data with each node's
+FakeTensor metadata, and rebuilds the device callable from it on a hit (`post_compile`);
+the program itself then comes from the lowered-program cache (`program_cache.py`: the
+rebuilt graph has the same identity as the original) or JAX's persistent cache. Graphs
+with symbolic sizes or control-flow subgraphs are not stored.
 
 `compiling()` is entered around each AOTAutograd call of the backend. It
 
@@ -32,15 +34,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import os
 import pickle
 from typing import Any, Sequence
 
 import torch
 from torch._functorch._aot_autograd import autograd_cache as _aot_cache
-from torch._functorch._aot_autograd.aot_autograd_result import SerializedGraphModule
 from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 from torch._inductor.output_code import OutputCode
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tpu_backend.compile import cache as _cache
 from tpu_backend.compile import program_cache
@@ -58,26 +61,16 @@ def enabled() -> bool:
 
 class TpuGraphCode(OutputCode):
     """One AOTAutograd graph compiled for the tpu device, in the form AOTAutograd's cache
-    can store: the graph (pickled as code) and the program name; the compiled callable is
-    rebuilt after loading."""
+    can store: the graph as a `GraphRecord` and the program name; the compiled callable
+    is rebuilt after loading."""
 
     def __init__(self, gm: torch.fx.GraphModule, name: str, buckets):
-        self.graph = SerializedGraphModule(gm)  # now: compile_for_tpu rewrites gm in place
-        self.inputs = _describe_inputs(gm)  # None: symbolic sizes, not stored
+        self.record = GraphRecord.of(gm)  # now: compile_for_tpu rewrites gm in place (None: not stored)
         self.name = name
         self.buckets = buckets
         self._boxed_call = True
         self._compiled = None
-        # A stored graph is compiled as a later process will load it (pickling re-traces
-        # the code: names change, argument-free subexpressions become constants), so that
-        # both processes build the same program and share its lowered-program entry.
-        restored = None
-        if self.inputs is not None:
-            try:
-                restored = restore_graph(self.graph, self.inputs)
-            except Exception:  # noqa: BLE001 - e.g. control flow subgraphs do not re-trace: not stored
-                self.inputs = None
-        self._compile(restored if restored is not None else gm)
+        self._compile(gm)
 
     def _compile(self, gm: torch.fx.GraphModule) -> None:
         from tpu_backend.compile import backend
@@ -89,59 +82,174 @@ class TpuGraphCode(OutputCode):
         return self._compiled(args)
 
     def prepare_for_serialization(self) -> None:
-        if self.inputs is None:
-            raise _aot_cache.BypassAOTAutogradCache("tpu: graph not stored (symbolic sizes, or it does not re-trace)")
+        if self.record is None:
+            raise _aot_cache.BypassAOTAutogradCache("tpu: graph not stored (symbolic sizes or subgraphs)")
         self._compiled = None  # device programs do not pickle; post_compile rebuilds them
 
     def post_compile(self, example_inputs: Sequence[Any], constants, graph_kwargs) -> None:
-        self._compile(restore_graph(self.graph, self.inputs))
+        self._compile(self.record.graph_module())
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass
 
 
-def _describe_inputs(gm: torch.fx.GraphModule) -> list | None:
-    """Each placeholder's value as (shape, stride, storage offset, dtype, device) for a
-    tensor, or the plain Python value; None when any size is symbolic."""
-    described = []
-    for node in gm.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("val")
-        if isinstance(value, torch.Tensor):
-            sizes = (*value.shape, *value.stride(), value.storage_offset())
-            if not all(isinstance(d, int) for d in sizes):
-                return None
-            described.append(
-                (tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype, value.device)
-            )
-        elif value is None or isinstance(value, (bool, int, float)):
-            described.append(value)
-        else:
+class _Unstorable(Exception):
+    pass
+
+
+class _Node:
+    """A reference to the graph's i-th node inside a stored node's arguments."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __reduce__(self):
+        return (_Node, (self.index,))
+
+
+class GraphRecord:
+    """An ATen FX graph as plain picklable data: per node its kind, name, target (named,
+    not pickled: operator overloads do not pickle), arguments and a description of its
+    FakeTensor value (`meta["val"]`, which the backend reads: output devices and dtypes,
+    input fast paths, the norm-fusion pass), plus the constant tensors it reads.
+
+    Rebuilt with `graph_module()` into the same graph, names included, without tracing
+    anything (PyTorch's own GraphModule pickling re-traces the code, which renames
+    nodes, turns argument-free subexpressions into constants and drops the metadata)."""
+
+    def __init__(self, nodes: list, constants: dict):
+        self.nodes, self.constants = nodes, constants
+
+    @staticmethod
+    def of(gm: torch.fx.GraphModule) -> "GraphRecord | None":
+        """The record of `gm`, or None for a graph that cannot be stored (symbolic sizes,
+        control-flow subgraphs, a target that is not an ATen op or a module function)."""
+        try:
+            index = {node: i for i, node in enumerate(gm.graph.nodes)}
+            nodes, constants = [], {}
+            for node in gm.graph.nodes:
+                if node.op == "get_attr":
+                    constants[node.target] = _stored_constant(gm, node.target)
+                elif node.op not in ("placeholder", "call_function", "output"):
+                    raise _Unstorable(node.op)
+                refer = lambda value: torch.fx.node.map_arg(value, lambda n: _Node(index[n]))  # noqa: E731, B023
+                nodes.append(
+                    (
+                        node.op,
+                        node.name,
+                        _target_of(node),
+                        refer(node.args),
+                        refer(node.kwargs),
+                        _describe(node.meta.get("val")),
+                    )
+                )
+            return GraphRecord(nodes, constants)
+        except _Unstorable:
             return None
-    return described
+
+    def graph_module(self) -> torch.fx.GraphModule:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        graph = torch.fx.Graph()
+        made: list[torch.fx.Node] = []
+        resolve = lambda value: _map_refs(value, made)  # noqa: E731
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            for op, name, target, args, kwargs, described in self.nodes:
+                if op == "output":
+                    node = graph.output(resolve(args[0]))
+                else:
+                    node = graph.create_node(op, _resolve_target(target), resolve(args), resolve(kwargs), name=name)
+                if described is not None:
+                    node.meta["val"] = _fake(described)
+                made.append(node)
+        root = torch.nn.Module()
+        with unset_fake_temporarily():
+            for target, (value, device) in self.constants.items():
+                setattr(root, target, value.to(device))
+        return torch.fx.GraphModule(root, graph)
 
 
-def restore_graph(graph: SerializedGraphModule, inputs: list) -> torch.fx.GraphModule:
-    """The graph as stored, rebuilt with the FakeTensor metadata (`meta["val"]`) its nodes
-    had when AOTAutograd made it: pickling drops it, and the backend reads it (output
-    devices and dtypes, input fast paths, the norm-fusion pass). Rebuilding re-traces the
-    graph's code, which computes argument-free subexpressions (a causal mask) as real
-    constants: outside any fake mode, and on a copy of the stored attributes."""
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+def _target_of(node: torch.fx.Node):
+    target = node.target
+    if node.op in ("placeholder", "get_attr", "output"):
+        return target
+    if isinstance(target, torch._ops.OpOverload):
+        return ("op", target.namespace, target._opname, target._overloadname)
+    if isinstance(target, torch._ops.HigherOrderOperator) or not callable(target):
+        raise _Unstorable(str(target))
+    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise _Unstorable(str(target))
+    return ("function", module, qualname)
 
-    body, *rest = graph.args
-    with unset_fake_temporarily():
-        gm = graph.fn(dict(body), *rest)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode:
-        values = [
-            torch.empty_strided(v[0], v[1], dtype=v[3], device=v[4]).as_strided(v[0], v[1], v[2])
-            if isinstance(v, tuple)
-            else v
-            for v in inputs
-        ]
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*values)
-    return gm
+
+def _resolve_target(target):
+    if not isinstance(target, tuple):
+        return target
+    if target[0] == "op":
+        _, namespace, name, overload = target
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    _, module, qualname = target
+    value = importlib.import_module(module)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _stored_constant(gm: torch.fx.GraphModule, target: str):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor) or isinstance(value, torch._subclasses.FakeTensor):
+        raise _Unstorable(target)
+    with unset_fake_temporarily():  # AOTAutograd calls the compiler inside its fake mode
+        return value.detach().to("cpu").clone(), str(value.device)
+
+
+def _describe(value):
+    """A FakeTensor value (or a structure of them and plain values) as plain data."""
+    if isinstance(value, torch.Tensor):
+        sizes = (*value.shape, *value.stride(), value.storage_offset())
+        if not all(isinstance(d, int) for d in sizes):
+            raise _Unstorable("symbolic sizes")
+        return (
+            "tensor",
+            tuple(value.shape),
+            tuple(value.stride()),
+            value.storage_offset(),
+            value.dtype,
+            str(value.device),
+        )
+    if isinstance(value, (list, tuple)):
+        return ("sequence", type(value) is list, [_describe(v) for v in value])
+    if value is None or type(value) in (bool, int, float):
+        return ("value", value)
+    raise _Unstorable(type(value).__name__)
+
+
+def _fake(described):
+    """The FakeTensor (or structure) `described` stands for; call inside a FakeTensorMode."""
+    kind = described[0]
+    if kind == "tensor":
+        _, shape, stride, offset, dtype, device = described
+        value = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        return value.as_strided(shape, stride, offset) if offset else value
+    if kind == "sequence":
+        values = [_fake(d) for d in described[2]]
+        return values if described[1] else tuple(values)
+    return described[1]
+
+
+def _map_refs(value, made: list):
+    if isinstance(value, _Node):
+        return made[value.index]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_refs(v, made) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_refs(v, made) for k, v in value.items()}
+    return value
 
 
 def compiler(name: str, buckets=DEFAULT):
