@@ -4,6 +4,7 @@
     python benchmarks/compile_time_bench.py --model llama --layers 8 --modes tpu-compile
     python benchmarks/compile_time_bench.py --model llama-374m --remat --modes tpu-compile   # on a TPU
     python benchmarks/compile_time_bench.py --model llama --json results.json            # also as JSON ('-': stdout)
+    python benchmarks/compile_time_bench.py --model llama --xla-cache-only   # the baseline: JAX's disk cache alone
 
 For each mode, the first training step (forward + backward + AdamW, `backend_bench.py`'s
 model cases and step functions) runs in a fresh Python process twice, one after the
@@ -136,6 +137,8 @@ def run_child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
     if args.remat:
         command.append("--remat")
     env = dict(os.environ, TPU_CACHE_DIR=cache_dir)
+    if args.xla_cache_only:  # the state before issue 32: JAX's persistent cache alone
+        env.update(TPU_AOT_CACHE="off", TPU_PROGRAM_CACHE="off")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -192,6 +195,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="the token models' batch size")
     parser.add_argument("--remat", action="store_true", help="Llama models: recompute each block in the backward")
     parser.add_argument("--steps", type=int, default=2, help="steps after the first (the steady step time)")
+    parser.add_argument(
+        "--xla-cache-only",
+        action="store_true",
+        help="turn off AOTAutograd's cache and the lowered-program store (JAX's persistent cache alone: the baseline)",
+    )
     parser.add_argument("--cache-dir", help="use (and keep) this folder, one sub-folder per mode; default: temporary")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-' for stdout)")
     parser.add_argument("--child", metavar="MODE", help=argparse.SUPPRESS)
