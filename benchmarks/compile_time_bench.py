@@ -112,7 +112,7 @@ def child(args: argparse.Namespace) -> dict:
         "programs_compiled": programs.misses,
         "programs_from_disk": programs.disk_hits,
         "programs_loaded": programs.loaded,
-        "strict_ops_compiled": strict_compiles,
+        "strict_ops_traced": strict_compiles,
         "xla_store": {"hits": xla_store.hits, "misses": xla_store.misses} if xla_store else None,
         "program_store": {"hits": prog_store.hits, "misses": prog_store.misses} if prog_store else None,
         "aot_cache": graph_cache.counters(),
@@ -168,7 +168,7 @@ def print_table(mode: str, first: dict, second: dict) -> None:
         ("programs compiled by XLA", "programs_compiled"),
         ("programs from disk", "programs_from_disk"),
         ("  of which loaded, not traced", "programs_loaded"),
-        ("strict per-op programs compiled", "strict_ops_compiled"),
+        ("strict per-op programs traced", "strict_ops_traced"),
         ("corrupt entries replaced", "corrupt_entries"),
     ):
         print(f"{label:34s} {first[key]:9d} {second[key]:9d}")
