@@ -233,6 +233,7 @@ TOKEN_MODELS = ("transformer", "mingpt", "llama", "llama-374m", "llama-950m")
 _batch_size: int | None = None
 _remat = False  # --remat: the Llama models recompute each block in the backward  # --batch: overrides the GPT models' batch size
 _compile_optimizer = False  # --compile-optimizer: tpu-compile also compiles the optimizer's step
+_layers: int | None = None  # --layers: overrides the Llama models' layer count
 
 
 def _token_config(model_name: str):
@@ -254,9 +255,23 @@ def _with_checkpointing(build):
     return build_checkpointed
 
 
+def _with_layers(build, layers: int):
+    def build_with_layers():
+        with torch.device("meta"):  # nothing allocated, no random numbers drawn
+            model = build()
+        if not hasattr(getattr(model, "config", None), "checkpoint"):
+            raise ValueError("--layers applies to the Llama models")
+        return type(model)(dataclasses.replace(model.config, layers=layers))
+
+    return build_with_layers
+
+
 def model_case(model_name: str):
-    """The benchmark's model case, with the batch size of `--batch` for the token models."""
+    """The benchmark's model case, with the batch size of `--batch` for the token models
+    and the layer count of `--layers` for the Llama models."""
     case = MODEL_CASES[model_name]
+    if _layers is not None:
+        case = dataclasses.replace(case, build=_with_layers(case.build, _layers))
     if _remat:
         case = dataclasses.replace(case, build=_with_checkpointing(case.build))
     if _batch_size is None:
@@ -836,6 +851,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--skip-inductor", action="store_true", help="leave cpu-inductor out (its compile is slow here)"
     )
+    parser.add_argument("--layers", type=int, help="the Llama models' layer count (default: the model's)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument(
@@ -1103,8 +1119,9 @@ def print_phases(phases: dict[str, dict], steps: int) -> None:
 
 
 def main(argv=None) -> int:
-    global _batch_size, _remat, _pipeline, _compile_optimizer
+    global _batch_size, _remat, _pipeline, _compile_optimizer, _layers
     args = parse_args(argv)
+    _layers = args.layers
     _compile_optimizer = args.compile_optimizer
     _pipeline = max(1, args.pipeline)
     _remat = args.remat
