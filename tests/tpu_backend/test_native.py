@@ -206,3 +206,21 @@ def test_views_never_take_a_known_calls_program():
             (transposed, base.reshape(4, 4).t()),
         ):
             torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(expected))
+
+
+@compiled
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_python_numbers_and_cpu_scalars_in_known_calls(mode):
+    """`x * 3` passes 3 as a wrapped-number tensor, which the Python kernel sees as the
+    number (an int is static, a float dynamic); a 0-d CPU tensor is a dynamic value. Known
+    calls must tell 3 from -1 and reuse a float's program for another float."""
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode(mode)
+    try:
+        x = torch.tensor([1.0, -2.0, 3.0, -4.0])
+        tx = x.to("tpu")
+        for _ in range(3):
+            for factor in (3, -1, 2.5, -0.5, True, torch.tensor(4.0), torch.tensor(-2.0)):
+                torch.testing.assert_close((tx * factor).cpu(), x * factor)
+    finally:
+        tpu_backend.set_eager_mode(previous)

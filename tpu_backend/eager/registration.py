@@ -206,6 +206,7 @@ def _configure_native_kernels() -> bool:
                 compiles_class=runner_module._Compiles,
                 note_compile=runner_module._note_native_compile,
                 wrap_outputs=_wrap_outputs,
+                cpu_to_jax=tpu_tensor.cpu_to_jax,
                 torch_dtype=torch_dtype,
                 payload_type=tpu_tensor.StoragePayload,
                 array_type=ArrayImpl,

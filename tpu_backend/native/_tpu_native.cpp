@@ -564,6 +564,7 @@ PyObject* runner_module = nullptr;  // tpu_backend.eager.runner (`_run_jitted`, 
 PyObject* original_run_jitted = nullptr;
 PyObject* compiles_class = nullptr;  // runner._Compiles: `started` is set when a jitted call traced
 PyObject* note_compile_fn = nullptr;  // runner._note_native_compile(): counts the compile
+PyObject* cpu_to_jax_fn = nullptr;  // tensor.cpu_to_jax: a CPU scalar tensor's value as a JAX array
 PyObject* wrap_outputs_fn = nullptr;  // registration._wrap_outputs: results that are not plain arrays
 PyObject* torch_dtype_fn = nullptr;  // ops.registry.torch_dtype(numpy dtype) -> torch.dtype
 PyObject* payload_type = nullptr;  // tensor.StoragePayload
@@ -643,9 +644,11 @@ bool array_meta(PyObject* array, PyObject** shape, PyObject** dtype) {
   return true;
 }
 
-// The payload array of plain tensor `t` (a new reference), or nullptr (no error set) when
-// the Python kernel must read it (no payload, unmaterialised, another dtype or shape).
-PyObject* payload_array(const at::Tensor& t) {
+// The payload array of tpu tensor `t` (a new reference) and whether `t` reads as all of it
+// (`whole`; otherwise the op's program gathers `t` from it), or nullptr (no error set) when
+// the Python kernel must read it (no payload, unmaterialised, re-typed): the cases of
+// `tensor.read_deferred`.
+PyObject* payload_array(const at::Tensor& t, bool* whole) {
   PyObject* key = storage_key_of(t);
   if (key == nullptr) {
     return nullptr;
@@ -666,26 +669,29 @@ PyObject* payload_array(const at::Tensor& t) {
     Py_XDECREF(array);
     return nullptr;
   }
-  PyObject *shape = nullptr, *array_dtype = nullptr;
-  if (!array_meta(array, &shape, &array_dtype)) {
-    Py_DECREF(array);
-    return nullptr;
-  }
-  int same = same_shape(shape, t.sizes());
-  Py_DECREF(shape);
-  Py_DECREF(array_dtype);
-  if (same != 1) {
-    Py_DECREF(array);
-    return nullptr;
+  *whole = false;
+  if (t.storage_offset() == 0 && t.is_contiguous()) {
+    PyObject *shape = nullptr, *array_dtype = nullptr;
+    if (!array_meta(array, &shape, &array_dtype)) {
+      Py_DECREF(array);
+      return nullptr;
+    }
+    int same = same_shape(shape, t.sizes());
+    Py_DECREF(shape);
+    Py_DECREF(array_dtype);
+    if (same < 0) {
+      Py_DECREF(array);
+      return nullptr;
+    }
+    *whole = same == 1;
   }
   return array;
 }
 
-// A tensor argument that can take the C++ path: a tpu tensor that is its storage's whole
-// payload (the hot case of `tensor.read_deferred`).
-bool plain_device_tensor(const at::Tensor& t) {
-  return t.defined() && t.key_set().has(c10::DispatchKey::PrivateUse1) &&
-      t.storage_offset() == 0 && t.is_contiguous() && !t.is_conj() && !t.is_neg();
+// A tensor argument that can take the C++ path: a tpu tensor with no math bits (the
+// Python kernel resolves those).
+bool device_tensor(const at::Tensor& t) {
+  return t.defined() && t.key_set().has(c10::DispatchKey::PrivateUse1) && !t.is_conj() && !t.is_neg();
 }
 
 // The dynamic values of a call (new references), in the order `flatten_args` makes them.
@@ -698,31 +704,93 @@ struct Values {
   }
 };
 
-// A plain tensor's payload array into `inputs`; false when the Python kernel must read it
-// (then the template would not be a plain slot: a view of the payload's shape, a zero fill).
-bool add_tensor(const at::Tensor& t, Values& inputs) {
-  if (!plain_device_tensor(t)) {
+// A CPU scalar tensor (`x * 0.5` passes one) as `arguments._non_tpu_tensor` takes it: a JAX
+// array of its value (`tensor.cpu_to_jax`), kept per (dtype, value): they repeat every step.
+std::map<std::pair<int, std::string>, PyObject*> cpu_scalars;  // -> JAX array (a reference)
+constexpr size_t kMaxCpuScalars = 512;
+
+bool add_cpu_scalar(const at::Tensor& t, std::string& key, Values& inputs) {
+  if (t.is_conj() || t.is_neg() || t.is_complex() || t.requires_grad()) {
     return false;
   }
-  PyObject* array = payload_array(t);
+  std::string bytes(static_cast<const char*>(t.const_data_ptr()), t.element_size());
+  auto cache_key = std::make_pair(static_cast<int>(t.scalar_type()), bytes);
+  auto found = cpu_scalars.find(cache_key);
+  PyObject* array = nullptr;
+  if (found != cpu_scalars.end()) {
+    array = found->second;
+  } else {
+    PyObject* wrapped = THPVariable_Wrap(t);
+    array = wrapped ? PyObject_CallOneArg(cpu_to_jax_fn, wrapped) : nullptr;
+    Py_XDECREF(wrapped);
+    if (array == nullptr) {
+      return false;
+    }
+    if (cpu_scalars.size() >= kMaxCpuScalars) {
+      for (auto& item : cpu_scalars) {
+        Py_DECREF(item.second);
+      }
+      cpu_scalars.clear();
+    }
+    cpu_scalars.emplace(cache_key, array);  // the map's reference
+  }
+  Py_INCREF(array);
+  inputs.items.push_back(array);
+  key.push_back('c');
+  return true;
+}
+
+// A tensor's payload array into `inputs` and its part of the key: 'T' when it reads as
+// the whole array, else 'V' and the view's geometry (the template's `_ViewSlot`: the op's
+// program gathers it). False when the Python kernel must read it.
+bool add_number(const c10::IValue& value, bool dynamic_floats, std::string& key, Values& inputs);
+
+bool add_tensor(const at::Tensor& t, bool dynamic_floats, std::string& key, Values& inputs) {
+  if (t.defined() && t.dim() == 0 && t.device().is_cpu()) {
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      // `x * 2` passes 2 as a "wrapped number" tensor, which the Python kernel receives as
+      // the Python number (torch::jit::toPyObject): a static int or bool, a dynamic float
+      switch (t.scalar_type()) {
+        case c10::ScalarType::Long:
+          return add_number(c10::IValue(*t.const_data_ptr<int64_t>()), dynamic_floats, key, inputs);
+        case c10::ScalarType::Double:
+          return add_number(c10::IValue(*t.const_data_ptr<double>()), dynamic_floats, key, inputs);
+        case c10::ScalarType::Bool:
+          return add_number(c10::IValue(*t.const_data_ptr<bool>()), dynamic_floats, key, inputs);
+        default:
+          return false;
+      }
+    }
+    return add_cpu_scalar(t, key, inputs);
+  }
+  if (!device_tensor(t)) {
+    return false;
+  }
+  bool whole = false;
+  PyObject* array = payload_array(t, &whole);
   if (array == nullptr) {
     return false;
   }
   inputs.items.push_back(array);
+  if (whole) {
+    key.push_back('T');
+    return true;
+  }
+  key.push_back('V');
+  append_raw(key, static_cast<int64_t>(t.dim()));
+  for (int64_t size : t.sizes()) {
+    append_raw(key, size);
+  }
+  for (int64_t stride : t.strides()) {
+    append_raw(key, stride);
+  }
+  append_raw(key, static_cast<int64_t>(t.storage_offset()));
   return true;
 }
 
-// Appends `value`'s part of the key; tensors' arrays and dynamic floats go to `inputs`.
-// False (maybe with an error set): the call is not one for the C++ path.
-bool key_of(const c10::IValue& value, bool dynamic_floats, std::string& key, Values& inputs) {
-  if (value.isTensor()) {
-    if (!add_tensor(value.toTensor(), inputs)) {
-      return false;
-    }
-    key.push_back('T');
-  } else if (value.isNone()) {
-    key.push_back('n');
-  } else if (value.isBool()) {
+// A Python number argument (bool, int: static; float: dynamic unless the op's floats are static).
+bool add_number(const c10::IValue& value, bool dynamic_floats, std::string& key, Values& inputs) {
+  if (value.isBool()) {
     key.push_back(value.toBool() ? 'B' : 'b');
   } else if (value.isInt()) {
     key.push_back('i');
@@ -739,6 +807,23 @@ bool key_of(const c10::IValue& value, bool dynamic_floats, std::string& key, Val
       key.push_back('D');
       append_raw(key, value.toDouble());
     }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Appends `value`'s part of the key; tensors' arrays and dynamic floats go to `inputs`.
+// False (maybe with an error set): the call is not one for the C++ path.
+bool key_of(const c10::IValue& value, bool dynamic_floats, std::string& key, Values& inputs) {
+  if (value.isTensor()) {
+    if (!add_tensor(value.toTensor(), dynamic_floats, key, inputs)) {
+      return false;
+    }
+  } else if (value.isNone()) {
+    key.push_back('n');
+  } else if (value.isBool() || value.isInt() || value.isDouble()) {
+    return add_number(value, dynamic_floats, key, inputs);
   } else if (value.isIntList()) {
     auto list = value.toIntList();
     key.push_back('l');
@@ -751,8 +836,30 @@ bool key_of(const c10::IValue& value, bool dynamic_floats, std::string& key, Val
     key.push_back('L');
     append_raw(key, static_cast<int64_t>(list.size()));
     for (const c10::IValue& item : list) {
-      if (!add_tensor(item.toTensor(), inputs)) {
+      if (!add_tensor(item.toTensor(), dynamic_floats, key, inputs)) {
         return false;
+      }
+    }
+  } else if (value.isBoolList()) {
+    auto list = value.toBoolList();
+    key.push_back('k');
+    append_raw(key, static_cast<int64_t>(list.size()));
+    for (bool item : list) {
+      key.push_back(item ? '1' : '0');
+    }
+  } else if (value.isDoubleList()) {
+    auto list = value.toDoubleList();  // as in `_flatten`: each float a dynamic value (or static)
+    key.push_back(dynamic_floats ? 'f' : 'F');
+    append_raw(key, static_cast<int64_t>(list.size()));
+    for (double item : list) {
+      if (dynamic_floats) {
+        PyObject* number = PyFloat_FromDouble(item);
+        if (number == nullptr) {
+          return false;
+        }
+        inputs.items.push_back(number);
+      } else {
+        append_raw(key, item);
       }
     }
   } else if (value.isString()) {
@@ -1011,6 +1118,9 @@ bool run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
   if (out == nullptr) {
     // e.g. new dtypes the chip cannot compile: the Python kernel decides (and raises)
     PyErr_Clear();
+    if (mode == Mode::kStrict && PyObject_SetAttr(compiles_class, str_started, Py_None) != 0) {
+      PyErr_Clear();  // a failed trace is not a compile
+    }
     return false;
   }
   torch::jit::Stack produced;
@@ -1194,6 +1304,7 @@ PyObject* py_configure_kernels(PyObject*, PyObject* config) {
       {"compiles_class", &compiles_class},
       {"note_compile", &note_compile_fn},
       {"wrap_outputs", &wrap_outputs_fn},
+      {"cpu_to_jax", &cpu_to_jax_fn},
       {"torch_dtype", &torch_dtype_fn},
       {"payload_type", &payload_type},
       {"array_type", &array_type},
