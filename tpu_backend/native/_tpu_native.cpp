@@ -581,7 +581,6 @@ PyObject* str_started = nullptr;
 PyObject* str_aval = nullptr;
 PyObject* str_numel = nullptr;
 PyObject* str_key = nullptr;
-PyObject* str_release = nullptr;
 long long native_requests = 0;  // strict calls made here (runner.CACHE_STATS adds them)
 long long native_hits = 0;  // ... of which did not compile
 
@@ -930,6 +929,34 @@ bool scalar_type_of(PyObject* dtype, c10::ScalarType* out) {
   return true;
 }
 
+// Payloads attached here are released by one C callback (no bound method per payload, no
+// Python frame when a tensor dies): `StoragePayload.release`'s work, found by weakref.
+std::unordered_map<PyObject*, PyObject*> released_by;  // weakref -> its payload (a reference)
+
+PyObject* py_release_payload(PyObject*, PyObject* ref) {
+  auto found = released_by.find(ref);
+  if (found == released_by.end()) {
+    Py_RETURN_NONE;
+  }
+  PyObject* payload = found->second;
+  released_by.erase(found);
+  PyObject* key = PyObject_GetAttr(payload, str_key);
+  PyObject* current = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
+  if (current == payload) {
+    PyDict_DelItem(payloads, key);
+  }
+  Py_XDECREF(key);
+  PyErr_Clear();  // as in a weakref callback: nothing to report to
+  if (PyObject_SetAttr(payload, str_array, Py_None) != 0 || PyObject_SetAttr(payload, str_ref, Py_None) != 0) {
+    PyErr_Clear();
+  }
+  Py_DECREF(payload);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef release_def = {"release_payload", py_release_payload, METH_O, "A storage died: drop its payload."};
+PyObject* release_callback = nullptr;  // release_def as a callable
+
 // `tensor.wrap(array)` in C++: a new contiguous tpu tensor whose storage's payload is `array`.
 // An undefined tensor (with a Python error set) on failure.
 at::Tensor wrap_array(PyObject* array) {
@@ -963,14 +990,19 @@ at::Tensor wrap_array(PyObject* array) {
   PyObject* storage_object = payload ? torch::createPyObject(tensor.storage()) : nullptr;
   PyObject* numel = storage_object ? PyLong_FromLongLong(tensor.numel()) : nullptr;
   PyObject* key = numel ? storage_key_of(tensor) : nullptr;
-  PyObject* release = key ? PyObject_GetAttr(payload, str_release) : nullptr;
-  PyObject* ref = release ? PyWeakref_NewRef(storage_object, release) : nullptr;
+  if (release_callback == nullptr && key != nullptr) {
+    release_callback = PyCFunction_New(&release_def, nullptr);
+  }
+  PyObject* ref = key && release_callback ? PyWeakref_NewRef(storage_object, release_callback) : nullptr;
   bool ok = ref != nullptr && PyObject_SetAttr(payload, str_numel, numel) == 0 &&
       PyObject_SetAttr(payload, str_dtype, reinterpret_cast<PyObject*>(torch::getTHPDtype(scalar_type))) == 0 &&
       PyObject_SetAttr(payload, str_array, array) == 0 && PyObject_SetAttr(payload, str_key, key) == 0 &&
       PyObject_SetAttr(payload, str_ref, ref) == 0 && PyDict_SetItem(payloads, key, payload) == 0;
+  if (ok) {
+    Py_INCREF(payload);
+    released_by[ref] = payload;  // the weakref lives (payload.ref) until its callback ran
+  }
   Py_XDECREF(ref);
-  Py_XDECREF(release);
   Py_XDECREF(key);
   Py_XDECREF(numel);
   Py_XDECREF(storage_object);
@@ -1432,6 +1464,5 @@ PyMODINIT_FUNC PyInit__tpu_native() {
   str_aval = PyUnicode_InternFromString("aval");
   str_numel = PyUnicode_InternFromString("numel");
   str_key = PyUnicode_InternFromString("key");
-  str_release = PyUnicode_InternFromString("release");
   return PyModule_Create(&module_def);
 }
