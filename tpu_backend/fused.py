@@ -348,7 +348,9 @@ def _compiled_for(fingerprint: tuple, nodes, outputs, has_floats: bool, donated:
         from tpu_backend.compile.program import Program
 
         ops_text = _describe_ops(nodes, outputs, donated)
-        program = Program("fused", _graph_function(nodes, outputs, has_floats), source=ops_text, donate=donated)
+        program = Program(
+            "fused", _graph_function(nodes, outputs, has_floats), source=ops_text, donate=donated, identity=ops_text
+        )
         found = _programs[fingerprint] = _Compiled(program, ops_text)
     return found
 

@@ -166,10 +166,12 @@ def _check_seq2seq(rows, n_models: int):
 
 def test_seq2seq_generate_tiny():
     """Whisper and T5 in their tiny form: float32 exact in LiteRT, int8 and int4 export and run."""
+    pytest.importorskip("transformers", reason="seq2seq_generate's models are transformers models")
     _check_seq2seq(seq2seq_generate.run(shape="tiny", new_tokens=8)["rows"], 2)
 
 
 @pytest.mark.slow
 def test_seq2seq_generate_real_shapes():
     """Whisper-tiny and T5-small shaped (3000 mel frames; 60 M parameters) end to end."""
+    pytest.importorskip("transformers", reason="seq2seq_generate's models are transformers models")
     _check_seq2seq(seq2seq_generate.run(shape="real", new_tokens=8)["rows"], 2)

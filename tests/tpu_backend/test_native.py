@@ -159,3 +159,68 @@ def test_one_device_guard():
 def test_an_installer_that_fails_keeps_the_python_version():
     with pytest.warns(RuntimeWarning, match="compiled thing could not be installed"):
         assert native.install("thing", "no_such_installer") is None
+
+
+def _native_calls() -> int:
+    return native.module.call_counts()[0]
+
+
+@compiled
+def test_known_calls_run_in_cpp_like_python():
+    """An op call the Python kernel has run is run by the C++ kernel: the same values, and
+    result tensors just like the Python kernel's (device, dispatch keys, payload)."""
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    python_made = [torch.mul(ta, tb) for _ in range(2)][0]  # the Python kernel runs it, then teaches C++
+    before = _native_calls()
+    cpp_made = torch.mul(ta, tb)
+    assert _native_calls() == before + 1
+    assert torch.equal(cpp_made.cpu(), a * b) and torch.equal(python_made.cpu(), a * b)
+    assert cpp_made.device == python_made.device == torch.device("tpu:0")
+    assert torch._C._dispatch_keys(cpp_made) == torch._C._dispatch_keys(python_made)
+    assert cpp_made.untyped_storage().device == torch.device("tpu:0")
+    count = tpu_backend.tensor.payload_count()
+    del cpp_made
+    assert tpu_backend.tensor.payload_count() == count - 1  # its payload goes with it
+    values, indices = torch.sort(ta, dim=1)  # several results
+    values, indices = torch.sort(ta, dim=1)
+    before = _native_calls()
+    values, indices = torch.sort(ta, dim=1)
+    assert _native_calls() == before + 1
+    expected = torch.sort(a, dim=1)
+    assert torch.equal(values.cpu(), expected.values) and torch.equal(indices.cpu(), expected.indices)
+
+
+@compiled
+def test_views_never_take_a_known_calls_program():
+    """A call is known by its static arguments; an input that is a view (read through a
+    gather in the Python kernel's program) keeps it on the Python path, whichever came first."""
+    base = torch.arange(16.0)
+    plain = base.reshape(4, 4).to("tpu")
+    reshaped = base.to("tpu").view(4, 4)  # covers its storage, in another shape than the payload's
+    transposed = plain.t()
+    for _ in range(3):
+        for x, expected in (
+            (reshaped, base.reshape(4, 4)),
+            (plain, base.reshape(4, 4)),
+            (transposed, base.reshape(4, 4).t()),
+        ):
+            torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(expected))
+
+
+@compiled
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_python_numbers_and_cpu_scalars_in_known_calls(mode):
+    """`x * 3` passes 3 as a wrapped-number tensor, which the Python kernel sees as the
+    number (an int is static, a float dynamic); a 0-d CPU tensor is a dynamic value. Known
+    calls must tell 3 from -1 and reuse a float's program for another float."""
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode(mode)
+    try:
+        x = torch.tensor([1.0, -2.0, 3.0, -4.0])
+        tx = x.to("tpu")
+        for _ in range(3):
+            for factor in (3, -1, 2.5, -0.5, True, torch.tensor(4.0), torch.tensor(-2.0)):
+                torch.testing.assert_close((tx * factor).cpu(), x * factor)
+    finally:
+        tpu_backend.set_eager_mode(previous)

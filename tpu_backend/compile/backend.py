@@ -28,6 +28,7 @@ concrete shape gets its own program.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import sys
 from typing import Any, Sequence
@@ -40,7 +41,7 @@ from torch._dynamo.backends.registry import register_backend
 
 from tpu_backend import random as device_random
 from tpu_backend import tensor as device_tensor
-from tpu_backend.compile import dynamic
+from tpu_backend.compile import dynamic, graph_cache
 from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
 from tpu_backend.compile.interpreter import GraphProgram, compile_graph, is_covered, lowering_tables_version
 from tpu_backend.compile.program import is_array
@@ -247,6 +248,55 @@ def _store(target: torch.Tensor, value) -> None:
             target.copy_(jax_to_tensor(value, target.device))
 
 
+def graph_identity(gm: torch.fx.GraphModule) -> str:
+    """What the program of `gm` computes, as text that is the same in every process: each
+    node of the graph and its subgraphs in order (op, target, arguments, with nodes
+    written by position: names change when a graph is pickled), the dtype and shape
+    PyTorch expects of each output (outputs are cast to them), and a hash of each
+    constant tensor's bytes. The lowered-program cache's key (`program_cache.py`)."""
+    lines = []
+    for path, module in gm.named_modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        lines.append(f"graph {path or '<root>'}")
+        position = {node: i for i, node in enumerate(module.graph.nodes)}
+        for node in module.graph.nodes:
+            args, kwargs = (_by_position(value, position) for value in (node.args, node.kwargs))
+            line = f"%{position[node]} {node.op} {_target_name(node)} {args!r} {kwargs!r}"
+            if node.op == "get_attr":
+                line += " " + _constant_digest(module, node.target)
+            elif node.op == "output":
+                outputs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+                metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in outputs]
+                line += f" {[(m.dtype, tuple(m.shape)) if isinstance(m, torch.Tensor) else repr(m) for m in metas]}"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _by_position(value, position: dict):
+    return torch.fx.node.map_arg(value, lambda node: f"%{position[node]}")
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    if node.op == "placeholder":
+        return ""
+    target = node.target
+    if isinstance(target, str):
+        return target
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', None) or target}:{target}"
+
+
+def _constant_digest(module: torch.fx.GraphModule, target: str) -> str:
+    value = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        return type(value).__name__  # a subgraph: its nodes are listed on their own
+    data = value.detach().to("cpu").contiguous()
+    digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    return f"{data.dtype} {tuple(data.shape)} {digest}"
+
+
 def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKETS) -> CompiledGraph:
     """One AOTAutograd graph as a callable on tensors (usable as an AOTAutograd compiler)."""
     from tpu_backend.kernels import fuse_residual_norms
@@ -261,6 +311,7 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         return dynamic.BucketedCompiledGraph(dynamic.compile_bucketed(gm, name, policy), gm, _output_devices(gm))
     devices = _output_devices(gm)[: len(_output_devices(gm)) - len(written)]
     program = compile_graph(gm, name)
+    program.identity = functools.partial(graph_identity, gm)
     if written:
         offset = 1 if program.needs_rng else 0  # the key is the first array argument
         values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
@@ -271,6 +322,8 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         donated = [i for i in written if values[i].dim() > 0]
         donate = tuple(offset + sum(tensor_inputs[:i]) for i in donated)
         donating = compile_graph(gm, name, donate=donate, fn=program.graph_fn) if donate else None
+        if donating is not None:
+            donating.identity = program.identity
         return CompiledGraph(program, devices, written, donating, donated, _input_slots(gm))
     return CompiledGraph(program, devices, slots=_input_slots(gm))
 
@@ -323,14 +376,21 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
     """Dynamo backend: AOTAutograd forward/backward graphs, each run as one jitted JAX program."""
     buckets = _bucket_option(options)
     graph_id = next(_graph_ids)
+    if graph_cache.enabled():  # AOTAutograd's own cache can store what we compile
+        make_compiler = functools.partial(
+            graph_cache.compiler, buckets=graph_cache.DEFAULT if buckets is _DEFAULT_BUCKETS else buckets
+        )
+    else:
+        make_compiler = functools.partial(graph_compiler, buckets=buckets)
     backend = aot_autograd(
-        fw_compiler=graph_compiler(f"torch_compile_{graph_id}_forward", buckets),
-        bw_compiler=graph_compiler(f"torch_compile_{graph_id}_backward", buckets),
-        inference_compiler=graph_compiler(f"torch_compile_{graph_id}_inference", buckets),
+        fw_compiler=make_compiler(f"torch_compile_{graph_id}_forward"),
+        bw_compiler=make_compiler(f"torch_compile_{graph_id}_backward"),
+        inference_compiler=make_compiler(f"torch_compile_{graph_id}_inference"),
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
     )
-    return backend(gm, example_inputs, **kwargs)
+    with graph_cache.compiling():
+        return backend(gm, example_inputs, **kwargs)
 
 
 def _register_with_dynamo() -> None:

@@ -72,6 +72,7 @@ class ProgramStats:
     misses: int = 0  # compiled by XLA
     compile_seconds: float = 0.0  # total build time: tracing + lowering + compiling (or loading)
     trace_seconds: float = 0.0  # the tracing + lowering part (Python: our lowerings, JAX tracing)
+    loaded: int = 0  # of the disk hits: executables from the lowered-program cache (nothing traced)
 
     def add(self, other: "ProgramStats") -> None:
         self.requests += other.requests
@@ -80,6 +81,7 @@ class ProgramStats:
         self.misses += other.misses
         self.compile_seconds += other.compile_seconds
         self.trace_seconds += other.trace_seconds
+        self.loaded += other.loaded
 
 
 @dataclass
@@ -100,14 +102,18 @@ class CompileStats:
             entry.requests += 1
             entry.hits += 1
 
-    def record_compile(self, name: str, seconds: float, from_disk: bool = False, trace_seconds: float = 0.0) -> None:
-        """`name` was requested and had to be built: compiled by XLA, or loaded from disk.
-        `seconds` is the whole build, `trace_seconds` the part spent tracing/lowering."""
+    def record_compile(
+        self, name: str, seconds: float, from_disk: bool = False, trace_seconds: float = 0.0, loaded: bool = False
+    ) -> None:
+        """`name` was requested and had to be built: compiled by XLA, or loaded from disk
+        (`loaded`: from the lowered-program cache, without tracing). `seconds` is the
+        whole build, `trace_seconds` the part spent tracing/lowering."""
         with self._lock:
             entry = self._entry(name)
             entry.requests += 1
             entry.compile_seconds += seconds
             entry.trace_seconds += trace_seconds
+            entry.loaded += int(loaded)
             if from_disk:
                 entry.disk_hits += 1
             else:
@@ -197,9 +203,13 @@ class VerifiedDiskCache(CacheInterface):
     half-written entry under a real name.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, suffix: str = _SUFFIX, refuse_in_cache_only: bool = True):
         self._path = Path(path).expanduser()
         self._path.mkdir(parents=True, exist_ok=True)
+        self._suffix = suffix
+        # XLA's store is where `cache_only()` refuses a compile; the stores in front of it
+        # (lowered programs, AOTAutograd graphs) just miss and let the request go on.
+        self._refuse_in_cache_only = refuse_in_cache_only
         self.hits = 0
         self.misses = 0
 
@@ -210,7 +220,7 @@ class VerifiedDiskCache(CacheInterface):
     def _file(self, key: str) -> Path:
         if not key or "/" in key or os.sep in key:
             raise ValueError(f"invalid compilation cache key {key!r}")
-        return self._path / f"{key}{_SUFFIX}"
+        return self._path / f"{key}{self._suffix}"
 
     def get(self, key: str) -> bytes | None:
         path = self._file(key)
@@ -227,7 +237,7 @@ class VerifiedDiskCache(CacheInterface):
 
     def _miss(self, key: str) -> None:
         self.misses += 1
-        if is_cache_only():
+        if self._refuse_in_cache_only and is_cache_only():
             raise CacheMissError(
                 f"cache_only(): JAX program {key!r} is not in the compilation cache at {self._path}; "
                 "run once without cache_only() to fill the cache",
@@ -237,7 +247,7 @@ class VerifiedDiskCache(CacheInterface):
 
     def put(self, key: str, value: bytes) -> None:
         path = self._file(key)
-        fd, tmp = tempfile.mkstemp(dir=self._path, prefix=".tmp-", suffix=_SUFFIX)
+        fd, tmp = tempfile.mkstemp(dir=self._path, prefix=".tmp-", suffix=self._suffix)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(_pack(value))
@@ -248,12 +258,18 @@ class VerifiedDiskCache(CacheInterface):
             raise
 
     def _discard_corrupt(self, path: Path, size: int) -> None:
+        self.discard(path.name[: -len(self._suffix)], f"is corrupt or truncated ({size} bytes, checksum mismatch)")
+
+    def discard(self, key: str, why: str) -> None:
+        """Delete entry `key` with a warning saying `why` (corrupt, stale, unloadable): the
+        program is rebuilt and the entry rewritten."""
         STATS.corrupt_entries += 1
+        path = self._file(key)
         warnings.warn(
-            f"tpu_backend: compilation cache entry {path} ({size} bytes) is corrupt or truncated "
-            "(checksum mismatch); deleted it, the program will be recompiled and the entry rewritten",
+            f"tpu_backend: compilation cache entry {path} {why}; deleted it, the program will be "
+            "rebuilt and the entry rewritten",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -261,7 +277,7 @@ class VerifiedDiskCache(CacheInterface):
     def verify_all(self) -> list[Path]:
         """Check every entry now; delete (and return) the corrupt ones."""
         removed = []
-        for path in sorted(self._path.glob(f"*{_SUFFIX}")):
+        for path in sorted(self._path.glob(f"*{self._suffix}")):
             if path.name.startswith(".tmp-"):
                 continue
             data = path.read_bytes()
@@ -271,7 +287,7 @@ class VerifiedDiskCache(CacheInterface):
         return removed
 
     def entries(self) -> list[Path]:
-        return sorted(p for p in self._path.glob(f"*{_SUFFIX}") if not p.name.startswith(".tmp-"))
+        return sorted(p for p in self._path.glob(f"*{self._suffix}") if not p.name.startswith(".tmp-"))
 
     def clear(self) -> None:
         for path in self.entries():

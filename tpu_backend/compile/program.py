@@ -25,6 +25,7 @@ from jax._src.random.prng import PRNGKeyArray
 
 from tpu_backend import precision
 from tpu_backend.compile import dump as _dump
+from tpu_backend.compile import program_cache
 from tpu_backend.compile.cache import (
     STATS,
     CacheMissError,
@@ -133,16 +134,25 @@ class Program:
     `source` (optional text, or a function returning it, e.g. the FX graph's code) is
     written next to the StableHLO by `dump()`. `donate`: positions among the array
     arguments whose buffers the program may reuse for its outputs (the caller never
-    reads them again).
+    reads them again). `identity` (optional text, or a function returning it): what
+    `fn` computes, completely and stably across processes (an ATen graph's code and
+    constants, a fused graph's op list); with it, a second process loads the executable
+    from the lowered-program cache (`program_cache.py`) without tracing `fn`.
     """
 
     def __init__(
-        self, name: str, fn: Callable, source: str | Callable[[], str] | None = None, donate: tuple[int, ...] = ()
+        self,
+        name: str,
+        fn: Callable,
+        source: str | Callable[[], str] | None = None,
+        donate: tuple[int, ...] = (),
+        identity: str | Callable[[], str] | None = None,
     ):
         self.name = name
         self.fn = fn
         self.source = source
         self.donate = tuple(donate)
+        self.identity = identity
         # keyed by (matmul precision, signature): torch.set_float32_matmul_precision recompiles
         self._executables: dict[tuple, _Executable] = {}
         self._last: _LastCall | None = None
@@ -203,8 +213,15 @@ class Program:
                 f"cache_only(): program {self.name!r} {format_signature(sig)} would compile, "
                 "but the persistent compilation cache is disabled (set TPU_CACHE_DIR or call set_cache_dir())"
             )
-        on_arrays, traced = self._array_function(args)
         start = time.perf_counter()
+        cached_key = self._program_cache_key(key)
+        if cached_key is not None:
+            found = program_cache.load(*cached_key)
+            if found is not None:
+                STATS.record_compile(self.name, time.perf_counter() - start, from_disk=True, loaded=True)
+                executable = self._executables[key] = _Executable(*found)
+                return executable
+        on_arrays, traced = self._array_function(args)
         lowered = jax.jit(on_arrays, donate_argnums=self.donate).lower(*[a for a in args if is_array(a)])
         traced_at = time.perf_counter()
         disk_hits_before = storage.hits if storage is not None else 0
@@ -223,7 +240,21 @@ class Program:
         _dump.write_program(self.name, format_signature(sig), lowered, self.source)
         executable = _Executable(compiled, traced["treedef"], traced["static"], traced["n_leaves"])
         self._executables[key] = executable
+        if cached_key is not None and not from_disk:  # see program_cache.save: fresh executables only
+            program_cache.save(*cached_key, compiled, traced["treedef"], traced["static"], traced["n_leaves"])
         return executable
+
+    def _program_cache_key(self, key: tuple) -> tuple[str, str] | None:
+        """(key, key text) of this signature in the lowered-program cache, or None when the
+        program is not cached there (no identity, several devices, dumping, layer off)."""
+        if self.identity is None or not program_cache.enabled() or _dump.dump_dir() is not None:
+            return None
+        matmul_precision, sig = key
+        if not program_cache.single_device(sig) or program_cache.store() is None:
+            return None
+        identity = self.identity() if callable(self.identity) else self.identity
+        text = program_cache.key_text(identity, matmul_precision, sig, self.donate)
+        return program_cache.key_of(text), text
 
     def _array_function(self, args):
         """(function of the array arguments only, dict its tracing fills with the output

@@ -14,6 +14,7 @@ from typing import Callable
 import jax
 import torch
 
+from tpu_backend import native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.eager.errors import user_frame
 from tpu_backend.eager.runner import runner
@@ -177,6 +178,64 @@ def _functionalized_kernel(op):
     return kernel
 
 
+_native = native.load()
+_native_configured = False
+
+
+def _configure_native_kernels() -> bool:
+    """Hand the compiled path's op kernels what they use from here (once); False when
+    there is no compiled path."""
+    global _native_configured
+    if _native is None:
+        return False
+    if not _native_configured:
+        from jax._src.array import ArrayImpl
+
+        from tpu_backend import fused
+        from tpu_backend.eager import modes
+        from tpu_backend.eager import runner as runner_module
+        from tpu_backend.ops.registry import torch_dtype
+
+        _native.configure_kernels(
+            dict(
+                modes_dict=vars(modes),
+                tensor_dict=vars(tpu_tensor),
+                fused_module=fused,
+                runner_module=runner_module,
+                run_jitted=runner_module._run_jitted,
+                compiles_class=runner_module._Compiles,
+                note_compile=runner_module._note_native_compile,
+                wrap_outputs=_wrap_outputs,
+                cpu_to_jax=tpu_tensor.cpu_to_jax,
+                torch_dtype=torch_dtype,
+                payload_type=tpu_tensor.StoragePayload,
+                array_type=ArrayImpl,
+                lazy_type=fused.LazyArray,
+                sample_tensor=tpu_tensor.new_device_tensor((0,), torch.float32),
+            )
+        )
+        _native_configured = True
+    return True
+
+
+def _register_functional(op) -> int:
+    """The functional kernel of a table op. On the compiled path it sits behind the op's C++
+    kernel (tpu_backend/native): registered on PrivateUse2, which the C++ kernel redispatches
+    to for every call it does not know (and learns from)."""
+    kernel = _functionalized_kernel(op) if JAX_LOWERINGS[op].functionalized else _functional_kernel(op)
+    if JAX_LOWERINGS[op].functionalized or (op, "PrivateUse1") in _REGISTERED or not _configure_native_kernels():
+        return register_kernel(op, kernel)
+    try:
+        native_id = _native.install_op_kernel(op._schema.name, op._schema.overload_name)
+    except RuntimeError as error:  # a schema the C++ side cannot take: the Python kernel alone
+        warnings.warn(f"tpu_backend: no compiled kernel for {op} ({error}); using the Python one", stacklevel=2)
+        return register_kernel(op, kernel)
+    register_kernel(op, kernel, "PrivateUse2")
+    _REGISTERED.add((op, "PrivateUse1"))
+    runner(op).native_id = native_id
+    return 1
+
+
 def _register_op(op) -> int:
     """Register `op`'s kernel and its derived in-place and out variants; returns how many."""
     if (op, "PrivateUse1") in _REGISTERED:
@@ -188,8 +247,7 @@ def _register_op(op) -> int:
         if out_op is None or out_op in JAX_LOWERINGS or _is_composite_implicit(out_op):
             return 0
         return register_kernel(out_op, _out_kernel(op, out_op))
-    lowering = JAX_LOWERINGS[op]
-    added = register_kernel(op, _functionalized_kernel(op) if lowering.functionalized else _functional_kernel(op))
+    added = _register_functional(op)
     inplace = inplace_variant(op)
     if inplace is not None and inplace not in JAX_LOWERINGS:
         added += register_kernel(inplace, _inplace_kernel(op))

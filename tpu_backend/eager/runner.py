@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import jax
 
-from tpu_backend import chip_limits, fused
+from tpu_backend import chip_limits, fused, native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.chip_limits import TpuChipLimitError
 from tpu_backend.eager import modes
@@ -25,19 +25,32 @@ from tpu_backend.eager.arguments import fill_template, flatten_args
 from tpu_backend.eager.errors import user_frame
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
 
+_native = native.load()
+
 
 class JitCacheStats:
-    """Counters of the strict-mode jit cache (torch.tpu.cache_stats() reports them)."""
+    """Counters of the strict-mode jit cache (torch.tpu.cache_stats() reports them).
+    Calls made by the compiled dispatch path's kernels are counted there (`call_counts`)."""
 
     def __init__(self):
         self.reset()
 
     def reset(self) -> None:
-        self.requests = 0
-        self.hits = 0
+        self.python_requests = 0
+        self.python_hits = 0
         self.misses = 0
         self.compile_seconds = 0.0
         self.evictions = 0
+        if _native is not None:
+            _native.reset_call_counts()
+
+    @property
+    def requests(self) -> int:
+        return self.python_requests + (_native.call_counts()[0] if _native is not None else 0)
+
+    @property
+    def hits(self) -> int:
+        return self.python_hits + (_native.call_counts()[1] if _native is not None else 0)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(
@@ -67,19 +80,25 @@ class _Compiles:
 
 def _run_jitted(fn: Callable, dynamic: list):
     """Call a jitted lowering, counting a miss (and its compile time) when JAX compiles."""
-    CACHE_STATS.requests += 1
+    CACHE_STATS.python_requests += 1
     _Compiles.started = None
     out = fn(*dynamic)
     if tpu_tensor.SYNC_EACH_COMPUTATION:  # multi-process CPU runs (see tensor.py)
         jax.block_until_ready(out)
     if _Compiles.started is None:
-        CACHE_STATS.hits += 1
+        CACHE_STATS.python_hits += 1
     else:
-        CACHE_STATS.misses += 1
-        CACHE_STATS.compile_seconds += time.perf_counter() - _Compiles.started
-        _Compiles.started = None
-        _count_compiled_program()
+        _note_native_compile()
     return out
+
+
+def _note_native_compile() -> None:
+    """A jitted call traced (so compiled): count the miss and its compile time. Called by the
+    compiled path's kernels too (they count requests and hits themselves)."""
+    CACHE_STATS.misses += 1
+    CACHE_STATS.compile_seconds += time.perf_counter() - _Compiles.started
+    _Compiles.started = None
+    _count_compiled_program()
 
 
 class OpRunner:
@@ -101,6 +120,13 @@ class OpRunner:
         self.plain = not (self.may_run_on_host or self.needs_rng)  # the hot path applies
         self.bound: dict[tuple, Callable] = {}  # fused mode: one bound function per template
         self.host_jitted: dict[tuple, Callable] = {}  # dtypes the chip refuses (chip_limits)
+        # The compiled path's id of this op's C++ kernel (tpu_backend/native): the runner tells
+        # it which jitted (or recorded) lowering a call it handed over used (`_learn`).
+        self.native_id: int | None = None
+
+    def _learn(self, value) -> None:
+        if self.native_id is not None:
+            _native.learn(self.native_id, value, self.dynamic_floats)
 
     def _bound(self, template_args, template_kwargs, traced: bool = False) -> Callable:
         """The lowering as a function of the dynamic values alone (the template is static).
@@ -130,11 +156,15 @@ class OpRunner:
                 if modes._mode == "strict":
                     fn = self.jitted.get(template)
                     if fn is not None:
-                        return _run_jitted(fn, dynamic)
+                        out = _run_jitted(fn, dynamic)
+                        self._learn(fn)
+                        return out
                 else:
                     found = self.bound.get(template)
                     if found is not None:
-                        return fused.record(found[0], found[1], dynamic)
+                        out = fused.record(found[0], found[1], dynamic)
+                        self._learn(found)
+                        return out
             except _TRACE_ERRORS:
                 pass  # a float the lowering branches on: `_run` makes floats static
             except TpuChipLimitError as error:  # new dtypes the chip cannot compile
@@ -174,6 +204,8 @@ class OpRunner:
             self.dynamic_floats = False  # the lowering branches on a float: make floats static
             self.jitted.clear()
             self.bound.clear()
+            if self.native_id is not None:
+                _native.set_dynamic_floats(self.native_id, False)
             return self._run(args, kwargs)
 
     def _on_host(self, error: TpuChipLimitError, template: tuple, dynamic: list):
@@ -265,3 +297,5 @@ def clear_jit_cache() -> None:
         op_runner.jitted.clear()
         op_runner.bound.clear()
         op_runner.host_jitted.clear()
+    if _native is not None:
+        _native.forget_calls()

@@ -3,8 +3,11 @@
 `_tpu_native.cpp` holds the device guard, the view kernels (`as_strided`, `view`,
 `_reshape_alias`, `unfold`) and `flatten_args` (an op's arguments -> dynamic JAX values
 and static template, the common cases; the rest calls back into
-`tpu_backend/eager/arguments.py`). The lowerings, the payload table and fused mode's
-graph stay in Python: the one `Lowering` record per op is still the single source of truth.
+`tpu_backend/eager/arguments.py`), and each table op's PrivateUse1 kernel: a call the
+op's Python kernel (registered behind it, on PrivateUse2) has already run is run in C++,
+straight into the op's jitted lowering (strict) or `fused.record` (fused), results
+wrapped into tensors there. The lowerings, the payload table and fused mode's graph stay
+in Python: the one `Lowering` record per op is still the single source of truth.
 
 Built by `tools/setup.sh` (`python -m tpu_backend.native build`) with the compiler and
 flags `torch.utils.cpp_extension` gives, into `tpu_backend/native/build/`, one file per

@@ -11,6 +11,9 @@
 //   is here (a tensor that is its storage's whole payload, ints, floats, lists of those);
 //   everything else is handed to the Python functions it replaces
 //   (tpu_backend/eager/arguments.py), so there is one definition of the semantics.
+// - the op kernels: each table op's functional kernel, in front of its Python kernel. A
+//   call the Python kernel has run (and taught it) goes straight into the op's jitted
+//   lowering (strict mode) or `fused.record` (fused mode); results are wrapped here.
 //
 // The lowerings, the payload table and fused mode's graph stay in Python. Loaded by
 // tpu_backend/native/__init__.py; TPU_NATIVE=0 keeps the pure-Python path.
@@ -18,15 +21,22 @@
 #include <Python.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <map>
 #include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -504,6 +514,856 @@ PyObject* py_input_refs(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   return refs;
 }
 
+// ------------------------------------------------------------------------ op kernels
+
+// The PrivateUse1 kernel of a table op (its functional overload), in front of the Python
+// kernel (tpu_backend/eager/registration.py), which is registered on PrivateUse2 and
+// reached by redispatch. A call takes the C++ path when it is one the Python kernel has
+// already run through its hot path: strict mode calls the op's jitted lowering (JAX's
+// own C++ fast path) on the arguments' payload arrays, fused mode records the bound
+// lowering (`fused.record`); either way the results are wrapped into tensors here. So a
+// warm op costs no Python frame of ours and no argument conversion to Python objects.
+//
+// What "already run" means: the call's *key* (op, the static values of its arguments,
+// where its tensors and floats are) was seen by the Python kernel, which then `learn`s
+// the jitted function (or the fused (OpKey, bound function)) for it. The key determines
+// the Python kernel's static template (`arguments.flatten_args`), because the Python
+// arguments are a function of the boxed ones; only tensors that are their storage's
+// whole payload take this path (views, CPU scalars, unmaterialised payloads: Python).
+// Everything else (misses, debug mode, rng and host ops, errors) is the Python kernel's.
+
+struct OpEntry {
+  long id = 0;
+  c10::FunctionSchema schema;
+  size_t kwarg_only_start = 0;  // the first keyword-only argument (they go as kwargs)
+  size_t returns = 0;  // the number of Tensor results (0: the op's results are not all plain tensors)
+  bool dynamic_floats = true;  // the runner's: floats are dynamic values (else static, in the key)
+  std::unordered_map<std::string, PyObject*> strict;  // key -> jitted lowering (a reference)
+  std::unordered_map<std::string, PyObject*> fused;  // key -> (OpKey, bound lowering) (a reference)
+
+  explicit OpEntry(c10::FunctionSchema s) : schema(std::move(s)) {}
+
+  void forget() {
+    for (auto* table : {&strict, &fused}) {
+      for (auto& item : *table) {
+        Py_DECREF(item.second);
+      }
+      table->clear();
+    }
+  }
+};
+
+std::vector<std::unique_ptr<OpEntry>> op_entries;
+std::map<std::string, std::unique_ptr<torch::Library>> op_libraries;  // namespace -> IMPL library
+
+// Set by `configure_kernels`.
+PyObject* modes_dict = nullptr;  // tpu_backend.eager.modes.__dict__ (its `_mode`)
+PyObject* tensor_dict = nullptr;  // tpu_backend.tensor.__dict__ (SYNC_EACH_COMPUTATION)
+PyObject* fused_module = nullptr;  // tpu_backend.fused (`record`, looked up per call: benchmarks wrap it)
+PyObject* runner_module = nullptr;  // tpu_backend.eager.runner (`_run_jitted`, same)
+PyObject* original_run_jitted = nullptr;
+PyObject* compiles_class = nullptr;  // runner._Compiles: `started` is set when a jitted call traced
+PyObject* note_compile_fn = nullptr;  // runner._note_native_compile(): counts the compile
+PyObject* cpu_to_jax_fn = nullptr;  // tensor.cpu_to_jax: a CPU scalar tensor's value as a JAX array
+PyObject* wrap_outputs_fn = nullptr;  // registration._wrap_outputs: results that are not plain arrays
+PyObject* torch_dtype_fn = nullptr;  // ops.registry.torch_dtype(numpy dtype) -> torch.dtype
+PyObject* payload_type = nullptr;  // tensor.StoragePayload
+PyObject* array_type = nullptr;  // jax's ArrayImpl
+PyObject* lazy_type = nullptr;  // fused.LazyArray
+c10::Allocator* device_allocator = nullptr;  // the allocator of the device's (zero-byte) storages
+PyObject* str_mode = nullptr;
+PyObject* str_strict = nullptr;
+PyObject* str_fused = nullptr;
+PyObject* str_sync_each = nullptr;
+PyObject* str_record = nullptr;
+PyObject* str_run_jitted = nullptr;
+PyObject* str_started = nullptr;
+PyObject* str_aval = nullptr;
+PyObject* str_numel = nullptr;
+PyObject* str_key = nullptr;
+long long native_requests = 0;  // strict calls made here (runner.CACHE_STATS adds them)
+long long native_hits = 0;  // ... of which did not compile
+
+// The call the Python kernel is running for a C++ kernel that did not know it (per thread:
+// autograd's device thread runs the backward).
+struct Pending {
+  OpEntry* entry = nullptr;
+  std::string key;
+  bool fused = false;
+  bool dynamic_floats = true;
+};
+thread_local Pending pending;
+
+enum class Mode { kOther, kStrict, kFused };
+
+Mode current_mode() {
+  PyObject* mode = PyDict_GetItemWithError(modes_dict, str_mode);  // borrowed
+  if (mode == nullptr) {
+    PyErr_Clear();
+    return Mode::kOther;
+  }
+  if (mode == str_strict || (PyUnicode_Check(mode) && PyUnicode_Compare(mode, str_strict) == 0)) {
+    PyObject* sync_each = PyDict_GetItemWithError(tensor_dict, str_sync_each);
+    if (sync_each == nullptr || sync_each != Py_False) {  // multi-process CPU runs: the Python path waits
+      PyErr_Clear();
+      return Mode::kOther;
+    }
+    return Mode::kStrict;
+  }
+  if (mode == str_fused || (PyUnicode_Check(mode) && PyUnicode_Compare(mode, str_fused) == 0)) {
+    return Mode::kFused;
+  }
+  PyErr_Clear();
+  return Mode::kOther;
+}
+
+template <typename T>
+void append_raw(std::string& key, T value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+// Borrowed (shape, dtype) of a JAX array or a fused placeholder, into `meta` (new refs).
+bool array_meta(PyObject* array, PyObject** shape, PyObject** dtype) {
+  PyObject* source = array;
+  PyObject* aval = nullptr;
+  if (reinterpret_cast<PyObject*>(Py_TYPE(array)) == array_type) {
+    aval = PyObject_GetAttr(array, str_aval);
+    if (aval == nullptr) {
+      return false;
+    }
+    source = aval;
+  }
+  *shape = PyObject_GetAttr(source, str_shape);
+  *dtype = *shape ? PyObject_GetAttr(source, str_dtype) : nullptr;
+  Py_XDECREF(aval);
+  if (*dtype == nullptr) {
+    Py_CLEAR(*shape);
+    return false;
+  }
+  return true;
+}
+
+// The payload array of tpu tensor `t` (a new reference) and whether `t` reads as all of it
+// (`whole`; otherwise the op's program gathers `t` from it), or nullptr (no error set) when
+// the Python kernel must read it (no payload, unmaterialised, re-typed): the cases of
+// `tensor.read_deferred`.
+PyObject* payload_array(const at::Tensor& t, bool* whole) {
+  PyObject* key = storage_key_of(t);
+  if (key == nullptr) {
+    return nullptr;
+  }
+  PyObject* payload = PyDict_GetItemWithError(payloads, key);  // borrowed
+  Py_DECREF(key);
+  if (payload == nullptr) {
+    return nullptr;
+  }
+  PyObject* dtype = PyObject_GetAttr(payload, str_dtype);
+  bool same_dtype = dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+  Py_XDECREF(dtype);
+  if (!same_dtype) {
+    return nullptr;
+  }
+  PyObject* array = PyObject_GetAttr(payload, str_array);
+  if (array == nullptr || array == Py_None) {
+    Py_XDECREF(array);
+    return nullptr;
+  }
+  *whole = false;
+  if (t.storage_offset() == 0 && t.is_contiguous()) {
+    PyObject *shape = nullptr, *array_dtype = nullptr;
+    if (!array_meta(array, &shape, &array_dtype)) {
+      Py_DECREF(array);
+      return nullptr;
+    }
+    int same = same_shape(shape, t.sizes());
+    Py_DECREF(shape);
+    Py_DECREF(array_dtype);
+    if (same < 0) {
+      Py_DECREF(array);
+      return nullptr;
+    }
+    *whole = same == 1;
+  }
+  return array;
+}
+
+// A tensor argument that can take the C++ path: a tpu tensor with no math bits (the
+// Python kernel resolves those).
+bool device_tensor(const at::Tensor& t) {
+  return t.defined() && t.key_set().has(c10::DispatchKey::PrivateUse1) && !t.is_conj() && !t.is_neg();
+}
+
+// The dynamic values of a call (new references), in the order `flatten_args` makes them.
+struct Values {
+  std::vector<PyObject*> items;
+  ~Values() {
+    for (PyObject* item : items) {
+      Py_DECREF(item);
+    }
+  }
+};
+
+// A CPU scalar tensor (`x * 0.5` passes one) as `arguments._non_tpu_tensor` takes it: a JAX
+// array of its value (`tensor.cpu_to_jax`), kept per (dtype, value): they repeat every step.
+std::map<std::pair<int, std::string>, PyObject*> cpu_scalars;  // -> JAX array (a reference)
+constexpr size_t kMaxCpuScalars = 512;
+
+bool add_cpu_scalar(const at::Tensor& t, std::string& key, Values& inputs) {
+  if (t.is_conj() || t.is_neg() || t.is_complex() || t.requires_grad()) {
+    return false;
+  }
+  std::string bytes(static_cast<const char*>(t.const_data_ptr()), t.element_size());
+  auto cache_key = std::make_pair(static_cast<int>(t.scalar_type()), bytes);
+  auto found = cpu_scalars.find(cache_key);
+  PyObject* array = nullptr;
+  if (found != cpu_scalars.end()) {
+    array = found->second;
+  } else {
+    PyObject* wrapped = THPVariable_Wrap(t);
+    array = wrapped ? PyObject_CallOneArg(cpu_to_jax_fn, wrapped) : nullptr;
+    Py_XDECREF(wrapped);
+    if (array == nullptr) {
+      return false;
+    }
+    if (cpu_scalars.size() >= kMaxCpuScalars) {
+      for (auto& item : cpu_scalars) {
+        Py_DECREF(item.second);
+      }
+      cpu_scalars.clear();
+    }
+    cpu_scalars.emplace(cache_key, array);  // the map's reference
+  }
+  Py_INCREF(array);
+  inputs.items.push_back(array);
+  key.push_back('c');
+  return true;
+}
+
+// A tensor's payload array into `inputs` and its part of the key: 'T' when it reads as
+// the whole array, else 'V' and the view's geometry (the template's `_ViewSlot`: the op's
+// program gathers it). False when the Python kernel must read it.
+bool add_number(const c10::IValue& value, bool dynamic_floats, std::string& key, Values& inputs);
+
+bool add_tensor(const at::Tensor& t, bool dynamic_floats, std::string& key, Values& inputs) {
+  if (t.defined() && t.dim() == 0 && t.device().is_cpu()) {
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      // `x * 2` passes 2 as a "wrapped number" tensor, which the Python kernel receives as
+      // the Python number (torch::jit::toPyObject): a static int or bool, a dynamic float
+      switch (t.scalar_type()) {
+        case c10::ScalarType::Long:
+          return add_number(c10::IValue(*t.const_data_ptr<int64_t>()), dynamic_floats, key, inputs);
+        case c10::ScalarType::Double:
+          return add_number(c10::IValue(*t.const_data_ptr<double>()), dynamic_floats, key, inputs);
+        case c10::ScalarType::Bool:
+          return add_number(c10::IValue(*t.const_data_ptr<bool>()), dynamic_floats, key, inputs);
+        default:
+          return false;
+      }
+    }
+    return add_cpu_scalar(t, key, inputs);
+  }
+  if (!device_tensor(t)) {
+    return false;
+  }
+  bool whole = false;
+  PyObject* array = payload_array(t, &whole);
+  if (array == nullptr) {
+    return false;
+  }
+  inputs.items.push_back(array);
+  if (whole) {
+    key.push_back('T');
+    return true;
+  }
+  key.push_back('V');
+  append_raw(key, static_cast<int64_t>(t.dim()));
+  for (int64_t size : t.sizes()) {
+    append_raw(key, size);
+  }
+  for (int64_t stride : t.strides()) {
+    append_raw(key, stride);
+  }
+  append_raw(key, static_cast<int64_t>(t.storage_offset()));
+  return true;
+}
+
+// A Python number argument (bool, int: static; float: dynamic unless the op's floats are static).
+bool add_number(const c10::IValue& value, bool dynamic_floats, std::string& key, Values& inputs) {
+  if (value.isBool()) {
+    key.push_back(value.toBool() ? 'B' : 'b');
+  } else if (value.isInt()) {
+    key.push_back('i');
+    append_raw(key, value.toInt());
+  } else if (value.isDouble()) {
+    if (dynamic_floats) {
+      PyObject* number = PyFloat_FromDouble(value.toDouble());
+      if (number == nullptr) {
+        return false;
+      }
+      key.push_back('d');
+      inputs.items.push_back(number);
+    } else {
+      key.push_back('D');
+      append_raw(key, value.toDouble());
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Appends `value`'s part of the key; tensors' arrays and dynamic floats go to `inputs`.
+// False (maybe with an error set): the call is not one for the C++ path.
+bool key_of(const c10::IValue& value, bool dynamic_floats, std::string& key, Values& inputs) {
+  if (value.isTensor()) {
+    if (!add_tensor(value.toTensor(), dynamic_floats, key, inputs)) {
+      return false;
+    }
+  } else if (value.isNone()) {
+    key.push_back('n');
+  } else if (value.isBool() || value.isInt() || value.isDouble()) {
+    return add_number(value, dynamic_floats, key, inputs);
+  } else if (value.isIntList()) {
+    auto list = value.toIntList();
+    key.push_back('l');
+    append_raw(key, static_cast<int64_t>(list.size()));
+    for (int64_t item : list) {
+      append_raw(key, item);
+    }
+  } else if (value.isTensorList()) {
+    c10::ArrayRef<c10::IValue> list = value.toListRef();
+    key.push_back('L');
+    append_raw(key, static_cast<int64_t>(list.size()));
+    for (const c10::IValue& item : list) {
+      if (!add_tensor(item.toTensor(), dynamic_floats, key, inputs)) {
+        return false;
+      }
+    }
+  } else if (value.isBoolList()) {
+    auto list = value.toBoolList();
+    key.push_back('k');
+    append_raw(key, static_cast<int64_t>(list.size()));
+    for (bool item : list) {
+      key.push_back(item ? '1' : '0');
+    }
+  } else if (value.isDoubleList()) {
+    auto list = value.toDoubleList();  // as in `_flatten`: each float a dynamic value (or static)
+    key.push_back(dynamic_floats ? 'f' : 'F');
+    append_raw(key, static_cast<int64_t>(list.size()));
+    for (double item : list) {
+      if (dynamic_floats) {
+        PyObject* number = PyFloat_FromDouble(item);
+        if (number == nullptr) {
+          return false;
+        }
+        inputs.items.push_back(number);
+      } else {
+        append_raw(key, item);
+      }
+    }
+  } else if (value.isString()) {
+    auto text = value.toStringRef();
+    key.push_back('s');
+    append_raw(key, static_cast<int64_t>(text.size()));
+    key.append(text);
+  } else if (value.isDevice()) {
+    auto device = value.toDevice();
+    if (device.has_index() && device.index() != 0) {
+      return false;  // the Python kernel says that tpu:N does not exist
+    }
+    key.push_back('v');
+    append_raw(key, static_cast<int>(device.type()));
+  } else {
+    return false;  // generators, complex scalars, float lists, optional tensor lists...: Python
+  }
+  return true;
+}
+
+// The call's key, as `parseIValuesToPyArgsKwargs` presents the arguments to the Python
+// kernel: trailing positional arguments equal to their defaults, and keyword-only ones
+// equal to theirs, are left out (they are not in the Python kernel's template).
+bool call_key(const OpEntry& entry, c10::ArrayRef<c10::IValue> args, std::string& key, Values& inputs) {
+  const auto& schema_args = entry.schema.arguments();
+  auto is_default = [&](size_t i) {
+    const auto& fallback = schema_args[i].default_value();
+    return fallback.has_value() && *fallback == args[i];
+  };
+  size_t positional = entry.kwarg_only_start;
+  while (positional > 0 && is_default(positional - 1)) {
+    --positional;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if ((i >= positional && i < entry.kwarg_only_start) || (i >= entry.kwarg_only_start && is_default(i))) {
+      key.push_back('x');
+      continue;
+    }
+    if (!key_of(args[i], entry.dynamic_floats, key, inputs)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<std::pair<PyObject*, c10::ScalarType>> dtype_cache;  // numpy dtype (a reference) -> torch's
+
+bool scalar_type_of(PyObject* dtype, c10::ScalarType* out) {
+  for (auto& item : dtype_cache) {
+    if (item.first == dtype) {
+      *out = item.second;
+      return true;
+    }
+  }
+  PyObject* converted = PyObject_CallOneArg(torch_dtype_fn, dtype);
+  if (converted == nullptr) {
+    return false;
+  }
+  if (!THPDtype_Check(converted)) {
+    Py_DECREF(converted);
+    PyErr_SetString(PyExc_TypeError, "torch_dtype did not return a torch.dtype");
+    return false;
+  }
+  *out = reinterpret_cast<THPDtype*>(converted)->scalar_type;
+  Py_DECREF(converted);
+  Py_INCREF(dtype);
+  dtype_cache.emplace_back(dtype, *out);
+  return true;
+}
+
+// Payloads attached here are released by one C callback (no bound method per payload, no
+// Python frame when a tensor dies): `StoragePayload.release`'s work, found by weakref.
+std::unordered_map<PyObject*, PyObject*> released_by;  // weakref -> its payload (a reference)
+
+PyObject* py_release_payload(PyObject*, PyObject* ref) {
+  auto found = released_by.find(ref);
+  if (found == released_by.end()) {
+    Py_RETURN_NONE;
+  }
+  PyObject* payload = found->second;
+  released_by.erase(found);
+  PyObject* key = PyObject_GetAttr(payload, str_key);
+  PyObject* current = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
+  if (current == payload) {
+    PyDict_DelItem(payloads, key);
+  }
+  Py_XDECREF(key);
+  PyErr_Clear();  // as in a weakref callback: nothing to report to
+  if (PyObject_SetAttr(payload, str_array, Py_None) != 0 || PyObject_SetAttr(payload, str_ref, Py_None) != 0) {
+    PyErr_Clear();
+  }
+  Py_DECREF(payload);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef release_def = {"release_payload", py_release_payload, METH_O, "A storage died: drop its payload."};
+PyObject* release_callback = nullptr;  // release_def as a callable
+
+// `tensor.wrap(array)` in C++: a new contiguous tpu tensor whose storage's payload is `array`.
+// An undefined tensor (with a Python error set) on failure.
+at::Tensor wrap_array(PyObject* array) {
+  PyObject *shape = nullptr, *dtype = nullptr;
+  if (!array_meta(array, &shape, &dtype)) {
+    return at::Tensor();
+  }
+  c10::ScalarType scalar_type;
+  bool known = scalar_type_of(dtype, &scalar_type);
+  std::vector<int64_t> sizes;
+  if (known && PyTuple_Check(shape)) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i) {
+      sizes.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)));
+    }
+  }
+  Py_DECREF(shape);
+  Py_DECREF(dtype);
+  if (!known || PyErr_Occurred()) {
+    return at::Tensor();
+  }
+  c10::DataPtr data = device_allocator->allocate(0);
+  data.unsafe_set_device(c10::Device(kTpu, 0));  // the allocator is a generic one (meta's)
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, std::move(data), device_allocator, true);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(scalar_type));
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  // the payload, attached as tensor._attach does: keyed by storage, released by a weakref
+  // callback on the storage's Python object (which lives exactly as long as the storage)
+  PyObject* payload = reinterpret_cast<PyTypeObject*>(payload_type)->tp_alloc(
+      reinterpret_cast<PyTypeObject*>(payload_type), 0);
+  PyObject* storage_object = payload ? torch::createPyObject(tensor.storage()) : nullptr;
+  PyObject* numel = storage_object ? PyLong_FromLongLong(tensor.numel()) : nullptr;
+  PyObject* key = numel ? storage_key_of(tensor) : nullptr;
+  if (release_callback == nullptr && key != nullptr) {
+    release_callback = PyCFunction_New(&release_def, nullptr);
+  }
+  PyObject* ref = key && release_callback ? PyWeakref_NewRef(storage_object, release_callback) : nullptr;
+  bool ok = ref != nullptr && PyObject_SetAttr(payload, str_numel, numel) == 0 &&
+      PyObject_SetAttr(payload, str_dtype, reinterpret_cast<PyObject*>(torch::getTHPDtype(scalar_type))) == 0 &&
+      PyObject_SetAttr(payload, str_array, array) == 0 && PyObject_SetAttr(payload, str_key, key) == 0 &&
+      PyObject_SetAttr(payload, str_ref, ref) == 0 && PyDict_SetItem(payloads, key, payload) == 0;
+  if (ok) {
+    Py_INCREF(payload);
+    released_by[ref] = payload;  // the weakref lives (payload.ref) until its callback ran
+  }
+  Py_XDECREF(ref);
+  Py_XDECREF(key);
+  Py_XDECREF(numel);
+  Py_XDECREF(storage_object);
+  Py_XDECREF(payload);
+  return ok ? tensor : at::Tensor();
+}
+
+// Pushes the results of a lowering (`out`) as the op's results; false (error set) on failure.
+bool push_results(const OpEntry& entry, PyObject* out, torch::jit::Stack* stack) {
+  PyTypeObject* kind = Py_TYPE(out);
+  bool plain = reinterpret_cast<PyObject*>(kind) == array_type || reinterpret_cast<PyObject*>(kind) == lazy_type;
+  if (plain && entry.returns == 1) {
+    at::Tensor t = wrap_array(out);
+    if (!t.defined()) {
+      return false;
+    }
+    stack->emplace_back(std::move(t));
+    return true;
+  }
+  if ((kind == &PyTuple_Type || kind == &PyList_Type) && entry.returns > 1 &&
+      static_cast<size_t>(PySequence_Fast_GET_SIZE(out)) == entry.returns) {
+    std::vector<at::Tensor> results;
+    for (size_t i = 0; i < entry.returns; ++i) {
+      PyObject* item = PySequence_Fast_GET_ITEM(out, i);
+      PyObject* item_type = reinterpret_cast<PyObject*>(Py_TYPE(item));
+      if (item_type != array_type && item_type != lazy_type) {
+        results.clear();
+        break;
+      }
+      results.push_back(wrap_array(item));
+      if (!results.back().defined()) {
+        return false;
+      }
+    }
+    if (!results.empty()) {
+      for (auto& t : results) {
+        stack->emplace_back(std::move(t));
+      }
+      return true;
+    }
+  }
+  // anything else (None among the results...): the Python kernel's wrapping, then tensors
+  PyObject* wrapped = PyObject_CallOneArg(wrap_outputs_fn, out);
+  if (wrapped == nullptr) {
+    return false;
+  }
+  std::vector<at::Tensor> results;
+  if (entry.returns == 1 && THPVariable_Check(wrapped)) {
+    results.push_back(THPVariable_Unpack(wrapped));
+  } else if (PyTuple_Check(wrapped) && static_cast<size_t>(PyTuple_GET_SIZE(wrapped)) == entry.returns) {
+    for (size_t i = 0; i < entry.returns; ++i) {
+      PyObject* item = PyTuple_GET_ITEM(wrapped, i);
+      if (!THPVariable_Check(item)) {
+        break;
+      }
+      results.push_back(THPVariable_Unpack(item));
+    }
+  }
+  Py_DECREF(wrapped);
+  if (results.size() != entry.returns) {
+    PyErr_SetString(PyExc_RuntimeError, "tpu native kernel: unexpected results");
+    return false;
+  }
+  for (auto& t : results) {
+    stack->emplace_back(std::move(t));
+  }
+  return true;
+}
+
+PyObject* as_list(PyObject** items, size_t count) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(count));
+  for (size_t i = 0; list != nullptr && i < count; ++i) {
+    Py_INCREF(items[i]);
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), items[i]);
+  }
+  return list;
+}
+
+// The C++ path of one call; false (nothing consumed from the stack, no error set) when
+// the Python kernel must run it, with `pending` set when it should learn the call.
+bool run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
+  if (payloads == nullptr || modes_dict == nullptr) {
+    return false;
+  }
+  Mode mode = current_mode();
+  if (mode == Mode::kOther || entry.returns == 0) {
+    return false;
+  }
+  size_t n = entry.schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  std::string key;
+  key.reserve(64);
+  Values inputs;
+  inputs.items.reserve(8);
+  if (!call_key(entry, args, key, inputs)) {
+    PyErr_Clear();
+    return false;
+  }
+  auto& table = mode == Mode::kStrict ? entry.strict : entry.fused;
+  auto found = table.find(key);
+  if (found == table.end()) {
+    pending.entry = &entry;
+    pending.key = std::move(key);
+    pending.fused = mode == Mode::kFused;
+    pending.dynamic_floats = entry.dynamic_floats;
+    return false;
+  }
+  PyObject** dynamic = inputs.items.data();
+  size_t count = inputs.items.size();
+  PyObject* out = nullptr;
+  if (mode == Mode::kStrict) {
+    PyObject* run_jitted = PyObject_GetAttr(runner_module, str_run_jitted);
+    if (run_jitted != nullptr && run_jitted != original_run_jitted) {
+      // a wrapped `_run_jitted` (benchmarks/backend_bench.py --phases): it counts the call
+      PyObject* listed = as_list(dynamic, count);
+      out = listed ? PyObject_CallFunctionObjArgs(run_jitted, found->second, listed, nullptr) : nullptr;
+      Py_XDECREF(listed);
+    } else if (run_jitted != nullptr) {
+      ++native_requests;
+      out = PyObject_Vectorcall(found->second, dynamic, count, nullptr);
+      PyObject* started = out ? PyObject_GetAttr(compiles_class, str_started) : nullptr;
+      if (started == Py_None) {
+        ++native_hits;
+      } else if (started != nullptr) {  // JAX traced (new shapes): counted as the Python path counts it
+        PyObject* counted = PyObject_CallNoArgs(note_compile_fn);
+        if (counted == nullptr) {
+          Py_CLEAR(out);
+        }
+        Py_XDECREF(counted);
+      }
+      Py_XDECREF(started);
+    }
+    Py_XDECREF(run_jitted);
+  } else {
+    PyObject* record = PyObject_GetAttr(fused_module, str_record);
+    PyObject* listed = record ? as_list(dynamic, count) : nullptr;
+    if (listed != nullptr) {
+      PyObject* recorded = found->second;
+      out = PyObject_CallFunctionObjArgs(
+          record, PyTuple_GET_ITEM(recorded, 0), PyTuple_GET_ITEM(recorded, 1), listed, nullptr);
+    }
+    Py_XDECREF(listed);
+    Py_XDECREF(record);
+  }
+  if (out == nullptr) {
+    // e.g. new dtypes the chip cannot compile: the Python kernel decides (and raises)
+    PyErr_Clear();
+    if (mode == Mode::kStrict && PyObject_SetAttr(compiles_class, str_started, Py_None) != 0) {
+      PyErr_Clear();  // a failed trace is not a compile
+    }
+    return false;
+  }
+  torch::jit::Stack produced;
+  bool pushed = push_results(entry, out, &produced);
+  Py_DECREF(out);
+  if (!pushed) {
+    PyErr_Clear();
+    return false;
+  }
+  torch::jit::drop(*stack, n);
+  for (auto& value : produced) {
+    stack->push_back(std::move(value));
+  }
+  return true;
+}
+
+struct TableOpKernel final : public c10::OperatorKernel {
+  explicit TableOpKernel(OpEntry* e) : entry(e) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    Pending outer;  // an enclosing call still to be learned (the Python kernel's own ops)
+    {
+      PyGILState_STATE gil = PyGILState_Ensure();
+      outer = std::move(pending);
+      pending = Pending();
+      bool done = run_known_call(*entry, stack);
+      if (done) {
+        pending = std::move(outer);
+      }
+      PyGILState_Release(gil);
+      if (done) {
+        return;
+      }
+    }
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+    } catch (...) {
+      restore(outer);
+      throw;
+    }
+    restore(outer);
+  }
+
+  static void restore(Pending& outer) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    pending = std::move(outer);
+    PyGILState_Release(gil);
+  }
+
+  OpEntry* entry;
+};
+
+// install_op_kernel(name, overload) -> id: the C++ kernel of that op on PrivateUse1 (its
+// Python kernel goes on PrivateUse2).
+PyObject* py_install_op_kernel(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 2 || !PyUnicode_Check(argv[0]) || !PyUnicode_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "install_op_kernel(name, overload)");
+    return nullptr;
+  }
+  std::string name = PyUnicode_AsUTF8(argv[0]);
+  std::string overload = PyUnicode_AsUTF8(argv[1]);
+  try {
+    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    const auto& schema = handle.schema();
+    auto entry = std::make_unique<OpEntry>(schema);
+    entry->id = static_cast<long>(op_entries.size()) + 1;
+    entry->kwarg_only_start = schema.arguments().size();
+    while (entry->kwarg_only_start > 0 && schema.arguments()[entry->kwarg_only_start - 1].kwarg_only()) {
+      --entry->kwarg_only_start;
+    }
+    bool all_tensors = !schema.returns().empty();
+    for (const auto& result : schema.returns()) {
+      all_tensors = all_tensors && result.type()->kind() == c10::TypeKind::TensorType && !result.alias_info();
+    }
+    entry->returns = all_tensors ? schema.returns().size() : 0;
+    for (const auto& argument : schema.arguments()) {
+      if (argument.alias_info() && argument.alias_info()->isWrite()) {
+        entry->returns = 0;  // a mutating op: the Python kernel writes (never the case for functional ops)
+      }
+    }
+    auto separator = name.find("::");
+    std::string space = name.substr(0, separator);
+    std::string op_name = name.substr(separator + 2) + (overload.empty() ? "" : "." + overload);
+    auto& library = op_libraries[space];
+    if (!library) {
+      library = std::make_unique<torch::Library>(
+          torch::Library::IMPL, space, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    }
+    OpEntry* raw = entry.get();
+    op_entries.push_back(std::move(entry));
+    library->impl(
+        op_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<TableOpKernel>(raw)));
+    return PyLong_FromLong(raw->id);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+OpEntry* entry_of(PyObject* id) {
+  long index = PyLong_AsLong(id);
+  if (index < 1 || index > static_cast<long>(op_entries.size())) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_ValueError, "unknown native op id");
+    }
+    return nullptr;
+  }
+  return op_entries[index - 1].get();
+}
+
+// learn(id, value, dynamic_floats): the Python kernel of op `id` ran the pending call
+// through its hot path with `value` (strict: the jitted lowering; fused: (OpKey, bound)).
+PyObject* py_learn(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 3) {
+    PyErr_SetString(PyExc_TypeError, "learn(id, value, dynamic_floats)");
+    return nullptr;
+  }
+  OpEntry* entry = entry_of(argv[0]);
+  if (entry == nullptr) {
+    return nullptr;
+  }
+  bool dynamic_floats = argv[2] == Py_True;
+  if (pending.entry == entry && pending.dynamic_floats == dynamic_floats && entry->dynamic_floats == dynamic_floats) {
+    auto& table = pending.fused ? entry->fused : entry->strict;
+    if (!pending.fused || (PyTuple_Check(argv[1]) && PyTuple_GET_SIZE(argv[1]) == 2)) {
+      auto& slot_ref = table[pending.key];
+      Py_INCREF(argv[1]);
+      Py_XSETREF(slot_ref, argv[1]);
+    }
+  }
+  pending.entry = nullptr;
+  Py_RETURN_NONE;
+}
+
+// set_dynamic_floats(id, flag): the runner's floats became static (or dynamic): forget.
+PyObject* py_set_dynamic_floats(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 2) {
+    PyErr_SetString(PyExc_TypeError, "set_dynamic_floats(id, flag)");
+    return nullptr;
+  }
+  OpEntry* entry = entry_of(argv[0]);
+  if (entry == nullptr) {
+    return nullptr;
+  }
+  entry->dynamic_floats = argv[1] == Py_True;
+  entry->forget();
+  Py_RETURN_NONE;
+}
+
+PyObject* py_forget_calls(PyObject*, PyObject*) {
+  for (auto& entry : op_entries) {
+    entry->forget();
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* py_call_counts(PyObject*, PyObject*) {
+  return Py_BuildValue("(LL)", native_requests, native_hits);
+}
+
+PyObject* py_reset_call_counts(PyObject*, PyObject*) {
+  native_requests = native_hits = 0;
+  Py_RETURN_NONE;
+}
+
+// configure_kernels(config: dict): what the C++ kernels need from the Python side.
+PyObject* py_configure_kernels(PyObject*, PyObject* config) {
+  if (!PyDict_Check(config)) {
+    PyErr_SetString(PyExc_TypeError, "configure_kernels(config: dict)");
+    return nullptr;
+  }
+  struct {
+    const char* name;
+    PyObject** target;
+  } items[] = {
+      {"modes_dict", &modes_dict},
+      {"tensor_dict", &tensor_dict},
+      {"fused_module", &fused_module},
+      {"runner_module", &runner_module},
+      {"run_jitted", &original_run_jitted},
+      {"compiles_class", &compiles_class},
+      {"note_compile", &note_compile_fn},
+      {"wrap_outputs", &wrap_outputs_fn},
+      {"cpu_to_jax", &cpu_to_jax_fn},
+      {"torch_dtype", &torch_dtype_fn},
+      {"payload_type", &payload_type},
+      {"array_type", &array_type},
+      {"lazy_type", &lazy_type},
+  };
+  for (auto& item : items) {
+    PyObject* value = PyDict_GetItemString(config, item.name);  // borrowed
+    if (value == nullptr) {
+      PyErr_Format(PyExc_KeyError, "configure_kernels: missing %s", item.name);
+      return nullptr;
+    }
+    Py_INCREF(value);
+    Py_XSETREF(*item.target, value);
+  }
+  PyObject* sample = PyDict_GetItemString(config, "sample_tensor");
+  if (sample == nullptr || !THPVariable_Check(sample)) {
+    PyErr_SetString(PyExc_TypeError, "configure_kernels: sample_tensor must be a tpu tensor");
+    return nullptr;
+  }
+  device_allocator = THPVariable_Unpack(sample).storage().allocator();
+  if (device_allocator == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "configure_kernels: the device's storages have no allocator");
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 // ------------------------------------------------------------------------ module
 
 PyObject* py_configure(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
@@ -571,6 +1431,16 @@ PyMethodDef methods[] = {
     {"input_refs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_input_refs)), METH_FASTCALL,
      "fused._Graph.input_ref for every input of a recorded node."},
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},
+    {"install_op_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_install_op_kernel)),
+     METH_FASTCALL, "Register the C++ PrivateUse1 kernel of a table op (its Python kernel: PrivateUse2); its id."},
+    {"configure_kernels", py_configure_kernels, METH_O, "Hand the op kernels what they need from Python."},
+    {"learn", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_learn)), METH_FASTCALL,
+     "The Python kernel of op `id` ran the pending call: remember its jitted (or recorded) lowering."},
+    {"set_dynamic_floats", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_set_dynamic_floats)),
+     METH_FASTCALL, "An op's floats became static (or dynamic): forget its known calls."},
+    {"forget_calls", py_forget_calls, METH_NOARGS, "Forget every known call (the jit caches were dropped)."},
+    {"call_counts", py_call_counts, METH_NOARGS, "(requests, hits) of strict calls made by the C++ kernels."},
+    {"reset_call_counts", py_reset_call_counts, METH_NOARGS, "Zero call_counts()."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_tpu_native", nullptr, -1, methods};
@@ -584,5 +1454,15 @@ PyMODINIT_FUNC PyInit__tpu_native() {
   str_value = PyUnicode_InternFromString("value");
   str_ref = PyUnicode_InternFromString("ref");
   str_weak_type = PyUnicode_InternFromString("weak_type");
+  str_mode = PyUnicode_InternFromString("_mode");
+  str_strict = PyUnicode_InternFromString("strict");
+  str_fused = PyUnicode_InternFromString("fused");
+  str_sync_each = PyUnicode_InternFromString("SYNC_EACH_COMPUTATION");
+  str_record = PyUnicode_InternFromString("record");
+  str_run_jitted = PyUnicode_InternFromString("_run_jitted");
+  str_started = PyUnicode_InternFromString("started");
+  str_aval = PyUnicode_InternFromString("aval");
+  str_numel = PyUnicode_InternFromString("numel");
+  str_key = PyUnicode_InternFromString("key");
   return PyModule_Create(&module_def);
 }

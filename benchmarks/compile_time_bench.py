@@ -1,0 +1,248 @@
+"""First-step time of a fresh process, cold cache against warm cache (issue 32).
+
+    python benchmarks/compile_time_bench.py --model llama --modes tpu-compile,tpu-fused,tpu-compile-step
+    python benchmarks/compile_time_bench.py --model llama --layers 8 --modes tpu-compile
+    python benchmarks/compile_time_bench.py --model llama-374m --remat --modes tpu-compile   # on a TPU
+    python benchmarks/compile_time_bench.py --model llama --json results.json            # also as JSON ('-': stdout)
+    python benchmarks/compile_time_bench.py --model llama --xla-cache-only   # the baseline: JAX's disk cache alone
+
+For each mode, the first training step (forward + backward + AdamW, `backend_bench.py`'s
+model cases and step functions) runs in a fresh Python process twice, one after the
+other (on a TPU only one process can hold the chip), with one fresh cache folder
+(`TPU_CACHE_DIR`): the first process fills it, the second should find everything there.
+The target: the second process's first step takes at most 10% of the first's.
+
+Each process reports where its first step went:
+
+- Dynamo: bytecode tracing and guards (`torch._dynamo`'s own timers, minus the backend);
+- AOTAutograd: the backend call: AOTAutograd's trace and partition, or its cache lookup
+  (`graph_cache.py`), and building our callables;
+- lowering: tracing our programs through the lowerings to StableHLO (JAX's trace);
+- XLA: compiling the programs, or loading them from disk (XLA's store, or the
+  lowered-program store, which skips the lowering too: `program_cache.py`);
+- strict ops: strict eager's per-op programs (the optimizer outside `torch.compile`):
+  their tracing and compiling or loading;
+- run + other: what is left: running the step, recording (fused mode), Python.
+
+Then the steady step time (a later step, nothing compiled) and the caches' counters:
+programs compiled / loaded, XLA store and lowered-program store hits and misses,
+AOTAutograd cache hits and misses, corrupt entries replaced. The two losses must agree.
+
+`--child MODE` is one such process (it prints one JSON line); the tests use it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+_STARTED = time.perf_counter()
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):
+    sys.path.insert(0, ROOT)
+
+TARGET_RATIO = 0.10
+DEFAULT_MODES = "tpu-compile,tpu-fused,tpu-compile-step"
+PHASES = (
+    ("dynamo_s", "Dynamo"),
+    ("aot_s", "AOTAutograd (or its cache)"),
+    ("lowering_s", "lowering (JAX trace)"),
+    ("xla_s", "XLA compile / disk load"),
+    ("strict_ops_s", "strict per-op programs"),
+    ("other_s", "run + other"),
+)
+
+
+# --------------------------------------------------------------------- one process
+
+
+def _timer_total(metrics: dict, name: str) -> float:
+    return float(sum(metrics.get(name, ())))
+
+
+def child(args: argparse.Namespace) -> dict:
+    """Build the mode's model, run its first step and one more, and say where the time went."""
+    from benchmarks import backend_bench as bench
+
+    bench._layers, bench._remat, bench._batch_size = args.layers, args.remat, args.batch
+    from torch._dynamo.utils import compilation_time_metrics
+
+    import tpu_backend  # noqa: F401 - registers the device
+    from tpu_backend.compile import compile_stats, disk_cache, graph_cache, program_cache
+    from tpu_backend.eager.runner import CACHE_STATS
+
+    imported = time.perf_counter()
+    step = bench.make_step(args.model, args.child)
+    built = time.perf_counter()
+    loss = step()[0]
+    first = time.perf_counter() - built
+    programs = compile_stats().total()
+    strict_seconds, strict_compiles = CACHE_STATS.compile_seconds, CACHE_STATS.misses
+    steady = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        step()
+        steady.append(time.perf_counter() - start)
+
+    metrics = compilation_time_metrics
+    dynamo_total = _timer_total(metrics, "_compile.compile_inner")
+    backend = _timer_total(metrics, "OutputGraph.call_user_compiler")
+    xla_store, prog_store = disk_cache(), program_cache.store()
+    result = {
+        "mode": args.child,
+        "model": args.model,
+        "layers": args.layers,
+        "imports_s": imported - _STARTED,
+        "build_s": built - imported,
+        "first_step_s": first,
+        "dynamo_s": dynamo_total - backend,
+        "aot_s": backend,
+        "lowering_s": programs.trace_seconds,
+        "xla_s": programs.compile_seconds - programs.trace_seconds,
+        "strict_ops_s": strict_seconds,
+        "steady_step_s": min(steady) if steady else None,
+        "programs_built": programs.disk_hits + programs.misses,
+        "programs_compiled": programs.misses,
+        "programs_from_disk": programs.disk_hits,
+        "programs_loaded": programs.loaded,
+        "strict_ops_traced": strict_compiles,
+        "xla_store": {"hits": xla_store.hits, "misses": xla_store.misses} if xla_store else None,
+        "program_store": {"hits": prog_store.hits, "misses": prog_store.misses} if prog_store else None,
+        "aot_cache": graph_cache.counters(),
+        "corrupt_entries": compile_stats().corrupt_entries,
+        "loss": loss,
+    }
+    accounted = sum(result[key] for key, _ in PHASES if key != "other_s")
+    result["other_s"] = first - accounted
+    return result
+
+
+# --------------------------------------------------------------------- the two processes
+
+
+def run_child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--child", mode, "--model", args.model]
+    command += ["--steps", str(args.steps)]
+    if args.layers:
+        command += ["--layers", str(args.layers)]
+    if args.batch:
+        command += ["--batch", str(args.batch)]
+    if args.remat:
+        command.append("--remat")
+    env = dict(os.environ, TPU_CACHE_DIR=cache_dir)
+    if args.xla_cache_only:  # the state before issue 32: JAX's persistent cache alone
+        env.update(TPU_AOT_CACHE="off", TPU_PROGRAM_CACHE="off")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{mode}: the child process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    result = json.loads(lines[-1])
+    result["process_s"] = wall
+    return result
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:9.2f}"
+
+
+def print_table(mode: str, first: dict, second: dict) -> None:
+    print(f"\n{mode}: {first['model']}" + (f", {first['layers']} layers" if first["layers"] else ""))
+    print(f"{'seconds':34s} {'first':>9s} {'second':>9s}")
+    rows = [("process (wall, imports included)", "process_s"), ("imports", "imports_s"), ("first step", "first_step_s")]
+    for key, label in [(k, "  " + label) for k, label in PHASES]:
+        rows.append((label, key))
+    rows.append(("steady step (later, no compile)", "steady_step_s"))
+    for label, key in rows:
+        print(f"{label:34s} {_fmt(first.get(key))} {_fmt(second.get(key))}")
+    for label, key in (
+        ("programs compiled by XLA", "programs_compiled"),
+        ("programs from disk", "programs_from_disk"),
+        ("  of which loaded, not traced", "programs_loaded"),
+        ("strict per-op programs traced", "strict_ops_traced"),
+        ("corrupt entries replaced", "corrupt_entries"),
+    ):
+        print(f"{label:34s} {first[key]:9d} {second[key]:9d}")
+    for label, key in (("XLA store", "xla_store"), ("lowered-program store", "program_store")):
+        a, b = first[key] or {}, second[key] or {}
+        print(
+            f"{label + ' hits/misses':34s} {a.get('hits', 0):4d}/{a.get('misses', 0):<4d} {b.get('hits', 0):4d}/{b.get('misses', 0):<4d}"
+        )
+    a, b = first["aot_cache"], second["aot_cache"]
+    print(f"{'AOTAutograd cache hits/misses':34s} {a['hit']:4d}/{a['miss']:<4d} {b['hit']:4d}/{b['miss']:<4d}")
+    ratio = second["first_step_s"] / first["first_step_s"]
+    verdict = "meets" if ratio <= TARGET_RATIO else "misses"
+    print(f"second / first, first step: {ratio:.3f} ({verdict} the target <= {TARGET_RATIO:.2f})")
+    print(f"second / first, whole process: {second['process_s'] / first['process_s']:.3f}")
+    same = first["loss"] == second["loss"]
+    print(f"losses: {first['loss']!r} / {second['loss']!r} ({'equal' if same else 'DIFFERENT'})")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama", help="a model case of backend_bench.py (default: llama)")
+    parser.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated tpu modes (default: {DEFAULT_MODES})")
+    parser.add_argument("--layers", type=int, help="the Llama models' layer count (default: the model's)")
+    parser.add_argument("--batch", type=int, help="the token models' batch size")
+    parser.add_argument("--remat", action="store_true", help="Llama models: recompute each block in the backward")
+    parser.add_argument("--steps", type=int, default=2, help="steps after the first (the steady step time)")
+    parser.add_argument(
+        "--xla-cache-only",
+        action="store_true",
+        help="turn off AOTAutograd's cache and the lowered-program store (JAX's persistent cache alone: the baseline)",
+    )
+    parser.add_argument("--cache-dir", help="use (and keep) this folder, one sub-folder per mode; default: temporary")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-' for stdout)")
+    parser.add_argument("--child", metavar="MODE", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+    results, failed = [], False
+    for mode in args.modes.split(","):
+        folder = os.path.join(args.cache_dir, mode) if args.cache_dir else tempfile.mkdtemp(prefix=f"tpu-cache-{mode}-")
+        if args.cache_dir:
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            first = run_child(mode, args, folder)
+            second = run_child(mode, args, folder)
+        except RuntimeError as error:
+            print(error, file=sys.stderr)
+            failed = True
+            continue
+        finally:
+            if not args.cache_dir:
+                shutil.rmtree(folder, ignore_errors=True)
+        print_table(mode, first, second)
+        ratio = second["first_step_s"] / first["first_step_s"]
+        results.append(
+            {"mode": mode, "first": first, "second": second, "ratio": ratio, "meets_target": ratio <= TARGET_RATIO}
+        )
+        failed |= first["loss"] != second["loss"]
+    if args.json:
+        text = json.dumps(
+            {"model": args.model, "layers": args.layers, "target_ratio": TARGET_RATIO, "modes": results}, indent=1
+        )
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
