@@ -72,6 +72,7 @@ def child(args: argparse.Namespace) -> dict:
     from benchmarks import backend_bench as bench
 
     bench._layers, bench._remat, bench._batch_size = args.layers, args.remat, args.batch
+    bench._scan_layers, bench._compile_optimizer = args.scan_layers, args.compile_optimizer
     from torch._dynamo.utils import compilation_time_metrics
 
     import tpu_backend  # noqa: F401 - registers the device
@@ -134,8 +135,9 @@ def run_child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
         command += ["--layers", str(args.layers)]
     if args.batch:
         command += ["--batch", str(args.batch)]
-    if args.remat:
-        command.append("--remat")
+    for flag in ("remat", "scan_layers", "compile_optimizer"):
+        if getattr(args, flag):
+            command.append("--" + flag.replace("_", "-"))
     env = dict(os.environ, TPU_CACHE_DIR=cache_dir)
     if args.xla_cache_only:  # the state before issue 32: JAX's persistent cache alone
         env.update(TPU_AOT_CACHE="off", TPU_PROGRAM_CACHE="off")
@@ -194,6 +196,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, help="the Llama models' layer count (default: the model's)")
     parser.add_argument("--batch", type=int, help="the token models' batch size")
     parser.add_argument("--remat", action="store_true", help="Llama models: recompute each block in the backward")
+    parser.add_argument(
+        "--scan-layers", action="store_true", help="tpu-compile: the blocks as one lax.scan (backend_bench's flag)"
+    )
+    parser.add_argument(
+        "--compile-optimizer",
+        action="store_true",
+        help="tpu-compile: the AdamW step compiled too (backend_bench's flag)",
+    )
     parser.add_argument("--steps", type=int, default=2, help="steps after the first (the steady step time)")
     parser.add_argument(
         "--xla-cache-only",
