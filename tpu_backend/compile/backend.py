@@ -409,7 +409,40 @@ def _register_with_dynamo() -> None:
     register_backend(tpu, name=BACKEND_NAME)
 
 
+def _capturable_on_the_device() -> None:
+    """A compiled optimizer step keeps its step counts on the device, as on CUDA.
+
+    When Dynamo traces `optimizer.step` it makes a fresh optimizer `capturable` (step
+    counts as device tensors) only where every parameter is on CUDA or XPU. Elsewhere the
+    counts stay CPU tensors that the compiled step writes back, and each write-back waits
+    for the device: on a TPU v5e the 374M Llama step spent 400 ms in `opt.step` (the
+    whole backward's wait) instead of enqueueing. torch's AdamW, Adam and SGD support
+    `capturable` on this device (privateuse1), so parameter groups on it get the same
+    treatment before Dynamo's own check.
+    """
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    original = OptimizerVariable._set_capturable
+    if getattr(original, "_tpu_backend", False):
+        return
+
+    def set_capturable(self, tx) -> None:
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if (
+                "capturable" in group
+                and params
+                and all(p.device.type == BACKEND_NAME and p not in self.value.state for p in params)
+            ):
+                group["capturable"] = True
+        original(self, tx)
+
+    set_capturable._tpu_backend = True
+    OptimizerVariable._set_capturable = set_capturable
+
+
 _register_with_dynamo()
+_capturable_on_the_device()
 
 
 __all__ = [

@@ -110,6 +110,36 @@ def test_an_array_held_elsewhere_is_not_donated():
     assert not torch.equal(weight.cpu(), before)
 
 
+def test_compiled_optimizer_step_keeps_step_counts_on_the_device(monkeypatch):
+    """`torch.compile(optimizer.step)` with a default AdamW: the step counts live on the
+    device (capturable, as Dynamo makes them on CUDA), so a step copies nothing back to the
+    host (a CPU count written back made every step wait for the device: 400 ms a step on a
+    TPU v5e), and the update matches CPU eager."""
+    from tpu_backend.compile import backend
+
+    written_to_host = []
+    store = backend._store
+    monkeypatch.setattr(backend, "_store", lambda t, v: (written_to_host.append(t.device), store(t, v)))
+    case = MODEL_CASES["mlp"]
+    torch.manual_seed(0)
+    reference = case.build()
+    model = copy.deepcopy(reference).to("tpu")
+    optimizer, cpu_optimizer = (
+        make_optimizer("adamw", model.parameters()),
+        make_optimizer("adamw", reference.parameters()),
+    )
+    compiled_step = torch.compile(optimizer.step, backend="tpu")
+    for x, target in training_batches(case, 3):
+        optimizer.zero_grad(set_to_none=True)
+        case.loss(model(x.to("tpu")), target.to("tpu")).backward()
+        compiled_step()
+        train_step(reference, cpu_optimizer, case, x, target)
+    assert {state["step"].device.type for state in optimizer.state.values()} == {"tpu"}
+    assert not [d for d in written_to_host if d.type == "cpu"]
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.cpu(), q.detach(), rtol=RTOL, atol=ATOL, msg=name)
+
+
 def test_batch_norm_running_stats_under_dynamic_shapes():
     """Any inference graph that writes its inputs (here batch norm's running statistics,
     train mode under no_grad) stores them, also with symbolic sizes (run at exact shapes)."""
