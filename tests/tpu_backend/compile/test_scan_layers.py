@@ -72,7 +72,8 @@ def assert_same_training(expected, actual, what: str) -> None:
             )
 
 
-@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
+# without remat: the slow suite (the default run keeps remat, the recommended use)
+@pytest.mark.parametrize("remat", [pytest.param(False, marks=pytest.mark.slow), True], ids=["plain", "remat"])
 def test_scanned_layers_train_like_unrolled_and_eager(remat, tmp_path):
     config = LlamaConfig(layers=3, checkpoint=remat)
     torch.manual_seed(0)
@@ -98,6 +99,7 @@ def test_scanned_layers_train_like_unrolled_and_eager(remat, tmp_path):
         assert text.count("stablehlo.dot_general") < unrolled_text[kind].count("stablehlo.dot_general")
 
 
+@pytest.mark.slow
 def test_kernels_inside_the_scanned_block(tmp_path):
     """The Pallas kernels (attention, RMSNorm: custom ops inside the block's subgraph) run
     inside the loop (interpreted here; compiled on a TPU in mode "auto")."""
@@ -133,6 +135,7 @@ def test_inference_scans_too(tmp_path):
     torch.testing.assert_close(logits.cpu(), expected, rtol=RTOL, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_loop_body_does_not_grow_with_the_layers(tmp_path):
     counts = {}
     for layers in (2, 4):
