@@ -26,7 +26,9 @@ Each process reports where its first step went:
 
 Then the steady step time (a later step, nothing compiled) and the caches' counters:
 programs compiled / loaded, XLA store and lowered-program store hits and misses,
-AOTAutograd cache hits and misses, corrupt entries replaced. The two losses must agree.
+AOTAutograd cache hits and misses, corrupt entries replaced, the while loops in the
+`torch.compile` programs (`--scan-layers`: one per program, also when loaded from disk).
+The two losses must agree.
 
 `--child MODE` is one such process (it prints one JSON line); the tests use it too.
 """
@@ -65,6 +67,18 @@ PHASES = (
 
 def _timer_total(metrics: dict, name: str) -> float:
     return float(sum(metrics.get(name, ())))
+
+
+def _while_loops() -> dict[str, int]:
+    """Per `torch.compile` program, the while loops in its executables (`scan_layers`' runs)."""
+    from tpu_backend.compile import programs
+
+    loops: dict[str, int] = {}
+    for program in programs():
+        if program.name.startswith("torch_compile_"):
+            found = sum(text.count(" while(") for text in program.compiled_texts())
+            loops[program.name] = loops.get(program.name, 0) + found
+    return loops
 
 
 def child(args: argparse.Namespace) -> dict:
@@ -118,6 +132,7 @@ def child(args: argparse.Namespace) -> dict:
         "program_store": {"hits": prog_store.hits, "misses": prog_store.misses} if prog_store else None,
         "aot_cache": graph_cache.counters(),
         "corrupt_entries": compile_stats().corrupt_entries,
+        "while_loops": _while_loops(),
         "loss": loss,
     }
     accounted = sum(result[key] for key, _ in PHASES if key != "other_s")
@@ -174,6 +189,8 @@ def print_table(mode: str, first: dict, second: dict) -> None:
         ("corrupt entries replaced", "corrupt_entries"),
     ):
         print(f"{label:34s} {first[key]:9d} {second[key]:9d}")
+    loops = [sum(report["while_loops"].values()) for report in (first, second)]
+    print(f"{'while loops in the programs':34s} {loops[0]:9d} {loops[1]:9d}")
     for label, key in (("XLA store", "xla_store"), ("lowered-program store", "program_store")):
         a, b = first[key] or {}, second[key] or {}
         print(

@@ -290,8 +290,12 @@ def _constant_digest(module: torch.fx.GraphModule, target: str) -> str:
     value = module
     for part in target.split("."):
         value = getattr(value, part)
+    if isinstance(value, torch.fx.GraphModule):
+        # its nodes are listed on their own; not its class name, which depends on how it
+        # was made (`<lambda>` for a traced cond branch, `GraphModule` once rebuilt)
+        return "subgraph"
     if not isinstance(value, torch.Tensor):
-        return type(value).__name__  # a subgraph: its nodes are listed on their own
+        return type(value).__name__
     data = value.detach().to("cpu").contiguous()
     digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
     return f"{data.dtype} {tuple(data.shape)} {digest}"

@@ -10,8 +10,11 @@ picklable `OutputCode` (`SerializableAOTDispatchCompiler`) when entries are *bun
 passes, which depend on the kernel mode) as a `GraphRecord`, plain data with each node's
 FakeTensor metadata, and rebuilds the device callable from it on a hit (`post_compile`);
 the program itself then comes from the lowered-program cache (`program_cache.py`: the
-rebuilt graph has the same identity as the original) or JAX's persistent cache. Graphs
-with symbolic sizes or control-flow subgraphs are not stored.
+rebuilt graph has the same identity as the original) or JAX's persistent cache. The
+subgraphs a graph calls (`scan_layers`' blocks through `invoke_subgraph`) are stored with
+it, as records of their own, and rebuilt as the same modules: the scan planner finds the
+same runs. Graphs with symbolic sizes are not stored; PyTorch itself refuses graphs with
+`torch.cond` or `while_loop` (not cacheable in torch 2.13), whose records would work too.
 
 `compiling()` is entered around each AOTAutograd call of the backend. It
 
@@ -23,7 +26,9 @@ with symbolic sizes or control-flow subgraphs are not stored.
   decompositions we pass, which follow our lowering table;
 - stores entries in `<cache folder>/aotautograd/<key>/*.aot` through `VerifiedDiskCache`
   instead of PyTorch's unchecked pickles under `/tmp`: a corrupt entry, or one that no
-  longer unpickles, is deleted with a warning and rebuilt.
+  longer unpickles, is deleted with a warning and rebuilt;
+- keeps the entry's copy of the backward graph (for compiled autograd) as bytes that are
+  unpickled only if read (`_serialize_backward_lazily`).
 
 PyTorch's own storage functions are swapped only inside the scope (Dynamo compiles one
 graph at a time), so inductor's caches elsewhere in the process are untouched. The
@@ -40,7 +45,9 @@ import pickle
 from typing import Any, Sequence
 
 import torch
+from torch._functorch._aot_autograd import aot_autograd_result as _aot_result
 from torch._functorch._aot_autograd import autograd_cache as _aot_cache
+from torch._functorch._aot_autograd import graph_compile as _graph_compile
 from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 from torch._inductor.output_code import OutputCode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -83,7 +90,7 @@ class TpuGraphCode(OutputCode):
 
     def prepare_for_serialization(self) -> None:
         if self.record is None:
-            raise _aot_cache.BypassAOTAutogradCache("tpu: graph not stored (symbolic sizes or subgraphs)")
+            raise _aot_cache.BypassAOTAutogradCache("tpu: graph not stored (symbolic sizes or an unknown target)")
         self._compiled = None  # device programs do not pickle; post_compile rebuilds them
 
     def post_compile(self, example_inputs: Sequence[Any], constants, graph_kwargs) -> None:
@@ -113,49 +120,44 @@ class GraphRecord:
     """An ATen FX graph as plain picklable data: per node its kind, name, target (named,
     not pickled: operator overloads do not pickle), arguments and a description of its
     FakeTensor value (`meta["val"]`, which the backend reads: output devices and dtypes,
-    input fast paths, the norm-fusion pass), plus the constant tensors it reads.
+    input fast paths, the norm-fusion pass, the scan planner), plus the constant tensors
+    it reads and the subgraphs it calls.
+
+    `subgraphs`: per child module of the graph, in the graph's order, a `GraphRecord`,
+    or the name of an earlier child that is the same module (the scan planner tells
+    blocks apart by module identity, so sharing is kept).
 
     Rebuilt with `graph_module()` into the same graph, names included, without tracing
     anything (PyTorch's own GraphModule pickling re-traces the code, which renames
     nodes, turns argument-free subexpressions into constants and drops the metadata)."""
 
-    def __init__(self, nodes: list, constants: dict):
+    def __init__(self, nodes: list, constants: dict, subgraphs: dict | None = None):
         self.nodes, self.constants = nodes, constants
+        self.subgraphs = subgraphs or {}
 
     @staticmethod
     def of(gm: torch.fx.GraphModule) -> "GraphRecord | None":
-        """The record of `gm`, or None for a graph that cannot be stored (symbolic sizes,
-        control-flow subgraphs, a target that is not an ATen op or a module function)."""
+        """The record of `gm` and its subgraphs, or None for a graph that cannot be stored
+        (symbolic sizes, a target that is not an ATen op, a module function or a
+        higher-order op the interpreter runs)."""
         try:
-            index = {node: i for i, node in enumerate(gm.graph.nodes)}
-            nodes, constants = [], {}
-            for node in gm.graph.nodes:
-                if node.op == "get_attr":
-                    constants[node.target] = _stored_constant(gm, node.target)
-                elif node.op not in ("placeholder", "call_function", "output"):
-                    raise _Unstorable(node.op)
-                refer = lambda value: torch.fx.node.map_arg(value, lambda n: _Node(index[n]))  # noqa: E731, B023
-                nodes.append(
-                    (
-                        node.op,
-                        node.name,
-                        _target_of(node),
-                        refer(node.args),
-                        refer(node.kwargs),
-                        _describe(node.meta.get("val")),
-                    )
-                )
-            return GraphRecord(nodes, constants)
+            return _record(gm)
         except _Unstorable:
             return None
 
     def graph_module(self) -> torch.fx.GraphModule:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
+        return self._build(FakeTensorMode(allow_non_fake_inputs=True))
+
+    def _build(self, mode) -> torch.fx.GraphModule:
+        children: dict[str, torch.fx.GraphModule] = {}
+        for name, sub in self.subgraphs.items():
+            children[name] = children[sub] if isinstance(sub, str) else sub._build(mode)
         graph = torch.fx.Graph()
         made: list[torch.fx.Node] = []
         resolve = lambda value: _map_refs(value, made)  # noqa: E731
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with mode:
             for op, name, target, args, kwargs, described in self.nodes:
                 if op == "output":
                     node = graph.output(resolve(args[0]))
@@ -168,7 +170,49 @@ class GraphRecord:
         with unset_fake_temporarily():
             for target, (value, device) in self.constants.items():
                 setattr(root, target, value.to(device))
-        return torch.fx.GraphModule(root, graph)
+        for name, child in children.items():
+            setattr(root, name, child)
+        gm = torch.fx.GraphModule(root, graph)
+        # GraphModule copies the children its nodes read, in the order they read them: put
+        # back the original order (the program's identity lists the subgraphs in it)
+        for name in children:
+            gm._modules.pop(name, None)
+        for name, child in children.items():
+            setattr(gm, name, child)
+        return gm
+
+
+def _record(gm: torch.fx.GraphModule) -> GraphRecord:
+    subgraphs: dict[str, GraphRecord | str] = {}
+    first_name: dict[int, str] = {}
+    for name, child in gm._modules.items():
+        if not isinstance(child, torch.fx.GraphModule):
+            continue  # not a subgraph: a get_attr of it is refused below
+        if id(child) in first_name:
+            subgraphs[name] = first_name[id(child)]
+        else:
+            first_name[id(child)] = name
+            subgraphs[name] = _record(child)
+    index = {node: i for i, node in enumerate(gm.graph.nodes)}
+    nodes, constants = [], {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            if node.target not in subgraphs:
+                constants[node.target] = _stored_constant(gm, node.target)
+        elif node.op not in ("placeholder", "call_function", "output"):
+            raise _Unstorable(node.op)
+        refer = lambda value: torch.fx.node.map_arg(value, lambda n: _Node(index[n]))  # noqa: E731, B023
+        nodes.append(
+            (
+                node.op,
+                node.name,
+                _target_of(node),
+                refer(node.args),
+                refer(node.kwargs),
+                _describe(node.meta.get("val")),
+            )
+        )
+    return GraphRecord(nodes, constants, subgraphs)
 
 
 def _target_of(node: torch.fx.Node):
@@ -177,7 +221,14 @@ def _target_of(node: torch.fx.Node):
         return target
     if isinstance(target, torch._ops.OpOverload):
         return ("op", target.namespace, target._opname, target._overloadname)
-    if isinstance(target, torch._ops.HigherOrderOperator) or not callable(target):
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        from tpu_backend.compile.interpreter import runs_higher_order
+
+        # only the ones we run: their arguments are nodes, subgraphs and plain values
+        if not runs_higher_order(target) or getattr(torch.ops.higher_order, target.name(), None) is not target:
+            raise _Unstorable(str(target))
+        return ("higher_order", target.name())
+    if not callable(target):
         raise _Unstorable(str(target))
     module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
     if not module or not qualname or "<" in qualname:
@@ -191,6 +242,8 @@ def _resolve_target(target):
     if target[0] == "op":
         _, namespace, name, overload = target
         return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    if target[0] == "higher_order":
+        return getattr(torch.ops.higher_order, target[1])
     _, module, qualname = target
     value = importlib.import_module(module)
     for part in qualname.split("."):
@@ -329,7 +382,38 @@ class _Swap:
 _INHERITED = object()
 
 
-_HOOKS = ("_write_to_local_cache", "iterate_over_candidates")
+class _LoadedWhenCalled:
+    """A GraphModule's reduction (`fn, args`), pickled as bytes and rebuilt only when called."""
+
+    def __init__(self, fn=None, args: tuple = (), data: bytes | None = None):
+        self.reduced = (fn, args) if data is None else None
+        self.data = data
+
+    def __reduce__(self):
+        data = self.data if self.data is not None else pickle.dumps(self.reduced)
+        return (_LoadedWhenCalled, (None, (), data))
+
+    def __call__(self) -> torch.fx.GraphModule:
+        fn, args = self.reduced if self.reduced is not None else pickle.loads(self.data)
+        return fn(*args)
+
+
+def _serialize_backward_lazily(gm: torch.fx.GraphModule):
+    """AOTAutograd's copy of a backward graph in the entry (`serialized_bw_module`: only
+    compiled autograd reads it), rebuilt when read instead of when the entry is loaded.
+    PyTorch rebuilds a pickled GraphModule by re-tracing its code (torch.fx's symbolic
+    trace), which also runs its subgraphs' argument-free ops: for the scanned Llama, five
+    eager device programs and a quarter second in every process that loads the entry."""
+    serialized = _aot_result.serialize_graph_module(gm)
+    serialized.fn, serialized.args = _LoadedWhenCalled(serialized.fn, serialized.args), ()
+    return serialized
+
+
+_HOOKS = (
+    (_aot_cache.AOTAutogradCache, "_write_to_local_cache"),
+    (_aot_cache.AOTAutogradCache, "iterate_over_candidates"),
+    (_graph_compile, "serialize_graph_module"),
+)
 
 
 @contextlib.contextmanager
@@ -339,7 +423,7 @@ def compiling():
         yield
         return
     cls = _aot_cache.AOTAutogradCache
-    missing = [name for name in _HOOKS if not hasattr(cls, name)]
+    missing = [name for owner, name in _HOOKS if not hasattr(owner, name)]
     if missing:  # another torch: no AOTAutograd cache rather than a broken one
         yield
         return
@@ -350,6 +434,7 @@ def compiling():
         _Swap(
             (cls, "_write_to_local_cache", staticmethod(_write_to_local_cache)),
             (cls, "iterate_over_candidates", classmethod(_iterate_over_candidates)),
+            (_graph_compile, "serialize_graph_module", _serialize_backward_lazily),
         ),
     ):
         yield

@@ -59,6 +59,12 @@ def lowering_tables_version() -> tuple[int, ...]:
     return (len(LOWERINGS),)
 
 
+def runs_higher_order(target) -> bool:
+    """Whether graphs may call the higher-order op `target` (`torch.cond`, `while_loop`,
+    a nested compile region's `invoke_subgraph`): its subgraphs are interpreted too."""
+    return target in _HIGHER_ORDER
+
+
 def _is_python_callable(target) -> bool:
     """Python-level graph nodes (getitem, size arithmetic): run as they are."""
     return not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator))
@@ -342,4 +348,5 @@ __all__ = [
     "is_covered",
     "lowering_for",
     "missing_lowerings",
+    "runs_higher_order",
 ]

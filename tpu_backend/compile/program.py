@@ -176,6 +176,11 @@ class Program:
                     exported.append(jax.export.export(jax.jit(on_arrays), platforms=platforms)(*arrays))
         return exported
 
+    def compiled_texts(self) -> list[str]:
+        """The optimized HLO of each compiled signature, as XLA compiled it or as it was
+        loaded from disk (which traces nothing): e.g. to see that a loop is still there."""
+        return [executable.compiled.as_text() or "" for executable in self._executables.values()]
+
     def __repr__(self) -> str:
         return f"Program({self.name!r}, {len(self._executables)} compiled signature(s))"
 

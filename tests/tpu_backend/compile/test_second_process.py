@@ -9,6 +9,8 @@ is asserted here: the ratios are the benchmark's."""
 from __future__ import annotations
 
 import json
+import operator
+import pickle
 import shutil
 import subprocess
 import sys
@@ -17,10 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import tpu_backend.compile as tpu_compile
 from tests.chip import child_env
-from tpu_backend.compile import Program, compile_stats, program_cache
+from tpu_backend.compile import Program, compile_stats, graph_cache, program_cache
+from tpu_backend.compile.backend import graph_identity
+from tpu_backend.compile.graph_cache import GraphRecord
+from tpu_backend.compile.interpreter import GraphFunction
+from tpu_backend.compile.scan import INVOKE_SUBGRAPH
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "compile_time_bench.py"
 
@@ -83,6 +90,36 @@ def test_a_changed_shape_misses(filled, tmp_path):
     other = first_step(copy_of(filled, tmp_path), "tpu-compile", "llama", *LLAMA, "--batch", "2")
     assert other["aot_cache"]["hit"] == 0 and other["aot_cache"]["miss"] == 1
     assert other["programs_loaded"] == 0 and other["programs_compiled"] >= 2
+
+
+# three layers: the backward's first repetition is called unrolled (scan.FIRST_REPETITION_TIED),
+# the other two still make a loop
+SCANNED = ("--layers", "3", "--remat", "--scan-layers")
+
+
+def test_scanned_layers_second_process_loads_programs_that_still_loop(tmp_path):
+    first = first_step(tmp_path / "cache", "tpu-compile", "llama", *SCANNED)
+    assert first["aot_cache"]["saved"] == 1 and first["aot_cache"]["bypass"] == 0  # subgraphs stored too
+    assert sorted(first["while_loops"].values()) == [1, 1]  # forward and backward: one loop each
+
+    second = first_step(tmp_path / "cache", "tpu-compile", "llama", *SCANNED)
+    assert second["aot_cache"] == {"hit": 1, "miss": 0, "saved": 0, "bypass": 0}
+    assert second["programs_compiled"] == 0 and second["programs_loaded"] == second["programs_built"] >= 2
+    assert second["while_loops"] == first["while_loops"]  # the rebuilt graphs planned the same runs
+    assert second["corrupt_entries"] == 0
+    assert second["loss"] == first["loss"]
+
+
+def test_compiled_optimizer_step_second_process_loads_it(tmp_path):
+    first = first_step(tmp_path / "cache", "tpu-compile", "llama", *LLAMA, "--compile-optimizer")
+    assert first["aot_cache"]["saved"] == 2  # the model's graph and the optimizer step's
+    assert any(name.endswith("_inference") for name in first["while_loops"])  # the step is a program
+
+    second = first_step(tmp_path / "cache", "tpu-compile", "llama", *LLAMA, "--compile-optimizer")
+    assert second["aot_cache"] == {"hit": 2, "miss": 0, "saved": 0, "bypass": 0}
+    assert second["programs_compiled"] == 0 and second["programs_loaded"] == second["programs_built"] >= 3
+    assert second["program_store"]["misses"] == 0
+    assert second["loss"] == first["loss"]
 
 
 def test_fused_mode_second_process_loads_its_program(tmp_path):
@@ -155,3 +192,65 @@ def test_a_corrupt_or_stale_program_entry_is_rebuilt(fresh_cache):
         warnings.simplefilter("error")
         Program("double", double, identity="x * 2")(x)
     assert len(traced) == 3
+
+
+# --------------------------------------------------------------------- graph records with subgraphs
+
+
+def graph_calling(block: torch.fx.GraphModule, times: int, alias: bool = False) -> torch.fx.GraphModule:
+    """`x -> block(block(...block(x)))` through invoke_subgraph, as AOTAutograd writes it:
+    one get_attr node per call; with `alias` the calls after the first read a second
+    attribute holding the same module."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    for i in range(times):
+        name = "block_b" if alias and i else "block_a"
+        sub = graph.get_attr(name)
+        call = graph.call_function(INVOKE_SUBGRAPH, (sub, "block", x))
+        x = graph.call_function(operator.getitem, (call, 0))
+    graph.output((x,))
+    root = torch.nn.Module()
+    root.block_a = block
+    if alias:
+        root.block_b = block
+    return torch.fx.GraphModule(root, graph)
+
+
+def block_doing(op) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((graph.call_function(op, (x, x)),))
+    block = torch.fx.GraphModule(torch.nn.Module(), graph)
+    type(block).__name__ = "<lambda>"  # as Dynamo names a traced branch (the rebuilt one is "GraphModule")
+    return block
+
+
+@pytest.mark.parametrize("alias", [False, True], ids=["one_attribute", "two_attributes"])
+def test_a_record_rebuilds_subgraphs_as_shared_modules(alias):
+    gm = graph_calling(block_doing(torch.ops.aten.mul.Tensor), 3, alias)
+    record = GraphRecord.of(gm)
+    rebuilt = pickle.loads(pickle.dumps(record)).graph_module()
+
+    assert graph_identity(rebuilt) == graph_identity(gm)
+    calls = [n for n in rebuilt.graph.nodes if n.target is INVOKE_SUBGRAPH]
+    modules = {id(getattr(rebuilt, call.args[0].target)) for call in calls}
+    assert len(calls) == 3 and len(modules) == 1  # the scan planner's test of "the same block"
+    function = GraphFunction(rebuilt)
+    assert len(set(function.runs.values())) == 1  # one run of three calls: one lax.scan
+    x = np.arange(3.0, dtype=np.float32)
+    np.testing.assert_allclose(np.asarray(function(x)[0]), x**8)
+
+
+def test_a_changed_subgraph_changes_the_identity():
+    times_three = graph_identity(graph_calling(block_doing(torch.ops.aten.mul.Tensor), 3))
+    changed = GraphRecord.of(graph_calling(block_doing(torch.ops.aten.add.Tensor), 3)).graph_module()
+    assert graph_identity(changed) != times_three
+
+
+def test_the_entrys_backward_graph_copy_is_rebuilt_only_when_read():
+    # AOTAutograd keeps one for compiled autograd; rebuilding it re-traces its code
+    serialized = graph_cache._serialize_backward_lazily(block_doing(torch.ops.aten.mul.Tensor))
+    loaded = pickle.loads(pickle.dumps(serialized))
+    assert loaded.fn.reduced is None  # still bytes
+    x = torch.arange(3.0)
+    torch.testing.assert_close(loaded.deserialize()(x)[0], x * x)
