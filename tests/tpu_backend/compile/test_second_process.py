@@ -66,6 +66,7 @@ def test_second_process_loads_everything_and_computes_the_same_loss(filled, tmp_
     assert second["loss"] == filled[1]["loss"]
 
 
+@pytest.mark.slow  # a subprocess pair: the slow suite
 def test_corrupt_entries_are_deleted_rebuilt_and_rewritten(filled, tmp_path):
     cache = copy_of(filled, tmp_path)
     # every store: an executable JAX loaded from its own store is not put in ours (program_cache.save)
@@ -86,6 +87,7 @@ def test_corrupt_entries_are_deleted_rebuilt_and_rewritten(filled, tmp_path):
     assert again["loss"] == filled[1]["loss"]
 
 
+@pytest.mark.slow  # a subprocess pair: the slow suite
 def test_a_changed_shape_misses(filled, tmp_path):
     other = first_step(copy_of(filled, tmp_path), "tpu-compile", "llama", *LLAMA, "--batch", "2")
     assert other["aot_cache"]["hit"] == 0 and other["aot_cache"]["miss"] == 1
@@ -110,6 +112,7 @@ def test_scanned_layers_second_process_loads_programs_that_still_loop(tmp_path):
     assert second["loss"] == first["loss"]
 
 
+@pytest.mark.slow  # a subprocess pair: the slow suite
 def test_compiled_optimizer_step_second_process_loads_it(tmp_path):
     first = first_step(tmp_path / "cache", "tpu-compile", "llama", *LLAMA, "--compile-optimizer")
     assert first["aot_cache"]["saved"] == 2  # the model's graph and the optimizer step's
@@ -122,6 +125,7 @@ def test_compiled_optimizer_step_second_process_loads_it(tmp_path):
     assert second["loss"] == first["loss"]
 
 
+@pytest.mark.slow  # a subprocess pair: the slow suite
 def test_fused_mode_second_process_loads_its_program(tmp_path):
     first = first_step(tmp_path / "cache", "tpu-fused", "mlp")
     second = first_step(tmp_path / "cache", "tpu-fused", "mlp")
