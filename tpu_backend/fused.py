@@ -26,7 +26,14 @@ Recording costs bookkeeping only. Each op follows an edge of a trie of recorded 
 sequences (`_TraceState`), keyed by (op key, wiring, shapes of external inputs): the
 edge caches the op's output shapes (found once by `jax.eval_shape`), and the state
 reached at a sync point *is* the graph's structural key, so nothing per op grows with
-the trace. The program is a `tpu_backend.compile.Program` (name "fused") per (state,
+the trace. A node is one tuple and each result one placeholder, held by the graph until
+the sync point, which tells the live ones by reference count (no weak reference per
+output). The state keeps what a sync point there needs per set of live outputs
+(`_Ending`), so a repeated step's sync is a dict lookup on a tuple of ints. With the
+compiled path, `record` is the same steps in C++ (`tpu_backend/native`: no Python frame
+per op; `python_record` stays the definition, and runs with `TPU_NATIVE=0`).
+
+The program is a `tpu_backend.compile.Program` (name "fused") per (state,
 live outputs, donated inputs): fused programs count in `compile_stats()`, use the
 persistent disk cache, are refused by `cache_only()`, and are written by
 `tpu_backend.compile.dump(folder)`. `last_program_text()` returns the last graph's op
@@ -281,7 +288,7 @@ class _Ending:
         # (shape, dtype) per external input: fixed by the trie state (shapes are in its edges)
         self.external_avals = [(ref[2], ref[3]) for ref in graph.external_index.values()]
         # outputs per (shape, dtype): how many external buffers a step may donate to them
-        self.reusable = collections.Counter([(p.shape, p.dtype) for p in (graph.placeholders[i] for i in live)])
+        self.reusable = dict(collections.Counter([(p.shape, p.dtype) for p in (graph.placeholders[i] for i in live)]))
         self.programs: dict[tuple, _Compiled] = {}  # donated inputs -> program
 
 
@@ -424,10 +431,11 @@ def _donated(external: list, ending: _Ending) -> tuple:
         if type(value) is not _ARRAY_IMPL and not isinstance(value, jax.Array):
             continue
         if reusable is None:
-            reusable = ending.reusable.copy()
+            reusable = ending.reusable.copy()  # a dict's copy (a Counter's runs Python code)
         aval = ending.external_avals[index]
-        if reusable[aval] > 0:
-            reusable[aval] -= 1
+        left = reusable.get(aval, 0)
+        if left > 0:
+            reusable[aval] = left - 1
             donated.append(index)
     return tuple(donated)
 

@@ -14,8 +14,10 @@
 // - the op kernels: each table op's functional kernel, in front of its Python kernel. A
 //   call the Python kernel has run (and taught it) goes straight into the op's jitted
 //   lowering (strict mode) or `fused.record` (fused mode); results are wrapped here.
+// - fused mode's `record` (`fused_record`): the steps of `fused.python_record` (input
+//   wiring, trie edge, node, placeholders) without a Python frame per op.
 //
-// The lowerings, the payload table and fused mode's graph stay in Python. Loaded by
+// The lowerings, the payload table and fused mode's sync point stay in Python. Loaded by
 // tpu_backend/native/__init__.py; TPU_NATIVE=0 keeps the pure-Python path.
 
 #include <Python.h>
