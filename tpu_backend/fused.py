@@ -26,7 +26,14 @@ Recording costs bookkeeping only. Each op follows an edge of a trie of recorded 
 sequences (`_TraceState`), keyed by (op key, wiring, shapes of external inputs): the
 edge caches the op's output shapes (found once by `jax.eval_shape`), and the state
 reached at a sync point *is* the graph's structural key, so nothing per op grows with
-the trace. The program is a `tpu_backend.compile.Program` (name "fused") per (state,
+the trace. A node is one tuple and each result one placeholder, held by the graph until
+the sync point, which tells the live ones by reference count (no weak reference per
+output). The state keeps what a sync point there needs per set of live outputs
+(`_Ending`), so a repeated step's sync is a dict lookup on a tuple of ints. With the
+compiled path, `record` is the same steps in C++ (`tpu_backend/native`: no Python frame
+per op; `python_record` stays the definition, and runs with `TPU_NATIVE=0`).
+
+The program is a `tpu_backend.compile.Program` (name "fused") per (state,
 live outputs, donated inputs): fused programs count in `compile_stats()`, use the
 persistent disk cache, are refused by `cache_only()`, and are written by
 `tpu_backend.compile.dump(folder)`. `last_program_text()` returns the last graph's op
@@ -47,7 +54,6 @@ import math
 import os
 import sys
 import threading
-import weakref
 from typing import Any, Callable
 
 import jax
@@ -74,14 +80,14 @@ def max_nodes() -> int:
 
 
 class LazyArray(tpu_tensor.LazyValue):
-    """The not-yet-computed output `index` of a recorded node; `value` once synced."""
+    """Output `ref[2]` of recorded node `ref[1]`, not yet computed; `value` once synced.
+    (It keeps no link to its node: a placeholder the user dropped is garbage at once.)"""
 
-    __slots__ = ("shape", "dtype", "weak_type", "node", "index", "value", "ref", "__weakref__")
+    __slots__ = ("shape", "dtype", "weak_type", "ref", "value", "__weakref__")
 
-    def __init__(self, aval: tuple, node: "_Node", index: int):
+    def __init__(self, aval: tuple, ref: tuple):
         self.shape, self.dtype, self.weak_type = aval
-        self.node, self.index, self.value = node, index, None
-        self.ref = ("n", node.position, index)  # how later nodes of its graph wire it in
+        self.ref, self.value = ref, None  # ref: how later nodes of its graph wire it in
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: math.prod(self.shape))
@@ -113,13 +119,9 @@ class LazyArray(tpu_tensor.LazyValue):
         return f"LazyArray({self.dtype}{list(self.shape)}, {state})"
 
 
-class _Node:
-    """One recorded call: `fn(*inputs)` with `inputs` given as wiring references."""
-
-    __slots__ = ("key", "fn", "inputs", "outputs", "position")
-
-    def __init__(self, key, fn: Callable, inputs: tuple, position: int, outputs: list):
-        self.key, self.fn, self.inputs, self.position, self.outputs = key, fn, inputs, position, outputs
+# One recorded call, `fn(*inputs)`, is the tuple (key, fn, input refs): a node costs one
+# tuple (its results' placeholders are in `_Graph.placeholders`).
+_Node = tuple
 
 
 class _TraceState:
@@ -127,12 +129,14 @@ class _TraceState:
     (or adds) the edge for its (key, wiring, external input shapes), so the graph's
     structural key is known at every op at the cost of one dict lookup, and each edge
     caches its op's output structure and shapes: no shape inference after warm-up and
-    nothing at a sync point that grows with the trace."""
+    nothing at a sync point that grows with the trace. A state reached at a sync point
+    keeps the programs of the graphs that ended there."""
 
-    __slots__ = ("children",)
+    __slots__ = ("children", "endings")
 
     def __init__(self):
-        self.children: dict[tuple, tuple] = {}  # edge -> (next state, treedef, output avals)
+        self.children: dict[tuple, tuple] = {}  # edge -> (next state, output avals, pack)
+        self.endings: dict[tuple, _Ending] = {}  # live outputs -> what runs that graph
 
 
 _root = _TraceState()
@@ -144,7 +148,10 @@ class _Graph:
     """The graph being recorded: nodes in program order and their external inputs."""
 
     def __init__(self):
-        self.nodes: list[_Node] = []
+        self.nodes: list[_Node] = []  # (key, fn, input refs) per call, in program order
+        # every node's outputs, in order, held until the sync point, which tells the live
+        # ones by their reference counts (no weak reference per output)
+        self.placeholders: list[LazyArray] = []
         self.state = _root
         self.external: list[Any] = []  # concrete arrays
         # id(array) -> its ref (an array used twice is one input; its shape is read once)
@@ -169,7 +176,8 @@ class _Graph:
 
 
 _graph = _Graph()
-_native_input_refs = getattr(native.load(), "input_refs", None)
+_native = native.load()
+_native_input_refs = getattr(_native, "input_refs", None)
 _shape_cache: dict[tuple, tuple] = {}  # (node key, input avals) -> (treedef, output avals)
 
 
@@ -196,18 +204,30 @@ def _output_shapes(key, fn: Callable, inputs: list, refs: tuple) -> tuple:
     return found
 
 
+def _packer(treedef) -> Callable | None:
+    """How a node's list of placeholders becomes the structure its function returns: None
+    for a bare array, `tuple` or `list` for a flat sequence (no pytree call per op)."""
+    leaves = treedef.num_leaves
+    if leaves == 1 and treedef.num_nodes == 1:
+        return None
+    if treedef == jax.tree_util.tree_structure((0,) * leaves):
+        return tuple
+    if treedef == jax.tree_util.tree_structure([0] * leaves):
+        return list
+    return treedef.unflatten
+
+
 def _follow(graph: _Graph, key, fn: Callable, inputs: list, refs: tuple) -> tuple:
-    """The trie edge for this op from the graph's state (added on first sight)."""
+    """The trie edge for this op from the graph's state, added on first sight (the hit is
+    inlined in `record`)."""
     global _root, _trie_edges
     edge = (key, refs)
     found = graph.state.children.get(edge)
     if found is None:
         if _trie_edges >= _MAX_TRIE_EDGES:  # start over rather than grow without bound
             _root, _trie_edges = _TraceState(), 0
-            _programs.clear()
         treedef, avals = _output_shapes(key, fn, inputs, refs)
-        single = treedef.num_leaves == 1 and treedef.num_nodes == 1  # a bare array, not a pytree
-        found = graph.state.children[edge] = (_TraceState(), treedef, avals, single)
+        found = graph.state.children[edge] = (_TraceState(), avals, _packer(treedef))
         _trie_edges += 1
     return found
 
@@ -222,17 +242,29 @@ def record(key, fn: Callable, inputs: list):
             refs = tuple([graph.input_ref(v) for v in inputs])
         else:  # the same, in C++ (tpu_backend/native)
             refs = _native_input_refs(inputs, graph.floats, graph.external, graph.external_index, LazyArray)
-        state, treedef, avals, single = _follow(graph, key, fn, inputs, refs)
+        found = graph.state.children.get((key, refs))
+        state, avals, pack = found if found is not None else _follow(graph, key, fn, inputs, refs)
         graph.state = state
-        node = _Node(key, fn, refs, len(graph.nodes), [])
-        results = [LazyArray(aval, node, i) for i, aval in enumerate(avals)]
-        node.outputs = [weakref.ref(r) for r in results]
-        graph.nodes.append(node)
-        full = len(graph.nodes) >= _max_nodes
-    out = results[0] if single else treedef.unflatten(results)
+        nodes = graph.nodes
+        position = len(nodes)
+        if pack is None:
+            out = LazyArray(avals[0], ("n", position, 0))
+            results = [out]
+        else:
+            results = [LazyArray(aval, ("n", position, i)) for i, aval in enumerate(avals)]
+            out = pack(results)
+        nodes.append((key, fn, refs))
+        graph.placeholders += results
+        full = position + 1 >= _max_nodes
     if full:
         sync("node_limit")
     return out
+
+
+python_record = record  # the definition; `record` may be the same steps in C++:
+if hasattr(_native, "fused_record"):  # no Python frame per op (the op kernels call it directly)
+    _native.configure_fused(globals())
+    record = _native.fused_record
 
 
 # ----------------------------------------------------------------------------- running
@@ -245,7 +277,21 @@ class _Compiled:
         self.program, self.ops_text = program, ops_text
 
 
-_programs: dict[tuple, _Compiled] = {}
+class _Ending:
+    """A recorded op sequence (a trie state) ended with these outputs live: what a sync
+    point there needs, found once, so that a repeated step costs one dict lookup."""
+
+    __slots__ = ("outputs", "external_avals", "reusable", "programs")
+
+    def __init__(self, graph: _Graph, live: tuple):
+        self.outputs = [graph.placeholders[i].ref[1:] for i in live]  # (node, output) pairs
+        # (shape, dtype) per external input: fixed by the trie state (shapes are in its edges)
+        self.external_avals = [(ref[2], ref[3]) for ref in graph.external_index.values()]
+        # outputs per (shape, dtype): how many external buffers a step may donate to them
+        self.reusable = dict(collections.Counter([(p.shape, p.dtype) for p in (graph.placeholders[i] for i in live)]))
+        self.programs: dict[tuple, _Compiled] = {}  # donated inputs -> program
+
+
 _last: dict[str, Any] = {}
 
 
@@ -269,7 +315,7 @@ def _external_avals(nodes: list[_Node], floats: int) -> list[jax.ShapeDtypeStruc
     would hold a second copy of the parameters)."""
     found = {}
     for node in nodes:
-        for ref in node.inputs:
+        for ref in node[2]:
             if ref[0] == "x":
                 found[ref[1]] = jax.ShapeDtypeStruct(ref[2], ref[3], weak_type=ref[4])
     avals = [found[i] for i in range(len(found))]
@@ -279,7 +325,7 @@ def _external_avals(nodes: list[_Node], floats: int) -> list[jax.ShapeDtypeStruc
 def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], has_floats: bool) -> Callable:
     """The recorded graph as one function of its external inputs (and, last, the vector
     of Python floats when there are any), returning the live outputs."""
-    steps = [(node.fn, node.inputs) for node in nodes]
+    steps = [(fn, refs) for _, fn, refs in nodes]
     convert_element_type = _weak_type_converter()
 
     def run(*external):
@@ -326,8 +372,8 @@ def _describe_ref(r: tuple) -> str:
 
 
 def _describe_node(node: _Node) -> str:
-    refs = [_describe_ref(r) for r in node.inputs]
-    key = node.key
+    key, _, inputs = node
+    refs = [_describe_ref(r) for r in inputs]
     if not isinstance(key, OpKey):  # a storage access: ("gather", shape, strides, offset)...
         return f"{key[0]}{tuple(key[1:])}({', '.join(refs)})"
     args = [_render(t, refs) for t in key.args] + [f"{k}={_render(t, refs)}" for k, t in key.kwargs]
@@ -336,43 +382,60 @@ def _describe_node(node: _Node) -> str:
 
 def _describe_ops(nodes: list[_Node], outputs: list[tuple[int, int]], donated: tuple) -> str:
     lines = [f"# fused graph: {len(nodes)} nodes, {len(outputs)} outputs", f"# donated inputs: {list(donated)}"]
-    for node in nodes:
-        lines.append(f"%{node.position} = {_describe_node(node)}")
+    for position, node in enumerate(nodes):
+        lines.append(f"%{position} = {_describe_node(node)}")
     lines.append("return " + ", ".join(f"%{p}.{i}" for p, i in outputs))
     return "\n".join(lines)
 
 
-def _compiled_for(fingerprint: tuple, nodes, outputs, has_floats: bool, donated: tuple) -> _Compiled:
-    found = _programs.get(fingerprint)
+def _compiled_for(ending: _Ending, nodes: list[_Node], has_floats: bool, donated: tuple) -> _Compiled:
+    found = ending.programs.get(donated)
     if found is None:
         from tpu_backend.compile.program import Program
 
-        ops_text = _describe_ops(nodes, outputs, donated)
+        ops_text = _describe_ops(nodes, ending.outputs, donated)
         program = Program(
-            "fused", _graph_function(nodes, outputs, has_floats), source=ops_text, donate=donated, identity=ops_text
+            "fused",
+            _graph_function(nodes, ending.outputs, has_floats),
+            source=ops_text,
+            donate=donated,
+            identity=ops_text,
         )
-        found = _programs[fingerprint] = _Compiled(program, ops_text)
+        found = ending.programs[donated] = _Compiled(program, ops_text)
     return found
 
 
 _HELD_ONLY_BY_THE_GRAPH = 3  # the graph's list, the loop variable and getrefcount's argument
+_HELD_ONLY_BY_THE_LIST = 2  # the list and getrefcount's argument (no variable in between)
 
 
-def _donated(external: list, placeholders: list) -> tuple:
+def _live_outputs(placeholders: list) -> tuple:
+    """The positions of the placeholders something outside the graph still holds (a
+    tensor's payload, the user's variable): the graph's outputs. The rest are dead
+    intermediates, which XLA fuses away."""
+    getrefcount = sys.getrefcount
+    return tuple([i for i in range(len(placeholders)) if getrefcount(placeholders[i]) > _HELD_ONLY_BY_THE_LIST])
+
+
+def _donated(external: list, ending: _Ending) -> tuple:
     """The external inputs nothing outside the graph can read again (their tensors were
     overwritten, e.g. parameters and optimizer state updated in place), as many per
     shape and dtype as outputs can reuse: XLA writes the new values into their buffers."""
-    reusable = collections.Counter([(p.shape, p.dtype) for p in placeholders])
+    reusable = None
     donated = []
+    getrefcount = sys.getrefcount
     for index in range(len(external)):
         value = external[index]
-        if sys.getrefcount(value) > _HELD_ONLY_BY_THE_GRAPH:
+        if getrefcount(value) > _HELD_ONLY_BY_THE_GRAPH:
             continue
         if type(value) is not _ARRAY_IMPL and not isinstance(value, jax.Array):
             continue
-        aval = (value.shape, value.dtype)
-        if reusable[aval] > 0:
-            reusable[aval] -= 1
+        if reusable is None:
+            reusable = ending.reusable.copy()  # a dict's copy (a Counter's runs Python code)
+        aval = ending.external_avals[index]
+        left = reusable.get(aval, 0)
+        if left > 0:
+            reusable[aval] = left - 1
             donated.append(index)
     return tuple(donated)
 
@@ -412,18 +475,17 @@ def sync(reason: str = "synchronize") -> None:
         if not graph.nodes:
             return
         _graph = _Graph()  # ops recorded from here on start a new graph
-        outputs, placeholders = [], []
-        for node in graph.nodes:
-            for index, ref in enumerate(node.outputs):
-                placeholder = ref()
-                if placeholder is not None:
-                    outputs.append((node.position, index))
-                    placeholders.append(placeholder)
+        everything = graph.placeholders
+        live = _live_outputs(everything)
+        ending = graph.state.endings.get(live)
+        if ending is None:
+            ending = graph.state.endings[live] = _Ending(graph, live)
+        placeholders = [everything[i] for i in live]
+        graph.placeholders = everything = None
         external = graph.external
-        donated = _donated(external, placeholders)
-        has_floats = bool(graph.floats)
-        fingerprint = (graph.state, tuple(outputs), has_floats, donated)
-        compiled = _compiled_for(fingerprint, graph.nodes, outputs, has_floats, donated)
+        donated = _donated(external, ending)
+        has_floats = bool(graph.floats)  # (fixed by the state too: floats are wired in by position)
+        compiled = _compiled_for(ending, graph.nodes, has_floats, donated)
         if has_floats:
             external.append(np.asarray(graph.floats, np.float64))
         _last.update(compiled=compiled, nodes=graph.nodes, floats=len(graph.floats))
@@ -435,10 +497,10 @@ def sync(reason: str = "synchronize") -> None:
             from tpu_backend.eager.errors import user_frame
 
             _READ_SITES[user_frame()] += 1
-        results = compiled.program(*external) if outputs else []
+        results = compiled.program(*external) if live else []
         external.clear()
         for placeholder, value in zip(placeholders, results):
-            placeholder.value, placeholder.node = value, None
+            placeholder.value = value
         tpu_tensor.replace_computed_payloads()
 
 

@@ -224,3 +224,34 @@ def test_python_numbers_and_cpu_scalars_in_known_calls(mode):
                 torch.testing.assert_close((tx * factor).cpu(), x * factor)
     finally:
         tpu_backend.set_eager_mode(previous)
+
+
+@compiled
+def test_fused_record_in_cpp_records_like_python():
+    """`fused.record` is the C++ one; it records the same nodes, wiring, external inputs,
+    floats and placeholders as the Python definition, and graphs from either run alike."""
+    from tpu_backend import fused
+
+    assert fused.record is native.module.fused_record
+    a, b = jnp.arange(6.0).reshape(2, 3), jnp.ones((2, 3))
+    split = lambda x, y, f: (x * f, y)  # noqa: E731 - one function object for both records
+    nested = lambda x: {"t": [x, x + 1]}  # noqa: E731
+    total = lambda x, y: (x + y).sum()  # noqa: E731
+
+    def graph(record):
+        s = record(("add",), jnp.add, [a, b])
+        pair = record(("split",), split, [s, a, 0.5])  # a flat tuple
+        tree = record(("nested",), nested, [pair[0]])  # any pytree
+        out = record(("sum",), total, [tree["t"][1], b])
+        state = fused._graph
+        recorded = [node for node in state.nodes], list(state.external), list(state.floats), state.state
+        shapes = [(p.shape, p.dtype, p.weak_type, p.ref) for p in state.placeholders]
+        fused.sync()
+        return recorded, shapes, type(pair), out.force()
+
+    (nodes, external, floats, state), shapes, kind, value = graph(fused.python_record)
+    (cpp_nodes, cpp_external, cpp_floats, cpp_state), cpp_shapes, cpp_kind, cpp_value = graph(fused.record)
+    assert cpp_nodes == nodes and cpp_floats == floats == [0.5] and cpp_state is state
+    assert [x is y for x, y in zip(cpp_external, external)] == [True, True]
+    assert cpp_shapes == shapes and cpp_kind is kind is tuple
+    assert float(cpp_value) == float(value) == float(((jnp.arange(6.0).reshape(2, 3) + 1) * 0.5 + 1 + 1).sum())

@@ -14,11 +14,14 @@
 // - the op kernels: each table op's functional kernel, in front of its Python kernel. A
 //   call the Python kernel has run (and taught it) goes straight into the op's jitted
 //   lowering (strict mode) or `fused.record` (fused mode); results are wrapped here.
+// - fused mode's `record` (`fused_record`): the steps of `fused.python_record` (input
+//   wiring, trie edge, node, placeholders) without a Python frame per op.
 //
-// The lowerings, the payload table and fused mode's graph stay in Python. Loaded by
+// The lowerings, the payload table and fused mode's sync point stay in Python. Loaded by
 // tpu_backend/native/__init__.py; TPU_NATIVE=0 keeps the pure-Python path.
 
 #include <Python.h>
+#include <structmember.h>  // PyMemberDef: where LazyArray's slots live
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -512,6 +515,263 @@ PyObject* py_input_refs(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   }
   Py_DECREF(items);
   return refs;
+}
+
+// fused.record in C++ (`record` below); `configure_fused` hands it the module. The Python
+// `record` is the definition; this is the same steps without a Python frame per op (and
+// the op kernels call it without building an argument list).
+PyObject* fused_globals = nullptr;  // tpu_backend.fused.__dict__ (`_graph`, `_lock`, ...)
+PyTypeObject* placeholder_type = nullptr;  // fused.LazyArray
+PyObject* python_follow = nullptr;  // fused._follow: a trie edge not seen before
+// where LazyArray's slots live in an instance: written directly into a fresh object
+enum PlaceholderSlot { kShape, kDtype, kWeakType, kRef, kValue, kSlots };
+Py_ssize_t placeholder_offsets[kSlots] = {};
+PyObject* str_graph = nullptr;
+PyObject* str_lock = nullptr;
+PyObject* str_acquire = nullptr;
+PyObject* str_release = nullptr;
+PyObject* str_max_nodes = nullptr;
+PyObject* str_sync = nullptr;
+PyObject* str_node_limit = nullptr;
+PyObject* str_n = nullptr;
+PyObject* str_floats = nullptr;
+PyObject* str_external = nullptr;
+PyObject* str_external_index = nullptr;
+PyObject* str_state = nullptr;
+PyObject* str_children = nullptr;
+PyObject* str_nodes = nullptr;
+PyObject* str_placeholders = nullptr;
+
+// configure_fused(fused.__dict__): what `record` needs (after LazyArray and _follow exist).
+PyObject* py_configure_fused(PyObject*, PyObject* globals) {
+  if (!PyDict_Check(globals)) {
+    PyErr_SetString(PyExc_TypeError, "configure_fused(fused.__dict__)");
+    return nullptr;
+  }
+  PyObject* type = PyDict_GetItemString(globals, "LazyArray");  // borrowed
+  PyObject* follow = PyDict_GetItemString(globals, "_follow");
+  if (type == nullptr || !PyType_Check(type) || follow == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "configure_fused: the module has no LazyArray class or _follow");
+    return nullptr;
+  }
+  const char* names[kSlots] = {"shape", "dtype", "weak_type", "ref", "value"};
+  PyObject* type_dict = reinterpret_cast<PyTypeObject*>(type)->tp_dict;
+  for (int i = 0; i < kSlots; ++i) {
+    PyObject* member = PyDict_GetItemString(type_dict, names[i]);
+    if (member == nullptr || Py_TYPE(member) != &PyMemberDescr_Type) {
+      PyErr_Format(PyExc_TypeError, "configure_fused: LazyArray.%s is not a slot", names[i]);
+      return nullptr;
+    }
+    placeholder_offsets[i] = reinterpret_cast<PyMemberDescrObject*>(member)->d_member->offset;
+  }
+  Py_INCREF(globals);
+  Py_XSETREF(fused_globals, globals);
+  Py_INCREF(type);
+  Py_XSETREF(placeholder_type, reinterpret_cast<PyTypeObject*>(type));
+  Py_INCREF(follow);
+  Py_XSETREF(python_follow, follow);
+  Py_RETURN_NONE;
+}
+
+// LazyArray(aval, ref) without its __init__: aval is (shape, dtype, weak_type).
+PyObject* new_placeholder(PyObject* aval, PyObject* ref) {
+  if (!PyTuple_Check(aval) || PyTuple_GET_SIZE(aval) != 3) {
+    PyErr_SetString(PyExc_TypeError, "fused: an output aval is not (shape, dtype, weak_type)");
+    return nullptr;
+  }
+  PyObject* placeholder = placeholder_type->tp_alloc(placeholder_type, 0);
+  if (placeholder == nullptr) {
+    return nullptr;
+  }
+  PyObject* values[kSlots] = {
+      PyTuple_GET_ITEM(aval, 0), PyTuple_GET_ITEM(aval, 1), PyTuple_GET_ITEM(aval, 2), ref, Py_None};
+  for (int i = 0; i < kSlots; ++i) {
+    *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(placeholder) + placeholder_offsets[i]) =
+        Py_NewRef(values[i]);
+  }
+  return placeholder;
+}
+
+// A new reference to attribute `name` of `owner`, released by the holder.
+struct Attr {
+  PyObject* value;
+  Attr(PyObject* owner, PyObject* name) : value(owner ? PyObject_GetAttr(owner, name) : nullptr) {}
+  ~Attr() { Py_XDECREF(value); }
+  operator PyObject*() const { return value; }
+};
+
+// The node's function result structure from its placeholders: the edge's `pack` (None: a
+// bare array; tuple, list: a flat sequence; else a treedef's unflatten).
+PyObject* pack_results(PyObject* pack, PyObject* results) {
+  if (pack == Py_None) {
+    if (PyList_GET_SIZE(results) != 1) {
+      PyErr_SetString(PyExc_TypeError, "fused: a single-array edge with several outputs");
+      return nullptr;
+    }
+    return Py_NewRef(PyList_GET_ITEM(results, 0));
+  }
+  if (pack == reinterpret_cast<PyObject*>(&PyTuple_Type)) {
+    return PyList_AsTuple(results);
+  }
+  if (pack == reinterpret_cast<PyObject*>(&PyList_Type)) {
+    return Py_NewRef(results);
+  }
+  return PyObject_CallOneArg(pack, results);
+}
+
+PyObject* list_of(PyObject* const* items, Py_ssize_t n) {
+  PyObject* list = PyList_New(n);
+  for (Py_ssize_t i = 0; list != nullptr && i < n; ++i) {
+    PyList_SET_ITEM(list, i, Py_NewRef(items[i]));
+  }
+  return list;
+}
+
+// fused.record's body, `_lock` held; sets *full when the graph reached its node limit.
+PyObject* record_locked(PyObject* key, PyObject* fn, PyObject* const* inputs, Py_ssize_t n, bool* full) {
+  PyObject* graph = PyDict_GetItemWithError(fused_globals, str_graph);  // borrowed (the lock keeps it)
+  if (graph == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_RuntimeError, "fused: no graph");
+    }
+    return nullptr;
+  }
+  Attr floats(graph, str_floats), external(graph, str_external), external_index(graph, str_external_index);
+  if (floats == nullptr || external == nullptr || external_index == nullptr) {
+    return nullptr;
+  }
+  PyObject* refs = PyTuple_New(n);
+  for (Py_ssize_t i = 0; refs != nullptr && i < n; ++i) {
+    PyObject* ref = input_ref(inputs[i], floats, external, external_index, reinterpret_cast<PyObject*>(placeholder_type));
+    if (ref == nullptr) {
+      Py_CLEAR(refs);
+      break;
+    }
+    PyTuple_SET_ITEM(refs, i, ref);
+  }
+  if (refs == nullptr) {
+    return nullptr;
+  }
+  // the trie edge (key, refs) from the graph's state; `_follow` adds one not seen before
+  Attr state(graph, str_state);
+  Attr children(state, str_children);
+  PyObject* edge_key = children ? PyTuple_Pack(2, key, refs) : nullptr;
+  PyObject* edge = edge_key ? PyDict_GetItemWithError(children, edge_key) : nullptr;  // borrowed
+  Py_XDECREF(edge_key);
+  if (edge != nullptr) {
+    Py_INCREF(edge);
+  } else if (children != nullptr && !PyErr_Occurred()) {
+    PyObject* listed = list_of(inputs, n);
+    edge = listed ? PyObject_CallFunctionObjArgs(python_follow, graph, key, fn, listed, refs, nullptr) : nullptr;
+    Py_XDECREF(listed);
+  }
+  PyObject* out = nullptr;
+  PyObject* results = nullptr;
+  if (edge != nullptr && (!PyTuple_Check(edge) || PyTuple_GET_SIZE(edge) != 3 ||
+                          !PyTuple_Check(PyTuple_GET_ITEM(edge, 1)))) {
+    PyErr_SetString(PyExc_TypeError, "fused: a trie edge is not (state, avals, pack)");
+  } else if (edge != nullptr && PyObject_SetAttr(graph, str_state, PyTuple_GET_ITEM(edge, 0)) == 0) {
+    Attr nodes(graph, str_nodes), placeholders(graph, str_placeholders);
+    PyObject* avals = PyTuple_GET_ITEM(edge, 1);
+    PyObject* pack = PyTuple_GET_ITEM(edge, 2);
+    Py_ssize_t count = PyTuple_GET_SIZE(avals);
+    Py_ssize_t position = nodes && PyList_Check(nodes) ? PyList_GET_SIZE(nodes.value) : -1;
+    PyObject* where = position >= 0 && placeholders && PyList_Check(placeholders) ? PyLong_FromSsize_t(position) : nullptr;
+    results = where ? PyList_New(count) : nullptr;
+    for (Py_ssize_t i = 0; results != nullptr && i < count; ++i) {
+      PyObject* index = PyLong_FromSsize_t(i);
+      PyObject* ref = index ? PyTuple_Pack(3, str_n, where, index) : nullptr;
+      PyObject* placeholder = ref ? new_placeholder(PyTuple_GET_ITEM(avals, i), ref) : nullptr;
+      Py_XDECREF(index);
+      Py_XDECREF(ref);
+      if (placeholder == nullptr) {
+        Py_CLEAR(results);
+        break;
+      }
+      PyList_SET_ITEM(results, i, placeholder);
+    }
+    Py_XDECREF(where);
+    PyObject* node = results ? PyTuple_Pack(3, key, fn, refs) : nullptr;
+    bool added = node != nullptr && PyList_Append(nodes, node) == 0;
+    Py_XDECREF(node);
+    if (added) {
+      Py_ssize_t total = PyList_GET_SIZE(placeholders.value);
+      added = PyList_SetSlice(placeholders, total, total, results) == 0;  // graph.placeholders += results
+    }
+    if (added) {
+      out = pack_results(pack, results);
+    }
+    PyObject* limit = out ? PyDict_GetItemWithError(fused_globals, str_max_nodes) : nullptr;  // borrowed
+    if (limit != nullptr) {
+      long long most = PyLong_AsLongLong(limit);
+      *full = most >= 0 && position + 1 >= most;
+    }
+    if (PyErr_Occurred()) {
+      Py_CLEAR(out);
+    }
+  }
+  Py_XDECREF(results);
+  Py_XDECREF(edge);
+  Py_DECREF(refs);
+  return out;
+}
+
+// fused.record(key, fn, inputs) for `inputs` as a C array: under fused._lock, then the
+// node-limit sync.
+PyObject* fused_record(PyObject* key, PyObject* fn, PyObject* const* inputs, Py_ssize_t n) {
+  if (fused_globals == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "fused.record: configure_fused was not called");
+    return nullptr;
+  }
+  PyObject* lock = PyDict_GetItemWithError(fused_globals, str_lock);  // borrowed
+  PyObject* held = lock ? PyObject_CallMethodNoArgs(lock, str_acquire) : nullptr;
+  if (held == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_RuntimeError, "fused: no _lock");
+    }
+    return nullptr;
+  }
+  Py_DECREF(held);
+  Py_INCREF(lock);
+  bool full = false;
+  PyObject* out = record_locked(key, fn, inputs, n, &full);
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // releasing must not lose the error
+  PyObject* released = PyObject_CallMethodNoArgs(lock, str_release);
+  Py_DECREF(lock);
+  if (released == nullptr) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    Py_XDECREF(out);
+    return nullptr;
+  }
+  Py_DECREF(released);
+  PyErr_Restore(type, value, traceback);
+  if (out != nullptr && full) {
+    PyObject* sync = PyDict_GetItemWithError(fused_globals, str_sync);  // borrowed
+    PyObject* synced = sync ? PyObject_CallOneArg(sync, str_node_limit) : nullptr;
+    if (synced == nullptr) {
+      Py_CLEAR(out);
+    }
+    Py_XDECREF(synced);
+  }
+  return out;
+}
+
+// record(key, fn, inputs) -> the placeholders, as fused.record returns them.
+PyObject* py_fused_record(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 3) {
+    PyErr_SetString(PyExc_TypeError, "record(key, fn, inputs)");
+    return nullptr;
+  }
+  PyObject* items = PySequence_Fast(argv[2], "record: inputs must be a sequence");
+  if (items == nullptr) {
+    return nullptr;
+  }
+  PyObject* out = fused_record(argv[0], argv[1], PySequence_Fast_ITEMS(items), PySequence_Fast_GET_SIZE(items));
+  Py_DECREF(items);
+  return out;
 }
 
 // ------------------------------------------------------------------------ op kernels
@@ -1138,13 +1398,19 @@ bool run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
     Py_XDECREF(run_jitted);
   } else {
     PyObject* record = PyObject_GetAttr(fused_module, str_record);
-    PyObject* listed = record ? as_list(dynamic, count) : nullptr;
-    if (listed != nullptr) {
-      PyObject* recorded = found->second;
-      out = PyObject_CallFunctionObjArgs(
-          record, PyTuple_GET_ITEM(recorded, 0), PyTuple_GET_ITEM(recorded, 1), listed, nullptr);
+    PyObject* recorded = found->second;
+    if (record != nullptr && PyCFunction_Check(record) &&
+        PyCFunction_GET_FUNCTION(record) == reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_fused_record))) {
+      // fused.record is the C++ one: called directly, no argument list
+      out = fused_record(PyTuple_GET_ITEM(recorded, 0), PyTuple_GET_ITEM(recorded, 1), dynamic, count);
+    } else {  // the Python one (TPU_NATIVE's record off), or one a benchmark wrapped
+      PyObject* listed = record ? as_list(dynamic, count) : nullptr;
+      if (listed != nullptr) {
+        out = PyObject_CallFunctionObjArgs(
+            record, PyTuple_GET_ITEM(recorded, 0), PyTuple_GET_ITEM(recorded, 1), listed, nullptr);
+      }
+      Py_XDECREF(listed);
     }
-    Py_XDECREF(listed);
     Py_XDECREF(record);
   }
   if (out == nullptr) {
@@ -1430,6 +1696,9 @@ PyMethodDef methods[] = {
     {"configure_write", py_configure_write, METH_O, "Hand tensor.write's Python definition to write."},
     {"input_refs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_input_refs)), METH_FASTCALL,
      "fused._Graph.input_ref for every input of a recorded node."},
+    {"fused_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_fused_record)), METH_FASTCALL,
+     "fused.record in C++: record(key, fn, inputs) -> placeholders."},
+    {"configure_fused", py_configure_fused, METH_O, "Hand fused_record the fused module's globals."},
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},
     {"install_op_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_install_op_kernel)),
      METH_FASTCALL, "Register the C++ PrivateUse1 kernel of a table op (its Python kernel: PrivateUse2); its id."},
@@ -1464,5 +1733,20 @@ PyMODINIT_FUNC PyInit__tpu_native() {
   str_aval = PyUnicode_InternFromString("aval");
   str_numel = PyUnicode_InternFromString("numel");
   str_key = PyUnicode_InternFromString("key");
+  str_graph = PyUnicode_InternFromString("_graph");
+  str_lock = PyUnicode_InternFromString("_lock");
+  str_acquire = PyUnicode_InternFromString("acquire");
+  str_release = PyUnicode_InternFromString("release");
+  str_max_nodes = PyUnicode_InternFromString("_max_nodes");
+  str_sync = PyUnicode_InternFromString("sync");
+  str_node_limit = PyUnicode_InternFromString("node_limit");
+  str_n = PyUnicode_InternFromString("n");
+  str_floats = PyUnicode_InternFromString("floats");
+  str_external = PyUnicode_InternFromString("external");
+  str_external_index = PyUnicode_InternFromString("external_index");
+  str_state = PyUnicode_InternFromString("state");
+  str_children = PyUnicode_InternFromString("children");
+  str_nodes = PyUnicode_InternFromString("nodes");
+  str_placeholders = PyUnicode_InternFromString("placeholders");
   return PyModule_Create(&module_def);
 }
