@@ -99,6 +99,7 @@ def test_a_changed_shape_misses(filled, tmp_path):
 SCANNED = ("--layers", "3", "--remat", "--scan-layers")
 
 
+@pytest.mark.slow  # a subprocess pair (scan and the second process are each in the default run)
 def test_scanned_layers_second_process_loads_programs_that_still_loop(tmp_path):
     first = first_step(tmp_path / "cache", "tpu-compile", "llama", *SCANNED)
     assert first["aot_cache"]["saved"] == 1 and first["aot_cache"]["bypass"] == 0  # subgraphs stored too
