@@ -54,12 +54,13 @@ OPTIMIZERS = {
 }
 
 
-def _run(device, name, *, steps=3, dtype=torch.float32, scaling=None, fused=True, mode=None):
+def _run(device, name, *, steps=3, dtype=torch.float32, scaling=None, fused=True, mode=None, **overrides):
     """Parameters and optimizer after `steps` fused steps on `device`. `scaling`: one
     (grad_scale, found_inf) pair per step, set as GradScaler sets them. `fused=False`: the
     single-tensor (for-loop) implementation instead. `mode`: the eager mode the optimizer's
-    steps run in (each then ends with `mark_step`)."""
+    steps run in (each then ends with `mark_step`). `overrides`: optimizer options."""
     cls, options = OPTIMIZERS[name]
+    options = dict(options, **overrides)
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(shape, dtype=dtype).to(device)) for shape in SHAPES]
     optimizer = cls(params, fused=True, **options) if fused else cls(params, foreach=False, **options)
@@ -122,13 +123,8 @@ def test_grad_scale_unscales_and_found_inf_skips_the_step(name):
 
 
 def test_adamw_with_lr_on_the_device():
-    cpu = _run("cpu", "adamw-tensor-lr-betas")
-    cls, options = OPTIMIZERS["adamw-tensor-lr-betas"]
-    OPTIMIZERS["adamw-tensor-lr-betas-device"] = (cls, dict(options, lr=_lr(1e-2, "tpu")))
-    try:
-        _assert_same(_run("tpu", "adamw-tensor-lr-betas-device"), cpu, FLOAT32)
-    finally:
-        del OPTIMIZERS["adamw-tensor-lr-betas-device"]
+    on_tpu = _run("tpu", "adamw-tensor-lr-betas", lr=_lr(1e-2, "tpu"))
+    _assert_same(on_tpu, _run("cpu", "adamw-tensor-lr-betas"), FLOAT32)
 
 
 @pytest.mark.parametrize("name", ["adamw", "adam-l2-amsgrad", "adagrad-decays-maximize", "sgd-nesterov-tensor-lr"])
@@ -179,18 +175,3 @@ def test_fused_and_debug_modes(mode):
     if mode == "fused":  # each step's ops (step counts and update) recorded and run as one program
         assert fused.stats()["programs_run"] == 3
     _assert_same(on_tpu, _run("cpu", "adam-l2-amsgrad"), FLOAT32)
-
-
-def test_compiled_optimizer_step():
-    import tpu_backend.compile  # noqa: F401  (registers the "tpu" backend)
-
-    def compiled(device):
-        params, optimizer = _run(device, "adamw-amsgrad-maximize", steps=1)
-        optimizer.step = torch.compile(optimizer.step, backend="tpu" if device == "tpu" else "eager")
-        for step in range(2):
-            for i, p in enumerate(params):
-                p.grad = torch.full_like(p, 0.5 * (step + 1) * 10.0 ** (i - 1))
-            optimizer.step()
-        return params, optimizer
-
-    _assert_same(compiled("tpu"), compiled("cpu"), FLOAT32)
