@@ -11,6 +11,8 @@
         # reference's 374M Llama shape (bf16, 4 x 2048); compare with jax_llama_reference.py (docs/tpu.md)
     python benchmarks/backend_bench.py --model llama-374m --remat --modes tpu-compile --compile-optimizer
         # ... with the AdamW step compiled too (one program instead of one per foreach op)
+    python benchmarks/backend_bench.py --model llama-374m --remat --modes tpu-compile --fused-optimizer
+        # ... with AdamW(fused=True): the update is one `_fused_adamw_` program, no compile of the step
     python benchmarks/backend_bench.py --model llama-374m --remat --modes tpu-compile --scan-layers
         # ... the 24 decoder layers as one lax.scan (tpu_backend.compile.scan_layers): compiled once
     python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
@@ -243,6 +245,7 @@ TOKEN_MODELS = ("transformer", "mingpt", "llama", "llama-374m", "llama-950m")
 _batch_size: int | None = None
 _remat = False  # --remat: the Llama models recompute each block in the backward  # --batch: overrides the GPT models' batch size
 _compile_optimizer = False  # --compile-optimizer: tpu-compile also compiles the optimizer's step
+_fused_optimizer = False  # --fused-optimizer: the torch modes' AdamW is AdamW(fused=True)
 _scan_layers = False  # --scan-layers: tpu-compile runs the model's blocks as one lax.scan
 _layers: int | None = None  # --layers: overrides the Llama models' layer count
 
@@ -362,7 +365,7 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
     torch.manual_seed(0)
     model = copy.deepcopy(case.build()).to(mode.device)
     runner = mode.prepare(model)
-    optimizer = make_optimizer("adamw", model.parameters())
+    optimizer = make_optimizer("adamw", model.parameters(), fused=_fused_optimizer)
     if _compile_optimizer and mode_name == "tpu-compile":
         # PyTorch's recipe for a compiled optimizer: the foreach update becomes one program
         # (on CPU, minGPT-sized: 16 programs per step -> 9) instead of one per foreach op
@@ -895,6 +898,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help='tpu-compile: also torch.compile(optimizer.step, backend="tpu") (one program for the AdamW update)',
     )
     parser.add_argument(
+        "--fused-optimizer",
+        action="store_true",
+        help="the torch modes (cpu-*, tpu-strict, tpu-fused, tpu-compile) step AdamW(fused=True): on tpu one "
+        "_fused_adamw_ program per step instead of one per foreach op (tpu-compile-step keeps its functional update)",
+    )
+    parser.add_argument(
         "--scan-layers",
         action="store_true",
         help="tpu-compile: the model's repeated blocks as one lax.scan over their stacked weights "
@@ -1160,11 +1169,12 @@ def print_phases(phases: dict[str, dict], steps: int) -> None:
 
 
 def main(argv=None) -> int:
-    global _batch_size, _remat, _pipeline, _compile_optimizer, _layers, _scan_layers
+    global _batch_size, _remat, _pipeline, _compile_optimizer, _fused_optimizer, _layers, _scan_layers
     args = parse_args(argv)
     _layers = args.layers
     _scan_layers = args.scan_layers
     _compile_optimizer = args.compile_optimizer
+    _fused_optimizer = args.fused_optimizer
     _pipeline = max(1, args.pipeline)
     _remat = args.remat
     modes = args.modes.split(",")

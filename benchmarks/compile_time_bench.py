@@ -87,6 +87,7 @@ def child(args: argparse.Namespace) -> dict:
 
     bench._layers, bench._remat, bench._batch_size = args.layers, args.remat, args.batch
     bench._scan_layers, bench._compile_optimizer = args.scan_layers, args.compile_optimizer
+    bench._fused_optimizer = args.fused_optimizer
     from torch._dynamo.utils import compilation_time_metrics
 
     import tpu_backend  # noqa: F401 - registers the device
@@ -150,7 +151,7 @@ def run_child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
         command += ["--layers", str(args.layers)]
     if args.batch:
         command += ["--batch", str(args.batch)]
-    for flag in ("remat", "scan_layers", "compile_optimizer"):
+    for flag in ("remat", "scan_layers", "compile_optimizer", "fused_optimizer"):
         if getattr(args, flag):
             command.append("--" + flag.replace("_", "-"))
     env = dict(os.environ, TPU_CACHE_DIR=cache_dir)
@@ -220,6 +221,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--compile-optimizer",
         action="store_true",
         help="tpu-compile: the AdamW step compiled too (backend_bench's flag)",
+    )
+    parser.add_argument(
+        "--fused-optimizer",
+        action="store_true",
+        help="AdamW(fused=True): one _fused_adamw_ program per step (backend_bench's flag)",
     )
     parser.add_argument("--steps", type=int, default=2, help="steps after the first (the steady step time)")
     parser.add_argument(

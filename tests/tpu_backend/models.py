@@ -249,13 +249,15 @@ MODEL_CASES: dict[str, ModelCase] = {
 }
 
 
-def make_optimizer(name: str, parameters) -> torch.optim.Optimizer:
+def make_optimizer(name: str, parameters, fused: bool = False) -> torch.optim.Optimizer:
     """ "sgd" (momentum 0.9) or "adamw", with learning rates that move these models visibly
-    in 20 steps. PyTorch's default implementation choice (foreach or not) is kept."""
+    in 20 steps. PyTorch's default implementation choice (foreach or not) is kept, unless
+    `fused`: the one-op-per-step implementation (`_fused_sgd_`, `_fused_adamw_`)."""
+    options = dict(fused=True) if fused else {}
     if name == "sgd":
-        return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
+        return torch.optim.SGD(parameters, lr=0.05, momentum=0.9, **options)
     if name == "adamw":
-        return torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.01)
+        return torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.01, **options)
     raise ValueError(f"unknown optimizer {name!r}: use 'sgd' or 'adamw'")
 
 

@@ -171,7 +171,14 @@ def _functionalized_kernel(op):
         results = run(args, kwargs)
         for arg_index, out_index in spec.writes.items():
             if arg_index < len(args) and args[arg_index] is not None and results[out_index] is not None:
-                tpu_tensor.write(args[arg_index], results[out_index])
+                target, value = args[arg_index], results[out_index]
+                if isinstance(target, (list, tuple)):  # a tensor list (the fused optimizers' state)
+                    for tensor, element in zip(target, value):
+                        tpu_tensor.write(tensor, element)
+                else:
+                    tpu_tensor.write(target, value)
+        if spec.outputs == 0:  # an in-place op returning nothing (`_fused_adam_`)
+            return None
         kept = tuple(results[: spec.outputs])
         return _wrap_outputs(kept[0] if spec.outputs == 1 else kept)  # a one-output op returns a Tensor
 
@@ -252,9 +259,20 @@ def _register_op(op) -> int:
     if inplace is not None and inplace not in JAX_LOWERINGS:
         added += register_kernel(inplace, _inplace_kernel(op))
     out_op = out_variant(op)
-    if out_op is not None and out_op not in JAX_LOWERINGS:
+    if out_op is not None and out_op not in JAX_LOWERINGS and not _out_writes_more_than_out(out_op):
         added += register_kernel(out_op, _out_kernel(op, out_op))
     return added
+
+
+def _out_writes_more_than_out(out_op) -> bool:
+    """An `.out` op that also writes other arguments (`_fused_adam.out`: the gradients and
+    moments) and has ATen's CompositeExplicitAutograd kernel: that kernel calls the functional
+    kernel and copies every result back, which a derived `.out` kernel (results into `out=`
+    only) would not."""
+    writes_inputs = any(
+        a.alias_info is not None and a.alias_info.is_write and not a.is_out for a in out_op._schema.arguments
+    )
+    return writes_inputs and torch._C._dispatch_has_kernel_for_dispatch_key(out_op.name(), "CompositeExplicitAutograd")
 
 
 def _connect_late_lowering(op, lowering: Lowering) -> None:

@@ -23,6 +23,7 @@ from tpu_backend.ops import (  # noqa: F401  (each import registers a family)
     linalg,
     loss,
     norm,
+    optimizers,
     pointwise,
     pooling,
     random,
