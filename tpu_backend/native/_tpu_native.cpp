@@ -36,6 +36,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -164,6 +165,62 @@ int same_shape(PyObject* shape, c10::IntArrayRef sizes) {
   return 1;
 }
 
+// A StoragePayload's slots (`numel`, `dtype`, `array`, `key`, `ref`), read and written at
+// their offsets (found once from the class's member descriptors) instead of through
+// attribute lookups: the op kernels touch two or three per tensor per call.
+enum PayloadSlot { kNumel, kPayloadDtype, kArray, kKey, kPayloadRef, kPayloadSlots };
+PyTypeObject* payload_slots_type = nullptr;  // the class the offsets are of (nullptr: not found yet)
+Py_ssize_t payload_offsets[kPayloadSlots] = {};
+PyObject* payload_slot_names[kPayloadSlots] = {};
+
+bool payload_has_slots(PyObject* payload) {
+  PyTypeObject* kind = Py_TYPE(payload);
+  if (kind == payload_slots_type) {
+    return true;
+  }
+  if (payload_slots_type != nullptr || payload_slot_names[0] == nullptr) {
+    return false;
+  }
+  Py_ssize_t offsets[kPayloadSlots];
+  for (int i = 0; i < kPayloadSlots; ++i) {
+    PyObject* member = PyDict_GetItem(kind->tp_dict, payload_slot_names[i]);  // borrowed
+    if (member == nullptr || Py_TYPE(member) != &PyMemberDescr_Type ||
+        reinterpret_cast<PyMemberDescrObject*>(member)->d_member->type != T_OBJECT_EX) {
+      return false;
+    }
+    offsets[i] = reinterpret_cast<PyMemberDescrObject*>(member)->d_member->offset;
+  }
+  std::copy(offsets, offsets + kPayloadSlots, payload_offsets);
+  Py_INCREF(kind);
+  payload_slots_type = kind;
+  return true;
+}
+
+// payload.<slot> as a new reference (nullptr with AttributeError when unset).
+PyObject* payload_get(PyObject* payload, PayloadSlot slot) {
+  if (payload_has_slots(payload)) {
+    PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(payload) + payload_offsets[slot]);
+    if (value == nullptr) {
+      PyErr_SetObject(PyExc_AttributeError, payload_slot_names[slot]);
+      return nullptr;
+    }
+    return Py_NewRef(value);
+  }
+  return PyObject_GetAttr(payload, payload_slot_names[slot]);
+}
+
+// payload.<slot> = value; 0, or -1 with an error set.
+int payload_set(PyObject* payload, PayloadSlot slot, PyObject* value) {
+  if (payload_has_slots(payload)) {
+    PyObject** where = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(payload) + payload_offsets[slot]);
+    PyObject* old = *where;
+    *where = Py_NewRef(value);
+    Py_XDECREF(old);
+    return 0;
+  }
+  return PyObject_SetAttr(payload, payload_slot_names[slot], value);
+}
+
 PyObject* array_type = nullptr;  // jax's ArrayImpl (set by configure_kernels)
 PyObject* str_aval = nullptr;
 
@@ -196,7 +253,7 @@ PyObject* whole_storage_array(const at::Tensor& t, PyObject* payload) {
   if (t.storage_offset() != 0 || !t.is_contiguous() || t.is_conj() || t.is_neg()) {
     return nullptr;
   }
-  PyObject* dtype = PyObject_GetAttr(payload, str_dtype);
+  PyObject* dtype = payload_get(payload, kPayloadDtype);
   if (dtype == nullptr) {
     return nullptr;
   }
@@ -205,7 +262,7 @@ PyObject* whole_storage_array(const at::Tensor& t, PyObject* payload) {
   if (!same_dtype) {
     return nullptr;
   }
-  PyObject* array = PyObject_GetAttr(payload, str_array);
+  PyObject* array = payload_get(payload, kArray);
   if (array == nullptr) {
     return nullptr;
   }
@@ -409,10 +466,10 @@ bool write_whole(const at::Tensor& t, PyObject* value) {
   PyObject* key = storage_key_of(t);
   PyObject* payload = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
   Py_XDECREF(key);
-  PyObject* base = payload ? PyObject_GetAttr(payload, str_array) : nullptr;
+  PyObject* base = payload ? payload_get(payload, kArray) : nullptr;
   int decided = 0;  // 1: written here, -1: error
   if (base != nullptr && base != Py_None) {
-    PyObject* payload_dtype = PyObject_GetAttr(payload, str_dtype);
+    PyObject* payload_dtype = payload_get(payload, kPayloadDtype);
     PyObject *base_shape = nullptr, *base_dtype = nullptr, *value_shape = nullptr, *value_dtype = nullptr;
     if (payload_dtype && array_meta(base, &base_shape, &base_dtype) && array_meta(value, &value_shape, &value_dtype)) {
       int same = payload_dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
@@ -426,7 +483,7 @@ bool write_whole(const at::Tensor& t, PyObject* value) {
         same = same_shape(base_shape, t.sizes());
       }
       if (same == 1) {
-        decided = PyObject_SetAttr(payload, str_array, value) == 0 ? 1 : -1;
+        decided = payload_set(payload, kArray, value) == 0 ? 1 : -1;
       }
     }
     Py_XDECREF(payload_dtype);
@@ -941,13 +998,13 @@ PyObject* payload_array(const at::Tensor& t, bool* whole) {
   if (payload == nullptr) {
     return nullptr;
   }
-  PyObject* dtype = PyObject_GetAttr(payload, str_dtype);
+  PyObject* dtype = payload_get(payload, kPayloadDtype);
   bool same_dtype = dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
   Py_XDECREF(dtype);
   if (!same_dtype) {
     return nullptr;
   }
-  PyObject* array = PyObject_GetAttr(payload, str_array);
+  PyObject* array = payload_get(payload, kArray);
   if (array == nullptr || array == Py_None) {
     Py_XDECREF(array);
     return nullptr;
@@ -1235,14 +1292,14 @@ PyObject* py_release_payload(PyObject*, PyObject* ref) {
   }
   PyObject* payload = found->second;
   released_by.erase(found);
-  PyObject* key = PyObject_GetAttr(payload, str_key);
+  PyObject* key = payload_get(payload, kKey);
   PyObject* current = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
   if (current == payload) {
     PyDict_DelItem(payloads, key);
   }
   Py_XDECREF(key);
   PyErr_Clear();  // as in a weakref callback: nothing to report to
-  if (PyObject_SetAttr(payload, str_array, Py_None) != 0 || PyObject_SetAttr(payload, str_ref, Py_None) != 0) {
+  if (payload_set(payload, kArray, Py_None) != 0 || payload_set(payload, kPayloadRef, Py_None) != 0) {
     PyErr_Clear();
   }
   Py_DECREF(payload);
@@ -1289,10 +1346,10 @@ at::Tensor wrap_array(PyObject* array) {
     release_callback = PyCFunction_New(&release_def, nullptr);
   }
   PyObject* ref = key && release_callback ? PyWeakref_NewRef(storage_object, release_callback) : nullptr;
-  bool ok = ref != nullptr && PyObject_SetAttr(payload, str_numel, numel) == 0 &&
-      PyObject_SetAttr(payload, str_dtype, reinterpret_cast<PyObject*>(torch::getTHPDtype(scalar_type))) == 0 &&
-      PyObject_SetAttr(payload, str_array, array) == 0 && PyObject_SetAttr(payload, str_key, key) == 0 &&
-      PyObject_SetAttr(payload, str_ref, ref) == 0 && PyDict_SetItem(payloads, key, payload) == 0;
+  bool ok = ref != nullptr && payload_set(payload, kNumel, numel) == 0 &&
+      payload_set(payload, kPayloadDtype, reinterpret_cast<PyObject*>(torch::getTHPDtype(scalar_type))) == 0 &&
+      payload_set(payload, kArray, array) == 0 && payload_set(payload, kKey, key) == 0 &&
+      payload_set(payload, kPayloadRef, ref) == 0 && PyDict_SetItem(payloads, key, payload) == 0;
   if (ok) {
     Py_INCREF(payload);
     released_by[ref] = payload;  // the weakref lives (payload.ref) until its callback ran
@@ -1941,6 +1998,8 @@ PyMODINIT_FUNC PyInit__tpu_native() {
   str_aval = PyUnicode_InternFromString("aval");
   str_numel = PyUnicode_InternFromString("numel");
   str_key = PyUnicode_InternFromString("key");
+  PyObject* slot_names[kPayloadSlots] = {str_numel, str_dtype, str_array, str_key, str_ref};
+  std::copy(slot_names, slot_names + kPayloadSlots, payload_slot_names);
   str_graph = PyUnicode_InternFromString("_graph");
   str_lock = PyUnicode_InternFromString("_lock");
   str_acquire = PyUnicode_InternFromString("acquire");
