@@ -348,3 +348,39 @@ def test_foreach_known_calls_run_in_cpp_like_python(mode):
         assert torch.equal(more[0].cpu(), torch.full((7,), 27.0))
     finally:
         tpu_backend.set_eager_mode(previous)
+
+
+@compiled
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_copy_between_tpu_tensors_in_cpp_like_python(mode):
+    """`copy_` from a whole tpu tensor runs in C++ (the source's array written into the
+    destination); casting, broadcasting, views and host copies keep core_ops.copy_."""
+    kernels = [line for line in torch._C._dispatch_dump("aten::copy_").splitlines() if line.startswith("PrivateUse1:")]
+    assert "_tpu_native.cpp" in kernels[0]
+    previous = _in_modes(mode)
+    try:
+        src = torch.randn(4, 4)
+        tsrc = src.to("tpu")
+        dst = torch.zeros(4, 4, device="tpu")
+        version = dst._version
+        assert dst.copy_(tsrc) is dst and dst._version == version + 1
+        assert torch.equal(dst.cpu(), src)
+        tsrc.mul_(2)  # the copy is not an alias of the source
+        assert torch.equal(dst.cpu(), src)
+        halves = torch.zeros(4, 4, dtype=torch.bfloat16, device="tpu")
+        halves.copy_(tsrc)  # cast
+        assert torch.equal(halves.cpu(), (src * 2).to(torch.bfloat16))
+        dst[1].copy_(tsrc[2])  # views: destination scattered, source gathered
+        dst[:, 0].copy_(torch.arange(4.0, device="tpu"))  # a whole source into a view
+        wide = torch.zeros(3, 4, device="tpu")
+        wide.copy_(torch.arange(4.0, device="tpu"))  # broadcast
+        expected = src.clone()
+        expected[1] = src[2] * 2
+        expected[:, 0] = torch.arange(4.0)
+        assert torch.equal(dst.cpu(), expected)
+        assert torch.equal(wide.cpu(), torch.arange(4.0).expand(3, 4))
+        host = torch.empty(4, 4)
+        host.copy_(dst)  # device -> host
+        assert torch.equal(host, expected)
+    finally:
+        tpu_backend.set_eager_mode(previous)

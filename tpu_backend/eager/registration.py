@@ -162,6 +162,14 @@ def register_kernel(op, kernel: Callable, key: str = "PrivateUse1") -> bool:
     return True
 
 
+def register_behind_native(op, kernel: Callable) -> bool:
+    """Register `kernel` on PrivateUse2, behind a C++ PrivateUse1 kernel of `op` that
+    redispatches there (tpu_backend/native); PrivateUse1 counts as taken."""
+    added = register_kernel(op, kernel, "PrivateUse2")
+    _REGISTERED.add((op, "PrivateUse1"))
+    return added
+
+
 def _is_composite_implicit(op) -> bool:
     # A backend kernel on a CompositeImplicitAutograd op would hide its autograd formula
     # (gradients would silently stop): let those decompose and use the table in compile only.

@@ -524,9 +524,74 @@ bool write_tensor(const at::Tensor& t, PyObject* value) {
   return done != nullptr;
 }
 
+bool device_tensor(const at::Tensor& t);
+
 PyObject* py_configure_write(PyObject*, PyObject* fn) {
   Py_INCREF(fn);
   Py_XSETREF(python_write, fn);
+  Py_RETURN_NONE;
+}
+
+// ------------------------------------------------------------------------ copy_
+
+// `copy_` between two tpu tensors whose source reads as its storage's whole array (a
+// parameter, an optimizer's state): the source's array written into the destination
+// (`tensor.write`: its hot case here, casting, broadcasting and views in Python). Anything
+// else (host <-> device, a view as the source, math bits) is core_ops.copy_'s, registered
+// behind this kernel on PrivateUse2.
+struct CopyKernel final : public c10::OperatorKernel {
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    size_t n = op.schema().arguments().size();
+    if (n == 3 && stack->size() >= 3) {
+      const c10::IValue& dst_value = (*stack)[stack->size() - 3];
+      const c10::IValue& src_value = (*stack)[stack->size() - 2];
+      if (dst_value.isTensor() && src_value.isTensor() && device_tensor(dst_value.toTensor()) &&
+          device_tensor(src_value.toTensor())) {
+        at::Tensor dst = dst_value.toTensor();
+        const at::Tensor& src = src_value.toTensor();
+        PyGILState_STATE gil = PyGILState_Ensure();
+        PyObject* array = nullptr;
+        if (payloads != nullptr && python_write != nullptr) {
+          PyObject* key = storage_key_of(src);
+          PyObject* payload = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
+          Py_XDECREF(key);
+          array = payload ? whole_storage_array(src, payload) : nullptr;
+        }
+        PyErr_Clear();
+        if (array != nullptr) {
+          bool written = write_tensor(dst, array);
+          Py_DECREF(array);
+          if (!written) {
+            python_error error;
+            error.persist();
+            PyGILState_Release(gil);
+            throw error;
+          }
+          PyGILState_Release(gil);
+          torch::jit::drop(*stack, n);
+          stack->push_back(std::move(dst));
+          return;
+        }
+        PyGILState_Release(gil);
+      }
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+  }
+};
+
+std::unique_ptr<torch::Library> copy_library;
+
+PyObject* py_install_copy_kernel(PyObject*, PyObject*) {
+  try {
+    if (!copy_library) {
+      copy_library = std::make_unique<torch::Library>(
+          torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+      copy_library->impl("copy_", torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CopyKernel>()));
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
   Py_RETURN_NONE;
 }
 
@@ -1951,6 +2016,8 @@ PyMethodDef methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "arguments.flatten_args in C++ (slow cases call back into Python)."},
     {"install_device_guard", py_install_device_guard, METH_NOARGS, "Register the C++ PrivateUse1 device guard."},
+    {"install_copy_kernel", py_install_copy_kernel, METH_NOARGS,
+     "Register the C++ PrivateUse1 kernel of copy_ (tpu -> tpu; the rest: its Python kernel on PrivateUse2)."},
     {"install_view_kernels", py_install_view_kernels, METH_NOARGS,
      "Register the C++ PrivateUse1 kernels of as_strided, view, _reshape_alias, unfold."},
     {"write", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_write)), METH_FASTCALL,
