@@ -16,6 +16,7 @@ import torch
 from tpu_backend import native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.dispatch import check_device_index, execute, register_kernel
+from tpu_backend.eager.registration import register_behind_native
 from tpu_backend.ops.registry import JAX_LOWERINGS
 
 aten = torch.ops.aten
@@ -146,7 +147,11 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def register() -> None:
     register_kernel(aten.empty.memory_format, empty)
     register_kernel(aten.empty_strided.default, empty_strided)
-    register_kernel(aten.copy_.default, copy_)
+    # tpu -> tpu copies of whole tensors in C++ (tpu_backend/native), the rest here behind it
+    if native.install("copy_ kernel", "install_copy_kernel") is not None:
+        register_behind_native(aten.copy_.default, copy_)
+    else:
+        register_kernel(aten.copy_.default, copy_)
     register_kernel(aten._copy_from.default, _copy_from)
     register_kernel(aten._copy_from_and_resize.default, _copy_from_and_resize)
     register_kernel(aten.resize_.default, resize_)

@@ -255,3 +255,132 @@ def test_fused_record_in_cpp_records_like_python():
     assert [x is y for x, y in zip(cpp_external, external)] == [True, True]
     assert cpp_shapes == shapes and cpp_kind is kind is tuple
     assert float(cpp_value) == float(value) == float(((jnp.arange(6.0).reshape(2, 3) + 1) * 0.5 + 1 + 1).sum())
+
+
+def _in_modes(mode):
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode(mode)
+    return previous
+
+
+@compiled
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_inplace_known_calls_run_in_cpp_like_python(mode):
+    """`add_` and friends: once the Python in-place kernel has run a call (its functional op's
+    runner learns it), the C++ kernel runs the lowering and writes the result into `self`:
+    the same values, `self` returned, its version counter bumped, views and their base
+    sharing the write, another dtype cast (or refused) as ATen does."""
+    previous = _in_modes(mode)
+    try:
+        x, y = torch.randn(4, 4), torch.randn(4, 4)
+        tx, ty = x.to("tpu"), y.to("tpu")
+        for step in range(3):
+            before = _native_calls()
+            version = tx._version
+            assert tx.add_(ty, alpha=0.5) is tx
+            x.add_(y, alpha=0.5)
+            assert tx._version == version + 1
+            if mode == "strict" and step == 2:
+                assert _native_calls() == before + 1  # run in C++
+            torch.testing.assert_close(tx.cpu(), x)
+            tx.mul_(2).sub_(ty)  # a wrapped number, then a default alpha
+            x.mul_(2).sub_(y)
+            torch.testing.assert_close(tx.cpu(), x)
+        row, column = tx[1], tx[:, 2]  # views as self (scattered back) and as input
+        for _ in range(3):
+            row.mul_(0.5)
+            x[1].mul_(0.5)
+            column.add_(ty[0])
+            x[:, 2].add_(y[0])
+            torch.testing.assert_close(tx.cpu(), x)
+        half = torch.ones(3, dtype=torch.bfloat16)
+        thalf = half.to("tpu")
+        for _ in range(3):  # float32 result cast into a bfloat16 self
+            thalf.add_(torch.full((3,), 0.25, device="tpu"))
+            half.add_(torch.full((3,), 0.25))
+            assert thalf.dtype == torch.bfloat16
+            torch.testing.assert_close(thalf.cpu(), half)
+        counts = torch.arange(3).to("tpu")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="can't be cast"):
+                counts.mul_(torch.full((3,), 0.5, device="tpu"))
+        assert torch.equal(counts.cpu(), torch.arange(3))
+    finally:
+        tpu_backend.set_eager_mode(previous)
+
+
+@compiled
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_foreach_known_calls_run_in_cpp_like_python(mode):
+    """The `_foreach_*` kernels (AdamW's step): in-place ones write every list element in
+    C++, functional ones return a Tensor[] made there; Scalar lists and CPU scalar tensors
+    are dynamic values (no new program when they change); new shapes miss and learn."""
+    previous = _in_modes(mode)
+    try:
+        shapes = [(4, 4), (3,), (2, 5)]
+        cpu = [torch.randn(shape) for shape in shapes]
+        other = [torch.rand(shape) + 0.5 for shape in shapes]
+        tpu, tother = [t.to("tpu") for t in cpu], [t.to("tpu") for t in other]
+        rows = [t[0] for t in tpu[:1]]  # a view in the list
+        for step in range(4):
+            before = _native_calls()
+            torch._foreach_mul_(tpu, 0.9)
+            torch._foreach_lerp_(tpu, tother, 0.1)
+            torch._foreach_addcdiv_(tpu, tother, tother, [0.1 * step, -0.2, 0.3])
+            torch._foreach_add_(tpu, torch.tensor(1.5))
+            torch._foreach_mul_(rows, 2.0)
+            roots = torch._foreach_sqrt(tother)
+            for t, o in zip(cpu, other):
+                t.mul_(0.9).lerp_(o, 0.1)
+            torch._foreach_addcdiv_(cpu, other, other, [0.1 * step, -0.2, 0.3])
+            torch._foreach_add_(cpu, torch.tensor(1.5))
+            cpu[0][0].mul_(2.0)
+            if mode == "strict" and step >= 2:
+                assert _native_calls() == before + 6  # every call in C++
+            for t, c in zip(tpu, cpu):
+                torch.testing.assert_close(t.cpu(), c)
+            assert type(roots) is type(torch._foreach_sqrt(other)) and len(roots) == 3
+            for r, o in zip(roots, other):
+                torch.testing.assert_close(r.cpu(), o.sqrt())
+        more = [torch.ones(7, device="tpu")]  # another shape: a miss, then known
+        for _ in range(3):
+            torch._foreach_mul_(more, 3.0)
+        assert torch.equal(more[0].cpu(), torch.full((7,), 27.0))
+    finally:
+        tpu_backend.set_eager_mode(previous)
+
+
+@compiled
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_copy_between_tpu_tensors_in_cpp_like_python(mode):
+    """`copy_` from a whole tpu tensor runs in C++ (the source's array written into the
+    destination); casting, broadcasting, views and host copies keep core_ops.copy_."""
+    kernels = [line for line in torch._C._dispatch_dump("aten::copy_").splitlines() if line.startswith("PrivateUse1:")]
+    assert "_tpu_native.cpp" in kernels[0]
+    previous = _in_modes(mode)
+    try:
+        src = torch.randn(4, 4)
+        tsrc = src.to("tpu")
+        dst = torch.zeros(4, 4, device="tpu")
+        version = dst._version
+        assert dst.copy_(tsrc) is dst and dst._version == version + 1
+        assert torch.equal(dst.cpu(), src)
+        tsrc.mul_(2)  # the copy is not an alias of the source
+        assert torch.equal(dst.cpu(), src)
+        halves = torch.zeros(4, 4, dtype=torch.bfloat16, device="tpu")
+        halves.copy_(tsrc)  # cast
+        assert torch.equal(halves.cpu(), (src * 2).to(torch.bfloat16))
+        dst[1].copy_(tsrc[2])  # views: destination scattered, source gathered
+        dst[:, 0].copy_(torch.arange(4.0, device="tpu"))  # a whole source into a view
+        wide = torch.zeros(3, 4, device="tpu")
+        wide.copy_(torch.arange(4.0, device="tpu"))  # broadcast
+        expected = src.clone()
+        expected[1] = src[2] * 2
+        expected[:, 0] = torch.arange(4.0)
+        assert torch.equal(dst.cpu(), expected)
+        assert torch.equal(wide.cpu(), torch.arange(4.0).expand(3, 4))
+        host = torch.empty(4, 4)
+        host.copy_(dst)  # device -> host
+        assert torch.equal(host, expected)
+    finally:
+        tpu_backend.set_eager_mode(previous)

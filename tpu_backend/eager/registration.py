@@ -8,6 +8,7 @@ are registered (`registry.on_register`).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Callable
 
@@ -58,24 +59,30 @@ def _functional_kernel(op):
     return kernel
 
 
+def _write_inplace(functional, self, result):
+    """An in-place op's tail: the functional op's `result` written into `self` (a tensor,
+    or the list of a `_foreach_*_` op, which returns nothing). The compiled path's in-place
+    kernels write the plain case themselves and call this for every other one."""
+    if isinstance(self, (list, tuple)):  # _foreach_*_: one result per list element, returns ()
+        for tensor, value in zip(self, result):
+            tpu_tensor.write(tensor, value)
+        return None
+    is_array = isinstance(result, (jax.Array, tpu_tensor.LazyValue))
+    result_dtype = tpu_tensor.torch_dtype(result.dtype) if is_array else self.dtype
+    if result_dtype != self.dtype and not torch.can_cast(result_dtype, self.dtype):
+        raise RuntimeError(  # ATen's rule for in-place ops, e.g. int_tensor.mul_(0.5)
+            f"{functional}: result type {result_dtype} can't be cast to the in-place "
+            f"output type {self.dtype} (called from {user_frame()})"
+        )
+    tpu_tensor.write(self, result)
+    return self
+
+
 def _inplace_kernel(functional):
     run = runner(functional)
 
     def kernel(self, *args, **kwargs):
-        result = run((self, *args), kwargs)
-        if isinstance(self, (list, tuple)):  # _foreach_*_: one result per list element, returns ()
-            for tensor, value in zip(self, result):
-                tpu_tensor.write(tensor, value)
-            return None
-        is_array = isinstance(result, (jax.Array, tpu_tensor.LazyValue))
-        result_dtype = tpu_tensor.torch_dtype(result.dtype) if is_array else self.dtype
-        if result_dtype != self.dtype and not torch.can_cast(result_dtype, self.dtype):
-            raise RuntimeError(  # ATen's rule for in-place ops, e.g. int_tensor.mul_(0.5)
-                f"{functional}: result type {result_dtype} can't be cast to the in-place "
-                f"output type {self.dtype} (called from {user_frame()})"
-            )
-        tpu_tensor.write(self, result)
-        return self
+        return _write_inplace(functional, self, run((self, *args), kwargs))
 
     return kernel
 
@@ -153,6 +160,14 @@ def register_kernel(op, kernel: Callable, key: str = "PrivateUse1") -> bool:
     _LIBRARIES[namespace].impl(op, _opaque_to_dynamo(kernel), key)
     _REGISTERED.add((op, key))
     return True
+
+
+def register_behind_native(op, kernel: Callable) -> bool:
+    """Register `kernel` on PrivateUse2, behind a C++ PrivateUse1 kernel of `op` that
+    redispatches there (tpu_backend/native); PrivateUse1 counts as taken."""
+    added = register_kernel(op, kernel, "PrivateUse2")
+    _REGISTERED.add((op, "PrivateUse1"))
+    return added
 
 
 def _is_composite_implicit(op) -> bool:
@@ -243,6 +258,26 @@ def _register_functional(op) -> int:
     return 1
 
 
+def _register_inplace(op, inplace) -> int:
+    """The in-place variant of a table op. On the compiled path, when the functional op has a
+    C++ kernel, the in-place op gets one too (in front of its Python kernel, as above): a
+    call the functional runner has learned runs its lowering and writes the result in C++."""
+    kernel = _inplace_kernel(op)
+    native_id = runner(op).native_id
+    if native_id is None or (inplace, "PrivateUse1") in _REGISTERED:
+        return register_kernel(inplace, kernel)
+    try:
+        _native.install_inplace_kernel(
+            inplace._schema.name, inplace._schema.overload_name, native_id, functools.partial(_write_inplace, op)
+        )
+    except RuntimeError as error:
+        warnings.warn(f"tpu_backend: no compiled kernel for {inplace} ({error}); using the Python one", stacklevel=2)
+        return register_kernel(inplace, kernel)
+    register_kernel(inplace, kernel, "PrivateUse2")
+    _REGISTERED.add((inplace, "PrivateUse1"))
+    return 1
+
+
 def _register_op(op) -> int:
     """Register `op`'s kernel and its derived in-place and out variants; returns how many."""
     if (op, "PrivateUse1") in _REGISTERED:
@@ -257,7 +292,7 @@ def _register_op(op) -> int:
     added = _register_functional(op)
     inplace = inplace_variant(op)
     if inplace is not None and inplace not in JAX_LOWERINGS:
-        added += register_kernel(inplace, _inplace_kernel(op))
+        added += _register_inplace(op, inplace)
     out_op = out_variant(op)
     if out_op is not None and out_op not in JAX_LOWERINGS and not _out_writes_more_than_out(out_op):
         added += register_kernel(out_op, _out_kernel(op, out_op))

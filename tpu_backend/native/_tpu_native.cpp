@@ -32,9 +32,11 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -163,6 +165,87 @@ int same_shape(PyObject* shape, c10::IntArrayRef sizes) {
   return 1;
 }
 
+// A StoragePayload's slots (`numel`, `dtype`, `array`, `key`, `ref`), read and written at
+// their offsets (found once from the class's member descriptors) instead of through
+// attribute lookups: the op kernels touch two or three per tensor per call.
+enum PayloadSlot { kNumel, kPayloadDtype, kArray, kKey, kPayloadRef, kPayloadSlots };
+PyTypeObject* payload_slots_type = nullptr;  // the class the offsets are of (nullptr: not found yet)
+Py_ssize_t payload_offsets[kPayloadSlots] = {};
+PyObject* payload_slot_names[kPayloadSlots] = {};
+
+bool payload_has_slots(PyObject* payload) {
+  PyTypeObject* kind = Py_TYPE(payload);
+  if (kind == payload_slots_type) {
+    return true;
+  }
+  if (payload_slots_type != nullptr || payload_slot_names[0] == nullptr) {
+    return false;
+  }
+  Py_ssize_t offsets[kPayloadSlots];
+  for (int i = 0; i < kPayloadSlots; ++i) {
+    PyObject* member = PyDict_GetItem(kind->tp_dict, payload_slot_names[i]);  // borrowed
+    if (member == nullptr || Py_TYPE(member) != &PyMemberDescr_Type ||
+        reinterpret_cast<PyMemberDescrObject*>(member)->d_member->type != T_OBJECT_EX) {
+      return false;
+    }
+    offsets[i] = reinterpret_cast<PyMemberDescrObject*>(member)->d_member->offset;
+  }
+  std::copy(offsets, offsets + kPayloadSlots, payload_offsets);
+  Py_INCREF(kind);
+  payload_slots_type = kind;
+  return true;
+}
+
+// payload.<slot> as a new reference (nullptr with AttributeError when unset).
+PyObject* payload_get(PyObject* payload, PayloadSlot slot) {
+  if (payload_has_slots(payload)) {
+    PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(payload) + payload_offsets[slot]);
+    if (value == nullptr) {
+      PyErr_SetObject(PyExc_AttributeError, payload_slot_names[slot]);
+      return nullptr;
+    }
+    return Py_NewRef(value);
+  }
+  return PyObject_GetAttr(payload, payload_slot_names[slot]);
+}
+
+// payload.<slot> = value; 0, or -1 with an error set.
+int payload_set(PyObject* payload, PayloadSlot slot, PyObject* value) {
+  if (payload_has_slots(payload)) {
+    PyObject** where = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(payload) + payload_offsets[slot]);
+    PyObject* old = *where;
+    *where = Py_NewRef(value);
+    Py_XDECREF(old);
+    return 0;
+  }
+  return PyObject_SetAttr(payload, payload_slot_names[slot], value);
+}
+
+PyObject* array_type = nullptr;  // jax's ArrayImpl (set by configure_kernels)
+PyObject* str_aval = nullptr;
+
+// (shape, dtype) of a JAX array or a fused placeholder, as new references. A JAX array's
+// `shape` and `dtype` are Python properties over its `aval` (a plain object): read there.
+bool array_meta(PyObject* array, PyObject** shape, PyObject** dtype) {
+  PyObject* source = array;
+  PyObject* aval = nullptr;
+  if (array_type != nullptr && reinterpret_cast<PyObject*>(Py_TYPE(array)) == array_type) {
+    aval = PyObject_GetAttr(array, str_aval);
+    if (aval == nullptr) {
+      return false;
+    }
+    source = aval;
+  }
+  *shape = PyObject_GetAttr(source, str_shape);
+  *dtype = *shape ? PyObject_GetAttr(source, str_dtype) : nullptr;
+  Py_XDECREF(aval);
+  if (*dtype == nullptr) {
+    Py_CLEAR(*shape);
+    return false;
+  }
+  return true;
+}
+
 // The storage's array when tensor `t` reads as it with no work (the hot path of
 // `tensor.read` and `tensor.read_deferred`): borrowed from `payload`... as a new reference,
 // or nullptr with no error set when the slow path must decide.
@@ -170,7 +253,7 @@ PyObject* whole_storage_array(const at::Tensor& t, PyObject* payload) {
   if (t.storage_offset() != 0 || !t.is_contiguous() || t.is_conj() || t.is_neg()) {
     return nullptr;
   }
-  PyObject* dtype = PyObject_GetAttr(payload, str_dtype);
+  PyObject* dtype = payload_get(payload, kPayloadDtype);
   if (dtype == nullptr) {
     return nullptr;
   }
@@ -179,7 +262,7 @@ PyObject* whole_storage_array(const at::Tensor& t, PyObject* payload) {
   if (!same_dtype) {
     return nullptr;
   }
-  PyObject* array = PyObject_GetAttr(payload, str_array);
+  PyObject* array = payload_get(payload, kArray);
   if (array == nullptr) {
     return nullptr;
   }
@@ -187,13 +270,14 @@ PyObject* whole_storage_array(const at::Tensor& t, PyObject* payload) {
     Py_DECREF(array);
     return nullptr;
   }
-  PyObject* shape = PyObject_GetAttr(array, str_shape);
-  if (shape == nullptr) {
+  PyObject *shape = nullptr, *array_dtype = nullptr;
+  if (!array_meta(array, &shape, &array_dtype)) {
     Py_DECREF(array);
     return nullptr;
   }
   int same = same_shape(shape, t.sizes());
   Py_DECREF(shape);
+  Py_DECREF(array_dtype);
   if (same != 1) {
     Py_DECREF(array);
     return nullptr;
@@ -372,69 +456,142 @@ int same_tuple(PyObject* a, PyObject* b) {
   return PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
-// tensor.write(t, value): the hot path (in-place ops, optimizer updates: a value just like
-// the tensor's whole storage) here, every other case in Python.
+// tensor.write's hot path (in-place ops, optimizer updates: a value just like the tensor's
+// whole storage): true when `value` was stored as `t`'s payload here; false (no error set)
+// when the Python definition must decide.
+bool write_whole(const at::Tensor& t, PyObject* value) {
+  if (payloads == nullptr || t.storage_offset() != 0 || !t.is_contiguous() || t.is_conj() || t.is_neg()) {
+    return false;
+  }
+  PyObject* key = storage_key_of(t);
+  PyObject* payload = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
+  Py_XDECREF(key);
+  PyObject* base = payload ? payload_get(payload, kArray) : nullptr;
+  int decided = 0;  // 1: written here, -1: error
+  if (base != nullptr && base != Py_None) {
+    PyObject* payload_dtype = payload_get(payload, kPayloadDtype);
+    PyObject *base_shape = nullptr, *base_dtype = nullptr, *value_shape = nullptr, *value_dtype = nullptr;
+    if (payload_dtype && array_meta(base, &base_shape, &base_dtype) && array_meta(value, &value_shape, &value_dtype)) {
+      int same = payload_dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+      if (same == 1) {
+        same = same_tuple(value_dtype, base_dtype);
+      }
+      if (same == 1) {
+        same = same_tuple(value_shape, base_shape);
+      }
+      if (same == 1) {
+        same = same_shape(base_shape, t.sizes());
+      }
+      if (same == 1) {
+        decided = payload_set(payload, kArray, value) == 0 ? 1 : -1;
+      }
+    }
+    Py_XDECREF(payload_dtype);
+    Py_XDECREF(base_dtype);
+    Py_XDECREF(value_dtype);
+    Py_XDECREF(base_shape);
+    Py_XDECREF(value_shape);
+  }
+  Py_XDECREF(base);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();  // the Python definition decides what the error is
+    decided = 0;
+  }
+  return decided == 1;
+}
+
+// tensor.write(t, value): the hot path here, every other case in Python.
 PyObject* py_write(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 2 || python_write == nullptr) {
     PyErr_SetString(PyExc_TypeError, "write(t, value), after configure_write()");
     return nullptr;
   }
-  PyObject* value = argv[1];
-  if (payloads != nullptr && THPVariable_Check(argv[0])) {
-    const at::Tensor& t = THPVariable_Unpack(argv[0]);
-    int decided = 0;  // 1: written here, -1: error
-    if (t.storage_offset() == 0 && t.is_contiguous() && !t.is_conj() && !t.is_neg()) {
-      PyObject* key = storage_key_of(t);
-      PyObject* payload = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
-      Py_XDECREF(key);
-      PyObject* base = payload ? PyObject_GetAttr(payload, str_array) : nullptr;
-      if (base != nullptr && base != Py_None) {
-        PyObject* payload_dtype = PyObject_GetAttr(payload, str_dtype);
-        PyObject* base_dtype = PyObject_GetAttr(base, str_dtype);
-        PyObject* value_dtype = PyObject_GetAttr(value, str_dtype);
-        PyObject* base_shape = PyObject_GetAttr(base, str_shape);
-        PyObject* value_shape = PyObject_GetAttr(value, str_shape);
-        if (payload_dtype && base_dtype && value_dtype && base_shape && value_shape) {
-          int same = payload_dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
-          if (same == 1) {
-            same = same_tuple(value_dtype, base_dtype);
-          }
-          if (same == 1) {
-            same = same_tuple(value_shape, base_shape);
-          }
-          if (same == 1) {
-            same = same_shape(base_shape, t.sizes());
-          }
-          if (same == 1) {
-            decided = PyObject_SetAttr(payload, str_array, value) == 0 ? 1 : -1;
-          } else if (same < 0) {
-            decided = -1;
-          }
-        } else {
-          decided = -1;
-        }
-        Py_XDECREF(payload_dtype);
-        Py_XDECREF(base_dtype);
-        Py_XDECREF(value_dtype);
-        Py_XDECREF(base_shape);
-        Py_XDECREF(value_shape);
-      }
-      Py_XDECREF(base);
-      if (PyErr_Occurred()) {
-        PyErr_Clear();  // the Python definition decides what the error is
-        decided = 0;
-      }
-    }
-    if (decided == 1) {
-      Py_RETURN_NONE;
-    }
+  if (THPVariable_Check(argv[0]) && write_whole(THPVariable_Unpack(argv[0]), argv[1])) {
+    Py_RETURN_NONE;
   }
   return PyObject_Vectorcall(python_write, argv, 2, nullptr);
 }
 
+// tensor.write(t, value) for a C++ tensor: the hot path, else the Python definition.
+bool write_tensor(const at::Tensor& t, PyObject* value) {
+  if (write_whole(t, value)) {
+    return true;
+  }
+  PyObject* wrapped = THPVariable_Wrap(t);
+  PyObject* done = wrapped ? PyObject_CallFunctionObjArgs(python_write, wrapped, value, nullptr) : nullptr;
+  Py_XDECREF(wrapped);
+  Py_XDECREF(done);
+  return done != nullptr;
+}
+
+bool device_tensor(const at::Tensor& t);
+
 PyObject* py_configure_write(PyObject*, PyObject* fn) {
   Py_INCREF(fn);
   Py_XSETREF(python_write, fn);
+  Py_RETURN_NONE;
+}
+
+// ------------------------------------------------------------------------ copy_
+
+// `copy_` between two tpu tensors whose source reads as its storage's whole array (a
+// parameter, an optimizer's state): the source's array written into the destination
+// (`tensor.write`: its hot case here, casting, broadcasting and views in Python). Anything
+// else (host <-> device, a view as the source, math bits) is core_ops.copy_'s, registered
+// behind this kernel on PrivateUse2.
+struct CopyKernel final : public c10::OperatorKernel {
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    size_t n = op.schema().arguments().size();
+    if (n == 3 && stack->size() >= 3) {
+      const c10::IValue& dst_value = (*stack)[stack->size() - 3];
+      const c10::IValue& src_value = (*stack)[stack->size() - 2];
+      if (dst_value.isTensor() && src_value.isTensor() && device_tensor(dst_value.toTensor()) &&
+          device_tensor(src_value.toTensor())) {
+        at::Tensor dst = dst_value.toTensor();
+        const at::Tensor& src = src_value.toTensor();
+        PyGILState_STATE gil = PyGILState_Ensure();
+        PyObject* array = nullptr;
+        if (payloads != nullptr && python_write != nullptr) {
+          PyObject* key = storage_key_of(src);
+          PyObject* payload = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
+          Py_XDECREF(key);
+          array = payload ? whole_storage_array(src, payload) : nullptr;
+        }
+        PyErr_Clear();
+        if (array != nullptr) {
+          bool written = write_tensor(dst, array);
+          Py_DECREF(array);
+          if (!written) {
+            python_error error;
+            error.persist();
+            PyGILState_Release(gil);
+            throw error;
+          }
+          PyGILState_Release(gil);
+          torch::jit::drop(*stack, n);
+          stack->push_back(std::move(dst));
+          return;
+        }
+        PyGILState_Release(gil);
+      }
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+  }
+};
+
+std::unique_ptr<torch::Library> copy_library;
+
+PyObject* py_install_copy_kernel(PyObject*, PyObject*) {
+  try {
+    if (!copy_library) {
+      copy_library = std::make_unique<torch::Library>(
+          torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+      copy_library->impl("copy_", torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CopyKernel>()));
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
   Py_RETURN_NONE;
 }
 
@@ -798,12 +955,24 @@ struct OpEntry {
   size_t kwarg_only_start = 0;  // the first keyword-only argument (they go as kwargs)
   size_t returns = 0;  // the number of Tensor results (0: the op's results are not all plain tensors)
   bool dynamic_floats = true;  // the runner's: floats are dynamic values (else static, in the key)
+  bool list_result = false;  // one Tensor[] result (the functional `_foreach_*` ops)
+  // An in-place op (`add_`, `_foreach_mul_`): its functional op's runner computes it (and
+  // learns the calls), the result is written into `self` here (`finish`: the Python kernel's
+  // tail, registration._write_inplace, for every case but the hot one).
+  OpEntry* functional = nullptr;
+  PyObject* finish = nullptr;
+  std::vector<OpEntry*> inplace_entries;  // of a functional entry: they forget when it does
   std::unordered_map<std::string, PyObject*> strict;  // key -> jitted lowering (a reference)
   std::unordered_map<std::string, PyObject*> fused;  // key -> (OpKey, bound lowering) (a reference)
 
   explicit OpEntry(c10::FunctionSchema s) : schema(std::move(s)) {}
 
+  bool floats_dynamic() const { return functional != nullptr ? functional->dynamic_floats : dynamic_floats; }
+
   void forget() {
+    for (OpEntry* other : inplace_entries) {
+      other->forget();
+    }
     for (auto* table : {&strict, &fused}) {
       for (auto& item : *table) {
         Py_DECREF(item.second);
@@ -828,7 +997,6 @@ PyObject* cpu_to_jax_fn = nullptr;  // tensor.cpu_to_jax: a CPU scalar tensor's 
 PyObject* wrap_outputs_fn = nullptr;  // registration._wrap_outputs: results that are not plain arrays
 PyObject* torch_dtype_fn = nullptr;  // ops.registry.torch_dtype(numpy dtype) -> torch.dtype
 PyObject* payload_type = nullptr;  // tensor.StoragePayload
-PyObject* array_type = nullptr;  // jax's ArrayImpl
 PyObject* lazy_type = nullptr;  // fused.LazyArray
 c10::Allocator* device_allocator = nullptr;  // the allocator of the device's (zero-byte) storages
 PyObject* str_mode = nullptr;
@@ -838,7 +1006,6 @@ PyObject* str_sync_each = nullptr;
 PyObject* str_record = nullptr;
 PyObject* str_run_jitted = nullptr;
 PyObject* str_started = nullptr;
-PyObject* str_aval = nullptr;
 PyObject* str_numel = nullptr;
 PyObject* str_key = nullptr;
 long long native_requests = 0;  // strict calls made here (runner.CACHE_STATS adds them)
@@ -882,27 +1049,6 @@ void append_raw(std::string& key, T value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
-// Borrowed (shape, dtype) of a JAX array or a fused placeholder, into `meta` (new refs).
-bool array_meta(PyObject* array, PyObject** shape, PyObject** dtype) {
-  PyObject* source = array;
-  PyObject* aval = nullptr;
-  if (reinterpret_cast<PyObject*>(Py_TYPE(array)) == array_type) {
-    aval = PyObject_GetAttr(array, str_aval);
-    if (aval == nullptr) {
-      return false;
-    }
-    source = aval;
-  }
-  *shape = PyObject_GetAttr(source, str_shape);
-  *dtype = *shape ? PyObject_GetAttr(source, str_dtype) : nullptr;
-  Py_XDECREF(aval);
-  if (*dtype == nullptr) {
-    Py_CLEAR(*shape);
-    return false;
-  }
-  return true;
-}
-
 // The payload array of tpu tensor `t` (a new reference) and whether `t` reads as all of it
 // (`whole`; otherwise the op's program gathers `t` from it), or nullptr (no error set) when
 // the Python kernel must read it (no payload, unmaterialised, re-typed): the cases of
@@ -917,13 +1063,13 @@ PyObject* payload_array(const at::Tensor& t, bool* whole) {
   if (payload == nullptr) {
     return nullptr;
   }
-  PyObject* dtype = PyObject_GetAttr(payload, str_dtype);
+  PyObject* dtype = payload_get(payload, kPayloadDtype);
   bool same_dtype = dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
   Py_XDECREF(dtype);
   if (!same_dtype) {
     return nullptr;
   }
-  PyObject* array = PyObject_GetAttr(payload, str_array);
+  PyObject* array = payload_get(payload, kArray);
   if (array == nullptr || array == Py_None) {
     Py_XDECREF(array);
     return nullptr;
@@ -1121,6 +1267,17 @@ bool key_of(const c10::IValue& value, bool dynamic_floats, std::string& key, Val
         append_raw(key, item);
       }
     }
+  } else if (value.isList()) {
+    // a Scalar[] (`_foreach_div_.ScalarList`): the Python kernel gets a list of numbers,
+    // each flattened as a number is (a static int or bool, a dynamic float)
+    c10::ArrayRef<c10::IValue> list = value.toListRef();
+    key.push_back('g');
+    append_raw(key, static_cast<int64_t>(list.size()));
+    for (const c10::IValue& item : list) {
+      if (!(item.isBool() || item.isInt() || item.isDouble()) || !add_number(item, dynamic_floats, key, inputs)) {
+        return false;
+      }
+    }
   } else if (value.isString()) {
     auto text = value.toStringRef();
     key.push_back('s');
@@ -1157,7 +1314,7 @@ bool call_key(const OpEntry& entry, c10::ArrayRef<c10::IValue> args, std::string
       key.push_back('x');
       continue;
     }
-    if (!key_of(args[i], entry.dynamic_floats, key, inputs)) {
+    if (!key_of(args[i], entry.floats_dynamic(), key, inputs)) {
       return false;
     }
   }
@@ -1200,14 +1357,14 @@ PyObject* py_release_payload(PyObject*, PyObject* ref) {
   }
   PyObject* payload = found->second;
   released_by.erase(found);
-  PyObject* key = PyObject_GetAttr(payload, str_key);
+  PyObject* key = payload_get(payload, kKey);
   PyObject* current = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
   if (current == payload) {
     PyDict_DelItem(payloads, key);
   }
   Py_XDECREF(key);
   PyErr_Clear();  // as in a weakref callback: nothing to report to
-  if (PyObject_SetAttr(payload, str_array, Py_None) != 0 || PyObject_SetAttr(payload, str_ref, Py_None) != 0) {
+  if (payload_set(payload, kArray, Py_None) != 0 || payload_set(payload, kPayloadRef, Py_None) != 0) {
     PyErr_Clear();
   }
   Py_DECREF(payload);
@@ -1254,10 +1411,10 @@ at::Tensor wrap_array(PyObject* array) {
     release_callback = PyCFunction_New(&release_def, nullptr);
   }
   PyObject* ref = key && release_callback ? PyWeakref_NewRef(storage_object, release_callback) : nullptr;
-  bool ok = ref != nullptr && PyObject_SetAttr(payload, str_numel, numel) == 0 &&
-      PyObject_SetAttr(payload, str_dtype, reinterpret_cast<PyObject*>(torch::getTHPDtype(scalar_type))) == 0 &&
-      PyObject_SetAttr(payload, str_array, array) == 0 && PyObject_SetAttr(payload, str_key, key) == 0 &&
-      PyObject_SetAttr(payload, str_ref, ref) == 0 && PyDict_SetItem(payloads, key, payload) == 0;
+  bool ok = ref != nullptr && payload_set(payload, kNumel, numel) == 0 &&
+      payload_set(payload, kPayloadDtype, reinterpret_cast<PyObject*>(torch::getTHPDtype(scalar_type))) == 0 &&
+      payload_set(payload, kArray, array) == 0 && payload_set(payload, kKey, key) == 0 &&
+      payload_set(payload, kPayloadRef, ref) == 0 && PyDict_SetItem(payloads, key, payload) == 0;
   if (ok) {
     Py_INCREF(payload);
     released_by[ref] = payload;  // the weakref lives (payload.ref) until its callback ran
@@ -1273,6 +1430,29 @@ at::Tensor wrap_array(PyObject* array) {
 // Pushes the results of a lowering (`out`) as the op's results; false (error set) on failure.
 bool push_results(const OpEntry& entry, PyObject* out, torch::jit::Stack* stack) {
   PyTypeObject* kind = Py_TYPE(out);
+  if (entry.list_result) {  // the functional `_foreach_*` ops: a list of arrays, one Tensor[]
+    if (kind != &PyTuple_Type && kind != &PyList_Type) {
+      PyErr_SetString(PyExc_RuntimeError, "tpu native kernel: a Tensor[] op's lowering returned no sequence");
+      return false;
+    }
+    c10::List<at::Tensor> results;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(out);
+    results.reserve(count);
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      PyObject* item = PySequence_Fast_GET_ITEM(out, i);
+      PyObject* item_type = reinterpret_cast<PyObject*>(Py_TYPE(item));
+      at::Tensor t = item_type == array_type || item_type == lazy_type ? wrap_array(item) : at::Tensor();
+      if (!t.defined()) {
+        if (!PyErr_Occurred()) {
+          PyErr_SetString(PyExc_RuntimeError, "tpu native kernel: a Tensor[] result that is not an array");
+        }
+        return false;
+      }
+      results.push_back(std::move(t));
+    }
+    stack->emplace_back(std::move(results));
+    return true;
+  }
   bool plain = reinterpret_cast<PyObject*>(kind) == array_type || reinterpret_cast<PyObject*>(kind) == lazy_type;
   if (plain && entry.returns == 1) {
     at::Tensor t = wrap_array(out);
@@ -1341,15 +1521,75 @@ PyObject* as_list(PyObject** items, size_t count) {
   return list;
 }
 
-// The C++ path of one call; false (nothing consumed from the stack, no error set) when
-// the Python kernel must run it, with `pending` set when it should learn the call.
-bool run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
+// An in-place op's result `out` written into its `self` (a tensor or a Tensor[]), as the
+// Python kernel does (tensor.write per tensor); what is not the plain case (another dtype:
+// ATen's casting rule and its error; a result of another structure) goes to `finish`, the
+// Python kernel's tail. False with a Python error set on failure.
+bool finish_inplace(const OpEntry& entry, const c10::IValue& self, PyObject* out) {
+  PyObject* kind = reinterpret_cast<PyObject*>(Py_TYPE(out));
+  if (self.isTensor() && (kind == array_type || kind == lazy_type)) {
+    const at::Tensor& t = self.toTensor();
+    PyObject *shape = nullptr, *dtype = nullptr;
+    c10::ScalarType result_type;
+    if (!array_meta(out, &shape, &dtype)) {
+      return false;
+    }
+    bool known = scalar_type_of(dtype, &result_type);
+    Py_DECREF(shape);
+    Py_DECREF(dtype);
+    if (!known) {
+      return false;
+    }
+    if (result_type == t.scalar_type()) {
+      return write_tensor(t, out);
+    }
+  } else if (self.isTensorList() && (PyList_Check(out) || PyTuple_Check(out))) {
+    c10::ArrayRef<c10::IValue> list = self.toListRef();
+    if (static_cast<size_t>(PySequence_Fast_GET_SIZE(out)) == list.size()) {
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (!write_tensor(list[i].toTensor(), PySequence_Fast_GET_ITEM(out, static_cast<Py_ssize_t>(i)))) {
+          return false;
+        }
+      }
+      return true;
+    }
+  }
+  PyObject* target = nullptr;
+  if (self.isTensor()) {
+    target = THPVariable_Wrap(self.toTensor());
+  } else if (self.isTensorList()) {
+    c10::ArrayRef<c10::IValue> list = self.toListRef();
+    target = PyList_New(static_cast<Py_ssize_t>(list.size()));
+    for (size_t i = 0; target != nullptr && i < list.size(); ++i) {
+      PyObject* item = THPVariable_Wrap(list[i].toTensor());
+      if (item == nullptr) {
+        Py_CLEAR(target);
+        break;
+      }
+      PyList_SET_ITEM(target, static_cast<Py_ssize_t>(i), item);
+    }
+  } else {
+    PyErr_SetString(PyExc_TypeError, "tpu native kernel: an in-place op whose self is not a tensor");
+  }
+  PyObject* done = target ? PyObject_CallFunctionObjArgs(entry.finish, target, out, nullptr) : nullptr;
+  Py_XDECREF(target);
+  Py_XDECREF(done);
+  return done != nullptr;
+}
+
+enum class Call { kPython, kDone, kError };
+
+// The C++ path of one call: kPython (nothing consumed from the stack, no error set) when
+// the Python kernel must run it, with `pending` set when it should learn the call; kError
+// (a Python error set) when an in-place op's result could not be written (its lowering
+// ran: running it again in Python would read half-written inputs).
+Call run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
   if (payloads == nullptr || modes_dict == nullptr) {
-    return false;
+    return Call::kPython;
   }
   Mode mode = current_mode();
-  if (mode == Mode::kOther || entry.returns == 0) {
-    return false;
+  if (mode == Mode::kOther || (entry.returns == 0 && !entry.list_result && entry.functional == nullptr)) {
+    return Call::kPython;
   }
   size_t n = entry.schema.arguments().size();
   auto args = torch::jit::last(*stack, n);
@@ -1359,7 +1599,7 @@ bool run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
   inputs.items.reserve(8);
   if (!call_key(entry, args, key, inputs)) {
     PyErr_Clear();
-    return false;
+    return Call::kPython;
   }
   auto& table = mode == Mode::kStrict ? entry.strict : entry.fused;
   auto found = table.find(key);
@@ -1367,8 +1607,8 @@ bool run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
     pending.entry = &entry;
     pending.key = std::move(key);
     pending.fused = mode == Mode::kFused;
-    pending.dynamic_floats = entry.dynamic_floats;
-    return false;
+    pending.dynamic_floats = entry.floats_dynamic();
+    return Call::kPython;
   }
   PyObject** dynamic = inputs.items.data();
   size_t count = inputs.items.size();
@@ -1419,20 +1659,33 @@ bool run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
     if (mode == Mode::kStrict && PyObject_SetAttr(compiles_class, str_started, Py_None) != 0) {
       PyErr_Clear();  // a failed trace is not a compile
     }
-    return false;
+    return Call::kPython;
+  }
+  if (entry.functional != nullptr) {  // in-place: the result written into self, self returned
+    c10::IValue self = args[0];
+    bool written = finish_inplace(entry, self, out);
+    Py_DECREF(out);
+    if (!written) {
+      return Call::kError;
+    }
+    torch::jit::drop(*stack, n);
+    if (self.isTensor() && entry.returns == 1) {
+      stack->push_back(std::move(self));
+    }
+    return Call::kDone;
   }
   torch::jit::Stack produced;
   bool pushed = push_results(entry, out, &produced);
   Py_DECREF(out);
   if (!pushed) {
     PyErr_Clear();
-    return false;
+    return Call::kPython;
   }
   torch::jit::drop(*stack, n);
   for (auto& value : produced) {
     stack->push_back(std::move(value));
   }
-  return true;
+  return Call::kDone;
 }
 
 struct TableOpKernel final : public c10::OperatorKernel {
@@ -1444,12 +1697,18 @@ struct TableOpKernel final : public c10::OperatorKernel {
       PyGILState_STATE gil = PyGILState_Ensure();
       outer = std::move(pending);
       pending = Pending();
-      bool done = run_known_call(*entry, stack);
-      if (done) {
+      Call call = run_known_call(*entry, stack);
+      if (call != Call::kPython) {
         pending = std::move(outer);
       }
+      if (call == Call::kError) {
+        python_error error;  // carries the Python exception back to the caller
+        error.persist();
+        PyGILState_Release(gil);
+        throw error;
+      }
       PyGILState_Release(gil);
-      if (done) {
+      if (call == Call::kDone) {
         return;
       }
     }
@@ -1471,6 +1730,8 @@ struct TableOpKernel final : public c10::OperatorKernel {
   OpEntry* entry;
 };
 
+PyObject* register_entry(const std::string& name, const std::string& overload, std::unique_ptr<OpEntry> entry);
+
 // install_op_kernel(name, overload) -> id: the C++ kernel of that op on PrivateUse1 (its
 // Python kernel goes on PrivateUse2).
 PyObject* py_install_op_kernel(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
@@ -1484,7 +1745,6 @@ PyObject* py_install_op_kernel(PyObject*, PyObject* const* argv, Py_ssize_t argc
     auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
     const auto& schema = handle.schema();
     auto entry = std::make_unique<OpEntry>(schema);
-    entry->id = static_cast<long>(op_entries.size()) + 1;
     entry->kwarg_only_start = schema.arguments().size();
     while (entry->kwarg_only_start > 0 && schema.arguments()[entry->kwarg_only_start - 1].kwarg_only()) {
       --entry->kwarg_only_start;
@@ -1494,11 +1754,76 @@ PyObject* py_install_op_kernel(PyObject*, PyObject* const* argv, Py_ssize_t argc
       all_tensors = all_tensors && result.type()->kind() == c10::TypeKind::TensorType && !result.alias_info();
     }
     entry->returns = all_tensors ? schema.returns().size() : 0;
+    entry->list_result = schema.returns().size() == 1 && !schema.returns()[0].alias_info() &&
+        *schema.returns()[0].type() == *c10::ListType::ofTensors();
     for (const auto& argument : schema.arguments()) {
       if (argument.alias_info() && argument.alias_info()->isWrite()) {
         entry->returns = 0;  // a mutating op: the Python kernel writes (never the case for functional ops)
+        entry->list_result = false;
       }
     }
+    return register_entry(name, overload, std::move(entry));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+OpEntry* entry_of(PyObject* id);
+
+// install_inplace_kernel(name, overload, functional_id, finish) -> id: the C++ kernel of an
+// in-place op (`add_.Tensor`, `_foreach_mul_.Scalar`) whose functional op has the C++ kernel
+// `functional_id`; `finish(self, result)` is the Python kernel's tail (its Python kernel goes
+// on PrivateUse2).
+PyObject* py_install_inplace_kernel(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 4 || !PyUnicode_Check(argv[0]) || !PyUnicode_Check(argv[1]) || !PyCallable_Check(argv[3])) {
+    PyErr_SetString(PyExc_TypeError, "install_inplace_kernel(name, overload, functional_id, finish)");
+    return nullptr;
+  }
+  OpEntry* functional = entry_of(argv[2]);
+  if (functional == nullptr) {
+    return nullptr;
+  }
+  std::string name = PyUnicode_AsUTF8(argv[0]);
+  std::string overload = PyUnicode_AsUTF8(argv[1]);
+  try {
+    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    const auto& schema = handle.schema();
+    const auto& arguments = schema.arguments();
+    bool self_written = !arguments.empty() && arguments[0].alias_info() && arguments[0].alias_info()->isWrite();
+    for (size_t i = 1; i < arguments.size(); ++i) {
+      self_written = self_written && !(arguments[i].alias_info() && arguments[i].alias_info()->isWrite());
+    }
+    bool self_tensor = self_written && arguments[0].type()->kind() == c10::TypeKind::TensorType;
+    bool returns_self = schema.returns().size() == 1 && schema.returns()[0].alias_info() &&
+        schema.returns()[0].type()->kind() == c10::TypeKind::TensorType;
+    if (!self_written || (self_tensor ? !returns_self : !schema.returns().empty())) {
+      throw std::runtime_error(name + "." + overload + " is not an in-place op of its first argument");
+    }
+    auto entry = std::make_unique<OpEntry>(schema);
+    entry->kwarg_only_start = arguments.size();
+    while (entry->kwarg_only_start > 0 && arguments[entry->kwarg_only_start - 1].kwarg_only()) {
+      --entry->kwarg_only_start;
+    }
+    entry->returns = self_tensor ? 1 : 0;
+    entry->functional = functional;
+    entry->finish = Py_NewRef(argv[3]);
+    OpEntry* raw = entry.get();
+    PyObject* id = register_entry(name, overload, std::move(entry));
+    if (id != nullptr) {
+      functional->inplace_entries.push_back(raw);
+    }
+    return id;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+// Registers `entry`'s kernel on PrivateUse1; returns its id.
+PyObject* register_entry(const std::string& name, const std::string& overload, std::unique_ptr<OpEntry> entry) {
+  try {
+    entry->id = static_cast<long>(op_entries.size()) + 1;
     auto separator = name.find("::");
     std::string space = name.substr(0, separator);
     std::string op_name = name.substr(separator + 2) + (overload.empty() ? "" : "." + overload);
@@ -1541,8 +1866,10 @@ PyObject* py_learn(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     return nullptr;
   }
   bool dynamic_floats = argv[2] == Py_True;
-  if (pending.entry == entry && pending.dynamic_floats == dynamic_floats && entry->dynamic_floats == dynamic_floats) {
-    auto& table = pending.fused ? entry->fused : entry->strict;
+  OpEntry* learner = pending.entry;  // the op's own kernel, or one of its in-place ops'
+  if (learner != nullptr && (learner == entry || learner->functional == entry) &&
+      pending.dynamic_floats == dynamic_floats && entry->dynamic_floats == dynamic_floats) {
+    auto& table = pending.fused ? learner->fused : learner->strict;
     if (!pending.fused || (PyTuple_Check(argv[1]) && PyTuple_GET_SIZE(argv[1]) == 2)) {
       auto& slot_ref = table[pending.key];
       Py_INCREF(argv[1]);
@@ -1689,6 +2016,8 @@ PyMethodDef methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "arguments.flatten_args in C++ (slow cases call back into Python)."},
     {"install_device_guard", py_install_device_guard, METH_NOARGS, "Register the C++ PrivateUse1 device guard."},
+    {"install_copy_kernel", py_install_copy_kernel, METH_NOARGS,
+     "Register the C++ PrivateUse1 kernel of copy_ (tpu -> tpu; the rest: its Python kernel on PrivateUse2)."},
     {"install_view_kernels", py_install_view_kernels, METH_NOARGS,
      "Register the C++ PrivateUse1 kernels of as_strided, view, _reshape_alias, unfold."},
     {"write", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_write)), METH_FASTCALL,
@@ -1702,6 +2031,9 @@ PyMethodDef methods[] = {
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},
     {"install_op_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_install_op_kernel)),
      METH_FASTCALL, "Register the C++ PrivateUse1 kernel of a table op (its Python kernel: PrivateUse2); its id."},
+    {"install_inplace_kernel",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_install_inplace_kernel)), METH_FASTCALL,
+     "Register the C++ PrivateUse1 kernel of a table op's in-place variant (its Python kernel: PrivateUse2)."},
     {"configure_kernels", py_configure_kernels, METH_O, "Hand the op kernels what they need from Python."},
     {"learn", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_learn)), METH_FASTCALL,
      "The Python kernel of op `id` ran the pending call: remember its jitted (or recorded) lowering."},
@@ -1733,6 +2065,8 @@ PyMODINIT_FUNC PyInit__tpu_native() {
   str_aval = PyUnicode_InternFromString("aval");
   str_numel = PyUnicode_InternFromString("numel");
   str_key = PyUnicode_InternFromString("key");
+  PyObject* slot_names[kPayloadSlots] = {str_numel, str_dtype, str_array, str_key, str_ref};
+  std::copy(slot_names, slot_names + kPayloadSlots, payload_slot_names);
   str_graph = PyUnicode_InternFromString("_graph");
   str_lock = PyUnicode_InternFromString("_lock");
   str_acquire = PyUnicode_InternFromString("acquire");
