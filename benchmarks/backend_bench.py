@@ -248,6 +248,7 @@ _compile_optimizer = False  # --compile-optimizer: tpu-compile also compiles the
 _fused_optimizer = False  # --fused-optimizer: the torch modes' AdamW is AdamW(fused=True)
 _scan_layers = False  # --scan-layers: tpu-compile runs the model's blocks as one lax.scan
 _layers: int | None = None  # --layers: overrides the Llama models' layer count
+_context: int | None = None  # --context: overrides the Llama models' sequence length
 
 
 def _token_config(model_name: str):
@@ -269,33 +270,39 @@ def _with_checkpointing(build):
     return build_checkpointed
 
 
-def _with_layers(build, layers: int):
-    def build_with_layers():
+def _with_config(build, **changes):
+    """`build` with its Llama config changed (`--layers`, `--context`)."""
+
+    def build_with_config():
         with torch.device("meta"):  # nothing allocated, no random numbers drawn
             model = build()
         if not hasattr(getattr(model, "config", None), "checkpoint"):
-            raise ValueError("--layers applies to the Llama models")
-        return type(model)(dataclasses.replace(model.config, layers=layers))
+            raise ValueError(f"{', '.join('--' + name for name in changes)} applies to the Llama models")
+        return type(model)(dataclasses.replace(model.config, **changes))
 
-    return build_with_layers
+    return build_with_config
 
 
 def model_case(model_name: str):
     """The benchmark's model case, with the batch size of `--batch` for the token models
     and the layer count of `--layers` for the Llama models."""
     case = MODEL_CASES[model_name]
-    if _layers is not None:
-        case = dataclasses.replace(case, build=_with_layers(case.build, _layers))
+    changes = {name: value for name, value in (("layers", _layers), ("context", _context)) if value is not None}
+    if changes:
+        case = dataclasses.replace(case, build=_with_config(case.build, **changes))
     if _remat:
         case = dataclasses.replace(case, build=_with_checkpointing(case.build))
-    if _batch_size is None:
+    if _batch_size is None and _context is None:
         return case
     config = _token_config(model_name)
     if config is None:
         raise ValueError(f"--batch applies to the token models ({', '.join(TOKEN_MODELS)}), not {model_name!r}")
     from tests.tpu_backend.models import _token_batch
 
-    return dataclasses.replace(case, batch=_token_batch(config, _batch_size))
+    if _context is not None:
+        config = dataclasses.replace(config, context=_context)
+    batch_size = _batch_size if _batch_size is not None else case.batch.batch_size
+    return dataclasses.replace(case, batch=_token_batch(config, batch_size))
 
 
 # Step callables return (loss, host seconds, host CPU seconds): the wall time and the
@@ -866,6 +873,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--skip-inductor", action="store_true", help="leave cpu-inductor out (its compile is slow here)"
     )
     parser.add_argument("--layers", type=int, help="the Llama models' layer count (default: the model's)")
+    parser.add_argument("--context", type=int, help="the Llama models' sequence length (default: the model's)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument(
@@ -1169,9 +1177,9 @@ def print_phases(phases: dict[str, dict], steps: int) -> None:
 
 
 def main(argv=None) -> int:
-    global _batch_size, _remat, _pipeline, _compile_optimizer, _fused_optimizer, _layers, _scan_layers
+    global _batch_size, _remat, _pipeline, _compile_optimizer, _fused_optimizer, _layers, _context, _scan_layers
     args = parse_args(argv)
-    _layers = args.layers
+    _layers, _context = args.layers, args.context
     _scan_layers = args.scan_layers
     _compile_optimizer = args.compile_optimizer
     _fused_optimizer = args.fused_optimizer

@@ -85,7 +85,7 @@ def child(args: argparse.Namespace) -> dict:
     """Build the mode's model, run its first step and one more, and say where the time went."""
     from benchmarks import backend_bench as bench
 
-    bench._layers, bench._remat, bench._batch_size = args.layers, args.remat, args.batch
+    bench._layers, bench._context, bench._remat, bench._batch_size = args.layers, args.context, args.remat, args.batch
     bench._scan_layers, bench._compile_optimizer = args.scan_layers, args.compile_optimizer
     bench._fused_optimizer = args.fused_optimizer
     from torch._dynamo.utils import compilation_time_metrics
@@ -151,6 +151,8 @@ def run_child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
         command += ["--layers", str(args.layers)]
     if args.batch:
         command += ["--batch", str(args.batch)]
+    if args.context:
+        command += ["--context", str(args.context)]
     for flag in ("remat", "scan_layers", "compile_optimizer", "fused_optimizer"):
         if getattr(args, flag):
             command.append("--" + flag.replace("_", "-"))
@@ -213,6 +215,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated tpu modes (default: {DEFAULT_MODES})")
     parser.add_argument("--layers", type=int, help="the Llama models' layer count (default: the model's)")
     parser.add_argument("--batch", type=int, help="the token models' batch size")
+    parser.add_argument(
+        "--context", type=int, help="the Llama models' sequence length (compile time does not depend on it)"
+    )
     parser.add_argument("--remat", action="store_true", help="Llama models: recompute each block in the backward")
     parser.add_argument(
         "--scan-layers", action="store_true", help="tpu-compile: the blocks as one lax.scan (backend_bench's flag)"

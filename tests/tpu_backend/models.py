@@ -235,6 +235,7 @@ def _token_batch(config: GPTConfig, batch_size: int):
         tokens = torch.randint(0, config.vocab, (batch_size, config.context + 1), generator=generator)
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
+    draw.batch_size = batch_size
     return draw
 
 

@@ -41,7 +41,7 @@ from torch._dynamo.backends.registry import register_backend
 
 from tpu_backend import random as device_random
 from tpu_backend import tensor as device_tensor
-from tpu_backend.compile import dynamic, graph_cache
+from tpu_backend.compile import dynamic, graph_cache, scan
 from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
 from tpu_backend.compile.interpreter import GraphProgram, compile_graph, is_covered, lowering_tables_version
 from tpu_backend.compile.program import is_array
@@ -393,7 +393,7 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
     )
-    with graph_cache.compiling():
+    with graph_cache.compiling(), scan.schema_checked_once():
         return backend(gm, example_inputs, **kwargs)
 
 

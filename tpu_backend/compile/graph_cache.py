@@ -28,7 +28,9 @@ same runs. Graphs with symbolic sizes are not stored; PyTorch itself refuses gra
   instead of PyTorch's unchecked pickles under `/tmp`: a corrupt entry, or one that no
   longer unpickles, is deleted with a warning and rebuilt;
 - keeps the entry's copy of the backward graph (for compiled autograd) as bytes that are
-  unpickled only if read (`_serialize_backward_lazily`).
+  unpickled only if read (`_serialize_backward_lazily`);
+- leaves inductor's code generators unimported while the key is computed
+  (`_no_backend_registration`).
 
 PyTorch's own storage functions are swapped only inside the scope (Dynamo compiles one
 graph at a time), so inductor's caches elsewhere in the process are untouched. The
@@ -49,6 +51,7 @@ from torch._functorch._aot_autograd import aot_autograd_result as _aot_result
 from torch._functorch._aot_autograd import autograd_cache as _aot_cache
 from torch._functorch._aot_autograd import graph_compile as _graph_compile
 from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+from torch._inductor import codecache as _codecache
 from torch._inductor.output_code import OutputCode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -409,10 +412,21 @@ def _serialize_backward_lazily(gm: torch.fx.GraphModule):
     return serialized
 
 
+def _no_backend_registration() -> None:
+    """In place of inductor's `init_backend_registration` while AOTAutograd computes its
+    key: PyTorch registers inductor's code generators for every device there (importing
+    the C++, Triton, Halide, Pallas, MPS and XPU code generators: 0.7 s per process here)
+    only to list the custom passes registered with them, which inductor runs and our
+    programs never do. Without it the key lists the custom passes registered so far
+    (none, unless inductor ran in the process first: then its key differs, a miss, never
+    a wrong hit)."""
+
+
 _HOOKS = (
     (_aot_cache.AOTAutogradCache, "_write_to_local_cache"),
     (_aot_cache.AOTAutogradCache, "iterate_over_candidates"),
     (_graph_compile, "serialize_graph_module"),
+    (_codecache, "init_backend_registration"),
 )
 
 
@@ -435,6 +449,7 @@ def compiling():
             (cls, "_write_to_local_cache", staticmethod(_write_to_local_cache)),
             (cls, "iterate_over_candidates", classmethod(_iterate_over_candidates)),
             (_graph_compile, "serialize_graph_module", _serialize_backward_lazily),
+            (_codecache, "init_backend_registration", _no_backend_registration),
         ),
     ):
         yield

@@ -34,6 +34,7 @@ result is the same, only the compile time differs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import warnings
@@ -102,6 +103,69 @@ def unmark(blocks: Iterable[torch.nn.Module]):
         if is_marked(block):
             block.__class__ = type(block)._scan_layers_base
     return blocks
+
+
+# --------------------------------------------------------------------- tracing
+
+
+def _operand_key(value):
+    if isinstance(value, torch.Tensor):
+        return (
+            type(value),
+            tuple(value.shape),
+            tuple(value.stride()),
+            value.storage_offset(),
+            value.dtype,
+            value.device,
+            value.requires_grad,
+        )
+    return (type(value), value if isinstance(value, (int, float, bool, str)) else id(value))
+
+
+@contextlib.contextmanager
+def schema_checked_once():
+    """AOTAutograd's trace of the marked blocks, with the mutation check done once per block.
+
+    Before its cache of traced blocks (keyed by the subgraph's identifier), PyTorch's
+    autograd rule for `invoke_subgraph` (`HigherOrderOperator.py_autograd_impl`, torch
+    2.13) generates the call's schema to refuse blocks that write their inputs, and that
+    re-traces the whole block with `make_fx` (`materialize_as_graph`) at every call:
+    once per layer in AOTAutograd's metadata pass and once more in its joint trace. For the
+    374M Llama that was 48 traces of the block, about a third of AOTAutograd's time.
+
+    Inside this scope the schema of a call is computed once per (subgraph object,
+    identifier, operands' types, shapes, strides, dtypes, devices and `requires_grad`,
+    dispatch keys and grad mode) and reused: the check itself is unchanged (a block that
+    writes an input is still refused at its first call), and the schema depends on
+    nothing else."""
+    hop = INVOKE_SUBGRAPH
+    if "gen_schema" in hop.__dict__:  # nested: the outer scope's memo serves
+        yield
+        return
+    generate = type(hop).gen_schema
+    memo: dict = {}
+
+    def gen_schema(subgraph, identifier, *operands):
+        key = (
+            id(subgraph),
+            identifier,
+            tuple(_operand_key(o) for o in operands),
+            repr(torch._C._dispatch_tls_local_include_set()),
+            repr(torch._C._dispatch_tls_local_exclude_set()),
+            torch.is_grad_enabled(),
+        )
+        found = memo.get(key)
+        if found is not None and found[0] is subgraph:
+            return found[1]
+        schema = generate(hop, subgraph, identifier, *operands)
+        memo[key] = (subgraph, schema)  # holding the subgraph keeps its id unique
+        return schema
+
+    hop.gen_schema = gen_schema
+    try:
+        yield
+    finally:
+        del hop.gen_schema
 
 
 # --------------------------------------------------------------------- planning
@@ -394,4 +458,4 @@ def plan_runs(gm: torch.fx.GraphModule, subgraph_function) -> dict[torch.fx.Node
     return runs
 
 
-__all__ = ["INVOKE_SUBGRAPH", "Run", "is_marked", "plan_runs", "scan_layers", "unmark"]
+__all__ = ["INVOKE_SUBGRAPH", "Run", "is_marked", "plan_runs", "scan_layers", "schema_checked_once", "unmark"]
