@@ -3,6 +3,8 @@
     python benchmarks/compile_time_bench.py --model llama --modes tpu-compile,tpu-fused,tpu-compile-step
     python benchmarks/compile_time_bench.py --model llama --layers 8 --modes tpu-compile
     python benchmarks/compile_time_bench.py --model llama-374m --remat --modes tpu-compile   # on a TPU
+    python benchmarks/compile_time_bench.py --model llama-374m --remat --scan-layers --modes tpu-compile \
+        --layers 8 --context 128 --batch 1     # the host's share (Dynamo, AOTAutograd) at a cheap shape
     python benchmarks/compile_time_bench.py --model llama --json results.json            # also as JSON ('-': stdout)
     python benchmarks/compile_time_bench.py --model llama --xla-cache-only   # the baseline: JAX's disk cache alone
 
@@ -23,6 +25,9 @@ Each process reports where its first step went:
 - strict ops: strict eager's per-op programs (the optimizer outside `torch.compile`):
   their tracing and compiling or loading;
 - run + other: what is left: running the step, recording (fused mode), Python.
+
+Dynamo and AOTAutograd also as the thread's CPU time (steadier than wall time on a
+shared machine).
 
 Then the steady step time (a later step, nothing compiled) and the caches' counters:
 programs compiled / loaded, XLA store and lowered-program store hits and misses,
@@ -81,6 +86,36 @@ def _while_loops() -> dict[str, int]:
     return loops
 
 
+class _CpuClock:
+    """The calling thread's CPU time inside Dynamo's frame compiles and inside its backend
+    calls (AOTAutograd): on a machine shared with other jobs, wall time varies 2x between
+    identical runs while CPU time varies far less."""
+
+    def __init__(self):
+        import torch._dynamo.convert_frame as convert_frame
+        import torch._dynamo.output_graph as output_graph
+
+        self.dynamo_total = self.backend = 0.0
+        compile_frame, call_user_compiler = convert_frame._compile, output_graph.OutputGraph.call_user_compiler
+
+        def timed_compile(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return compile_frame(*args, **kwargs)
+            finally:
+                self.dynamo_total += time.thread_time() - start
+
+        def timed_backend(graph, *args, **kwargs):
+            start = time.thread_time()
+            try:
+                return call_user_compiler(graph, *args, **kwargs)
+            finally:
+                self.backend += time.thread_time() - start
+
+        convert_frame._compile = timed_compile
+        output_graph.OutputGraph.call_user_compiler = timed_backend
+
+
 def child(args: argparse.Namespace) -> dict:
     """Build the mode's model, run its first step and one more, and say where the time went."""
     from benchmarks import backend_bench as bench
@@ -94,6 +129,7 @@ def child(args: argparse.Namespace) -> dict:
     from tpu_backend.compile import compile_stats, disk_cache, graph_cache, program_cache
     from tpu_backend.eager.runner import CACHE_STATS
 
+    cpu = _CpuClock()
     imported = time.perf_counter()
     step = bench.make_step(args.model, args.child)
     built = time.perf_counter()
@@ -115,11 +151,14 @@ def child(args: argparse.Namespace) -> dict:
         "mode": args.child,
         "model": args.model,
         "layers": args.layers,
+        "context": args.context,
         "imports_s": imported - _STARTED,
         "build_s": built - imported,
         "first_step_s": first,
         "dynamo_s": dynamo_total - backend,
         "aot_s": backend,
+        "dynamo_cpu_s": cpu.dynamo_total - cpu.backend,
+        "aot_cpu_s": cpu.backend,
         "lowering_s": programs.trace_seconds,
         "xla_s": programs.compile_seconds - programs.trace_seconds,
         "strict_ops_s": strict_seconds,
@@ -181,6 +220,8 @@ def print_table(mode: str, first: dict, second: dict) -> None:
     rows = [("process (wall, imports included)", "process_s"), ("imports", "imports_s"), ("first step", "first_step_s")]
     for key, label in [(k, "  " + label) for k, label in PHASES]:
         rows.append((label, key))
+    rows.append(("  Dynamo, CPU time", "dynamo_cpu_s"))
+    rows.append(("  AOTAutograd, CPU time", "aot_cpu_s"))
     rows.append(("steady step (later, no compile)", "steady_step_s"))
     for label, key in rows:
         print(f"{label:34s} {_fmt(first.get(key))} {_fmt(second.get(key))}")

@@ -175,6 +175,28 @@ class Stack(nn.Module):
         return x.square().sum()
 
 
+def test_the_block_is_traced_for_its_schema_a_fixed_number_of_times(monkeypatch):
+    """torch's autograd rule for `invoke_subgraph` re-traces the block at every call to
+    check that it does not write its inputs; inside the backend that happens once per
+    block and pass (`scan.schema_checked_once`), however many layers call it."""
+    hop_type, counts = type(scan.INVOKE_SUBGRAPH), []
+    generate = hop_type.gen_schema
+    for layers in (2, 4):
+        calls = []
+
+        def counting(self, *args, calls=calls):
+            calls.append(args[1])
+            return generate(self, *args)
+
+        monkeypatch.setattr(hop_type, "gen_schema", counting)
+        torch._dynamo.reset()
+        config = LlamaConfig(layers=layers, checkpoint=True)
+        torch.manual_seed(0)
+        train(LlamaLM(config), "tpu", True, batches(config)[:1])
+        counts.append(len(calls))
+    assert counts[0] == counts[1] and counts[0] <= 4, counts
+
+
 @pytest.mark.parametrize("tied", [True, False], ids=["unscannable", "scannable"])
 def test_blocks_that_cannot_be_scanned_run_unrolled_and_say_why(tied, tmp_path):
     torch.manual_seed(0)
