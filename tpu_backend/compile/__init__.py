@@ -16,12 +16,15 @@ Importing this package registers the Dynamo backend "tpu". Public API:
   lowers each of a program's signatures for another platform (`jax.export.Exported`).
 - `scan_layers(blocks)`: a model's repeated blocks (decoder layers) compiled once, as one
   `lax.scan` over their stacked parameters, forward and backward (`scan.py`); `unmark`.
+- `dynamo_cache.enable()` (or `TPU_DYNAMO_CACHE=on`): Dynamo's output stored with the
+  rest, so a second process skips Dynamo's trace too (opt-in: `dynamo_cache.py`).
 - `dynamic`: graphs with symbolic sizes (`dynamic=True`, `mark_dynamic`) are padded to
   buckets (`dynamic.set_buckets`, `using_buckets`, or `options={"buckets": [...]}`).
 """
 
 from __future__ import annotations
 
+from tpu_backend.compile import dynamo_cache
 from tpu_backend.compile.backend import BACKEND_NAME, DynamicShapesNotSupported, decompositions
 from tpu_backend.compile.cache import (
     CacheMissError,
@@ -48,6 +51,9 @@ from tpu_backend.compile.interpreter import (
 )
 from tpu_backend.compile.program import Program, programs
 from tpu_backend.compile.scan import scan_layers, unmark
+
+if dynamo_cache.requested():  # TPU_DYNAMO_CACHE=on: a second process skips Dynamo's trace too
+    dynamo_cache.enable()
 
 __all__ = [
     "BACKEND_NAME",

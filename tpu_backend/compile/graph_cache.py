@@ -40,6 +40,8 @@ layer is off when the disk cache is (`TPU_CACHE_DIR=off`) or with `TPU_AOT_CACHE
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import importlib
 import os
@@ -422,7 +424,24 @@ def _no_backend_registration() -> None:
     a wrong hit)."""
 
 
+def _key_without_backend_id(original):
+    """PyTorch's key, computed without `precompile_backend_id`: with Dynamo's caching
+    precompile on (`dynamo_cache.py`), AOTAutograd's config carries Dynamo's name for the
+    graph, `__compiled_fn_<n>_<uuid>`, new in every process, and torch 2.13 hashes it
+    into the key (the same name on the graph module it leaves out, `sanitize_gm_for_cache`):
+    no entry would ever hit in another process."""
+
+    @functools.wraps(original)
+    def autograd_cache_key(mod, example_inputs, config, *args, **kwargs):
+        if getattr(config, "precompile_backend_id", None) is not None:
+            config = dataclasses.replace(config, precompile_backend_id=None)
+        return original(mod, example_inputs, config, *args, **kwargs)
+
+    return autograd_cache_key
+
+
 _HOOKS = (
+    (_aot_cache, "autograd_cache_key"),
     (_aot_cache.AOTAutogradCache, "_write_to_local_cache"),
     (_aot_cache.AOTAutogradCache, "iterate_over_candidates"),
     (_graph_compile, "serialize_graph_module"),
@@ -450,6 +469,7 @@ def compiling():
             (cls, "iterate_over_candidates", classmethod(_iterate_over_candidates)),
             (_graph_compile, "serialize_graph_module", _serialize_backward_lazily),
             (_codecache, "init_backend_registration", _no_backend_registration),
+            (_aot_cache, "autograd_cache_key", _key_without_backend_id(_aot_cache.autograd_cache_key)),
         ),
     ):
         yield

@@ -63,7 +63,14 @@ def _scanned_class(cls: type) -> type:
     attribute: with a per-instance bound `forward`, torch 2.13's Dynamo passed every
     layer the first layer's parameters."""
     region = torch.compiler.nested_compile_region(cls.forward)
-    return type(cls.__name__, (cls,), {"forward": region, "__module__": cls.__module__, "_scan_layers_base": cls})
+    # Named here, under a name made from the base class's, so that it pickles by reference
+    # in every process that marks the same class (Dynamo's cached guards name it:
+    # `dynamo_cache.py`); under the base class's own name pickle would find the base
+    name = "scanned__" + f"{cls.__module__}__{cls.__qualname__}".replace(".", "_").replace("<", "_").replace(">", "_")
+    # (and as its `__name__`: Dynamo refuses to pickle a class whose name and qualified name differ)
+    scanned = type(name, (cls,), {"forward": region, "__module__": __name__, "_scan_layers_base": cls})
+    globals()[name] = scanned
+    return scanned
 
 
 def scan_layers(blocks: Iterable[torch.nn.Module]):

@@ -17,6 +17,7 @@ import torch
 
 from tpu_backend import native
 from tpu_backend import tensor as tpu_tensor
+from tpu_backend._registration import DEVICE_NAME
 from tpu_backend.eager.errors import user_frame
 from tpu_backend.eager.runner import runner
 from tpu_backend.eager.variants import _out_names, inplace_variant, out_variant, write_result
@@ -46,12 +47,31 @@ def check_device_index(device) -> None:
         )
 
 
+# Ops that read only their tensor argument's metadata and may name another device:
+# `torch.empty_like(x, device="meta")` on a tpu tensor must give a meta tensor (Dynamo's
+# guard pickler does exactly this for every guarded parameter).
+_METADATA_ONLY_WITH_DEVICE = frozenset(
+    ["empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"]
+    + ["new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided"]
+)
+
+
+def _on_meta(value):
+    if isinstance(value, torch.Tensor) and value.device.type == DEVICE_NAME:
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    return value
+
+
 def _functional_kernel(op):
     run = runner(op)
     takes_device = any(a.name == "device" for a in op._schema.arguments)
+    elsewhere = takes_device and op._schema.name.split("::")[-1] in _METADATA_ONLY_WITH_DEVICE
 
     def kernel(*args, **kwargs):
-        if takes_device and "device" in kwargs:
+        if takes_device and kwargs.get("device") is not None:
+            if elsewhere and torch.device(kwargs["device"]).type != DEVICE_NAME:
+                # another device's kernel makes it; ours would put it on the tpu
+                return op(*[_on_meta(a) for a in args], **kwargs)
             check_device_index(kwargs["device"])
         out = run(args, kwargs)
         return _WRAP(out) if type(out) in _ARRAY_TYPES else _wrap_outputs(out)

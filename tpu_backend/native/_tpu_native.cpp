@@ -1288,6 +1288,9 @@ bool key_of(const c10::IValue& value, bool dynamic_floats, std::string& key, Val
     if (device.has_index() && device.index() != 0) {
       return false;  // the Python kernel says that tpu:N does not exist
     }
+    if (device.type() != kTpu) {
+      return false;  // empty_like(x, device="meta"): made on that device, by the Python kernel
+    }
     key.push_back('v');
     append_raw(key, static_cast<int>(device.type()));
   } else {
