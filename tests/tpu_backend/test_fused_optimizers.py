@@ -15,16 +15,21 @@ momentum buffers, step counts) elementwise within `rtol * |want| + ulps * max|wa
   single-tensor `foreach=False` implementation instead: torch 2.13's fused CPU SGD kernel
   does not update the vectorised part of a bfloat16 parameter (16 of 20 elements here
   stay unchanged), so it is no reference there.
+On a TPU the float32 bound is rtol 1e-5 and 2**-14 of the largest element (chip difference
+"transcendentals": the bias corrections' log1p/expm1 and the square roots are other
+float32 approximations there, ~5e-6 relative for exp on a v5e; a 10% error in one update
+of a parameter of 1 at lr 1e-2 is still 1e-3, far outside it).
 """
 
 import pytest
 import torch
 
 import tpu_backend
+from tests import chip
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.eager.runner import CACHE_STATS
 
-FLOAT32 = dict(rtol=1e-6, ulps=2 * 2.0**-23)
+FLOAT32 = chip.tolerance("transcendentals", cpu=dict(rtol=1e-6, ulps=2 * 2.0**-23), tpu=dict(rtol=1e-5, ulps=2.0**-14))
 BFLOAT16 = dict(rtol=1e-2, ulps=2 * 2.0**-8)
 SHAPES = [(5, 4), (7,), (2, 2, 3)]  # 20 elements: vector lanes and a scalar tail on CPU
 
@@ -88,7 +93,7 @@ def _run(device, name, *, steps=3, dtype=torch.float32, scaling=None, fused=True
 def _assert_close(got, want, tolerance, what):
     got, want = got.detach().cpu(), want.detach()
     atol = tolerance["ulps"] * want.double().abs().max().item()
-    torch.testing.assert_close(got, want, rtol=tolerance["rtol"], atol=atol, msg=what)
+    torch.testing.assert_close(got, want, rtol=tolerance["rtol"], atol=atol, msg=lambda found: f"{what}: {found}")
 
 
 def _assert_same(on_tpu, on_cpu, tolerance, grads=False):
