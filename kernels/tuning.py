@@ -72,14 +72,9 @@ def _attention(backend: str, seq_q: int, seq_k: int, head_dim: int) -> Attention
         # ~80 us of traffic for ~22 us of MXU work), 512 moves 16 MiB; and a grid step costs
         # ~0.35 us, 16x fewer steps. Head dim 256 keeps 256 keys (the s/p tiles and the
         # accumulators stay the same size). `benchmarks/kernels_bench.py --sweep-blocks`
-        # measures the alternatives on the chip. From sequence 2048 on, 1024 x 1024 (head dim
-        # <= 128): measured on a v5e at batch 4 x 8 heads x 2048 x 128, causal bf16, forward
-        # 1.479 -> 1.114 ms, forward + backward 2.786 -> 2.553 ms against 512 x 512 (JAX's
-        # splash kernel at 512: 1.155 / 2.708); 256 or 2048 rows were slower. Below 2048 a
-        # 1024 block would be the whole sequence and skip nothing past the causal diagonal.
-        big = 1024 if min(seq_q, seq_k) >= 2048 and head_dim <= 128 else 512
-        block_k = _pow2_at_most(seq_k, big if head_dim <= 128 else 256, LANES)
-        return AttentionBlocks(_pow2_at_most(seq_q, big, LANES), block_k)
+        # measures the alternatives on the chip.
+        block_k = _pow2_at_most(seq_k, 512 if head_dim <= 128 else 256, LANES)
+        return AttentionBlocks(_pow2_at_most(seq_q, 512, LANES), block_k)
     return AttentionBlocks(_pow2_at_most(seq_q, 256), _pow2_at_most(seq_k, 256))
 
 

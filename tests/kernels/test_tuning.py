@@ -42,14 +42,13 @@ def test_norm_cross_entropy_decode_blocks(dtype):
 
 
 def test_blocks_are_frozen_and_overridable():
-    assert tuning.blocks("attention", "tpu", 4096, 4096, 128) == tuning.AttentionBlocks(1024, 1024)
-    blocks = tuning.blocks("attention", "tpu", 1024, 1024, 128)
+    blocks = tuning.blocks("attention", "tpu", 4096, 4096, 128)
     assert blocks == tuning.AttentionBlocks(512, 512)
     with pytest.raises(dataclasses.FrozenInstanceError):
         blocks.block_q = 64
     with tuning.override("attention", block_k=256):
-        assert tuning.blocks("attention", "tpu", 1024, 1024, 128) == tuning.AttentionBlocks(512, 256)
-    assert tuning.blocks("attention", "tpu", 1024, 1024, 128).block_k == 512
+        assert tuning.blocks("attention", "tpu", 4096, 4096, 128) == tuning.AttentionBlocks(512, 256)
+    assert tuning.blocks("attention", "tpu", 4096, 4096, 128).block_k == 512
     with pytest.raises(KeyError, match="no tuning rule"):
         tuning.blocks("conv", "tpu", 1)
 
