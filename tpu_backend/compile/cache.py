@@ -430,6 +430,21 @@ def disk_cache() -> VerifiedDiskCache | None:
     return _installed
 
 
+_sub_stores: dict[Path, VerifiedDiskCache] = {}
+
+
+def sub_store(name: str, suffix: str) -> VerifiedDiskCache | None:
+    """The verified store in folder `name` of the current cache folder (the lowered programs,
+    Dynamo's output; None when the disk layer is off), one per folder in this process."""
+    folder = cache_dir()
+    if folder is None:
+        return None
+    folder = folder / name
+    if folder not in _sub_stores:
+        _sub_stores[folder] = VerifiedDiskCache(folder, suffix, refuse_in_cache_only=False)
+    return _sub_stores[folder]
+
+
 def verify_cache() -> list[Path]:
     """Check every entry in the cache folder now; corrupt ones are deleted and returned."""
     storage = ensure_persistent_cache()

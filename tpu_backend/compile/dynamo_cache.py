@@ -72,8 +72,6 @@ _LOADING: contextvars.ContextVar[str | None] = contextvars.ContextVar("tpu_dynam
 # The entry that call loaded (its key), if any
 _LOADED: contextvars.ContextVar[str | None] = contextvars.ContextVar("tpu_dynamo_cache_loaded", default=None)
 _installed = False
-_store: _cache.VerifiedDiskCache | None = None
-_store_dir = None
 
 
 def requested() -> bool:
@@ -120,14 +118,8 @@ def enable() -> bool:
 
 
 def store() -> _cache.VerifiedDiskCache | None:
-    global _store, _store_dir
-    folder = _cache.cache_dir()
-    if folder is None:
-        return None
-    folder = folder / "dynamo"
-    if _store is None or _store_dir != folder:
-        _store, _store_dir = _cache.VerifiedDiskCache(folder, SUFFIX, refuse_in_cache_only=False), folder
-    return _store
+    """Dynamo's entries inside the current cache folder (None when the disk layer is off)."""
+    return _cache.sub_store("dynamo", SUFFIX)
 
 
 def counters() -> dict[str, int]:

@@ -47,20 +47,10 @@ _JAX_FLAGS = (
 )
 _SOURCE_PACKAGES = ("tpu_backend", "kernels")
 
-_store: _cache.VerifiedDiskCache | None = None
-_store_dir: Path | None = None
-
 
 def store() -> _cache.VerifiedDiskCache | None:
     """The program store inside the current cache folder (None when the disk layer is off)."""
-    global _store, _store_dir
-    folder = _cache.cache_dir()
-    if folder is None:
-        return None
-    folder = folder / "programs"
-    if _store is None or _store_dir != folder:
-        _store, _store_dir = _cache.VerifiedDiskCache(folder, SUFFIX, refuse_in_cache_only=False), folder
-    return _store
+    return _cache.sub_store("programs", SUFFIX)
 
 
 @functools.lru_cache(maxsize=1)
