@@ -61,7 +61,7 @@ def attention_calls(q_shape, kv_shape, dtype, *, causal=False, mask_shape=None, 
     """Block lists of the flash-attention pallas_calls (forward, and dq, dkv) for a TPU."""
     from kernels import flash_attention as fa
 
-    blocks = tuning.blocks("attention", "tpu", q_shape[2], kv_shape[2], q_shape[3])
+    blocks = tuning.blocks("attention", "tpu", q_shape[2], kv_shape[2], q_shape[3], jnp.dtype(dtype).itemsize)
     config = fa.AttentionConfig(bool(causal), 1.0, "pallas", blocks)
     mask4 = None if mask_shape is None else (1,) * (4 - len(mask_shape)) + tuple(mask_shape)
     mask4 = None if mask4 is None else mask4[:2]

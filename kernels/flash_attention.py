@@ -523,7 +523,8 @@ def resolve_config(q, k, causal=False, scale=None, impl=None, block_q=None, bloc
     """The static part of a call on q (B, H, Lq, D) and k (B, Hkv, Lk, D)."""
     impl = check_implementation(impl or default_implementation())
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    tuned = tuning.blocks("attention", tuning_backend(impl), q.shape[2], k.shape[2], q.shape[3])
+    itemsize = jnp.dtype(q.dtype).itemsize
+    tuned = tuning.blocks("attention", tuning_backend(impl), q.shape[2], k.shape[2], q.shape[3], itemsize)
     return AttentionConfig(bool(causal), scale, impl, tuning.with_explicit(tuned, block_q=block_q, block_k=block_k))
 
 

@@ -42,7 +42,9 @@ def test_norm_cross_entropy_decode_blocks(dtype):
 
 
 def test_blocks_are_frozen_and_overridable():
-    blocks = tuning.blocks("attention", "tpu", 4096, 4096, 128)
+    assert tuning.blocks("attention", "tpu", 4096, 4096, 128, 2) == tuning.AttentionBlocks(1024, 1024)  # bf16
+    assert tuning.blocks("attention", "tpu", 1024, 1024, 128, 2) == tuning.AttentionBlocks(512, 512)
+    blocks = tuning.blocks("attention", "tpu", 4096, 4096, 128)  # float32
     assert blocks == tuning.AttentionBlocks(512, 512)
     with pytest.raises(dataclasses.FrozenInstanceError):
         blocks.block_q = 64
