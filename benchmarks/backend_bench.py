@@ -18,9 +18,9 @@
     python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
         --modes cpu-eager,tpu-strict,tpu-fused,tpu-compile,jax   # issue 16's dispatch-bound comparison
     python benchmarks/backend_bench.py --model transformer --batch 1 --threads 1 \
-        --modes tpu-strict,tpu-fused,jax --phases             # issue 33: where each step's host time goes
-    python benchmarks/backend_bench.py --model mingpt --batch 32 --modes tpu-strict,tpu-fused,jax \
-        --pipeline 4 --phases    # on a TPU: steps enqueued back to back (host and chip overlap)
+        --modes cpu-floor,tpu-strict,tpu-fused,jax --phases   # issue 33: where each step's host time goes
+    python benchmarks/backend_bench.py --model mingpt --batch 32 --modes cpu-floor,tpu-strict,tpu-fused,jax \
+        --pipeline 4 --phases    # on a TPU: each loss read 4 steps late (host and chip overlap)
 
 Every mode runs IN THE SAME PROCESS: each is built and warmed up in turn (`--warmup`
 untimed steps, which include compilation; the first step's time is reported
@@ -32,8 +32,10 @@ time is taken (`time.process_time`: the process's, every thread, XLA's workers i
 and the target ratios are given in both: on a machine shared with other processes the
 CPU-time ratio is the one to trust. `--sequential` times each mode in one block instead. A step is forward + backward + AdamW on one fixed batch; the figure is
 the median of the timed steps.
-Every step ends with a device synchronisation (`--pipeline K`: every K steps, so that the
-host enqueues step n+1 while the device runs step n; figures per step). `--phases [N]`
+Every step ends with a device synchronisation (`--pipeline K`: the loop reads each step's
+loss K steps later, so the host enqueues step n while the device runs earlier ones; the
+figure per step is the steady-state interval between reads). `cpu-floor` times PyTorch's
+own share of the host time: the same op sequence on almost no data in CPU eager. `--phases [N]`
 accounts N more steps per device mode by part (forward, backward, optimizer, mark_step,
 wait) and by kind (dispatch, record, lower, launch, wait: `HostPhases`), so the next
 bottleneck is visible. Every mode starts from the same weights
@@ -75,6 +77,7 @@ Adding an execution mode is one entry in MODES.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -129,11 +132,18 @@ class Mode:
     description: str
     eager_mode: str | None = None  # tpu_backend.set_eager_mode(...) for tpu modes
     prepare: Callable[[nn.Module], nn.Module] = _eager
+    floor: bool = False  # the model shrunk to the same ops on almost no data (`floor_case`)
 
 
 MODES: dict[str, Mode] = {
     "cpu-eager": Mode("cpu", "native PyTorch CPU eager (the reference)"),
     "cpu-inductor": Mode("cpu", 'torch.compile(backend="inductor") on CPU', prepare=_compiled("inductor")),
+    "cpu-floor": Mode(
+        "cpu",
+        "PyTorch's own host cost of this step's ops: CPU eager on the model shrunk to almost no data "
+        "(same layers and op sequence, foreach AdamW as on the tpu device; GPT models)",
+        floor=True,
+    ),
     "tpu-strict": Mode("tpu", "tpu device, strict eager (one jit-cached JAX program per op)", eager_mode="strict"),
     "tpu-debug": Mode("tpu", "tpu device, debug eager (synchronous, checked)", eager_mode="debug"),
     "tpu-fused": Mode(
@@ -332,6 +342,23 @@ def _since(start: tuple[float, float]) -> tuple[float, float]:
     return wall - start[0], cpu - start[1]
 
 
+def floor_case(model_name: str):
+    """The GPT model shrunk to almost no data: the same layers, heads and so the same op
+    sequence (forward, backward, AdamW over as many parameters), with 2 channels per head,
+    context 8, vocabulary 16 and batch 1. Its CPU eager step is what PyTorch itself (the
+    model's Python, the dispatcher, autograd, the optimizer's Python) costs on this host,
+    a floor under any eager mode's host time."""
+    from tests.tpu_backend.models import GPTConfig, ModelCase, TinyGPT, _token_batch
+
+    config = _token_config(model_name)
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"mode 'cpu-floor' exists for the GPT models ('transformer', 'mingpt'), not {model_name!r}")
+
+    tiny = dataclasses.replace(config, width=2 * config.heads, context=8, vocab=16)
+    case = MODEL_CASES[model_name]
+    return ModelCase(case.name, lambda: TinyGPT(tiny), _token_batch(tiny, 1), case.loss)
+
+
 def compiled_train_step(model: nn.Module, case) -> Callable:
     """The training step as one function under `torch.compile(backend="tpu")`, in the form
     that compiles to ONE program per step (`functional_train_step`: `torch.func` gradients
@@ -366,13 +393,17 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
                 return value, *host
             return float(loss), *host  # float() waits for the result
 
-        jax_step.enqueue, jax_step.wait = trainer.enqueue_step, float
+        jax_step.enqueue, jax_step.wait, jax_step.read = trainer.enqueue_step, float, float
         return jax_step
+    if mode.floor:
+        case = floor_case(model_name)
     set_eager_mode(mode)
     torch.manual_seed(0)
     model = copy.deepcopy(case.build()).to(mode.device)
     runner = mode.prepare(model)
-    optimizer = make_optimizer("adamw", model.parameters(), fused=_fused_optimizer)
+    # the floor runs AdamW as the tpu device does by default: foreach (CPU's default is a loop)
+    foreach = True if mode.floor and not _fused_optimizer else None
+    optimizer = make_optimizer("adamw", model.parameters(), fused=_fused_optimizer, foreach=foreach)
     if _compile_optimizer and mode_name == "tpu-compile":
         # PyTorch's recipe for a compiled optimizer: the foreach update becomes one program
         # (on CPU, minGPT-sized: 16 programs per step -> 9) instead of one per foreach op
@@ -416,7 +447,7 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
         synchronize(mode.device)
         return loss.item()
 
-    step.enqueue, step.wait = enqueue, wait
+    step.enqueue, step.wait, step.read = enqueue, wait, torch.Tensor.item
 
     return step
 
@@ -604,18 +635,36 @@ def leave_lazy_modes() -> None:
         set_eager_mode(MODES["tpu-strict"])
 
 
-_pipeline = 1  # --pipeline: steps per timed sample, waited for once
+_pipeline = 1  # --pipeline: how many steps late the loop reads each step's loss
+
+
+def _timed_pipelined(step: StepFn, lag: int) -> Sample:
+    """A training loop that reads each step's loss `lag` steps later (as asynchronous
+    logging does), so the host enqueues step n while the device runs earlier ones. The
+    figure per step is the interval between consecutive reads once `lag` steps are in
+    flight: max(host, device) in the steady state, with no drain (the loop's remaining
+    steps are waited for after the timed interval)."""
+    in_flight: collections.deque = collections.deque()
+    marks = []  # (wall, cpu) after each read inside the loop
+    host = host_cpu = 0.0
+    for _ in range(3 * lag):
+        host_start = _host_clock()
+        in_flight.append(step.enqueue())
+        seconds, cpu_seconds = _since(host_start)
+        host, host_cpu = host + seconds, host_cpu + cpu_seconds
+        if len(in_flight) > lag:
+            loss = step.read(in_flight.popleft())
+            marks.append((time.perf_counter(), time.process_time()))
+    loss = step.wait(in_flight[-1])  # the drain: outside the timed interval
+    intervals = len(marks) - 1
+    wall = (marks[-1][0] - marks[0][0]) / intervals
+    cpu = (marks[-1][1] - marks[0][1]) / intervals
+    return Sample(wall, cpu, host / (3 * lag), host_cpu / (3 * lag), loss)
 
 
 def _timed(step: StepFn) -> Sample:
-    if _pipeline > 1:  # K steps back to back, one wait: per-step figures of the pipelined loop
-        start, cpu_start = time.perf_counter(), time.process_time()
-        host_start = _host_clock()
-        losses = [step.enqueue() for _ in range(_pipeline)]
-        host, host_cpu = _since(host_start)
-        loss = step.wait(losses[-1])
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        return Sample(wall / _pipeline, cpu / _pipeline, host / _pipeline, host_cpu / _pipeline, loss)
+    if _pipeline > 1:
+        return _timed_pipelined(step, _pipeline)
     start, cpu_start = time.perf_counter(), time.process_time()
     loss, host, host_cpu = step()
     return Sample(time.perf_counter() - start, time.process_time() - cpu_start, host, host_cpu, loss)
@@ -922,9 +971,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         default=1,
         metavar="K",
-        help="time K steps back to back with one wait at the end (figures per step): the host enqueues step n+1 "
-        "while the device runs step n, as a training loop that does not read the loss every step (default 1: "
-        "every step waits)",
+        help="read each step's loss K steps later, as a training loop that logs asynchronously: the host "
+        "enqueues step n while the device runs earlier steps; the figure per step is the interval between "
+        "reads in the steady state, max(host, device) (default 1: every step waits)",
     )
     parser.add_argument(
         "--phases",
@@ -1058,13 +1107,15 @@ def print_tables(
             programs += f" [red]({s.compiles_after_warmup} compiled after warm-up)[/]"
         row.append(programs)
         loss = f"{s.final_loss:.4f}"
-        if loss_reference is not None and abs(s.final_loss - loss_reference) > 1e-3 * abs(loss_reference):
+        if MODES[s.mode].floor:
+            loss += " (other model)"
+        elif loss_reference is not None and abs(s.final_loss - loss_reference) > 1e-3 * abs(loss_reference):
             loss = f"[red]{loss} (differs)[/]"  # a mode that does not compute the same step
         row += [f"{s.first_step_s * 1e3:.0f}", loss]
-        if flops:
-            row.append(f"{flops / s.median_s / 1e9:.3g}")
+        if flops:  # (the floor's shrunk model does not do the model's FLOPs)
+            row.append("-" if MODES[s.mode].floor else f"{flops / s.median_s / 1e9:.3g}")
         if flops and peak:
-            row.append(f"{flops / s.median_s / peak:.1%}")
+            row.append("-" if MODES[s.mode].floor else f"{flops / s.median_s / peak:.1%}")
         table.add_row(*row)
     console.print(table)
     for s in steps:

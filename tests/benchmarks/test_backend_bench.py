@@ -43,3 +43,52 @@ def test_scan_layers_flag_trains_the_llama_case_like_cpu(tmp_path):
     assert backend_bench.main([*argv, "--steps", "1", "--warmup", "1", "--skip-ops", "--json", str(out)]) == 0
     steps = {s["mode"]: s for s in json.loads(out.read_text())["steps"]}
     assert steps["tpu-compile"]["final_loss"] == pytest.approx(steps["cpu-eager"]["final_loss"], rel=1e-5)
+
+
+class _SimulatedStep:
+    """A training step on a simulated clock: `host` seconds to enqueue, then `device`
+    seconds on a device that runs steps in order; reading a loss waits for its step."""
+
+    def __init__(self, clock: list, host: float, device: float):
+        self.clock, self.host, self.device, self.device_free = clock, host, device, 0.0
+
+    def enqueue(self) -> float:
+        self.clock[0] += self.host
+        self.device_free = max(self.device_free, self.clock[0]) + self.device
+        return self.device_free  # the "loss" is the time its step finishes
+
+    def read(self, done: float) -> float:
+        self.clock[0] = max(self.clock[0], done)
+        return done
+
+    wait = read
+
+
+@pytest.mark.parametrize(("host", "device"), [(0.010, 0.006), (0.002, 0.015)])
+def test_pipelined_step_time_is_the_slower_of_host_and_device(monkeypatch, host, device):
+    # Steady state of a loop that reads each loss 4 steps late: max(host, device) per step.
+    # A drain at the end of each sample would add device / 4 in the host-bound case.
+    clock = [0.0]
+    monkeypatch.setattr(backend_bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(backend_bench.time, "process_time", lambda: clock[0])
+    monkeypatch.setattr(backend_bench.time, "thread_time", lambda: clock[0])
+    sample = backend_bench._timed_pipelined(_SimulatedStep(clock, host, device), lag=4)
+    assert sample.wall == pytest.approx(max(host, device))
+    assert sample.host == pytest.approx(host)
+
+
+def test_floor_mode_runs_the_shrunk_model_beside_the_real_one(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["--model", "transformer", "--modes", "cpu-eager,cpu-floor,jax", "--steps", "1", "--warmup", "1"]
+    assert backend_bench.main([*argv, "--pipeline", "2", "--skip-ops", "--json", str(out)]) == 0
+    steps = {s["mode"]: s for s in json.loads(out.read_text())["steps"]}
+    # the pipelined loop trains every mode the same number of steps: equal losses
+    assert steps["jax"]["final_loss"] == pytest.approx(steps["cpu-eager"]["final_loss"], rel=1e-5)
+    # the floor trains another (shrunk) model: its own loss, a host time of its own
+    assert steps["cpu-floor"]["final_loss"] != pytest.approx(steps["cpu-eager"]["final_loss"], rel=1e-3)
+    assert steps["cpu-floor"]["host_median_s"] > 0
+    case = backend_bench.floor_case("mingpt")
+    model = case.build()
+    assert len(model.blocks) == 6 and model.config.width == 12 and case.batch.batch_size == 1
+    with pytest.raises(ValueError, match="cpu-floor.*GPT models"):
+        backend_bench.floor_case("llama")

@@ -250,11 +250,11 @@ MODEL_CASES: dict[str, ModelCase] = {
 }
 
 
-def make_optimizer(name: str, parameters, fused: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(name: str, parameters, fused: bool = False, foreach: bool | None = None) -> torch.optim.Optimizer:
     """ "sgd" (momentum 0.9) or "adamw", with learning rates that move these models visibly
     in 20 steps. PyTorch's default implementation choice (foreach or not) is kept, unless
-    `fused`: the one-op-per-step implementation (`_fused_sgd_`, `_fused_adamw_`)."""
-    options = dict(fused=True) if fused else {}
+    `fused`: the one-op-per-step implementation (`_fused_sgd_`, `_fused_adamw_`), or `foreach`."""
+    options = dict(fused=True) if fused else {} if foreach is None else dict(foreach=foreach)
     if name == "sgd":
         return torch.optim.SGD(parameters, lr=0.05, momentum=0.9, **options)
     if name == "adamw":
