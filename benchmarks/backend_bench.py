@@ -221,7 +221,12 @@ def synchronize(device: str) -> None:
         torch.tpu.synchronize()
 
 
+_TORCH_THREADS = torch.get_num_threads()
+
+
 def set_eager_mode(mode: Mode) -> None:
+    # the floor's ops are tiny: one CPU thread (PyTorch's pool would only spin beside them)
+    torch.set_num_threads(1 if mode.floor else _TORCH_THREADS)
     if mode.eager_mode is not None:
         import tpu_backend
 
@@ -1019,7 +1024,9 @@ def limit_threads(threads: int) -> dict:
 
         if xla_bridge.backends_are_initialized():
             raise RuntimeError("--threads must be applied before JAX initialises its backend")
+    global _TORCH_THREADS
     torch.set_num_threads(threads)
+    _TORCH_THREADS = threads
     applied: dict = {"torch_threads": threads}
     if threads == 1:
         flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_cpu_multi_thread_eigen")]
