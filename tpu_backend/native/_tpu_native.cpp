@@ -624,16 +624,24 @@ PyObject* input_ref(PyObject* value, PyObject* floats, PyObject* external, PyObj
   if (found != nullptr) {
     ref = Py_NewRef(found);
   } else if (identity != nullptr && !PyErr_Occurred()) {
-    PyObject* shape = PyObject_GetAttr(value, str_shape);
-    PyObject* dtype = shape ? PyObject_GetAttr(value, str_dtype) : nullptr;
+    // A JAX array's shape, dtype and weak_type are Python properties returning its aval's:
+    // read the aval (a C++ property) once instead of running three Python frames.
+    PyObject* aval = nullptr;
+    if (array_type != nullptr && reinterpret_cast<PyObject*>(Py_TYPE(value)) == array_type) {
+      aval = PyObject_GetAttr(value, str_aval);
+    }
+    PyObject* source = aval != nullptr ? aval : value;
+    PyObject* shape = PyErr_Occurred() ? nullptr : PyObject_GetAttr(source, str_shape);
+    PyObject* dtype = shape ? PyObject_GetAttr(source, str_dtype) : nullptr;
     PyObject* weak = nullptr;
     if (dtype != nullptr) {
-      weak = PyObject_GetAttr(value, str_weak_type);  // getattr(value, "weak_type", False)
+      weak = PyObject_GetAttr(source, str_weak_type);  // getattr(value, "weak_type", False)
       if (weak == nullptr && PyErr_ExceptionMatches(PyExc_AttributeError)) {
         PyErr_Clear();
         weak = Py_NewRef(Py_False);
       }
     }
+    Py_XDECREF(aval);
     if (weak != nullptr) {
       ref = Py_BuildValue("(snOOO)", "x", PyList_GET_SIZE(external), shape, dtype, weak);
       if (ref != nullptr &&
@@ -727,6 +735,10 @@ PyObject* py_configure_fused(PyObject*, PyObject* globals) {
   Py_XSETREF(placeholder_type, reinterpret_cast<PyTypeObject*>(type));
   Py_INCREF(follow);
   Py_XSETREF(python_follow, follow);
+  PyObject* array_impl = PyDict_GetItemString(globals, "_ARRAY_IMPL");  // input_ref reads its aval
+  if (array_impl != nullptr && array_type == nullptr) {
+    array_type = Py_NewRef(array_impl);
+  }
   Py_RETURN_NONE;
 }
 
