@@ -943,6 +943,97 @@ PyObject* py_fused_record(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   return out;
 }
 
+// ------------------------------------------------------------------------ fused sync point
+
+// The per-array loops of fused.sync, each the same steps as the Python function it names
+// (the definition, run with TPU_NATIVE=0). A reference count here is Py_REFCNT: an
+// object held only by its list counts 1 (sys.getrefcount adds its argument and the loop's
+// variable, hence fused._HELD_ONLY_BY_THE_LIST = 2 and _HELD_ONLY_BY_THE_GRAPH = 3).
+
+PyObject* tuple_of_indices(const std::vector<Py_ssize_t>& indices) {
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(indices.size()));
+  for (size_t i = 0; out != nullptr && i < indices.size(); ++i) {
+    PyObject* index = PyLong_FromSsize_t(indices[i]);
+    if (index == nullptr) {
+      Py_CLEAR(out);
+      break;
+    }
+    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), index);
+  }
+  return out;
+}
+
+// live_outputs(placeholders) -> fused._live_outputs: the positions of the placeholders
+// something besides the list holds.
+PyObject* py_live_outputs(PyObject*, PyObject* placeholders) {
+  if (!PyList_Check(placeholders)) {
+    PyErr_SetString(PyExc_TypeError, "live_outputs(placeholders: list)");
+    return nullptr;
+  }
+  std::vector<Py_ssize_t> live;
+  Py_ssize_t n = PyList_GET_SIZE(placeholders);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (Py_REFCNT(PyList_GET_ITEM(placeholders, i)) > 1) {
+      live.push_back(i);
+    }
+  }
+  return tuple_of_indices(live);
+}
+
+// donated(ArrayImpl, jax.Array, external, external_kinds, reusable) -> fused._donated:
+// the external inputs held only by the list that are JAX arrays, as many per kind (a
+// numbered (shape, dtype)) as `reusable` counts (a copy is counted down).
+PyObject* py_donated(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 5 || !PyList_Check(argv[2]) || !PyList_Check(argv[3]) || !PyList_Check(argv[4])) {
+    PyErr_SetString(PyExc_TypeError, "donated(ArrayImpl, jax.Array, external: list, external_kinds: list, reusable: list)");
+    return nullptr;
+  }
+  PyObject *array_impl = argv[0], *array_class = argv[1];
+  PyObject *external = argv[2], *kinds = argv[3], *reusable = argv[4];
+  std::vector<Py_ssize_t> left;  // reusable's copy, made for the first candidate
+  bool copied = false;
+  std::vector<Py_ssize_t> donated;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(external); ++i) {
+    PyObject* value = PyList_GET_ITEM(external, i);
+    if (Py_REFCNT(value) > 1) {
+      continue;
+    }
+    if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != array_impl) {
+      Py_INCREF(value);  // isinstance may run Python code
+      int is_array = PyObject_IsInstance(value, array_class);
+      Py_DECREF(value);
+      if (is_array < 0) {
+        return nullptr;
+      }
+      if (is_array == 0) {
+        continue;
+      }
+    }
+    if (!copied) {
+      copied = true;
+      for (Py_ssize_t k = 0; k < PyList_GET_SIZE(reusable); ++k) {
+        left.push_back(PyLong_AsSsize_t(PyList_GET_ITEM(reusable, k)));
+      }
+      if (PyErr_Occurred()) {
+        return nullptr;
+      }
+    }
+    PyObject* kind_object = PyList_GetItem(kinds, i);  // borrowed; IndexError as in Python
+    Py_ssize_t kind = kind_object ? PyLong_AsSsize_t(kind_object) : -1;
+    if (kind < 0 || kind >= static_cast<Py_ssize_t>(left.size())) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_IndexError, "donated: a kind out of reusable's range");
+      }
+      return nullptr;
+    }
+    if (left[kind] > 0) {
+      --left[kind];
+      donated.push_back(i);
+    }
+  }
+  return tuple_of_indices(donated);
+}
+
 // ------------------------------------------------------------------------ op kernels
 
 // The PrivateUse1 kernel of a table op (its functional overload), in front of the Python
@@ -2043,6 +2134,9 @@ PyMethodDef methods[] = {
     {"fused_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_fused_record)), METH_FASTCALL,
      "fused.record in C++: record(key, fn, inputs) -> placeholders."},
     {"configure_fused", py_configure_fused, METH_O, "Hand fused_record the fused module's globals."},
+    {"live_outputs", py_live_outputs, METH_O, "fused._live_outputs in C++: positions of the live placeholders."},
+    {"donated", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_donated)), METH_FASTCALL,
+     "fused._donated in C++: the external inputs a fused program may donate."},
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},
     {"install_op_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_install_op_kernel)),
      METH_FASTCALL, "Register the C++ PrivateUse1 kernel of a table op (its Python kernel: PrivateUse2); its id."},
