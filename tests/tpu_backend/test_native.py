@@ -446,3 +446,34 @@ def test_a_recorded_steps_live_outputs_and_donations_in_cpp_agree_with_python():
     finally:
         tpu_backend.set_eager_mode(previous)
 
+
+@compiled
+def test_replace_computed_payloads_in_cpp_agrees_with_python(monkeypatch):
+    """After a sync point: a computed placeholder's value replaces it, any other LazyValue
+    is forced, and concrete or unmaterialised payloads are left alone, in C++ as in Python."""
+    import numpy as np
+
+    from tpu_backend import fused
+    from tpu_backend import tensor as tpu_tensor
+
+    class Pending(tpu_tensor.LazyValue):  # a LazyValue that is not a placeholder
+        def force(self):
+            return jnp.full(3, 7.0)
+
+    computed = fused.LazyArray(((3,), np.dtype("float32"), False), ("n", 0, 0))
+    computed.value = jnp.arange(3.0)
+    kept = jnp.ones(3)
+    arrays = [computed, Pending(), kept, None]
+
+    def table():
+        return {i: tpu_tensor.StoragePayload(3, torch.float32, array) for i, array in enumerate(arrays)}
+
+    cpp = table()
+    native.module.replace_computed_payloads(cpp, tpu_tensor.LazyValue)
+    python = table()
+    monkeypatch.setattr(tpu_tensor, "_PAYLOADS", python)
+    tpu_tensor.python_replace_computed_payloads()
+    for payloads in (cpp, python):
+        assert payloads[0].array is computed.value and payloads[2].array is kept and payloads[3].array is None
+        assert payloads[1].array.tolist() == [7.0] * 3
+

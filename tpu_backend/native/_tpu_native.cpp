@@ -1034,6 +1034,54 @@ PyObject* py_donated(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   return tuple_of_indices(donated);
 }
 
+// replace_computed_payloads(payloads, LazyValue) -> tensor.replace_computed_payloads: each
+// payload holding a pending value holds its computed array. A computed placeholder's
+// `value` is read from its slot; any other LazyValue is asked to `force()`.
+PyObject* py_replace_computed_payloads(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 2 || !PyDict_Check(argv[0])) {
+    PyErr_SetString(PyExc_TypeError, "replace_computed_payloads(payloads: dict, LazyValue)");
+    return nullptr;
+  }
+  PyObject* everything = PyDict_Values(argv[0]);  // a snapshot: force() may run Python code
+  if (everything == nullptr) {
+    return nullptr;
+  }
+  bool failed = false;
+  for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(everything); ++i) {
+    PyObject* payload = PyList_GET_ITEM(everything, i);
+    PyObject* array = payload_get(payload, kArray);
+    if (array == nullptr) {
+      failed = true;
+      break;
+    }
+    PyObject* computed = nullptr;
+    if (placeholder_type != nullptr && Py_TYPE(array) == placeholder_type) {
+      PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(array) + placeholder_offsets[kValue]);
+      if (value != nullptr && value != Py_None) {
+        computed = Py_NewRef(value);
+      }
+    }
+    if (computed == nullptr) {
+      int pending = PyObject_IsInstance(array, argv[1]);
+      failed = pending < 0;
+      if (pending == 1) {
+        computed = PyObject_CallMethod(array, "force", nullptr);
+        failed = computed == nullptr;
+      }
+    }
+    if (computed != nullptr) {
+      failed = payload_set(payload, kArray, computed) != 0;
+      Py_DECREF(computed);
+    }
+    Py_DECREF(array);
+  }
+  Py_DECREF(everything);
+  if (failed) {
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 // ------------------------------------------------------------------------ op kernels
 
 // The PrivateUse1 kernel of a table op (its functional overload), in front of the Python
@@ -2137,6 +2185,9 @@ PyMethodDef methods[] = {
     {"live_outputs", py_live_outputs, METH_O, "fused._live_outputs in C++: positions of the live placeholders."},
     {"donated", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_donated)), METH_FASTCALL,
      "fused._donated in C++: the external inputs a fused program may donate."},
+    {"replace_computed_payloads",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_replace_computed_payloads)), METH_FASTCALL,
+     "tensor.replace_computed_payloads in C++."},
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},
     {"install_op_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_install_op_kernel)),
      METH_FASTCALL, "Register the C++ PrivateUse1 kernel of a table op (its Python kernel: PrivateUse2); its id."},
