@@ -477,3 +477,16 @@ def test_replace_computed_payloads_in_cpp_agrees_with_python(monkeypatch):
         assert payloads[0].array is computed.value and payloads[2].array is kept and payloads[3].array is None
         assert payloads[1].array.tolist() == [7.0] * 3
 
+
+@compiled
+def test_program_argument_split_in_cpp_agrees_with_python():
+    """A program call's arguments: JAX arrays (with their weak types) and numpy arrays are
+    passed, everything else is static, in C++ as in Python."""
+    import jax
+    import numpy as np
+
+    from tpu_backend.compile import program
+
+    args = (jnp.ones(2), jnp.asarray(2.0), np.zeros(3), 3, None, jax.random.key(0), "name")
+    assert program._split(args) == program.python_split(args)
+    assert program._split(args)[1] == (False, True, False, False)

@@ -1082,6 +1082,57 @@ PyObject* py_replace_computed_payloads(PyObject*, PyObject* const* argv, Py_ssiz
   Py_RETURN_NONE;
 }
 
+// split_arrays(array_types, numpy.ndarray, args) -> compile.program._split: (the arrays
+// among args, their weak types, (position, type, value) of every other argument).
+PyObject* py_split_arrays(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 3 || !PyTuple_Check(argv[0]) || !PyTuple_Check(argv[2])) {
+    PyErr_SetString(PyExc_TypeError, "split_arrays(array_types: tuple, ndarray, args: tuple)");
+    return nullptr;
+  }
+  PyObject *array_types = argv[0], *ndarray = argv[1], *args = argv[2];
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  PyObject* arrays = PyList_New(0);
+  PyObject* weak = PyList_New(0);
+  PyObject* statics = PyList_New(0);
+  bool failed = arrays == nullptr || weak == nullptr || statics == nullptr;
+  for (Py_ssize_t i = 0; !failed && i < n; ++i) {
+    PyObject* value = PyTuple_GET_ITEM(args, i);
+    PyObject* kind = reinterpret_cast<PyObject*>(Py_TYPE(value));
+    bool is_array = false;
+    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(array_types); ++t) {
+      is_array = is_array || PyTuple_GET_ITEM(array_types, t) == kind;
+    }
+    if (is_array || kind == ndarray) {
+      PyObject* weak_type = nullptr;
+      if (is_array) {  // a.aval.weak_type
+        PyObject* aval = PyObject_GetAttr(value, str_aval);
+        weak_type = aval ? PyObject_GetAttr(aval, str_weak_type) : nullptr;
+        Py_XDECREF(aval);
+      } else {  // fused mode's vector of Python floats
+        weak_type = Py_NewRef(Py_False);
+      }
+      failed = weak_type == nullptr || PyList_Append(arrays, value) != 0 || PyList_Append(weak, weak_type) != 0;
+      Py_XDECREF(weak_type);
+    } else {
+      PyObject* item = Py_BuildValue("(nOO)", i, kind, value);
+      failed = item == nullptr || PyList_Append(statics, item) != 0;
+      Py_XDECREF(item);
+    }
+  }
+  PyObject* out = nullptr;
+  if (!failed) {
+    PyObject* weak_tuple = PyList_AsTuple(weak);
+    PyObject* statics_tuple = weak_tuple ? PyList_AsTuple(statics) : nullptr;
+    out = statics_tuple ? PyTuple_Pack(3, arrays, weak_tuple, statics_tuple) : nullptr;
+    Py_XDECREF(weak_tuple);
+    Py_XDECREF(statics_tuple);
+  }
+  Py_XDECREF(arrays);
+  Py_XDECREF(weak);
+  Py_XDECREF(statics);
+  return out;
+}
+
 // ------------------------------------------------------------------------ op kernels
 
 // The PrivateUse1 kernel of a table op (its functional overload), in front of the Python
@@ -2188,6 +2239,8 @@ PyMethodDef methods[] = {
     {"replace_computed_payloads",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_replace_computed_payloads)), METH_FASTCALL,
      "tensor.replace_computed_payloads in C++."},
+    {"split_arrays", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_split_arrays)), METH_FASTCALL,
+     "compile.program._split in C++: (arrays, weak types, statics)."},
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},
     {"install_op_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_install_op_kernel)),
      METH_FASTCALL, "Register the C++ PrivateUse1 kernel of a table op (its Python kernel: PrivateUse2); its id."},
