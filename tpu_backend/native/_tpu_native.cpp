@@ -1055,6 +1055,10 @@ PyObject* py_replace_computed_payloads(PyObject*, PyObject* const* argv, Py_ssiz
       break;
     }
     PyObject* computed = nullptr;
+    if (array == Py_None || reinterpret_cast<PyObject*>(Py_TYPE(array)) == array_type) {
+      Py_DECREF(array);  // unmaterialised, or a concrete JAX array: nothing to replace
+      continue;
+    }
     if (placeholder_type != nullptr && Py_TYPE(array) == placeholder_type) {
       PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(array) + placeholder_offsets[kValue]);
       if (value != nullptr && value != Py_None) {
