@@ -50,6 +50,7 @@ lock keeps recording and syncing from interleaving.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import os
 import sys
@@ -281,14 +282,22 @@ class _Ending:
     """A recorded op sequence (a trie state) ended with these outputs live: what a sync
     point there needs, found once, so that a repeated step costs one dict lookup."""
 
-    __slots__ = ("outputs", "external_avals", "reusable", "programs")
+    __slots__ = ("outputs", "external_kinds", "reusable", "programs")
 
     def __init__(self, graph: _Graph, live: tuple):
         self.outputs = [graph.placeholders[i].ref[1:] for i in live]  # (node, output) pairs
-        # (shape, dtype) per external input: fixed by the trie state (shapes are in its edges)
-        self.external_avals = [(ref[2], ref[3]) for ref in graph.external_index.values()]
-        # outputs per (shape, dtype): how many external buffers a step may donate to them
-        self.reusable = dict(collections.Counter([(p.shape, p.dtype) for p in (graph.placeholders[i] for i in live)]))
+        # (shape, dtype) of each external input, fixed by the trie state (shapes are in its
+        # edges), and of each output, numbered: a sync point counts by number, hashing nothing
+        external = [(ref[2], ref[3]) for ref in graph.external_index.values()]
+        outputs = [(p.shape, p.dtype) for p in (graph.placeholders[i] for i in live)]
+        kinds: dict[tuple, int] = {}
+        for aval in external + outputs:
+            kinds.setdefault(aval, len(kinds))
+        self.external_kinds = [kinds[aval] for aval in external]
+        # outputs per kind: how many external buffers of that kind a step may donate to them
+        self.reusable = [0] * len(kinds)
+        for aval in outputs:
+            self.reusable[kinds[aval]] += 1
         self.programs: dict[tuple, _Compiled] = {}  # donated inputs -> program
 
 
@@ -417,11 +426,12 @@ def _live_outputs(placeholders: list) -> tuple:
     return tuple([i for i in range(len(placeholders)) if getrefcount(placeholders[i]) > _HELD_ONLY_BY_THE_LIST])
 
 
-def _donated(external: list, ending: _Ending) -> tuple:
+def _donated(external: list, external_kinds: list[int], reusable: list[int]) -> tuple:
     """The external inputs nothing outside the graph can read again (their tensors were
     overwritten, e.g. parameters and optimizer state updated in place), as many per
-    shape and dtype as outputs can reuse: XLA writes the new values into their buffers."""
-    reusable = None
+    shape and dtype as outputs can reuse (an `_Ending`'s `external_kinds` and `reusable`):
+    XLA writes the new values into their buffers."""
+    left = None
     donated = []
     getrefcount = sys.getrefcount
     for index in range(len(external)):
@@ -430,14 +440,19 @@ def _donated(external: list, ending: _Ending) -> tuple:
             continue
         if type(value) is not _ARRAY_IMPL and not isinstance(value, jax.Array):
             continue
-        if reusable is None:
-            reusable = ending.reusable.copy()  # a dict's copy (a Counter's runs Python code)
-        aval = ending.external_avals[index]
-        left = reusable.get(aval, 0)
-        if left > 0:
-            reusable[aval] = left - 1
+        if left is None:
+            left = reusable.copy()  # counted down: the ending's stays whole
+        kind = external_kinds[index]
+        if left[kind] > 0:
+            left[kind] -= 1
             donated.append(index)
     return tuple(donated)
+
+
+python_live_outputs, python_donated = _live_outputs, _donated  # the definitions; in C++:
+if hasattr(_native, "donated"):  # the same loops without a Python call per array
+    _live_outputs = _native.live_outputs
+    _donated = functools.partial(_native.donated, _ARRAY_IMPL, jax.Array)
 
 
 SYNC_REASONS = ("mark_step", "read", "node_limit", "synchronize", "mode_change")
@@ -483,7 +498,7 @@ def sync(reason: str = "synchronize") -> None:
         placeholders = [everything[i] for i in live]
         graph.placeholders = everything = None
         external = graph.external
-        donated = _donated(external, ending)
+        donated = _donated(external, ending.external_kinds, ending.reusable)
         has_floats = bool(graph.floats)  # (fixed by the state too: floats are wired in by position)
         compiled = _compiled_for(ending, graph.nodes, has_floats, donated)
         if has_floats:

@@ -126,6 +126,11 @@ def replace_computed_payloads() -> None:
             payload.array = payload.array.force()
 
 
+python_replace_computed_payloads = replace_computed_payloads  # the definition; in C++:
+if hasattr(native.load(), "replace_computed_payloads"):  # no Python call per payload
+    replace_computed_payloads = functools.partial(native.module.replace_computed_payloads, _PAYLOADS, LazyValue)
+
+
 def is_tpu(t) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == DEVICE_NAME
 

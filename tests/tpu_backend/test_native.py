@@ -390,3 +390,103 @@ def test_copy_between_tpu_tensors_in_cpp_like_python(mode):
         assert torch.equal(host, expected)
     finally:
         tpu_backend.set_eager_mode(previous)
+
+
+@compiled
+def test_live_outputs_and_donations_in_cpp_agree_with_python():
+    """fused mode's reference-count loops at a sync point give in C++ what their Python
+    definitions give: placeholders held outside the graph's list are live; inputs held only
+    by the list that are JAX arrays are donated, as many per kind as outputs can reuse."""
+    import numpy as np
+
+    from tpu_backend import fused
+
+    aval = ((3,), np.dtype("float32"), False)
+    held = fused.LazyArray(aval, ("n", 0, 1))
+    placeholders = [fused.LazyArray(aval, ("n", 0, 0)), held, fused.LazyArray(aval, ("n", 1, 0))]
+    assert fused._live_outputs is native.module.live_outputs
+    assert fused._live_outputs(placeholders) == fused.python_live_outputs(placeholders) == (1,)
+
+    kept = jnp.ones(3)  # still readable: never donated
+    external = [jnp.zeros(3), kept, jnp.zeros(3), np.zeros(3), jnp.zeros(2), jnp.zeros(3), jnp.zeros(2)]
+    kinds, reusable = [0, 0, 0, 0, 1, 0, 2], [2, 1, 0]
+    assert fused._donated(external, kinds, reusable) == fused.python_donated(external, kinds, reusable) == (0, 2, 4)
+    assert reusable == [2, 1, 0]
+
+
+@compiled
+def test_a_recorded_steps_live_outputs_and_donations_in_cpp_agree_with_python():
+    """On a recorded training step (not yet run): the same live placeholders and the same
+    donated inputs (the parameters' old values) from the C++ loops and the Python ones."""
+    from tpu_backend import fused
+
+    previous = _in_modes("fused")
+    try:
+        model = torch.nn.Linear(4, 3).to("tpu")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        inputs = torch.randn(2, 4).to("tpu")
+
+        def step():
+            optimizer.zero_grad()
+            model(inputs).sum().backward()
+            optimizer.step()
+
+        step()
+        tpu_backend.mark_step()
+        step()
+        graph = fused._graph
+        live = fused._live_outputs(graph.placeholders)
+        assert live == fused.python_live_outputs(graph.placeholders)
+        assert 0 < len(live) < len(graph.placeholders)
+        ending = fused._Ending(graph, live)
+        donated = fused._donated(graph.external, ending.external_kinds, ending.reusable)
+        assert donated == fused.python_donated(graph.external, ending.external_kinds, ending.reusable)
+        assert len(donated) == 2  # weight and bias
+        tpu_backend.mark_step()
+    finally:
+        tpu_backend.set_eager_mode(previous)
+
+
+@compiled
+def test_replace_computed_payloads_in_cpp_agrees_with_python(monkeypatch):
+    """After a sync point: a computed placeholder's value replaces it, any other LazyValue
+    is forced, and concrete or unmaterialised payloads are left alone, in C++ as in Python."""
+    import numpy as np
+
+    from tpu_backend import fused
+    from tpu_backend import tensor as tpu_tensor
+
+    class Pending(tpu_tensor.LazyValue):  # a LazyValue that is not a placeholder
+        def force(self):
+            return jnp.full(3, 7.0)
+
+    computed = fused.LazyArray(((3,), np.dtype("float32"), False), ("n", 0, 0))
+    computed.value = jnp.arange(3.0)
+    kept = jnp.ones(3)
+    arrays = [computed, Pending(), kept, None]
+
+    def table():
+        return {i: tpu_tensor.StoragePayload(3, torch.float32, array) for i, array in enumerate(arrays)}
+
+    cpp = table()
+    native.module.replace_computed_payloads(cpp, tpu_tensor.LazyValue)
+    python = table()
+    monkeypatch.setattr(tpu_tensor, "_PAYLOADS", python)
+    tpu_tensor.python_replace_computed_payloads()
+    for payloads in (cpp, python):
+        assert payloads[0].array is computed.value and payloads[2].array is kept and payloads[3].array is None
+        assert payloads[1].array.tolist() == [7.0] * 3
+
+
+@compiled
+def test_program_argument_split_in_cpp_agrees_with_python():
+    """A program call's arguments: JAX arrays (with their weak types) and numpy arrays are
+    passed, everything else is static, in C++ as in Python."""
+    import jax
+    import numpy as np
+
+    from tpu_backend.compile import program
+
+    args = (jnp.ones(2), jnp.asarray(2.0), np.zeros(3), 3, None, jax.random.key(0), "name")
+    assert program._split(args) == program.python_split(args)
+    assert program._split(args)[1] == (False, True, False, False)

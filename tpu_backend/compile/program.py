@@ -14,6 +14,7 @@ recorded while tracing and returned as they were: XLA only returns arrays.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import weakref
 from typing import Any, Callable
@@ -23,7 +24,7 @@ import numpy as np
 from jax._src.array import ArrayImpl  # the concrete array class: an exact type test is ~10x isinstance
 from jax._src.random.prng import PRNGKeyArray
 
-from tpu_backend import precision
+from tpu_backend import native, precision
 from tpu_backend.compile import dump as _dump
 from tpu_backend.compile import program_cache
 from tpu_backend.compile.cache import (
@@ -112,6 +113,11 @@ def _split(args) -> tuple[list, tuple, tuple]:
         else:
             statics.append((i, kind, a))
     return arrays, tuple(weak), tuple(statics)
+
+
+python_split = _split  # the definition; the same loop in C++ (no bytecode per argument):
+if hasattr(native.load(), "split_arrays"):
+    _split = functools.partial(native.module.split_arrays, _JAX_ARRAY_TYPES, np.ndarray)
 
 
 _LIVE: "weakref.WeakSet[Program]" = weakref.WeakSet()

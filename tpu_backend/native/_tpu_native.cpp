@@ -624,16 +624,24 @@ PyObject* input_ref(PyObject* value, PyObject* floats, PyObject* external, PyObj
   if (found != nullptr) {
     ref = Py_NewRef(found);
   } else if (identity != nullptr && !PyErr_Occurred()) {
-    PyObject* shape = PyObject_GetAttr(value, str_shape);
-    PyObject* dtype = shape ? PyObject_GetAttr(value, str_dtype) : nullptr;
+    // A JAX array's shape, dtype and weak_type are Python properties returning its aval's:
+    // read the aval (a C++ property) once instead of running three Python frames.
+    PyObject* aval = nullptr;
+    if (array_type != nullptr && reinterpret_cast<PyObject*>(Py_TYPE(value)) == array_type) {
+      aval = PyObject_GetAttr(value, str_aval);
+    }
+    PyObject* source = aval != nullptr ? aval : value;
+    PyObject* shape = PyErr_Occurred() ? nullptr : PyObject_GetAttr(source, str_shape);
+    PyObject* dtype = shape ? PyObject_GetAttr(source, str_dtype) : nullptr;
     PyObject* weak = nullptr;
     if (dtype != nullptr) {
-      weak = PyObject_GetAttr(value, str_weak_type);  // getattr(value, "weak_type", False)
+      weak = PyObject_GetAttr(source, str_weak_type);  // getattr(value, "weak_type", False)
       if (weak == nullptr && PyErr_ExceptionMatches(PyExc_AttributeError)) {
         PyErr_Clear();
         weak = Py_NewRef(Py_False);
       }
     }
+    Py_XDECREF(aval);
     if (weak != nullptr) {
       ref = Py_BuildValue("(snOOO)", "x", PyList_GET_SIZE(external), shape, dtype, weak);
       if (ref != nullptr &&
@@ -727,6 +735,10 @@ PyObject* py_configure_fused(PyObject*, PyObject* globals) {
   Py_XSETREF(placeholder_type, reinterpret_cast<PyTypeObject*>(type));
   Py_INCREF(follow);
   Py_XSETREF(python_follow, follow);
+  PyObject* array_impl = PyDict_GetItemString(globals, "_ARRAY_IMPL");  // input_ref reads its aval
+  if (array_impl != nullptr && array_type == nullptr) {
+    array_type = Py_NewRef(array_impl);
+  }
   Py_RETURN_NONE;
 }
 
@@ -928,6 +940,200 @@ PyObject* py_fused_record(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   }
   PyObject* out = fused_record(argv[0], argv[1], PySequence_Fast_ITEMS(items), PySequence_Fast_GET_SIZE(items));
   Py_DECREF(items);
+  return out;
+}
+
+// ------------------------------------------------------------------------ fused sync point
+
+// The per-array loops of fused.sync, each the same steps as the Python function it names
+// (the definition, run with TPU_NATIVE=0). A reference count here is Py_REFCNT: an
+// object held only by its list counts 1 (sys.getrefcount adds its argument and the loop's
+// variable, hence fused._HELD_ONLY_BY_THE_LIST = 2 and _HELD_ONLY_BY_THE_GRAPH = 3).
+
+PyObject* tuple_of_indices(const std::vector<Py_ssize_t>& indices) {
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(indices.size()));
+  for (size_t i = 0; out != nullptr && i < indices.size(); ++i) {
+    PyObject* index = PyLong_FromSsize_t(indices[i]);
+    if (index == nullptr) {
+      Py_CLEAR(out);
+      break;
+    }
+    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), index);
+  }
+  return out;
+}
+
+// live_outputs(placeholders) -> fused._live_outputs: the positions of the placeholders
+// something besides the list holds.
+PyObject* py_live_outputs(PyObject*, PyObject* placeholders) {
+  if (!PyList_Check(placeholders)) {
+    PyErr_SetString(PyExc_TypeError, "live_outputs(placeholders: list)");
+    return nullptr;
+  }
+  std::vector<Py_ssize_t> live;
+  Py_ssize_t n = PyList_GET_SIZE(placeholders);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (Py_REFCNT(PyList_GET_ITEM(placeholders, i)) > 1) {
+      live.push_back(i);
+    }
+  }
+  return tuple_of_indices(live);
+}
+
+// donated(ArrayImpl, jax.Array, external, external_kinds, reusable) -> fused._donated:
+// the external inputs held only by the list that are JAX arrays, as many per kind (a
+// numbered (shape, dtype)) as `reusable` counts (a copy is counted down).
+PyObject* py_donated(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 5 || !PyList_Check(argv[2]) || !PyList_Check(argv[3]) || !PyList_Check(argv[4])) {
+    PyErr_SetString(PyExc_TypeError, "donated(ArrayImpl, jax.Array, external: list, external_kinds: list, reusable: list)");
+    return nullptr;
+  }
+  PyObject *array_impl = argv[0], *array_class = argv[1];
+  PyObject *external = argv[2], *kinds = argv[3], *reusable = argv[4];
+  std::vector<Py_ssize_t> left;  // reusable's copy, made for the first candidate
+  bool copied = false;
+  std::vector<Py_ssize_t> donated;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(external); ++i) {
+    PyObject* value = PyList_GET_ITEM(external, i);
+    if (Py_REFCNT(value) > 1) {
+      continue;
+    }
+    if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != array_impl) {
+      Py_INCREF(value);  // isinstance may run Python code
+      int is_array = PyObject_IsInstance(value, array_class);
+      Py_DECREF(value);
+      if (is_array < 0) {
+        return nullptr;
+      }
+      if (is_array == 0) {
+        continue;
+      }
+    }
+    if (!copied) {
+      copied = true;
+      for (Py_ssize_t k = 0; k < PyList_GET_SIZE(reusable); ++k) {
+        left.push_back(PyLong_AsSsize_t(PyList_GET_ITEM(reusable, k)));
+      }
+      if (PyErr_Occurred()) {
+        return nullptr;
+      }
+    }
+    PyObject* kind_object = PyList_GetItem(kinds, i);  // borrowed; IndexError as in Python
+    Py_ssize_t kind = kind_object ? PyLong_AsSsize_t(kind_object) : -1;
+    if (kind < 0 || kind >= static_cast<Py_ssize_t>(left.size())) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_IndexError, "donated: a kind out of reusable's range");
+      }
+      return nullptr;
+    }
+    if (left[kind] > 0) {
+      --left[kind];
+      donated.push_back(i);
+    }
+  }
+  return tuple_of_indices(donated);
+}
+
+// replace_computed_payloads(payloads, LazyValue) -> tensor.replace_computed_payloads: each
+// payload holding a pending value holds its computed array. A computed placeholder's
+// `value` is read from its slot; any other LazyValue is asked to `force()`.
+PyObject* py_replace_computed_payloads(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 2 || !PyDict_Check(argv[0])) {
+    PyErr_SetString(PyExc_TypeError, "replace_computed_payloads(payloads: dict, LazyValue)");
+    return nullptr;
+  }
+  PyObject* everything = PyDict_Values(argv[0]);  // a snapshot: force() may run Python code
+  if (everything == nullptr) {
+    return nullptr;
+  }
+  bool failed = false;
+  for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(everything); ++i) {
+    PyObject* payload = PyList_GET_ITEM(everything, i);
+    PyObject* array = payload_get(payload, kArray);
+    if (array == nullptr) {
+      failed = true;
+      break;
+    }
+    PyObject* computed = nullptr;
+    if (array == Py_None || reinterpret_cast<PyObject*>(Py_TYPE(array)) == array_type) {
+      Py_DECREF(array);  // unmaterialised, or a concrete JAX array: nothing to replace
+      continue;
+    }
+    if (placeholder_type != nullptr && Py_TYPE(array) == placeholder_type) {
+      PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(array) + placeholder_offsets[kValue]);
+      if (value != nullptr && value != Py_None) {
+        computed = Py_NewRef(value);
+      }
+    }
+    if (computed == nullptr) {
+      int pending = PyObject_IsInstance(array, argv[1]);
+      failed = pending < 0;
+      if (pending == 1) {
+        computed = PyObject_CallMethod(array, "force", nullptr);
+        failed = computed == nullptr;
+      }
+    }
+    if (computed != nullptr) {
+      failed = payload_set(payload, kArray, computed) != 0;
+      Py_DECREF(computed);
+    }
+    Py_DECREF(array);
+  }
+  Py_DECREF(everything);
+  if (failed) {
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+// split_arrays(array_types, numpy.ndarray, args) -> compile.program._split: (the arrays
+// among args, their weak types, (position, type, value) of every other argument).
+PyObject* py_split_arrays(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 3 || !PyTuple_Check(argv[0]) || !PyTuple_Check(argv[2])) {
+    PyErr_SetString(PyExc_TypeError, "split_arrays(array_types: tuple, ndarray, args: tuple)");
+    return nullptr;
+  }
+  PyObject *array_types = argv[0], *ndarray = argv[1], *args = argv[2];
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  PyObject* arrays = PyList_New(0);
+  PyObject* weak = PyList_New(0);
+  PyObject* statics = PyList_New(0);
+  bool failed = arrays == nullptr || weak == nullptr || statics == nullptr;
+  for (Py_ssize_t i = 0; !failed && i < n; ++i) {
+    PyObject* value = PyTuple_GET_ITEM(args, i);
+    PyObject* kind = reinterpret_cast<PyObject*>(Py_TYPE(value));
+    bool is_array = false;
+    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(array_types); ++t) {
+      is_array = is_array || PyTuple_GET_ITEM(array_types, t) == kind;
+    }
+    if (is_array || kind == ndarray) {
+      PyObject* weak_type = nullptr;
+      if (is_array) {  // a.aval.weak_type
+        PyObject* aval = PyObject_GetAttr(value, str_aval);
+        weak_type = aval ? PyObject_GetAttr(aval, str_weak_type) : nullptr;
+        Py_XDECREF(aval);
+      } else {  // fused mode's vector of Python floats
+        weak_type = Py_NewRef(Py_False);
+      }
+      failed = weak_type == nullptr || PyList_Append(arrays, value) != 0 || PyList_Append(weak, weak_type) != 0;
+      Py_XDECREF(weak_type);
+    } else {
+      PyObject* item = Py_BuildValue("(nOO)", i, kind, value);
+      failed = item == nullptr || PyList_Append(statics, item) != 0;
+      Py_XDECREF(item);
+    }
+  }
+  PyObject* out = nullptr;
+  if (!failed) {
+    PyObject* weak_tuple = PyList_AsTuple(weak);
+    PyObject* statics_tuple = weak_tuple ? PyList_AsTuple(statics) : nullptr;
+    out = statics_tuple ? PyTuple_Pack(3, arrays, weak_tuple, statics_tuple) : nullptr;
+    Py_XDECREF(weak_tuple);
+    Py_XDECREF(statics_tuple);
+  }
+  Py_XDECREF(arrays);
+  Py_XDECREF(weak);
+  Py_XDECREF(statics);
   return out;
 }
 
@@ -2031,6 +2237,14 @@ PyMethodDef methods[] = {
     {"fused_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_fused_record)), METH_FASTCALL,
      "fused.record in C++: record(key, fn, inputs) -> placeholders."},
     {"configure_fused", py_configure_fused, METH_O, "Hand fused_record the fused module's globals."},
+    {"live_outputs", py_live_outputs, METH_O, "fused._live_outputs in C++: positions of the live placeholders."},
+    {"donated", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_donated)), METH_FASTCALL,
+     "fused._donated in C++: the external inputs a fused program may donate."},
+    {"replace_computed_payloads",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_replace_computed_payloads)), METH_FASTCALL,
+     "tensor.replace_computed_payloads in C++."},
+    {"split_arrays", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_split_arrays)), METH_FASTCALL,
+     "compile.program._split in C++: (arrays, weak types, statics)."},
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},
     {"install_op_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_install_op_kernel)),
      METH_FASTCALL, "Register the C++ PrivateUse1 kernel of a table op (its Python kernel: PrivateUse2); its id."},
