@@ -106,6 +106,9 @@ def _self_slots(self_template) -> tuple | None:
     return None
 
 
+# TPU_INPLACE_DONATION=0: in-place ops never donate (set before the first op, or call
+# `clear_jit_cache()` after changing it: the compiled path keeps what it learned)
+INPLACE_DONATION = os.environ.get("TPU_INPLACE_DONATION", "1") != "0"
 _HELD_BY_PAYLOAD_ALONE = 3  # its payload, the call's dynamic list and getrefcount's argument
 
 
@@ -221,7 +224,7 @@ class OpRunner:
     def _run_inplace(self, fn: Callable, template: tuple, dynamic: list):
         """Strict mode, an in-place op's functional result: through the donating program
         when nothing else can read self's arrays, else through `fn`."""
-        donating = self._donating(template)
+        donating = self._donating(template) if INPLACE_DONATION else None
         if donating is not None and _unshared(donating[1], dynamic):
             fn_donating, positions, refused = donating
             if not refused or dynamic[positions[0]].dtype not in refused:
@@ -245,7 +248,7 @@ class OpRunner:
                     if fn is not None:
                         if inplace:
                             out = self._run_inplace(fn, template, dynamic)
-                            self._learn((fn, self.donating.get(template)))  # (gone if the call evicted the caches)
+                            self._learn((fn, self.donating.get(template) if INPLACE_DONATION else None))
                             return out
                         out = _run_jitted(fn, dynamic)
                         self._learn(fn)
