@@ -1593,6 +1593,8 @@ c10::ScalarType self_scalar_type(const c10::IValue& self) {
   return self.isTensor() ? self.toTensor().scalar_type() : self.toListRef()[0].toTensor().scalar_type();
 }
 
+// Whether the key's donating lowering refused results for this dtype of self (its trace
+// found results unlike self: a cast or ATen's casting error follows, nothing to donate).
 bool donation_refused_for(const OpEntry& entry, const std::string& key, const c10::IValue& self) {
   auto found = entry.donation_refused.find(key);
   if (found == entry.donation_refused.end()) {
