@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 
@@ -352,6 +353,37 @@ def test_foreach_known_calls_run_in_cpp_like_python(mode):
         for _ in range(3):
             torch._foreach_mul_(more, 3.0)
         assert torch.equal(more[0].cpu(), torch.full((7,), 27.0))
+    finally:
+        tpu_backend.set_eager_mode(previous)
+
+
+@compiled
+def test_inplace_known_calls_donate_self_in_cpp():
+    """Strict in-place calls run in C++ donate self's buffers (XLA writes the result into
+    them: the payload's buffer stays the same) unless something else holds the array."""
+    from tpu_backend import tensor as device_tensor
+
+    def buffer(t):
+        return device_tensor.payload_of(t).array.unsafe_buffer_pointer()
+
+    previous = _in_modes("strict")
+    try:
+        x, xs = torch.ones(64).to("tpu"), [torch.ones(8).to("tpu"), torch.ones(3, 3).to("tpu")]
+        for step in range(4):
+            before, kept = _native_calls(), [buffer(x)] + [buffer(t) for t in xs]
+            x.mul_(2.0)
+            torch._foreach_add_(xs, 1.0)
+            if step >= 2:
+                assert _native_calls() == before + 2  # run in C++
+                assert [buffer(x)] + [buffer(t) for t in xs] == kept  # written in place
+        assert torch.equal(x.cpu(), torch.full((64,), 16.0))
+        assert torch.equal(xs[1].cpu(), torch.full((3, 3), 5.0))
+        held = torch.tpu.to_jax(x)
+        before = _native_calls()
+        x.mul_(2.0)
+        assert _native_calls() == before + 1 and not held.is_deleted()
+        assert torch.equal(torch.from_numpy(np.array(held)), torch.full((64,), 16.0))
+        assert torch.equal(x.cpu(), torch.full((64,), 32.0))
     finally:
         tpu_backend.set_eager_mode(previous)
 

@@ -1,9 +1,11 @@
 """Views and in-place writes through views behave as on CPU (storage sharing)."""
 
+import jax
+import numpy as np
 import pytest
 import torch
 
-import tpu_backend  # noqa: F401
+import tpu_backend
 
 
 def _slice_assign(x):
@@ -182,3 +184,136 @@ def test_view_as_real_and_complex_alias_the_complex_storage():
 
     floats = torch.randn(5, 2)
     assert torch.equal(torch.view_as_complex(floats.to("tpu")).cpu(), torch.view_as_complex(floats))
+
+
+# ----------------------------------------------------------------- donation of self's arrays
+# Strict mode donates an in-place op's self arrays to its program when nothing else can
+# read them (tpu_backend/eager/runner.py). `_spy` sees each program's arguments after it
+# ran, so a test can ask which arrays were donated (deleted) without holding them itself.
+
+
+@pytest.fixture
+def strict_spy(monkeypatch):
+    from tpu_backend.eager import runner
+
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode("strict")
+    calls = []
+    original = runner._run_jitted
+
+    def spy(fn, dynamic):
+        out = original(fn, dynamic)
+        calls.append([isinstance(v, jax.Array) and v.is_deleted() for v in dynamic])
+        return out
+
+    monkeypatch.setattr(runner, "_run_jitted", spy)  # the compiled path calls it too once wrapped
+    yield calls
+    tpu_backend.set_eager_mode(previous)
+
+
+def _payload_array(t):
+    from tpu_backend import tensor as device_tensor
+
+    return device_tensor.payload_of(t).array
+
+
+def test_inplace_ops_donate_self_and_match_cpu(strict_spy):
+    x, y = torch.randn(4, 5), torch.rand(4, 5) + 0.5
+    xs, ys = [torch.randn(3), torch.randn(2, 2)], [torch.rand(3) + 0.5, torch.rand(2, 2) + 0.5]
+    tx, ty = x.to("tpu"), y.to("tpu")
+    txs, tys = [t.to("tpu") for t in xs], [t.to("tpu") for t in ys]
+    for _ in range(3):  # the first calls learn them, the later ones run in C++ when it is built
+        strict_spy.clear()
+        tx.add_(ty, alpha=0.5)
+        tx.mul_(0.9)
+        torch._foreach_mul_(txs, 0.9)
+        torch._foreach_addcdiv_(txs, tys, tys, 0.1)
+        x.add_(y, alpha=0.5).mul_(0.9)
+        torch._foreach_mul_(xs, 0.9)
+        torch._foreach_addcdiv_(xs, ys, ys, 0.1)
+        # self's arrays deleted (donated), the other inputs kept
+        assert strict_spy == [[True, False, False], [True, False], [True, True, False], [True, True] + [False] * 5]
+        torch.testing.assert_close(tx.cpu(), x)
+        for t, c in zip(txs, xs):
+            torch.testing.assert_close(t.cpu(), c)
+        torch.testing.assert_close(ty.cpu(), y)
+
+
+def test_arrays_others_can_read_are_not_donated(strict_spy):
+    x = torch.arange(6.0).to("tpu")
+    for _ in range(3):
+        held = torch.tpu.to_jax(x)  # the user's JAX value of the tensor
+        x.mul_(2.0)
+        assert not held.is_deleted()
+        torch.testing.assert_close(torch.tensor(np.asarray(held)) * 2, x.cpu())
+    shared = torch.tpu.to_jax(torch.ones(3).to("tpu"))
+    a, b = torch.tpu.from_jax(shared), torch.tpu.from_jax(shared)  # two storages, one array
+    del shared
+    for _ in range(3):
+        a.add_(1.0)
+    assert torch.equal(b.cpu(), torch.ones(3)) and torch.equal(a.cpu(), torch.full((3,), 4.0))
+    base = torch.zeros(2, 3).to("tpu")
+    row = base[1]
+    strict_spy.clear()
+    for _ in range(3):
+        row.add_(1.0)  # a view as self: the write back reads the base's old array
+    assert strict_spy == [[False, False]] * 3
+    assert torch.equal(base.cpu(), torch.tensor([[0.0, 0.0, 0.0], [3.0, 3.0, 3.0]]))
+
+
+def test_self_passed_twice_or_held_in_a_list_is_not_donated(strict_spy):
+    y = torch.ones(4).to("tpu")
+    for _ in range(3):
+        y.add_(y)  # self is another argument too: donating it would be JAX's error
+    assert torch.equal(y.cpu(), torch.full((4,), 8.0))
+    xs = [torch.ones(2).to("tpu") for _ in range(3)]
+    strict_spy.clear()
+    for _ in range(3):
+        held = torch.tpu.to_jax(xs[1])  # one held element: the list is not donated
+        torch._foreach_mul_(xs, 2.0)
+    assert strict_spy == [[False, False, False, False]] * 3
+    assert not held.is_deleted() and torch.equal(torch.tensor(np.asarray(held)), torch.full((2,), 4.0))
+    assert all(torch.equal(t.cpu(), torch.full((2,), 8.0)) for t in xs)
+
+
+def test_results_of_another_dtype_are_written_and_refused_as_before(strict_spy):
+    half, thalf = torch.ones(3, dtype=torch.float16), torch.ones(3, dtype=torch.float16).to("tpu")
+    for _ in range(3):  # a float32 result cast into a float16 self: nothing donated
+        thalf.add_(torch.full((3,), 0.25, device="tpu"))
+        half.add_(torch.full((3,), 0.25))
+    assert thalf.dtype == torch.float16 and torch.equal(thalf.cpu(), half)
+    counts = torch.arange(3).to("tpu")
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="can't be cast"):
+            counts.mul_(torch.full((3,), 0.5, device="tpu"))
+        assert not _payload_array(counts).is_deleted()
+    assert torch.equal(counts.cpu(), torch.arange(3))
+    floats, halves = torch.ones(3).to("tpu"), torch.full((3,), 0.5, device="tpu")
+    strict_spy.clear()
+    for _ in range(3):  # the same call on a float self still donates
+        floats.mul_(halves)
+    assert strict_spy == [[True, False]] * 3
+    assert torch.equal(floats.cpu(), torch.full((3,), 0.125))
+
+
+def test_adamw_foreach_matches_cpu_and_donates_without_recompiling(strict_spy):
+    from tpu_backend.eager import runner
+
+    shapes = [(8, 4), (4,), (3, 3)]
+    cpu = [torch.randn(shape, generator=torch.Generator().manual_seed(i)) for i, shape in enumerate(shapes)]
+    tpu = [p.detach().clone().to("tpu").requires_grad_() for p in cpu]
+    cpu = [p.detach().clone().requires_grad_() for p in cpu]
+    optimizers = [torch.optim.AdamW(params, lr=0.01, foreach=True) for params in (cpu, tpu)]
+    for step in range(4):
+        for params in (cpu, tpu):
+            for i, p in enumerate(params):
+                p.grad = torch.full(p.shape, 0.1 * (i + 1) * (step + 1), device=p.device)
+        if step == 2:
+            misses = runner.CACHE_STATS.misses
+        strict_spy.clear()
+        for optimizer in optimizers:
+            optimizer.step()
+        for c, t in zip(cpu, tpu):
+            torch.testing.assert_close(t.detach().cpu(), c.detach())
+    assert runner.CACHE_STATS.misses == misses  # the donating programs were compiled once
+    assert sum(any(call) for call in strict_spy) >= 5  # the moments' and parameters' updates donated

@@ -102,7 +102,7 @@ def _inplace_kernel(functional):
     run = runner(functional)
 
     def kernel(self, *args, **kwargs):
-        return _write_inplace(functional, self, run((self, *args), kwargs))
+        return _write_inplace(functional, self, run((self, *args), kwargs, True))
 
     return kernel
 

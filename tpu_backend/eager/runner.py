@@ -6,22 +6,33 @@ on shapes and dtypes. Python floats in argument positions are passed to jit as
 does not recompile every step; a lowering that branches on such a value in Python is
 detected at trace time and its floats become static from then on. Fused mode records
 the same bound function instead of running it (`tpu_backend/fused.py`).
+
+An in-place op (`add_`, `_foreach_mul_`) runs its functional op's lowering and writes the
+result into `self`. When nothing else can read self's arrays (each is its storage's whole
+payload, held by that payload alone: not by the user through `torch.tpu.to_jax`, another
+storage, or another argument of the call), strict mode runs a second jitted function of the
+same template that *donates* them: XLA writes the results into self's buffers instead of
+allocating new ones (on a TPU several times cheaper for an optimizer's foreach updates, and
+no second copy of the state is alive). The compiled dispatch path makes the same decision
+in C++ (`tpu_backend/native`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from typing import Any, Callable
 
 import jax
+from jax._src.array import ArrayImpl as _ARRAY_IMPL  # JAX's concrete array class (an exact type test is cheap)
 
 from tpu_backend import chip_limits, fused, native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.chip_limits import TpuChipLimitError
 from tpu_backend.eager import modes
-from tpu_backend.eager.arguments import fill_template, flatten_args
+from tpu_backend.eager.arguments import _Slot, fill_template, flatten_args
 from tpu_backend.eager.errors import user_frame
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
 
@@ -78,6 +89,40 @@ class _Compiles:
     started: float | None = None
 
 
+class _NotDonatable(Exception):
+    """Raised while tracing a donating program whose results are not self's shapes and
+    dtypes (`int_tensor.add_(0.5)`, a half tensor plus a float one): XLA could not write
+    them into self's buffers, yet would still delete them. Nothing has run at that point."""
+
+
+def _self_slots(self_template) -> tuple | None:
+    """The dynamic positions of an in-place op's `self` when it reads as whole storage
+    arrays (a tensor, or every element of a Tensor[]); None for views and anything else
+    (a view is written back by a scatter that reads the old array)."""
+    if type(self_template) is _Slot:
+        return (self_template.index,)
+    if type(self_template) is tuple and self_template and all(type(s) is _Slot for s in self_template):
+        return tuple(s.index for s in self_template)
+    return None
+
+
+# TPU_INPLACE_DONATION=0: in-place ops never donate (set before the first op, or call
+# `clear_jit_cache()` after changing it: the compiled path keeps what it learned)
+INPLACE_DONATION = os.environ.get("TPU_INPLACE_DONATION", "1") != "0"
+_HELD_BY_PAYLOAD_ALONE = 3  # its payload, the call's dynamic list and getrefcount's argument
+
+
+def _unshared(positions: tuple, dynamic: list) -> bool:
+    """Whether every array at `positions` is referenced only by its payload and the call's
+    argument list (as fused mode tells donatable inputs): no user's `to_jax` value, no
+    second storage, not another argument of the same call (`x.add_(x)`)."""
+    getrefcount = sys.getrefcount
+    for position in positions:
+        if type(dynamic[position]) is not _ARRAY_IMPL or getrefcount(dynamic[position]) != _HELD_BY_PAYLOAD_ALONE:
+            return False
+    return True
+
+
 def _run_jitted(fn: Callable, dynamic: list):
     """Call a jitted lowering, counting a miss (and its compile time) when JAX compiles."""
     CACHE_STATS.python_requests += 1
@@ -120,6 +165,9 @@ class OpRunner:
         self.plain = not (self.may_run_on_host or self.needs_rng)  # the hot path applies
         self.bound: dict[tuple, Callable] = {}  # fused mode: one bound function per template
         self.host_jitted: dict[tuple, Callable] = {}  # dtypes the chip refuses (chip_limits)
+        # in-place calls: template -> (jitted lowering donating self's arrays, their
+        # positions, self's dtypes it refused), or None when self is a view (`_donating`)
+        self.donating: dict[tuple, tuple | None] = {}
         # The compiled path's id of this op's C++ kernel (tpu_backend/native): the runner tells
         # it which jitted (or recorded) lowering a call it handed over used (`_learn`).
         self.native_id: int | None = None
@@ -128,16 +176,25 @@ class OpRunner:
         if self.native_id is not None:
             _native.learn(self.native_id, value, self.dynamic_floats)
 
-    def _bound(self, template_args, template_kwargs, traced: bool = False) -> Callable:
+    def _bound(self, template_args, template_kwargs, traced: bool = False, donated: tuple = ()) -> Callable:
         """The lowering as a function of the dynamic values alone (the template is static).
-        `traced`: note the trace in `_Compiles` (strict mode's jitted functions)."""
+        `traced`: note the trace in `_Compiles` (strict mode's jitted functions). `donated`:
+        the positions of an in-place op's self, whose shapes and dtypes the results must have."""
         lowering_fn = self.lowering.fn
 
         def call(*dynamic):
             if traced:
                 _Compiles.started = time.perf_counter()
             args, kwargs = fill_template(template_args, template_kwargs, dynamic)
-            return lowering_fn(*args, **kwargs)
+            out = lowering_fn(*args, **kwargs)
+            if donated:
+                results = out if isinstance(out, (list, tuple)) else (out,)
+                if len(results) != len(donated) or any(
+                    result.shape != dynamic[i].shape or result.dtype != dynamic[i].dtype
+                    for result, i in zip(results, donated)
+                ):
+                    raise _NotDonatable
+            return out
 
         return call
 
@@ -148,7 +205,40 @@ class OpRunner:
             fn = self.jitted[key] = jax.jit(self._bound(template_args, template_kwargs, traced=True))
         return fn
 
-    def __call__(self, args, kwargs):
+    def _donating(self, template: tuple) -> tuple | None:
+        """(jitted lowering donating self's arrays, their positions, the dtypes of self for
+        which the results were not self's: `_NotDonatable`) of an in-place call's template,
+        or None when self is not whole storage arrays."""
+        try:
+            return self.donating[template]
+        except KeyError:
+            pass
+        positions = _self_slots(template[0][0]) if template[0] else None
+        found = None
+        if positions is not None:
+            fn = jax.jit(self._bound(*template, traced=True, donated=positions), donate_argnums=positions)
+            found = (fn, positions, set())
+        self.donating[template] = found
+        return found
+
+    def _run_inplace(self, fn: Callable, template: tuple, dynamic: list):
+        """Strict mode, an in-place op's functional result: through the donating program
+        when nothing else can read self's arrays, else through `fn`."""
+        donating = self._donating(template) if INPLACE_DONATION else None
+        if donating is not None and _unshared(donating[1], dynamic):
+            fn_donating, positions, refused = donating
+            if not refused or dynamic[positions[0]].dtype not in refused:
+                try:
+                    return _run_jitted(fn_donating, dynamic)
+                except _NotDonatable:  # never again for this dtype of self
+                    _Compiles.started = None  # a failed trace is neither a compile nor a request
+                    CACHE_STATS.python_requests -= 1
+                    refused.add(dynamic[positions[0]].dtype)
+        return _run_jitted(fn, dynamic)
+
+    def __call__(self, args, kwargs, inplace: bool = False):
+        """The op's JAX result(s). `inplace`: the call computes an in-place op's result,
+        which is then written into `args[0]` (strict mode may donate its arrays)."""
         if self.plain and modes._mode != "debug":  # the hot path: no rng key, host check or debug check
             dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
             template = (template_args, template_kwargs)
@@ -156,6 +246,10 @@ class OpRunner:
                 if modes._mode == "strict":
                     fn = self.jitted.get(template)
                     if fn is not None:
+                        if inplace:
+                            out = self._run_inplace(fn, template, dynamic)
+                            self._learn((fn, self.donating.get(template) if INPLACE_DONATION else None))
+                            return out
                         out = _run_jitted(fn, dynamic)
                         self._learn(fn)
                         return out
@@ -169,7 +263,8 @@ class OpRunner:
                 pass  # a float the lowering branches on: `_run` makes floats static
             except TpuChipLimitError as error:  # new dtypes the chip cannot compile
                 return self._on_host(error, template, dynamic)
-            return self._run(args, kwargs)  # first call with this template
+            dynamic = None  # its references would keep self's arrays from being donated
+            return self._run(args, kwargs, inplace)  # first call with this template
         if self.needs_rng:
             from tpu_backend import random as tpu_random
 
@@ -180,20 +275,23 @@ class OpRunner:
             dynamic = [tpu_tensor.concrete(value) for value in dynamic]  # fused mode: sync
             args, kwargs = fill_template(template_args, template_kwargs, dynamic)
             return self.lowering.fn(*args, **kwargs)
-        out = self._run(args, kwargs)
+        out = self._run(args, kwargs, inplace)
         if modes._mode == "debug":
             from tpu_backend.eager.debug import debug_check
 
             debug_check(self.op, args, kwargs, out)
         return out
 
-    def _run(self, args, kwargs):
+    def _run(self, args, kwargs, inplace: bool = False):
         """Strict/debug: call the jitted lowering. Fused: record it (placeholders out)."""
         dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
         try:
             if modes._mode == "fused":
                 return self._record(template_args, template_kwargs, dynamic)
-            return _run_jitted(self._jitted(template_args, template_kwargs), dynamic)
+            fn = self._jitted(template_args, template_kwargs)
+            if inplace and modes._mode == "strict":
+                return self._run_inplace(fn, (template_args, template_kwargs), dynamic)
+            return _run_jitted(fn, dynamic)
         except TpuChipLimitError as error:
             if error.limit.action != "host":
                 raise
@@ -203,10 +301,11 @@ class OpRunner:
                 raise
             self.dynamic_floats = False  # the lowering branches on a float: make floats static
             self.jitted.clear()
+            self.donating.clear()
             self.bound.clear()
             if self.native_id is not None:
                 _native.set_dynamic_floats(self.native_id, False)
-            return self._run(args, kwargs)
+            return self._run(args, kwargs, inplace)
 
     def _on_host(self, error: TpuChipLimitError, template: tuple, dynamic: list):
         """Eager: run the lowering on the host's CPU device (the chip's compiler refuses these
@@ -295,6 +394,7 @@ def clear_jit_cache() -> None:
     _live_programs = 0
     for op_runner in _RUNNERS.values():
         op_runner.jitted.clear()
+        op_runner.donating.clear()
         op_runner.bound.clear()
         op_runner.host_jitted.clear()
     if _native is not None:

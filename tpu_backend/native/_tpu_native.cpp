@@ -1170,6 +1170,11 @@ struct OpEntry {
   std::vector<OpEntry*> inplace_entries;  // of a functional entry: they forget when it does
   std::unordered_map<std::string, PyObject*> strict;  // key -> jitted lowering (a reference)
   std::unordered_map<std::string, PyObject*> fused;  // key -> (OpKey, bound lowering) (a reference)
+  // of an in-place entry: key -> the jitted lowering that donates self's arrays (a reference;
+  // runner.OpRunner._donating), run when nothing else can read them (`donatable_self`)
+  std::unordered_map<std::string, PyObject*> donating;
+  // ... and the dtypes of self for which its results were not self's (`int_tensor.mul_(0.5)`)
+  std::unordered_map<std::string, std::vector<c10::ScalarType>> donation_refused;
 
   explicit OpEntry(c10::FunctionSchema s) : schema(std::move(s)) {}
 
@@ -1179,12 +1184,13 @@ struct OpEntry {
     for (OpEntry* other : inplace_entries) {
       other->forget();
     }
-    for (auto* table : {&strict, &fused}) {
+    for (auto* table : {&strict, &fused, &donating}) {
       for (auto& item : *table) {
         Py_DECREF(item.second);
       }
       table->clear();
     }
+    donation_refused.clear();
   }
 };
 
@@ -1788,6 +1794,55 @@ bool finish_inplace(const OpEntry& entry, const c10::IValue& self, PyObject* out
 
 enum class Call { kPython, kDone, kError };
 
+// The scalar type of an in-place call's self (of its first element for a Tensor[]).
+c10::ScalarType self_scalar_type(const c10::IValue& self) {
+  return self.isTensor() ? self.toTensor().scalar_type() : self.toListRef()[0].toTensor().scalar_type();
+}
+
+// Whether the key's donating lowering refused results for this dtype of self (its trace
+// found results unlike self: a cast or ATen's casting error follows, nothing to donate).
+bool donation_refused_for(const OpEntry& entry, const std::string& key, const c10::IValue& self) {
+  auto found = entry.donation_refused.find(key);
+  if (found == entry.donation_refused.end()) {
+    return false;
+  }
+  auto type = self_scalar_type(self);
+  return std::find(found->second.begin(), found->second.end(), type) != found->second.end();
+}
+
+void forget_donating(OpEntry& entry, const std::string& key) {
+  auto found = entry.donating.find(key);
+  if (found != entry.donating.end()) {
+    Py_DECREF(found->second);
+    entry.donating.erase(found);
+  }
+}
+
+// Whether an in-place call's self arrays (the first dynamic values) can be donated: self is
+// whole storage arrays ('T' in the key: a tensor, or every element of a Tensor[]) and each
+// array is held by its payload and `inputs` alone (runner._unshared: not the user's
+// `to_jax` value, not another storage's, not another argument of the call: `x.add_(x)`).
+bool donatable_self(const c10::IValue& self, const std::string& key, const Values& inputs) {
+  size_t count = 1, first = 0;  // self's arrays: inputs[0, count); its key: key[first, first + count)
+  if (self.isTensorList()) {
+    count = self.toListRef().size();
+    first = 1 + sizeof(int64_t);  // 'L' and the length
+  } else if (!self.isTensor()) {
+    return false;
+  }
+  if (count == 0 || key.size() < first + count || inputs.items.size() < count) {
+    return false;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    PyObject* array = inputs.items[i];
+    if (key[first + i] != 'T' || reinterpret_cast<PyObject*>(Py_TYPE(array)) != array_type ||
+        Py_REFCNT(array) != 2) {  // its payload and `inputs`
+      return false;
+    }
+  }
+  return true;
+}
+
 // The C++ path of one call: kPython (nothing consumed from the stack, no error set) when
 // the Python kernel must run it, with `pending` set when it should learn the call; kError
 // (a Python error set) when an in-place op's result could not be written (its lowering
@@ -1822,16 +1877,28 @@ Call run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
   PyObject** dynamic = inputs.items.data();
   size_t count = inputs.items.size();
   PyObject* out = nullptr;
+  bool donated = false;  // the call ran the key's donating lowering
+  bool counted = false;  // the call counted in native_requests
   if (mode == Mode::kStrict) {
+    PyObject* jitted = found->second;
+    if (entry.functional != nullptr) {  // in-place: self's arrays donated when nothing else reads them
+      auto donating = entry.donating.find(key);
+      if (donating != entry.donating.end() && donatable_self(args[0], key, inputs) &&
+          !donation_refused_for(entry, key, args[0])) {
+        jitted = donating->second;
+        donated = true;
+      }
+    }
     PyObject* run_jitted = PyObject_GetAttr(runner_module, str_run_jitted);
     if (run_jitted != nullptr && run_jitted != original_run_jitted) {
       // a wrapped `_run_jitted` (benchmarks/backend_bench.py --phases): it counts the call
       PyObject* listed = as_list(dynamic, count);
-      out = listed ? PyObject_CallFunctionObjArgs(run_jitted, found->second, listed, nullptr) : nullptr;
+      out = listed ? PyObject_CallFunctionObjArgs(run_jitted, jitted, listed, nullptr) : nullptr;
       Py_XDECREF(listed);
     } else if (run_jitted != nullptr) {
       ++native_requests;
-      out = PyObject_Vectorcall(found->second, dynamic, count, nullptr);
+      counted = true;
+      out = PyObject_Vectorcall(jitted, dynamic, count, nullptr);
       PyObject* started = out ? PyObject_GetAttr(compiles_class, str_started) : nullptr;
       if (started == Py_None) {
         ++native_hits;
@@ -1863,7 +1930,13 @@ Call run_known_call(OpEntry& entry, torch::jit::Stack* stack) {
     Py_XDECREF(record);
   }
   if (out == nullptr) {
-    // e.g. new dtypes the chip cannot compile: the Python kernel decides (and raises)
+    // e.g. new dtypes the chip cannot compile: the Python kernel decides (and raises). A
+    // donating lowering that failed (its trace refused results unlike self: nothing ran) is
+    // not tried again for this key and self's dtype.
+    if (donated) {
+      native_requests -= counted ? 1 : 0;  // the Python kernel counts the call it makes instead
+      entry.donation_refused[key].push_back(self_scalar_type(args[0]));
+    }
     PyErr_Clear();
     if (mode == Mode::kStrict && PyObject_SetAttr(compiles_class, str_started, Py_None) != 0) {
       PyErr_Clear();  // a failed trace is not a compile
@@ -2064,7 +2137,8 @@ OpEntry* entry_of(PyObject* id) {
 }
 
 // learn(id, value, dynamic_floats): the Python kernel of op `id` ran the pending call
-// through its hot path with `value` (strict: the jitted lowering; fused: (OpKey, bound)).
+// through its hot path with `value` (strict: the jitted lowering, or for an in-place op
+// (jitted lowering, (donating lowering, ...) or None); fused: (OpKey, bound)).
 PyObject* py_learn(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 3) {
     PyErr_SetString(PyExc_TypeError, "learn(id, value, dynamic_floats)");
@@ -2079,10 +2153,22 @@ PyObject* py_learn(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (learner != nullptr && (learner == entry || learner->functional == entry) &&
       pending.dynamic_floats == dynamic_floats && entry->dynamic_floats == dynamic_floats) {
     auto& table = pending.fused ? learner->fused : learner->strict;
-    if (!pending.fused || (PyTuple_Check(argv[1]) && PyTuple_GET_SIZE(argv[1]) == 2)) {
+    PyObject* value = argv[1];
+    bool pair = PyTuple_Check(value) && PyTuple_GET_SIZE(value) == 2;
+    if (!pending.fused && pair) {  // an in-place call: its plain and donating lowerings
+      PyObject* donating = PyTuple_GET_ITEM(value, 1);
+      value = PyTuple_GET_ITEM(value, 0);
+      if (learner->functional == entry && PyTuple_Check(donating) && PyTuple_GET_SIZE(donating) > 0) {
+        auto& slot_ref = learner->donating[pending.key];
+        Py_XSETREF(slot_ref, Py_NewRef(PyTuple_GET_ITEM(donating, 0)));
+      } else {
+        forget_donating(*learner, pending.key);
+      }
+    }
+    if (!pending.fused || pair) {
       auto& slot_ref = table[pending.key];
-      Py_INCREF(argv[1]);
-      Py_XSETREF(slot_ref, argv[1]);
+      Py_INCREF(value);
+      Py_XSETREF(slot_ref, value);
     }
   }
   pending.entry = nullptr;
