@@ -3,9 +3,11 @@
 A tpu tensor is a plain PrivateUse1 TensorImpl (so `detach`, `nn.Parameter`, views and
 Dynamo treat it like any device tensor). Its data is a JAX array kept in `_PAYLOADS`,
 keyed by the tensor's *storage*: every view and alias of a tensor shares its storage,
-hence its payload. An entry is dropped by a `weakref.finalize` on the storage object,
-which fires the moment the last tensor using the storage dies (the table never grows
-over a training loop; `payload_count()` lets tests measure that).
+hence its payload. An entry is dropped the moment the last tensor using the storage dies
+(the table never grows over a training loop; `payload_count()` lets tests measure that):
+by a weakref callback on the storage object here, and for op results made on the
+compiled path (`tpu_backend/native`) by the storage's own DataPtr, whose deleter does
+`StoragePayload.release`'s work.
 
 A storage payload is a JAX array holding all elements of the storage in order. It is
 kept in the shape of the tensor that last wrote the whole storage (the common case:
@@ -36,7 +38,10 @@ from tpu_backend.ops.registry import jax_dtype, torch_dtype
 
 
 class StoragePayload:
-    """The data behind one storage: `numel` elements of `dtype`, `array` once materialised."""
+    """The data behind one storage: `numel` elements of `dtype`, `array` once materialised.
+
+    `key` is the storage's `_cdata`; `ref` the weakref whose callback releases it (None
+    when the storage's DataPtr releases it: results made on the compiled path)."""
 
     __slots__ = ("numel", "dtype", "array", "key", "ref")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import jax.numpy as jnp
 import numpy as np
@@ -195,6 +196,59 @@ def test_known_calls_run_in_cpp_like_python():
     assert _native_calls() == before + 1
     expected = torch.sort(a, dim=1)
     assert torch.equal(values.cpu(), expected.values) and torch.equal(indices.cpu(), expected.indices)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_results_release_their_payload_when_their_last_tensor_dies(mode):
+    """Op results (made in C++ on the compiled path) give their payload back when their
+    storage dies, on autograd's backward thread too; a tensor moved onto another storage
+    (`set_`) or resized keeps its data, and the storage it left is released."""
+    previous = _in_modes(mode)
+    try:
+        a, b = torch.randn(8, 8), torch.randn(8, 8)
+        ta, tb = a.to("tpu"), b.to("tpu")
+        weight = torch.randn(8, 8).to("tpu").requires_grad_()
+        backward_threads = []
+
+        def train_step():
+            product = weight * ta
+            product.register_hook(lambda grad: backward_threads.append(threading.get_ident()))
+            (product + tb).sum().backward()
+
+        for _ in range(3):  # known calls from here on
+            torch.mul(ta, tb)
+            train_step()
+            weight.grad = None
+        start = tpu_backend.payload_count()
+        results = [torch.mul(ta, tb) for _ in range(5)]
+        if native.module is not None:  # made by the C++ kernel: the storage, not a weakref, holds the payload
+            assert all(tpu_backend.tensor.payload_of(r).ref is None for r in results)
+        assert tpu_backend.payload_count() == start + 5
+        del results
+        assert tpu_backend.payload_count() == start
+        backward_threads.clear()
+        train_step()
+        assert backward_threads and backward_threads[0] != threading.get_ident()  # intermediates die there
+        assert tpu_backend.payload_count() == start + 1  # weight.grad
+        weight.grad = None
+        assert tpu_backend.payload_count() == start
+
+        moved, kept = torch.mul(ta, tb), torch.add(ta, tb)
+        moved.set_(kept)
+        del kept
+        assert tpu_backend.payload_count() == start + 1  # the storage `moved` left is released
+        assert torch.equal(moved.cpu(), a + b)
+        grown = torch.mul(ta, tb)
+        grown.resize_(80)
+        assert torch.equal(grown[:64].cpu(), (a * b).flatten()) and torch.equal(grown[64:].cpu(), torch.zeros(16))
+        source = torch.sub(ta, tb)
+        rebuilt = torch.empty(0, device="tpu").set_(source.untyped_storage(), 0, (8, 8), (8, 1))
+        del source
+        assert torch.equal(rebuilt.cpu(), a - b)
+        del moved, grown, rebuilt
+        assert tpu_backend.payload_count() == start
+    finally:
+        tpu_backend.set_eager_mode(previous)
 
 
 @compiled

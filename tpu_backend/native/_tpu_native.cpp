@@ -1561,33 +1561,38 @@ bool scalar_type_of(PyObject* dtype, c10::ScalarType* out) {
   return true;
 }
 
-// Payloads attached here are released by one C callback (no bound method per payload, no
-// Python frame when a tensor dies): `StoragePayload.release`'s work, found by weakref.
-std::unordered_map<PyObject*, PyObject*> released_by;  // weakref -> its payload (a reference)
-
-PyObject* py_release_payload(PyObject*, PyObject* ref) {
-  auto found = released_by.find(ref);
-  if (found == released_by.end()) {
-    Py_RETURN_NONE;
+// A result's payload rides in its storage's DataPtr (the context: a reference to the
+// StoragePayload) and this deleter releases it when the storage dies, doing
+// `StoragePayload.release`'s work: no storage Python object, weakref or map entry per
+// result. Storages die on autograd's worker threads too (hence the GIL), and after Python
+// is finalizing the payload is left to the process's end.
+void release_payload(void* context) {
+#if PY_VERSION_HEX >= 0x030D0000
+  bool finalizing = Py_IsFinalizing();
+#else
+  bool finalizing = _Py_IsFinalizing();
+#endif
+  if (!Py_IsInitialized() || finalizing) {
+    return;
   }
-  PyObject* payload = found->second;
-  released_by.erase(found);
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* payload = static_cast<PyObject*>(context);
+  PyObject *error_type, *error, *trace;  // a tensor can die while an error is being raised
+  PyErr_Fetch(&error_type, &error, &trace);
   PyObject* key = payload_get(payload, kKey);
   PyObject* current = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
   if (current == payload) {
     PyDict_DelItem(payloads, key);
   }
   Py_XDECREF(key);
-  PyErr_Clear();  // as in a weakref callback: nothing to report to
   if (payload_set(payload, kArray, Py_None) != 0 || payload_set(payload, kPayloadRef, Py_None) != 0) {
     PyErr_Clear();
   }
   Py_DECREF(payload);
-  Py_RETURN_NONE;
+  PyErr_Clear();  // nothing to report to
+  PyErr_Restore(error_type, error, trace);
+  PyGILState_Release(gil);
 }
-
-PyMethodDef release_def = {"release_payload", py_release_payload, METH_O, "A storage died: drop its payload."};
-PyObject* release_callback = nullptr;  // release_def as a callable
 
 // `tensor.wrap(array)` in C++: a new contiguous tpu tensor whose storage's payload is `array`.
 // An undefined tensor (with a Python error set) on failure.
@@ -1609,36 +1614,27 @@ at::Tensor wrap_array(PyObject* array) {
   if (!known || PyErr_Occurred()) {
     return at::Tensor();
   }
-  c10::DataPtr data = device_allocator->allocate(0);
-  data.unsafe_set_device(c10::Device(kTpu, 0));  // the allocator is a generic one (meta's)
+  PyObject* payload = reinterpret_cast<PyTypeObject*>(payload_type)->tp_alloc(
+      reinterpret_cast<PyTypeObject*>(payload_type), 0);
+  if (payload == nullptr) {
+    return at::Tensor();
+  }
+  // The DataPtr owns the payload reference from here: a failure below releases it with
+  // the tensor (and drops the table entry if it was made).
+  c10::DataPtr data(nullptr, payload, &release_payload, c10::Device(kTpu, 0));
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, std::move(data), device_allocator, true);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(scalar_type));
   tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  // the payload, attached as tensor._attach does: keyed by storage, released by a weakref
-  // callback on the storage's Python object (which lives exactly as long as the storage)
-  PyObject* payload = reinterpret_cast<PyTypeObject*>(payload_type)->tp_alloc(
-      reinterpret_cast<PyTypeObject*>(payload_type), 0);
-  PyObject* storage_object = payload ? torch::createPyObject(tensor.storage()) : nullptr;
-  PyObject* numel = storage_object ? PyLong_FromLongLong(tensor.numel()) : nullptr;
+  // attached as tensor._attach does (keyed by storage), `ref` left None
+  PyObject* numel = PyLong_FromLongLong(tensor.numel());
   PyObject* key = numel ? storage_key_of(tensor) : nullptr;
-  if (release_callback == nullptr && key != nullptr) {
-    release_callback = PyCFunction_New(&release_def, nullptr);
-  }
-  PyObject* ref = key && release_callback ? PyWeakref_NewRef(storage_object, release_callback) : nullptr;
-  bool ok = ref != nullptr && payload_set(payload, kNumel, numel) == 0 &&
+  bool ok = key != nullptr && payload_set(payload, kNumel, numel) == 0 &&
       payload_set(payload, kPayloadDtype, reinterpret_cast<PyObject*>(torch::getTHPDtype(scalar_type))) == 0 &&
       payload_set(payload, kArray, array) == 0 && payload_set(payload, kKey, key) == 0 &&
-      payload_set(payload, kPayloadRef, ref) == 0 && PyDict_SetItem(payloads, key, payload) == 0;
-  if (ok) {
-    Py_INCREF(payload);
-    released_by[ref] = payload;  // the weakref lives (payload.ref) until its callback ran
-  }
-  Py_XDECREF(ref);
+      payload_set(payload, kPayloadRef, Py_None) == 0 && PyDict_SetItem(payloads, key, payload) == 0;
   Py_XDECREF(key);
   Py_XDECREF(numel);
-  Py_XDECREF(storage_object);
-  Py_XDECREF(payload);
   return ok ? tensor : at::Tensor();
 }
 
