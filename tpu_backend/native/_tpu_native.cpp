@@ -1158,7 +1158,7 @@ PyObject* py_split_arrays(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
 struct OpEntry {
   long id = 0;
   c10::FunctionSchema schema;
-  size_t kwarg_only_start = 0;  // the first keyword-only argument (they go as kwargs)
+  size_t kwarg_only_start;  // the first keyword-only argument (they go as kwargs): from the schema
   size_t returns = 0;  // the number of Tensor results (0: the op's results are not all plain tensors)
   bool dynamic_floats = true;  // the runner's: floats are dynamic values (else static, in the key)
   bool list_result = false;  // one Tensor[] result (the functional `_foreach_*` ops)
@@ -1176,7 +1176,12 @@ struct OpEntry {
   // ... and the dtypes of self for which its results were not self's (`int_tensor.mul_(0.5)`)
   std::unordered_map<std::string, std::vector<c10::ScalarType>> donation_refused;
 
-  explicit OpEntry(c10::FunctionSchema s) : schema(std::move(s)) {}
+  explicit OpEntry(c10::FunctionSchema s) : schema(std::move(s)) {
+    kwarg_only_start = schema.arguments().size();
+    while (kwarg_only_start > 0 && schema.arguments()[kwarg_only_start - 1].kwarg_only()) {
+      --kwarg_only_start;
+    }
+  }
 
   bool floats_dynamic() const { return functional != nullptr ? functional->dynamic_floats : dynamic_floats; }
 
@@ -2010,6 +2015,14 @@ struct TableOpKernel final : public c10::OperatorKernel {
 
 PyObject* register_entry(const std::string& name, const std::string& overload, std::unique_ptr<OpEntry> entry);
 
+// The dispatcher's schema of op `name`.`overload` (Python strings, kept in `name_out` and
+// `overload_out`); throws when PyTorch has no such op.
+const c10::FunctionSchema& schema_of(PyObject* name, PyObject* overload, std::string* name_out, std::string* overload_out) {
+  *name_out = PyUnicode_AsUTF8(name);
+  *overload_out = PyUnicode_AsUTF8(overload);
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name_out->c_str(), overload_out->c_str()).schema();
+}
+
 // install_op_kernel(name, overload) -> id: the C++ kernel of that op on PrivateUse1 (its
 // Python kernel goes on PrivateUse2).
 PyObject* py_install_op_kernel(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
@@ -2017,16 +2030,10 @@ PyObject* py_install_op_kernel(PyObject*, PyObject* const* argv, Py_ssize_t argc
     PyErr_SetString(PyExc_TypeError, "install_op_kernel(name, overload)");
     return nullptr;
   }
-  std::string name = PyUnicode_AsUTF8(argv[0]);
-  std::string overload = PyUnicode_AsUTF8(argv[1]);
+  std::string name, overload;
   try {
-    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
-    const auto& schema = handle.schema();
+    const auto& schema = schema_of(argv[0], argv[1], &name, &overload);
     auto entry = std::make_unique<OpEntry>(schema);
-    entry->kwarg_only_start = schema.arguments().size();
-    while (entry->kwarg_only_start > 0 && schema.arguments()[entry->kwarg_only_start - 1].kwarg_only()) {
-      --entry->kwarg_only_start;
-    }
     bool all_tensors = !schema.returns().empty();
     for (const auto& result : schema.returns()) {
       all_tensors = all_tensors && result.type()->kind() == c10::TypeKind::TensorType && !result.alias_info();
@@ -2062,11 +2069,9 @@ PyObject* py_install_inplace_kernel(PyObject*, PyObject* const* argv, Py_ssize_t
   if (functional == nullptr) {
     return nullptr;
   }
-  std::string name = PyUnicode_AsUTF8(argv[0]);
-  std::string overload = PyUnicode_AsUTF8(argv[1]);
+  std::string name, overload;
   try {
-    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
-    const auto& schema = handle.schema();
+    const auto& schema = schema_of(argv[0], argv[1], &name, &overload);
     const auto& arguments = schema.arguments();
     bool self_written = !arguments.empty() && arguments[0].alias_info() && arguments[0].alias_info()->isWrite();
     for (size_t i = 1; i < arguments.size(); ++i) {
@@ -2079,10 +2084,6 @@ PyObject* py_install_inplace_kernel(PyObject*, PyObject* const* argv, Py_ssize_t
       throw std::runtime_error(name + "." + overload + " is not an in-place op of its first argument");
     }
     auto entry = std::make_unique<OpEntry>(schema);
-    entry->kwarg_only_start = arguments.size();
-    while (entry->kwarg_only_start > 0 && arguments[entry->kwarg_only_start - 1].kwarg_only()) {
-      --entry->kwarg_only_start;
-    }
     entry->returns = self_tensor ? 1 : 0;
     entry->functional = functional;
     entry->finish = Py_NewRef(argv[3]);
