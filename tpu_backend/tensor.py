@@ -85,9 +85,13 @@ _record = None  # fused mode's `record(key, fn, inputs)`, None when ops run eage
 _sync = None  # fused mode's `sync()`
 
 # Wait for every eager computation to finish before issuing the next one. Set by
-# tpu_backend.distributed for multi-process runs on JAX's CPU backend: there, gloo
-# collectives of back-to-back computations could interleave differently in two
-# processes and deadlock (seen with FSDP on 2 processes x 4 devices after ~10 steps).
+# tpu_backend.distributed when a mesh spans several devices of JAX's CPU backend, where
+# collectives can deadlock: in several processes, gloo collectives of back-to-back
+# computations could interleave differently (FSDP on 2 processes x 4 devices, ~10 steps);
+# in one process, XLA's CPU client runs both the launches (which block once 32 programs
+# are queued on a device) and the collectives' participants (which block until all have
+# arrived) on one pool of a thread per device, and strict mode's hundreds of small
+# programs per step can fill it (FSDP on 8 virtual devices, one run in 4 on a loaded host).
 SYNC_EACH_COMPUTATION = False
 
 

@@ -97,10 +97,13 @@ def join_jax(
         raise
 
 
-def _settle_cpu_collectives() -> None:
-    """Several processes on JAX's CPU backend: run eager computations one at a time (see
-    `tensor.SYNC_EACH_COMPUTATION`); TPU/GPU runtimes order collectives themselves."""
-    if jax.process_count() > 1 and jax.default_backend() == "cpu":
+def _settle_cpu_collectives(mesh: Mesh | None = None) -> None:
+    """Run eager computations one at a time on JAX's CPU backend (`tensor.SYNC_EACH_COMPUTATION`)
+    when collectives could deadlock there: several processes, or one process whose `mesh`
+    spans several devices. TPU/GPU runtimes order collectives themselves."""
+    if jax.default_backend() != "cpu":
+        return
+    if jax.process_count() > 1 or (mesh is not None and mesh.devices.size > 1):
         tpu_tensor.SYNC_EACH_COMPUTATION = True
 
 
@@ -146,11 +149,13 @@ def init_mesh(shape: Sequence[int] | int, axis_names: Sequence[str] | str) -> Me
 def set_mesh(mesh: Mesh | None) -> None:
     global _MESH
     _MESH = mesh
+    _settle_cpu_collectives(mesh)
 
 
 def get_mesh(mesh: Mesh | None = None) -> Mesh:
     """`mesh` if given, else the one `init_mesh` made; a clear error when there is none."""
     if mesh is not None:
+        _settle_cpu_collectives(mesh)
         return mesh
     if _MESH is None:
         raise RuntimeError("no device mesh: call tpu_backend.distributed.init_mesh(shape, axis_names) first")

@@ -39,6 +39,7 @@ import torch  # noqa: E402
 
 import tpu_backend  # noqa: E402
 import tpu_backend.distributed as dist  # noqa: E402  (joins the launcher's run, if any)
+import tpu_backend.tensor as tpu_tensor  # noqa: E402
 from tests.tpu_backend.models import (  # noqa: E402
     MODEL_CASES,
     GPTConfig,
@@ -149,7 +150,13 @@ def train(args, strategy: str, optimizer_name: str, tensors: dict | None) -> dic
             dist.save_checkpoint(args.checkpoint, model, optimizer, extra={"step": step + 1})
     if tensors is not None:
         tensors["final_parameters"] = {n: full_tensor(p) for n, p in model.named_parameters()}
-    report = {"losses": losses, "first_step": first, "step_seconds": times, "processes": dist.process_count()}
+    report = {
+        "losses": losses,
+        "first_step": first,
+        "step_seconds": times,
+        "processes": dist.process_count(),
+        "sync_each_computation": tpu_tensor.SYNC_EACH_COMPUTATION,
+    }
     if strategy != "single":
         params = list(model.parameters())
         states = [
