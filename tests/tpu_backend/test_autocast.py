@@ -75,3 +75,95 @@ def test_backward_through_autocast_gives_float32_grads_with_bf16_values():
     for name in ("weight", "bias"):
         error = norm_relative_error(getattr(device_linear, name).grad, getattr(linear, name).grad)
         assert error <= 2e-2, f"{name} gradient: relative error {error:.3g} (bf16 rounding allows 2e-2)"
+
+
+# --- torch.amp.GradScaler on the device --------------------------------------------------
+
+
+def _scaled_training(device: str, optimizer_name: str, steps: int = 5) -> list[dict]:
+    """GradScaler training of a small MLP on `device`; per step the scale, growth tracker,
+    unscaled gradients and parameters. Step 1's loss is multiplied by inf (the step must
+    be skipped and the scale backed off); growth_interval 2 makes the scale grow too."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(device)
+    if optimizer_name == "sgd":  # foreach: the gradient's scale goes straight into the parameters
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:  # fused: GradScaler hands grad_scale/found_inf to the optimizer instead of unscale_
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=2)
+    inputs, targets = torch.randn(16, 6), torch.randn(16, 3)
+    record = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs.to(device)), targets.to(device))
+        scaler.scale(loss * (float("inf") if step == 1 else 1.0)).backward()
+        if optimizer_name == "sgd":
+            scaler.unscale_(optimizer)
+        grads = [p.grad.detach().cpu().clone() for p in model.parameters()]
+        scaler.step(optimizer)
+        scaler.update()
+        record.append(
+            {
+                "scale": scaler.get_scale(),
+                "tracker": int(scaler._growth_tracker.item()),
+                "grads": grads,
+                "params": [p.detach().cpu().clone() for p in model.parameters()],
+            }
+        )
+    return record
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adamw-fused"])
+def test_grad_scaler_trains_like_cpu_skipping_the_step_that_overflowed(optimizer_name):
+    got, want = _scaled_training("tpu", optimizer_name), _scaled_training("cpu", optimizer_name)
+    # 1024 after one good step; step 1 overflows: halved; two good steps later: doubled
+    assert [r["scale"] for r in want] == [1024.0, 512.0, 512.0, 1024.0, 1024.0]
+    assert all(torch.equal(a, b) for a, b in zip(got[1]["params"], got[0]["params"])), (
+        "the step whose gradients overflowed must not move the parameters"
+    )
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert (g["scale"], g["tracker"]) == (w["scale"], w["tracker"]), f"step {step}"
+        for name, gs, ws in (("gradient", g["grads"], w["grads"]), ("parameter", g["params"], w["params"])):
+            for i, (a, b) in enumerate(zip(gs, ws)):
+                if step == 1 and name == "gradient":  # inf/NaN on both: the same non-finite pattern
+                    assert torch.equal(a.isfinite(), b.isfinite()), f"step 1 gradient {i}"
+                    continue
+                error = norm_relative_error(a, b)  # fused AdamW's gradients are still scaled (x1024)
+                assert error <= 1e-5, f"step {step} {name} {i}: relative error {error:.3g}"
+
+
+@pytest.mark.parametrize(
+    "scale, tracker, found, want",
+    [
+        (1024.0, 0, 1.0, "backoff"),
+        (1024.0, 0, 0.0, "count"),
+        (1024.0, 2, 0.0, "grow"),  # the third good step of interval 3
+        (3.0e38, 2, 0.0, "grown scale is inf: kept"),
+    ],
+)
+def test_update_scale_and_unscale_ops_match_cpu(scale, tracker, found, want):
+    def run(device):
+        s = torch.full((1,), scale, device=device)
+        t = torch.full((1,), tracker, dtype=torch.int32, device=device)
+        returned = torch._amp_update_scale_(s, t, torch.full((1,), found, device=device), 2.0, 0.5, 3)
+        assert returned is s  # in place, returning self
+        grads = [torch.tensor([1.0, 2.0], device=device), torch.tensor([3.0, -4.0], device=device)]
+        grads[1] = grads[1].to(torch.bfloat16)
+        flag = torch.full((1,), found, device=device)  # left as it was: the caller zeroes it
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, torch.full((1,), 0.25, device=device))
+        return s.cpu(), t.cpu(), [g.cpu() for g in grads], flag.cpu()
+
+    got, expected = run("tpu"), run("cpu")
+    for a, b in zip(got[:2], expected[:2]):
+        assert torch.equal(a, b), f"{want}: {a} != {b}"
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got[2], expected[2]))
+    assert torch.equal(got[3], expected[3])
+
+
+def test_unscale_flags_an_inf_or_nan_in_any_gradient():
+    for bad in (float("inf"), float("nan")):
+        grads = [torch.ones(3).to("tpu"), torch.tensor([1.0, bad, 2.0]).to("tpu")]
+        flag = torch.zeros(1).to("tpu")
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, torch.full((1,), 0.5).to("tpu"))
+        assert flag.item() == 1.0, f"{bad} not flagged"
+        assert grads[0].cpu().tolist() == [0.5, 0.5, 0.5]

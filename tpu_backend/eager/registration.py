@@ -201,6 +201,8 @@ def _functionalized_kernel(op):
     lowering: write the new values into the mutated arguments (see ops/norm.py)."""
     spec = JAX_LOWERINGS[op].functionalized
     run = runner(spec.functional)
+    returns = op._schema.returns
+    returns_self = len(returns) == 1 and returns[0].alias_info is not None  # `-> Tensor(a!)`: self, written
 
     def kernel(*args, **kwargs):
         results = run(args, kwargs)
@@ -214,6 +216,8 @@ def _functionalized_kernel(op):
                     tpu_tensor.write(target, value)
         if spec.outputs == 0:  # an in-place op returning nothing (`_fused_adam_`)
             return None
+        if returns_self:  # `_amp_update_scale_`
+            return args[0]
         kept = tuple(results[: spec.outputs])
         return _wrap_outputs(kept[0] if spec.outputs == 1 else kept)  # a one-output op returns a Tensor
 

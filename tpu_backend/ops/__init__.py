@@ -15,6 +15,7 @@ from __future__ import annotations
 from tpu_backend import chip_limits
 from tpu_backend.ops import (  # noqa: F401  (each import registers a family)
     activation,
+    amp,
     attention,
     conv,
     creation,
