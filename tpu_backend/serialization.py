@@ -1,7 +1,10 @@
-"""Host-side views of tpu tensors: `torch.save` / `torch.load`, `copy.deepcopy`, printing.
+"""Host-side views of tpu tensors: `torch.save` / `torch.load`, `copy.deepcopy`, printing,
+and the storage methods PyTorch writes in Python (`UntypedStorage.cpu/clone/tolist`, so
+`copy.deepcopy(storage)` too, and `TypedStorage.tolist`).
 
-A tpu tensor's storage holds no host bytes (`data_ptr()` is 0), so PyTorch's pickler
-would save empty storages. We pickle tpu tensors as CPU copies that PyTorch rebuilds on
+A tpu tensor's storage holds no host bytes (`data_ptr()` and `nbytes()` are 0), so PyTorch's
+pickler would save empty storages, and its storage methods would copy nothing (or allocate
+through an allocator the Python backend has not: a crash). We pickle tpu tensors as CPU copies that PyTorch rebuilds on
 the device with `torch._utils._rebuild_device_tensor_from_cpu_tensor`, which honours
 `torch.load(..., map_location=...)` both ways (tpu -> cpu and cpu -> tpu). The cost:
 two saved tensors that shared a storage are saved (and loaded) separately.
@@ -19,6 +22,10 @@ from tpu_backend import tensor as tpu_tensor
 _original_reduce = torch.Tensor._reduce_ex_internal
 _original_deepcopy = torch.Tensor.__deepcopy__
 _original_tensor_str = torch._tensor_str._tensor_str
+_original_storage_cpu = torch.UntypedStorage.cpu
+_original_storage_clone = torch.UntypedStorage.clone
+_original_storage_tolist = torch.UntypedStorage.tolist
+_original_typed_tolist = torch.TypedStorage.tolist
 
 
 def _reduce_ex_internal(self, proto):
@@ -50,6 +57,26 @@ def _tensor_str(self, indent):
     return _original_tensor_str(self, indent)
 
 
+def _storage_cpu(self):
+    if self.device.type != "tpu":
+        return _original_storage_cpu(self)
+    return torch.from_numpy(tpu_tensor.storage_to_bytes(self).copy()).untyped_storage()
+
+
+def _storage_clone(self):
+    if self.device.type != "tpu":
+        return _original_storage_clone(self)
+    return tpu_tensor.clone_storage(self)
+
+
+def _storage_tolist(self):
+    return self.cpu().tolist() if self.device.type == "tpu" else _original_storage_tolist(self)
+
+
+def _typed_tolist(self):
+    return self.cpu().tolist() if self.device.type == "tpu" else _original_typed_tolist(self)
+
+
 def _tag_tpu_storage(storage):
     if storage.device.type == "tpu":
         return "tpu:0"
@@ -76,3 +103,7 @@ def install() -> None:
     torch._tensor_str._tensor_str = _tensor_str
     torch.Tensor._reduce_ex_internal = _reduce_ex_internal
     torch.Tensor.__deepcopy__ = _deepcopy
+    torch.UntypedStorage.cpu = _storage_cpu
+    torch.UntypedStorage.clone = _storage_clone  # `copy.copy` / `copy.deepcopy` of a storage call it
+    torch.UntypedStorage.tolist = _storage_tolist
+    torch.TypedStorage.tolist = _typed_tolist

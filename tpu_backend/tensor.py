@@ -329,6 +329,28 @@ def storage_from_bytes(data: np.ndarray) -> torch.UntypedStorage:
     return holder.untyped_storage()
 
 
+def _storage_payload(storage: torch.UntypedStorage) -> StoragePayload:
+    try:
+        return _PAYLOADS[storage._cdata]
+    except KeyError:
+        raise RuntimeError("this tpu storage has no data: it was not created by tpu_backend") from None
+
+
+def storage_to_bytes(storage: torch.UntypedStorage) -> np.ndarray:
+    """The raw bytes of a tpu storage (its elements in order), on the host."""
+    array = concrete(_storage_payload(storage).materialised())
+    return to_numpy(_to_bytes(array.reshape(-1)))
+
+
+def clone_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """A new tpu storage with the same elements (JAX arrays are immutable: it shares the array;
+    a write replaces an array, and a shared one is never donated)."""
+    payload = _storage_payload(storage)
+    holder = empty_tensor((payload.numel,), payload.dtype)
+    payload_of(holder).array = None if payload.array is None else concrete(payload.array)
+    return holder.untyped_storage()
+
+
 def read(t: torch.Tensor, payload: StoragePayload | None = None) -> jax.Array:
     """The value of tpu tensor `t` as a JAX array of `t`'s shape and dtype."""
     if payload is None:

@@ -2,7 +2,9 @@
 
 import copy
 import io
+import warnings
 
+import pytest
 import torch
 
 import tpu_backend  # noqa: F401
@@ -61,3 +63,24 @@ def test_deepcopy_of_tpu_model_is_independent():
     x = torch.randn(2).to("tpu")
     y = copy.deepcopy(x)
     assert y.device.type == "tpu" and torch.equal(y.cpu(), x.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.int64])
+def test_storage_cpu_clone_deepcopy_and_tolist_hold_the_tensors_bytes(dtype):
+    """PyTorch's Python storage methods on a tpu storage: the tensor's bytes, not an empty copy
+    (the storage's C++ size is 0) or a crash (cloning allocated through a missing allocator)."""
+    host = (torch.arange(6) % 3).to(dtype).reshape(2, 3)
+    t = host.to("tpu").clone()  # an op's result: made on the compiled path when it is built
+    want = bytes(host.untyped_storage())
+    assert bytes(t.untyped_storage().cpu()) == want
+    assert t.untyped_storage().tolist() == list(want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        assert t.storage().tolist() == host.flatten().tolist()
+    for copied in (t.untyped_storage().clone(), copy.deepcopy(t.untyped_storage())):
+        assert copied.device.type == "tpu" and bytes(copied.cpu()) == want
+        t.zero_()  # the copy keeps its own values
+        assert bytes(copied.cpu()) == want
+        t.copy_(host.to("tpu"))
+        view = torch.empty(0, dtype=dtype, device="tpu").set_(copied, 0, (2, 3), (3, 1))
+        assert torch.equal(view.cpu(), host)
