@@ -4,10 +4,11 @@ and the storage methods PyTorch writes in Python (`UntypedStorage.cpu/clone/toli
 
 A tpu tensor's storage holds no host bytes (`data_ptr()` and `nbytes()` are 0), so PyTorch's
 pickler would save empty storages, and its storage methods would copy nothing (or allocate
-through an allocator the Python backend has not: a crash). We pickle tpu tensors as CPU copies that PyTorch rebuilds on
-the device with `torch._utils._rebuild_device_tensor_from_cpu_tensor`, which honours
-`torch.load(..., map_location=...)` both ways (tpu -> cpu and cpu -> tpu). The cost:
-two saved tensors that shared a storage are saved (and loaded) separately.
+through an allocator the Python backend has not: a crash). We pickle tpu tensors as CPU
+copies that PyTorch rebuilds on the device with
+`torch._utils._rebuild_device_tensor_from_cpu_tensor`, which honours
+`torch.load(..., map_location=...)` both ways (tpu -> cpu and cpu -> tpu). The cost: two
+saved tensors that shared a storage are saved (and loaded) separately.
 
 `print(tensor)` formats a CPU copy (as PyTorch does for XLA tensors): formatting runs
 many small ops (masked_select, abs, max...) that are not worth a device round trip each.
