@@ -5,7 +5,13 @@ CUDA's Philox (seed, offset): every random op gets `fold_in(key(seed), counter)`
 bumps the counter. `torch.manual_seed(s)` reaches `manual_seed_all` here through
 `torch.tpu` (PyTorch seeds every registered device module), and the seed defaults to
 `torch.initial_seed()`, so seeding torch makes dropout, `randn`, `nn.init`... on the
-device reproducible. Explicit `torch.Generator` arguments are ignored on the device.
+device reproducible.
+
+An explicit generator (`torch.randn(..., generator=g, device="tpu")`; a CPU
+`torch.Generator`, since PyTorch cannot make a Python backend's own) draws the op's key
+from `g` instead (`key_from_generator`): re-seeding `g` repeats the numbers, `g`
+advances as PyTorch's generators do, and the device stream is left alone. The numbers
+are not CPU's.
 """
 
 from __future__ import annotations
@@ -58,6 +64,12 @@ def next_key():
     key = _fold_in(base, np.uint32(_counter & 0xFFFFFFFF))
     _counter += 1
     return key
+
+
+def key_from_generator(generator: torch.Generator):
+    """The key of one random op called with `generator`: a seed drawn from it."""
+    seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator)) & _SEED_MASK
+    return jax.random.key(seed)
 
 
 def get_rng_state() -> torch.Tensor:

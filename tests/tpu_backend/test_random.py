@@ -67,3 +67,36 @@ def test_distributions_have_the_right_statistics():
 def test_dropout_is_identity_in_eval():
     x = torch.randn(10, device="tpu")
     torch.testing.assert_close(torch.nn.functional.dropout(x, 0.5, training=False).cpu(), x.cpu())
+
+
+def _draw_with(g: torch.Generator) -> dict:
+    x, noise = torch.empty(64, device="tpu"), torch.zeros(64, device="tpu")
+    return {
+        "randn": torch.randn(16, generator=g, device="tpu"),
+        "randint": torch.randint(0, 100, (16,), generator=g, device="tpu"),
+        "randperm": torch.randperm(16, generator=g, device="tpu"),
+        "normal_": x.clone().normal_(2.0, 3.0, generator=g),
+        "bernoulli_": x.clone().bernoulli_(0.3, generator=g),
+        "multinomial": torch.multinomial(torch.ones(8, device="tpu"), 4, generator=g),
+        # the generator is a positional argument of this one
+        "rrelu_with_noise": torch.ops.aten.rrelu_with_noise(
+            torch.linspace(-2, 2, 64).to("tpu"), noise, 0.1, 0.3, True, g
+        ),
+    }
+
+
+def test_an_explicit_generator_is_honoured_and_leaves_the_device_stream_alone():
+    """Re-seeding a generator repeats what it drew (it used to be ignored: the device stream
+    drew instead), successive draws differ, and the device's own stream does not move."""
+    g = torch.Generator().manual_seed(11)
+    torch.manual_seed(5)
+    first = {k: v.cpu() for k, v in _draw_with(g).items()}
+    after_generator_draws = torch.randn(8, device="tpu").cpu()
+    torch.manual_seed(5)
+    assert torch.equal(after_generator_draws, torch.randn(8, device="tpu").cpu()), "the device stream moved"
+    g.manual_seed(11)
+    torch.manual_seed(99)  # the device stream's seed plays no part
+    second = {k: v.cpu() for k, v in _draw_with(g).items()}
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    assert not torch.equal(torch.randn(16, generator=g, device="tpu").cpu(), first["randn"])

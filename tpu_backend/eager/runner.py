@@ -26,6 +26,7 @@ import warnings
 from typing import Any, Callable
 
 import jax
+import torch
 from jax._src.array import ArrayImpl as _ARRAY_IMPL  # JAX's concrete array class (an exact type test is cheap)
 
 from tpu_backend import chip_limits, fused, native
@@ -144,6 +145,22 @@ def _note_native_compile() -> None:
     CACHE_STATS.compile_seconds += time.perf_counter() - _Compiles.started
     _Compiles.started = None
     _count_compiled_program()
+
+
+def _with_key(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A random op's arguments plus its `jax.random` key: the device stream's, or one drawn from
+    an explicit `torch.Generator` argument, which the lowering then sees as None (so no
+    program is keyed on a generator object)."""
+    from tpu_backend import random as tpu_random
+
+    generator = kwargs.get("generator")
+    if generator is not None:
+        return args, dict(kwargs, generator=None, key=tpu_random.key_from_generator(generator))
+    for i, arg in enumerate(args):
+        if isinstance(arg, torch.Generator):  # positional (`rrelu_with_noise`)
+            args = (*args[:i], None, *args[i + 1 :])
+            return args, dict(kwargs, key=tpu_random.key_from_generator(arg))
+    return args, dict(kwargs, key=tpu_random.next_key())
 
 
 class OpRunner:
@@ -266,9 +283,7 @@ class OpRunner:
             dynamic = None  # its references would keep self's arrays from being donated
             return self._run(args, kwargs, inplace)  # first call with this template
         if self.needs_rng:
-            from tpu_backend import random as tpu_random
-
-            kwargs = dict(kwargs, key=tpu_random.next_key())
+            args, kwargs = _with_key(args, kwargs)
         if self.may_run_on_host and self.lowering.runs_on_host(args, kwargs):
             # output shape depends on values: run eagerly (a host sync)
             dynamic, template_args, template_kwargs = flatten_args(args, kwargs, False)
