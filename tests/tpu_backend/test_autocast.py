@@ -169,33 +169,24 @@ def test_unscale_flags_an_inf_or_nan_in_any_gradient():
         assert grads[0].cpu().tolist() == [0.5, 0.5, 0.5]
 
 
-def _libtpu() -> bool:
-    from kernels import tpu
-
-    return tpu.libtpu_version() is not None
-
-
-@pytest.mark.skipif(not _libtpu(), reason="compiling for a TPU on this machine needs libtpu (tools/setup.sh)")
 def test_grad_scaler_lowerings_compile_for_a_v5e():
     """libtpu's compiler on this host (no chip): the unscale over two gradient dtypes and the
     scale update (float64 products of one element) compile for a v5e."""
     import jax.numpy as jnp
     from jax import ShapeDtypeStruct
 
-    from kernels.tpu import compile_for
+    from tests.helpers import compile_for_tpu
     from tpu_backend.ops.amp import amp_foreach_non_finite_check_and_unscale, amp_update_scale
 
-    f32, one = jnp.float32, ShapeDtypeStruct((1,), jnp.float32)
-    compile_for(
-        "v5e",
+    one = ShapeDtypeStruct((1,), jnp.float32)
+    compile_for_tpu(
         lambda g, h, found, inv: amp_foreach_non_finite_check_and_unscale([g, h], found, inv),
-        ShapeDtypeStruct((128, 256), f32),
+        ShapeDtypeStruct((128, 256), jnp.float32),
         ShapeDtypeStruct((300,), jnp.bfloat16),
         one,
         one,
     )
-    compile_for(
-        "v5e",
+    compile_for_tpu(
         lambda scale, tracker, found, growth, backoff: amp_update_scale(scale, tracker, found, growth, backoff, 2000),
         one,
         ShapeDtypeStruct((1,), jnp.int32),

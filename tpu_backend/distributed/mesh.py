@@ -101,7 +101,7 @@ def _settle_cpu_collectives(mesh: Mesh | None = None) -> None:
     """Run eager computations one at a time on JAX's CPU backend (`tensor.SYNC_EACH_COMPUTATION`)
     when collectives could deadlock there: several processes, or one process whose `mesh`
     spans several devices. TPU/GPU runtimes order collectives themselves."""
-    if jax.default_backend() != "cpu":
+    if tpu_tensor.SYNC_EACH_COMPUTATION or jax.default_backend() != "cpu":  # `get_mesh` asks every step
         return
     if jax.process_count() > 1 or (mesh is not None and mesh.devices.size > 1):
         tpu_tensor.SYNC_EACH_COMPUTATION = True
