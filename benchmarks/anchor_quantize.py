@@ -82,7 +82,7 @@ def calibration_inputs(zoo, name: str, count: int, seed: int) -> list[tuple[torc
 
 def build(zoo, name: str, seed: int):
     """(model, sample args, calibration inputs) for a zoo model or one of the bench's
-    transformer classifiers (`tests/zoo/classifiers.py`), with quant_bench.py's samples."""
+    transformer classifiers (`benchmarks/zoo/classifiers.py`), with quant_bench.py's samples."""
     import importlib
 
     classifiers = importlib.import_module(zoo.__name__ + ".classifiers")

@@ -94,10 +94,10 @@ import torch
 from torch import nn
 
 if __package__ in (None, ""):
-    # Run as a script: make the repository root importable for `tests.tpu_backend.models`.
+    # Run as a script: make the repository root importable for `benchmarks.models`.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.tpu_backend.models import (  # noqa: E402
+from benchmarks.models import (  # noqa: E402
     MODEL_CASES,
     GPTConfig,
     functional_train_step,
@@ -312,7 +312,7 @@ def model_case(model_name: str):
     config = _token_config(model_name)
     if config is None:
         raise ValueError(f"--batch applies to the token models ({', '.join(TOKEN_MODELS)}), not {model_name!r}")
-    from tests.tpu_backend.models import _token_batch
+    from benchmarks.models import _token_batch
 
     if _context is not None:
         config = dataclasses.replace(config, context=_context)
@@ -353,7 +353,7 @@ def floor_case(model_name: str):
     context 8, vocabulary 16 and batch 1. Its CPU eager step is what PyTorch itself (the
     model's Python, the dispatcher, autograd, the optimizer's Python) costs on this host,
     a floor under any eager mode's host time."""
-    from tests.tpu_backend.models import GPTConfig, ModelCase, TinyGPT, _token_batch
+    from benchmarks.models import GPTConfig, ModelCase, TinyGPT, _token_batch
 
     config = _token_config(model_name)
     if not isinstance(config, GPTConfig):

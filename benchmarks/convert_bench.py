@@ -1,6 +1,6 @@
 """Convert every zoo model and measure the result: conversion time, size, LiteRT latency, error.
 
-Per model (tests/zoo/, seeded random weights): seconds for `litert_torch.convert(...)` up
+Per model (benchmarks/zoo/, seeded random weights): seconds for `litert_torch.convert(...)` up
 to the flatbuffer bytes, .tflite bytes, LiteRT latency (Python interpreter, XNNPACK, 1
 thread, median of --runs invokes after --warmup), max relative error against PyTorch
 (max|litert - torch| / max|torch|), op count and the most frequent ops, and the ratio of

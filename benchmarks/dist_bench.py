@@ -60,7 +60,7 @@ from jax.sharding import AxisType  # noqa: E402
 
 import tpu_backend  # noqa: E402,F401
 import tpu_backend.distributed as dist  # noqa: E402
-from tests.tpu_backend.models import MINGPT, MLP, GPTConfig, TinyGPT, sequence_loss  # noqa: E402
+from benchmarks.models import MINGPT, MLP, GPTConfig, TinyGPT, sequence_loss  # noqa: E402
 
 TP_PLANS = {
     "gpt": {

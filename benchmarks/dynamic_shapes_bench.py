@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 import warnings
 
 os.environ.setdefault("TPU_CACHE_DIR", "off")
+if __package__ in (None, ""):
+    # Run as a script: make the repository root importable for `benchmarks.models`.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
@@ -25,7 +29,7 @@ from torch.nn import functional as F  # noqa: E402
 
 import tpu_backend  # noqa: E402,F401
 import tpu_backend.compile as tpu_compile  # noqa: E402
-from tests.tpu_backend.compile.test_dynamic_shapes import TinyLM, token_batches  # noqa: E402
+from benchmarks.models import TinyLM, token_batches  # noqa: E402
 from tpu_backend.compile.dynamic import using_buckets  # noqa: E402
 
 DEFAULT_LENGTHS = (5, 7, 3, 8, 6, 11, 2, 13, 16, 9, 12, 10)

@@ -94,7 +94,7 @@ def _phased_step(model_name: str, mode_name: str):
 
     import torch
 
-    from tests.tpu_backend.models import make_optimizer
+    from benchmarks.models import make_optimizer
 
     mode = backend_bench.MODES[mode_name]
     case = backend_bench.model_case(model_name)

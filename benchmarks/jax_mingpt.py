@@ -4,7 +4,7 @@
     python benchmarks/jax_mingpt.py --check 3        # also: first 3 losses against PyTorch CPU eager
     python benchmarks/jax_mingpt.py --model transformer --steps 20 --json -
 
-The model is `TinyGPT` of `tests/tpu_backend/models.py` (the config and the batch come from
+The model is `TinyGPT` of `benchmarks/models.py` (the config and the batch come from
 there: minGPT is 6 layers, 384 wide, 6 heads, context 128, batch 8, vocabulary 512),
 written as plain JAX functions, as a JAX expert writes them: pre-norm blocks with causal
 multi-head attention laid out like `nn.MultiheadAttention` (one packed input projection),
@@ -38,10 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 
 if __package__ in (None, ""):
-    # Run as a script: make the repository root importable for `tests.tpu_backend.models`.
+    # Run as a script: make the repository root importable for `benchmarks.models`.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.tpu_backend.models import MODEL_CASES, GPTConfig, TinyGPT  # noqa: E402
+from benchmarks.models import MODEL_CASES, GPTConfig, TinyGPT  # noqa: E402
 
 Params = dict[str, Any]  # a pytree: {"tokens": ..., "blocks": [{...}, ...], ...}
 
@@ -383,7 +383,7 @@ def check_against_torch(model_name: str, steps: int) -> list[tuple[float, float]
     """(jax loss, torch CPU eager loss) for the first `steps` steps from the same weights."""
     import torch
 
-    from tests.tpu_backend.models import make_optimizer, train_step
+    from benchmarks.models import make_optimizer, train_step
 
     trainer = JaxTrainer(model_name)
     case = MODEL_CASES[model_name]

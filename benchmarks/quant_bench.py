@@ -28,7 +28,7 @@ one row per calibration method for the calibrated schemes (scheme shown as
         --samples 500 --anchor-python /tmp/anchor-venv/bin/python --json /tmp/quant.json
 
 Transformer classifiers: the zoo's transformers return hidden states, so the bench adds
-two classifiers of its own (`tests/zoo/classifiers.py`, random weights, nothing downloads):
+two classifiers of its own (`benchmarks/zoo/classifiers.py`, random weights, nothing downloads):
 `bert_classifier` (BertForSequenceClassification on token ids) and `vit_classifier`
 (ViTForImageClassification on 32x32 images), 10 classes each.
 
@@ -100,7 +100,7 @@ INT8_SCHEMES = ("dynamic_int8", "weight_only_int8", "full_int8")
 
 
 def classifiers(zoo) -> dict:
-    """`tests/zoo/classifiers.py`'s CLASSIFIERS (a module of the zoo package, not an entry)."""
+    """`benchmarks/zoo/classifiers.py`'s CLASSIFIERS (a module of the zoo package, not an entry)."""
     return importlib.import_module(zoo.__name__ + ".classifiers").CLASSIFIERS
 
 

@@ -29,12 +29,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks.models` imports from the root
 
 
 def _config(args, layers: int):
     import torch
 
-    from tests.tpu_backend.models import LlamaConfig
+    from benchmarks.models import LlamaConfig
 
     return LlamaConfig(
         vocab=args.vocab,
@@ -51,7 +53,7 @@ def _config(args, layers: int):
 def _step_function(config, scan: bool, batch: int):
     import torch
 
-    from tests.tpu_backend.models import LlamaLM, make_optimizer, sequence_loss
+    from benchmarks.models import LlamaLM, make_optimizer, sequence_loss
     from tpu_backend.compile import scan_layers
 
     torch.manual_seed(0)

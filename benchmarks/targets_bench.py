@@ -1,7 +1,7 @@
 """Zoo models across deployment targets: does the check pass, how fast on the host and in
 the browser, how much arena on a microcontroller.
 
-Per model (tests/zoo/, seeded random weights): the float32 conversion checked against every
+Per model (benchmarks/zoo/, seeded random weights): the float32 conversion checked against every
 target profile (errors per target), host latency (ai-edge-litert, XNNPACK, 1 thread, p50)
 and browser latency (LiteRT.js wasm in headless Chromium, p50) with the browser's max
 relative error against LiteRT; then the full-int8 conversion (io=int8, 8 seeded calibration
@@ -30,10 +30,10 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import litert_torch  # noqa: E402
+from benchmarks.zoo import build, entries  # noqa: E402
 from runtimes import bench  # noqa: E402
 from runtimes.litert import LiteRTModel, max_relative_error  # noqa: E402
 from runtimes.targets import PROFILES, check  # noqa: E402
-from tests.zoo import build, entries  # noqa: E402
 
 
 def _int8(model, args) -> bytes:

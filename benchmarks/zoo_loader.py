@@ -1,4 +1,4 @@
-"""Load the model zoo (`tests/zoo/`) by file path, without importing any other project code.
+"""Load the model zoo (`benchmarks/zoo/`) by file path, without importing any other project code.
 
 Both the benchmark and the anchor script (which runs in another environment, where
 `litert_torch` is the reference converter) use this, so the zoo must stay torch-only.
@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ZOO_DIR = REPO_ROOT / "tests" / "zoo"
+ZOO_DIR = REPO_ROOT / "benchmarks" / "zoo"
 
 
 def load_zoo(module_name: str = "model_zoo"):
-    """Import `tests/zoo/` as the top-level package `module_name` and return it."""
+    """Import `benchmarks/zoo/` as the top-level package `module_name` and return it."""
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.zoo import FAMILIES, ZOO, build, entries
 from tests.helpers import assert_converts
-from tests.zoo import FAMILIES, ZOO, build, entries
 
 RTOL = 1e-4
 

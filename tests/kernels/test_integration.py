@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
-from tests.tpu_backend.models import (
+from benchmarks.models import (
     GPTConfig,
     ModelCase,
     TinyGPT,

@@ -14,7 +14,7 @@ def converted(name: str, quant: str | None = None) -> bytes:
     import torch
 
     import litert_torch
-    from tests.zoo import build
+    from benchmarks.zoo import build
 
     model, args = build(name)
     if quant is None:

@@ -30,8 +30,8 @@ def _embedding():
 @pytest.fixture(scope="module")
 def session():
     """name -> (WebResult, expected outputs); one browser start for all."""
+    from benchmarks.zoo import build
     from tests.runtimes.conftest import converted
-    from tests.zoo import build
 
     cases = {}
     for name in ZOO_MODELS:
@@ -78,8 +78,8 @@ def test_run_in_browser_raises_on_a_broken_model():
 
 @pytest.mark.slow  # software WebGPU (no GPU here): correct but about 1 s per run on a small CNN
 def test_webgpu_accelerator_matches_litert():
+    from benchmarks.zoo import build
     from tests.runtimes.conftest import converted
-    from tests.zoo import build
 
     tasks, expected = [], []
     for name in ("lenet5", "unet_small"):

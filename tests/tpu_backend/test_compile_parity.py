@@ -1,7 +1,7 @@
 """`torch.compile(backend="tpu")` trains like PyTorch CPU eager, and from step 3 on it runs
 entirely from its compilation cache.
 
-The three models of `tests/tpu_backend/models.py` (MLP, small CNN, small transformer) are
+The three models of `benchmarks/models.py` (MLP, small CNN, small transformer) are
 built once on CPU from a fixed seed; one deep copy moves to the device. Both train 20
 steps on the same batches with SGD (momentum) and with AdamW. Two things are compiled:
 
@@ -36,7 +36,7 @@ import torch._dynamo
 
 import tpu_backend
 import tpu_backend.compile as tpu_compile
-from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
+from benchmarks.models import MODEL_CASES, make_optimizer, train_step, training_batches
 from tests.tpu_backend.parity import assert_runs_match, record_training
 
 STEPS = 20

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import tpu_backend
+from benchmarks.models import MODEL_CASES, make_optimizer, train_step, training_batches
 from tests.chip import child_env
-from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
 from tests.tpu_backend.parity import TrainingRun, assert_runs_match, record_training
 from tpu_backend import fused
 from tpu_backend.compile import cache_only, compile_stats

@@ -1,6 +1,6 @@
 """Training on the "tpu" device follows PyTorch CPU step by step.
 
-An MLP, a small CNN and a small transformer (`tests/tpu_backend/models.py`) are built once on
+An MLP, a small CNN and a small transformer (`benchmarks/models.py`) are built once on
 CPU from a fixed seed; one deep copy moves to the device. Both train 20 steps on the same
 batches with SGD (momentum) and with AdamW; the losses must agree to 1e-4 relative at
 EVERY step (a wrong gradient or optimizer update shows up within a step or two, long
@@ -22,7 +22,7 @@ import os
 import pytest
 import torch
 
-from tests.tpu_backend.models import MODEL_CASES, make_optimizer, train_step, training_batches
+from benchmarks.models import MODEL_CASES, make_optimizer, train_step, training_batches
 from tests.tpu_backend.parity import TrainingRun, assert_runs_match, record_training
 
 DEVICE = os.environ.get("PARITY_DEVICE", "tpu")

@@ -16,7 +16,7 @@ code between graphs eagerly, on the tpu device's eager kernels.
 Inputs a graph writes (an optimizer step's parameters and state, batch norm's running
 statistics) are written by the compiled callable itself, with their old buffers donated
 to the program where nothing else holds them: a whole training step written in the form
-of `tests.tpu_backend.models.functional_train_step` is one program updating in place.
+of `benchmarks.models.functional_train_step` is one program updating in place.
 
 Shapes: XLA compiles for static shapes. A graph with symbolic sizes (`dynamic=True`,
 `mark_dynamic`, or Dynamo's automatic dynamic shapes after a shape change) runs through

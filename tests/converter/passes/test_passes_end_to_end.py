@@ -123,8 +123,8 @@ def test_tiny_unet_with_concat_and_upsample():
 @pytest.mark.slow
 @pytest.mark.parametrize("name, anchor_ops", [("resnet18", 37), ("mobilenet_v2", 70)])
 def test_zoo_cnn_op_counts_match_or_beat_the_anchor(name, anchor_ops):
-    import tests.zoo.cnn  # noqa: F401  (registers the CNNs)
-    from tests.zoo import registry
+    import benchmarks.zoo.cnn  # noqa: F401  (registers the CNNs)
+    from benchmarks.zoo import registry
 
     model, args = registry.build(name)
     edge = assert_converts(model, args, rtol=1e-4)

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import litert_torch
+from benchmarks.zoo.inception import inception_v3
 from converter.quantize import QuantizationWarning
 from litert_torch import quantize
 from tests.converter.quantize.test_quantize import _model, _rel_error, assert_fully_integer
-from tests.zoo.inception import inception_v3
 
 
 def _convert_inception(width: float, std: float, size: int, samples: int, float_file: bool):

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import litert_torch
+from benchmarks.zoo import ZOO, build
 from converter.quantize.select import ROOT
 from converter.quantize.sensitivity import relative_error
 from litert_torch import quantize
 from litert_torch.cli import main as cli_main
 from tests.converter.quantize.test_quantize import TinyBlock
-from tests.zoo import ZOO, build
 
 
 class TinyEncoder(torch.nn.Module):

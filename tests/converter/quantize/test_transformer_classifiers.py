@@ -1,5 +1,5 @@
 """Full int8 on two transformer classifiers built from `transformers` configs with random
-weights (`tests/zoo/classifiers.py`): top-1 agreement with the float PyTorch model,
+weights (`benchmarks/zoo/classifiers.py`): top-1 agreement with the float PyTorch model,
 measured in LiteRT on fresh inputs (issue #20's target: >= 97%), and `quantize.auto`
 where full int8 alone misses it."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import litert_torch
+from benchmarks.zoo.classifiers import CLASSIFIERS, samples
 from litert_torch import quantize
 from tests.converter.quantize.test_quantize import assert_fully_integer
-from tests.zoo.classifiers import CLASSIFIERS, samples
 
 pytest.importorskip("transformers")
 
@@ -67,7 +67,7 @@ def test_lenet5_auto_reaches_99_percent_with_its_last_layers_float():
     `auto(min_agreement=0.99)` deciding on 200 inputs keeps some of its 12 layers float
     (8 with these seeds, 5 in quant_bench's; the sensitivity order is data-dependent) and
     agrees on >= 99% of 200 held-out inputs."""
-    from tests.zoo import ZOO, build
+    from benchmarks.zoo import ZOO, build
 
     model, args = build("lenet5")
 

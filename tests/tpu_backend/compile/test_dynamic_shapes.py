@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
+from benchmarks.models import TinyLM, token_batches
 from tests import chip
 from tests.tpu_backend.parity import assert_runs_match, record_training
 from tpu_backend.compile.dynamic import BucketedProgram, Buckets, ExactShapesWarning
@@ -134,37 +135,6 @@ def test_ops_padding_could_change_fall_back_to_exact_shapes():
             x = torch.randn(n, 4)
             torch.testing.assert_close(compiled(x), reversed_rows(x), rtol=TOLERANCE, atol=TOLERANCE)
     assert compiled_signatures("_inference") == 3  # one per size: flip would move padding to the front
-
-
-class TinyLM(nn.Module):
-    """Embedding, one self-attention, layer norm, a vocabulary head: a sequence model whose
-    Linear layers flatten `[batch, seq, width]` to `[batch*seq, width]` (padding of seq
-    then sits between the batch's rows)."""
-
-    def __init__(self, vocab: int = 20, width: int = 16):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(vocab, width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab)
-
-    def forward(self, ids):
-        h = self.embed(ids)
-        q, k, v = self.qkv(h).chunk(3, dim=-1)
-        attention = torch.softmax(q @ k.transpose(1, 2) / 4, dim=-1)
-        return self.head(self.norm(h + attention @ v))
-
-
-def token_batches(lengths, batch: int = 2, vocab: int = 20):
-    generator = torch.Generator().manual_seed(2)
-    return [
-        (
-            torch.randint(0, vocab, (batch, n), generator=generator),
-            torch.randint(0, vocab, (batch, n), generator=generator),
-        )
-        for n in lengths
-    ]
 
 
 def test_variable_length_sequence_training_is_bucketed_and_matches_cpu():

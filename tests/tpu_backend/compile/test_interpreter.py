@@ -18,8 +18,8 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks.models import MODEL_CASES, GPTConfig, TinyGPT
 from tests import chip
-from tests.tpu_backend.models import MODEL_CASES, GPTConfig, TinyGPT
 from tpu_backend.compile import UnsupportedGraphError, compile_graph, decompositions, fx_to_jax
 from tpu_backend.compile.backend import graph_compiler
 from tpu_backend.ops.views import VIEW_LOWERINGS

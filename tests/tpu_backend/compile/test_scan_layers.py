@@ -13,7 +13,7 @@ from torch import nn
 
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
-from tests.tpu_backend.models import LlamaConfig, LlamaLM, make_optimizer, sequence_loss
+from benchmarks.models import LlamaConfig, LlamaLM, make_optimizer, sequence_loss
 from tpu_backend.compile import scan
 
 STEPS = 3

@@ -17,8 +17,8 @@ import torch._dynamo
 
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
+from benchmarks.models import MODEL_CASES, functional_train_step, make_optimizer, train_step, training_batches
 from tests.chip import child_env
-from tests.tpu_backend.models import MODEL_CASES, functional_train_step, make_optimizer, train_step, training_batches
 from tpu_backend import tensor as device_tensor
 from tpu_backend.eager.runner import CACHE_STATS
 from tpu_backend.jax_interop import to_jax
@@ -159,7 +159,7 @@ def test_one_program_step_with_kernels_on_takes_the_xla_path_and_trains():
     """Under `torch.func.grad` (the one-program step) the kernels' custom-op autograd cannot
     run (torch 2.13); the routers send those calls to XLA, so the step with kernels on
     computes what it computes with them off (it crashed on the chip before)."""
-    from tests.tpu_backend.models import LlamaConfig, LlamaLM, ModelCase, _token_batch, sequence_loss
+    from benchmarks.models import LlamaConfig, LlamaLM, ModelCase, _token_batch, sequence_loss
 
     config = LlamaConfig(context=128, width=64, heads=2, layers=1, ffn=128)
     case = ModelCase("llama", lambda: LlamaLM(config), _token_batch(config, 2), sequence_loss)

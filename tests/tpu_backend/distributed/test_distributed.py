@@ -151,7 +151,7 @@ def test_checkpoint_round_trip_on_one_device(tmp_path):
     folder is complete (index last, no .tmp left) and a half-written one is refused."""
     import torch
 
-    from tests.tpu_backend.models import MLP
+    from benchmarks.models import MLP
     from tpu_backend.distributed import load_checkpoint, save_checkpoint
 
     torch.manual_seed(0)

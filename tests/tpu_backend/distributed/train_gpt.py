@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import tpu_backend  # noqa: E402
 import tpu_backend.distributed as dist  # noqa: E402  (joins the launcher's run, if any)
 import tpu_backend.tensor as tpu_tensor  # noqa: E402
-from tests.tpu_backend.models import (  # noqa: E402
+from benchmarks.models import (  # noqa: E402
     MODEL_CASES,
     GPTConfig,
     _class_batch,

@@ -4,7 +4,7 @@ families built from `transformers` configs, and timm families (CNNs, hybrids, Vi
 with `pretrained=False` (random seeded weights, nothing downloaded; `transformers` and
 `timm` are imported only when such a model is built).
 
-    from tests.zoo import ZOO, build, entries
+    from benchmarks.zoo import ZOO, build, entries
     model, args = build("resnet18")          # eval mode, seeded weights and inputs
     for entry in entries(fast=True): ...     # the default-suite subset
 

@@ -305,3 +305,34 @@ def functional_train_step(model: nn.Module, case: ModelCase, optimizer: str) -> 
 
     step.state = {"momentum_buffer": momenta, "exp_avg": exp_avgs, "exp_avg_sq": exp_avg_sqs}
     return step
+
+
+class TinyLM(nn.Module):
+    """Embedding, one self-attention, layer norm, a vocabulary head: a sequence model whose
+    Linear layers flatten `[batch, seq, width]` to `[batch*seq, width]` (padding of seq
+    then sits between the batch's rows)."""
+
+    def __init__(self, vocab: int = 20, width: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        attention = torch.softmax(q @ k.transpose(1, 2) / 4, dim=-1)
+        return self.head(self.norm(h + attention @ v))
+
+
+def token_batches(lengths, batch: int = 2, vocab: int = 20):
+    generator = torch.Generator().manual_seed(2)
+    return [
+        (
+            torch.randint(0, vocab, (batch, n), generator=generator),
+            torch.randint(0, vocab, (batch, n), generator=generator),
+        )
+        for n in lengths
+    ]
