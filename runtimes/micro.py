@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.files import write_atomic
+
 HOST_ARENA = 64 << 20  # generous arena for the measuring run
 ARENA_MARGIN = 1024  # headroom added to the measured arena in the exported header
 
@@ -253,13 +255,6 @@ inline TfLiteStatus Register{camel}Ops(tflite::MicroMutableOpResolver<N>& resolv
     return header, source
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def export_c_source(
     model_content: bytes, name: str, out_dir: str, *, arena_bytes: int | None = None, measure: bool = True
 ) -> tuple[str, str]:
@@ -271,6 +266,6 @@ def export_c_source(
     os.makedirs(out_dir, exist_ok=True)
     ident = _identifier(name)
     paths = (os.path.join(out_dir, f"{ident}_model.h"), os.path.join(out_dir, f"{ident}_model.cc"))
-    _write_atomic(paths[0], header)
-    _write_atomic(paths[1], source)
+    write_atomic(paths[0], [header.encode()])
+    write_atomic(paths[1], [source.encode()])
     return paths
