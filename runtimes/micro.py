@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.files import write_atomic
+from runtimes.litert import captured_c_stderr
 
 HOST_ARENA = 64 << 20  # generous arena for the measuring run
 ARENA_MARGIN = 1024  # headroom added to the measured arena in the exported header
@@ -93,18 +94,9 @@ def _run_here(content: bytes, inputs: list[np.ndarray]) -> MicroResult:
         ) from e
     outputs = [np.array(interpreter.get_output(i)) for i in range(n_outputs)]
     # The allocation report goes to the C stderr: catch file descriptor 2.
-    with tempfile.TemporaryFile(mode="w+") as log:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        try:
-            os.dup2(log.fileno(), 2)
-            interpreter.print_allocations()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        log.seek(0)
-        report = log.read()
-    return MicroResult(outputs, _arena_total(report))
+    with captured_c_stderr() as report:
+        interpreter.print_allocations()
+    return MicroResult(outputs, _arena_total(report.decode(errors="replace")))
 
 
 def _arena_total(log: str) -> int:
