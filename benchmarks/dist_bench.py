@@ -61,6 +61,7 @@ from jax.sharding import AxisType  # noqa: E402
 import tpu_backend  # noqa: E402,F401
 import tpu_backend.distributed as dist  # noqa: E402
 from benchmarks.models import MINGPT, MLP, GPTConfig, TinyGPT, sequence_loss  # noqa: E402
+from common.files import write_atomic  # noqa: E402
 
 TP_PLANS = {
     "gpt": {
@@ -217,9 +218,7 @@ def main(opts) -> list[dict]:
         if opts.json == "-":
             print(text)
         else:
-            with open(opts.json + ".tmp", "w") as f:
-                f.write(text)
-            os.replace(opts.json + ".tmp", opts.json)
+            write_atomic(opts.json, [text.encode()])
     return results
 
 

@@ -16,6 +16,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
 
 from common.tflite_schema import BUILTIN_NAMES
+from runtimes.litert import without_xnnpack_notice
 
 
 class LoadedModel:
@@ -23,8 +24,9 @@ class LoadedModel:
 
     def __init__(self, content: bytes, threads: int = 1):
         self.content = content
-        self.interpreter = Interpreter(model_content=content, num_threads=threads)
-        self.interpreter.allocate_tensors()
+        with without_xnnpack_notice():
+            self.interpreter = Interpreter(model_content=content, num_threads=threads)
+            self.interpreter.allocate_tensors()
         self.inputs = sorted(self.interpreter.get_input_details(), key=lambda d: d["index"])
         self.outputs = sorted(self.interpreter.get_output_details(), key=lambda d: d["index"])
 

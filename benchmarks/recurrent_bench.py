@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.litert_measure import LoadedModel, max_relative_error, median_latencies, op_histogram  # noqa: E402
+from common.files import write_atomic  # noqa: E402
 from converter import ir  # noqa: E402
 from converter.lowering import decompositions, recurrent  # noqa: E402
 from converter.passes import optimize  # noqa: E402
@@ -180,9 +181,8 @@ def main() -> None:
         )
     Console(width=max(Console().width, 132)).print(table)
     if args.json:
-        with open(args.json + ".tmp", "w") as f:
-            json.dump({"runs": args.runs, "torch": torch.__version__, "rows": rows}, f, indent=1)
-        os.replace(args.json + ".tmp", args.json)
+        payload = {"runs": args.runs, "torch": torch.__version__, "rows": rows}
+        write_atomic(args.json, [json.dumps(payload, indent=1).encode()])
 
 
 if __name__ == "__main__":

@@ -8,4 +8,6 @@ project, so any layer may import it (`converter`, `runtimes`, `litert_torch`,
 - `common.resampling`: the sampling arithmetic PyTorch's pooling and interpolation kernels
   use (adaptive windows, linear weights, nearest indices), as numpy arrays both the
   converter and the tpu device build their ops from.
+- `common.files`: `write_atomic`, the one atomic file write (the file's mode follows the umask).
+- `common.messages`: wording shared by error messages (`a_type`: "an int", "None").
 """

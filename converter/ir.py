@@ -244,6 +244,9 @@ class Graph:
     ops: list[Op] = field(default_factory=list)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
+    # what constant folding removed, for the user's report (converter.passes.folding_summary):
+    # {"ops": ops removed, "zero branches": branches added to a tensor whose output is always 0}
+    folded: dict[str, int] = field(default_factory=dict)
 
     # ---- queries -------------------------------------------------------------------
     def producers(self) -> dict[int, Op]:

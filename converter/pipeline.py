@@ -45,6 +45,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 import converter.lowering  # noqa: F401  (importing it registers every lowering family)
+from common.messages import a_type
 from converter import ir
 from converter.errors import ConversionError, ExportError, UnsupportedOp, UnsupportedOpsError
 from converter.lowering import decompositions, symbolic
@@ -372,7 +373,7 @@ def _constant(name: str, value) -> ir.Tensor:
     if isinstance(value, torch.nn.Parameter):
         value = value.data
     if not isinstance(value, torch.Tensor):
-        raise ConversionError(f"constant '{name}' is a {type(value).__name__}; only tensors can be stored in the model")
+        raise ConversionError(f"constant '{name}' is {a_type(value)}; only tensors can be stored in the model")
     t = value.detach() if value.requires_grad else value  # (detach and a no-op .to cost per weight)
     if t.device.type != "cpu":
         t = t.to("cpu")
@@ -717,18 +718,20 @@ def _output_names(program: ExportedProgram) -> list[str] | None:
 def _set_outputs(node, sig, env, graph: ir.Graph, ctx: LoweringContext, names: list[str] | None = None) -> None:
     values = list(node.args[0])
     specs = sig.output_specs
-    for k, (value, spec) in enumerate(zip(values, specs)):
+    for value, spec in zip(values, specs):
         if spec.kind != OutputKind.USER_OUTPUT:
             continue  # buffer mutations (e.g. batch-norm statistics) do not exist at inference
         out = env[value] if isinstance(value, torch.fx.Node) else value
         if isinstance(out, (int, float, bool)) and not isinstance(out, torch.SymInt):
             out = ctx.const(np.asarray(out), name=f"output_{len(graph.outputs)}")
+        position = len(graph.output_names)  # among the user's outputs, as `names` counts them
         if not isinstance(out, ir.Tensor):
+            which = f"'{names[position]}'" if names and position < len(names) else str(position)
             raise ConversionError(
-                f"output {k} of forward() is a {type(out).__name__}; only tensors (and numbers) can be model outputs"
+                f"output {which} of forward() is {a_type(out)}; only tensors (and numbers) can be model outputs"
+                " (return only the outputs that hold tensors)"
             )
         graph.outputs.append(out)
-        position = len(graph.output_names)
         graph.output_names.append(names[position] if names and position < len(names) else f"output_{position}")
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common.messages import a_type
 from converter import ir
 from converter.errors import ConversionError, ExportError
 from converter.pipeline import convert_module, module_tensors
@@ -25,12 +26,13 @@ def _sample_args(sample_args) -> tuple:
         return (sample_args,)
     if isinstance(sample_args, np.ndarray):
         raise TypeError("sample_args is a numpy array; pass torch tensors: sample_args=(torch.from_numpy(x),)")
-    what = "None" if sample_args is None else f"a {type(sample_args).__name__}"
     hint = {
         "list": "a tuple of positional inputs, e.g. sample_args=tuple(my_list)",
         "dict": "keyword inputs as sample_kwargs=..., positional ones as a tuple",
     }.get(type(sample_args).__name__, "a tuple of example inputs, e.g. (torch.randn(1, 3, 224, 224),)")
-    raise TypeError(f"sample_args must be a tuple of example inputs (or one tensor); got {what}. Pass {hint}.")
+    raise TypeError(
+        f"sample_args must be a tuple of example inputs (or one tensor); got {a_type(sample_args)}. Pass {hint}."
+    )
 
 
 @dataclass

@@ -206,10 +206,15 @@ def cmd_convert(ns) -> int:
 
 
 def _check(model, sample_args, edge, console) -> int:
-    """Run PyTorch and LiteRT on the sample inputs; print each output's max relative error."""
+    """Run PyTorch and LiteRT on the sample inputs; print each output's max relative error,
+    after what constant folding removed (a model smaller than expected says why)."""
     import torch
 
+    from converter.passes import folding_summary
     from runtimes.litert import max_relative_error
+
+    if (folded := folding_summary(edge.ir_model)) is not None:
+        console.print(folded, highlight=False)
 
     model.eval()
     with torch.no_grad():

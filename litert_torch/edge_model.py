@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 
+from common.files import write_atomic
 from runtimes.litert import LiteRTModel, Signature
 from runtimes.verify import verify_model
 
@@ -151,7 +151,8 @@ class EdgeModel:
         the same folder, are flushed to disk, then `os.replace` it over `path`. A reader
         never sees a partial `path`; a failure (disk full, an exception, Ctrl-C) leaves
         nothing behind. (A process killed outright can leave its hidden
-        `.litert_torch-*.tflite.tmp`, never a partial `path`.)"""
+        `.litert_torch-*.tflite.tmp`, never a partial `path`.) The file's mode follows the
+        umask (`common.files.write_atomic`)."""
         path = os.fspath(path)
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
@@ -160,27 +161,8 @@ class EdgeModel:
             raise FileNotFoundError(f"cannot write {path}: folder {folder} does not exist (create it first)")
         if os.path.isdir(path):
             raise IsADirectoryError(f"cannot write {path}: it is a folder; give a file name like {path}/model.tflite")
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".litert_torch-", suffix=".tflite.tmp", dir=folder)
-        except PermissionError as e:
-            raise PermissionError(
-                f"cannot write {path}: no permission to create files in {folder} ({e.strerror})"
-            ) from e
-        except OSError as e:
-            raise OSError(e.errno, f"cannot write {path}: cannot create a file in {folder} ({e.strerror})") from e
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for piece in self._pieces:  # weights after the flatbuffer are written from their own memory
-                    f.write(piece)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        # weights after the flatbuffer are written from their own memory
+        write_atomic(path, self._pieces, prefix=".litert_torch-", suffix=".tflite.tmp")
         return path
 
 

@@ -3,12 +3,18 @@
 A thin layer over `ai_edge_litert.interpreter.Interpreter`: XNNPACK is on by default
 (the interpreter applies it unless told otherwise), `num_threads` is passed through, and
 signatures are run with numpy inputs IN ORDER and return numpy outputs IN ORDER (the
-interpreter's own runner takes and returns dicts keyed by name).
+interpreter's own runner takes and returns dicts keyed by name). Interpreters are created
+and allocated under `without_xnnpack_notice`, so a run prints nothing of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +56,52 @@ class Signature:
         return [t.name for t in self.outputs]
 
 
+_STDERR_LOCK = threading.RLock()  # file descriptor 2 is the process's: one capture at a time
+_XNNPACK_NOTICE = b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
+_xnnpack_notice_seen = False
+
+
+@contextlib.contextmanager
+def captured_c_stderr():
+    """Capture file descriptor 2 (where C++ libraries write, past `sys.stderr`) for the block;
+    yields a bytearray that holds what was written once the block ends."""
+    captured = bytearray()
+    with _STDERR_LOCK, tempfile.TemporaryFile() as log:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            captured.extend(log.read())
+
+
+@contextlib.contextmanager
+def without_xnnpack_notice():
+    """Create and allocate interpreters in this block to drop LiteRT's `INFO: Created TensorFlow
+    Lite XNNPACK delegate for CPU.`, which its C++ runtime writes to stderr once per process,
+    at the first allocation with XNNPACK, with no setting to turn it off. Everything else
+    written meanwhile (real errors) still reaches stderr, after the block. Once the notice
+    has been dropped the block captures nothing."""
+    global _xnnpack_notice_seen
+    if _xnnpack_notice_seen:
+        yield
+        return
+    try:
+        with captured_c_stderr() as captured:
+            yield
+    finally:  # also when creation failed: its messages are the user's to see
+        lines = bytes(captured).splitlines(keepends=True)
+        kept = [line for line in lines if not line.startswith(_XNNPACK_NOTICE)]
+        _xnnpack_notice_seen = _xnnpack_notice_seen or len(kept) < len(lines)
+        if kept:
+            os.write(2, b"".join(kept))
+
+
 def _signature_order(model_content: bytes) -> dict[str, dict[str, list[str]]]:
     """signature key -> {"inputs": [...], "outputs": [...]} in the file's order."""
     from ai_edge_litert import schema_py_generated as schema
@@ -84,19 +136,26 @@ class LiteRTModel:
         kwargs = {}
         if not use_xnnpack:
             kwargs["experimental_op_resolver_type"] = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
-        self._interpreter = Interpreter(
-            model_content=bytes(model_content),
-            num_threads=num_threads,
-            experimental_preserve_all_tensors=preserve_all_tensors,
-            **kwargs,
-        )
         self._runners: dict[str, object] = {}
         self._order = _signature_order(model_content)
-        self.signatures: list[Signature] = [self._signature(key) for key in self._signature_keys()]
+        self._use_xnnpack = use_xnnpack
+        with self._quiet():
+            self._interpreter = Interpreter(
+                model_content=bytes(model_content),
+                num_threads=num_threads,
+                experimental_preserve_all_tensors=preserve_all_tensors,
+                **kwargs,
+            )
+            self.signatures: list[Signature] = [self._signature(key) for key in self._signature_keys()]
 
     @property
     def interpreter(self):
         return self._interpreter
+
+    def _quiet(self):
+        """Where this interpreter may allocate (XNNPACK is applied at its first allocation,
+        in a runner's first call): without LiteRT's notice (`without_xnnpack_notice`)."""
+        return without_xnnpack_notice() if self._use_xnnpack else contextlib.nullcontext()
 
     def _signature_keys(self) -> list[str]:
         keys = list(self._interpreter.get_signature_list())
@@ -161,7 +220,8 @@ class LiteRTModel:
                 array = array.astype(spec.dtype)
             _check_shape(spec, array.shape)
             feed[spec.name] = np.ascontiguousarray(array)  # the runner resizes dynamic inputs
-        results = self._runner(sig.key)(**feed)
+        with self._quiet():  # a no-op once the notice has been dropped
+            results = self._runner(sig.key)(**feed)
         return [np.asarray(results[spec.name]) for spec in sig.outputs]
 
 
@@ -190,18 +250,19 @@ def _prepare_all(model_content: bytes, use_xnnpack: bool) -> list[tuple[int, int
     subgraph = None
     mismatches = []
     try:
-        interpreter = Interpreter(model_content=model_content, num_threads=1, **kwargs)
-        wrapper = interpreter._interpreter  # allocation by subgraph index has no public API
-        for key in interpreter.get_signature_list() or [None]:
-            subgraph = 0 if key is None else wrapper.GetSubgraphIndexFromSignature(key)
-            stored = [_tensor_shape(wrapper, i, subgraph) for i in range(wrapper.NumTensors(subgraph))]
-            wrapper.AllocateTensors(subgraph)
-            changed = [i for i, shape in enumerate(stored) if _tensor_shape(wrapper, i, subgraph) != shape]
-            if changed and subgraph == 0:
-                writers = {t: n for n in range(wrapper.NumNodes()) for t in wrapper.NodeOutputs(n)}
-            for i in changed:
-                node = writers.get(i, -1) if subgraph == 0 else -1
-                mismatches.append((subgraph, node, stored[i], _tensor_shape(wrapper, i, subgraph)))
+        with without_xnnpack_notice():  # (only the XNNPACK pass applies it)
+            interpreter = Interpreter(model_content=model_content, num_threads=1, **kwargs)
+            wrapper = interpreter._interpreter  # allocation by subgraph index has no public API
+            for key in interpreter.get_signature_list() or [None]:
+                subgraph = 0 if key is None else wrapper.GetSubgraphIndexFromSignature(key)
+                stored = [_tensor_shape(wrapper, i, subgraph) for i in range(wrapper.NumTensors(subgraph))]
+                wrapper.AllocateTensors(subgraph)
+                changed = [i for i, shape in enumerate(stored) if _tensor_shape(wrapper, i, subgraph) != shape]
+                if changed and subgraph == 0:
+                    writers = {t: n for n in range(wrapper.NumNodes()) for t in wrapper.NodeOutputs(n)}
+                for i in changed:
+                    node = writers.get(i, -1) if subgraph == 0 else -1
+                    mismatches.append((subgraph, node, stored[i], _tensor_shape(wrapper, i, subgraph)))
     except (RuntimeError, ValueError) as e:
         text = " ".join(str(e).split())
         found = _FAILED_NODE.search(text)

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.files import write_atomic
+from runtimes.litert import captured_c_stderr
+
 HOST_ARENA = 64 << 20  # generous arena for the measuring run
 ARENA_MARGIN = 1024  # headroom added to the measured arena in the exported header
 
@@ -91,18 +94,9 @@ def _run_here(content: bytes, inputs: list[np.ndarray]) -> MicroResult:
         ) from e
     outputs = [np.array(interpreter.get_output(i)) for i in range(n_outputs)]
     # The allocation report goes to the C stderr: catch file descriptor 2.
-    with tempfile.TemporaryFile(mode="w+") as log:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        try:
-            os.dup2(log.fileno(), 2)
-            interpreter.print_allocations()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        log.seek(0)
-        report = log.read()
-    return MicroResult(outputs, _arena_total(report))
+    with captured_c_stderr() as report:
+        interpreter.print_allocations()
+    return MicroResult(outputs, _arena_total(report.decode(errors="replace")))
 
 
 def _arena_total(log: str) -> int:
@@ -253,13 +247,6 @@ inline TfLiteStatus Register{camel}Ops(tflite::MicroMutableOpResolver<N>& resolv
     return header, source
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def export_c_source(
     model_content: bytes, name: str, out_dir: str, *, arena_bytes: int | None = None, measure: bool = True
 ) -> tuple[str, str]:
@@ -271,6 +258,6 @@ def export_c_source(
     os.makedirs(out_dir, exist_ok=True)
     ident = _identifier(name)
     paths = (os.path.join(out_dir, f"{ident}_model.h"), os.path.join(out_dir, f"{ident}_model.cc"))
-    _write_atomic(paths[0], header)
-    _write_atomic(paths[1], source)
+    write_atomic(paths[0], [header.encode()])
+    write_atomic(paths[1], [source.encode()])
     return paths

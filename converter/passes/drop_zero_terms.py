@@ -4,7 +4,8 @@ A branch scaled by a zero constant contributes nothing: timm's Swin-V2 initialis
 res-post-norm LayerNorm weights (and biases) to 0, so `x + norm(attn(x))` is `x` and the
 whole attention and MLP branch of every block is dead (328 ops instead of 46; 15x the
 anchor's latency). The pass finds the tensors that are known to be zero and removes the
-additions of them; dead-code removal then drops the branch that computed them.
+additions of them, then the branches that computed them (dead-code removal), and counts
+those branches in `graph.folded["zero branches"]` for the user's report.
 
 A tensor is known zero when it is
 - a constant whose elements are all 0;
@@ -34,6 +35,7 @@ import numpy as np
 from converter.ir import Graph, Op, Tensor
 
 from ._graph import Uses, activation
+from .remove_dead_code import remove_dead_code
 
 ZERO_PRESERVING = {"RESHAPE", "TRANSPOSE", "EXPAND_DIMS", "SQUEEZE", "BROADCAST_TO", "NEG"}
 
@@ -50,6 +52,7 @@ def drop_zero_terms(graph: Graph) -> Graph:
             return t.data.size > 0 and not np.any(t.data)
         return t.id in zero
 
+    branches = 0
     for op in list(graph.ops):
         if len(op.outputs) != 1 or activation(op) != "NONE":
             continue
@@ -62,7 +65,11 @@ def drop_zero_terms(graph: Graph) -> Graph:
         kept = _kept_operand(op, is_zero)
         if kept is not None:
             uses = uses or Uses(graph)
-            uses.bypass(op, kept)
+            if uses.bypass(op, kept):
+                branches += any(t is not None and t is not kept and not t.is_const for t in op.inputs)
+    if branches:  # the branches die now, so that folding's report counts their ops
+        remove_dead_code(graph)
+        graph.folded["zero branches"] = graph.folded.get("zero branches", 0) + branches
     return graph
 
 

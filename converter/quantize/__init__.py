@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from common.messages import a_type
 from converter import ir
 from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, AutoConfig, QuantConfig
 from converter.quantize.report import FloatOp, QuantizationWarning, QuantReport
@@ -127,7 +128,7 @@ def _sample_tuple(sample, where: str) -> tuple:
         sample = tuple(sample)
     if not isinstance(sample, tuple):
         raise TypeError(
-            f"{where} is a {type(sample).__name__}; each calibration sample must be a tuple of "
+            f"{where} is {a_type(sample)}; each calibration sample must be a tuple of "
             f"positional inputs like sample_args (or one tensor)"
         )
     return sample
@@ -231,7 +232,7 @@ def _check_input(x, ref, where: str, dynamic: bool) -> np.ndarray:
     elif isinstance(x, np.ndarray):
         array, dtype = x, None
     else:
-        raise TypeError(f"{where} is a {type(x).__name__}; expected a tensor")
+        raise TypeError(f"{where} is {a_type(x)}; expected a tensor")
     if isinstance(ref, torch.Tensor):
         want = tuple(ref.shape)
         ref_np = torch.empty(0, dtype=ref.dtype).numpy().dtype if ref.dtype != torch.bfloat16 else np.float32

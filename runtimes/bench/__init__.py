@@ -3,9 +3,10 @@
 
 Host numbers: init (interpreter construction, XNNPACK setup and tensor allocation), first inference,
 warm-up average, then the timed runs (average, p50, p90, min, max, std) in microseconds;
-peak memory is the process's peak resident set (ru_maxrss), read before and after.
+peak memory is the process's peak resident set (VmHWM), read before and after.
 `compare` runs two models alternately in one process (run i of A, run i of B, ...) so
-machine load hits both alike, and reports B/A ratios.
+machine load hits both alike, and reports B/A ratios; each model's peak memory is read in
+a child process that loads and runs only it.
 
 On a phone: `android_script` writes a shell script that pushes the model with adb and runs
 `benchmark_model` with the same options; `parse_benchmark_model` turns that tool's log

@@ -2,15 +2,20 @@
 
 Init (interpreter construction, XNNPACK setup and tensor allocation), first inference,
 warm-up average, then the timed runs (average, p50, p90, min, max, std) in microseconds;
-peak memory is the process's peak resident set (ru_maxrss), read before and after.
+peak memory is the process's peak resident set (VmHWM), read before and after.
 `compare` runs two models alternately in one process (run i of A, run i of B, ...) so
-machine load hits both alike, and reports B/A ratios.
+machine load hits both alike, and reports B/A ratios; one process has one peak, so each
+model's peak is read in a child process that loads and runs only that model.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -59,7 +64,50 @@ def stats_us(times_us) -> dict:
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak resident set in MiB: Linux's VmHWM, which starts afresh at exec
+    (ru_maxrss carries the parent's peak across fork and exec: a child of a large process
+    would report its parent's); ru_maxrss where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+# A child process's peak resident set around loading and running one model (`_peak_alone`).
+_PEAK_CHILD = """
+import json, sys
+from runtimes.bench.host import _HostRunner, _peak_rss_mb
+path, threads, use_xnnpack, seed, runs = sys.argv[1:]
+with open(path, "rb") as f:
+    content = f.read()
+before = _peak_rss_mb()
+runner = _HostRunner(content, int(threads) or None, use_xnnpack == "1", int(seed))
+for _ in range(int(runs)):
+    runner.once()
+print(json.dumps({"peak_rss_mb": _peak_rss_mb(), "peak_rss_before_mb": before}))
+"""
+
+
+def _peak_alone(content: bytes, threads: int | None, use_xnnpack: bool, seed: int, runs: int = 2) -> dict:
+    """`memory` of bench_host's JSON for one model, measured in a child process that loads
+    and runs only it (plus `process: "child"`)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with tempfile.TemporaryDirectory(prefix="litert_bench_") as folder:
+        path = os.path.join(folder, "model.tflite")
+        with open(path, "wb") as f:
+            f.write(content)
+        argv = [path, str(threads or 0), "1" if use_xnnpack else "0", str(seed), str(runs)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run(
+            [sys.executable, "-c", _PEAK_CHILD, *argv], capture_output=True, text=True, env=env, timeout=600
+        )
+    if done.returncode:
+        raise RuntimeError(f"measuring the model's peak memory in a child process failed:\n{done.stderr[-2000:]}")
+    return {**json.loads(done.stdout.splitlines()[-1]), "process": "child"}
 
 
 class _HostRunner:
@@ -136,7 +184,8 @@ def compare(
     use_xnnpack: bool = True,
     seed: int = 0,
 ) -> dict:
-    """Benchmark A and B alternately in one process; ratios are B / A (below 1: B faster)."""
+    """Benchmark A and B alternately in one process; ratios are B / A (below 1: B faster).
+    Each side's `memory` is its peak in a child process of its own (`_peak_alone`)."""
     (ca, na), (cb, nb) = _read(model_a), _read(model_b)
     a = _HostRunner(ca, threads, use_xnnpack, seed)
     b = _HostRunner(cb, threads, use_xnnpack, seed)
@@ -149,6 +198,8 @@ def compare(
         tb.append(b.once())
     ra = _host_report(a, na, ca, threads, use_xnnpack, firsts[0], [], ta)
     rb = _host_report(b, nb, cb, threads, use_xnnpack, firsts[1], [], tb)
+    ra["memory"] = _peak_alone(ca, threads, use_xnnpack, seed)
+    rb["memory"] = _peak_alone(cb, threads, use_xnnpack, seed)
     sa, sb = ra["inference_us"], rb["inference_us"]
     ratios = {k: sb[k] / sa[k] for k in ("avg", "p50", "p90", "min") if sa.get(k)}
     ratios["init"] = b.init_us / a.init_us if a.init_us else None

@@ -63,9 +63,12 @@ def _time_alone(content: bytes, runs: int, threads: int | None, use_xnnpack: boo
     indices stay in range; normal floats otherwise)."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+    from runtimes.litert import without_xnnpack_notice
+
     kwargs = {} if use_xnnpack else {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
-    interpreter = Interpreter(model_content=content, num_threads=threads, **kwargs)
-    interpreter.allocate_tensors()
+    with without_xnnpack_notice():
+        interpreter = Interpreter(model_content=content, num_threads=threads, **kwargs)
+        interpreter.allocate_tensors()
     rng = np.random.default_rng(0)
     for d in interpreter.get_input_details():
         dtype = np.dtype(d["dtype"])

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
+from common.files import write_atomic
+
 
 def write_json(result: dict, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, path)
+    write_atomic(path, [json.dumps(result, indent=2).encode()])
 
 
 def plot(results: list[dict], path: str, title: str = "Inference time") -> str:
@@ -34,8 +34,7 @@ def plot(results: list[dict], path: str, title: str = "Inference time") -> str:
     ax.set_ylabel("ms (p50; whiskers min..p90)")
     ax.set_title(title)
     fig.tight_layout()
-    tmp = f"{path}.tmp{os.getpid()}.png"
-    fig.savefig(tmp, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, [png.getvalue()])

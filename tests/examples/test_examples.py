@@ -15,7 +15,6 @@ import sys
 import pytest
 
 from kernels import tpu
-from tests import chip
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 sys.path.insert(0, EXAMPLES)
@@ -31,9 +30,12 @@ import unet_segmentation  # noqa: E402
 ROOT = os.path.dirname(EXAMPLES)
 
 
-# The docs' figures are CPU runs: on a TPU the trained weights differ in the last bits
-# (tests/chip.py, "summation_order"), and so do accuracies, losses and AUCs after training.
-DOCS_FIGURES_HOLD = not chip.ON_TPU
+# The docs show one machine's run. Only what every machine computes alike is compared with
+# them: step counts, row names, file sizes. Trained figures (losses, accuracies, IoU, AUC)
+# move with the core count and the CPU (XLA:CPU splits and vectorises sums by both: the UNet's
+# IoU after 40 steps was 0.766 on 1 core and 0.752 on 2 of the same machine), so they are
+# checked against their own bounds and against PyTorch, never against the docs (nor on a TPU,
+# whose sums differ again: tests/chip.py, "summation_order").
 
 
 def _shown_table(doc: str, header: str) -> list[list[str]]:
@@ -50,9 +52,7 @@ def _shown_table(doc: str, header: str) -> list[list[str]]:
 
 
 def _tutorial_says(*phrases: str) -> None:
-    """docs/tutorial.md's figures for the quick forms are what the run gives (machine-independent ones)."""
-    if not DOCS_FIGURES_HOLD:
-        return
+    """docs/tutorial.md's machine-independent figures for the quick forms are what the run gives."""
     with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
         text = " ".join(f.read().split())
     missing = [p for p in phrases if p not in text]
@@ -65,16 +65,14 @@ def test_digits_cnn_float_and_int8():
     # sizes within 0.1%: tensor names come from a process-wide counter, so a file converted after
     # other tests in the same process carries a few longer names (450,720 B against 450,656 B)
     printed = digits_cnn.table_rows(r)
-    for doc in ("README.md", "docs/tutorial.md") if DOCS_FIGURES_HOLD else ():
+    for doc in ("README.md", "docs/tutorial.md"):
         shown = _shown_table(doc, "  ".join(digits_cnn.COLUMNS))
-        assert [row[:3] for row in shown] == [row[:3] for row in printed], f"{doc} shows {shown}; quickstart {printed}"
+        assert [row[0] for row in shown] == [row[0] for row in printed], f"{doc} shows {shown}; quickstart {printed}"
         for doc_row, row in zip(shown, printed):
             if row[4] != "-":
                 doc_bytes, run_bytes = (int(x.removesuffix(" B").replace(",", "")) for x in (doc_row[4], row[4]))
                 assert abs(doc_bytes - run_bytes) <= 1e-3 * run_bytes, f"{doc} shows {doc_row}; quickstart {row}"
-    if DOCS_FIGURES_HOLD:
-        with open(os.path.join(ROOT, "docs/tutorial.md")) as f:
-            assert digits_cnn.title(r) in f.read()
+    _tutorial_says(f"Digits ResNet trained on tpu ({r['steps']} steps, loss")
     start, end = r["loss_start_end"]
     assert end < 0.5 * start, r["loss_start_end"]
     assert r["pytorch"]["accuracy"] >= 0.80
@@ -93,11 +91,7 @@ def test_unet_segmentation():
     assert r["max_relative_error"] <= 1e-4
     assert r["litert"]["pixel_accuracy"] == pytest.approx(r["pytorch"]["pixel_accuracy"], abs=1e-3)
     assert r["pytorch"]["pixel_accuracy"] >= 0.85
-    _tutorial_says(
-        f"UNet, 40 steps: loss {start:.2f} -> {end:.2f}",
-        f"pixel accuracy {r['litert']['pixel_accuracy']:.1%} and mean IoU {r['litert']['mean_iou']:.3f}",
-        f"{r['bytes'] / 1000:.0f} KB",
-    )
+    _tutorial_says(f"UNet, {r['steps']} steps: loss", f"{r['bytes'] / 1000:.0f} KB.")
 
 
 def test_dlrm_clicks():
@@ -107,12 +101,8 @@ def test_dlrm_clicks():
     assert r["max_relative_error"] <= 1e-4
     assert r["litert"]["auc"] == pytest.approx(r["pytorch"]["auc"], abs=1e-4)
     assert r["pytorch"]["auc"] >= 0.75  # the hidden rule's ceiling is about 0.95
-    _tutorial_says(
-        f"DLRM, 80 steps: loss {start:.3f} -> {end:.3f}",
-        f"ROC AUC {r['litert']['auc']:.3f} in both",
-        f"scores {r['rule_auc']:.3f}",
-        f"{r['bytes'] / 1000:.0f} KB",
-    )
+    # the hidden rule's AUC is the generated data's (CPU torch, untrained): the same everywhere
+    _tutorial_says(f"DLRM, {r['steps']} steps: loss", f"scores {r['rule_auc']:.3f}", f"{r['bytes'] / 1000:.0f} KB.")
 
 
 def _check_char_lm(r, loss_drop: float):
@@ -129,8 +119,7 @@ def test_char_lm_generates_like_pytorch(model, steps, loss_drop):
     r = char_lm.run(model, steps=steps, new_tokens=16)
     _check_char_lm(r, loss_drop)
     if model == "tinyllama":
-        start, end = r["loss_start_end"]
-        _tutorial_says(f"Character LM (TinyLlama), {steps} steps: loss {start:.2f} -> {end:.2f}")
+        _tutorial_says(f"Character LM (TinyLlama), {steps} steps: loss")
 
 
 def test_pallas_op_trains_like_pytorch_and_lowers_for_tpu():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -43,6 +44,7 @@ def affine():
         ({"x": torch.randn(2, 4)}, "got a dict"),
         (None, "got None"),
         (3.0, "got a float"),
+        (3, "got an int"),
     ],
 )
 def test_sample_args_must_be_a_tuple(bad, named):
@@ -90,6 +92,30 @@ def test_several_outputs_come_back_as_a_tuple_in_order():
     assert isinstance(outs, tuple) and len(outs) == 12
     for k, out in enumerate(outs):
         np.testing.assert_allclose(out, (x * k).numpy(), rtol=1e-6)
+
+
+class Returns(torch.nn.Module):
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def forward(self, x):
+        return self.make(x)
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda x: {"a": x * 2, "b": None}, "output 'b' of forward() is None"),
+        (lambda x: {"logits": x + 1, "label": "cat"}, "output 'label' of forward() is a str"),
+        (lambda x: (x * 2, None), "output 1 of forward() is None"),
+    ],
+    ids=["dict-none", "dict-str", "tuple-none"],
+)
+def test_an_output_that_is_not_a_tensor_is_named_by_its_key(make, named):
+    with pytest.raises(litert_torch.ConversionError, match=re.escape(named)) as info:
+        litert_torch.convert(Returns(make), (torch.randn(3),))
+    assert "only tensors (and numbers) can be model outputs" in str(info.value)
 
 
 def test_signatures_and_bytes(affine):

@@ -31,6 +31,20 @@ def test_convert_with_shape_args_then_run(tmp_path, capsys):
     assert "wrote" in err and "max relative error" in err
 
 
+def test_check_says_what_constant_folding_removed(tmp_path, capsys):
+    """A model smaller than its code (zero-initialised residual branches) is explained."""
+    out = tmp_path / "zero.tflite"
+    factory = "tests.litert_torch.cli_models:build_zero_init_residual"
+    assert main(["convert", factory, "-o", str(out), "--check", "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "among them 2 residual branches whose output is always zero" in err, err
+    assert "max relative error" in err
+    from litert_torch.cli import inspect_model
+
+    convs = sum(n for (name, _), n in inspect_model(out.read_bytes())["ops"].items() if name == "CONV_2D")
+    assert convs == 1  # the stem's: both blocks' are gone
+
+
 def test_convert_with_args_from_the_factory(tmp_path):
     out = tmp_path / "small.tflite"
     assert main(["convert", "tests.litert_torch.cli_models:build_with_args", "-o", str(out), "-q"]) == 0

@@ -111,3 +111,24 @@ def test_a_folder_without_write_permission(tmp_path, edge):
         os.mkdir(folder, 0o500)
     with pytest.raises(PermissionError, match=f"cannot write {folder}/m.tflite: no permission to create files"):
         edge.export(os.path.join(folder, "m.tflite"))
+
+
+@pytest.fixture
+def umask():
+    """Sets the process umask for one test (`umask(0o077)`), restoring it afterwards."""
+    previous = os.umask(0o022)
+    yield os.umask
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_written_files_follow_the_umask(tmp_path, edge, umask, mask, mode):
+    """As `open(path, "wb")` would: the atomic write's temporary file must not keep an owner-only mode."""
+    from litert_torch.cli import main
+
+    umask(mask)
+    edge.export(tmp_path / "exported.tflite")
+    converted = tmp_path / "converted.tflite"
+    assert main(["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", str(converted), "-q"]) == 0
+    modes = {p.name: oct(os.stat(p).st_mode & 0o777) for p in tmp_path.iterdir()}
+    assert modes == {"exported.tflite": oct(mode), "converted.tflite": oct(mode)}

@@ -112,8 +112,17 @@ def test_cli_bench_json_compare_and_android_script(tmp_path, models, capsys):
     saved = json.loads(out.read_text())
     assert saved["inference_us"]["count"] == 5 and len(saved["op_profile"]) == 4
     assert "Per-op profile: mlp.tflite (host)" in capsys.readouterr().out
-    assert main(["bench", *models[:1], "--compare", models[1], "--runs", "4", "--warmup", "0"]) == 0
-    assert "B / A (conv.tflite / mlp.tflite)" in capsys.readouterr().out
+    compared = tmp_path / "compare.json"
+    assert (
+        main(["bench", *models[:1], "--compare", models[1], "--runs", "4", "--warmup", "0", "--json", str(compared)])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "B / A (conv.tflite / mlp.tflite)" in printed
+    peaks = [json.loads(compared.read_text())[side]["memory"]["peak_rss_mb"] for side in "ab"]
+    assert all(peak > 10 for peak in peaks), peaks  # a Python process with the interpreter: tens of MB
+    table_peaks = [float(line.split("│")[11]) for line in printed.splitlines() if line.startswith("│ ")]
+    assert table_peaks == [round(peak, 1) for peak in peaks], (table_peaks, peaks)
     script = tmp_path / "run.sh"
     assert main(["bench", models[0], "--target", "android", "--script", str(script)]) == 0
     assert os.access(script, os.X_OK) and "benchmark_model --graph=/data/local/tmp/mlp.tflite" in script.read_text()
@@ -150,3 +159,25 @@ def test_op_profile_of_an_int4_blockwise_model(tmp_path):
     rows = json.loads(out.read_text())["op_profile"]
     assert [r["op"] for r in rows] == ["FULLY_CONNECTED", "FULLY_CONNECTED"]
     assert all(r["median_us"] > 0 for r in rows), rows
+
+
+def test_compare_reads_each_models_peak_memory_alone(tmp_path):
+    """One process has one peak: each side's is read in a child that runs only that model.
+    B writes a 16 MB tensor (4M floats), A a few bytes: B's peak grows by that much more."""
+    import torch
+
+    import litert_torch
+
+    class Tile(torch.nn.Module):
+        def forward(self, x):
+            return x.repeat(1000, 1000)  # (1000, 4000) floats
+
+    small, large = tmp_path / "small.tflite", tmp_path / "large.tflite"
+    litert_torch.convert(torch.nn.Linear(4, 4), (torch.ones(1, 4),), progress=False).export(small)
+    litert_torch.convert(Tile(), (torch.ones(1, 4),), progress=False).export(large)
+    result = bench.compare(str(small), str(large), runs=2, warmup=0)
+    grown = {
+        side: result[side]["memory"]["peak_rss_mb"] - result[side]["memory"]["peak_rss_before_mb"] for side in "ab"
+    }
+    assert result["a"]["memory"]["process"] == result["b"]["memory"]["process"] == "child"
+    assert grown["b"] - grown["a"] >= 16, grown  # both load the interpreter (about 20 MB here)

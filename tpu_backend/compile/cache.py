@@ -31,7 +31,6 @@ import contextlib
 import hashlib
 import os
 import struct
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -40,6 +39,8 @@ from pathlib import Path
 import jax
 from jax._src import compilation_cache as _jax_cache
 from jax._src.compilation_cache_interface import CacheInterface
+
+from common.files import write_atomic
 
 ENV_CACHE_DIR = "TPU_CACHE_DIR"
 _DISABLED_VALUES = {"off", "none", "0", "false", ""}
@@ -247,15 +248,7 @@ class VerifiedDiskCache(CacheInterface):
 
     def put(self, key: str, value: bytes) -> None:
         path = self._file(key)
-        fd, tmp = tempfile.mkstemp(dir=self._path, prefix=".tmp-", suffix=self._suffix)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_pack(value))
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, [_pack(value)], prefix=".tmp-", suffix=self._suffix, fsync=False)
 
     def _discard_corrupt(self, path: Path, size: int) -> None:
         self.discard(path.name[: -len(self._suffix)], f"is corrupt or truncated ({size} bytes, checksum mismatch)")

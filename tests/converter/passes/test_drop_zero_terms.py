@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from converter.passes import folding_summary
 from tests.helpers import assert_converts
 
 
@@ -39,6 +40,22 @@ class PostNormResidual(nn.Module):
 def test_zero_scaled_branches_are_dropped():
     edge = assert_converts(PostNormResidual(scale=0.0), (torch.randn(2, 5, 16),))
     assert opcodes(edge) == ["FULLY_CONNECTED"]  # only the head is left
+    # and the user is told: two branches, and every op of theirs among what folding removed
+    assert edge.ir_model.graphs[0].folded["zero branches"] == 2
+    summary = folding_summary(edge.ir_model)
+    removed = int(summary.split()[3])
+    assert "among them 2 residual branches whose output is always zero" in summary
+    assert removed >= 10, summary  # softmax, layer norms, the MLP's GELU and matmuls
+
+
+def test_adding_a_constant_zero_is_no_branch():
+    class PlusZero(nn.Module):
+        def forward(self, x):
+            return torch.relu(x + torch.zeros(8))
+
+    edge = assert_converts(PlusZero(), (torch.randn(2, 8),))
+    assert "zero branches" not in edge.ir_model.graphs[0].folded
+    assert "residual" not in (folding_summary(edge.ir_model) or "")
 
 
 def test_nonzero_scale_keeps_the_branches():
