@@ -512,7 +512,10 @@ def sync(reason: str = "synchronize") -> None:
             from tpu_backend.eager.errors import user_frame
 
             _READ_SITES[user_frame()] += 1
-        results = compiled.program(*external) if live else []
+        from tpu_backend.eager.errors import oom_as_torch
+
+        with oom_as_torch():
+            results = compiled.program(*external) if live else []
         external.clear()
         for placeholder, value in zip(placeholders, results):
             placeholder.value = value

@@ -34,6 +34,7 @@ import torch
 
 from tpu_backend import native
 from tpu_backend._registration import DEVICE_NAME, create_device_tensor, new_device_tensor
+from tpu_backend.eager.errors import oom_as_torch
 from tpu_backend.ops.registry import jax_dtype, torch_dtype
 
 
@@ -481,7 +482,8 @@ def to_numpy(array: jax.Array) -> np.ndarray:
         from jax.experimental import multihost_utils  # a collective: every process must read it
 
         return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-    return np.asarray(jax.device_get(array))
+    with oom_as_torch():  # an op's failed allocation surfaces where its result is read
+        return np.asarray(jax.device_get(array))
 
 
 def numpy_to_torch(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -494,9 +496,10 @@ def numpy_to_torch(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return jax.lax.bitcast_convert_type(jnp.asarray(t.view(torch.int16).numpy()), jnp.bfloat16)
-    return jnp.array(t.numpy(), copy=True)  # never alias torch-owned memory
+    with oom_as_torch():
+        if t.dtype == torch.bfloat16:
+            return jax.lax.bitcast_convert_type(jnp.asarray(t.view(torch.int16).numpy()), jnp.bfloat16)
+        return jnp.array(t.numpy(), copy=True)  # never alias torch-owned memory
 
 
 def cpu_to_jax_nonblocking(t: torch.Tensor) -> jax.Array:
@@ -509,7 +512,8 @@ def cpu_to_jax_nonblocking(t: torch.Tensor) -> jax.Array:
     host = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
     if jax.default_backend() == "cpu":
         host = host.copy()
-    array = jax.device_put(host)
+    with oom_as_torch():
+        array = jax.device_put(host)
     return jax.lax.bitcast_convert_type(array, jnp.bfloat16) if t.dtype == torch.bfloat16 else array
 
 
