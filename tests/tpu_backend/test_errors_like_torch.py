@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import tpu_backend
+from tpu_backend import fused
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.eager import runner as runner_module
 from tpu_backend.eager.errors import out_of_memory
@@ -142,7 +143,8 @@ def test_xla_out_of_memory_reads_as_torch_out_of_memory(message, asked, free):
 
 
 def test_the_chip_running_out_of_memory_raises_torch_out_of_memory(monkeypatch):
-    """Simulated (no chip here): an op whose program cannot allocate, and a tensor moved to a full chip."""
+    """Simulated (no chip here): an op whose program cannot allocate, a tensor moved to a full
+    chip, and fused mode's step program."""
 
     def exhausted(*args, **kwargs):
         raise _exhausted(CHIP_OUT_OF_MEMORY)
@@ -159,6 +161,20 @@ def test_the_chip_running_out_of_memory_raises_torch_out_of_memory(monkeypatch):
     monkeypatch.setattr(tpu_tensor, "jnp", FullChip)
     with pytest.raises(torch.OutOfMemoryError, match="129.50 MiB"):
         torch.ones(3).to("tpu")
+    monkeypatch.undo()
+
+    class Unfit:  # fused mode: the step's one program
+        program = staticmethod(exhausted)
+
+    tpu_backend.set_eager_mode("fused")
+    try:
+        monkeypatch.setattr(fused, "_compiled_for", lambda *args: Unfit)
+        with pytest.raises(torch.OutOfMemoryError, match="129.50 MiB"):
+            (a * 2).cpu()
+    finally:
+        monkeypatch.undo()
+        tpu_backend.set_eager_mode("strict")
+    assert (a * 2).cpu().tolist() == [2.0, 2.0, 2.0]
 
 
 def test_a_lowering_failing_on_a_call_torch_accepts_names_the_op(monkeypatch):

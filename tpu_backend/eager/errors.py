@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
 import threading
+from typing import NoReturn
 
 import jax
 import torch
@@ -85,16 +85,13 @@ def out_of_memory(error: BaseException) -> torch.OutOfMemoryError | None:
     return oom
 
 
-@contextlib.contextmanager
-def oom_as_torch():
-    """Run a transfer or a program: XLA's out-of-memory error comes out as PyTorch's."""
-    try:
-        yield
-    except jax.errors.JaxRuntimeError as error:
-        oom = out_of_memory(error)
-        if oom is None:
-            raise
-        raise oom from error
+def reraise_as_torch(error: BaseException) -> NoReturn:
+    """Raise `error` as PyTorch would: out of memory as `torch.OutOfMemoryError`, else itself.
+    Where programs run or data moves: `except jax.errors.JaxRuntimeError as error: reraise_as_torch(error)`."""
+    oom = out_of_memory(error)
+    if oom is None:
+        raise error
+    raise oom
 
 
 def to_meta(value):
