@@ -512,7 +512,12 @@ def sync(reason: str = "synchronize") -> None:
             from tpu_backend.eager.errors import user_frame
 
             _READ_SITES[user_frame()] += 1
-        results = compiled.program(*external) if live else []
+        try:
+            results = compiled.program(*external) if live else []
+        except jax.errors.JaxRuntimeError as error:
+            from tpu_backend.eager.errors import reraise_as_torch
+
+            reraise_as_torch(error)
         external.clear()
         for placeholder, value in zip(placeholders, results):
             placeholder.value = value

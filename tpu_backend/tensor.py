@@ -34,6 +34,7 @@ import torch
 
 from tpu_backend import native
 from tpu_backend._registration import DEVICE_NAME, create_device_tensor, new_device_tensor
+from tpu_backend.eager.errors import reraise_as_torch
 from tpu_backend.ops.registry import jax_dtype, torch_dtype
 
 
@@ -481,7 +482,10 @@ def to_numpy(array: jax.Array) -> np.ndarray:
         from jax.experimental import multihost_utils  # a collective: every process must read it
 
         return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-    return np.asarray(jax.device_get(array))
+    try:
+        return np.asarray(jax.device_get(array))
+    except jax.errors.JaxRuntimeError as error:  # an op's failed allocation surfaces where its result is read
+        reraise_as_torch(error)
 
 
 def numpy_to_torch(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -494,9 +498,12 @@ def numpy_to_torch(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return jax.lax.bitcast_convert_type(jnp.asarray(t.view(torch.int16).numpy()), jnp.bfloat16)
-    return jnp.array(t.numpy(), copy=True)  # never alias torch-owned memory
+    try:
+        if t.dtype == torch.bfloat16:
+            return jax.lax.bitcast_convert_type(jnp.asarray(t.view(torch.int16).numpy()), jnp.bfloat16)
+        return jnp.array(t.numpy(), copy=True)  # never alias torch-owned memory
+    except jax.errors.JaxRuntimeError as error:  # a full chip: PyTorch's OutOfMemoryError
+        reraise_as_torch(error)
 
 
 def cpu_to_jax_nonblocking(t: torch.Tensor) -> jax.Array:
@@ -509,7 +516,10 @@ def cpu_to_jax_nonblocking(t: torch.Tensor) -> jax.Array:
     host = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
     if jax.default_backend() == "cpu":
         host = host.copy()
-    array = jax.device_put(host)
+    try:
+        array = jax.device_put(host)
+    except jax.errors.JaxRuntimeError as error:
+        reraise_as_torch(error)
     return jax.lax.bitcast_convert_type(array, jnp.bfloat16) if t.dtype == torch.bfloat16 else array
 
 

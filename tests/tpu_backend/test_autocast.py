@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import tpu_backend  # noqa: F401
+from tests import chip
 from tests.tpu_backend.parity import norm_relative_error
 
 
@@ -113,6 +114,11 @@ def _scaled_training(device: str, optimizer_name: str, steps: int = 5) -> list[d
     return record
 
 
+# The chip's tanh is another float32 approximation than CPU's, and five steps carry it into
+# the parameters: 1.13e-5 seen on a v5e (sgd and fused AdamW)
+BOUND = chip.tolerance("transcendentals", cpu=1e-5, tpu=1e-4)
+
+
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adamw-fused"])
 def test_grad_scaler_trains_like_cpu_skipping_the_step_that_overflowed(optimizer_name):
     got, want = _scaled_training("tpu", optimizer_name), _scaled_training("cpu", optimizer_name)
@@ -129,7 +135,7 @@ def test_grad_scaler_trains_like_cpu_skipping_the_step_that_overflowed(optimizer
                     assert torch.equal(a.isfinite(), b.isfinite()), f"step 1 gradient {i}"
                     continue
                 error = norm_relative_error(a, b)  # fused AdamW's gradients are still scaled (x1024)
-                assert error <= 1e-5, f"step {step} {name} {i}: relative error {error:.3g}"
+                assert error <= BOUND, f"step {step} {name} {i}: relative error {error:.3g}"
 
 
 @pytest.mark.parametrize(

@@ -27,11 +27,12 @@ from tpu_backend.eager import arguments
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 compiled = pytest.mark.skipif(native.module is None, reason=f"dispatch path: {native.status()}")
 
-# The other path runs these (views and in-place writes, the kernels, a strict and a fused
-# training run against CPU): about a minute.
+# The other path runs these (views and in-place writes, the kernels, errors as PyTorch's, a
+# strict and a fused training run against CPU): about a minute.
 CORE_PARITY_TESTS = [
     "tests/tpu_backend/test_views_inplace.py",
     "tests/tpu_backend/test_dispatch.py",
+    "tests/tpu_backend/test_errors_like_torch.py",
     "tests/tpu_backend/test_training_parity.py::test_losses_match_cpu_every_step[transformer-adamw-strict]",
     "tests/tpu_backend/test_fused.py::test_views_and_inplace_match_cpu",
     "tests/tpu_backend/test_fused.py::test_training_matches_cpu_with_one_program_per_step[transformer-adamw]",
@@ -119,7 +120,7 @@ def test_flatten_args_in_cpp_agrees_with_python(dynamic_floats, defer_views):
 
 @compiled
 def test_flatten_args_errors_are_pythons():
-    with pytest.raises(RuntimeError, match="expected all tensors on tpu"):
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         native.module.flatten_args((torch.ones(2, device="tpu"), torch.ones(2)), {})
 
 

@@ -82,9 +82,10 @@ def _slot(index: int) -> _Slot:
 def _non_tpu_tensor(value: torch.Tensor):
     if value.dim() == 0:  # CPU scalar tensors mix with device tensors, as on CUDA
         return tpu_tensor.cpu_to_jax(value)
-    raise RuntimeError(
-        f"expected all tensors on tpu, got a {value.device} tensor of shape {tuple(value.shape)} "
-        f"(called from {user_frame()}); move it with .to('tpu')"
+    raise RuntimeError(  # PyTorch's words (CUDA's), then where and what to do
+        f"Expected all tensors to be on the same device, but found at least two devices, tpu:0 and "
+        f"{value.device}! (a {value.device} tensor of shape {tuple(value.shape)}, called from {user_frame()}; "
+        "move it with .to('tpu'))"
     )
 
 

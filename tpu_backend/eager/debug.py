@@ -1,4 +1,5 @@
-"""Debug mode: synchronise after each op, compare with PyTorch's meta kernel, look for NaN/Inf."""
+"""Debug mode: synchronise after each op, check tensor indices as the CPU does, compare with
+PyTorch's meta kernel, look for NaN/Inf."""
 
 from __future__ import annotations
 
@@ -8,15 +9,7 @@ import torch
 
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.eager.arguments import flatten_args
-from tpu_backend.eager.errors import TpuDebugError, user_frame
-
-
-def _to_meta(value):
-    if isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v) for v in value)
-    return value
+from tpu_backend.eager.errors import TpuDebugError, cpu_stand_in, to_meta, user_frame
 
 
 def _leaves(out) -> list:
@@ -25,17 +18,48 @@ def _leaves(out) -> list:
     return [out]
 
 
+_INDEX_ARGUMENTS = ("index", "indices")  # the schemas' names (index_select, gather, embedding, index...)
+
+
+def _with_index_values(name: str, value):
+    if name not in _INDEX_ARGUMENTS:
+        return cpu_stand_in(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_index_values(name, v) for v in value)
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+def check_indices(op, args, kwargs) -> None:
+    """A tensor index out of range raises what PyTorch's CPU kernel raises (`IndexError:
+    index out of range in self`, gather's `index 5 is out of bounds...`): that kernel runs on
+    the index values, with one-element stand-ins for the other tensors. Debug mode only:
+    strict and fused modes would have to wait for the chip at every indexing op to look."""
+    names = [argument.name for argument in op._schema.arguments]
+    if not any(name in _INDEX_ARGUMENTS for name in [*names[: len(args)], *kwargs]):
+        return
+    try:
+        op(
+            *[_with_index_values(name, value) for name, value in zip(names, args)],
+            **{name: _with_index_values(name, value) for name, value in kwargs.items()},
+        )
+    except NotImplementedError:  # no CPU kernel: nothing to compare with
+        return
+    except (IndexError, RuntimeError) as error:
+        raise error.with_traceback(None) from None
+
+
 def debug_check(op, args, kwargs, out) -> None:
-    """Synchronise, then compare with PyTorch's meta kernel and look for NaN/Inf."""
+    """Synchronise, check tensor indices, compare with PyTorch's meta kernel, look for NaN/Inf."""
     where = user_frame()
     results = [o for o in _leaves(out) if isinstance(o, jax.Array)]
     jax.block_until_ready(results)
     kwargs = {k: v for k, v in kwargs.items() if k != "key"}
+    check_indices(op, args, kwargs)
     meta_kwargs = dict(kwargs)
     if meta_kwargs.get("device") is not None:  # factory ops (zeros, full): asked of the tpu, they re-entered this check
         meta_kwargs["device"] = "meta"
     try:
-        expected = _leaves(op(*_to_meta(args), **meta_kwargs))
+        expected = _leaves(op(*to_meta(args), **meta_kwargs))
     except Exception:  # no meta kernel: nothing to compare against
         expected = None
     if expected is not None:

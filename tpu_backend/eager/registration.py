@@ -18,7 +18,7 @@ import torch
 from tpu_backend import native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend._registration import DEVICE_NAME
-from tpu_backend.eager.errors import user_frame
+from tpu_backend.eager.errors import torch_dtype_name
 from tpu_backend.eager.runner import runner
 from tpu_backend.eager.variants import _out_names, inplace_variant, out_variant, write_result
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering, on_register
@@ -90,9 +90,9 @@ def _write_inplace(functional, self, result):
     is_array = isinstance(result, (jax.Array, tpu_tensor.LazyValue))
     result_dtype = tpu_tensor.torch_dtype(result.dtype) if is_array else self.dtype
     if result_dtype != self.dtype and not torch.can_cast(result_dtype, self.dtype):
-        raise RuntimeError(  # ATen's rule for in-place ops, e.g. int_tensor.mul_(0.5)
-            f"{functional}: result type {result_dtype} can't be cast to the in-place "
-            f"output type {self.dtype} (called from {user_frame()})"
+        raise RuntimeError(  # ATen's rule (and words) for in-place ops, e.g. int_tensor.mul_(0.5)
+            f"result type {torch_dtype_name(result_dtype)} can't be cast to the desired output type "
+            f"{torch_dtype_name(self.dtype)}"
         )
     tpu_tensor.write(self, result)
     return self

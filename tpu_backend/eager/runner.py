@@ -34,7 +34,7 @@ from tpu_backend import tensor as tpu_tensor
 from tpu_backend.chip_limits import TpuChipLimitError
 from tpu_backend.eager import modes
 from tpu_backend.eager.arguments import _Slot, fill_template, flatten_args
-from tpu_backend.eager.errors import user_frame
+from tpu_backend.eager.errors import like_torch, user_frame
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
 
 _native = native.load()
@@ -256,46 +256,52 @@ class OpRunner:
     def __call__(self, args, kwargs, inplace: bool = False):
         """The op's JAX result(s). `inplace`: the call computes an in-place op's result,
         which is then written into `args[0]` (strict mode may donate its arrays)."""
-        if self.plain and modes._mode != "debug":  # the hot path: no rng key, host check or debug check
-            dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
-            template = (template_args, template_kwargs)
-            try:
-                if modes._mode == "strict":
-                    fn = self.jitted.get(template)
-                    if fn is not None:
-                        if inplace:
-                            out = self._run_inplace(fn, template, dynamic)
-                            self._learn((fn, self.donating.get(template) if INPLACE_DONATION else None))
+        try:
+            if self.plain and modes._mode != "debug":  # the hot path: no rng key, host check or debug check
+                dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
+                template = (template_args, template_kwargs)
+                try:
+                    if modes._mode == "strict":
+                        fn = self.jitted.get(template)
+                        if fn is not None:
+                            if inplace:
+                                out = self._run_inplace(fn, template, dynamic)
+                                self._learn((fn, self.donating.get(template) if INPLACE_DONATION else None))
+                                return out
+                            out = _run_jitted(fn, dynamic)
+                            self._learn(fn)
                             return out
-                        out = _run_jitted(fn, dynamic)
-                        self._learn(fn)
-                        return out
-                else:
-                    found = self.bound.get(template)
-                    if found is not None:
-                        out = fused.record(found[0], found[1], dynamic)
-                        self._learn(found)
-                        return out
-            except _TRACE_ERRORS:
-                pass  # a float the lowering branches on: `_run` makes floats static
-            except TpuChipLimitError as error:  # new dtypes the chip cannot compile
-                return self._on_host(error, template, dynamic)
-            dynamic = None  # its references would keep self's arrays from being donated
-            return self._run(args, kwargs, inplace)  # first call with this template
-        if self.needs_rng:
-            args, kwargs = _with_key(args, kwargs)
-        if self.may_run_on_host and self.lowering.runs_on_host(args, kwargs):
-            # output shape depends on values: run eagerly (a host sync)
-            dynamic, template_args, template_kwargs = flatten_args(args, kwargs, False)
-            dynamic = [tpu_tensor.concrete(value) for value in dynamic]  # fused mode: sync
-            args, kwargs = fill_template(template_args, template_kwargs, dynamic)
-            return self.lowering.fn(*args, **kwargs)
-        out = self._run(args, kwargs, inplace)
-        if modes._mode == "debug":
-            from tpu_backend.eager.debug import debug_check
+                    else:
+                        found = self.bound.get(template)
+                        if found is not None:
+                            out = fused.record(found[0], found[1], dynamic)
+                            self._learn(found)
+                            return out
+                except _TRACE_ERRORS:
+                    pass  # a float the lowering branches on: `_run` makes floats static
+                except TpuChipLimitError as error:  # new dtypes the chip cannot compile
+                    return self._on_host(error, template, dynamic)
+                dynamic = None  # its references would keep self's arrays from being donated
+                return self._run(args, kwargs, inplace)  # first call with this template
+            if self.needs_rng:
+                args, kwargs = _with_key(args, kwargs)
+            if self.may_run_on_host and self.lowering.runs_on_host(args, kwargs):
+                # output shape depends on values: run eagerly (a host sync)
+                dynamic, template_args, template_kwargs = flatten_args(args, kwargs, False)
+                dynamic = [tpu_tensor.concrete(value) for value in dynamic]  # fused mode: sync
+                args, kwargs = fill_template(template_args, template_kwargs, dynamic)
+                return self.lowering.fn(*args, **kwargs)
+            out = self._run(args, kwargs, inplace)
+            if modes._mode == "debug":
+                from tpu_backend.eager.debug import debug_check
 
-            debug_check(self.op, args, kwargs, out)
-        return out
+                debug_check(self.op, args, kwargs, out)
+            return out
+        except Exception as error:  # the failure path: what PyTorch raises for this call (errors.like_torch)
+            translated = like_torch(self.op, args, kwargs, error)
+            if translated is error:
+                raise
+            raise translated  # noqa: B904 - like_torch chains (or hides) the lowering's error itself
 
     def _run(self, args, kwargs, inplace: bool = False):
         """Strict/debug: call the jitted lowering. Fused: record it (placeholders out)."""

@@ -1,0 +1,193 @@
+"""The mistakes users make every day raise on the tpu what PyTorch raises on CPU.
+
+Each case runs on CPU and on the tpu (strict, fused and debug modes; the other dispatch
+path runs this file too, tests/tpu_backend/test_native.py): the same exception type, and
+the tpu's message starts with CPU's, so it names the same shapes and dtypes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tpu_backend
+from tpu_backend import fused
+from tpu_backend import tensor as tpu_tensor
+from tpu_backend.eager import runner as runner_module
+from tpu_backend.eager.errors import out_of_memory
+
+
+def ones(device, *shape, dtype=torch.float32):
+    return torch.ones(*shape, dtype=dtype).to(device)
+
+
+# name -> the failing call on `device`
+CASES = {
+    "add operator, shapes do not broadcast": lambda d: ones(d, 3) + ones(d, 4),
+    "torch.add": lambda d: torch.add(ones(d, 3), ones(d, 4)),
+    "mul operator, 2-d": lambda d: ones(d, 2, 3) * ones(d, 3, 2),
+    "where": lambda d: torch.where(ones(d, 3) > 0, ones(d, 3), ones(d, 5)),
+    "in-place add, shapes do not broadcast": lambda d: ones(d, 3).add_(ones(d, 4)),
+    "matmul operator, inner dimensions": lambda d: ones(d, 2, 3) @ ones(d, 4, 5),
+    "torch.mm": lambda d: torch.mm(ones(d, 2, 3), ones(d, 4, 5)),
+    "torch.matmul, batched": lambda d: torch.matmul(ones(d, 2, 2, 3), ones(d, 2, 4, 5)),
+    "torch.bmm": lambda d: torch.bmm(ones(d, 2, 2, 3), ones(d, 2, 4, 5)),
+    "F.linear": lambda d: F.linear(ones(d, 2, 3), ones(d, 4, 5)),
+    "nn.Linear, wrong in_features": lambda d: torch.nn.Linear(5, 4).to(d)(ones(d, 2, 3)),
+    "conv2d, wrong channels": lambda d: F.conv2d(ones(d, 1, 3, 8, 8), ones(d, 4, 2, 3, 3)),
+    "cat, sizes differ": lambda d: torch.cat([ones(d, 2, 3), ones(d, 2, 4)]),
+    "view, wrong element count": lambda d: ones(d, 6).view(4, 4),
+    "in-place add of a float into an int tensor": lambda d: ones(d, 3, dtype=torch.long).add_(ones(d, 3)),
+    "in-place mul by a Python float of an int tensor": lambda d: ones(d, 3, dtype=torch.int32).mul_(0.5),
+    "index out of range": lambda d: ones(d, 3)[10],
+}
+
+# Indices held in tensors: checked against the sizes in debug mode (strict and fused modes
+# would wait for the chip at every indexing op to look: docs/tpu.md)
+INDEX_CASES = {
+    "index_select": lambda d: torch.index_select(ones(d, 3), 0, torch.tensor([5]).to(d)),
+    "gather": lambda d: torch.gather(ones(d, 3), 0, torch.tensor([5]).to(d)),
+    "embedding": lambda d: F.embedding(torch.tensor([[1, 7]]).to(d), ones(d, 3, 2)),
+    "indexing with a tensor": lambda d: ones(d, 3)[torch.tensor([10]).to(d)],
+}
+
+
+def _raised(call, device: str) -> BaseException:
+    with pytest.raises(Exception) as caught:
+        result = call(device)
+        if isinstance(result, torch.Tensor):
+            result.cpu()  # fused mode: run what was recorded
+    return caught.value
+
+
+def _same_as_cpu(call) -> None:
+    expected, got = _raised(call, "cpu"), _raised(call, "tpu")
+    assert type(got) is type(expected), f"tpu raised {type(got).__name__}: {got}; CPU raised {expected!r}"
+    assert str(got).startswith(str(expected)), f"tpu: {got}\nCPU: {expected}"
+
+
+@pytest.fixture(params=["strict", "fused", "debug"])
+def mode(request):
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode(request.param)
+    yield request.param
+    tpu_backend.set_eager_mode(previous)
+
+
+def test_every_case_raises_what_cpu_raises(mode):
+    for name, call in CASES.items():
+        try:
+            _same_as_cpu(call)
+        except AssertionError as failure:
+            raise AssertionError(f"{name} ({mode} mode): {failure}") from None
+    # and the device still works after every one of them
+    assert (ones("tpu", 3) + ones("tpu", 3)).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("name", list(INDEX_CASES))
+def test_tensor_indices_out_of_range_raise_in_debug_mode(name):
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode("debug")
+    try:
+        _same_as_cpu(INDEX_CASES[name])
+    finally:
+        tpu_backend.set_eager_mode(previous)
+
+
+def test_a_cpu_tensor_mixed_in_raises_what_cuda_raises(mode):
+    for call in (lambda: ones("tpu", 3) + torch.ones(3), lambda: torch.mm(torch.ones(2, 3), ones("tpu", 3, 2))):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*tpu:0 and cpu"):
+            call()
+    # a 0-dim CPU tensor is a scalar, as with CUDA tensors
+    assert (ones("tpu", 2) * torch.tensor(3.0)).cpu().tolist() == [3.0, 3.0]
+
+
+def _exhausted(message: str) -> jax.errors.JaxRuntimeError:
+    return jax.errors.JaxRuntimeError(message)
+
+
+CHIP_OUT_OF_MEMORY = (
+    "RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 129.50M. "
+    "That was not possible. There are 78.17M free.; (0x0x0_HBM0)"
+)
+
+
+@pytest.mark.parametrize(
+    "message, asked, free",
+    [
+        (CHIP_OUT_OF_MEMORY, int(129.5 * 2**20), int(78.17 * 2**20)),
+        (
+            "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+            "Used 17.13G of 15.48G hbm. Exceeded hbm capacity by 1.65G.",
+            int(17.13 * 2**30),
+            int(15.48 * 2**30),
+        ),
+        (
+            "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+            "(301.57G) exceeds available HBM (15.75G).",
+            int(301.57 * 2**30),
+            int(15.75 * 2**30),
+        ),
+    ],
+)
+def test_xla_out_of_memory_reads_as_torch_out_of_memory(message, asked, free):
+    oom = out_of_memory(_exhausted(message))
+    assert isinstance(oom, torch.OutOfMemoryError)
+    assert (oom.requested_bytes, oom.free_bytes) == (asked, free)
+    assert f"Tried to allocate {asked / 2**20:.2f} MiB" in str(oom)
+    assert out_of_memory(_exhausted("INTERNAL: something else")) is None
+
+
+def test_the_chip_running_out_of_memory_raises_torch_out_of_memory(monkeypatch):
+    """Simulated (no chip here): an op whose program cannot allocate, a tensor moved to a full
+    chip, and fused mode's step program."""
+
+    def exhausted(*args, **kwargs):
+        raise _exhausted(CHIP_OUT_OF_MEMORY)
+
+    a = ones("tpu", 3)
+    monkeypatch.setattr(runner_module, "_run_jitted", exhausted)  # both dispatch paths call it when wrapped
+    with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 129.50 MiB; the chip has 78.17 MiB free"):
+        a + a
+    monkeypatch.undo()
+
+    class FullChip:
+        array = asarray = staticmethod(exhausted)
+
+    monkeypatch.setattr(tpu_tensor, "jnp", FullChip)
+    with pytest.raises(torch.OutOfMemoryError, match="129.50 MiB"):
+        torch.ones(3).to("tpu")
+    monkeypatch.undo()
+
+    class Unfit:  # fused mode: the step's one program
+        program = staticmethod(exhausted)
+
+    tpu_backend.set_eager_mode("fused")
+    try:
+        monkeypatch.setattr(fused, "_compiled_for", lambda *args: Unfit)
+        with pytest.raises(torch.OutOfMemoryError, match="129.50 MiB"):
+            (a * 2).cpu()
+    finally:
+        monkeypatch.undo()
+        tpu_backend.set_eager_mode("strict")
+    assert (a * 2).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_lowering_failing_on_a_call_torch_accepts_names_the_op(monkeypatch):
+    """Not a user's mistake but a lowering's: a RuntimeError naming the op, never Python's
+    'unsupported operand type(s)' (a TypeError from `a + b` turns into that)."""
+    runner = runner_module.runner(torch.ops.aten.add.Tensor)
+
+    def broken(*args, **kwargs):
+        raise TypeError("a JAX complaint")
+
+    monkeypatch.setattr(runner, "lowering", dataclasses.replace(runner.lowering, fn=broken))
+    runner_module.clear_jit_cache()
+    with pytest.raises(RuntimeError, match=r"tpu lowering of aten.add.Tensor failed: a JAX complaint"):
+        ones("tpu", 3) + ones("tpu", 3)
+    monkeypatch.undo()
+    runner_module.clear_jit_cache()
