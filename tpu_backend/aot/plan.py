@@ -202,9 +202,9 @@ def compile_step(
         except Exception as error:
             if "Mosaic kernels cannot be automatically partitioned" in str(error):
                 raise NotImplementedError(
-                    f"tpu_backend.aot: the device's Pallas kernels cannot be split over a {len(jax_mesh.devices.flat)}-chip "
-                    "mesh yet (XLA cannot partition a Mosaic kernel; it needs a shard_map around the call): plan "
-                    "sharded steps with the kernels off (TPU_KERNELS=off, --kernels off), or one chip with them on"
+                    f"tpu_backend.aot: a Pallas kernel of the step is not split over the {len(jax_mesh.devices.flat)}-chip "
+                    "mesh (XLA cannot partition a Mosaic kernel; kernels.sharded wraps flash attention, the norms and "
+                    "cross-entropy in a shard_map, not others): plan with the kernels off (TPU_KERNELS=off, --kernels off)"
                 ) from error
             if is_out_of_memory(error):
                 arguments = argument_buffers(step, shardings)

@@ -32,6 +32,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec  # noqa: E402
 
 import tpu_backend  # noqa: E402, F401
 import tpu_backend.distributed as dist  # noqa: E402
+from kernels import sharded  # noqa: E402
 from kernels.sharded import KernelMesh, split_over  # noqa: E402
 from tests.tpu_backend.models import LlamaConfig, LlamaLM, sequence_loss  # noqa: E402
 from tpu_backend import kernels as device_kernels  # noqa: E402
@@ -53,9 +54,62 @@ PLAN = {
 }
 
 
+def _relative_errors(names, want, got) -> dict[str, float]:
+    """Per name: max |got - want| over max |want|."""
+    out = {}
+    for name, w, g in zip(names, want, got):
+        w, g = np.asarray(w, np.float64), np.asarray(g, np.float64)
+        out[name] = float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30))
+    return out
+
+
+def eager(model, inputs, targets) -> dict:
+    """The device's eager path: one forward and backward on one device, then with the
+    mesh `tpu_backend.distributed` makes (`init_mesh`, `parallelize_module` over "model",
+    the batch over "data"), the kernels split over it by default."""
+    import copy
+
+    def loss_and_grads(module, x, y):
+        with device_kernels.use("interpret"):
+            loss = sequence_loss(module(x), y)
+            loss.backward()
+        return float(loss.detach()), [p.grad.cpu() for p in module.parameters()]
+
+    single = copy.deepcopy(model).to("tpu")
+    want_loss, want = loss_and_grads(single, inputs.to("tpu"), targets.to("tpu"))
+    mesh = dist.init_mesh((2, 2), ("data", "model"))
+    split_calls = set()  # the kernel functions traced inside a shard_map (`kernels.sharded`)
+    original = sharded._shard_map
+
+    def counted(km, body, *specs):
+        split_calls.add(body.__qualname__.split(".")[0])
+        return original(km, body, *specs)
+
+    sharded._shard_map = counted
+    try:
+        split = dist.parallelize_module(copy.deepcopy(model).to("tpu"), mesh, PLAN, axis="model")
+        device_kernels.reset_stats()
+        got_loss, got = loss_and_grads(
+            split, dist.shard_batch(inputs, mesh, "data"), dist.shard_batch(targets, mesh, "data")
+        )
+        routed = device_kernels.stats()
+    finally:
+        sharded._shard_map = original
+        dist.set_mesh(None)
+    names = [name for name, _ in model.named_parameters()]
+    return {
+        "eager_loss_single": want_loss,
+        "eager_loss_sharded": got_loss,
+        "eager_gradient_error": _relative_errors(names, want, got),
+        "eager_routed": routed,
+        "eager_split": sorted(split_calls),
+    }
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--eager", action="store_true", help="also the eager path under tpu_backend.distributed's mesh")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -92,18 +146,16 @@ def main(argv=None) -> None:
         split = sharded_joint(*placed)
 
     names = [s.name for s in step.inputs if s.role == PARAM]
-    gradient_error = {}
-    for name, want, got in zip(names, single[1:], split[1:]):
-        want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
-        gradient_error[name] = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
     report = {
         "loss_single": float(single[0]),
         "loss_sharded": float(split[0]),
-        "gradient_error": gradient_error,
+        "gradient_error": _relative_errors(names, single[1:], split[1:]),
         "routed": routed,
         "manual_computations": program.count("sdy.manual_computation") + program.count("SPMDFullToShardShape"),
         "devices": jax.device_count(),
     }
+    if args.eager:
+        report.update(eager(model, inputs, targets))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 
