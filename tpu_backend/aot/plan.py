@@ -156,7 +156,8 @@ def _kernel_context(topology: str, kernels: bool, mesh):
     batch = tuple(a for a in mesh.axis_names if a in BATCH_AXES)
     kernel_mesh = KernelMesh(mesh, batch, "tp" if "tp" in mesh.axis_names else None)
     mode = "auto" if device_kernels.mode() == "off" else device_kernels.mode()  # asked for: the chip's default
-    with device_kernels.use(mode), lowering_for(topology.partition(":")[0], mesh), split_over(kernel_mesh):
+    chips = mesh if mesh.size > 1 else None  # one chip: no shard_map, lowering_for's own one-chip mesh
+    with device_kernels.use(mode), lowering_for(topology.partition(":")[0], chips), split_over(kernel_mesh):
         yield
 
 
