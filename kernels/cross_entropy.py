@@ -126,11 +126,11 @@ def _lanes(vector):
 
 
 @kernel_program
-def _forward(logits, targets, config):
+def _logsumexp(logits, config):
     rows, vocab = logits.shape
     br, bv = config.blocks.block_rows, config.blocks.block_vocab
     tile, lse_block, *scratch = cross_entropy_blocks(rows, vocab, logits.dtype, config)
-    lse = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(_lse_kernel, vocab=vocab),
         out_shape=jax.ShapeDtypeStruct(lse_block.array, jnp.float32),
         grid=(cdiv(rows, br), cdiv(vocab, bv)),
@@ -141,18 +141,24 @@ def _forward(logits, targets, config):
         name="cross_entropy_forward",
         **pallas_options(config.impl, "parallel", "arbitrary"),
     )(logits)[:, 0]
+
+
+def picked_logits(logits, columns):
+    """logits[i, columns[i]] as float32 (N,); `columns` must be valid indices."""
+    return jnp.take_along_axis(logits, columns.astype(jnp.int32)[:, None], axis=-1)[:, 0].astype(jnp.float32)
+
+
+def _forward(logits, targets, config):
+    lse = row_logsumexp(logits, config)
     valid = targets != config.ignore_index
-    safe_targets = jnp.where(valid, targets, 0).astype(jnp.int32)
-    picked = jnp.take_along_axis(logits, safe_targets[:, None], axis=-1)[:, 0].astype(jnp.float32)
+    picked = picked_logits(logits, jnp.where(valid, targets, 0))
     return jnp.where(valid, lse - picked, 0.0), lse
 
 
 @kernel_program
-def _backward(grad_losses, logits, targets, lse, config):
+def _gradient(logits, columns, lse, scale, config):
     rows, vocab = logits.shape
     br, bv = config.blocks.block_rows, config.blocks.block_vocab
-    valid = targets != config.ignore_index
-    scale = jnp.where(valid, grad_losses.astype(jnp.float32), 0.0)
     tile, *row_blocks, out = cross_entropy_blocks(rows, vocab, logits.dtype, config, backward=True)
     tile_spec = pl.BlockSpec(tile.block, lambda i, c: (i, c))
     row_spec = pl.BlockSpec(row_blocks[0].block, lambda i, c: (i, 0))
@@ -165,7 +171,13 @@ def _backward(grad_losses, logits, targets, lse, config):
         cost_estimate=cost(4 * logits.size, logits.size, 2 * nbytes(logits) + 3 * rows * LANES * 4),
         name="cross_entropy_backward",
         **pallas_options(config.impl, "parallel", "parallel"),
-    )(logits, _lanes(jnp.where(valid, targets, -1).astype(jnp.int32)), _lanes(lse), _lanes(scale))
+    )(logits, _lanes(columns.astype(jnp.int32)), _lanes(lse), _lanes(scale))
+
+
+def _backward(grad_losses, logits, targets, lse, config):
+    valid = targets != config.ignore_index
+    scale = jnp.where(valid, grad_losses.astype(jnp.float32), 0.0)
+    return logits_gradient(logits, jnp.where(valid, targets, -1), lse, scale, config)
 
 
 # --------------------------------------------------------------------------- public API
@@ -186,6 +198,23 @@ def resolve_config(logits, ignore_index=-100, impl=None, block_rows=None, block_
     tuned = tuning.blocks("cross_entropy", tuning_backend(impl), *logits.shape)
     blocks = tuning.with_explicit(tuned, block_rows=block_rows, block_vocab=block_vocab)
     return CrossEntropyConfig(int(ignore_index), impl, blocks)
+
+
+def row_logsumexp(logits, config: CrossEntropyConfig):
+    """logsumexp of each row of (N, V) logits, float32 (N,)."""
+    if config.impl == "reference":
+        return jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    return _logsumexp(logits, config)
+
+
+def logits_gradient(logits, columns, lse, scale, config: CrossEntropyConfig):
+    """(softmax(logits) - one_hot(columns)) * scale per row, from the rows' logsumexp;
+    a column outside [0, V) (-1) adds no one-hot term (a target on another vocabulary shard)."""
+    if config.impl == "reference":
+        probs = jnp.exp(logits.astype(jnp.float32) - lse[:, None])
+        one_hot = columns[:, None] == jnp.arange(logits.shape[1], dtype=columns.dtype)[None, :]
+        return ((probs - one_hot) * scale[:, None]).astype(logits.dtype)
+    return _gradient(logits, columns, lse, scale, config)
 
 
 def cross_entropy_forward(logits, targets, config: CrossEntropyConfig):

@@ -171,15 +171,23 @@ def _abstract_mesh(c: Chip):
     return use_abstract_mesh(AbstractMesh((1,), ("_chip",), abstract_device=device))
 
 
+def _use_mesh(mesh):
+    from jax.sharding import use_abstract_mesh
+
+    return use_abstract_mesh(mesh.abstract_mesh)
+
+
 @contextlib.contextmanager
-def lowering_for(name: str | Chip | None = None):
+def lowering_for(name: str | Chip | None = None, mesh=None):
     """Inside: the kernels take their compiled TPU path (impl="pallas") whatever JAX's
     backend is, and Mosaic sees chip `name`, as on that device. For
-    `jax.export.export(..., platforms=["tpu"])` on a machine without a TPU."""
+    `jax.export.export(..., platforms=["tpu"])` on a machine without a TPU. `mesh`: a mesh
+    of that chip's (compile-only) devices to lower for instead of one chip (the kernels'
+    `shard_map`s must see it as the context mesh)."""
     c = chip(name)
     _TARGET.append(c.name)
     try:
-        with _abstract_mesh(c):
+        with _abstract_mesh(c) if mesh is None else _use_mesh(mesh):
             yield c
     finally:
         _TARGET.pop()

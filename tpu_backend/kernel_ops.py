@@ -39,15 +39,25 @@ NAMESPACE = "tpu_kernels"
 # --------------------------------------------------------------------------- JAX side
 
 
+# Under a mesh (`kernels.sharded.current`: `tpu_backend.aot`'s plan, `tpu_backend.distributed`'s
+# mesh) each call runs per shard inside `jax.shard_map`: XLA cannot partition a Mosaic kernel.
+
+
 def flash_attention_jax(q, k, v, mask, causal, scale, impl):
     from kernels import flash_attention as fa
+    from kernels import sharded
 
+    if km := sharded.current(impl):
+        return sharded.attention_forward(km, q, k, v, mask, causal, scale, impl)
     return fa.attention_forward(q, k, v, mask, fa.resolve_config(q, k, causal, scale, impl))
 
 
 def flash_attention_backward_jax(dout, q, k, v, mask, out, lse, causal, scale, impl):
     from kernels import flash_attention as fa
+    from kernels import sharded
 
+    if km := sharded.current(impl):
+        return sharded.attention_backward(km, dout, q, k, v, mask, out, lse, causal, scale, impl)
     return fa.attention_backward(dout, q, k, v, mask, out, lse, fa.resolve_config(q, k, causal, scale, impl))
 
 
@@ -56,8 +66,10 @@ def _rows(x):
 
 
 def norm_jax(x, residual, weight, bias, centered, eps, impl):
-    from kernels import norms
+    from kernels import norms, sharded
 
+    if km := sharded.current(impl):
+        return sharded.norm_forward(km, x, residual, weight, bias, centered, eps, impl)
     rows = _rows(x)
     y, h = norms.norm_forward(rows, _rows(residual), weight, bias, norms.resolve_config(rows, centered, eps, impl))
     h = h.reshape(x.shape) if residual is not None else jnp.zeros((0,), x.dtype)
@@ -65,8 +77,10 @@ def norm_jax(x, residual, weight, bias, centered, eps, impl):
 
 
 def norm_backward_jax(dy, dh, h, weight, bias, centered, eps, impl):
-    from kernels import norms
+    from kernels import norms, sharded
 
+    if km := sharded.current(impl):
+        return sharded.norm_backward(km, dy, dh, h, weight, bias, centered, eps, impl)
     rows = _rows(h)
     config = norms.resolve_config(rows, centered, eps, impl)
     dx, dw, db = norms.norm_backward(_rows(dy), _rows(dh), rows, weight, bias, config)
@@ -76,14 +90,19 @@ def norm_backward_jax(dy, dh, h, weight, bias, centered, eps, impl):
 
 def cross_entropy_jax(logits, targets, ignore_index, impl):
     from kernels import cross_entropy as ce
+    from kernels import sharded
 
-    losses, lse = ce.cross_entropy_forward(logits, targets, ce.resolve_config(logits, ignore_index, impl))
-    return losses, lse
+    if km := sharded.current(impl):
+        return sharded.cross_entropy_forward(km, logits, targets, ignore_index, impl)
+    return ce.cross_entropy_forward(logits, targets, ce.resolve_config(logits, ignore_index, impl))
 
 
 def cross_entropy_backward_jax(grad_losses, logits, targets, lse, ignore_index, impl):
     from kernels import cross_entropy as ce
+    from kernels import sharded
 
+    if km := sharded.current(impl):
+        return sharded.cross_entropy_backward(km, grad_losses, logits, targets, lse, ignore_index, impl)
     return ce.cross_entropy_backward(grad_losses, logits, targets, lse, ce.resolve_config(logits, ignore_index, impl))
 
 

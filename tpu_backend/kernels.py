@@ -175,13 +175,32 @@ def _dtype_name(tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
+# Under a mesh each compiled kernel sees its shard (`kernels.sharded`): the rules are
+# checked on the per-shard shapes (a vocabulary split over tp may break the TPU layout
+# where the whole one does not).
+
+
 def _attention_rules(query, key, attn_mask, is_causal):
+    from kernels import sharded
     from kernels.check_lowering import attention_rejection
 
+    q_shape, k_shape = tuple(query.shape), tuple(key.shape)
+    if (km := sharded.current("pallas")) and query.ndim == 4 and key.ndim == 4:
+        spec = sharded.attention_spec(km, q_shape, k_shape)
+        q_shape, k_shape = sharded.shard_shape(km, q_shape, spec), sharded.shard_shape(km, k_shape, spec)
     mask_shape = None if attn_mask is None else tuple(attn_mask.shape)
     return lambda chip: attention_rejection(
-        tuple(query.shape), tuple(key.shape), _dtype_name(query), causal=is_causal, mask_shape=mask_shape, chip=chip
+        q_shape, k_shape, _dtype_name(query), causal=is_causal, mask_shape=mask_shape, chip=chip
     )
+
+
+def _shard_rows(x) -> int:
+    from kernels import sharded
+
+    shape = tuple(x.shape)
+    if (km := sharded.current("pallas")) and x.ndim:
+        shape = sharded.shard_shape(km, shape, sharded.rows_spec(km, shape))
+    return math.prod(shape[:-1]) if shape else 1
 
 
 def _norm_rules(x, residual, weight, bias):
@@ -189,7 +208,7 @@ def _norm_rules(x, residual, weight, bias):
 
     dim = x.shape[-1]
     return lambda chip: norm_rejection(
-        x.numel() // max(dim, 1),
+        _shard_rows(x),
         dim,
         _dtype_name(x),
         residual=residual is not None,
@@ -200,9 +219,13 @@ def _norm_rules(x, residual, weight, bias):
 
 
 def _cross_entropy_rules(logits):
+    from kernels import sharded
     from kernels.check_lowering import cross_entropy_rejection
 
-    return lambda chip: cross_entropy_rejection(*logits.shape, _dtype_name(logits), chip=chip)
+    shape = tuple(logits.shape)
+    if (km := sharded.current("pallas")) and logits.ndim == 2:
+        shape = sharded.shard_shape(km, shape, sharded.cross_entropy_spec(km, shape))
+    return lambda chip: cross_entropy_rejection(*shape, _dtype_name(logits), chip=chip)
 
 
 def _decode_rules(q, k_cache):

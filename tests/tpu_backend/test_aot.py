@@ -150,3 +150,41 @@ def test_refusal_with_small_arguments_points_at_the_activations():
     assert refused.required_temp_bytes == int(301.57 * 2**30)
     assert "temporaries (activations kept for the backward pass) are what does not fit" in str(refused)
     assert "FSDP" not in str(refused)
+
+
+@needs_libtpu
+def test_sharded_step_keeps_the_kernels_each_split_by_shard_map():
+    """fsdp=2 x tp=2 with the kernels on: each kernel (forward and backward) compiles for
+    the v5e inside a shard_map (XLA cannot partition a Mosaic kernel): attention over
+    batch and heads, the RMSNorms over rows, cross-entropy over rows and the vocabulary."""
+    from tests.tpu_backend.models import LlamaConfig, LlamaLM, sequence_loss
+    from tpu_backend.distributed import ColwiseParallel, RowwiseParallel
+
+    config = LlamaConfig(vocab=256, context=128, width=128, heads=2, layers=1, ffn=256, dtype=torch.bfloat16)
+    with torch.device("meta"):
+        model = LlamaLM(config)
+    plan = {
+        "blocks.*.[qkv]": ColwiseParallel(),
+        "blocks.*.o": RowwiseParallel(),
+        "blocks.*.gate": ColwiseParallel(),
+        "blocks.*.up": ColwiseParallel(),
+        "blocks.*.down": RowwiseParallel(),
+        "head": ColwiseParallel(),  # logits split over the vocabulary
+    }
+    tokens = ((4, config.context), torch.long)
+    device_kernels.reset_stats()
+    with device_kernels.use("on"):  # "auto" leaves norms this small to XLA (measured faster)
+        report = aot.compile_step(
+            model, [tokens], [tokens], sequence_loss, topology="v5e:2x2", mesh="fsdp=2,tp=2", tensor_parallel=plan
+        )
+    assert not any("xla" in key for key in device_kernels.stats()), device_kernels.stats()
+    assert report.kernels and report.fits
+    assert report.kernel_calls == {
+        "cross_entropy_backward": 1,
+        "cross_entropy_forward": 1,
+        "flash_attention_dkv": 1,
+        "flash_attention_dq": 1,
+        "flash_attention_forward": 1,
+        "norm_backward": 3,
+        "norm_forward": 3,
+    }

@@ -66,12 +66,19 @@ def table(report):
         ("FLOPs", f"{report.flops / 1e12:.2f} T" if report.flops >= 1e11 else f"{report.flops / 1e9:.2f} G"),
         ("bytes accessed", gib(report.bytes_accessed)),
         *((f"  {name}", str(n)) for name, n in report.collectives.items()),
+        ("Pallas kernel calls", _kernels_text(report)),
         ("trace / lower / compile", " / ".join(f"{report.seconds[k]:.1f} s" for k in ("trace", "lower", "compile"))),
     ]
     rows.insert(rows.index(("bytes accessed", gib(report.bytes_accessed))) + 1, ("collectives", ""))
     for row in rows:
         t.add_row(*row)
     return t
+
+
+def _kernels_text(report) -> str:
+    if not report.kernels:
+        return "off"
+    return ", ".join(f"{name} {n}" for name, n in report.kernel_calls.items()) or "none (XLA took every call)"
 
 
 def main(argv=None) -> int:

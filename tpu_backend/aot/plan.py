@@ -42,6 +42,7 @@ from tpu_backend.distributed.tensor_parallel import plan_placements
 from tpu_backend.ops.registry import jax_dtype
 
 AXES = ("dp", "fsdp", "tp")
+BATCH_AXES = ("dp", "fsdp")  # the batch is split over these together
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -93,7 +94,7 @@ def input_shardings(step: StepGraph, model: nn.Module, mesh, tensor_parallel: Ma
         else:
             param_shardings[name] = NamedSharding(mesh, spec)
     replicated = NamedSharding(mesh, PartitionSpec())
-    batch_axes = [a for a in mesh.axis_names if a in ("dp", "fsdp")]
+    batch_axes = [a for a in mesh.axis_names if a in BATCH_AXES]
     shardings = []
     for s in step.inputs:
         if s.role == PARAM:
@@ -136,16 +137,28 @@ def _ticking(progress: Callable[[str], None] | None, what: str, every: float = 1
         thread.join()
 
 
-def _kernel_context(topology: str, kernels: bool):
+@contextlib.contextmanager
+def _kernel_context(topology: str, kernels: bool, mesh):
     """Kernels on: trace and lower inside `kernels.tpu.lowering_for(chip)`, where the
-    device's routers take the compiled Pallas path, as they do on the chip."""
+    device's routers take the compiled Pallas path, as they do on the chip, each call
+    split over the mesh (`kernels.sharded`: batch over dp and fsdp, heads and vocabulary
+    over tp)."""
     if not kernels:
         from tpu_backend import kernels as device_kernels
 
-        return device_kernels.use("off")
+        with device_kernels.use("off"):
+            yield
+        return
+    from kernels.sharded import KernelMesh, split_over
     from kernels.tpu import lowering_for
+    from tpu_backend import kernels as device_kernels
 
-    return lowering_for(topology.partition(":")[0])
+    batch = tuple(a for a in mesh.axis_names if a in BATCH_AXES)
+    kernel_mesh = KernelMesh(mesh, batch, "tp" if "tp" in mesh.axis_names else None)
+    mode = "auto" if device_kernels.mode() == "off" else device_kernels.mode()  # asked for: the chip's default
+    chips = mesh if mesh.size > 1 else None  # one chip: no shard_map, lowering_for's own one-chip mesh
+    with device_kernels.use(mode), lowering_for(topology.partition(":")[0], chips), split_over(kernel_mesh):
+        yield
 
 
 def compile_step(
@@ -179,7 +192,7 @@ def compile_step(
     if kernels is None:
         kernels = device_kernels.mode() != "off"
     began = time.perf_counter()
-    with _kernel_context(topology, kernels):
+    with _kernel_context(topology, kernels, jax_mesh):
         with _ticking(progress, "tracing the step (fake tensors)"):
             step = trace_step(model, inputs, targets, loss, optimizer)
         traced = time.perf_counter() - began
@@ -190,9 +203,9 @@ def compile_step(
         except Exception as error:
             if "Mosaic kernels cannot be automatically partitioned" in str(error):
                 raise NotImplementedError(
-                    f"tpu_backend.aot: the device's Pallas kernels cannot be split over a {len(jax_mesh.devices.flat)}-chip "
-                    "mesh yet (XLA cannot partition a Mosaic kernel; it needs a shard_map around the call): plan "
-                    "sharded steps with the kernels off (TPU_KERNELS=off, --kernels off), or one chip with them on"
+                    f"tpu_backend.aot: a Pallas kernel of the step is not split over the {len(jax_mesh.devices.flat)}-chip "
+                    "mesh (XLA cannot partition a Mosaic kernel; kernels.sharded wraps flash attention, the norms and "
+                    "cross-entropy in a shard_map, not others): plan with the kernels off (TPU_KERNELS=off, --kernels off)"
                 ) from error
             if is_out_of_memory(error):
                 arguments = argument_buffers(step, shardings)

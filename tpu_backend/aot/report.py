@@ -84,6 +84,9 @@ class Report:
     # instructions libtpu recomputed to fit HBM (its rematerialisation): > 0 means the
     # step fits only by trading FLOPs for memory, and temporaries sit near the limit
     rematerialized: int = 0
+    # Pallas (Mosaic) kernel calls in the compiled program, by kernel name (a call inside
+    # a loop body counts once)
+    kernel_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -214,6 +217,14 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
     return counts
 
 
+def count_kernel_calls(hlo_text: str) -> dict[str, int]:
+    """Mosaic kernel calls (`tpu_custom_call`) in the optimized HLO, by the kernel's name."""
+    counts: dict[str, int] = {}
+    for name in re.findall(r'%([A-Za-z_]+)(?:\.\d+)* = [^\n]*custom_call_target="tpu_custom_call"', hlo_text):
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def count_rematerialized(hlo_text: str) -> int:
     """Instructions the compiler's rematerialisation added (named `<original>.remat...`)."""
     return len(re.findall(r"^\s*(?:ROOT )?%?[\w.\-]*\.remat[\w.\-]* = ", hlo_text, flags=re.MULTILINE))
@@ -312,4 +323,5 @@ def read_compiled(compiled, step: StepGraph, shardings, *, topology, mesh, hbm, 
         seconds={k: round(v, 2) for k, v in seconds.items()},
         largest=largest_buffers(text, names),
         rematerialized=count_rematerialized(text),
+        kernel_calls=count_kernel_calls(text),
     )

@@ -150,6 +150,17 @@ def set_mesh(mesh: Mesh | None) -> None:
     global _MESH
     _MESH = mesh
     _settle_cpu_collectives(mesh)
+    split_kernels_over(mesh)
+
+
+def split_kernels_over(mesh: Mesh | None, model_axis: str | None = None) -> None:
+    """The Pallas kernels' calls run per shard of `mesh` (`kernels.sharded`; XLA cannot
+    partition a Mosaic kernel): heads and vocabulary over `model_axis` (the
+    tensor-parallel axis, set by `parallelize_module`), batch and rows over the others."""
+    from kernels.sharded import KernelMesh, set_default
+
+    batch = () if mesh is None else tuple(a for a in mesh.axis_names if a != model_axis)
+    set_default(None if mesh is None else KernelMesh(mesh, batch, model_axis))
 
 
 def get_mesh(mesh: Mesh | None = None) -> Mesh:

@@ -31,7 +31,15 @@ from jax.sharding import Mesh
 from torch import nn
 
 from tpu_backend.distributed.fsdp import keep_training_state_sharded
-from tpu_backend.distributed.mesh import Placement, Replicate, Shard, distribute_tensor, get_mesh, sharding_of
+from tpu_backend.distributed.mesh import (
+    Placement,
+    Replicate,
+    Shard,
+    distribute_tensor,
+    get_mesh,
+    sharding_of,
+    split_kernels_over,
+)
 
 
 def _on_axis(mesh: Mesh, axis: str, placement: Placement) -> list[Placement]:
@@ -146,6 +154,7 @@ def parallelize_module(
     mesh = get_mesh(mesh)
     axis = mesh.axis_names[-1] if axis is None else axis
     placed = plan_placements(module, mesh, plan, axis)
+    split_kernels_over(mesh, axis)  # attention heads and the vocabulary follow the plan's axis
     for t in [*module.parameters(), *module.buffers()]:
         distribute_tensor(t, mesh)  # replicated unless the plan says otherwise
     for name, placements in placed.items():
