@@ -157,7 +157,7 @@ def test_sharded_step_keeps_the_kernels_each_split_by_shard_map():
     """fsdp=2 x tp=2 with the kernels on: each kernel (forward and backward) compiles for
     the v5e inside a shard_map (XLA cannot partition a Mosaic kernel): attention over
     batch and heads, the RMSNorms over rows, cross-entropy over rows and the vocabulary."""
-    from tests.tpu_backend.models import LlamaConfig, LlamaLM, sequence_loss
+    from benchmarks.models import LlamaConfig, LlamaLM, sequence_loss
     from tpu_backend.distributed import ColwiseParallel, RowwiseParallel
 
     config = LlamaConfig(vocab=256, context=128, width=128, heads=2, layers=1, ffn=256, dtype=torch.bfloat16)

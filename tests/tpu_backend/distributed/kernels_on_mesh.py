@@ -32,9 +32,9 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec  # noqa: E402
 
 import tpu_backend  # noqa: E402, F401
 import tpu_backend.distributed as dist  # noqa: E402
+from benchmarks.models import LlamaConfig, LlamaLM, sequence_loss  # noqa: E402
 from kernels import sharded  # noqa: E402
 from kernels.sharded import KernelMesh, split_over  # noqa: E402
-from tests.tpu_backend.models import LlamaConfig, LlamaLM, sequence_loss  # noqa: E402
 from tpu_backend import kernels as device_kernels  # noqa: E402
 from tpu_backend.aot.capture import BATCH, BUFFER, PARAM, trace_step  # noqa: E402
 from tpu_backend.aot.plan import input_shardings  # noqa: E402
