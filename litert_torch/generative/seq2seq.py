@@ -1,6 +1,7 @@
 """Encoder-decoder (seq2seq) models with an explicit KV cache, exact or refused: T5,
 BART, mBART, Marian, Whisper (any transformers model whose layers go through
-transformers' `Cache` and `AttentionInterface`).
+transformers' `Cache` and `AttentionInterface`); NLLB-MoE and Switch with their experts
+loops written densely (`DENSE_EXPERTS`).
 
     edge = export_seq2seq(model, source_len=32, cache_len=64)    # encode + decode signatures
     new_ids = generate_seq2seq(edge, source_ids, 20, decoder_prompt=decoder_start_ids(model))
@@ -79,15 +80,24 @@ ATTENTION_FORM = "sdpa"
 REFUSED_ATTENTION_ARGUMENTS = {"sliding_window": "sliding windows", "softcap": "soft-capping", "sinks": "sinks"}
 
 # Encoder-decoder families whose attention is not plain softmax attention over the whole
-# source, with what is missing.
+# source: (what the architecture does, what exporting it would need).
 UNSUPPORTED_FAMILIES = {
-    "LEDForConditionalGeneration": "Longformer's local + global attention in the encoder",
-    "LongT5ForConditionalGeneration": "local / transient-global attention in the encoder",
-    "SwitchTransformersForConditionalGeneration": (
-        "mixture-of-experts routing whose forward needs the encoder's router logits next to cached encoder states"
+    "LEDForConditionalGeneration": (
+        "its encoder uses Longformer's attention (a sliding band of neighbours plus global tokens)",
+        "a banded, global-token source mask in seq2seq_attention",
     ),
-    "ProphetNetForConditionalGeneration": "n-gram stream self-attention in the decoder",
-    "XLMProphetNetForConditionalGeneration": "n-gram stream self-attention in the decoder",
+    "LongT5ForConditionalGeneration": (
+        "its encoder uses local / transient-global attention (blocks of the source, plus block summaries)",
+        "a blocked source mask and the transient global summaries in the encode signature",
+    ),
+    "ProphetNetForConditionalGeneration": (
+        "its decoder predicts n future tokens with n-gram self-attention streams",
+        "a cache per stream and a decode signature returning n streams' logits",
+    ),
+    "XLMProphetNetForConditionalGeneration": (
+        "its decoder predicts n future tokens with n-gram self-attention streams",
+        "a cache per stream and a decode signature returning n streams' logits",
+    ),
 }
 
 
@@ -105,7 +115,11 @@ def decoder_layers(model: nn.Module) -> int:
     for name in ("decoder_layers", "num_decoder_layers", "decoder_num_hidden_layers", "num_layers"):
         if getattr(cfg, name, None):
             return int(getattr(cfg, name))
-    raise UnsupportedModelError(f"{_name(model)}: its config names no decoder layer count")
+    raise UnsupportedModelError(
+        f"{_name(model)}: its config gives no decoder depth (decoder_layers, num_decoder_layers, ...); export_seq2seq "
+        "keeps one self- and one cross-attention cache per decoder layer, so a single encoder-decoder config "
+        "with the decoder's layer count is needed (a model pairing two separately configured models is not one)"
+    )
 
 
 def decoder_start_ids(model: nn.Module) -> list[int]:
@@ -207,6 +221,101 @@ def _attention_through_litert(model: nn.Module, state: _CallState):
         _ACTIVE.pop()
         for c, value in before:
             c._attn_implementation = value
+
+
+# ---- mixture-of-experts layers ----------------------------------------------------------
+# NLLB-MoE's and Switch's experts loop over the experts a batch hit (`nonzero`, `where`,
+# `index_add_`: shapes that depend on the routing, which LiteRT cannot express). During the
+# call their forward is swapped for the same sum written densely: every expert on every
+# token, weighted by the routing the model's own router computed (zero for the experts a
+# token is not sent to, or that are over capacity). Each function reproduces its class's
+# loop exactly, whatever that loop does.
+
+
+def _experts_sum(experts: nn.Module, hidden_states, expert_mask, weights) -> torch.Tensor:
+    """`sum over (expert e, slot k) of expert_mask[e, k, t] * weights[t, k] * expert_e(h[t])`:
+    the loop `for e in hit: idx, top_x = where(expert_mask[e]); out.index_add_(0, top_x,
+    expert_e(h[top_x]) * weights[top_x, idx])` of both families, densely."""
+    coefficients = (expert_mask.to(weights.dtype) * weights.transpose(0, 1)[None]).sum(1)  # (E, T)
+    outputs = torch.stack([experts[f"expert_{e}"](hidden_states) for e in range(experts.num_experts)])
+    return (outputs * coefficients[..., None].to(outputs.dtype)).sum(0).to(hidden_states.dtype)
+
+
+def _switch_experts(self, hidden_states, selected_experts, routing_weights):
+    """SwitchTransformersExperts: `selected_experts` (T, 1, E) one-hot, `routing_weights` (T, 1)."""
+    return _experts_sum(self, hidden_states, selected_experts.permute(2, 1, 0), routing_weights)
+
+
+def _nllb_moe_experts(self, hidden_states, router_mask, router_probs):
+    """NllbMoeExperts: transformers one-hot encodes `router_mask` (T, E) again, so expert c
+    takes the (token, column) pairs whose mask value is c, weighted by `router_probs` there."""
+    classes = torch.arange(self.num_experts, device=router_mask.device)
+    expert_mask = (router_mask[..., None] == classes).permute(2, 1, 0)
+    out = _experts_sum(self, hidden_states, expert_mask, router_probs)
+    return out * (1 - self.moe_token_dropout) if self.moe_token_dropout > 0 else out  # eval-mode token dropout
+
+
+DENSE_EXPERTS = {"SwitchTransformersExperts": _switch_experts, "NllbMoeExperts": _nllb_moe_experts}
+
+
+def _moe_refusal(model: nn.Module) -> str | None:
+    """Why the model's mixture-of-experts layers would not be exact, or None."""
+    cfg, name = model.config, _name(model)
+    loops = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith("Experts")})
+    unknown = [c for c in loops if c not in DENSE_EXPERTS]
+    if unknown:
+        return (
+            f"{name}: its mixture-of-experts layers ({', '.join(unknown)}) run their experts in a loop over the "
+            f"experts the routing hit (shapes that depend on the data); a dense form of that loop is needed (one "
+            f"exists for {', '.join(sorted(DENSE_EXPERTS))})"
+        )
+    if "NllbMoeExperts" in loops:
+        if getattr(cfg, "second_expert_policy", "all") != "all":
+            return (
+                f"{name}: second_expert_policy={cfg.second_expert_policy!r} draws random numbers when routing; "
+                "only the deterministic 'all' policy can be exported"
+            )
+        if getattr(cfg, "moe_eval_capacity_token_fraction", 1.0) < 1.0:
+            return (
+                f"{name}: moe_eval_capacity_token_fraction={cfg.moe_eval_capacity_token_fraction} drops tokens "
+                "by a capacity counted over the whole (padded) source, so padding changes which tokens reach an "
+                "expert; export with a fraction of 1.0 (no token dropped), or a source of exactly source_len tokens "
+                "would be needed"
+            )
+    return None
+
+
+def _kept_in_place(linear: nn.Module):
+    """`linear.to(dtype)` returning `linear` itself when it already has that dtype: both
+    routers cast their classifier on every call (`self.classifier = self.classifier.to(...)`),
+    which torch.export cannot trace (it swaps the parameters)."""
+    cast = linear.to
+
+    def to(*args, **kwargs):
+        dtype = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.dtype)), None)
+        return linear if dtype in (None, linear.weight.dtype) else cast(*args, **kwargs)
+
+    return to
+
+
+@contextlib.contextmanager
+def _dense_experts(model: nn.Module):
+    """Run `model` with DENSE_EXPERTS' forwards on its experts modules and its routers'
+    casts in place; restored after."""
+    swapped = []
+    for module in model.modules():
+        dense = DENSE_EXPERTS.get(type(module).__name__)
+        if dense is not None:
+            module.forward = dense.__get__(module)
+            swapped.append((module, "forward"))
+        elif type(module).__name__.endswith("Router") and isinstance(getattr(module, "classifier", None), nn.Linear):
+            module.classifier.to = _kept_in_place(module.classifier)
+            swapped.append((module.classifier, "to"))
+    try:
+        yield
+    finally:
+        for module, attr in swapped:
+            delattr(module, attr)
 
 
 # ---- caches -----------------------------------------------------------------------------
@@ -364,18 +473,18 @@ class CachedSeq2SeqLM(nn.Module):
     def _call(self, state: _CallState, tokens, source, encoder_states):
         """The model's own forward on `tokens` (the decoder's), either from `source`
         (encoder run) or from cached cross keys (`encoder_states` a placeholder)."""
-        from transformers.modeling_outputs import BaseModelOutput
+        from transformers.modeling_outputs import MoEModelOutput  # BaseModelOutput's fields + router_logits
 
         cache = _encoder_decoder_cache(state.self_cache, state.cross)
         kwargs = {self._cache_arg: cache, "decoder_input_ids": tokens}
         if encoder_states is not None:  # use_cache only where no encoder runs (some encoder stacks refuse it)
-            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_states)
+            kwargs["encoder_outputs"] = MoEModelOutput(last_hidden_state=encoder_states)
             kwargs["use_cache"] = True
         elif self.audio:
             kwargs["input_features"] = source[0]
         else:
             kwargs["input_ids"], kwargs["attention_mask"] = source
-        with _attention_through_litert(self.model, state):
+        with _attention_through_litert(self.model, state), _dense_experts(self.model):
             out = self.model(**kwargs)
         return out.logits
 
@@ -410,14 +519,16 @@ class CachedSeq2SeqLM(nn.Module):
         if phase == "encode" and not state.attended["encoder"]:
             raise UnsupportedModelError(
                 f"{_name(self.model)}: its encoder computes attention itself (not through transformers' "
-                "AttentionInterface), so the source padding mask cannot be applied"
+                "AttentionInterface), so the source padding mask cannot be applied; its attention would need to "
+                "go through AttentionInterface (as BART's does)"
             )
         for kind in ("self", "cross"):
             missing = sorted(set(range(self.n_layers)) - state.attended[kind])
             if missing:
                 raise UnsupportedModelError(
-                    f"{_name(self.model)}: decoder layers {missing} did not run their {kind}-attention through "
-                    f"transformers' AttentionInterface during {phase} (they compute attention themselves)"
+                    f"{_name(self.model)}: decoder layers {missing} compute their {kind}-attention themselves during "
+                    f"{phase} (not through transformers' AttentionInterface), so the cache's mask cannot be applied; "
+                    "their attention would need to go through AttentionInterface"
                 )
 
 
@@ -450,32 +561,53 @@ def check_supported(model: nn.Module) -> None:
     """Refuse, by name, what the encoder-decoder adapter does not reproduce."""
     name = _name(model)
     cfg = getattr(model, "config", None)
+    if "pixel_values" in inspect.signature(model.forward).parameters:
+        raise UnsupportedModelError(
+            f"{name}: an image-to-text model (it takes pixel_values): its source is an image, which needs a "
+            "vision-encoder signature (encode_image); export_seq2seq encodes token ids or audio features"
+        )
     if cfg is None or not getattr(cfg, "is_encoder_decoder", False):
         raise UnsupportedModelError(
-            f"{name}: not a transformers encoder-decoder (config.is_encoder_decoder is not set); "
-            "decoder-only LMs go through export_generative"
+            f"{name}: a decoder-only model (config.is_encoder_decoder is not set): there is no separate source "
+            "to encode once, so there is no cross-attention cache; decoder-only LMs go through export_generative"
         )
     if name in UNSUPPORTED_FAMILIES:
-        raise UnsupportedModelError(f"{name}: {UNSUPPORTED_FAMILIES[name]} is not supported")
+        does, needed = UNSUPPORTED_FAMILIES[name]
+        raise UnsupportedModelError(f"{name}: {does}; exporting it would need {needed}")
+    moe = _moe_refusal(model)
+    if moe is not None:
+        raise UnsupportedModelError(moe)
     params = inspect.signature(model.forward).parameters
     if "input_values" in params:
         raise UnsupportedModelError(
-            f"{name}: raw-audio input (input_values) is not supported; Whisper-style log-mel is"
+            f"{name}: its encoder reads raw audio (input_values) through its own convolutional front end; "
+            "export_seq2seq's encode takes token ids or Whisper's fixed-length log-mel frames, so an encode "
+            "signature over a fixed number of audio samples would be needed"
         )
     if "input_features" in params and not (hasattr(cfg, "max_source_positions") and hasattr(cfg, "num_mel_bins")):
         raise UnsupportedModelError(
-            f"{name}: audio features of a variable length are not supported; only Whisper's fixed "
-            "2 * max_source_positions log-mel frames are"
+            f"{name}: its encoder takes audio features of any length (a strided convolution subsamples them and "
+            "padding is masked by the feature mask); export_seq2seq's encode takes Whisper's fixed "
+            "2 * max_source_positions frames, so a feature length chosen at export with the feature mask "
+            "subsampled like the convolution would be needed"
         )
     if not hasattr(model, "get_encoder"):
-        raise UnsupportedModelError(f"{name}: has no encoder (get_encoder); not a conditional-generation model")
+        raise UnsupportedModelError(
+            f"{name}: it has no separate encoder (get_encoder), so there is no source to encode once and "
+            "cache; a conditional-generation head over an encoder would be needed"
+        )
     for attr in ("attention_window", "local_radius"):
         if getattr(cfg, attr, None):
             raise UnsupportedModelError(
-                f"{name}: config.{attr}={getattr(cfg, attr)!r} (local attention) is not supported"
+                f"{name}: its encoder attends locally (config.{attr}={getattr(cfg, attr)!r}: each token sees a band "
+                "of neighbours); exporting it would need a banded source mask in seq2seq_attention"
             )
     if getattr(cfg, "attention_type", None) == "block_sparse":
-        raise UnsupportedModelError(f"{name}: config.attention_type='block_sparse' is not supported")
+        raise UnsupportedModelError(
+            f"{name}: its encoder uses block-sparse attention (random, window and global blocks, "
+            "config.attention_type='block_sparse'); config.attention_type='original_full' exports, block-sparse "
+            "would need its block layout as a source mask"
+        )
 
 
 # ---- verification, export ------------------------------------------------------------------
@@ -565,7 +697,8 @@ def export_seq2seq(
     if not lm.audio:
         decode_args += (torch.ones(lm.source_shape, dtype=torch.int32),)
     builder = builder.signature("decode", _Decode(lm), decode_args, output_names=["logits"] + cache_names)
-    return builder.convert(**convert_options)
+    with torch.no_grad():  # the model's own no_grad regions (NLLB's positions) then trace flat, not as nested graphs
+        return builder.convert(**convert_options)
 
 
 # ---- generation -------------------------------------------------------------------------

@@ -112,6 +112,11 @@ FAMILIES = {
         "SwitchTransformersForConditionalGeneration",
         dict(_t5, num_experts=4, encoder_sparse_step=1, decoder_sparse_step=1),
     ),
+    "nllb_moe (MoE)": (
+        "NllbMoeConfig",
+        "NllbMoeForConditionalGeneration",
+        dict(_bart_like, num_experts=4, encoder_sparse_step=1, decoder_sparse_step=1),
+    ),
     "prophetnet": (
         "ProphetNetConfig",
         "ProphetNetForConditionalGeneration",
@@ -149,12 +154,13 @@ FAMILIES = {
 }
 
 
-def build(family: str, seed: int = 0) -> torch.nn.Module:
+def build(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """The family's tiny model; `overrides`: config keys to change (fewer layers in a test)."""
     import transformers
 
     config_cls, model_cls, kwargs = FAMILIES[family]
     torch.manual_seed(seed)
-    config = getattr(transformers, config_cls)(**kwargs)
+    config = getattr(transformers, config_cls)(**dict(kwargs, **overrides))
     return getattr(transformers, model_cls)(config).eval()
 
 
