@@ -50,6 +50,7 @@ refuses the export above 1e-4 (max relative error of the logits at any step).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -107,6 +108,10 @@ def _name(model: nn.Module) -> str:
 
 def _is_audio(model: nn.Module) -> bool:
     return "input_features" in inspect.signature(model.forward).parameters
+
+
+def _is_raw_audio(model: nn.Module) -> bool:
+    return "input_values" in inspect.signature(model.forward).parameters
 
 
 def decoder_layers(model: nn.Module) -> int:
@@ -379,6 +384,20 @@ def _cross_cache(n_layers: int, tensors: list | None):
     return _CrossCache()
 
 
+@functools.cache
+def _encoder_output_class():
+    """The encoder output `decode` hands the model: the placeholder states, and None for the
+    other fields some families read from it (router_logits: NLLB-MoE, Switch; the source
+    mask: Moonshine; masks come from `source_mask` here)."""
+    from transformers.modeling_outputs import MoEModelOutput
+
+    @dataclass
+    class EncoderStates(MoEModelOutput):
+        attention_mask: torch.Tensor | None = None
+
+    return EncoderStates
+
+
 def _encoder_decoder_cache(self_cache, cross):
     from transformers import EncoderDecoderCache
 
@@ -414,7 +433,29 @@ class CachedSeq2SeqLM(nn.Module):
         target_limit = getattr(cfg, "max_target_positions", None) or getattr(cfg, "max_position_embeddings", None)
         if target_limit is not None and self.cache_len > target_limit:
             raise ValueError(f"cache_len ({cache_len}) exceeds the decoder's position table ({target_limit} positions)")
-        if self.audio:
+        # Speech2Text: features of any length, subsampled by strided convolutions, padding masked
+        self.masked_features = self.audio and not hasattr(cfg, "num_mel_bins")
+        self.raw_audio = _is_raw_audio(model)
+        if self.raw_audio:  # Moonshine: a fixed number of samples, its conv front end in encode
+            if source_len is None or int(source_len) < 1:
+                raise ValueError(f"{_name(model)}: pass source_len, the number of audio samples encode takes")
+            self.source_len = int(source_len)
+            self.encoder_len = int(model.get_encoder()._get_feat_extract_output_lengths(self.source_len))
+            if self.encoder_len < 1:
+                raise ValueError(f"source_len ({source_len}) is shorter than the convolutional front end's window")
+            self.source_shape = (1, self.source_len)
+        elif self.masked_features:
+            if source_len is None or int(source_len) < 1:
+                raise ValueError(f"{_name(model)}: pass source_len, the (padded) number of feature frames")
+            self.source_len = int(source_len)
+            self.encoder_len = int(model.get_encoder()._get_feat_extract_output_lengths(torch.tensor(self.source_len)))
+            if self.encoder_len > cfg.max_source_positions:
+                raise ValueError(
+                    f"source_len ({source_len}) subsamples to {self.encoder_len} encoder positions, beyond "
+                    f"max_source_positions ({cfg.max_source_positions})"
+                )
+            self.source_shape = (1, self.source_len, cfg.input_feat_per_channel * cfg.input_channels)
+        elif self.audio:
             frames = 2 * cfg.max_source_positions
             if source_len not in (None, frames):
                 raise ValueError(
@@ -439,9 +480,22 @@ class CachedSeq2SeqLM(nn.Module):
 
     # -- shapes and inputs
     def sample_source(self) -> tuple[torch.Tensor, ...]:
+        if self.raw_audio:
+            return (torch.zeros(self.source_shape),)
+        if self.masked_features:
+            return torch.zeros(self.source_shape), torch.ones(self.source_shape[:2], dtype=torch.int32)
         if self.audio:
             return (torch.zeros(self.source_shape),)
         return torch.zeros(self.source_shape, dtype=torch.int32), torch.ones(self.source_shape, dtype=torch.int32)
+
+    def encoder_mask(self, source_mask):
+        """The source mask over encoder positions: a feature mask subsampled as the model's
+        convolutions subsample the frames (Speech2Text), else the mask itself."""
+        if source_mask is None or not self.masked_features:
+            return source_mask
+        lengths = self.model.get_encoder()._get_feat_extract_output_lengths(source_mask.sum(-1))
+        positions = torch.arange(self.encoder_len, device=source_mask.device)
+        return (positions[None] < lengths[:, None]).to(source_mask.dtype)
 
     def empty_cache(self) -> list[torch.Tensor]:
         return [torch.zeros(s) for s in self.self_shapes]
@@ -473,13 +527,15 @@ class CachedSeq2SeqLM(nn.Module):
     def _call(self, state: _CallState, tokens, source, encoder_states):
         """The model's own forward on `tokens` (the decoder's), either from `source`
         (encoder run) or from cached cross keys (`encoder_states` a placeholder)."""
-        from transformers.modeling_outputs import MoEModelOutput  # BaseModelOutput's fields + router_logits
-
         cache = _encoder_decoder_cache(state.self_cache, state.cross)
         kwargs = {self._cache_arg: cache, "decoder_input_ids": tokens}
         if encoder_states is not None:  # use_cache only where no encoder runs (some encoder stacks refuse it)
-            kwargs["encoder_outputs"] = MoEModelOutput(last_hidden_state=encoder_states)
+            kwargs["encoder_outputs"] = _encoder_output_class()(last_hidden_state=encoder_states)
             kwargs["use_cache"] = True
+        elif self.raw_audio:
+            kwargs["input_values"] = source[0]
+        elif self.masked_features:
+            kwargs["input_features"], kwargs["attention_mask"] = source
         elif self.audio:
             kwargs["input_features"] = source[0]
         else:
@@ -496,7 +552,7 @@ class CachedSeq2SeqLM(nn.Module):
             [torch.zeros(s[:2] + (1,) + s[3:]) for s in self.self_shapes], positions, 1, self.n_layers
         )
         cross = _cross_cache(self.n_layers, None)
-        mask = None if self.audio else source[1]
+        mask = self.encoder_mask(source[1]) if len(source) > 1 else None
         state = _CallState("encode", self_cache, cross, _source_bias(mask, self.encoder_len, positions.device))
         placeholder = torch.zeros(1, 1, dtype=torch.int32)
         self._call(state, placeholder, source, encoder_states=None)
@@ -507,7 +563,8 @@ class CachedSeq2SeqLM(nn.Module):
         """-> (logits of the last token (1, 1, vocab), *updated self cache)."""
         self_cache = _self_cache(kv_cache, input_pos, self.cache_len, self.n_layers)
         cross = _cross_cache(self.n_layers, list(cross_kv))
-        state = _CallState("decode", self_cache, cross, _source_bias(source_mask, self.encoder_len, tokens.device))
+        bias = _source_bias(self.encoder_mask(source_mask), self.encoder_len, tokens.device)
+        state = _CallState("decode", self_cache, cross, bias)
         d_model = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
         # transformers runs cross-attention only when given encoder states; their keys come from the cache
         placeholder = torch.zeros((), device=tokens.device).expand(1, self.cross_shapes[0][2], d_model)
@@ -548,6 +605,16 @@ class _EncodeAudio(_Encode):
         return self.lm.encode(input_features)
 
 
+class _EncodeRawAudio(_Encode):
+    def forward(self, input_values):
+        return self.lm.encode(input_values)
+
+
+class _EncodeFeatures(_Encode):
+    def forward(self, input_features, feature_mask):
+        return self.lm.encode(input_features, feature_mask)
+
+
 class _Decode(nn.Module):
     def __init__(self, lm: CachedSeq2SeqLM):
         super().__init__()
@@ -578,13 +645,16 @@ def check_supported(model: nn.Module) -> None:
     if moe is not None:
         raise UnsupportedModelError(moe)
     params = inspect.signature(model.forward).parameters
-    if "input_values" in params:
+    encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
+    if "input_values" in params and not hasattr(encoder, "_get_feat_extract_output_lengths"):
         raise UnsupportedModelError(
-            f"{name}: its encoder reads raw audio (input_values) through its own convolutional front end; "
-            "export_seq2seq's encode takes token ids or Whisper's fixed-length log-mel frames, so an encode "
-            "signature over a fixed number of audio samples would be needed"
+            f"{name}: its encoder reads raw audio (input_values) through a front end whose output length export_seq2seq "
+            "cannot compute (no _get_feat_extract_output_lengths); that length fixes the cross-attention cache, so "
+            "it would be needed"
         )
-    if "input_features" in params and not (hasattr(cfg, "max_source_positions") and hasattr(cfg, "num_mel_bins")):
+    whisper_like = hasattr(cfg, "max_source_positions") and hasattr(cfg, "num_mel_bins")
+    feature_mask = hasattr(encoder, "_get_feat_extract_output_lengths")
+    if "input_features" in params and not (whisper_like or feature_mask):
         raise UnsupportedModelError(
             f"{name}: its encoder takes audio features of any length (a strided convolution subsamples them and "
             "padding is masked by the feature mask); export_seq2seq's encode takes Whisper's fixed "
@@ -611,6 +681,19 @@ def check_supported(model: nn.Module) -> None:
 
 
 # ---- verification, export ------------------------------------------------------------------
+
+
+def _feature_source(features, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features (frames, dims) padded with zeros to `source_len` frames, and their mask
+    (1 on real frames): what Speech2Text's feature extractor gives with padding."""
+    x = torch.as_tensor(np.asarray(features.detach().cpu() if isinstance(features, torch.Tensor) else features))
+    x = x.float().reshape(-1, x.shape[-1])
+    if not 1 <= x.shape[0] <= source_len:
+        raise ValueError(f"the source has {x.shape[0]} feature frames; the model was exported for 1 to {source_len}")
+    padded = torch.zeros(1, source_len, x.shape[1])
+    mask = torch.zeros(1, source_len, dtype=torch.int32)
+    padded[0, : x.shape[0]], mask[0, : x.shape[0]] = x, 1
+    return padded, mask
 
 
 def _text_source(ids, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -644,7 +727,14 @@ def verify_seq2seq(
     total = min(steps, lm.cache_len)
     vocab = getattr(model.config, "decoder_vocab_size", None) or model.config.vocab_size
     decoder_ids = torch.randint(0, vocab, (1, total), generator=gen)
-    if lm.audio:
+    if lm.raw_audio:
+        source = (torch.randn(lm.source_shape, generator=gen),)
+        expected = model(input_values=source[0], decoder_input_ids=decoder_ids).logits
+    elif lm.masked_features:  # 3/4 of the frames real, the rest padding (what the feature extractor gives)
+        n = max(1, lm.source_len - max(1, lm.source_len // 4))
+        source = _feature_source(torch.randn(n, lm.source_shape[2], generator=gen), lm.source_len)
+        expected = model(input_features=source[0], attention_mask=source[1], decoder_input_ids=decoder_ids).logits
+    elif lm.audio:
         features = torch.randn(lm.source_shape, generator=gen)
         expected = model(input_features=features, decoder_input_ids=decoder_ids).logits
         source = (features,)
@@ -655,7 +745,7 @@ def verify_seq2seq(
         source = _text_source(ids, lm.source_len)
     cross = lm.encode(*source)
     cache, got = lm.empty_cache(), []
-    mask = () if lm.audio else (source[1],)
+    mask = source[1:]
     for pos in range(total):
         tokens = decoder_ids[:, pos : pos + 1].int()
         logits, *cache = lm.decode(tokens, torch.tensor([pos], dtype=torch.int32), cache, list(cross), *mask)
@@ -690,12 +780,16 @@ def export_seq2seq(
     n = 2 * lm.n_layers
     cross_names = [f"cross_kv_{i}" for i in range(n)]
     cache_names = [f"kv_cache_{i}" for i in range(n)]
-    encoder = _EncodeAudio(lm) if lm.audio else _EncodeText(lm)
+    if lm.raw_audio:
+        encoder = _EncodeRawAudio(lm)
+    elif lm.masked_features:
+        encoder = _EncodeFeatures(lm)
+    else:
+        encoder = _EncodeAudio(lm) if lm.audio else _EncodeText(lm)
     builder = signature("encode", encoder, lm.sample_source(), output_names=cross_names)
     cross = [torch.zeros(s) for s in lm.cross_shapes]
     decode_args = (torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), lm.empty_cache(), cross)
-    if not lm.audio:
-        decode_args += (torch.ones(lm.source_shape, dtype=torch.int32),)
+    decode_args += tuple(torch.ones_like(mask) for mask in lm.sample_source()[1:])  # the source mask, if any
     builder = builder.signature("decode", _Decode(lm), decode_args, output_names=["logits"] + cache_names)
     with torch.no_grad():  # the model's own no_grad regions (NLLB's positions) then trace flat, not as nested graphs
         return builder.convert(**convert_options)
@@ -711,6 +805,18 @@ def _features(features, shape) -> np.ndarray:
         x = x[None]
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"input_features must have shape {tuple(shape[1:])} (mel bins, frames), got {x.shape}")
+    return x
+
+
+def _samples(audio, length: int | None) -> np.ndarray:
+    """Raw audio as float32 (1, samples); exactly `length` samples when given."""
+    x = audio.detach().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
+    x = x.astype(np.float32).reshape(1, -1)
+    if length is not None and x.shape[1] != length:
+        raise ValueError(
+            f"the model was exported for exactly {length} audio samples, got {x.shape[1]}: pad or trim the clip to "
+            "that length (Moonshine's group norm spans the whole clip, so padding changes every frame)"
+        )
     return x
 
 
@@ -731,7 +837,12 @@ class Seq2SeqSession:
         self.runtime = runtime = edge_model.runtime
         encode = runtime.signature("encode")  # a KeyError naming the model's signatures otherwise
         decode = runtime.signature("decode")
-        if encode.input_names[0] == "input_features":
+        if encode.input_names == ["input_values"]:
+            source_inputs, self.mask = [_samples(source, encode.inputs[0].shape[1])], []
+        elif encode.input_names == ["input_features", "feature_mask"]:
+            features, feature_mask = _feature_source(source, encode.inputs[0].shape[1])
+            source_inputs, self.mask = [features.numpy(), feature_mask.numpy()], [feature_mask.numpy()]
+        elif encode.input_names[0] == "input_features":
             source_inputs, self.mask = [_features(source, encode.inputs[0].shape)], []
         else:
             ids, source_mask = _text_source(source, encode.inputs[0].shape[1])
@@ -858,22 +969,31 @@ def reference_generate_seq2seq(
     seed: int | None = None,
     stop_tokens=(),
     return_logits: bool = False,
+    source_len: int | None = None,
 ):
     """The same generation in PyTorch with the model's own forward and no decoder cache
     (the unpadded source, encoded once as transformers' `generate` does, and the whole
     decoder sequence every step): the reference that `generate_seq2seq` must match token
-    for token."""
+    for token. `source_len`: Speech2Text's exported frame count; its features (frames,
+    dims) are then padded to it and masked, as the LiteRT session does."""
     sampler: Sampler = _sampler(temperature, top_k, top_p, seed)
     device = next(model.parameters()).device
     ids = torch.tensor([_decoder_prompt(decoder_prompt)], device=device)
     source = source.detach().cpu() if isinstance(source, torch.Tensor) else source
-    if _is_audio(model):
+    source_kwargs = {}
+    if _is_raw_audio(model):
+        encoded = model.get_encoder()(input_values=torch.as_tensor(_samples(source, None)).to(device))
+    elif _is_audio(model) and source_len is not None:
+        features, mask = _feature_source(source, source_len)
+        encoded = model.get_encoder()(input_features=features.to(device), attention_mask=mask.to(device))
+        source_kwargs = {"attention_mask": mask.to(device)}
+    elif _is_audio(model):
         features = torch.as_tensor(_features(source, (1, *np.asarray(source).shape[-2:])))
         encoded = model.get_encoder()(input_features=features.to(device))
     else:
         source_ids = torch.as_tensor(np.asarray(source).reshape(1, -1), dtype=torch.long)
         encoded = model.get_encoder()(input_ids=source_ids.to(device))
-    source_kwargs = {"encoder_outputs": encoded}
+    source_kwargs["encoder_outputs"] = encoded
     stop = {int(t) for t in stop_tokens}
     rng = sampler.rng()
     out, rows = [], []

@@ -24,7 +24,14 @@ from litert_torch.generative.seq2seq import (
     verify_seq2seq,
 )
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.seq2seq_families import CACHE, SOURCE_LEN, VOCAB, build, source_for
+from tests.litert_torch.generative.seq2seq_families import (
+    AUDIO_SAMPLES,
+    CACHE,
+    SOURCE_LEN,
+    VOCAB,
+    build,
+    source_for,
+)
 
 TOLERANCE = 1e-4
 NEW = CACHE - 1  # generate to the end of the cache: beyond T5's max_distance (16)
@@ -149,8 +156,6 @@ def test_bad_input_is_refused_with_the_reason():
     [
         ("led (local attention)", "Longformer's attention .* would need a banded, global-token source mask"),
         ("bigbird_pegasus (full attention)", "its encoder computes attention itself .* would need"),
-        ("moonshine (raw audio)", "raw audio \\(input_values\\) .* would be needed"),
-        ("speech_to_text", "audio features of any length .* would be needed"),
         ("prophetnet", "n-gram self-attention streams; exporting it would need"),
     ],
 )
@@ -191,6 +196,66 @@ def test_mixture_of_experts_generation_equals_transformers_generate(family):
     assert got == hf.sequences[0, 1:].tolist()
     errors = [max_relative_error(g, w[0].numpy()) for g, w in zip(rows, hf.logits)]
     assert len(errors) == 16 and max(errors) <= TOLERANCE, (family, max(errors))
+
+
+def generate_equals_transformers(model, edge, source, **source_kwargs):
+    """16 greedy tokens in LiteRT equal transformers' `generate` (with its cache), and every
+    step's logits are within 1e-4 of the logits `generate` computed."""
+    got, rows = generate_seq2seq(edge, source, 16, decoder_prompt=decoder_start_ids(model), return_logits=True)
+    with torch.no_grad():
+        hf = model.generate(
+            **source_kwargs,
+            max_new_tokens=16,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=None,
+            forced_eos_token_id=None,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    assert got == hf.sequences[0, 1:].tolist()
+    errors = [max_relative_error(g, w[0].numpy()) for g, w in zip(rows, hf.logits)]
+    assert len(errors) == 16 and max(errors) <= TOLERANCE, max(errors)
+
+
+@pytest.mark.parametrize("family", ["speech_to_text", "moonshine (raw audio)"])
+def test_speech_front_ends_in_the_cached_model_match_the_models_forward(family):
+    """In PyTorch (no conversion: the LiteRT runs are under -m slow): the encode/decode
+    adapter over Speech2Text's masked features and Moonshine's raw samples, 24 steps."""
+    model = build(family)
+    source_len = AUDIO_SAMPLES if family.startswith("moonshine") else SOURCE_LEN
+    assert verify_seq2seq(model, cache_len=CACHE, source_len=source_len) <= TOLERANCE
+
+
+@pytest.mark.slow  # ~60 s on 2 shared cores
+def test_moonshine_encodes_raw_audio_of_the_exported_length():
+    """Its convolutional front end (3 strided convolutions, a group norm) is in `encode`."""
+    model = build("moonshine (raw audio)")
+    edge = export_seq2seq(model, source_len=AUDIO_SAMPLES, cache_len=CACHE, progress=False)
+    encode = edge.runtime.signature("encode")
+    assert encode.input_names == ["input_values"] and encode.inputs[0].shape == (1, AUDIO_SAMPLES)
+    audio = source_for(model)
+    generate_equals_transformers(model, edge, audio, input_values=audio[None])
+    with pytest.raises(ValueError, match="exported for exactly 2000 audio samples, got 1999: pad or trim"):
+        generate_seq2seq(edge, audio[:-1], 3, decoder_prompt=[1])
+
+
+@pytest.mark.slow  # ~45 s on 2 shared cores
+def test_speech2text_features_of_any_length_up_to_the_exported_one_are_masked():
+    """Frames padded to `source_len` with the feature mask (subsampled as its convolutions
+    subsample the frames): what transformers computes from the feature extractor's padded
+    features and attention mask, for 13 of 20 frames and for 5."""
+    from litert_torch.generative.seq2seq import _feature_source
+
+    model = build("speech_to_text")
+    edge = export_seq2seq(model, source_len=SOURCE_LEN, cache_len=CACHE, progress=False)
+    assert edge.runtime.signature("encode").input_names == ["input_features", "feature_mask"]
+    for frames in (13, 5):
+        features = source_for(model, length=frames)
+        padded, mask = _feature_source(features, SOURCE_LEN)
+        generate_equals_transformers(model, edge, features, input_features=padded, attention_mask=mask)
+    want = reference_generate_seq2seq(model, features, 8, decoder_prompt=[2], source_len=SOURCE_LEN)
+    assert generate_seq2seq(edge, features, 8, decoder_prompt=[2]) == want
 
 
 def test_a_mixture_of_experts_whose_routing_padding_changes_is_refused_before_any_work():
