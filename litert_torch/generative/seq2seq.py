@@ -28,9 +28,11 @@ Signatures (one file, shared weights):
 
     encode(input_ids int32[1, S], source_mask int32[1, S])        text models
     encode(input_features float32[1, n_mels, 2 * max_source_positions])   Whisper
+    encode(input_features float32[1, F, feat], feature_mask int32[1, F])   Speech2Text
+    encode(input_values float32[1, N])                                     Moonshine (raw audio)
       -> cross_kv_0 ... cross_kv_{2L-1}          float32[1, heads, S, head_dim]
     decode(tokens int32[1, 1], input_pos int32[1], kv_cache_0 ... kv_cache_{2L-1},
-           cross_kv_0 ... cross_kv_{2L-1}[, source_mask int32[1, S]])
+           cross_kv_0 ... cross_kv_{2L-1}[, source_mask int32[1, S or F]])
       -> (logits float32[1, 1, vocab], kv_cache_0 ... kv_cache_{2L-1})
 
 The source of a text model is padded to a fixed `source_len` (`source_mask` is 1 on real
@@ -38,7 +40,13 @@ tokens, 0 on padding, as transformers' `attention_mask`): padded keys are masked
 encoder's self-attention and in every cross-attention, so the real positions' results
 are those of the unpadded source (T5's relative buckets, BART's learned positions and
 Marian's sinusoids all count from the first token). Whisper's encoder always takes
-`2 * max_source_positions` mel frames, as transformers requires. `encode` computes the
+`2 * max_source_positions` mel frames, as transformers requires. Speech2Text's F frames
+(`source_len`) are padded with zeros and masked as its feature extractor does (the mask
+subsampled like its strided convolutions, by the model's own
+`_get_feat_extract_output_lengths`): exactly transformers' result on the same padded
+features and mask. Moonshine's N samples (`source_len`) are fixed: its group norm spans
+the whole clip, so padding would change every frame; the caller pads or trims to N, as
+for Whisper's 30 s. `encode` computes the
 cross-attention keys/values once per source with the model's own projections (a decoder
 step on a placeholder token whose other results are dead code the converter removes).
 
