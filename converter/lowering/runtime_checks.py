@@ -45,7 +45,12 @@ CHECKS = {
 }
 
 # Nodes that read a tensor's values into a Python scalar.
-VALUE_READS = {aten._local_scalar_dense.default, aten._is_all_true.default, aten._assert_async.default, aten._assert_async.msg}
+VALUE_READS = {
+    aten._local_scalar_dense.default,
+    aten._is_all_true.default,
+    aten._assert_async.default,
+    aten._assert_async.msg,
+}
 
 
 class RuntimeCheckWarning(UserWarning):
