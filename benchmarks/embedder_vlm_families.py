@@ -66,6 +66,39 @@ def embedder_rows(runs: int) -> list[tuple]:
     return rows
 
 
+def siglip2_rows(runs: int) -> list[tuple]:
+    """SigLIP2's NaFlex image embedder through plain `convert` (its input checks dropped:
+    converter/lowering/runtime_checks.py): a 3 x 4 patch image padded to 16 patches."""
+    import warnings
+
+    from transformers import Siglip2VisionConfig, Siglip2VisionModel
+
+    import litert_torch
+    from tests.helpers import torch_outputs
+
+    torch.manual_seed(0)
+    config = Siglip2VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=4, num_patches=16
+    )
+    model = Siglip2VisionModel(config).eval()
+    args = (torch.randn(1, 16, 48), torch.tensor([[1] * 12 + [0] * 4]), torch.tensor([[3, 4]]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the RuntimeCheckWarning naming the dropped input checks
+        edge = litert_torch.convert(model, args)
+    error = max(max_relative_error(a, b) for a, b in zip(edge(*args), torch_outputs(model, args)))
+    latency = _median_ms(runs, edge, *args)
+    return [
+        (
+            "siglip2 naflex (plain convert)",
+            "image embedding",
+            "exact",
+            f"{error:.1e}",
+            f"{len(edge) / 1024:.0f} KiB",
+            f"{latency:.2f} ms",
+        )
+    ]
+
+
 def vlm_rows(runs: int) -> list[tuple]:
     rows = []
     for name, (build, options, images) in tv.CASES.items():
@@ -127,8 +160,11 @@ def refused_rows() -> list[tuple]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--siglip2", action="store_true", help="only the SigLIP2 NaFlex row")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.siglip2:
+        return print("| " + " | ".join(siglip2_rows(args.runs)[0]) + " |")
     for row in embedder_rows(args.runs) + vlm_rows(args.runs) + refused_rows():
         print("| " + " | ".join(row) + " |")
 

@@ -48,13 +48,18 @@ COLUMNS = ["family", "task", "status", "max logit err", "size", "latency"]
 TOLERANCE = 1e-4
 
 
-def family_row(family: str, task: str, model, source, prompt, new_tokens: int, **export_options) -> list[str]:
-    """One table row: export, greedy generation in LiteRT against transformers."""
+def family_row(
+    family: str, task: str, model, source, prompt, new_tokens: int, reference=None, **export_options
+) -> list[str]:
+    """One table row: export, greedy generation in LiteRT against transformers
+    (`reference`: reference_generate_seq2seq's extra options)."""
     try:
         edge = export_seq2seq(model, progress=False, **export_options)
     except UnsupportedModelError as e:
         return [family, task, f"refused: {str(e).split(': ', 1)[-1]}", "-", "-", "-"]
-    want, want_rows = reference_generate_seq2seq(model, source, new_tokens, decoder_prompt=prompt, return_logits=True)
+    want, want_rows = reference_generate_seq2seq(
+        model, source, new_tokens, decoder_prompt=prompt, return_logits=True, **(reference or {})
+    )
     session = Seq2SeqSession(edge, source)
     for token in prompt[:-1]:
         session.step(token)
@@ -79,17 +84,23 @@ def family_row(family: str, task: str, model, source, prompt, new_tokens: int, *
     ]
 
 
-def tiny_rows(new_tokens: int) -> list[list[str]]:
-    from tests.litert_torch.generative.seq2seq_families import CACHE, FAMILIES, SOURCE_LEN, build, source_for
+def tiny_rows(new_tokens: int, families=None) -> list[list[str]]:
+    from tests.litert_torch.generative.seq2seq_families import (
+        CACHE,
+        FAMILIES,
+        build,
+        reference_options,
+        source_for,
+        source_len_for,
+    )
 
     rows = []
-    for family in FAMILIES:
+    for family in families or FAMILIES:
         model = build(family)
-        audio = hasattr(model.config, "num_mel_bins")
-        speech = audio or {"input_features", "input_values"} & set(inspect.signature(model.forward).parameters)
+        speech = {"input_features", "input_values"} & set(inspect.signature(model.forward).parameters)
         task = "speech-to-text (tiny config)" if speech else "seq2seq text (tiny config)"
         prompt = decoder_start_ids(model)
-        options = dict(cache_len=CACHE, source_len=None if audio else SOURCE_LEN)
+        options = dict(cache_len=CACHE, source_len=source_len_for(model), reference=reference_options(model))
         rows.append(family_row(family, task, model, source_for(model), prompt, new_tokens, **options))
     return rows
 
@@ -209,10 +220,11 @@ def main(argv=None) -> list[list[str]]:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)}")
     parser.add_argument("--attention-ab", action="store_true", help="only time the two attention forms")
+    parser.add_argument("--family", action="append", help="only this tiny family (repeatable)")
     args = parser.parse_args(argv)
     if args.attention_ab:
         return attention_ab()
-    rows = tiny_rows(args.new_tokens) + (real_rows(min(args.new_tokens, 60)) if args.real else [])
+    rows = tiny_rows(args.new_tokens, args.family) + (real_rows(min(args.new_tokens, 60)) if args.real else [])
     print(table(rows))
     if args.write:
         write_rows(rows)

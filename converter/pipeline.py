@@ -10,6 +10,9 @@
    restored afterwards. Export failures become an `ExportError` that says what to
    try. `source_lines=False` skips torch's per-node stack traces (~15% of the export;
    `convert()` does, and converts again with them only to name source lines in an error).
+   Then `drop_runtime_checks` (converter/lowering/runtime_checks.py) removes the
+   `torch._check`-style value checks the sample satisfies and refuses those it breaks
+   (again after step 3, whose decompositions may add some).
 2. `lower_program`, in one pass over the graph torch.export gives: placeholders become
    graph inputs (user inputs, named after the forward() arguments) or constants
    (parameters, buffers, lifted constants); each `call_function` node goes through the
@@ -51,6 +54,7 @@ from converter.errors import ConversionError, ExportError, UnsupportedOp, Unsupp
 from converter.lowering import decompositions, symbolic
 from converter.lowering.context import LoweringContext, numpy_dtype, static_shape
 from converter.lowering.registry import find_lowering
+from converter.lowering.runtime_checks import drop_runtime_checks
 from converter.progress import Progress
 
 
@@ -774,6 +778,7 @@ def convert_module(
             tensors=tensors,
             source_lines=source_lines,
         )
+    program = drop_runtime_checks(program, _to_cpu(tuple(args)), _to_cpu(dict(kwargs or {})))
     blocker = direct_lowering_blocker(program)
     if blocker is None:
         try:
@@ -783,7 +788,7 @@ def convert_module(
             blocker = "some op has no lowering"  # let the whole-program decomposition have a try
     if blocker is not None:
         with progress.stage("decompose", blocker):
-            program = decompose(program)
+            program = drop_runtime_checks(decompose(program), _to_cpu(tuple(args)), _to_cpu(dict(kwargs or {})))
         with progress.stage("lower"):
             graph = lower_program(program, name=name)
     model = ir.Model([graph])

@@ -57,6 +57,20 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
     return _gather(ctx, weight, indices, 0)
 
 
+@lowers(aten.one_hot.default)
+def one_hot(ctx, x, num_classes=-1):
+    """`x[..., None] == arange(num_classes)`, cast: EQUAL and CAST. Kept whole (not
+    decomposed) because the decomposition asserts on the indices' values, which LiteRT
+    cannot; an index outside [0, num_classes) gives a row of zeros where PyTorch raises."""
+    if num_classes < 0:
+        raise emit.unsupported(
+            ctx, "one_hot without num_classes (its width is the data's maximum)", "Pass num_classes=N."
+        )
+    column = emit.reshape(ctx, x, (*x.shape, 1))
+    classes = ctx.const(np.arange(num_classes, dtype=x.dtype))
+    return emit.cast(ctx, emit.binary(ctx, "EQUAL", column, classes, dtype=np.bool_), ctx.out_dtype())
+
+
 @lowers(aten.gather.default)
 def gather(ctx, x, dim, index, sparse_grad=False):
     """out[p] = x[p with p[dim] replaced by index[p]]: coordinates for GATHER_ND."""

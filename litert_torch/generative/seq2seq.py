@@ -1,6 +1,7 @@
 """Encoder-decoder (seq2seq) models with an explicit KV cache, exact or refused: T5,
 BART, mBART, Marian, Whisper (any transformers model whose layers go through
-transformers' `Cache` and `AttentionInterface`).
+transformers' `Cache` and `AttentionInterface`); NLLB-MoE and Switch with their experts
+loops written densely (`DENSE_EXPERTS`).
 
     edge = export_seq2seq(model, source_len=32, cache_len=64)    # encode + decode signatures
     new_ids = generate_seq2seq(edge, source_ids, 20, decoder_prompt=decoder_start_ids(model))
@@ -27,9 +28,11 @@ Signatures (one file, shared weights):
 
     encode(input_ids int32[1, S], source_mask int32[1, S])        text models
     encode(input_features float32[1, n_mels, 2 * max_source_positions])   Whisper
+    encode(input_features float32[1, F, feat], feature_mask int32[1, F])   Speech2Text
+    encode(input_values float32[1, N])                                     Moonshine (raw audio)
       -> cross_kv_0 ... cross_kv_{2L-1}          float32[1, heads, S, head_dim]
     decode(tokens int32[1, 1], input_pos int32[1], kv_cache_0 ... kv_cache_{2L-1},
-           cross_kv_0 ... cross_kv_{2L-1}[, source_mask int32[1, S]])
+           cross_kv_0 ... cross_kv_{2L-1}[, source_mask int32[1, S or F]])
       -> (logits float32[1, 1, vocab], kv_cache_0 ... kv_cache_{2L-1})
 
 The source of a text model is padded to a fixed `source_len` (`source_mask` is 1 on real
@@ -37,7 +40,13 @@ tokens, 0 on padding, as transformers' `attention_mask`): padded keys are masked
 encoder's self-attention and in every cross-attention, so the real positions' results
 are those of the unpadded source (T5's relative buckets, BART's learned positions and
 Marian's sinusoids all count from the first token). Whisper's encoder always takes
-`2 * max_source_positions` mel frames, as transformers requires. `encode` computes the
+`2 * max_source_positions` mel frames, as transformers requires. Speech2Text's F frames
+(`source_len`) are padded with zeros and masked as its feature extractor does (the mask
+subsampled like its strided convolutions, by the model's own
+`_get_feat_extract_output_lengths`): exactly transformers' result on the same padded
+features and mask. Moonshine's N samples (`source_len`) are fixed: its group norm spans
+the whole clip, so padding would change every frame; the caller pads or trims to N, as
+for Whisper's 30 s. `encode` computes the
 cross-attention keys/values once per source with the model's own projections (a decoder
 step on a placeholder token whose other results are dead code the converter removes).
 
@@ -49,6 +58,7 @@ refuses the export above 1e-4 (max relative error of the logits at any step).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -79,15 +89,24 @@ ATTENTION_FORM = "sdpa"
 REFUSED_ATTENTION_ARGUMENTS = {"sliding_window": "sliding windows", "softcap": "soft-capping", "sinks": "sinks"}
 
 # Encoder-decoder families whose attention is not plain softmax attention over the whole
-# source, with what is missing.
+# source: (what the architecture does, what exporting it would need).
 UNSUPPORTED_FAMILIES = {
-    "LEDForConditionalGeneration": "Longformer's local + global attention in the encoder",
-    "LongT5ForConditionalGeneration": "local / transient-global attention in the encoder",
-    "SwitchTransformersForConditionalGeneration": (
-        "mixture-of-experts routing whose forward needs the encoder's router logits next to cached encoder states"
+    "LEDForConditionalGeneration": (
+        "its encoder uses Longformer's attention (a sliding band of neighbours plus global tokens)",
+        "a banded, global-token source mask in seq2seq_attention",
     ),
-    "ProphetNetForConditionalGeneration": "n-gram stream self-attention in the decoder",
-    "XLMProphetNetForConditionalGeneration": "n-gram stream self-attention in the decoder",
+    "LongT5ForConditionalGeneration": (
+        "its encoder uses local / transient-global attention (blocks of the source, plus block summaries)",
+        "a blocked source mask and the transient global summaries in the encode signature",
+    ),
+    "ProphetNetForConditionalGeneration": (
+        "its decoder predicts n future tokens with n-gram self-attention streams",
+        "a cache per stream and a decode signature returning n streams' logits",
+    ),
+    "XLMProphetNetForConditionalGeneration": (
+        "its decoder predicts n future tokens with n-gram self-attention streams",
+        "a cache per stream and a decode signature returning n streams' logits",
+    ),
 }
 
 
@@ -99,13 +118,21 @@ def _is_audio(model: nn.Module) -> bool:
     return "input_features" in inspect.signature(model.forward).parameters
 
 
+def _is_raw_audio(model: nn.Module) -> bool:
+    return "input_values" in inspect.signature(model.forward).parameters
+
+
 def decoder_layers(model: nn.Module) -> int:
     """The number of decoder layers, from every spelling transformers configs use."""
     cfg = model.config
     for name in ("decoder_layers", "num_decoder_layers", "decoder_num_hidden_layers", "num_layers"):
         if getattr(cfg, name, None):
             return int(getattr(cfg, name))
-    raise UnsupportedModelError(f"{_name(model)}: its config names no decoder layer count")
+    raise UnsupportedModelError(
+        f"{_name(model)}: its config gives no decoder depth (decoder_layers, num_decoder_layers, ...); export_seq2seq "
+        "keeps one self- and one cross-attention cache per decoder layer, so a single encoder-decoder config "
+        "with the decoder's layer count is needed (a model pairing two separately configured models is not one)"
+    )
 
 
 def decoder_start_ids(model: nn.Module) -> list[int]:
@@ -209,6 +236,101 @@ def _attention_through_litert(model: nn.Module, state: _CallState):
             c._attn_implementation = value
 
 
+# ---- mixture-of-experts layers ----------------------------------------------------------
+# NLLB-MoE's and Switch's experts loop over the experts a batch hit (`nonzero`, `where`,
+# `index_add_`: shapes that depend on the routing, which LiteRT cannot express). During the
+# call their forward is swapped for the same sum written densely: every expert on every
+# token, weighted by the routing the model's own router computed (zero for the experts a
+# token is not sent to, or that are over capacity). Each function reproduces its class's
+# loop exactly, whatever that loop does.
+
+
+def _experts_sum(experts: nn.Module, hidden_states, expert_mask, weights) -> torch.Tensor:
+    """`sum over (expert e, slot k) of expert_mask[e, k, t] * weights[t, k] * expert_e(h[t])`:
+    the loop `for e in hit: idx, top_x = where(expert_mask[e]); out.index_add_(0, top_x,
+    expert_e(h[top_x]) * weights[top_x, idx])` of both families, densely."""
+    coefficients = (expert_mask.to(weights.dtype) * weights.transpose(0, 1)[None]).sum(1)  # (E, T)
+    outputs = torch.stack([experts[f"expert_{e}"](hidden_states) for e in range(experts.num_experts)])
+    return (outputs * coefficients[..., None].to(outputs.dtype)).sum(0).to(hidden_states.dtype)
+
+
+def _switch_experts(self, hidden_states, selected_experts, routing_weights):
+    """SwitchTransformersExperts: `selected_experts` (T, 1, E) one-hot, `routing_weights` (T, 1)."""
+    return _experts_sum(self, hidden_states, selected_experts.permute(2, 1, 0), routing_weights)
+
+
+def _nllb_moe_experts(self, hidden_states, router_mask, router_probs):
+    """NllbMoeExperts: transformers one-hot encodes `router_mask` (T, E) again, so expert c
+    takes the (token, column) pairs whose mask value is c, weighted by `router_probs` there."""
+    classes = torch.arange(self.num_experts, device=router_mask.device)
+    expert_mask = (router_mask[..., None] == classes).permute(2, 1, 0)
+    out = _experts_sum(self, hidden_states, expert_mask, router_probs)
+    return out * (1 - self.moe_token_dropout) if self.moe_token_dropout > 0 else out  # eval-mode token dropout
+
+
+DENSE_EXPERTS = {"SwitchTransformersExperts": _switch_experts, "NllbMoeExperts": _nllb_moe_experts}
+
+
+def _moe_refusal(model: nn.Module) -> str | None:
+    """Why the model's mixture-of-experts layers would not be exact, or None."""
+    cfg, name = model.config, _name(model)
+    loops = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith("Experts")})
+    unknown = [c for c in loops if c not in DENSE_EXPERTS]
+    if unknown:
+        return (
+            f"{name}: its mixture-of-experts layers ({', '.join(unknown)}) run their experts in a loop over the "
+            f"experts the routing hit (shapes that depend on the data); a dense form of that loop is needed (one "
+            f"exists for {', '.join(sorted(DENSE_EXPERTS))})"
+        )
+    if "NllbMoeExperts" in loops:
+        if getattr(cfg, "second_expert_policy", "all") != "all":
+            return (
+                f"{name}: second_expert_policy={cfg.second_expert_policy!r} draws random numbers when routing; "
+                "only the deterministic 'all' policy can be exported"
+            )
+        if getattr(cfg, "moe_eval_capacity_token_fraction", 1.0) < 1.0:
+            return (
+                f"{name}: moe_eval_capacity_token_fraction={cfg.moe_eval_capacity_token_fraction} drops tokens "
+                "by a capacity counted over the whole (padded) source, so padding changes which tokens reach an "
+                "expert; export with a fraction of 1.0 (no token dropped), or a source of exactly source_len tokens "
+                "would be needed"
+            )
+    return None
+
+
+def _kept_in_place(linear: nn.Module):
+    """`linear.to(dtype)` returning `linear` itself when it already has that dtype: both
+    routers cast their classifier on every call (`self.classifier = self.classifier.to(...)`),
+    which torch.export cannot trace (it swaps the parameters)."""
+    cast = linear.to
+
+    def to(*args, **kwargs):
+        dtype = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.dtype)), None)
+        return linear if dtype in (None, linear.weight.dtype) else cast(*args, **kwargs)
+
+    return to
+
+
+@contextlib.contextmanager
+def _dense_experts(model: nn.Module):
+    """Run `model` with DENSE_EXPERTS' forwards on its experts modules and its routers'
+    casts in place; restored after."""
+    swapped = []
+    for module in model.modules():
+        dense = DENSE_EXPERTS.get(type(module).__name__)
+        if dense is not None:
+            module.forward = dense.__get__(module)
+            swapped.append((module, "forward"))
+        elif type(module).__name__.endswith("Router") and isinstance(getattr(module, "classifier", None), nn.Linear):
+            module.classifier.to = _kept_in_place(module.classifier)
+            swapped.append((module.classifier, "to"))
+    try:
+        yield
+    finally:
+        for module, attr in swapped:
+            delattr(module, attr)
+
+
 # ---- caches -----------------------------------------------------------------------------
 
 
@@ -270,6 +392,20 @@ def _cross_cache(n_layers: int, tensors: list | None):
     return _CrossCache()
 
 
+@functools.cache
+def _encoder_output_class():
+    """The encoder output `decode` hands the model: the placeholder states, and None for the
+    other fields some families read from it (router_logits: NLLB-MoE, Switch; the source
+    mask: Moonshine; masks come from `source_mask` here)."""
+    from transformers.modeling_outputs import MoEModelOutput
+
+    @dataclass
+    class EncoderStates(MoEModelOutput):
+        attention_mask: torch.Tensor | None = None
+
+    return EncoderStates
+
+
 def _encoder_decoder_cache(self_cache, cross):
     from transformers import EncoderDecoderCache
 
@@ -305,7 +441,29 @@ class CachedSeq2SeqLM(nn.Module):
         target_limit = getattr(cfg, "max_target_positions", None) or getattr(cfg, "max_position_embeddings", None)
         if target_limit is not None and self.cache_len > target_limit:
             raise ValueError(f"cache_len ({cache_len}) exceeds the decoder's position table ({target_limit} positions)")
-        if self.audio:
+        # Speech2Text: features of any length, subsampled by strided convolutions, padding masked
+        self.masked_features = self.audio and not hasattr(cfg, "num_mel_bins")
+        self.raw_audio = _is_raw_audio(model)
+        if self.raw_audio:  # Moonshine: a fixed number of samples, its conv front end in encode
+            if source_len is None or int(source_len) < 1:
+                raise ValueError(f"{_name(model)}: pass source_len, the number of audio samples encode takes")
+            self.source_len = int(source_len)
+            self.encoder_len = int(model.get_encoder()._get_feat_extract_output_lengths(self.source_len))
+            if self.encoder_len < 1:
+                raise ValueError(f"source_len ({source_len}) is shorter than the convolutional front end's window")
+            self.source_shape = (1, self.source_len)
+        elif self.masked_features:
+            if source_len is None or int(source_len) < 1:
+                raise ValueError(f"{_name(model)}: pass source_len, the (padded) number of feature frames")
+            self.source_len = int(source_len)
+            self.encoder_len = int(model.get_encoder()._get_feat_extract_output_lengths(torch.tensor(self.source_len)))
+            if self.encoder_len > cfg.max_source_positions:
+                raise ValueError(
+                    f"source_len ({source_len}) subsamples to {self.encoder_len} encoder positions, beyond "
+                    f"max_source_positions ({cfg.max_source_positions})"
+                )
+            self.source_shape = (1, self.source_len, cfg.input_feat_per_channel * cfg.input_channels)
+        elif self.audio:
             frames = 2 * cfg.max_source_positions
             if source_len not in (None, frames):
                 raise ValueError(
@@ -330,9 +488,22 @@ class CachedSeq2SeqLM(nn.Module):
 
     # -- shapes and inputs
     def sample_source(self) -> tuple[torch.Tensor, ...]:
+        if self.raw_audio:
+            return (torch.zeros(self.source_shape),)
+        if self.masked_features:
+            return torch.zeros(self.source_shape), torch.ones(self.source_shape[:2], dtype=torch.int32)
         if self.audio:
             return (torch.zeros(self.source_shape),)
         return torch.zeros(self.source_shape, dtype=torch.int32), torch.ones(self.source_shape, dtype=torch.int32)
+
+    def encoder_mask(self, source_mask):
+        """The source mask over encoder positions: a feature mask subsampled as the model's
+        convolutions subsample the frames (Speech2Text), else the mask itself."""
+        if source_mask is None or not self.masked_features:
+            return source_mask
+        lengths = self.model.get_encoder()._get_feat_extract_output_lengths(source_mask.sum(-1))
+        positions = torch.arange(self.encoder_len, device=source_mask.device)
+        return (positions[None] < lengths[:, None]).to(source_mask.dtype)
 
     def empty_cache(self) -> list[torch.Tensor]:
         return [torch.zeros(s) for s in self.self_shapes]
@@ -364,18 +535,20 @@ class CachedSeq2SeqLM(nn.Module):
     def _call(self, state: _CallState, tokens, source, encoder_states):
         """The model's own forward on `tokens` (the decoder's), either from `source`
         (encoder run) or from cached cross keys (`encoder_states` a placeholder)."""
-        from transformers.modeling_outputs import BaseModelOutput
-
         cache = _encoder_decoder_cache(state.self_cache, state.cross)
         kwargs = {self._cache_arg: cache, "decoder_input_ids": tokens}
         if encoder_states is not None:  # use_cache only where no encoder runs (some encoder stacks refuse it)
-            kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_states)
+            kwargs["encoder_outputs"] = _encoder_output_class()(last_hidden_state=encoder_states)
             kwargs["use_cache"] = True
+        elif self.raw_audio:
+            kwargs["input_values"] = source[0]
+        elif self.masked_features:
+            kwargs["input_features"], kwargs["attention_mask"] = source
         elif self.audio:
             kwargs["input_features"] = source[0]
         else:
             kwargs["input_ids"], kwargs["attention_mask"] = source
-        with _attention_through_litert(self.model, state):
+        with _attention_through_litert(self.model, state), _dense_experts(self.model):
             out = self.model(**kwargs)
         return out.logits
 
@@ -387,7 +560,7 @@ class CachedSeq2SeqLM(nn.Module):
             [torch.zeros(s[:2] + (1,) + s[3:]) for s in self.self_shapes], positions, 1, self.n_layers
         )
         cross = _cross_cache(self.n_layers, None)
-        mask = None if self.audio else source[1]
+        mask = self.encoder_mask(source[1]) if len(source) > 1 else None
         state = _CallState("encode", self_cache, cross, _source_bias(mask, self.encoder_len, positions.device))
         placeholder = torch.zeros(1, 1, dtype=torch.int32)
         self._call(state, placeholder, source, encoder_states=None)
@@ -398,7 +571,8 @@ class CachedSeq2SeqLM(nn.Module):
         """-> (logits of the last token (1, 1, vocab), *updated self cache)."""
         self_cache = _self_cache(kv_cache, input_pos, self.cache_len, self.n_layers)
         cross = _cross_cache(self.n_layers, list(cross_kv))
-        state = _CallState("decode", self_cache, cross, _source_bias(source_mask, self.encoder_len, tokens.device))
+        bias = _source_bias(self.encoder_mask(source_mask), self.encoder_len, tokens.device)
+        state = _CallState("decode", self_cache, cross, bias)
         d_model = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
         # transformers runs cross-attention only when given encoder states; their keys come from the cache
         placeholder = torch.zeros((), device=tokens.device).expand(1, self.cross_shapes[0][2], d_model)
@@ -410,14 +584,16 @@ class CachedSeq2SeqLM(nn.Module):
         if phase == "encode" and not state.attended["encoder"]:
             raise UnsupportedModelError(
                 f"{_name(self.model)}: its encoder computes attention itself (not through transformers' "
-                "AttentionInterface), so the source padding mask cannot be applied"
+                "AttentionInterface), so the source padding mask cannot be applied; its attention would need to "
+                "go through AttentionInterface (as BART's does)"
             )
         for kind in ("self", "cross"):
             missing = sorted(set(range(self.n_layers)) - state.attended[kind])
             if missing:
                 raise UnsupportedModelError(
-                    f"{_name(self.model)}: decoder layers {missing} did not run their {kind}-attention through "
-                    f"transformers' AttentionInterface during {phase} (they compute attention themselves)"
+                    f"{_name(self.model)}: decoder layers {missing} compute their {kind}-attention themselves during "
+                    f"{phase} (not through transformers' AttentionInterface), so the cache's mask cannot be applied; "
+                    "their attention would need to go through AttentionInterface"
                 )
 
 
@@ -437,6 +613,16 @@ class _EncodeAudio(_Encode):
         return self.lm.encode(input_features)
 
 
+class _EncodeRawAudio(_Encode):
+    def forward(self, input_values):
+        return self.lm.encode(input_values)
+
+
+class _EncodeFeatures(_Encode):
+    def forward(self, input_features, feature_mask):
+        return self.lm.encode(input_features, feature_mask)
+
+
 class _Decode(nn.Module):
     def __init__(self, lm: CachedSeq2SeqLM):
         super().__init__()
@@ -450,35 +636,72 @@ def check_supported(model: nn.Module) -> None:
     """Refuse, by name, what the encoder-decoder adapter does not reproduce."""
     name = _name(model)
     cfg = getattr(model, "config", None)
+    if "pixel_values" in inspect.signature(model.forward).parameters:
+        raise UnsupportedModelError(
+            f"{name}: an image-to-text model (it takes pixel_values): its source is an image, which needs a "
+            "vision-encoder signature (encode_image); export_seq2seq encodes token ids or audio features"
+        )
     if cfg is None or not getattr(cfg, "is_encoder_decoder", False):
         raise UnsupportedModelError(
-            f"{name}: not a transformers encoder-decoder (config.is_encoder_decoder is not set); "
-            "decoder-only LMs go through export_generative"
+            f"{name}: a decoder-only model (config.is_encoder_decoder is not set): there is no separate source "
+            "to encode once, so there is no cross-attention cache; decoder-only LMs go through export_generative"
         )
     if name in UNSUPPORTED_FAMILIES:
-        raise UnsupportedModelError(f"{name}: {UNSUPPORTED_FAMILIES[name]} is not supported")
+        does, needed = UNSUPPORTED_FAMILIES[name]
+        raise UnsupportedModelError(f"{name}: {does}; exporting it would need {needed}")
+    moe = _moe_refusal(model)
+    if moe is not None:
+        raise UnsupportedModelError(moe)
     params = inspect.signature(model.forward).parameters
-    if "input_values" in params:
+    encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
+    if "input_values" in params and not hasattr(encoder, "_get_feat_extract_output_lengths"):
         raise UnsupportedModelError(
-            f"{name}: raw-audio input (input_values) is not supported; Whisper-style log-mel is"
+            f"{name}: its encoder reads raw audio (input_values) through a front end whose output length export_seq2seq "
+            "cannot compute (no _get_feat_extract_output_lengths); that length fixes the cross-attention cache, so "
+            "it would be needed"
         )
-    if "input_features" in params and not (hasattr(cfg, "max_source_positions") and hasattr(cfg, "num_mel_bins")):
+    whisper_like = hasattr(cfg, "max_source_positions") and hasattr(cfg, "num_mel_bins")
+    feature_mask = hasattr(encoder, "_get_feat_extract_output_lengths")
+    if "input_features" in params and not (whisper_like or feature_mask):
         raise UnsupportedModelError(
-            f"{name}: audio features of a variable length are not supported; only Whisper's fixed "
-            "2 * max_source_positions log-mel frames are"
+            f"{name}: its encoder takes audio features of any length (a strided convolution subsamples them and "
+            "padding is masked by the feature mask); export_seq2seq's encode takes Whisper's fixed "
+            "2 * max_source_positions frames, so a feature length chosen at export with the feature mask "
+            "subsampled like the convolution would be needed"
         )
     if not hasattr(model, "get_encoder"):
-        raise UnsupportedModelError(f"{name}: has no encoder (get_encoder); not a conditional-generation model")
+        raise UnsupportedModelError(
+            f"{name}: it has no separate encoder (get_encoder), so there is no source to encode once and "
+            "cache; a conditional-generation head over an encoder would be needed"
+        )
     for attr in ("attention_window", "local_radius"):
         if getattr(cfg, attr, None):
             raise UnsupportedModelError(
-                f"{name}: config.{attr}={getattr(cfg, attr)!r} (local attention) is not supported"
+                f"{name}: its encoder attends locally (config.{attr}={getattr(cfg, attr)!r}: each token sees a band "
+                "of neighbours); exporting it would need a banded source mask in seq2seq_attention"
             )
     if getattr(cfg, "attention_type", None) == "block_sparse":
-        raise UnsupportedModelError(f"{name}: config.attention_type='block_sparse' is not supported")
+        raise UnsupportedModelError(
+            f"{name}: its encoder uses block-sparse attention (random, window and global blocks, "
+            "config.attention_type='block_sparse'); config.attention_type='original_full' exports, block-sparse "
+            "would need its block layout as a source mask"
+        )
 
 
 # ---- verification, export ------------------------------------------------------------------
+
+
+def _feature_source(features, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features (frames, dims) padded with zeros to `source_len` frames, and their mask
+    (1 on real frames): what Speech2Text's feature extractor gives with padding."""
+    x = torch.as_tensor(np.asarray(features.detach().cpu() if isinstance(features, torch.Tensor) else features))
+    x = x.float().reshape(-1, x.shape[-1])
+    if not 1 <= x.shape[0] <= source_len:
+        raise ValueError(f"the source has {x.shape[0]} feature frames; the model was exported for 1 to {source_len}")
+    padded = torch.zeros(1, source_len, x.shape[1])
+    mask = torch.zeros(1, source_len, dtype=torch.int32)
+    padded[0, : x.shape[0]], mask[0, : x.shape[0]] = x, 1
+    return padded, mask
 
 
 def _text_source(ids, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -512,7 +735,14 @@ def verify_seq2seq(
     total = min(steps, lm.cache_len)
     vocab = getattr(model.config, "decoder_vocab_size", None) or model.config.vocab_size
     decoder_ids = torch.randint(0, vocab, (1, total), generator=gen)
-    if lm.audio:
+    if lm.raw_audio:
+        source = (torch.randn(lm.source_shape, generator=gen),)
+        expected = model(input_values=source[0], decoder_input_ids=decoder_ids).logits
+    elif lm.masked_features:  # 3/4 of the frames real, the rest padding (what the feature extractor gives)
+        n = max(1, lm.source_len - max(1, lm.source_len // 4))
+        source = _feature_source(torch.randn(n, lm.source_shape[2], generator=gen), lm.source_len)
+        expected = model(input_features=source[0], attention_mask=source[1], decoder_input_ids=decoder_ids).logits
+    elif lm.audio:
         features = torch.randn(lm.source_shape, generator=gen)
         expected = model(input_features=features, decoder_input_ids=decoder_ids).logits
         source = (features,)
@@ -523,7 +753,7 @@ def verify_seq2seq(
         source = _text_source(ids, lm.source_len)
     cross = lm.encode(*source)
     cache, got = lm.empty_cache(), []
-    mask = () if lm.audio else (source[1],)
+    mask = source[1:]
     for pos in range(total):
         tokens = decoder_ids[:, pos : pos + 1].int()
         logits, *cache = lm.decode(tokens, torch.tensor([pos], dtype=torch.int32), cache, list(cross), *mask)
@@ -558,14 +788,19 @@ def export_seq2seq(
     n = 2 * lm.n_layers
     cross_names = [f"cross_kv_{i}" for i in range(n)]
     cache_names = [f"kv_cache_{i}" for i in range(n)]
-    encoder = _EncodeAudio(lm) if lm.audio else _EncodeText(lm)
+    if lm.raw_audio:
+        encoder = _EncodeRawAudio(lm)
+    elif lm.masked_features:
+        encoder = _EncodeFeatures(lm)
+    else:
+        encoder = _EncodeAudio(lm) if lm.audio else _EncodeText(lm)
     builder = signature("encode", encoder, lm.sample_source(), output_names=cross_names)
     cross = [torch.zeros(s) for s in lm.cross_shapes]
     decode_args = (torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), lm.empty_cache(), cross)
-    if not lm.audio:
-        decode_args += (torch.ones(lm.source_shape, dtype=torch.int32),)
+    decode_args += tuple(torch.ones_like(mask) for mask in lm.sample_source()[1:])  # the source mask, if any
     builder = builder.signature("decode", _Decode(lm), decode_args, output_names=["logits"] + cache_names)
-    return builder.convert(**convert_options)
+    with torch.no_grad():  # the model's own no_grad regions (NLLB's positions) then trace flat, not as nested graphs
+        return builder.convert(**convert_options)
 
 
 # ---- generation -------------------------------------------------------------------------
@@ -578,6 +813,18 @@ def _features(features, shape) -> np.ndarray:
         x = x[None]
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"input_features must have shape {tuple(shape[1:])} (mel bins, frames), got {x.shape}")
+    return x
+
+
+def _samples(audio, length: int | None) -> np.ndarray:
+    """Raw audio as float32 (1, samples); exactly `length` samples when given."""
+    x = audio.detach().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
+    x = x.astype(np.float32).reshape(1, -1)
+    if length is not None and x.shape[1] != length:
+        raise ValueError(
+            f"the model was exported for exactly {length} audio samples, got {x.shape[1]}: pad or trim the clip to "
+            "that length (Moonshine's group norm spans the whole clip, so padding changes every frame)"
+        )
     return x
 
 
@@ -598,7 +845,12 @@ class Seq2SeqSession:
         self.runtime = runtime = edge_model.runtime
         encode = runtime.signature("encode")  # a KeyError naming the model's signatures otherwise
         decode = runtime.signature("decode")
-        if encode.input_names[0] == "input_features":
+        if encode.input_names == ["input_values"]:
+            source_inputs, self.mask = [_samples(source, encode.inputs[0].shape[1])], []
+        elif encode.input_names == ["input_features", "feature_mask"]:
+            features, feature_mask = _feature_source(source, encode.inputs[0].shape[1])
+            source_inputs, self.mask = [features.numpy(), feature_mask.numpy()], [feature_mask.numpy()]
+        elif encode.input_names[0] == "input_features":
             source_inputs, self.mask = [_features(source, encode.inputs[0].shape)], []
         else:
             ids, source_mask = _text_source(source, encode.inputs[0].shape[1])
@@ -725,22 +977,31 @@ def reference_generate_seq2seq(
     seed: int | None = None,
     stop_tokens=(),
     return_logits: bool = False,
+    source_len: int | None = None,
 ):
     """The same generation in PyTorch with the model's own forward and no decoder cache
     (the unpadded source, encoded once as transformers' `generate` does, and the whole
     decoder sequence every step): the reference that `generate_seq2seq` must match token
-    for token."""
+    for token. `source_len`: Speech2Text's exported frame count; its features (frames,
+    dims) are then padded to it and masked, as the LiteRT session does."""
     sampler: Sampler = _sampler(temperature, top_k, top_p, seed)
     device = next(model.parameters()).device
     ids = torch.tensor([_decoder_prompt(decoder_prompt)], device=device)
     source = source.detach().cpu() if isinstance(source, torch.Tensor) else source
-    if _is_audio(model):
+    source_kwargs = {}
+    if _is_raw_audio(model):
+        encoded = model.get_encoder()(input_values=torch.as_tensor(_samples(source, None)).to(device))
+    elif _is_audio(model) and source_len is not None:
+        features, mask = _feature_source(source, source_len)
+        encoded = model.get_encoder()(input_features=features.to(device), attention_mask=mask.to(device))
+        source_kwargs = {"attention_mask": mask.to(device)}
+    elif _is_audio(model):
         features = torch.as_tensor(_features(source, (1, *np.asarray(source).shape[-2:])))
         encoded = model.get_encoder()(input_features=features.to(device))
     else:
         source_ids = torch.as_tensor(np.asarray(source).reshape(1, -1), dtype=torch.long)
         encoded = model.get_encoder()(input_ids=source_ids.to(device))
-    source_kwargs = {"encoder_outputs": encoded}
+    source_kwargs["encoder_outputs"] = encoded
     stop = {int(t) for t in stop_tokens}
     rng = sampler.rng()
     out, rows = [], []

@@ -64,3 +64,12 @@ def test_non_adjacent_index_tensors_are_refused_with_a_hint():
 
     with pytest.raises(ConversionError, match="not adjacent"):
         assert_converts(Fn(lambda x, i: x[i, :, i]), (X, IDX))
+
+
+def test_one_hot_of_an_argmax_is_one_equal_and_a_cast():
+    """A mixture-of-experts router's one-hot: lowered whole (its decomposition asserts on
+    the indices' values, which LiteRT cannot)."""
+    edge = assert_converts(
+        Fn(lambda x: torch.nn.functional.one_hot(x.argmax(-1), num_classes=5)), (torch.randn(3, 7, 5),)
+    )
+    assert {op.opcode for op in edge.ir_model.graphs[0].ops} >= {"EQUAL", "CAST"}

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 VOCAB = 96
-SOURCE_LEN = 20  # padded text source
+SOURCE_LEN = 20  # padded text source, or Speech2Text's feature frames
+AUDIO_SAMPLES = 2000  # Moonshine's fixed clip (its front end subsamples by 384: 4 encoder positions)
 CACHE = 32  # decoder tokens
 
 _bart_like = dict(
@@ -112,6 +113,11 @@ FAMILIES = {
         "SwitchTransformersForConditionalGeneration",
         dict(_t5, num_experts=4, encoder_sparse_step=1, decoder_sparse_step=1),
     ),
+    "nllb_moe (MoE)": (
+        "NllbMoeConfig",
+        "NllbMoeForConditionalGeneration",
+        dict(_bart_like, num_experts=4, encoder_sparse_step=1, decoder_sparse_step=1),
+    ),
     "prophetnet": (
         "ProphetNetConfig",
         "ProphetNetForConditionalGeneration",
@@ -149,19 +155,37 @@ FAMILIES = {
 }
 
 
-def build(family: str, seed: int = 0) -> torch.nn.Module:
+def build(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """The family's tiny model; `overrides`: config keys to change (fewer layers in a test)."""
     import transformers
 
     config_cls, model_cls, kwargs = FAMILIES[family]
     torch.manual_seed(seed)
-    config = getattr(transformers, config_cls)(**kwargs)
+    config = getattr(transformers, config_cls)(**dict(kwargs, **overrides))
     return getattr(transformers, model_cls)(config).eval()
 
 
 def source_for(model, seed: int = 1, length: int = 13):
-    """A source of `length` random token ids, or Whisper's log-mel features."""
+    """A source of `length` random token ids (or Speech2Text feature frames), Whisper's
+    log-mel features, or Moonshine's AUDIO_SAMPLES samples."""
     gen = torch.Generator().manual_seed(seed)
     cfg = model.config
     if hasattr(cfg, "num_mel_bins"):
         return torch.randn(cfg.num_mel_bins, 2 * cfg.max_source_positions, generator=gen)
+    if hasattr(cfg, "input_feat_per_channel"):
+        return torch.randn(length, cfg.input_feat_per_channel * cfg.input_channels, generator=gen)
+    if type(model).__name__.startswith("Moonshine"):
+        return torch.randn(AUDIO_SAMPLES, generator=gen)
     return torch.randint(3, VOCAB - 1, (length,), generator=gen)
+
+
+def source_len_for(model) -> int | None:
+    """export_seq2seq's source_len: None for Whisper (fixed by its config)."""
+    if hasattr(model.config, "num_mel_bins"):
+        return None
+    return AUDIO_SAMPLES if type(model).__name__.startswith("Moonshine") else SOURCE_LEN
+
+
+def reference_options(model) -> dict:
+    """reference_generate_seq2seq's options: Speech2Text pads its features to source_len."""
+    return {"source_len": SOURCE_LEN} if hasattr(model.config, "input_feat_per_channel") else {}

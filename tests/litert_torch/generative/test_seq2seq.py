@@ -24,7 +24,14 @@ from litert_torch.generative.seq2seq import (
     verify_seq2seq,
 )
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.seq2seq_families import CACHE, SOURCE_LEN, VOCAB, build, source_for
+from tests.litert_torch.generative.seq2seq_families import (
+    AUDIO_SAMPLES,
+    CACHE,
+    SOURCE_LEN,
+    VOCAB,
+    build,
+    source_for,
+)
 
 TOLERANCE = 1e-4
 NEW = CACHE - 1  # generate to the end of the cache: beyond T5's max_distance (16)
@@ -147,9 +154,9 @@ def test_bad_input_is_refused_with_the_reason():
 @pytest.mark.parametrize(
     "family,match",
     [
-        ("led (local attention)", "Longformer's local \\+ global attention"),
-        ("bigbird_pegasus (full attention)", "its encoder computes attention itself"),
-        ("moonshine (raw audio)", "raw-audio input \\(input_values\\)"),
+        ("led (local attention)", "Longformer's attention .* would need a banded, global-token source mask"),
+        ("bigbird_pegasus (full attention)", "its encoder computes attention itself .* would need"),
+        ("prophetnet", "n-gram self-attention streams; exporting it would need"),
     ],
 )
 def test_what_would_not_be_exact_is_refused_by_name(family, match):
@@ -157,10 +164,125 @@ def test_what_would_not_be_exact_is_refused_by_name(family, match):
         export_seq2seq(build(family), source_len=8, cache_len=8)
 
 
+# one layer each side (every one a mixture of experts): the export traces every expert
+MOE = {
+    "switch_transformers (MoE)": dict(num_layers=1, num_decoder_layers=1),
+    "nllb_moe (MoE)": dict(encoder_layers=1, decoder_layers=1),
+}
+
+
+@pytest.mark.parametrize(
+    "family", ["nllb_moe (MoE)", pytest.param("switch_transformers (MoE)", marks=pytest.mark.slow)]
+)  # Switch: ~35 s on 2 shared cores
+def test_mixture_of_experts_generation_equals_transformers_generate(family):
+    """Routers and experts exported (each experts loop written densely): 16 greedy tokens in
+    LiteRT equal transformers' `generate` (with its cache), every step's logits within 1e-4
+    of the logits `generate` computed."""
+    model = build(family, **MOE[family])
+    edge = export(model)
+    source = source_for(model)
+    got, rows = generate_seq2seq(edge, source, 16, decoder_prompt=decoder_start_ids(model), return_logits=True)
+    with torch.no_grad():
+        hf = model.generate(
+            source[None].long(),
+            max_new_tokens=16,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=None,
+            forced_eos_token_id=None,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    assert got == hf.sequences[0, 1:].tolist()
+    errors = [max_relative_error(g, w[0].numpy()) for g, w in zip(rows, hf.logits)]
+    assert len(errors) == 16 and max(errors) <= TOLERANCE, (family, max(errors))
+
+
+def generate_equals_transformers(model, edge, source, **source_kwargs):
+    """16 greedy tokens in LiteRT equal transformers' `generate` (with its cache), and every
+    step's logits are within 1e-4 of the logits `generate` computed."""
+    got, rows = generate_seq2seq(edge, source, 16, decoder_prompt=decoder_start_ids(model), return_logits=True)
+    with torch.no_grad():
+        hf = model.generate(
+            **source_kwargs,
+            max_new_tokens=16,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=None,
+            forced_eos_token_id=None,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    assert got == hf.sequences[0, 1:].tolist()
+    errors = [max_relative_error(g, w[0].numpy()) for g, w in zip(rows, hf.logits)]
+    assert len(errors) == 16 and max(errors) <= TOLERANCE, max(errors)
+
+
+@pytest.mark.parametrize("family", ["speech_to_text", "moonshine (raw audio)"])
+def test_speech_front_ends_in_the_cached_model_match_the_models_forward(family):
+    """In PyTorch (no conversion: the LiteRT runs are under -m slow): the encode/decode
+    adapter over Speech2Text's masked features and Moonshine's raw samples, 24 steps."""
+    model = build(family)
+    source_len = AUDIO_SAMPLES if family.startswith("moonshine") else SOURCE_LEN
+    assert verify_seq2seq(model, cache_len=CACHE, source_len=source_len) <= TOLERANCE
+
+
+@pytest.mark.slow  # ~60 s on 2 shared cores
+def test_moonshine_encodes_raw_audio_of_the_exported_length():
+    """Its convolutional front end (3 strided convolutions, a group norm) is in `encode`."""
+    model = build("moonshine (raw audio)")
+    edge = export_seq2seq(model, source_len=AUDIO_SAMPLES, cache_len=CACHE, progress=False)
+    encode = edge.runtime.signature("encode")
+    assert encode.input_names == ["input_values"] and encode.inputs[0].shape == (1, AUDIO_SAMPLES)
+    audio = source_for(model)
+    generate_equals_transformers(model, edge, audio, input_values=audio[None])
+    with pytest.raises(ValueError, match="exported for exactly 2000 audio samples, got 1999: pad or trim"):
+        generate_seq2seq(edge, audio[:-1], 3, decoder_prompt=[1])
+
+
+@pytest.mark.slow  # ~45 s on 2 shared cores
+def test_speech2text_features_of_any_length_up_to_the_exported_one_are_masked():
+    """Frames padded to `source_len` with the feature mask (subsampled as its convolutions
+    subsample the frames): what transformers computes from the feature extractor's padded
+    features and attention mask, for 13 of 20 frames and for 5."""
+    from litert_torch.generative.seq2seq import _feature_source
+
+    model = build("speech_to_text")
+    edge = export_seq2seq(model, source_len=SOURCE_LEN, cache_len=CACHE, progress=False)
+    assert edge.runtime.signature("encode").input_names == ["input_features", "feature_mask"]
+    for frames in (13, 5):
+        features = source_for(model, length=frames)
+        padded, mask = _feature_source(features, SOURCE_LEN)
+        generate_equals_transformers(model, edge, features, input_features=padded, attention_mask=mask)
+    want = reference_generate_seq2seq(model, features, 8, decoder_prompt=[2], source_len=SOURCE_LEN)
+    assert generate_seq2seq(edge, features, 8, decoder_prompt=[2]) == want
+
+
+def test_a_mixture_of_experts_whose_routing_padding_changes_is_refused_before_any_work():
+    model = build("nllb_moe (MoE)", encoder_layers=1, decoder_layers=1, moe_eval_capacity_token_fraction=0.5)
+    with pytest.raises(UnsupportedModelError, match="moe_eval_capacity_token_fraction=0.5 drops tokens"):
+        export_seq2seq(model, source_len=8, cache_len=8)
+
+
+def test_an_image_to_text_model_is_refused_for_its_image_source_not_a_config_key():
+    from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig
+
+    vit = ViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=8, patch_size=4
+    )
+    gpt2 = GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=VOCAB, n_positions=16)
+    model = VisionEncoderDecoderModel(VisionEncoderDecoderConfig.from_encoder_decoder_configs(vit, gpt2)).eval()
+    with pytest.raises(UnsupportedModelError, match="image-to-text model .* needs a vision-encoder signature"):
+        export_seq2seq(model, source_len=8, cache_len=8)
+
+
 def test_a_decoder_only_model_is_sent_to_export_generative():
     from tests.litert_torch.generative.families import build as build_decoder
 
-    with pytest.raises(UnsupportedModelError, match="not a transformers encoder-decoder.*export_generative"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match="a decoder-only model .* no cross-attention cache; decoder-only LMs go through export_generative",
+    ):
         export_seq2seq(build_decoder("llama"), source_len=8, cache_len=8)
 
 
