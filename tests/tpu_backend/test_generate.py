@@ -37,7 +37,8 @@ def programs_compiled() -> int:
 def generate_both(models, ids, **kwargs):
     cpu_model, tpu_model = models
     options = dict(do_sample=False, return_dict_in_generate=True, output_logits=True, **kwargs)
-    return cpu_model.generate(ids, **options), tpu_model.generate(ids.to("tpu"), **options)
+    on_tpu = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in options.items()}
+    return cpu_model.generate(ids, **options), tpu_model.generate(ids.to("tpu"), **on_tpu)
 
 
 def assert_steps_match(tpu_out, cpu_out, field: str = "logits") -> None:
@@ -75,18 +76,8 @@ def test_batch_with_padding_matches_cpu(models):
     ids = prompt(6, batch=2, seed=3)
     mask = torch.ones_like(ids)
     mask[1, :2] = 0  # left padding, as batched generation needs
-    cpu_out, tpu_out = generate_both(models, ids, attention_mask=mask.to("tpu"), max_new_tokens=10, pad_token_id=0)
-    cpu_ref = models[0].generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=10,
-        pad_token_id=0,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    assert_steps_match(tpu_out, cpu_ref)
-    del cpu_out
+    cpu_out, tpu_out = generate_both(models, ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0)
+    assert_steps_match(tpu_out, cpu_out)
 
 
 def test_beam_search_matches_cpu(models):
