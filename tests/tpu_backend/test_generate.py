@@ -72,6 +72,7 @@ def test_other_prompt_length_and_length_reuse_the_decode_program(models):
     assert hf_integration.cache_length(5 + 20) == hf_integration.cache_length(7 + 32) == 128
 
 
+@pytest.mark.slow  # a second batch size: its own prefill and decode programs
 def test_batch_with_padding_matches_cpu(models):
     ids = prompt(6, batch=2, seed=3)
     mask = torch.ones_like(ids)
@@ -81,7 +82,7 @@ def test_batch_with_padding_matches_cpu(models):
 
 
 def test_beam_search_matches_cpu(models):
-    cpu_out, tpu_out = generate_both(models, prompt(6, seed=4), max_new_tokens=8, num_beams=3, output_scores=True)
+    cpu_out, tpu_out = generate_both(models, prompt(7, seed=4), max_new_tokens=8, num_beams=3, output_scores=True)
     assert_steps_match(tpu_out, cpu_out)
     torch.testing.assert_close(tpu_out.sequences_scores.cpu(), cpu_out.sequences_scores, **LOGITS_TOLERANCE)
     assert torch.equal(tpu_out.beam_indices.cpu(), cpu_out.beam_indices)
@@ -95,14 +96,14 @@ def test_sampling_draws_from_cpu_scores(models):
     outputs = []
     for model, device in zip(models, ("cpu", "tpu")):
         torch.manual_seed(5)
-        outputs.append(model.generate(prompt(6, seed=5).to(device), return_dict_in_generate=True, **options))
+        outputs.append(model.generate(prompt(7, seed=5).to(device), return_dict_in_generate=True, **options))
     cpu_out, tpu_out = outputs
     for step, (actual, expected) in enumerate(zip(tpu_out.scores, cpu_out.scores)):
         actual = actual.cpu()
         assert torch.equal(actual.isinf(), expected.isinf()), f"top-k/top-p kept other tokens at step {step}"
         finite = expected.isfinite()
         torch.testing.assert_close(actual[finite], expected[finite], **LOGITS_TOLERANCE, msg=f"scores at step {step}")
-        token = tpu_out.sequences[0, 6 + step].item()
+        token = tpu_out.sequences[0, 7 + step].item()
         assert actual[0, token].isfinite(), f"token {token} at step {step} was not allowed by the scores"
     assert torch.equal(tpu_out.sequences.cpu(), cpu_out.sequences)
 
@@ -123,20 +124,21 @@ def test_static_cache_compiled_decode_without_the_entry_point(models, monkeypatc
     cpu_model, tpu_model = models
     monkeypatch.delattr(tpu_model, "_compiled_call", raising=False)  # a fresh torch.compile through the name
     requests = tpu_compile.compile_stats().total().requests
-    cpu_out, tpu_out = generate_both(models, prompt(7), max_new_tokens=12, cache_implementation="static")
+    options = dict(max_new_tokens=12, cache_implementation="static", max_cache_len=128)  # (the default's shapes)
+    cpu_out, tpu_out = generate_both(models, prompt(7), **options)
     assert_steps_match(tpu_out, cpu_out)
     assert tpu_compile.compile_stats().total().requests >= requests + 11  # every decode step ran a compiled program
 
 
 def test_unsupported_cache_is_refused_naming_what_to_use(models):
     with pytest.raises(NotImplementedError, match=r"cache_implementation='quantized'.*'static'"):
-        models[1].generate(prompt(4).to("tpu"), max_new_tokens=2, cache_implementation="quantized")
+        models[1].generate(prompt(7).to("tpu"), max_new_tokens=2, cache_implementation="quantized")
 
 
 def test_generate_with_cpu_inputs_returns_cpu_tensors(models):
-    out = models[1].generate(prompt(4), max_new_tokens=3, do_sample=False)
+    out = models[1].generate(prompt(7), max_new_tokens=3, do_sample=False)
     assert out.device.type == "cpu"
-    assert torch.equal(out, models[0].generate(prompt(4), max_new_tokens=3, do_sample=False))
+    assert torch.equal(out, models[0].generate(prompt(7), max_new_tokens=3, do_sample=False))
 
 
 def test_transformers_sees_the_integration():

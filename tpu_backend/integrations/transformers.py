@@ -6,11 +6,12 @@ What works without anything from us: `model.to("tpu")` and training, and
 `generate()` without a compile per token: XLA compiles one program per shape, and
 transformers' defaults grow shapes every token (a `DynamicCache` concatenates keys and
 values; the loop concatenates `input_ids` and the attention mask). On a tpu model:
-- the default cache is transformers' `StaticCache` (shapes fixed for the whole call), its
-  length rounded up to a bucket (`CACHE_LENGTHS`, powers of two from 128) so calls with
-  other prompt lengths or `max_new_tokens` reuse the decode programs; with a static cache
-  transformers itself compiles the decode step (`torch.compile(backend="tpu")`, one
-  program per token);
+- the default cache (no `cache_implementation`, no `cache` passed) is transformers'
+  `StaticCache` (shapes fixed for the whole call), its length rounded up to a bucket
+  (`cache_length`: powers of two from 128) so calls with other prompt lengths or
+  `max_new_tokens` reuse the decode programs; with a static cache transformers itself
+  compiles the decode step (`torch.compile(backend="tpu")`, one program per token). An
+  explicit `cache_implementation="static"` keeps transformers' sizing (`max_cache_len`);
 - the loop's token bookkeeping (`input_ids`, attention mask, logits processors,
   sampling, beam scores) runs on the host, as transformers' generation loop allows
   ("inputs on CPU ... stay off-device"): only the new token goes to the device and only
@@ -138,9 +139,7 @@ def _patch_generate(module) -> None:
                 and self._can_compile_fullgraph  # (the models transformers knows to work with a static cache)
             ):
                 generation_config.cache_implementation = "static"  # (a per-call copy of the config)
-            if generation_config.cache_implementation in module.ALL_STATIC_CACHE_IMPLEMENTATIONS:
-                needed = max(max_cache_length, generation_config.max_cache_len or 0)
-                max_cache_length = cache_length(needed)
+                max_cache_length = cache_length(max(max_cache_length, generation_config.max_cache_len or 0))
         return prepare_cache(self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
 
     generate_on_device._tpu_aware = True
