@@ -143,3 +143,9 @@ def test_generate_with_cpu_inputs_returns_cpu_tensors(models):
 
 def test_transformers_sees_the_integration():
     assert getattr(transformers.GenerationMixin.generate, "_tpu_aware", False)
+
+
+def test_dynamic_cache_still_matches_cpu_and_warns_it_compiles_per_token(models):
+    with pytest.warns(RuntimeWarning, match="DynamicCache compiles new programs for every generated token"):
+        cpu_out, tpu_out = generate_both(models, prompt(7), max_new_tokens=3, cache_implementation="dynamic")
+    assert_steps_match(tpu_out, cpu_out)

@@ -31,6 +31,7 @@ check and copies non-CPU tensors to the host, so it needs nothing.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -130,16 +131,22 @@ def _patch_generate(module) -> None:
 
     @functools.wraps(prepare_cache)
     def prepare_cache_on_device(self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length):
-        if _on_device(self):
-            _refuse_unsupported_cache(generation_config.cache_implementation)
-            if (
-                generation_config.cache_implementation is None
-                and model_kwargs.get("cache") is None
-                and generation_config.use_cache
-                and self._can_compile_fullgraph  # (the models transformers knows to work with a static cache)
-            ):
+        if _on_device(self) and generation_config.use_cache:
+            implementation, passed = generation_config.cache_implementation, model_kwargs.get("cache")
+            _refuse_unsupported_cache(implementation)
+            dynamic = passed is None and implementation in (None, "dynamic", "offloaded")
+            if implementation is None and passed is None and self._can_compile_fullgraph:
+                # (`_can_compile_fullgraph`: the models transformers knows to work with a static cache)
                 generation_config.cache_implementation = "static"  # (a per-call copy of the config)
                 max_cache_length = cache_length(max(max_cache_length, generation_config.max_cache_len or 0))
+            elif dynamic or type(passed) is module.DynamicCache:
+                warnings.warn(
+                    "generate() on the tpu device with a DynamicCache compiles new programs for every generated "
+                    "token (its shapes grow); pass cache_implementation='static' (or leave it unset on a model "
+                    "transformers can compile) for one decode program",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return prepare_cache(self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
 
     generate_on_device._tpu_aware = True
