@@ -15,8 +15,10 @@ first row of the run pays for what later rows reuse), and decode ms per token,
 weight but the input embedding, of which it reads one row per sequence) over
 `--hbm-gbps` (819 GB/s, TPU v5e). Caches: `default` (nothing passed: on the device a
 static cache of bucketed length whose decode step transformers compiles with backend
-"tpu", one program per token), `static` (`cache_implementation="static"`: exact length,
-compiled the same way), `dynamic` (transformers' DynamicCache: a shape per token, eager).
+"tpu", one program per token), `static` (`cache_implementation="static"`: transformers'
+sizing, which keeps the largest length the model allocated before, so after `default` it
+reuses that length and its programs; compiled the same way), `dynamic` (transformers'
+DynamicCache: a shape per token, eager).
 
 `diffusers`: a StableDiffusionPipeline from small configs with random weights (CLIP text
 encoder, a UNet with SD 1.x's layout of width `--unet-width`, a four-level VAE; prompts

@@ -17,7 +17,9 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   ("inputs on CPU ... stay off-device"): only the new token goes to the device and only
   the last position's logits come back; results return to the device the inputs came
   from;
-- caches that cannot run here are refused with what to use instead.
+- caches that cannot run here are refused with what to use instead; a DynamicCache (asked
+  for, passed in, or the default of a model transformers cannot compile) works but warns
+  that it compiles programs for every token.
 
 What needs us too: `save_pretrained` finds tied weights with
 `transformers.pytorch_utils.id_tensor_storage`, which keys a tensor by its storage's
