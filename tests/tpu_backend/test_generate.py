@@ -149,3 +149,38 @@ def test_dynamic_cache_still_matches_cpu_and_warns_it_compiles_per_token(models)
     with pytest.warns(RuntimeWarning, match="DynamicCache compiles new programs for every generated token"):
         cpu_out, tpu_out = generate_both(models, prompt(7), max_new_tokens=3, cache_implementation="dynamic")
     assert_steps_match(tpu_out, cpu_out)
+
+
+_WITHOUT_ENTRY_POINT = """
+import importlib.metadata as metadata
+import sys
+
+entry_points = metadata.entry_points
+metadata.entry_points = lambda **kw: (
+    metadata.EntryPoints([]) if kw.get("group") == "torch_dynamo_backends" else entry_points(**kw)
+)  # as on a host where the checkout is only on PYTHONPATH
+import torch
+import tpu_backend
+
+assert "tpu_backend.compile" not in sys.modules  # registered without importing the compile package
+double = torch.compile(lambda x: x * 2 + 1, backend="tpu")
+print(double(torch.arange(3.0, device="tpu")).cpu().tolist())
+from torch._dynamo.backends import registry
+from tpu_backend.compile import backend
+
+assert registry.lookup_backend("tpu") is backend.tpu
+"""
+
+
+@pytest.mark.slow  # a fresh process: imports take tens of seconds on a loaded CPU
+def test_backend_name_resolves_in_a_process_without_the_entry_point():
+    import subprocess
+    import sys
+
+    from tests.chip import child_env
+
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_ENTRY_POINT], capture_output=True, text=True, env=child_env(), timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[1.0, 3.0, 5.0]"
