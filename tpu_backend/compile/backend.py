@@ -400,14 +400,20 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
 def _register_with_dynamo() -> None:
     """Make `backend="tpu"` resolve to `tpu`, once.
 
-    Works both when this module is imported directly and when Dynamo imports it through
-    a `torch_dynamo_backends` entry point (then Dynamo registers the loaded function
-    itself, and registering here too would be a duplicate).
+    `import tpu_backend` registered a forwarder under the name (`integrations/dynamo.py`:
+    the checkout may not be installed, so no entry point names it); it is replaced by this
+    backend here. When Dynamo imports this module through the `torch_dynamo_backends` entry
+    point it registers the loaded function itself, and registering here too would be a
+    duplicate.
     """
     from importlib.metadata import EntryPoint
 
     from torch._dynamo.backends import registry
 
+    from tpu_backend.integrations import dynamo as forwarder
+
+    if registry._COMPILER_FNS.get(BACKEND_NAME) is forwarder.tpu:
+        del registry._COMPILER_FNS[BACKEND_NAME]
     if BACKEND_NAME in registry._COMPILER_FNS or isinstance(registry._BACKENDS.get(BACKEND_NAME), EntryPoint):
         return
     register_backend(tpu, name=BACKEND_NAME)

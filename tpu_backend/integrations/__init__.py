@@ -57,6 +57,8 @@ class _ApplyAfterExec(importlib.abc.Loader):
 
 
 def install() -> None:
+    from tpu_backend.integrations import dynamo as _dynamo
     from tpu_backend.integrations import transformers as _transformers
 
+    _dynamo.install()
     _transformers.install()

@@ -1,9 +1,27 @@
 """Hugging Face transformers (and safetensors) on the "tpu" device.
 
-What works without anything from us: `model.to("tpu")` and training, `generate`, and
+What works without anything from us: `model.to("tpu")` and training, and
 `AutoModel.from_pretrained(local_dir, device_map="tpu")` (through accelerate).
 
-What needs us: `save_pretrained` finds tied weights with
+`generate()` without a compile per token: XLA compiles one program per shape, and
+transformers' defaults grow shapes every token (a `DynamicCache` concatenates keys and
+values; the loop concatenates `input_ids` and the attention mask). On a tpu model:
+- the default cache (no `cache_implementation`, no `cache` passed) is transformers'
+  `StaticCache` (shapes fixed for the whole call), its length rounded up to a bucket
+  (`cache_length`: powers of two from 128) so calls with other prompt lengths or
+  `max_new_tokens` reuse the decode programs; with a static cache transformers itself
+  compiles the decode step (`torch.compile(backend="tpu")`, one program per token). An
+  explicit `cache_implementation="static"` keeps transformers' sizing (`max_cache_len`);
+- the loop's token bookkeeping (`input_ids`, attention mask, logits processors,
+  sampling, beam scores) runs on the host, as transformers' generation loop allows
+  ("inputs on CPU ... stay off-device"): only the new token goes to the device and only
+  the last position's logits come back; results return to the device the inputs came
+  from;
+- caches that cannot run here are refused with what to use instead; a DynamicCache (asked
+  for, passed in, or the default of a model transformers cannot compile) works but warns
+  that it compiles programs for every token.
+
+What needs us too: `save_pretrained` finds tied weights with
 `transformers.pytorch_utils.id_tensor_storage`, which keys a tensor by its storage's
 address. A tpu storage holds no host bytes (`data_ptr()` is 0 for every tensor), so
 every weight looked tied to every other and saving failed. We key tpu tensors by the
@@ -15,12 +33,22 @@ check and copies non-CPU tensors to the host, so it needs nothing.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
 from tpu_backend.integrations import when_imported
 
 DEVICE_TYPE = "tpu"
+# A static cache's length is rounded up to the next power of two, at least this (an exact
+# length would compile new decode programs for every new prompt length or max_new_tokens).
+MIN_CACHE_LENGTH = 128
+# Integer inputs of generate() that its loop grows or reads every step: kept on the host.
+_BOOKKEEPING_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
+_UNSUPPORTED_CACHES = {
+    "quantized": "its backends (optimum-quanto, HQQ) have no tpu kernels",
+    "paged": "continuous batching runs paged-attention kernels that have no tpu lowering",
+}
 # Modules holding their own reference to `id_tensor_storage` (`from ... import`).
 _USERS_OF_ID_TENSOR_STORAGE = ("transformers.pytorch_utils", "transformers.modeling_utils")
 
@@ -49,6 +77,86 @@ def _patch_id_tensor_storage(module) -> None:
     module.id_tensor_storage = id_tensor_storage
 
 
+def cache_length(needed: int) -> int:
+    """The static cache length a generate() call needing `needed` positions gets (a bucket)."""
+    from tpu_backend.compile.dynamic import Buckets  # (the compile package: imported only when generating)
+
+    return Buckets.powers_of_two(minimum=MIN_CACHE_LENGTH)(needed)
+
+
+def _on_device(model) -> bool:
+    return getattr(getattr(model, "device", None), "type", None) == DEVICE_TYPE
+
+
+def _refuse_unsupported_cache(cache_implementation) -> None:
+    if cache_implementation in _UNSUPPORTED_CACHES:
+        raise NotImplementedError(
+            f"generate(cache_implementation={cache_implementation!r}) is not supported on the tpu device: "
+            f"{_UNSUPPORTED_CACHES[cache_implementation]}. Leave cache_implementation unset (a static cache "
+            "of bucketed length, decode compiled once) or pass cache_implementation='static'."
+        )
+
+
+def _to_host(value):
+    return value.cpu() if _is_tpu(value) and not value.is_floating_point() else value
+
+
+def _to_device(result, device: torch.device):
+    """generate()'s result (a tensor or a ModelOutput) with its tensors on `device`, cache left as is."""
+    from transformers.pytorch_utils import move_to_device
+
+    if isinstance(result, torch.Tensor):
+        return result.to(device)
+    for key in list(result.keys()):
+        if key != "cache":
+            result[key] = move_to_device(result[key], device)
+    return result
+
+
+def _patch_generate(module) -> None:
+    """Wrap `GenerationMixin.generate` and its cache preparation for models on the device."""
+    mixin = module.GenerationMixin
+    if getattr(mixin.generate, "_tpu_aware", False):
+        return
+    generate, prepare_cache = mixin.generate, mixin._prepare_cache_for_generation
+
+    @functools.wraps(generate)
+    def generate_on_device(self, inputs=None, *args, **kwargs):
+        if not _on_device(self) or self.config.is_encoder_decoder:  # (an encoder reads its inputs on the device)
+            return generate(self, inputs, *args, **kwargs)
+        _refuse_unsupported_cache(kwargs.get("cache_implementation"))
+        device = next((v.device for v in (inputs, kwargs.get("input_ids")) if _is_tpu(v)), None)
+        inputs = _to_host(inputs)
+        kwargs = {k: _to_host(v) if k in _BOOKKEEPING_INPUTS else v for k, v in kwargs.items()}
+        result = generate(self, inputs, *args, **kwargs)
+        return result if device is None else _to_device(result, device)
+
+    @functools.wraps(prepare_cache)
+    def prepare_cache_on_device(self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length):
+        if _on_device(self) and generation_config.use_cache:
+            implementation, passed = generation_config.cache_implementation, model_kwargs.get("cache")
+            _refuse_unsupported_cache(implementation)
+            dynamic = passed is None and implementation in (None, "dynamic", "offloaded")
+            if implementation is None and passed is None and self._can_compile_fullgraph:
+                # (`_can_compile_fullgraph`: the models transformers knows to work with a static cache)
+                generation_config.cache_implementation = "static"  # (a per-call copy of the config)
+                max_cache_length = cache_length(max(max_cache_length, generation_config.max_cache_len or 0))
+            elif dynamic or type(passed) is module.DynamicCache:
+                warnings.warn(
+                    "generate() on the tpu device with a DynamicCache compiles new programs for every generated "
+                    "token (its shapes grow); pass cache_implementation='static' (or leave it unset on a model "
+                    "transformers can compile) for one decode program",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        return prepare_cache(self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
+
+    generate_on_device._tpu_aware = True
+    mixin.generate = generate_on_device
+    mixin._prepare_cache_for_generation = prepare_cache_on_device
+
+
 def install() -> None:
     for module_name in _USERS_OF_ID_TENSOR_STORAGE:
         when_imported(module_name, _patch_id_tensor_storage)
+    when_imported("transformers.generation.utils", _patch_generate)

@@ -1,0 +1,36 @@
+"""`benchmarks/hf_bench.py` at smoke sizes: every row measured, greedy tokens equal across
+caches, images close to CPU's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import hf_bench
+
+
+def test_generate_section(tmp_path):
+    out = tmp_path / "hf.json"
+    hf_bench.main(["--smoke", "--sections", "generate", "--caches", "default,static", "--json", str(out)])
+    rows = json.loads(out.read_text())["generate"]
+    assert [(r["batch"], r["cache"]) for r in rows] == [(1, "default"), (1, "static")]
+    for row in rows:
+        assert "error" not in row, row
+        assert row["decode_ms"] > 0 and row["first_call_s"] > 0 and row["bound_ms"] > 0
+        assert row["x_bound"] == pytest.approx(row["decode_ms"] / row["bound_ms"])
+        assert row["tokens_agree"]
+
+
+@pytest.mark.slow  # strict eager compiles every UNet op's program: minutes on a loaded CPU
+def test_diffusers_section(tmp_path):
+    out = tmp_path / "hf.json"
+    hf_bench.main(
+        ["--smoke", "--sections", "diffusers", "--sd-modes", "cpu,tpu-eager,tpu-compiled", "--json", str(out)]
+    )
+    rows = json.loads(out.read_text())["diffusers"]
+    assert [r["mode"] for r in rows] == ["cpu", "tpu-eager", "tpu-compiled"]
+    for row in rows:
+        assert "error" not in row, row
+        assert row["s_per_image"] > 0
+    assert all(r["max_abs_diff_vs_cpu"] < 1e-3 for r in rows[1:])  # images in [0, 1]

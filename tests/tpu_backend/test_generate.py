@@ -1,0 +1,192 @@
+"""transformers' generate() on the "tpu" device: CPU's tokens, CPU's logits at every step,
+and no program compiled per generated token.
+
+The model is a tiny Llama from a config with random weights; the tpu copy is shared by
+the tests of this module (its compiled decode programs are what later calls reuse).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import tpu_backend.compile as tpu_compile
+from tests.tpu_backend.test_transformers_integration import VOCAB, tiny_llama
+from tpu_backend.integrations import transformers as hf_integration
+
+LOGITS_TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32 through a masked static cache vs CPU's dynamic one
+
+
+@pytest.fixture(scope="module")
+def models():
+    cpu_model = tiny_llama().eval()
+    tpu_model = tiny_llama().eval().to("tpu")
+    return cpu_model, tpu_model
+
+
+def prompt(length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def compiled_programs() -> int:
+    """torch.compile's programs built so far (compiled by XLA or loaded from the disk cache)."""
+    total = tpu_compile.compile_stats().total()
+    return total.misses + total.disk_hits
+
+
+def programs_compiled() -> int:
+    """Programs built so far: strict eager's per-op programs plus torch.compile's."""
+    return torch.tpu.cache_stats()["misses"] + compiled_programs()
+
+
+def generate_both(models, ids, **kwargs):
+    cpu_model, tpu_model = models
+    options = dict(do_sample=False, return_dict_in_generate=True, output_logits=True, **kwargs)
+    on_tpu = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in options.items()}
+    return cpu_model.generate(ids, **options), tpu_model.generate(ids.to("tpu"), **on_tpu)
+
+
+def assert_steps_match(tpu_out, cpu_out, field: str = "logits") -> None:
+    assert tpu_out.sequences.device.type == "tpu"  # results return to the inputs' device
+    assert torch.equal(tpu_out.sequences.cpu(), cpu_out.sequences)
+    tpu_steps, cpu_steps = getattr(tpu_out, field), getattr(cpu_out, field)
+    assert len(tpu_steps) == len(cpu_steps)
+    for step, (actual, expected) in enumerate(zip(tpu_steps, cpu_steps)):
+        torch.testing.assert_close(actual.cpu(), expected, **LOGITS_TOLERANCE, msg=f"{field} at step {step}")
+
+
+def test_greedy_32_tokens_match_cpu_and_compile_no_program_per_token(models):
+    ids = prompt(7)
+    generate_both(models, ids, max_new_tokens=12)  # the warm-up call
+    before = programs_compiled()
+    cpu_out, tpu_out = generate_both(models, ids, max_new_tokens=32)
+    compiled = programs_compiled() - before
+    assert tpu_out.sequences.shape == (1, 7 + 32)
+    assert_steps_match(tpu_out, cpu_out)
+    assert compiled <= 16, f"{compiled} programs compiled for 32 new tokens after a warm-up"
+
+
+def test_other_prompt_length_and_length_reuse_the_decode_program(models):
+    """A new prompt length compiles its prefill's programs; decoding reuses the compiled
+    step (the cache length is a bucket, 128, for both calls)."""
+    generate_both(models, prompt(7), max_new_tokens=12)
+    decode_programs = compiled_programs()
+    cpu_out, tpu_out = generate_both(models, prompt(5, seed=2), max_new_tokens=20)
+    assert_steps_match(tpu_out, cpu_out)
+    assert compiled_programs() == decode_programs
+    assert hf_integration.cache_length(5 + 20) == hf_integration.cache_length(7 + 32) == 128
+
+
+@pytest.mark.slow  # a second batch size: its own prefill and decode programs
+def test_batch_with_padding_matches_cpu(models):
+    ids = prompt(6, batch=2, seed=3)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding, as batched generation needs
+    cpu_out, tpu_out = generate_both(models, ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0)
+    assert_steps_match(tpu_out, cpu_out)
+
+
+def test_beam_search_matches_cpu(models):
+    cpu_out, tpu_out = generate_both(models, prompt(7, seed=4), max_new_tokens=8, num_beams=3, output_scores=True)
+    assert_steps_match(tpu_out, cpu_out)
+    torch.testing.assert_close(tpu_out.sequences_scores.cpu(), cpu_out.sequences_scores, **LOGITS_TOLERANCE)
+    assert torch.equal(tpu_out.beam_indices.cpu(), cpu_out.beam_indices)
+
+
+def test_sampling_draws_from_cpu_scores(models):
+    """Sampling with top-k, top-p and temperature: the processed scores match CPU's at every
+    step, and every drawn token is one those scores allow. The draw itself runs on the host
+    from torch's generator, so the same seed draws CPU's tokens."""
+    options = dict(do_sample=True, top_k=20, top_p=0.9, temperature=0.7, max_new_tokens=16, output_scores=True)
+    outputs = []
+    for model, device in zip(models, ("cpu", "tpu")):
+        torch.manual_seed(5)
+        outputs.append(model.generate(prompt(7, seed=5).to(device), return_dict_in_generate=True, **options))
+    cpu_out, tpu_out = outputs
+    for step, (actual, expected) in enumerate(zip(tpu_out.scores, cpu_out.scores)):
+        actual = actual.cpu()
+        assert torch.equal(actual.isinf(), expected.isinf()), f"top-k/top-p kept other tokens at step {step}"
+        finite = expected.isfinite()
+        torch.testing.assert_close(actual[finite], expected[finite], **LOGITS_TOLERANCE, msg=f"scores at step {step}")
+        token = tpu_out.sequences[0, 7 + step].item()
+        assert actual[0, token].isfinite(), f"token {token} at step {step} was not allowed by the scores"
+    assert torch.equal(tpu_out.sequences.cpu(), cpu_out.sequences)
+
+
+def test_static_cache_compiled_decode_without_the_entry_point(models, monkeypatch):
+    """`cache_implementation="static"`: transformers compiles the decode step with backend
+    "tpu". The name resolves through the registration made at `import tpu_backend`, as on a
+    host where the checkout is only on PYTHONPATH (no `torch_dynamo_backends` entry point)."""
+    from torch._dynamo.backends import registry
+
+    from tpu_backend.integrations import dynamo as forwarder
+
+    monkeypatch.setattr(registry, "_COMPILER_FNS", {k: v for k, v in registry._COMPILER_FNS.items() if k != "tpu"})
+    monkeypatch.setattr(registry, "_BACKENDS", {k: v for k, v in registry._BACKENDS.items() if k != "tpu"})
+    monkeypatch.setattr(registry, "_lazy_import", lambda: None)  # no entry point discovery
+    forwarder._register(registry)
+    assert registry.lookup_backend("tpu") is forwarder.tpu
+    cpu_model, tpu_model = models
+    monkeypatch.delattr(tpu_model, "_compiled_call", raising=False)  # a fresh torch.compile through the name
+    requests = tpu_compile.compile_stats().total().requests
+    options = dict(max_new_tokens=12, cache_implementation="static", max_cache_len=128)  # (the default's shapes)
+    cpu_out, tpu_out = generate_both(models, prompt(7), **options)
+    assert_steps_match(tpu_out, cpu_out)
+    assert tpu_compile.compile_stats().total().requests >= requests + 11  # every decode step ran a compiled program
+
+
+def test_unsupported_cache_is_refused_naming_what_to_use(models):
+    with pytest.raises(NotImplementedError, match=r"cache_implementation='quantized'.*'static'"):
+        models[1].generate(prompt(7).to("tpu"), max_new_tokens=2, cache_implementation="quantized")
+
+
+def test_generate_with_cpu_inputs_returns_cpu_tensors(models):
+    out = models[1].generate(prompt(7), max_new_tokens=3, do_sample=False)
+    assert out.device.type == "cpu"
+    assert torch.equal(out, models[0].generate(prompt(7), max_new_tokens=3, do_sample=False))
+
+
+def test_transformers_sees_the_integration():
+    assert getattr(transformers.GenerationMixin.generate, "_tpu_aware", False)
+
+
+def test_dynamic_cache_still_matches_cpu_and_warns_it_compiles_per_token(models):
+    with pytest.warns(RuntimeWarning, match="DynamicCache compiles new programs for every generated token"):
+        cpu_out, tpu_out = generate_both(models, prompt(7), max_new_tokens=3, cache_implementation="dynamic")
+    assert_steps_match(tpu_out, cpu_out)
+
+
+_WITHOUT_ENTRY_POINT = """
+import importlib.metadata as metadata
+import sys
+
+entry_points = metadata.entry_points
+metadata.entry_points = lambda **kw: (
+    metadata.EntryPoints([]) if kw.get("group") == "torch_dynamo_backends" else entry_points(**kw)
+)  # as on a host where the checkout is only on PYTHONPATH
+import torch
+import tpu_backend
+
+assert "tpu_backend.compile" not in sys.modules  # registered without importing the compile package
+double = torch.compile(lambda x: x * 2 + 1, backend="tpu")
+print(double(torch.arange(3.0, device="tpu")).cpu().tolist())
+from torch._dynamo.backends import registry
+from tpu_backend.compile import backend
+
+assert registry.lookup_backend("tpu") is backend.tpu
+"""
+
+
+@pytest.mark.slow  # a fresh process: imports take tens of seconds on a loaded CPU
+def test_backend_name_resolves_in_a_process_without_the_entry_point():
+    import subprocess
+    import sys
+
+    from tests.chip import child_env
+
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_ENTRY_POINT], capture_output=True, text=True, env=child_env(), timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[1.0, 3.0, 5.0]"
