@@ -57,6 +57,8 @@ class _ApplyAfterExec(importlib.abc.Loader):
 
 
 def install() -> None:
+    from tpu_backend.integrations import accelerate as _accelerate
     from tpu_backend.integrations import transformers as _transformers
 
     _transformers.install()
+    _accelerate.install()  # Accelerator() and Trainer pick the "tpu" device
