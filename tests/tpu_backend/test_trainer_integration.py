@@ -8,6 +8,9 @@ programs compile once for the module.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import accelerate
 import numpy as np
 import pytest
@@ -203,3 +206,24 @@ def test_torch_compile_with_the_tpu_backend_matches_cpu(tmp_path):
     eager_cpu = make_trainer(tmp_path / "cpu", use_cpu=True)
     eager_cpu.train()
     assert_same_training(compiled, eager_cpu, LOSS_ATOL, PARAMETER_ATOL)
+
+
+@pytest.mark.slow  # two processes compile every program on a 2-core machine: minutes
+def test_accelerate_launch_two_processes_ddp_matches_one_cpu_process(tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2`: each process trains on its tpu
+    device, DDP over the "tpu" torch.distributed backend; 2 x 2 examples per step train
+    like one CPU process with batches of 4 (same losses and parameters)."""
+    from tests.tpu_backend.distributed.test_process_group import ROOT, TIMEOUT, free_port, torchrun_env
+
+    script = f"{ROOT}/tests/tpu_backend/distributed/trainer_ddp.py"
+    argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    argv += ["--main_process_port", str(free_port()), script, str(tmp_path / "ddp")]
+    done = subprocess.run(argv, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, f"accelerate launch failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    report = torch.load(tmp_path / "ddp" / "ranked.pt", weights_only=True)
+
+    reference = make_trainer(tmp_path / "cpu", use_cpu=True, per_device_train_batch_size=4)
+    reference.train()
+    np.testing.assert_allclose(report["losses"], logged_losses(reference), rtol=0, atol=LOSS_ATOL)
+    for name, expected in cpu_parameters(reference.model).items():
+        torch.testing.assert_close(report["parameters"][name], expected, rtol=0, atol=PARAMETER_ATOL, msg=name)

@@ -13,7 +13,8 @@ so three small patches of `PartialState` put the "tpu" device where CUDA would b
   one-device-per-process mode: DDP, and FSDP through its plugin, hang off it);
 - each process's device is tpu:0 (one device per process; the chip a process drives is
   chosen by `init_process_group("tpu")` from LOCAL_RANK), and DDP is given no
-  `device_ids` (accelerate passes `[local_process_index]`, which names tpu:1 on rank 1).
+  `device_ids` (accelerate passes `[local_process_index]`, which names tpu:1 on rank 1)
+  and no `find_unused_parameters` (see `_without_find_unused_parameters`).
 
 And `prepare()` points an optimizer at the moved parameters. `module.to("tpu")` makes
 new Parameter objects (PyTorch moves a parameter in place only between tensor types it
@@ -33,12 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 
 import torch
 
 from tpu_backend.integrations import when_imported
 
+logger = logging.getLogger(__name__)
 DEVICE_TYPE = "tpu"
 BACKEND = "tpu"  # tpu_backend.distributed.process_group.BACKEND_NAME
 
@@ -93,9 +96,10 @@ def _patch_prepare_model(accelerator_module) -> None:
 
     @functools.wraps(vendor_prepare_model)
     def prepare_model(self, model, device_placement=None, evaluation_mode=False):
+        if self.device.type != DEVICE_TYPE or self.num_processes == 1:
+            return vendor_prepare_model(self, model, device_placement, evaluation_mode)
         # ACCELERATE_BYPASS_DEVICE_MAP is accelerate's own switch for DDP without device_ids
-        bypass = self.device.type == DEVICE_TYPE and self.num_processes > 1
-        with _environ("ACCELERATE_BYPASS_DEVICE_MAP", "true") if bypass else contextlib.nullcontext():
+        with _environ("ACCELERATE_BYPASS_DEVICE_MAP", "true"), _without_find_unused_parameters(self.ddp_handler):
             return vendor_prepare_model(self, model, device_placement, evaluation_mode)
 
     vendor_prepare = accelerator_class.prepare
@@ -123,6 +127,28 @@ def _follow_moved_parameters(optimizer: torch.optim.Optimizer, moved: dict) -> N
     for old, new in moved.items():
         if old in optimizer.state:
             optimizer.state[new] = optimizer.state.pop(old)
+
+
+@contextlib.contextmanager
+def _without_find_unused_parameters(ddp_handler):
+    """DDP's reducer stages its map of used parameters in pinned host memory for a
+    PrivateUse1 device, and PyTorch gives a Python backend no way to register a pinned
+    allocator: `find_unused_parameters=True` (Trainer's default for models without
+    gradient checkpointing) fails in the first backward. We run DDP without it and say so;
+    a model with a parameter the loss does not use then stops with DDP's own error."""
+    if ddp_handler is None or not ddp_handler.find_unused_parameters:
+        yield
+        return
+    logger.warning(
+        "DDP on the tpu device: find_unused_parameters=True is not available (PyTorch's DDP "
+        "reducer needs a pinned host allocator, which a Python device backend cannot register); "
+        "running with find_unused_parameters=False. Every parameter must take part in the loss."
+    )
+    ddp_handler.find_unused_parameters = False
+    try:
+        yield
+    finally:
+        ddp_handler.find_unused_parameters = True
 
 
 @contextlib.contextmanager
