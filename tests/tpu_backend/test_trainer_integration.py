@@ -156,6 +156,24 @@ def test_bf16_autocasts_on_the_device(tmp_path):
     assert max(errors.values()) < BF16_PARAMETER_RTOL, errors
 
 
+def test_fp16_is_refused_naming_bf16(tmp_path):
+    with pytest.raises(ValueError, match=r"fp16 .*not supported on the tpu device.*Use bf16=True"):
+        make_trainer(tmp_path, use_cpu=False, fp16=True)
+
+
+def test_gradient_checkpointing_trains_like_without(tmp_path):
+    """gradient_checkpointing=True (recomputation in the backward) gives the same steps."""
+    runs = [
+        make_trainer(tmp_path / str(flag), use_cpu=False, gradient_checkpointing=flag, max_steps=2)
+        for flag in (True, False)
+    ]
+    for trainer in runs:
+        trainer.train()
+    np.testing.assert_allclose(logged_losses(runs[0]), logged_losses(runs[1]), rtol=0, atol=1e-6)
+    for name, expected in cpu_parameters(runs[1].model).items():
+        torch.testing.assert_close(cpu_parameters(runs[0].model)[name], expected, rtol=0, atol=1e-6, msg=name)
+
+
 def test_save_and_resume_equals_an_uninterrupted_run(tmp_path):
     """Optimizer and scheduler state are saved from the device and read back onto it: a
     run resumed from step 3 ends where the run that never stopped does."""
@@ -208,19 +226,21 @@ def test_torch_compile_with_the_tpu_backend_matches_cpu(tmp_path):
     assert_same_training(compiled, eager_cpu, LOSS_ATOL, PARAMETER_ATOL)
 
 
-@pytest.mark.slow  # two processes compile every program on a 2-core machine: minutes
-def test_accelerate_launch_two_processes_ddp_matches_one_cpu_process(tmp_path):
-    """`accelerate launch --multi_gpu --num_processes 2`: each process trains on its tpu
-    device, DDP over the "tpu" torch.distributed backend; 2 x 2 examples per step train
-    like one CPU process with batches of 4 (same losses and parameters)."""
+@pytest.mark.slow  # two processes compile every program on a 2-core machine: minutes each
+@pytest.mark.parametrize("strategy", [["--multi_gpu"], ["--use_fsdp", "--fsdp_version", "2"]], ids=["ddp", "fsdp2"])
+def test_accelerate_launch_two_processes_match_one_cpu_process(tmp_path, strategy):
+    """`accelerate launch --num_processes 2` with DDP or accelerate's FSDP plugin: each
+    process trains on its tpu device over the "tpu" torch.distributed backend; 2 x 2
+    examples per step train like one CPU process with batches of 4 (same losses and
+    parameters)."""
     from tests.tpu_backend.distributed.test_process_group import ROOT, TIMEOUT, free_port, torchrun_env
 
     script = f"{ROOT}/tests/tpu_backend/distributed/trainer_ddp.py"
-    argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    argv += ["--main_process_port", str(free_port()), script, str(tmp_path / "ddp")]
+    argv = [sys.executable, "-m", "accelerate.commands.launch", *strategy, "--num_processes", "2"]
+    argv += ["--main_process_port", str(free_port()), script, str(tmp_path / "launched")]
     done = subprocess.run(argv, cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, f"accelerate launch failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    report = torch.load(tmp_path / "ddp" / "ranked.pt", weights_only=True)
+    report = torch.load(tmp_path / "launched" / "ranked.pt", weights_only=True)
 
     reference = make_trainer(tmp_path / "cpu", use_cpu=True, per_device_train_batch_size=4)
     reference.train()

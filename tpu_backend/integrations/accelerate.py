@@ -24,6 +24,7 @@ accelerate has this fix for torch_xla, whose parameters move the same way; we ap
 for "tpu" too (and carry optimizer state already there to the new parameters).
 
 `cpu=True` (`use_cpu=True` in `TrainingArguments`) keeps accelerate's own CPU paths.
+fp16 is refused by accelerate for a device it does not know; we say what to use (bf16).
 
 accelerate's `DynamoBackend` enum is closed (it names the backends it knows), so
 `torch_compile_backend="tpu"` / `accelerate launch --dynamo_backend tpu` were rejected
@@ -116,6 +117,22 @@ def _patch_prepare_model(accelerator_module) -> None:
             _follow_moved_parameters(optimizer.optimizer, moved)
         return result
 
+    vendor_init = accelerator_class.__init__
+
+    @functools.wraps(vendor_init)
+    def __init__(self, *args, **kwargs):
+        try:
+            vendor_init(self, *args, **kwargs)
+        except ValueError as error:
+            if "fp16 mixed precision requires a device" in str(error) and "'tpu'" in str(error):
+                raise ValueError(
+                    "fp16 mixed precision (fp16=True, mixed_precision='fp16') is not supported on the tpu "
+                    "device: accelerate has no loss scaler for it. Use bf16=True (mixed_precision='bf16'), "
+                    "which TPUs compute natively and which needs no loss scaling."
+                ) from error
+            raise
+
+    accelerator_class.__init__ = __init__
     accelerator_class.prepare_model = prepare_model
     accelerator_class.prepare = prepare
     accelerator_class._tpu_aware = True
