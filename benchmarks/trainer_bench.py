@@ -14,7 +14,9 @@ batches in three ways:
 | `compiled-step` | the project's one-program step: `torch.compile(step, backend="tpu")` of `torch.func` gradients and PyTorch's functional AdamW (`tests/tpu_backend/models.functional_train_step`, the `tpu-compile-step` mode of `backend_bench.py`) |
 
 Per row: the first step's seconds (compilation), steady tokens per second over the steps
-after `--warmup` (synchronised at both ends), and the throughput as a fraction of
+after `--warmup` (synchronised at both ends), programs compiled after the warm-up
+(`compiles`, from `tpu_backend.compile.cache.compile_stats`; should be 0), and the
+throughput as a fraction of
 `compiled-step`'s: the figure issue 44 asks for ("Trainer's throughput against the
 project's own compiled loop on the same model"). The compiled step does less per step
 than Trainer (no clipping, no schedule, no loss bookkeeping): the ratio is what a user
@@ -38,6 +40,7 @@ import transformers  # noqa: E402
 import tpu_backend  # noqa: E402,F401
 import tpu_backend.compile  # noqa: E402,F401  (registers the "tpu" Dynamo backend)
 from tests.tpu_backend.models import ModelCase, functional_train_step  # noqa: E402
+from tpu_backend.compile.cache import compile_stats  # noqa: E402
 
 SIZES = {
     "default": dict(hidden=512, layers=4, heads=8, vocab=8192, seq=256, batch=8),
@@ -66,16 +69,21 @@ def token_rows(size: dict, count: int) -> torch.Tensor:
     return torch.randint(0, size["vocab"], (count, size["seq"]), generator=torch.Generator().manual_seed(1))
 
 
-class StepClock(transformers.TrainerCallback):
-    """Synchronised times at the end of step 1, of step `warmup` and of the last step."""
+def mark() -> tuple[float, int]:
+    """Synchronised time and the count of programs compiled so far."""
+    torch.tpu.synchronize()
+    return time.perf_counter(), compile_stats().total().misses
 
-    def __init__(self, warmup: int, steps: int, start: float):
-        self.marks, self.points, self.start = {}, {1, warmup, steps}, start
+
+class StepClock(transformers.TrainerCallback):
+    """Marks at the end of step 1, of step `warmup` and of the last step."""
+
+    def __init__(self, warmup: int, steps: int):
+        self.marks, self.points, self.start = {}, {1, warmup, steps}, mark()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step in self.points:
-            torch.tpu.synchronize()
-            self.marks[state.global_step] = time.perf_counter()
+            self.marks[state.global_step] = mark()
 
 
 def run_trainer(size: dict, steps: int, warmup: int, compile_model: bool, out: str) -> dict:
@@ -94,7 +102,7 @@ def run_trainer(size: dict, steps: int, warmup: int, compile_model: bool, out: s
         torch_compile_backend="tpu" if compile_model else None,
     )
     trainer = transformers.Trainer(fresh_model(size), args, train_dataset=dataset)
-    clock = StepClock(warmup, steps, time.perf_counter())
+    clock = StepClock(warmup, steps)
     trainer.add_callback(clock)
     trainer.train()
     assert trainer.accelerator.device.type == "tpu"
@@ -109,24 +117,23 @@ def run_compiled_step(size: dict, steps: int, warmup: int) -> dict:
 
     case = ModelCase("llama", lambda: model, None, loss)
     step = torch.compile(functional_train_step(model, case, "adamw"), backend="tpu")
-    rows = token_rows(size, steps * size["batch"]).to("tpu")
-    batches = rows.split(size["batch"])
-    start = time.perf_counter()
-    marks = {}
+    batches = [batch.to("tpu") for batch in token_rows(size, steps * size["batch"]).split(size["batch"])]
+    start, marks = mark(), {}
     for index, batch in enumerate(batches, start=1):
         step(batch, batch)
         if index in (1, warmup, steps):
-            torch.tpu.synchronize()
-            marks[index] = time.perf_counter()
+            marks[index] = mark()
     return timing(start, marks[1], marks[warmup], marks[steps], steps - warmup, size)
 
 
-def timing(start: float, first: float, warm: float, end: float, timed_steps: int, size: dict) -> dict:
-    seconds_per_step = (end - warm) / timed_steps
+def timing(start, first, warm, end, timed_steps: int, size: dict) -> dict:
+    """Figures from (seconds, programs compiled) marks; compiles after the warm-up should be 0."""
+    seconds_per_step = (end[0] - warm[0]) / timed_steps
     return {
-        "first_step_s": round(first - start, 3),
+        "first_step_s": round(first[0] - start[0], 3),
         "step_ms": round(1e3 * seconds_per_step, 2),
         "tokens_per_s": round(size["batch"] * size["seq"] / seconds_per_step, 1),
+        "compiles_after_warmup": end[1] - warm[1],
     }
 
 
@@ -156,14 +163,14 @@ def main() -> None:
         else:
             parser.error(f"unknown row {row!r}: use compiled-step, trainer, trainer-compile")
     reference = results.get("compiled-step")
-    print(f"{'row':<16} {'first step s':>12} {'step ms':>9} {'tokens/s':>10} {'vs compiled-step':>17}")
+    print(f"{'row':<16} {'first step s':>12} {'step ms':>9} {'tokens/s':>10} {'vs compiled-step':>17} {'compiles':>9}")
     for row, figures in results.items():
         if reference:
             figures["vs_compiled_step"] = round(figures["tokens_per_s"] / reference["tokens_per_s"], 3)
         ratio = f"{figures['vs_compiled_step']:.3f}" if reference else "-"
         print(
             f"{row:<16} {figures['first_step_s']:>12.2f} {figures['step_ms']:>9.2f} "
-            f"{figures['tokens_per_s']:>10.1f} {ratio:>17}"
+            f"{figures['tokens_per_s']:>10.1f} {ratio:>17} {figures['compiles_after_warmup']:>9}"
         )
     if args.json:
         with open(args.json, "w") as f:
