@@ -161,14 +161,15 @@ def test_fp16_is_refused_naming_bf16(tmp_path):
         make_trainer(tmp_path, use_cpu=False, fp16=True)
 
 
-def test_gradient_checkpointing_trains_like_without(tmp_path):
-    """gradient_checkpointing=True (recomputation in the backward) gives the same steps."""
+def test_activation_checkpointing_trains_like_without(tmp_path):
+    """activation_checkpointing=True (gradient checkpointing: recomputation in the backward) gives the same steps."""
     runs = [
-        make_trainer(tmp_path / str(flag), use_cpu=False, gradient_checkpointing=flag, max_steps=2)
+        make_trainer(tmp_path / str(flag), use_cpu=False, activation_checkpointing=flag, max_steps=2)
         for flag in (True, False)
     ]
     for trainer in runs:
         trainer.train()
+    assert runs[0].model.is_gradient_checkpointing and not runs[1].model.is_gradient_checkpointing
     np.testing.assert_allclose(logged_losses(runs[0]), logged_losses(runs[1]), rtol=0, atol=1e-6)
     for name, expected in cpu_parameters(runs[1].model).items():
         torch.testing.assert_close(cpu_parameters(runs[0].model)[name], expected, rtol=0, atol=1e-6, msg=name)
