@@ -323,6 +323,12 @@ BLOCKS = [
         f"{SKIP}: needs a torchrun launch (examples/llama_fsdp_tp.py)",
         None,
     ),
+    (
+        "README.md",
+        'torch_compile_backend="tpu")  # (compile is optional)',
+        f"{SKIP}: a full Trainer run; tests/tpu_backend/test_trainer_integration.py runs each argument against CPU",
+        None,
+    ),
     ("docs/tutorial.md", "DigitsResNet().to(", _digits, None),
     ("docs/tutorial.md", "export_generative(model, prefill_len=16", _tiny_llama_on_device, None),
     ("docs/tutorial.md", "from_pretrained(", _checkpoint, None),

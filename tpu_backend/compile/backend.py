@@ -296,7 +296,9 @@ def _constant_digest(module: torch.fx.GraphModule, target: str) -> str:
         return "subgraph"
     if not isinstance(value, torch.Tensor):
         return type(value).__name__
-    data = value.detach().to("cpu").contiguous()
+    # a fresh row-major copy: `.contiguous()` keeps a stride of 0 on size-1 dimensions
+    # (an expanded one-element constant), which `view(torch.uint8)` refuses
+    data = torch.empty(value.shape, dtype=value.dtype).copy_(value.detach())
     digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
     return f"{data.dtype} {tuple(data.shape)} {digest}"
 

@@ -57,8 +57,10 @@ class _ApplyAfterExec(importlib.abc.Loader):
 
 
 def install() -> None:
+    from tpu_backend.integrations import accelerate as _accelerate
     from tpu_backend.integrations import dynamo as _dynamo
     from tpu_backend.integrations import transformers as _transformers
 
     _dynamo.install()
     _transformers.install()
+    _accelerate.install()  # Accelerator() and Trainer pick the "tpu" device

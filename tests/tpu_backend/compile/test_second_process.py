@@ -259,3 +259,18 @@ def test_the_entrys_backward_graph_copy_is_rebuilt_only_when_read():
     assert loaded.fn.reduced is None  # still bytes
     x = torch.arange(3.0)
     torch.testing.assert_close(loaded.deserialize()(x)[0], x * x)
+
+
+def test_graph_identity_digests_an_expanded_one_element_constant():
+    """A constant with a stride of 0 (an expanded one-element tensor, as transformers'
+    Llama hands `torch.func` steps) keys the program by its value like any other."""
+
+    def identity_with(value: float) -> str:
+        module = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+        module.scale = torch.as_strided(torch.tensor([value]), (1,), (0,))
+        x = module.graph.placeholder("x")
+        module.graph.output(module.graph.call_function(operator.mul, (x, module.graph.get_attr("scale"))))
+        module.recompile()
+        return graph_identity(module)
+
+    assert identity_with(2.0) == identity_with(2.0) != identity_with(3.0)
