@@ -39,7 +39,7 @@ import transformers  # noqa: E402
 
 import tpu_backend  # noqa: E402,F401
 import tpu_backend.compile  # noqa: E402,F401  (registers the "tpu" Dynamo backend)
-from tests.tpu_backend.models import ModelCase, functional_train_step  # noqa: E402
+from benchmarks.models import ModelCase, functional_train_step  # noqa: E402
 from tpu_backend.compile.cache import compile_stats  # noqa: E402
 
 SIZES = {
