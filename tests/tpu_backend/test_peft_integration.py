@@ -103,9 +103,10 @@ def test_lora_fine_tune_on_tpu_matches_cpu_then_merges_like_cpu(family, dora):
     trained = {name for name, g in got.first_gradients.items() if g is not None}
     assert trained and all("lora_" in name for name in trained), sorted(trained)  # the base stays frozen
 
-    # merge_and_unload writes into the base weights in place, on the device
+    # merge_and_unload writes into the base weights in place, on the device (safe_merge: into a
+    # clone, checked finite first)
     reference = cpu_copy(model).merge_and_unload()
-    merged = model.merge_and_unload(safe_merge=True)
+    merged = model.merge_and_unload(safe_merge=family == "gemma")
     assert {p.device.type for p in merged.parameters()} == {"tpu"}
     assert not any("lora_" in name for name in merged.state_dict())
     assert_tensors_match(merged_weights(merged), merged_weights(reference), f"{what}: merged weights", rtol=1e-6)
