@@ -160,3 +160,18 @@ def test_lora_dropout_on_tpu_drops_and_rescales_and_trains_like_cpu_with_the_sam
         cpu_model.get_submodule(name.removesuffix(".default"))["default"] = ReplayedDropout(recorded, p)
     want = train(cpu_model, batches("cpu"))
     assert_runs_match(got, want, "llama LoRA with dropout on tpu (its masks replayed on CPU)")
+
+
+def test_adapter_saved_from_tpu_reloads_on_cpu_and_tpu(tmp_path):
+    model = with_lora(tiny_base("llama").to("tpu"))
+    adapters = {name: t.cpu() for name, t in model.state_dict().items() if "lora_" in name}
+    # PEFT clones tensors that share a storage before saving; distinct tpu storages are distinct
+    from peft.peft_model import id_tensor_storage
+
+    assert len({id_tensor_storage(p) for name, p in model.named_parameters() if "lora_" in name}) == len(adapters)
+    model.save_pretrained(tmp_path)
+    for device in ("cpu", "tpu"):
+        reloaded = peft.PeftModel.from_pretrained(tiny_base("llama").to(device), tmp_path)
+        assert {p.device.type for p in reloaded.parameters()} == {device}
+        got = {name: t.cpu() for name, t in reloaded.state_dict().items() if "lora_" in name}
+        assert_tensors_match(got, adapters, f"adapters reloaded on {device}", rtol=0)
