@@ -205,9 +205,9 @@ def tiny_text_to_image_pipeline():
     return pipe
 
 
-def paint(pipe, latents: torch.Tensor) -> np.ndarray:
-    """One 16x16 image: two DDIM steps with classifier-free guidance, from the given latents."""
-    out = pipe("a red cat", num_inference_steps=2, guidance_scale=7.5, latents=latents, output_type="np")
+def paint(pipe, **noise) -> np.ndarray:
+    """One 16x16 image: two DDIM steps with classifier-free guidance, from `latents=` or a `generator=`."""
+    out = pipe("a red cat", num_inference_steps=2, guidance_scale=7.5, output_type="np", **noise)
     return out.images[0]
 
 
@@ -216,12 +216,21 @@ def paint(pipe, latents: torch.Tensor) -> np.ndarray:
 def test_text_to_image_pipeline_on_tpu_paints_cpus_image(unet):
     # the initial noise is drawn on CPU and passed in: both pipelines start from the same latents
     latents = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
-    want = paint(tiny_text_to_image_pipeline(), latents)
+    cpu_pipe = tiny_text_to_image_pipeline()
+    want = paint(cpu_pipe, latents=latents)
     pipe = tiny_text_to_image_pipeline().to("tpu")
     assert pipe.device.type == "tpu"
     if unet == "compiled":
         pipe.unet = torch.compile(pipe.unet, backend="tpu")
-    got = paint(pipe, latents.to("tpu"))
+    got = paint(pipe, latents=latents.to("tpu"))
     assert got.shape == want.shape == (16, 16, 3) and want.std() > 0.01  # a picture, not a flat field
     tolerance = chip.tolerance("summation_order", cpu=1e-4, tpu=2e-3)
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance, err_msg=f"pipeline on tpu, UNet {unet}")
+    # a CPU generator, as users seed diffusers: the latents are drawn on CPU and moved to the device
+    np.testing.assert_allclose(
+        paint(pipe, generator=torch.Generator().manual_seed(4)),
+        paint(cpu_pipe, generator=torch.Generator().manual_seed(4)),
+        rtol=0,
+        atol=tolerance,
+        err_msg=f"pipeline on tpu with a CPU generator, UNet {unet}",
+    )
