@@ -63,13 +63,14 @@ def batches(device: str):
     return out
 
 
-def train(model, data):
+def train(model, data, *, compiled: bool = False):
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    forward = torch.compile(model, backend="tpu") if compiled else model
 
     def step(ids, labels):
         optimizer.zero_grad()
-        loss = model(input_ids=ids, labels=labels).loss
+        loss = forward(input_ids=ids, labels=labels).loss
         loss.backward()
         optimizer.step()
         return loss
@@ -118,6 +119,13 @@ def test_lora_fine_tune_on_tpu_matches_cpu_then_merges_like_cpu(family, dora):
             rtol=1e-4,
             atol=1e-5,
         )
+
+
+@pytest.mark.slow  # the compile of a LoRA Llama's forward and backward: ~1 min of CPU
+def test_lora_fine_tune_under_torch_compile_on_tpu_matches_cpu():
+    want = train(with_lora(tiny_base("llama")), batches("cpu"))
+    got = train(with_lora(tiny_base("llama").to("tpu")), batches("tpu"), compiled=True)
+    assert_runs_match(got, want, "llama LoRA under torch.compile(backend='tpu')")
 
 
 class ReplayedDropout(torch.nn.Module):

@@ -296,7 +296,9 @@ def _constant_digest(module: torch.fx.GraphModule, target: str) -> str:
         return "subgraph"
     if not isinstance(value, torch.Tensor):
         return type(value).__name__
-    data = value.detach().to("cpu").contiguous()
+    # a fresh dense copy: contiguous() keeps a stride of 0 on a size-1 dimension (an expanded
+    # scalar, as in PEFT's LoRA graphs), which view(uint8) refuses
+    data = value.detach().to("cpu").clone(memory_format=torch.contiguous_format)
     digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
     return f"{data.dtype} {tuple(data.shape)} {digest}"
 

@@ -259,3 +259,19 @@ def test_the_entrys_backward_graph_copy_is_rebuilt_only_when_read():
     assert loaded.fn.reduced is None  # still bytes
     x = torch.arange(3.0)
     torch.testing.assert_close(loaded.deserialize()(x)[0], x * x)
+
+
+def test_a_constant_expanded_from_a_scalar_has_the_identity_of_its_values():
+    """A size-1 constant with stride 0 (an expanded scalar, seen in PEFT's LoRA graphs) is hashed by its bytes."""
+
+    def scaled_by(constant: torch.Tensor) -> torch.fx.GraphModule:
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (x, graph.get_attr("scale"))),))
+        root = torch.nn.Module()
+        root.register_buffer("scale", constant)
+        return torch.fx.GraphModule(root, graph)
+
+    expanded = torch.tensor([2.0]).as_strided((1,), (0,))
+    assert graph_identity(scaled_by(expanded)) == graph_identity(scaled_by(torch.tensor([2.0])))
+    assert graph_identity(scaled_by(expanded)) != graph_identity(scaled_by(torch.tensor([3.0])))
