@@ -117,16 +117,18 @@ def generate(
     top_p: float | None = None,
     seed: int | None = None,
     stop_tokens=(),
-) -> list[int]:
+    return_logits: bool = False,
+):
     """Continuation of `prompt_ids` (a 1-D sequence) with a model from
     `export_generative`; returns up to `max_new_tokens` new token ids (fewer when a stop
-    token comes). Greedy unless `temperature` > 0 (see the module docstring)."""
+    token comes). Greedy unless `temperature` > 0 (see the module docstring). With
+    `return_logits`, also the logits row each new token was picked from."""
     prompt = _prompt(prompt_ids)
     sampler = _sampler(temperature, top_k, top_p, seed)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:
-        return []
+        return ([], []) if return_logits else []
     stop = {int(t) for t in stop_tokens}
     runtime = edge_model.runtime
     decode = runtime.signature("decode")  # a KeyError naming the model's signatures if it is not generative
@@ -164,13 +166,15 @@ def generate(
         logits, *cache = runtime.run([prompt[None, pos : pos + 1], np.array([pos], np.int32), *cache], "decode")
         logits_row = logits[0, -1]
     rng = sampler.rng()
+    rows = [logits_row]
     out = [sampler(logits_row, rng)]
     for pos in range(len(prompt), len(prompt) + max_new_tokens - 1):
         if out[-1] in stop:
             break
         logits, *cache = runtime.run([np.array([[out[-1]]], np.int32), np.array([pos], np.int32), *cache], "decode")
-        out.append(sampler(logits[0, -1], rng))
-    return out
+        rows.append(logits[0, -1])
+        out.append(sampler(rows[-1], rng))
+    return (out, rows) if return_logits else out
 
 
 def _split(outputs: list, has_logits: bool):
@@ -188,20 +192,23 @@ def reference_generate(
     top_p: float | None = None,
     seed: int | None = None,
     stop_tokens=(),
-) -> list[int]:
+    return_logits: bool = False,
+):
     """The same continuation in PyTorch without a cache (the whole sequence each step):
-    the reference `generate` must match. Accepts TinyLlama and transformers models."""
+    the reference `generate` must match. Accepts TinyLlama and transformers models.
+    With `return_logits`, also the logits row of every new token (float32 NumPy)."""
     sampler = _sampler(temperature, top_k, top_p, seed)
     stop = {int(t) for t in stop_tokens}
     ids = torch.as_tensor(_prompt(prompt_ids), dtype=torch.long)[None]
     device = next(model.parameters()).device
     rng = sampler.rng()
-    out = []
+    out, rows = [], []
     for _ in range(max_new_tokens):
         result = model(ids.to(device))
         logits = getattr(result, "logits", result)
-        out.append(sampler(logits[0, -1].float().cpu().numpy(), rng))
+        rows.append(logits[0, -1].float().cpu().numpy())
+        out.append(sampler(rows[-1], rng))
         if out[-1] in stop:
             break
         ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
-    return out
+    return (out, rows) if return_logits else out

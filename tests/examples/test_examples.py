@@ -22,6 +22,7 @@ sys.path.insert(0, EXAMPLES)
 import char_lm  # noqa: E402
 import digits_cnn  # noqa: E402
 import dlrm_clicks  # noqa: E402
+import lora_finetune_export  # noqa: E402
 import pallas_op  # noqa: E402
 import seq2seq_generate  # noqa: E402
 import stable_diffusion  # noqa: E402
@@ -120,6 +121,17 @@ def test_char_lm_generates_like_pytorch(model, steps, loss_drop):
     _check_char_lm(r, loss_drop)
     if model == "tinyllama":
         _tutorial_says(f"Character LM (TinyLlama), {steps} steps: loss")
+
+
+@pytest.mark.parametrize("model", ["llama", pytest.param("gemma", marks=pytest.mark.slow)])
+def test_lora_fine_tune_merges_and_generates_like_pytorch(model):
+    pytest.importorskip("peft", reason="the example fine-tunes with PEFT's LoRA")
+    r = lora_finetune_export.run(model, steps=8, new_tokens=16)
+    start, end = r["loss_start_end"]
+    assert end < start, r["loss_start_end"]
+    assert r["trainable_parameters"] < 0.25 * r["parameters"]  # only the adapters train
+    assert r["merge_max_relative_error"] <= 1e-5  # merge_and_unload keeps the adapted model's function
+    assert r["tokens_equal"] == r["new_tokens"] and r["max_logit_error"] <= 1e-4, r
 
 
 def test_pallas_op_trains_like_pytorch_and_lowers_for_tpu():

@@ -1,5 +1,7 @@
 """diffusers models on the "tpu" device: a UNet2DModel and a DiT train as on CPU (eager
-and under `torch.compile(backend="tpu")`), and the trained UNet ships as a LiteRT model.
+and under `torch.compile(backend="tpu")`), the trained UNet ships as a LiteRT model, and
+a text-to-image StableDiffusionPipeline `.to("tpu")` paints CPU's image (eager, and with
+its UNet compiled).
 
 Models come from tiny configs with random weights (nothing downloads). The training step
 is the usual denoising objective: noise added by a `DDPMScheduler` on CPU, the model
@@ -8,16 +10,22 @@ predicts it, mean squared error.
 Tolerances: `tests/tpu_backend/parity.py` (losses, step-1 gradients and final parameters
 within 1e-4 norm-relative). The key projections' biases of attention have gradients that
 are zero in exact arithmetic (softmax ignores a per-query constant): both sides hold
-float32 noise there, compared with parity's absolute floor.
+float32 noise there, compared with parity's absolute floor. Images (float32 in [0, 1]):
+within 1e-4 of CPU's (seen: 1e-6), 2e-3 on a chip (its reductions and transcendentals
+differ in the last bits, carried through the denoising steps and the VAE).
 """
 
 from __future__ import annotations
 
+import string
+
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
 
 import tpu_backend  # noqa: F401  (registers the device)
+from tests import chip
 from tests.tpu_backend.parity import assert_runs_match, record_training
 
 diffusers = pytest.importorskip("diffusers")
@@ -155,3 +163,74 @@ def test_trained_unet_converts_to_litert(device):
             want = denoiser(x, t).numpy()
         problems = compare_outputs([edge(x, t)], [want], rtol=1e-4, atol=1e-5)
         assert not problems, problems
+
+
+def tiny_text_to_image_pipeline():
+    """StableDiffusionPipeline from tiny configs: CLIP text encoder and tokenizer (letters
+    as its vocabulary, built in code: nothing downloads), a cross-attention UNet, a VAE, DDIM."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for letter in string.ascii_lowercase:
+        vocab[letter] = len(vocab)
+        vocab[letter + "</w>"] = len(vocab)
+    torch.manual_seed(0)
+    pipe = diffusers.StableDiffusionPipeline(
+        tokenizer=CLIPTokenizer(vocab=vocab, merges=[], model_max_length=16),
+        text_encoder=CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+            )
+        ),
+        unet=diffusers.UNet2DConditionModel(
+            in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8, 16),
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            cross_attention_dim=16, attention_head_dim=4, norm_num_groups=4, sample_size=8,
+        ),
+        vae=diffusers.AutoencoderKL(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
+            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+            layers_per_block=1, norm_num_groups=4, sample_size=16,
+        ),
+        scheduler=diffusers.DDIMScheduler(
+            beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1, clip_sample=False,
+            set_alpha_to_one=False,
+        ),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def paint(pipe, **noise) -> np.ndarray:
+    """One 16x16 image: two DDIM steps with classifier-free guidance, from `latents=` or a `generator=`."""
+    out = pipe("a red cat", num_inference_steps=2, guidance_scale=7.5, output_type="np", **noise)
+    return out.images[0]
+
+
+# eager costs ~40 s of CPU (every op of three models compiles once); compiling the UNet adds ~30 s: slow
+@pytest.mark.parametrize("unet", ["eager", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_text_to_image_pipeline_on_tpu_paints_cpus_image(unet):
+    # the initial noise is drawn on CPU and passed in: both pipelines start from the same latents
+    latents = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
+    cpu_pipe = tiny_text_to_image_pipeline()
+    want = paint(cpu_pipe, latents=latents)
+    pipe = tiny_text_to_image_pipeline().to("tpu")
+    assert pipe.device.type == "tpu"
+    if unet == "compiled":
+        pipe.unet = torch.compile(pipe.unet, backend="tpu")
+    got = paint(pipe, latents=latents.to("tpu"))
+    assert got.shape == want.shape == (16, 16, 3) and want.std() > 0.01  # a picture, not a flat field
+    tolerance = chip.tolerance("summation_order", cpu=1e-4, tpu=2e-3)
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance, err_msg=f"pipeline on tpu, UNet {unet}")
+    # a CPU generator, as users seed diffusers: the latents are drawn on CPU and moved to the device
+    np.testing.assert_allclose(
+        paint(pipe, generator=torch.Generator().manual_seed(4)),
+        paint(cpu_pipe, generator=torch.Generator().manual_seed(4)),
+        rtol=0,
+        atol=tolerance,
+        err_msg=f"pipeline on tpu with a CPU generator, UNet {unet}",
+    )

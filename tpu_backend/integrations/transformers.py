@@ -27,7 +27,9 @@ address. A tpu storage holds no host bytes (`data_ptr()` is 0 for every tensor),
 every weight looked tied to every other and saving failed. We key tpu tensors by the
 storage's identity instead (the key our payload table uses: two tensors alias exactly
 when they share a storage). safetensors itself skips zero-byte storages in its alias
-check and copies non-CPU tensors to the host, so it needs nothing.
+check and copies non-CPU tensors to the host, so it needs nothing. PEFT's adapter
+`save_pretrained` keeps its own copy of the function (`peft.utils.other`): every adapter
+looked aliased there and was cloned on the device before saving; it gets the same key.
 """
 
 from __future__ import annotations
@@ -50,7 +52,13 @@ _UNSUPPORTED_CACHES = {
     "paged": "continuous batching runs paged-attention kernels that have no tpu lowering",
 }
 # Modules holding their own reference to `id_tensor_storage` (`from ... import`).
-_USERS_OF_ID_TENSOR_STORAGE = ("transformers.pytorch_utils", "transformers.modeling_utils")
+_USERS_OF_ID_TENSOR_STORAGE = (
+    "transformers.pytorch_utils",
+    "transformers.modeling_utils",
+    "peft.utils.other",
+    "peft.utils",
+    "peft.peft_model",
+)
 
 
 def _is_tpu(value) -> bool:

@@ -116,7 +116,11 @@ def test_greedy_generation_matches_pytorch_token_for_token(exported):
     _, model, edge = exported
     prompt = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(1))  # two prefill chunks
     new = STEPS - len(prompt)
-    assert generate(edge, prompt, new) == reference_generate(model, prompt, new)
+    got, got_rows = generate(edge, prompt, new, return_logits=True)
+    want, want_rows = reference_generate(model, prompt, new, return_logits=True)
+    assert got == want == generate(edge, prompt, new)
+    errors = [max_relative_error(a, b) for a, b in zip(got_rows, want_rows, strict=True)]
+    assert len(errors) == new and max(errors) <= TOLERANCE, errors
 
 
 def test_sampling_matches_pytorch_with_the_same_seed(exported):
