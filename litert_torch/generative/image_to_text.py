@@ -1,0 +1,420 @@
+"""Image-to-text models (an image encoder, a text decoder attending to it by
+cross-attention) with an explicit KV cache, exact or refused: transformers'
+`VisionEncoderDecoderModel` (ViT / DeiT / BEiT / Swin encoders with GPT-2, BERT,
+RoBERTa, TrOCR or mBART decoders: TrOCR, Donut) and BLIP captioning.
+
+    edge = export_image_to_text(model, cache_len=32)     # encode_image + decode signatures
+    new_ids = generate_image_to_text(edge, pixel_values, 20, decoder_prompt=image_to_text_prompt(model))
+
+These are encoder-decoders whose source is an image, so they reuse the machinery of
+`seq2seq` (the model's own forward, the explicit self-attention cache, the cross cache
+recorded by `encode` and reused by `decode`, `seq2seq_attention`), not `export_vlm`'s:
+a VLM's decoder reads image embeddings as prompt tokens in `prefill`, these read them
+through cross-attention at every step. Signatures (one file, shared weights):
+
+    encode_image(pixel_values float32[1, 3, H, W])
+      -> cross_kv_0 ... cross_kv_{2L-1}          float32[1, heads, image_tokens, head_dim]
+    decode(tokens int32[1, 1], input_pos int32[1], kv_cache_0 ... kv_cache_{2L-1},
+           cross_kv_0 ... cross_kv_{2L-1})
+      -> (logits float32[1, 1, vocab], kv_cache_0 ... kv_cache_{2L-1})
+
+`encode_image` is the vision encoder, the encoder-to-decoder projection where the model
+has one, and every decoder layer's cross-attention key/value projections: computed once
+per image. No mask is needed: every image token is real.
+
+Decoders that compute attention themselves (TrOCR's and BLIP's, not through transformers'
+`AttentionInterface`) run with their attention module's forward swapped for one that
+projects as theirs does and then calls `seq2seq_attention` (`_OWN_FORWARDS`).
+
+`verify_image_to_text` (on by default in `export_image_to_text`) runs `encode_image` and
+`decode` steps in PyTorch against the model's own forward on the whole decoder sequence
+and refuses the export above 1e-4 (max relative error of the logits at any step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+from torch import nn
+
+from converter.pipeline import cpu_view
+from litert_torch.edge_model import EdgeModel
+from litert_torch.generative.generate import _sampler
+from litert_torch.generative.seq2seq import (
+    CachedSeq2SeqLM,
+    Seq2SeqSession,
+    _CallState,
+    _cross_cache,
+    _Decode,
+    _decoder_prompt,
+    _self_cache,
+    _source_bias,
+    generate_in_session,
+)
+from litert_torch.generative.transformers_lm import UnsupportedModelError
+from litert_torch.signatures import signature
+
+TOLERANCE = 1e-4
+
+# Image-to-text families: the decoder that reads the image, as the model's forward is called.
+FAMILIES = ("VisionEncoderDecoderModel", "BlipForConditionalGeneration")
+
+
+def _name(model: nn.Module) -> str:
+    return type(model).__name__
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    return model.text_decoder if _name(model) == "BlipForConditionalGeneration" else model.decoder
+
+
+def _layer_count(decoder_config) -> int:
+    for key in ("decoder_layers", "num_decoder_layers", "n_layer", "num_hidden_layers"):
+        if getattr(decoder_config, key, None):
+            return int(getattr(decoder_config, key))
+    raise UnsupportedModelError(f"{type(decoder_config).__name__}: no decoder layer count in the decoder's config")
+
+
+def check_image_to_text(model: nn.Module) -> None:
+    """Refuse, by name and reason, what the image-to-text adapter does not reproduce."""
+    name = _name(model)
+    if name not in FAMILIES:
+        raise UnsupportedModelError(
+            f"{name}: not an image-to-text encoder-decoder (supported: {', '.join(FAMILIES)}); "
+            "vision-language models that read image embeddings as prompt tokens go through export_vlm"
+        )
+
+
+def image_to_text_prompt(model: nn.Module) -> list[int]:
+    """The decoder prompt transformers' `generate` starts from for a bare image: the
+    `decoder_start_token_id` (VisionEncoderDecoderModel) or BLIP's `[bos]`."""
+    if _name(model) == "BlipForConditionalGeneration":
+        return [int(model.decoder_input_ids)]
+    start = model.config.decoder_start_token_id
+    if start is None:
+        raise ValueError(f"{_name(model)}: config.decoder_start_token_id is not set; pass decoder_prompt=[...]")
+    return [int(start)]
+
+
+class CachedImageToText(CachedSeq2SeqLM):
+    """An image-to-text model as two forwards, `encode` (pixel values -> cross cache) and
+    `decode` (see the module docstring). `cache_len`: decoder tokens."""
+
+    def __init__(self, model: nn.Module, cache_len: int):
+        nn.Module.__init__(self)
+        check_image_to_text(model)
+        self.model, self.cache_len, self.audio = model, int(cache_len), False
+        if self.cache_len < 1:
+            raise ValueError(f"cache_len must be positive, got {cache_len}")
+        decoder_config = _decoder(model).config
+        limit = getattr(decoder_config, "max_position_embeddings", None) or getattr(decoder_config, "n_positions", None)
+        if limit is not None and self.cache_len > limit:
+            raise ValueError(f"cache_len ({cache_len}) exceeds the decoder's position table ({limit} positions)")
+        self.source_shape = self.image_shape(model)
+        vision = model.config.encoder if hasattr(model.config, "encoder") else model.config.vision_config
+        self.encoder_width = vision.hidden_size
+        self.n_layers = _layer_count(decoder_config)
+        self._cache_arg = "cache"
+        self.encoder_len = 1  # the probe's placeholder; the cross cache's shape says the real one
+        self.self_shapes, self.cross_shapes = self._probe_shapes()
+        self.encoder_len = self.cross_shapes[0][2]
+
+    @staticmethod
+    def image_shape(model: nn.Module) -> tuple[int, int, int, int]:
+        """(1, channels, height, width): the image size of the vision encoder's config."""
+        vision = model.config.encoder if hasattr(model.config, "encoder") else model.config.vision_config
+        size = vision.image_size if isinstance(vision.image_size, (list, tuple)) else (vision.image_size,) * 2
+        return (1, getattr(vision, "num_channels", 3), *size)
+
+    def sample_source(self) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(self.source_shape),)
+
+    def _call(self, state: _CallState, tokens, source, encoder_states):
+        """The model's own forward on decoder `tokens`, from `source` (the pixel values) or,
+        when `encoder_states` (a placeholder) is given, from the cached cross keys."""
+        from litert_torch.generative.seq2seq import _attention_through_litert, _encoder_decoder_cache
+
+        cache = _encoder_decoder_cache(state.self_cache, state.cross)
+        with _attention_through_litert(_decoder(self.model), state), _own_forwards(_decoder(self.model)):
+            if _name(self.model) == "BlipForConditionalGeneration":
+                if encoder_states is None:
+                    encoder_states = self.model.vision_model(pixel_values=source[0])[0]
+                out = self.model.text_decoder(
+                    input_ids=tokens, encoder_hidden_states=encoder_states, cache=cache, use_cache=True
+                )
+            else:
+                kwargs = {"cache": cache, "decoder_input_ids": tokens, "use_cache": True}
+                if encoder_states is None:
+                    kwargs["pixel_values"] = source[0]
+                else:
+                    kwargs["encoder_outputs"] = (encoder_states,)
+                out = self.model(**kwargs)
+        return out.logits
+
+    def encode(self, pixel_values) -> tuple[torch.Tensor, ...]:
+        """pixel_values (1, 3, H, W) -> every decoder layer's cross keys/values."""
+        positions = torch.zeros(1, dtype=torch.int32)
+        self_cache = _self_cache(
+            [torch.zeros(s[:2] + (1,) + s[3:]) for s in self.self_shapes], positions, 1, self.n_layers
+        )
+        cross = _cross_cache(self.n_layers, None)
+        state = _CallState("encode", self_cache, cross, None)
+        self._call(state, torch.zeros(1, 1, dtype=torch.int32), (pixel_values,), encoder_states=None)
+        self._check_attended(state, "encode")
+        return tuple(t for i in range(self.n_layers) for t in cross.recorded[i])
+
+    def decode(self, tokens, input_pos, kv_cache, cross_kv, source_mask=None):
+        """-> (logits of the last token (1, 1, vocab), *updated self cache)."""
+        self_cache = _self_cache(kv_cache, input_pos, self.cache_len, self.n_layers)
+        cross = _cross_cache(self.n_layers, list(cross_kv))
+        state = _CallState("decode", self_cache, cross, _source_bias(None, self.encoder_len, tokens.device))
+        # the decoder runs cross-attention only when given encoder states; their keys come from the cache
+        placeholder = torch.zeros((), device=tokens.device).expand(1, self.encoder_len, self.encoder_width)
+        logits = self._call(state, tokens, None, encoder_states=placeholder)
+        self._check_attended(state, "decode")
+        return (logits[:, -1:], *self_cache.tensors)
+
+    def _check_attended(self, state: _CallState, phase: str):
+        state.attended["encoder"].add(None)  # an image has no padding: the encoder needs no mask
+        super()._check_attended(state, phase)
+
+
+# ---- decoders that compute attention themselves ------------------------------------------
+
+
+def _project_and_attend(module, hidden, kv_states, cache, q_proj, k_proj, v_proj, heads, scaling):
+    """q/k/v projections with the cross keys reused from an updated EncoderDecoderCache, as
+    transformers' own attention modules do; -> (B, T, H * D) before the output projection."""
+    from transformers import EncoderDecoderCache
+
+    from litert_torch.generative.seq2seq import seq2seq_attention
+
+    batch, tokens, _ = hidden.shape
+    is_cross = kv_states is not None
+    layer = module.layer_idx
+    sub = cache
+    if isinstance(cache, EncoderDecoderCache):
+        sub = cache.cross_attention_cache if is_cross else cache.self_attention_cache
+    query = q_proj(hidden).view(batch, tokens, heads, -1).transpose(1, 2)
+    if is_cross and isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(layer):
+        key, value = sub.layers[layer].keys, sub.layers[layer].values
+    else:
+        source = kv_states if is_cross else hidden
+        key = k_proj(source).view(batch, -1, heads, query.shape[-1]).transpose(1, 2)
+        value = v_proj(source).view(batch, -1, heads, query.shape[-1]).transpose(1, 2)
+        if sub is not None:
+            key, value = sub.update(key, value, layer)
+            if is_cross and isinstance(cache, EncoderDecoderCache):
+                cache.is_updated[layer] = True
+    out, _ = seq2seq_attention(module, query, key, value, None, scaling=scaling)
+    return out.reshape(batch, tokens, -1)
+
+
+def _trocr_forward(self, hidden_states, key_value_states=None, cache=None, attention_mask=None, **kwargs):
+    out = _project_and_attend(
+        self,
+        hidden_states,
+        key_value_states,
+        cache,
+        self.q_proj,
+        self.k_proj,
+        self.v_proj,
+        self.num_heads,
+        self.scaling,
+    )
+    return self.out_proj(out), None
+
+
+def _blip_text_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None, **kwargs):
+    out = _project_and_attend(
+        self,
+        hidden_states,
+        encoder_hidden_states,
+        cache,
+        self.query,
+        self.key,
+        self.value,
+        self.num_attention_heads,
+        self.attention_head_size**-0.5,
+    )
+    return out, None
+
+
+def _trocr_learned_positions(self, input_ids, cache_length=0, position_ids=None):
+    """TrOCR's arange(cache_length, cache_length + T) has a data-dependent size when
+    cache_length is the position input; arange(T) + cache_length is the same numbers."""
+    positions = torch.arange(input_ids.shape[1], device=self.weight.device) + cache_length
+    return nn.Embedding.forward(self, positions[None] + self.offset)
+
+
+# modules whose forward an export cannot take as it is -> a forward that it can: attention
+# computed without transformers' AttentionInterface, positions of a data-dependent length
+_OWN_FORWARDS = {
+    "TrOCRAttention": _trocr_forward,
+    "BlipTextSelfAttention": _blip_text_forward,
+    "TrOCRLearnedPositionalEmbedding": _trocr_learned_positions,
+}
+
+
+@contextlib.contextmanager
+def _own_forwards(model: nn.Module):
+    swapped = [m for m in model.modules() if type(m).__name__ in _OWN_FORWARDS]
+    for m in swapped:
+        m.forward = _OWN_FORWARDS[type(m).__name__].__get__(m)
+    try:
+        yield
+    finally:
+        for m in swapped:
+            del m.forward
+
+
+# ---- verification, export, generation ------------------------------------------------------
+
+
+def _pixels(pixel_values, shape) -> torch.Tensor:
+    x = (
+        pixel_values.detach().cpu().float()
+        if isinstance(pixel_values, torch.Tensor)
+        else torch.as_tensor(np.asarray(pixel_values, dtype=np.float32))
+    )
+    if x.ndim == len(shape) - 1:
+        x = x[None]
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(
+            f"pixel_values must have shape {tuple(shape)} (one image, channels first), got {tuple(x.shape)}"
+        )
+    return x
+
+
+@torch.no_grad()
+def _reference_logits(model: nn.Module, pixel_values: torch.Tensor, decoder_ids: torch.Tensor) -> torch.Tensor:
+    """The model's own forward (no cache) on the whole decoder sequence: (1, T, vocab)."""
+    if _name(model) == "BlipForConditionalGeneration":
+        image = model.vision_model(pixel_values=pixel_values)[0]
+        return model.text_decoder(input_ids=decoder_ids, encoder_hidden_states=image, use_cache=False).logits
+    return model(pixel_values=pixel_values, decoder_input_ids=decoder_ids, use_cache=False).logits
+
+
+@torch.no_grad()
+def verify_image_to_text(model: nn.Module, cache_len: int, steps: int = 24, tolerance: float = TOLERANCE) -> float:
+    """Encode a random image and decode `steps` random tokens through the explicit caches in
+    PyTorch against the model's own forward: max relative error of the logits at every step
+    (raises UnsupportedModelError above `tolerance`)."""
+    from runtimes.litert import max_relative_error
+
+    lm = model if isinstance(model, CachedImageToText) else CachedImageToText(cpu_view(model), cache_len)
+    gen = torch.Generator().manual_seed(0)
+    total = min(steps, lm.cache_len)
+    decoder_ids = torch.randint(0, _decoder(lm.model).config.vocab_size, (1, total), generator=gen)
+    pixels = torch.randn(lm.source_shape, generator=gen)
+    expected = _reference_logits(lm.model, pixels, decoder_ids)
+    cross, cache, got = lm.encode(pixels), lm.empty_cache(), []
+    for pos in range(total):
+        logits, *cache = lm.decode(
+            decoder_ids[:, pos : pos + 1].int(), torch.tensor([pos], dtype=torch.int32), cache, cross
+        )
+        got.append(logits)
+    error = max_relative_error(torch.cat(got, dim=1).numpy(), expected.float().numpy())
+    if not error <= tolerance:
+        raise UnsupportedModelError(
+            f"{_name(lm.model)}: the cached image-to-text model's logits differ from the model's own forward by "
+            f"{error:.3g} (max relative, over {total} decoder steps); refusing to export a different model"
+        )
+    return error
+
+
+class _EncodeImage(nn.Module):
+    def __init__(self, lm: CachedImageToText):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, pixel_values):
+        return self.lm.encode(pixel_values)
+
+
+def export_image_to_text(model: nn.Module, *, cache_len: int = 64, verify: bool = True, **convert_options) -> EdgeModel:
+    """Convert an image-to-text model into a LiteRT model with `encode_image` and `decode`
+    signatures sharing its weights (see the module docstring). `cache_len`: the most decoder
+    tokens (prompt + generated). `verify`: check the cached model against the model's own
+    forward in PyTorch first (refuses on a difference). `convert_options` go to `convert`."""
+    model = cpu_view(model)
+    lm = CachedImageToText(model, cache_len)
+    if verify:
+        verify_image_to_text(lm, cache_len, steps=min(24, cache_len))
+    n = 2 * lm.n_layers
+    cross_names = [f"cross_kv_{i}" for i in range(n)]
+    builder = signature("encode_image", _EncodeImage(lm), lm.sample_source(), output_names=cross_names)
+    cross = [torch.zeros(s) for s in lm.cross_shapes]
+    decode_args = (torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), lm.empty_cache(), cross)
+    names = ["logits"] + [f"kv_cache_{i}" for i in range(n)]
+    return builder.signature("decode", _Decode(lm), decode_args, output_names=names).convert(**convert_options)
+
+
+class ImageToTextSession(Seq2SeqSession):
+    """One image in LiteRT: `encode_image` runs once when made; `step(token)` runs `decode`."""
+
+    def __init__(self, edge_model: EdgeModel, pixel_values):
+        self.runtime = runtime = edge_model.runtime
+        encode, decode = runtime.signature("encode_image"), runtime.signature("decode")
+        caches = [spec for spec in decode.inputs if spec.name.startswith("kv_cache")]
+        self.cache_len = caches[0].shape[2]
+        self.cache = [np.zeros(spec.shape, spec.dtype) for spec in caches]
+        self.vocab = decode.outputs[0].shape[-1]
+        self.mask = []
+        self.cross = runtime.run([_pixels(pixel_values, encode.inputs[0].shape).numpy()], "encode_image")
+        self.position = 0
+
+
+def generate_image_to_text(
+    edge_model: EdgeModel,
+    pixel_values,
+    max_new_tokens: int,
+    *,
+    decoder_prompt,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_tokens=(),
+    return_logits: bool = False,
+):
+    """Generate with a model from `export_image_to_text`, in LiteRT: `encode_image` once,
+    then `decode` once per decoder prompt token and per new token (arguments and result as
+    `generate_seq2seq`'s)."""
+    session = ImageToTextSession(edge_model, pixel_values)
+    sampler = _sampler(temperature, top_k, top_p, seed)
+    return generate_in_session(
+        session, _decoder_prompt(decoder_prompt), max_new_tokens, sampler, stop_tokens, return_logits
+    )
+
+
+@torch.no_grad()
+def reference_generate_image_to_text(
+    model: nn.Module,
+    pixel_values,
+    max_new_tokens: int,
+    *,
+    decoder_prompt,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_tokens=(),
+    return_logits: bool = False,
+):
+    """The same generation in PyTorch with the model's own forward and no decoder cache
+    (the whole decoder sequence every step), with the same sampler: the reference that
+    `generate_image_to_text` must match token for token."""
+    sampler = _sampler(temperature, top_k, top_p, seed)
+    pixels = _pixels(pixel_values, (1, *np.asarray(pixel_values).shape[-3:]))
+    ids = torch.tensor([_decoder_prompt(decoder_prompt)])
+    stop, rng, out, rows = {int(t) for t in stop_tokens}, sampler.rng(), [], []
+    for _ in range(max_new_tokens):
+        rows.append(_reference_logits(model, pixels, ids)[0, -1].float().numpy())
+        out.append(sampler(rows[-1], rng))
+        if out[-1] in stop:
+            break
+        ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
+    return (out, rows) if return_logits else out

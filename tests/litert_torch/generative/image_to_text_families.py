@@ -1,0 +1,156 @@
+"""Tiny random-weight image-to-text models from transformers configs, one builder per
+family (shared by the tests and `benchmarks`): 16x16 images (Swin: 32x32), decoders of
+two layers, a vocabulary of 96, weights drawn larger than the init's (std 0.3 for
+matrices) so that greedy generation does not repeat one token."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+VOCAB = 96
+CACHE = 24
+IMAGE = 16
+
+
+def _quiet(build):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build()
+
+
+def _spread(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    return model.eval()
+
+
+def _vit(t, kind="vit"):
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    if kind == "vit":
+        return t.ViTConfig(image_size=IMAGE, patch_size=8, **common)
+    if kind == "deit":
+        return t.DeiTConfig(image_size=IMAGE, patch_size=8, **common)
+    if kind == "beit":
+        return t.BeitConfig(image_size=IMAGE, patch_size=8, use_relative_position_bias=True, **common)
+    if kind == "swin":
+        return t.SwinConfig(
+            image_size=2 * IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4
+        )
+    raise KeyError(kind)
+
+
+def _decoder(t, kind):
+    if kind == "gpt2":
+        return t.GPT2Config(
+            n_embd=48, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2
+        )
+    if kind == "trocr":
+        return t.TrOCRConfig(
+            d_model=32,
+            decoder_layers=2,
+            decoder_attention_heads=2,
+            decoder_ffn_dim=64,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            bos_token_id=0,
+            pad_token_id=1,
+            eos_token_id=2,
+        )
+    small = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+    )
+    if kind == "bert":
+        return t.BertConfig(**small)
+    if kind == "roberta":
+        return t.RobertaConfig(**small, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    if kind == "mbart":
+        return t.MBartConfig(
+            d_model=32,
+            decoder_layers=2,
+            encoder_layers=2,
+            decoder_attention_heads=2,
+            encoder_attention_heads=2,
+            decoder_ffn_dim=64,
+            encoder_ffn_dim=64,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            is_decoder=True,
+            add_cross_attention=True,
+        )
+    raise KeyError(kind)
+
+
+PAIRS = {  # family -> (encoder, decoder)
+    "vit + gpt2": ("vit", "gpt2"),
+    "trocr (vit + trocr)": ("vit", "trocr"),
+    "donut (swin + mbart)": ("swin", "mbart"),
+    "deit + bert": ("deit", "bert"),
+    "beit + roberta": ("beit", "roberta"),
+    "deit + roberta": ("deit", "roberta"),
+}
+FAMILIES = (*PAIRS, "blip")
+
+
+def vision_encoder_decoder(encoder: str, decoder: str):
+    import transformers as t
+
+    torch.manual_seed(0)
+    config = _quiet(
+        lambda: t.VisionEncoderDecoderConfig.from_encoder_decoder_configs(
+            _vit(t, encoder), _decoder(t, decoder), decoder_start_token_id=0, pad_token_id=1
+        )
+    )
+    return _spread(_quiet(lambda: t.VisionEncoderDecoderModel(config)))
+
+
+def blip():
+    import transformers as t
+
+    torch.manual_seed(0)
+    config = t.BlipConfig(
+        vision_config=dict(
+            image_size=IMAGE,
+            patch_size=8,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+        ),
+        text_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            encoder_hidden_size=32,
+            bos_token_id=3,
+            pad_token_id=0,
+            sep_token_id=2,
+            eos_token_id=2,
+        ),
+        projection_dim=32,
+    )
+    return _spread(_quiet(lambda: t.BlipForConditionalGeneration(config)))
+
+
+def build(family: str):
+    if family == "blip":
+        return blip()
+    return vision_encoder_decoder(*PAIRS[family])
+
+
+def image_for(model, seed: int = 0) -> torch.Tensor:
+    from litert_torch.generative.image_to_text import CachedImageToText
+
+    shape = CachedImageToText.image_shape(model)
+    return torch.randn(shape[1:], generator=torch.Generator().manual_seed(seed))
