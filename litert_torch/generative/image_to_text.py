@@ -82,8 +82,9 @@ def check_image_to_text(model: nn.Module) -> None:
     name = _name(model)
     if name not in FAMILIES:
         raise UnsupportedModelError(
-            f"{name}: not an image-to-text encoder-decoder (supported: {', '.join(FAMILIES)}); "
-            "vision-language models that read image embeddings as prompt tokens go through export_vlm"
+            f"{name}: not an image-to-text model (supported: {', '.join(FAMILIES)}); text encoder-decoders go "
+            "through export_seq2seq, vision-language models that read image embeddings as prompt tokens through "
+            "export_vlm"
         )
 
 
