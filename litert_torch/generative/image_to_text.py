@@ -59,7 +59,7 @@ from litert_torch.signatures import signature
 TOLERANCE = 1e-4
 
 # Image-to-text families: the decoder that reads the image, as the model's forward is called.
-FAMILIES = ("VisionEncoderDecoderModel", "BlipForConditionalGeneration")
+FAMILIES = ("VisionEncoderDecoderModel", "BlipForConditionalGeneration", "GitForCausalLM")
 
 
 def _name(model: nn.Module) -> str:
@@ -67,7 +67,11 @@ def _name(model: nn.Module) -> str:
 
 
 def _decoder(model: nn.Module) -> nn.Module:
-    return model.text_decoder if _name(model) == "BlipForConditionalGeneration" else model.decoder
+    """The module holding the text decoder's config (GIT: the whole model)."""
+    name = _name(model)
+    if name == "BlipForConditionalGeneration":
+        return model.text_decoder
+    return model if name == "GitForCausalLM" else model.decoder
 
 
 def _layer_count(decoder_config) -> int:
@@ -93,6 +97,8 @@ def image_to_text_prompt(model: nn.Module) -> list[int]:
     `decoder_start_token_id` (VisionEncoderDecoderModel) or BLIP's `[bos]`."""
     if _name(model) == "BlipForConditionalGeneration":
         return [int(model.decoder_input_ids)]
+    if _name(model) == "GitForCausalLM":
+        return [int(model.config.bos_token_id)]
     start = model.config.decoder_start_token_id
     if start is None:
         raise ValueError(f"{_name(model)}: config.decoder_start_token_id is not set; pass decoder_prompt=[...]")
@@ -182,6 +188,107 @@ class CachedImageToText(CachedSeq2SeqLM):
         super()._check_attended(state, phase)
 
 
+# ---- GIT: image tokens as a prefix of one causal stream --------------------------------
+
+
+class CachedGit(nn.Module):
+    """GIT (`GitForCausalLM`) in the same two signatures. GIT puts the projected image
+    tokens in front of the text in one transformer; they attend to each other both ways
+    and never to the text, so each layer's image keys/values depend on the image alone:
+    `encode` computes them (GIT's own forward on the image and a placeholder token, whose
+    keys are dropped) and `decode` attends over [image keys, self cache] with the image
+    part unmasked. Text positions are the decoder's own (0, 1, ...), as in GIT's forward."""
+
+    def __init__(self, model: nn.Module, cache_len: int):
+        super().__init__()
+        self.model, self.cache_len = model, int(cache_len)
+        cfg = model.config
+        if self.cache_len < 1:
+            raise ValueError(f"cache_len must be positive, got {cache_len}")
+        if self.cache_len > cfg.max_position_embeddings:
+            raise ValueError(
+                f"cache_len ({cache_len}) exceeds the decoder's position table ({cfg.max_position_embeddings} positions)"
+            )
+        if getattr(cfg, "num_image_with_embedding", None):
+            raise UnsupportedModelError(
+                "GitForCausalLM: video (num_image_with_embedding frames with temporal embeddings) is not supported; "
+                "one image per encode_image call is"
+            )
+        self.source_shape = CachedImageToText.image_shape(model)
+        self.n_layers = cfg.num_hidden_layers
+        self.image_tokens = model.git.encoder.layer[0].attention.self.image_patch_tokens
+        heads = cfg.num_attention_heads
+        head_dim = cfg.hidden_size // heads
+        self.self_shapes = [(1, heads, self.cache_len, head_dim)] * (2 * self.n_layers)
+        self.cross_shapes = [(1, heads, self.image_tokens, head_dim)] * (2 * self.n_layers)
+
+    def sample_source(self):
+        return (torch.zeros(self.source_shape),)
+
+    def empty_cache(self) -> list[torch.Tensor]:
+        return [torch.zeros(s) for s in self.self_shapes]
+
+    def encode(self, pixel_values) -> tuple[torch.Tensor, ...]:
+        recorded: dict[int, tuple] = {}
+        placeholder = torch.zeros(1, 1, dtype=torch.int32)
+        with _git_attention(self.model, ("encode", recorded, self.image_tokens)):
+            self.model(input_ids=placeholder, pixel_values=pixel_values, use_cache=False)
+        return tuple(t for i in range(self.n_layers) for t in recorded[i])
+
+    def decode(self, tokens, input_pos, kv_cache, cross_kv, source_mask=None):
+        self_cache = _self_cache(kv_cache, input_pos, self.cache_len, self.n_layers)
+        # positions are given; a length of 0 keeps GIT from widening a padding mask (there is none)
+        self_cache.get_seq_length = lambda layer_idx=0: 0
+        with _git_attention(self.model, ("decode", self_cache, list(cross_kv))):
+            logits = self.model(
+                input_ids=tokens, position_ids=input_pos[None].long(), cache=self_cache, use_cache=True
+            ).logits
+        return (logits[:, -1:], *self_cache.tensors)
+
+
+def _git_self_attention(self, hidden_states, attention_mask=None, cache=None, **kwargs):
+    """GitSelfAttention.forward with the image keys of `encode` (see CachedGit)."""
+    import torch.nn.functional as F
+
+    mode = _GIT[-1]
+    batch, tokens, _ = hidden_states.shape
+    shape = (batch, tokens, -1, self.attention_head_size)
+    query, key, value = (proj(hidden_states).view(shape).transpose(1, 2) for proj in (self.query, self.key, self.value))
+    scale = self.attention_head_size**-0.5
+    if mode[0] == "encode":  # GIT's own mask (image block both ways, then causal)
+        _, recorded, image_tokens = mode
+        recorded[self.layer_idx] = (key[:, :, :image_tokens], value[:, :, :image_tokens])
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scale)
+    else:
+        _, self_cache, cross = mode
+        key, value = self_cache.update(key, value, self.layer_idx)
+        image_k, image_v = cross[2 * self.layer_idx], cross[2 * self.layer_idx + 1]
+        mask = self_cache.masks[self.layer_idx]
+        bias = torch.cat([torch.zeros(mask.shape[0], image_k.shape[2], dtype=mask.dtype, device=mask.device), mask], 1)
+        keys, values = torch.cat([image_k, key], 2), torch.cat([image_v, value], 2)
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=bias, scale=scale)
+    return out.transpose(1, 2).reshape(batch, tokens, -1), None
+
+
+_GIT: list = []
+
+
+@contextlib.contextmanager
+def _git_attention(model: nn.Module, mode: tuple):
+    """Run GIT's text transformer with `_git_self_attention` in `mode` ("encode", recorded,
+    image tokens) or ("decode", self cache, image keys/values)."""
+    swapped = [m for m in model.git.encoder.modules() if type(m).__name__ == "GitSelfAttention"]
+    for m in swapped:
+        m.forward = _git_self_attention.__get__(m)
+    _GIT.append(mode)
+    try:
+        yield
+    finally:
+        _GIT.pop()
+        for m in swapped:
+            del m.forward
+
+
 # ---- decoders that compute attention themselves ------------------------------------------
 
 
@@ -250,12 +357,23 @@ def _trocr_learned_positions(self, input_ids, cache_length=0, position_ids=None)
     return nn.Embedding.forward(self, positions[None] + self.offset)
 
 
+def _positions_from_cache_length(self, input_ids=None, *args, cache_length=0, position_ids=None, **kwargs):
+    """BERT's and BLIP's `position_ids[:, cache_length : cache_length + T]` slices by the
+    position input (a data-dependent slice): the same ids as arange(T) + cache_length."""
+    if position_ids is None:
+        tokens = (input_ids if input_ids is not None else kwargs["inputs_embeds"]).shape[1]
+        position_ids = (torch.arange(tokens, device=self.position_ids.device) + cache_length)[None]
+    return type(self).forward(self, input_ids, *args, cache_length=cache_length, position_ids=position_ids, **kwargs)
+
+
 # modules whose forward an export cannot take as it is -> a forward that it can: attention
 # computed without transformers' AttentionInterface, positions of a data-dependent length
 _OWN_FORWARDS = {
     "TrOCRAttention": _trocr_forward,
     "BlipTextSelfAttention": _blip_text_forward,
     "TrOCRLearnedPositionalEmbedding": _trocr_learned_positions,
+    "BertEmbeddings": _positions_from_cache_length,
+    "BlipTextEmbeddings": _positions_from_cache_length,
 }
 
 
@@ -269,6 +387,12 @@ def _own_forwards(model: nn.Module):
     finally:
         for m in swapped:
             del m.forward
+
+
+def cached_image_to_text(model: nn.Module, cache_len: int) -> nn.Module:
+    """The two-signature adapter of `model`: CachedGit for GIT, else CachedImageToText."""
+    check_image_to_text(model)
+    return CachedGit(model, cache_len) if _name(model) == "GitForCausalLM" else CachedImageToText(model, cache_len)
 
 
 # ---- verification, export, generation ------------------------------------------------------
@@ -292,6 +416,9 @@ def _pixels(pixel_values, shape) -> torch.Tensor:
 @torch.no_grad()
 def _reference_logits(model: nn.Module, pixel_values: torch.Tensor, decoder_ids: torch.Tensor) -> torch.Tensor:
     """The model's own forward (no cache) on the whole decoder sequence: (1, T, vocab)."""
+    if _name(model) == "GitForCausalLM":
+        logits = model(pixel_values=pixel_values, input_ids=decoder_ids, use_cache=False).logits
+        return logits[:, -decoder_ids.shape[1] :]
     if _name(model) == "BlipForConditionalGeneration":
         image = model.vision_model(pixel_values=pixel_values)[0]
         return model.text_decoder(input_ids=decoder_ids, encoder_hidden_states=image, use_cache=False).logits
@@ -305,7 +432,9 @@ def verify_image_to_text(model: nn.Module, cache_len: int, steps: int = 24, tole
     (raises UnsupportedModelError above `tolerance`)."""
     from runtimes.litert import max_relative_error
 
-    lm = model if isinstance(model, CachedImageToText) else CachedImageToText(cpu_view(model), cache_len)
+    lm = (
+        model if isinstance(model, (CachedImageToText, CachedGit)) else cached_image_to_text(cpu_view(model), cache_len)
+    )
     gen = torch.Generator().manual_seed(0)
     total = min(steps, lm.cache_len)
     decoder_ids = torch.randint(0, _decoder(lm.model).config.vocab_size, (1, total), generator=gen)
@@ -341,7 +470,7 @@ def export_image_to_text(model: nn.Module, *, cache_len: int = 64, verify: bool 
     tokens (prompt + generated). `verify`: check the cached model against the model's own
     forward in PyTorch first (refuses on a difference). `convert_options` go to `convert`."""
     model = cpu_view(model)
-    lm = CachedImageToText(model, cache_len)
+    lm = cached_image_to_text(model, cache_len)
     if verify:
         verify_image_to_text(lm, cache_len, steps=min(24, cache_len))
     n = 2 * lm.n_layers

@@ -97,7 +97,7 @@ PAIRS = {  # family -> (encoder, decoder)
     "beit + roberta": ("beit", "roberta"),
     "deit + roberta": ("deit", "roberta"),
 }
-FAMILIES = (*PAIRS, "blip")
+FAMILIES = (*PAIRS, "blip", "git")
 
 
 def vision_encoder_decoder(encoder: str, decoder: str):
@@ -144,8 +144,8 @@ def blip():
 
 
 def build(family: str):
-    if family == "blip":
-        return blip()
+    if family in ("blip", "git"):
+        return blip() if family == "blip" else git()
     return vision_encoder_decoder(*PAIRS[family])
 
 
@@ -154,3 +154,29 @@ def image_for(model, seed: int = 0) -> torch.Tensor:
 
     shape = CachedImageToText.image_shape(model)
     return torch.randn(shape[1:], generator=torch.Generator().manual_seed(seed))
+
+
+def git():
+    import transformers as t
+
+    torch.manual_seed(0)
+    config = t.GitConfig(
+        vision_config=dict(
+            image_size=IMAGE,
+            patch_size=8,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+        ),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        bos_token_id=3,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return _spread(_quiet(lambda: t.GitForCausalLM(config)))
