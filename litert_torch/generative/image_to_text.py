@@ -81,9 +81,44 @@ def _layer_count(decoder_config) -> int:
     raise UnsupportedModelError(f"{type(decoder_config).__name__}: no decoder layer count in the decoder's config")
 
 
+# Image-to-text families refused by name, with the reason and what would be needed.
+REFUSED = {
+    "Blip2ForConditionalGeneration": (
+        "BLIP-2 reads its Q-Former's query embeddings as prompt tokens of a decoder-only LM (OPT) or a T5 encoder, "
+        "not by cross-attention from the decoder: the export_vlm shape, which would need BLIP-2 in its families "
+        "(the Q-Former in encode_image)"
+    ),
+    "InstructBlipForConditionalGeneration": (
+        "InstructBLIP's Q-Former reads the text prompt too, and its query embeddings are prompt tokens of an LM: "
+        "encode_image would need the prompt as an input and the LM an export_vlm prefill"
+    ),
+    "Florence2ForConditionalGeneration": (
+        "Florence-2's BART encoder reads the image tokens and the task prompt together: encode_image would need "
+        "the padded task prompt and its mask as inputs (the export_seq2seq text source next to the pixels)"
+    ),
+    "Pix2StructForConditionalGeneration": (
+        "Pix2Struct takes a variable number of flattened patches (aspect-ratio preserving), not a fixed image size"
+    ),
+}
+
+
+def redirect_image_to_text(model: nn.Module, api: str) -> None:
+    """Raise, in `api`, the refusal that sends an image-to-text model to export_image_to_text."""
+    name = _name(model)
+    if name in FAMILIES:
+        raise UnsupportedModelError(
+            f"{name}: an image encoder with a text decoder reading it (image-to-text): {api} does not take it; "
+            "export it with export_image_to_text (encode_image + decode with self and cross caches)"
+        )
+    if name in REFUSED:
+        raise UnsupportedModelError(f"{name}: {REFUSED[name]}")
+
+
 def check_image_to_text(model: nn.Module) -> None:
     """Refuse, by name and reason, what the image-to-text adapter does not reproduce."""
     name = _name(model)
+    if name in REFUSED:
+        raise UnsupportedModelError(f"{name}: {REFUSED[name]}")
     if name not in FAMILIES:
         raise UnsupportedModelError(
             f"{name}: not an image-to-text model (supported: {', '.join(FAMILIES)}); text encoder-decoders go "

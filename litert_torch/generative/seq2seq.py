@@ -448,6 +448,9 @@ class _Decode(nn.Module):
 
 def check_supported(model: nn.Module) -> None:
     """Refuse, by name, what the encoder-decoder adapter does not reproduce."""
+    from litert_torch.generative.image_to_text import redirect_image_to_text
+
+    redirect_image_to_text(model, "export_seq2seq")
     name = _name(model)
     cfg = getattr(model, "config", None)
     if cfg is None or not getattr(cfg, "is_encoder_decoder", False):

@@ -128,3 +128,25 @@ def test_a_model_of_another_shape_is_refused_with_where_it_goes():
 
     with pytest.raises(UnsupportedModelError, match="not an image-to-text model.*export_seq2seq"):
         export_image_to_text(build_seq2seq("bart"))
+
+
+@pytest.mark.parametrize("api", ["export_vlm", "export_seq2seq"])
+@pytest.mark.parametrize("family", ["vit + gpt2", "blip"])
+def test_the_other_exporters_send_image_to_text_models_here(api, family):
+    import litert_torch.generative as generative
+
+    with pytest.raises(UnsupportedModelError, match=f"image-to-text.*{api} does not take it.*export_image_to_text"):
+        getattr(generative, api)(build(family), cache_len=CACHE)
+
+
+def test_blip2_is_refused_with_the_reason_and_what_would_be_needed():
+    import transformers as t
+
+    config = t.Blip2Config(
+        vision_config=dict(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2),
+        qformer_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+        text_config=dict(model_type="opt", hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64),
+        num_query_tokens=4,
+    )
+    with pytest.raises(UnsupportedModelError, match="Q-Former's query embeddings as prompt tokens.*export_vlm"):
+        export_image_to_text(t.Blip2ForConditionalGeneration(config).eval())
