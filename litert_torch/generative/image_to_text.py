@@ -51,6 +51,7 @@ from litert_torch.generative.seq2seq import (
     _decoder_prompt,
     _self_cache,
     _source_bias,
+    _text_source,
     generate_in_session,
 )
 from litert_torch.generative.transformers_lm import UnsupportedModelError
@@ -59,7 +60,12 @@ from litert_torch.signatures import signature
 TOLERANCE = 1e-4
 
 # Image-to-text families: the decoder that reads the image, as the model's forward is called.
-FAMILIES = ("VisionEncoderDecoderModel", "BlipForConditionalGeneration", "GitForCausalLM")
+FAMILIES = (
+    "VisionEncoderDecoderModel",
+    "BlipForConditionalGeneration",
+    "GitForCausalLM",
+    "Florence2ForConditionalGeneration",
+)
 
 
 def _name(model: nn.Module) -> str:
@@ -71,6 +77,8 @@ def _decoder(model: nn.Module) -> nn.Module:
     name = _name(model)
     if name == "BlipForConditionalGeneration":
         return model.text_decoder
+    if name == "Florence2ForConditionalGeneration":  # BART: its encoder reads the image tokens and the prompt
+        return model.model.language_model
     return model if name == "GitForCausalLM" else model.decoder
 
 
@@ -91,10 +99,6 @@ REFUSED = {
     "InstructBlipForConditionalGeneration": (
         "InstructBLIP's Q-Former reads the text prompt too, and its query embeddings are prompt tokens of an LM: "
         "encode_image would need the prompt as an input and the LM an export_vlm prefill"
-    ),
-    "Florence2ForConditionalGeneration": (
-        "Florence-2's BART encoder reads the image tokens and the task prompt together: encode_image would need "
-        "the padded task prompt and its mask as inputs (the export_seq2seq text source next to the pixels)"
     ),
     "Pix2StructForConditionalGeneration": (
         "Pix2Struct takes a variable number of flattened patches (aspect-ratio preserving), not a fixed image size"
@@ -134,7 +138,9 @@ def image_to_text_prompt(model: nn.Module) -> list[int]:
         return [int(model.decoder_input_ids)]
     if _name(model) == "GitForCausalLM":
         return [int(model.config.bos_token_id)]
-    start = model.config.decoder_start_token_id
+    start = getattr(model.config, "decoder_start_token_id", None)
+    if start is None and _name(model) == "Florence2ForConditionalGeneration":
+        start = model.config.text_config.decoder_start_token_id
     if start is None:
         raise ValueError(f"{_name(model)}: config.decoder_start_token_id is not set; pass decoder_prompt=[...]")
     return [int(start)]
@@ -144,7 +150,7 @@ class CachedImageToText(CachedSeq2SeqLM):
     """An image-to-text model as two forwards, `encode` (pixel values -> cross cache) and
     `decode` (see the module docstring). `cache_len`: decoder tokens."""
 
-    def __init__(self, model: nn.Module, cache_len: int):
+    def __init__(self, model: nn.Module, cache_len: int, image_size=None, prompt_len: int | None = None):
         nn.Module.__init__(self)
         check_image_to_text(model)
         self.model, self.cache_len, self.audio = model, int(cache_len), False
@@ -154,9 +160,21 @@ class CachedImageToText(CachedSeq2SeqLM):
         limit = getattr(decoder_config, "max_position_embeddings", None) or getattr(decoder_config, "n_positions", None)
         if limit is not None and self.cache_len > limit:
             raise ValueError(f"cache_len ({cache_len}) exceeds the decoder's position table ({limit} positions)")
-        self.source_shape = self.image_shape(model)
-        vision = model.config.encoder if hasattr(model.config, "encoder") else model.config.vision_config
-        self.encoder_width = vision.hidden_size
+        self.source_shape = self.image_shape(model, image_size)
+        self.prompted = _name(model) == "Florence2ForConditionalGeneration"
+        self.prompt_len = self.image_tokens = 0
+        if self.prompted:  # the encoder's input: the image tokens, then the (padded) task prompt
+            if prompt_len is None or int(prompt_len) < 1:
+                raise ValueError(f"{_name(model)}: pass prompt_len, the padded length of the task prompt")
+            self.prompt_len = int(prompt_len)
+            with torch.no_grad():
+                self.image_tokens = model.model.get_image_features(torch.zeros(self.source_shape)).pooler_output.shape[
+                    1
+                ]
+            self.encoder_width = decoder_config.d_model
+        else:
+            vision = model.config.encoder if hasattr(model.config, "encoder") else model.config.vision_config
+            self.encoder_width = vision.hidden_size
         self.n_layers = _layer_count(decoder_config)
         self._cache_arg = "cache"
         self.encoder_len = 1  # the probe's placeholder; the cross cache's shape says the real one
@@ -164,18 +182,35 @@ class CachedImageToText(CachedSeq2SeqLM):
         self.encoder_len = self.cross_shapes[0][2]
 
     @staticmethod
-    def image_shape(model: nn.Module) -> tuple[int, int, int, int]:
-        """(1, channels, height, width): the image size of the vision encoder's config."""
+    def image_shape(model: nn.Module, image_size=None) -> tuple[int, int, int, int]:
+        """(1, channels, height, width): `image_size` (an int or (height, width)), else the
+        vision encoder config's image size (a convolutional tower without one needs it)."""
         vision = model.config.encoder if hasattr(model.config, "encoder") else model.config.vision_config
-        size = vision.image_size if isinstance(vision.image_size, (list, tuple)) else (vision.image_size,) * 2
-        return (1, getattr(vision, "num_channels", 3), *size)
+        size = image_size if image_size is not None else getattr(vision, "image_size", None)
+        if size is None:
+            raise ValueError(f"{_name(model)}: its vision config has no image size; pass image_size=(height, width)")
+        size = tuple(size) if isinstance(size, (list, tuple)) else (int(size),) * 2
+        return (1, getattr(vision, "num_channels", None) or getattr(vision, "in_channels", 3), *size)
 
     def sample_source(self) -> tuple[torch.Tensor, ...]:
+        if self.prompted:
+            prompt = torch.zeros(1, self.prompt_len, dtype=torch.int32)
+            return torch.zeros(self.source_shape), prompt, torch.ones_like(prompt)
         return (torch.zeros(self.source_shape),)
+
+    def _encoder_bias(self, prompt_mask) -> torch.Tensor | None:
+        """The additive mask over the encoder's tokens: none for an image alone; for
+        Florence-2, the image tokens (all real) then the prompt's padding mask."""
+        if not self.prompted:
+            return None
+        image = torch.ones(1, self.image_tokens, dtype=prompt_mask.dtype, device=prompt_mask.device)
+        return _source_bias(torch.cat([image, prompt_mask], 1), self.encoder_len, prompt_mask.device)
 
     def _call(self, state: _CallState, tokens, source, encoder_states):
         """The model's own forward on decoder `tokens`, from `source` (the pixel values) or,
         when `encoder_states` (a placeholder) is given, from the cached cross keys."""
+        from transformers.modeling_outputs import BaseModelOutput
+
         from litert_torch.generative.seq2seq import _attention_through_litert, _encoder_decoder_cache
 
         cache = _encoder_decoder_cache(state.self_cache, state.cross)
@@ -188,22 +223,32 @@ class CachedImageToText(CachedSeq2SeqLM):
                 )
             else:
                 kwargs = {"cache": cache, "decoder_input_ids": tokens, "use_cache": True}
-                if encoder_states is None:
+                if encoder_states is None and self.prompted:  # the processor's layout: image tokens first
+                    pixels, prompt, mask = source
+                    image = self.model.model.get_image_features(pixels).pooler_output
+                    embeds = self.model.get_input_embeddings()(prompt)
+                    kwargs["inputs_embeds"] = torch.cat([image.to(embeds.dtype), embeds], 1)
+                    kwargs["attention_mask"] = torch.cat(
+                        [torch.ones_like(mask[:, :1]).expand(1, image.shape[1]), mask], 1
+                    )
+                elif encoder_states is None:
                     kwargs["pixel_values"] = source[0]
                 else:
-                    kwargs["encoder_outputs"] = (encoder_states,)
+                    kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_states)
                 out = self.model(**kwargs)
         return out.logits
 
-    def encode(self, pixel_values) -> tuple[torch.Tensor, ...]:
-        """pixel_values (1, 3, H, W) -> every decoder layer's cross keys/values."""
+    def encode(self, pixel_values, prompt=None, prompt_mask=None) -> tuple[torch.Tensor, ...]:
+        """pixel_values (1, 3, H, W)[, Florence-2's prompt and its mask (1, P)] -> every
+        decoder layer's cross keys/values."""
         positions = torch.zeros(1, dtype=torch.int32)
         self_cache = _self_cache(
             [torch.zeros(s[:2] + (1,) + s[3:]) for s in self.self_shapes], positions, 1, self.n_layers
         )
         cross = _cross_cache(self.n_layers, None)
-        state = _CallState("encode", self_cache, cross, None)
-        self._call(state, torch.zeros(1, 1, dtype=torch.int32), (pixel_values,), encoder_states=None)
+        state = _CallState("encode", self_cache, cross, self._encoder_bias(prompt_mask))
+        source = (pixel_values, prompt, prompt_mask) if self.prompted else (pixel_values,)
+        self._call(state, torch.zeros(1, 1, dtype=torch.int32), source, encoder_states=None)
         self._check_attended(state, "encode")
         return tuple(t for i in range(self.n_layers) for t in cross.recorded[i])
 
@@ -211,7 +256,8 @@ class CachedImageToText(CachedSeq2SeqLM):
         """-> (logits of the last token (1, 1, vocab), *updated self cache)."""
         self_cache = _self_cache(kv_cache, input_pos, self.cache_len, self.n_layers)
         cross = _cross_cache(self.n_layers, list(cross_kv))
-        state = _CallState("decode", self_cache, cross, _source_bias(None, self.encoder_len, tokens.device))
+        bias = self._encoder_bias(source_mask) if self.prompted else _source_bias(None, self.encoder_len, tokens.device)
+        state = _CallState("decode", self_cache, cross, bias)
         # the decoder runs cross-attention only when given encoder states; their keys come from the cache
         placeholder = torch.zeros((), device=tokens.device).expand(1, self.encoder_len, self.encoder_width)
         logits = self._call(state, tokens, None, encoder_states=placeholder)
@@ -219,7 +265,8 @@ class CachedImageToText(CachedSeq2SeqLM):
         return (logits[:, -1:], *self_cache.tensors)
 
     def _check_attended(self, state: _CallState, phase: str):
-        state.attended["encoder"].add(None)  # an image has no padding: the encoder needs no mask
+        if not self.prompted:  # an image has no padding: the encoder needs no mask
+            state.attended["encoder"].add(None)
         super()._check_attended(state, phase)
 
 
@@ -424,10 +471,12 @@ def _own_forwards(model: nn.Module):
             del m.forward
 
 
-def cached_image_to_text(model: nn.Module, cache_len: int) -> nn.Module:
+def cached_image_to_text(model: nn.Module, cache_len: int, image_size=None, prompt_len: int | None = None) -> nn.Module:
     """The two-signature adapter of `model`: CachedGit for GIT, else CachedImageToText."""
     check_image_to_text(model)
-    return CachedGit(model, cache_len) if _name(model) == "GitForCausalLM" else CachedImageToText(model, cache_len)
+    if _name(model) == "GitForCausalLM":
+        return CachedGit(model, cache_len)
+    return CachedImageToText(model, cache_len, image_size, prompt_len)
 
 
 # ---- verification, export, generation ------------------------------------------------------
@@ -448,9 +497,29 @@ def _pixels(pixel_values, shape) -> torch.Tensor:
     return x
 
 
+def florence_input_ids(model: nn.Module, pixel_values: torch.Tensor, prompt) -> torch.Tensor:
+    """Florence-2's encoder input ids as its processor makes them: one image token per image
+    feature, then the prompt (bos, task prompt, eos)."""
+    if prompt is None:
+        raise ValueError(f"{_name(model)}: pass prompt, the task prompt's token ids (bos, prompt, eos)")
+    with torch.no_grad():
+        image_tokens = model.model.get_image_features(pixel_values).pooler_output.shape[1]
+    prompt = torch.as_tensor(np.asarray(prompt).reshape(1, -1), dtype=torch.long)
+    return torch.cat([torch.full((1, image_tokens), int(model.config.image_token_id)), prompt], 1)
+
+
 @torch.no_grad()
-def _reference_logits(model: nn.Module, pixel_values: torch.Tensor, decoder_ids: torch.Tensor) -> torch.Tensor:
-    """The model's own forward (no cache) on the whole decoder sequence: (1, T, vocab)."""
+def _reference_logits(model: nn.Module, pixel_values: torch.Tensor, decoder_ids: torch.Tensor, prompt=None):
+    """The model's own forward (no cache) on the whole decoder sequence: (1, T, vocab).
+    Florence-2: `prompt` (the task prompt's ids) after the image tokens, as its processor
+    lays them out."""
+    if _name(model) == "Florence2ForConditionalGeneration":
+        return model(
+            input_ids=florence_input_ids(model, pixel_values, prompt),
+            pixel_values=pixel_values,
+            decoder_input_ids=decoder_ids,
+            use_cache=False,
+        ).logits
     if _name(model) == "GitForCausalLM":
         logits = model(pixel_values=pixel_values, input_ids=decoder_ids, use_cache=False).logits
         return logits[:, -decoder_ids.shape[1] :]
@@ -474,11 +543,16 @@ def verify_image_to_text(model: nn.Module, cache_len: int, steps: int = 24, tole
     total = min(steps, lm.cache_len)
     decoder_ids = torch.randint(0, _decoder(lm.model).config.vocab_size, (1, total), generator=gen)
     pixels = torch.randn(lm.source_shape, generator=gen)
-    expected = _reference_logits(lm.model, pixels, decoder_ids)
-    cross, cache, got = lm.encode(pixels), lm.empty_cache(), []
+    prompt, source, mask = None, (pixels,), ()
+    if getattr(lm, "prompted", False):  # a prompt shorter than the padded length: padding is exercised
+        prompt = torch.randint(0, int(lm.model.config.image_token_id), (max(1, lm.prompt_len * 3 // 4),), generator=gen)
+        source = (pixels, *_text_source(prompt, lm.prompt_len))
+        mask = (source[2],)
+    expected = _reference_logits(lm.model, pixels, decoder_ids, prompt)
+    cross, cache, got = lm.encode(*source), lm.empty_cache(), []
     for pos in range(total):
         logits, *cache = lm.decode(
-            decoder_ids[:, pos : pos + 1].int(), torch.tensor([pos], dtype=torch.int32), cache, cross
+            decoder_ids[:, pos : pos + 1].int(), torch.tensor([pos], dtype=torch.int32), cache, cross, *mask
         )
         got.append(logits)
     error = max_relative_error(torch.cat(got, dim=1).numpy(), expected.float().numpy())
@@ -495,17 +569,27 @@ class _EncodeImage(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, pixel_values):
-        return self.lm.encode(pixel_values)
+    def forward(self, *source):  # pixel_values[, input_ids, source_mask]
+        return self.lm.encode(*source)
 
 
-def export_image_to_text(model: nn.Module, *, cache_len: int = 64, verify: bool = True, **convert_options) -> EdgeModel:
+def export_image_to_text(
+    model: nn.Module,
+    *,
+    cache_len: int = 64,
+    image_size=None,
+    prompt_len: int | None = None,
+    verify: bool = True,
+    **convert_options,
+) -> EdgeModel:
     """Convert an image-to-text model into a LiteRT model with `encode_image` and `decode`
     signatures sharing its weights (see the module docstring). `cache_len`: the most decoder
-    tokens (prompt + generated). `verify`: check the cached model against the model's own
-    forward in PyTorch first (refuses on a difference). `convert_options` go to `convert`."""
+    tokens (prompt + generated). `image_size`: the exported image size where the vision
+    config has none (Florence-2's DaViT). `prompt_len`: Florence-2's padded task prompt
+    length. `verify`: check the cached model against the model's own forward in PyTorch
+    first (refuses on a difference). `convert_options` go to `convert`."""
     model = cpu_view(model)
-    lm = cached_image_to_text(model, cache_len)
+    lm = cached_image_to_text(model, cache_len, image_size, prompt_len)
     if verify:
         verify_image_to_text(lm, cache_len, steps=min(24, cache_len))
     n = 2 * lm.n_layers
@@ -513,6 +597,8 @@ def export_image_to_text(model: nn.Module, *, cache_len: int = 64, verify: bool 
     builder = signature("encode_image", _EncodeImage(lm), lm.sample_source(), output_names=cross_names)
     cross = [torch.zeros(s) for s in lm.cross_shapes]
     decode_args = (torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), lm.empty_cache(), cross)
+    if getattr(lm, "prompted", False):
+        decode_args += (torch.ones(1, lm.prompt_len, dtype=torch.int32),)
     names = ["logits"] + [f"kv_cache_{i}" for i in range(n)]
     return builder.signature("decode", _Decode(lm), decode_args, output_names=names).convert(**convert_options)
 
@@ -520,15 +606,20 @@ def export_image_to_text(model: nn.Module, *, cache_len: int = 64, verify: bool 
 class ImageToTextSession(Seq2SeqSession):
     """One image in LiteRT: `encode_image` runs once when made; `step(token)` runs `decode`."""
 
-    def __init__(self, edge_model: EdgeModel, pixel_values):
+    def __init__(self, edge_model: EdgeModel, pixel_values, prompt=None):
         self.runtime = runtime = edge_model.runtime
         encode, decode = runtime.signature("encode_image"), runtime.signature("decode")
         caches = [spec for spec in decode.inputs if spec.name.startswith("kv_cache")]
         self.cache_len = caches[0].shape[2]
         self.cache = [np.zeros(spec.shape, spec.dtype) for spec in caches]
         self.vocab = decode.outputs[0].shape[-1]
-        self.mask = []
-        self.cross = runtime.run([_pixels(pixel_values, encode.inputs[0].shape).numpy()], "encode_image")
+        source, self.mask = [_pixels(pixel_values, encode.inputs[0].shape).numpy()], []
+        if len(encode.inputs) > 1:  # Florence-2: the task prompt, padded, and its mask
+            if prompt is None:
+                raise ValueError("this model reads a task prompt with the image: pass prompt=[bos, ..., eos] ids")
+            ids, mask = _text_source(prompt, encode.inputs[1].shape[1])
+            source, self.mask = [*source, ids.numpy(), mask.numpy()], [mask.numpy()]
+        self.cross = runtime.run(source, "encode_image")
         self.position = 0
 
 
@@ -544,11 +635,12 @@ def generate_image_to_text(
     seed: int | None = None,
     stop_tokens=(),
     return_logits: bool = False,
+    prompt=None,
 ):
     """Generate with a model from `export_image_to_text`, in LiteRT: `encode_image` once,
     then `decode` once per decoder prompt token and per new token (arguments and result as
-    `generate_seq2seq`'s)."""
-    session = ImageToTextSession(edge_model, pixel_values)
+    `generate_seq2seq`'s; `prompt`: Florence-2's task prompt ids)."""
+    session = ImageToTextSession(edge_model, pixel_values, prompt)
     sampler = _sampler(temperature, top_k, top_p, seed)
     return generate_in_session(
         session, _decoder_prompt(decoder_prompt), max_new_tokens, sampler, stop_tokens, return_logits
@@ -568,6 +660,7 @@ def reference_generate_image_to_text(
     seed: int | None = None,
     stop_tokens=(),
     return_logits: bool = False,
+    prompt=None,
 ):
     """The same generation in PyTorch with the model's own forward and no decoder cache
     (the whole decoder sequence every step), with the same sampler: the reference that
@@ -577,7 +670,7 @@ def reference_generate_image_to_text(
     ids = torch.tensor([_decoder_prompt(decoder_prompt)])
     stop, rng, out, rows = {int(t) for t in stop_tokens}, sampler.rng(), [], []
     for _ in range(max_new_tokens):
-        rows.append(_reference_logits(model, pixels, ids)[0, -1].float().numpy())
+        rows.append(_reference_logits(model, pixels, ids, prompt)[0, -1].float().numpy())
         out.append(sampler(rows[-1], rng))
         if out[-1] in stop:
             break

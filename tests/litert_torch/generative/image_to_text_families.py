@@ -97,7 +97,8 @@ PAIRS = {  # family -> (encoder, decoder)
     "beit + roberta": ("beit", "roberta"),
     "deit + roberta": ("deit", "roberta"),
 }
-FAMILIES = (*PAIRS, "blip", "git")
+FLORENCE = "florence-2 (davit + bart)"
+FAMILIES = (*PAIRS, "blip", "git", FLORENCE)
 
 
 def vision_encoder_decoder(encoder: str, decoder: str):
@@ -144,15 +145,27 @@ def blip():
 
 
 def build(family: str):
-    if family in ("blip", "git"):
-        return blip() if family == "blip" else git()
+    if family in ("blip", "git", FLORENCE):
+        return {"blip": blip, "git": git, FLORENCE: florence2}[family]()
     return vision_encoder_decoder(*PAIRS[family])
+
+
+def export_options(family: str) -> dict:
+    """What export_image_to_text needs besides the model (Florence-2: its DaViT has no
+    configured image size, and the task prompt is padded to a fixed length)."""
+    return dict(image_size=FLORENCE_IMAGE, prompt_len=8) if family == FLORENCE else {}
+
+
+def task_prompt(model) -> list[int] | None:
+    """Florence-2's encoder prompt (bos, a task prompt, eos); None for the others."""
+    return [0, 5, 6, 7, 2] if type(model).__name__ == "Florence2ForConditionalGeneration" else None
 
 
 def image_for(model, seed: int = 0) -> torch.Tensor:
     from litert_torch.generative.image_to_text import CachedImageToText
 
-    shape = CachedImageToText.image_shape(model)
+    florence = type(model).__name__ == "Florence2ForConditionalGeneration"
+    shape = CachedImageToText.image_shape(model, FLORENCE_IMAGE if florence else None)
     return torch.randn(shape[1:], generator=torch.Generator().manual_seed(seed))
 
 
@@ -180,3 +193,48 @@ def git():
         pad_token_id=0,
     )
     return _spread(_quiet(lambda: t.GitForCausalLM(config)))
+
+
+FLORENCE_IMAGE = 32  # DaViT: stride 4, then 2: 4 x 4 image tokens at 32 x 32 (and a pooled one)
+
+
+def florence2():
+    import transformers as t
+
+    torch.manual_seed(0)
+    config = t.Florence2Config(
+        vision_config=dict(
+            depths=[1, 1],
+            patch_size=[7, 3],
+            patch_stride=[4, 2],
+            patch_padding=[3, 1],
+            patch_prenorm=[False, True],
+            embed_dim=[16, 32],
+            num_heads=[2, 2],
+            num_groups=[2, 2],
+            window_size=2,
+            projection_dim=32,
+            max_position_embeddings=8,
+            drop_path_rate=0.0,
+        ),
+        text_config=dict(
+            model_type="bart",
+            vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+            forced_bos_token_id=None,
+        ),
+        image_token_id=VOCAB - 1,
+    )
+    return _spread(_quiet(lambda: t.Florence2ForConditionalGeneration(config)))

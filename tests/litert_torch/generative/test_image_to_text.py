@@ -16,12 +16,21 @@ import torch
 from litert_torch.generative import UnsupportedModelError
 from litert_torch.generative.image_to_text import (
     export_image_to_text,
+    florence_input_ids,
     generate_image_to_text,
     image_to_text_prompt,
     reference_generate_image_to_text,
 )
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.image_to_text_families import CACHE, FAMILIES, VOCAB, build, image_for
+from tests.litert_torch.generative.image_to_text_families import (
+    CACHE,
+    FAMILIES,
+    VOCAB,
+    build,
+    export_options,
+    image_for,
+    task_prompt,
+)
 
 TOLERANCE = 1e-4
 STEPS = 16
@@ -33,7 +42,7 @@ PARAMS = [f if f == "vit + gpt2" else pytest.param(f, marks=pytest.mark.slow) fo
 def exported_family(family: str):
     """(model, edge) built and exported once per test session."""
     model = build(family)
-    return model, export_image_to_text(model, cache_len=CACHE, progress=False)
+    return model, export_image_to_text(model, cache_len=CACHE, progress=False, **export_options(family))
 
 
 @pytest.fixture(scope="module", params=PARAMS)
@@ -53,14 +62,18 @@ def transformers_generate(model, image: torch.Tensor, steps: int):
             )
         finally:
             model.config.text_config.sep_token_id = sep
-    elif type(model).__name__ == "GitForCausalLM":  # GIT starts from a prompt of its bos token
-        prompt = torch.tensor([image_to_text_prompt(model)])
+    elif type(model).__name__ in ("GitForCausalLM", "Florence2ForConditionalGeneration"):
+        if task_prompt(model) is None:  # GIT starts from a prompt of its bos token
+            prompt = torch.tensor([image_to_text_prompt(model)])
+        else:  # Florence-2's encoder reads image tokens and the task prompt
+            prompt = florence_input_ids(model, image[None], task_prompt(model))
         out = model.generate(
             pixel_values=image[None],
             input_ids=prompt,
             max_new_tokens=steps,
             do_sample=False,
             eos_token_id=None,
+            forced_eos_token_id=None,  # mBART's: an eos forced at max_length
             output_logits=True,
             return_dict_in_generate=True,
         )
@@ -70,6 +83,7 @@ def transformers_generate(model, image: torch.Tensor, steps: int):
             max_new_tokens=steps,
             do_sample=False,
             eos_token_id=None,
+            forced_eos_token_id=None,  # mBART's: an eos forced at max_length
             output_logits=True,
             return_dict_in_generate=True,
         )
@@ -80,7 +94,7 @@ def test_greedy_tokens_equal_transformers_generate_with_every_steps_logits(expor
     family, model, edge = exported
     image = image_for(model)
     got, rows = generate_image_to_text(
-        edge, image, STEPS, decoder_prompt=image_to_text_prompt(model), return_logits=True
+        edge, image, STEPS, decoder_prompt=image_to_text_prompt(model), prompt=task_prompt(model), return_logits=True
     )
     want, want_rows = transformers_generate(model, image, STEPS)
     assert got == want and len(got) == STEPS, family
@@ -91,7 +105,7 @@ def test_greedy_tokens_equal_transformers_generate_with_every_steps_logits(expor
 def test_sampling_with_a_seed_equals_the_same_sampler_on_the_models_logits(exported):
     family, model, edge = exported
     image, prompt = image_for(model, seed=3), image_to_text_prompt(model)
-    options = dict(decoder_prompt=prompt, temperature=1.0, top_k=40, top_p=0.95, seed=11)
+    options = dict(decoder_prompt=prompt, prompt=task_prompt(model), temperature=1.0, top_k=40, top_p=0.95, seed=11)
     got, rows = generate_image_to_text(edge, image, STEPS, return_logits=True, **options)
     want, want_rows = reference_generate_image_to_text(model, image, STEPS, return_logits=True, **options)
     assert got == want, family
@@ -130,7 +144,7 @@ def test_a_model_of_another_shape_is_refused_with_where_it_goes():
         export_image_to_text(build_seq2seq("bart"))
 
 
-@pytest.mark.parametrize("api", ["export_vlm", "export_seq2seq"])
+@pytest.mark.parametrize("api", ["export_vlm", "export_seq2seq", "export_generative"])
 @pytest.mark.parametrize("family", ["vit + gpt2", "blip"])
 def test_the_other_exporters_send_image_to_text_models_here(api, family):
     import litert_torch.generative as generative
