@@ -1,7 +1,7 @@
-"""Image-to-text models (an image encoder, a text decoder attending to it by
-cross-attention) with an explicit KV cache, exact or refused: transformers'
-`VisionEncoderDecoderModel` (ViT / DeiT / BEiT / Swin encoders with GPT-2, BERT,
-RoBERTa, TrOCR or mBART decoders: TrOCR, Donut) and BLIP captioning.
+"""Image-to-text models (an image encoder, a text decoder reading it) with an explicit
+KV cache, exact or refused: transformers' `VisionEncoderDecoderModel` (ViT / DeiT / BEiT /
+Swin encoders with GPT-2, BERT, RoBERTa, TrOCR or mBART decoders: TrOCR, Donut), BLIP
+captioning, GIT and Florence-2.
 
     edge = export_image_to_text(model, cache_len=32)     # encode_image + decode signatures
     new_ids = generate_image_to_text(edge, pixel_values, 20, decoder_prompt=image_to_text_prompt(model))
@@ -12,19 +12,24 @@ recorded by `encode` and reused by `decode`, `seq2seq_attention`), not `export_v
 a VLM's decoder reads image embeddings as prompt tokens in `prefill`, these read them
 through cross-attention at every step. Signatures (one file, shared weights):
 
-    encode_image(pixel_values float32[1, 3, H, W])
-      -> cross_kv_0 ... cross_kv_{2L-1}          float32[1, heads, image_tokens, head_dim]
+    encode_image(pixel_values float32[1, 3, H, W][, input_ids int32[1, P], source_mask int32[1, P]])
+      -> cross_kv_0 ... cross_kv_{2L-1}          float32[1, heads, image_tokens (+ P), head_dim]
     decode(tokens int32[1, 1], input_pos int32[1], kv_cache_0 ... kv_cache_{2L-1},
-           cross_kv_0 ... cross_kv_{2L-1})
+           cross_kv_0 ... cross_kv_{2L-1}[, source_mask int32[1, P]])
       -> (logits float32[1, 1, vocab], kv_cache_0 ... kv_cache_{2L-1})
 
 `encode_image` is the vision encoder, the encoder-to-decoder projection where the model
 has one, and every decoder layer's cross-attention key/value projections: computed once
-per image. No mask is needed: every image token is real.
+per image. No mask is needed: every image token is real. Florence-2's BART encoder reads
+the image tokens and the task prompt (padded to `prompt_len`, `source_mask` 1 on real
+tokens) together, so its `encode_image` and `decode` take the prompt's mask too. GIT has
+no cross-attention: its image tokens lead one causal stream but attend only to each
+other, so their keys/values in every layer are the per-image cache (`CachedGit`).
 
 Decoders that compute attention themselves (TrOCR's and BLIP's, not through transformers'
 `AttentionInterface`) run with their attention module's forward swapped for one that
-projects as theirs does and then calls `seq2seq_attention` (`_OWN_FORWARDS`).
+projects as theirs does and then calls `seq2seq_attention`; position lookups whose
+length depends on the position input get a static-shape forward (`_OWN_FORWARDS`).
 
 `verify_image_to_text` (on by default in `export_image_to_text`) runs `encode_image` and
 `decode` steps in PyTorch against the model's own forward on the whole decoder sequence
@@ -310,7 +315,7 @@ class CachedGit(nn.Module):
     def empty_cache(self) -> list[torch.Tensor]:
         return [torch.zeros(s) for s in self.self_shapes]
 
-    def encode(self, pixel_values) -> tuple[torch.Tensor, ...]:
+    def encode(self, pixel_values, prompt=None, prompt_mask=None) -> tuple[torch.Tensor, ...]:
         recorded: dict[int, tuple] = {}
         placeholder = torch.zeros(1, 1, dtype=torch.int32)
         with _git_attention(self.model, ("encode", recorded, self.image_tokens)):
@@ -569,8 +574,8 @@ class _EncodeImage(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, *source):  # pixel_values[, input_ids, source_mask]
-        return self.lm.encode(*source)
+    def forward(self, pixel_values, input_ids=None, source_mask=None):  # the prompt: Florence-2's only
+        return self.lm.encode(pixel_values, input_ids, source_mask)
 
 
 def export_image_to_text(

@@ -48,7 +48,8 @@ def _decoder(t, kind):
         return t.GPT2Config(
             n_embd=48, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2
         )
-    if kind == "trocr":
+    if kind in ("trocr", "trocr sinusoidal"):  # trocr-base's layout: sinusoidal positions, scaled embeddings
+        sinusoidal = dict(use_learned_position_embeddings=False, layernorm_embedding=False, scale_embedding=True)
         return t.TrOCRConfig(
             d_model=32,
             decoder_layers=2,
@@ -59,6 +60,7 @@ def _decoder(t, kind):
             bos_token_id=0,
             pad_token_id=1,
             eos_token_id=2,
+            **(sinusoidal if kind == "trocr sinusoidal" else {}),
         )
     small = dict(
         hidden_size=32,
@@ -92,6 +94,7 @@ def _decoder(t, kind):
 PAIRS = {  # family -> (encoder, decoder)
     "vit + gpt2": ("vit", "gpt2"),
     "trocr (vit + trocr)": ("vit", "trocr"),
+    "trocr, sinusoidal positions": ("vit", "trocr sinusoidal"),
     "donut (swin + mbart)": ("swin", "mbart"),
     "deit + bert": ("deit", "bert"),
     "beit + roberta": ("beit", "roberta"),
@@ -238,3 +241,45 @@ def florence2():
         image_token_id=VOCAB - 1,
     )
     return _spread(_quiet(lambda: t.Florence2ForConditionalGeneration(config)))
+
+
+@torch.no_grad()
+def transformers_generate(model, image: torch.Tensor, steps: int):
+    """transformers' own greedy `generate` (its cache, no stop token): new tokens and the
+    logits of each step."""
+    from litert_torch.generative.image_to_text import florence_input_ids, image_to_text_prompt
+
+    if type(model).__name__ == "BlipForConditionalGeneration":
+        sep, model.config.text_config.sep_token_id = model.config.text_config.sep_token_id, None  # no stop token
+        try:
+            out = model.generate(
+                image[None], max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
+            )
+        finally:
+            model.config.text_config.sep_token_id = sep
+    elif type(model).__name__ in ("GitForCausalLM", "Florence2ForConditionalGeneration"):
+        if task_prompt(model) is None:  # GIT starts from a prompt of its bos token
+            prompt = torch.tensor([image_to_text_prompt(model)])
+        else:  # Florence-2's encoder reads image tokens and the task prompt
+            prompt = florence_input_ids(model, image[None], task_prompt(model))
+        out = model.generate(
+            pixel_values=image[None],
+            input_ids=prompt,
+            max_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=None,
+            forced_eos_token_id=None,  # mBART's: an eos forced at max_length
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    else:
+        out = model.generate(
+            image[None],
+            max_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=None,
+            forced_eos_token_id=None,  # mBART's: an eos forced at max_length
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences[0, -steps:].tolist(), [row[0].numpy() for row in out.logits]

@@ -11,12 +11,10 @@ import functools
 
 import numpy as np
 import pytest
-import torch
 
 from litert_torch.generative import UnsupportedModelError
 from litert_torch.generative.image_to_text import (
     export_image_to_text,
-    florence_input_ids,
     generate_image_to_text,
     image_to_text_prompt,
     reference_generate_image_to_text,
@@ -30,6 +28,7 @@ from tests.litert_torch.generative.image_to_text_families import (
     export_options,
     image_for,
     task_prompt,
+    transformers_generate,
 )
 
 TOLERANCE = 1e-4
@@ -48,46 +47,6 @@ def exported_family(family: str):
 @pytest.fixture(scope="module", params=PARAMS)
 def exported(request):
     return (request.param, *exported_family(request.param))
-
-
-@torch.no_grad()
-def transformers_generate(model, image: torch.Tensor, steps: int):
-    """transformers' own greedy `generate` (its cache, no stop token): new tokens and the
-    logits of each step."""
-    if type(model).__name__ == "BlipForConditionalGeneration":
-        sep, model.config.text_config.sep_token_id = model.config.text_config.sep_token_id, None  # no stop token
-        try:
-            out = model.generate(
-                image[None], max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
-            )
-        finally:
-            model.config.text_config.sep_token_id = sep
-    elif type(model).__name__ in ("GitForCausalLM", "Florence2ForConditionalGeneration"):
-        if task_prompt(model) is None:  # GIT starts from a prompt of its bos token
-            prompt = torch.tensor([image_to_text_prompt(model)])
-        else:  # Florence-2's encoder reads image tokens and the task prompt
-            prompt = florence_input_ids(model, image[None], task_prompt(model))
-        out = model.generate(
-            pixel_values=image[None],
-            input_ids=prompt,
-            max_new_tokens=steps,
-            do_sample=False,
-            eos_token_id=None,
-            forced_eos_token_id=None,  # mBART's: an eos forced at max_length
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    else:
-        out = model.generate(
-            image[None],
-            max_new_tokens=steps,
-            do_sample=False,
-            eos_token_id=None,
-            forced_eos_token_id=None,  # mBART's: an eos forced at max_length
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    return out.sequences[0, -steps:].tolist(), [row[0].numpy() for row in out.logits]
 
 
 def test_greedy_tokens_equal_transformers_generate_with_every_steps_logits(exported):
@@ -150,7 +109,9 @@ def test_the_other_exporters_send_image_to_text_models_here(api, family):
     import litert_torch.generative as generative
 
     with pytest.raises(UnsupportedModelError, match=f"image-to-text.*{api} does not take it.*export_image_to_text"):
-        getattr(generative, api)(build(family), cache_len=CACHE)
+        getattr(generative, api)(
+            build(family), cache_len=CACHE, **({"prefill_len": 4} if api == "export_generative" else {})
+        )
 
 
 def test_blip2_is_refused_with_the_reason_and_what_would_be_needed():
