@@ -1,7 +1,7 @@
 """Image-to-text export (`encode_image` + `decode` with self- and cross-attention caches)
 run in LiteRT against transformers: VisionEncoderDecoderModel pairs (ViT + GPT-2, TrOCR,
-Donut's Swin + mBART, DeiT + BERT, BEiT / DeiT + RoBERTa) and BLIP captioning, from tiny
-random-weight configs. Greedy tokens equal transformers' `generate` for 16 steps with
+Donut's Swin + mBART, DeiT + BERT, BEiT / DeiT + RoBERTa), BLIP captioning, GIT and
+Florence-2, from tiny random-weight configs (one family by default, the rest under -m slow). Greedy tokens equal transformers' `generate` for 16 steps with
 every step's logits within 1e-4 (max relative); seeded sampling equals the same sampler
 applied to the model's own logits."""
 
@@ -65,6 +65,9 @@ def test_sampling_with_a_seed_equals_the_same_sampler_on_the_models_logits(expor
     family, model, edge = exported
     image, prompt = image_for(model, seed=3), image_to_text_prompt(model)
     options = dict(decoder_prompt=prompt, prompt=task_prompt(model), temperature=1.0, top_k=40, top_p=0.95, seed=11)
+    if "sinusoidal" in family:  # after a generated pad token, TrOCR's sinusoidal positions differ between
+        # transformers' cached forward (generate's, which the export follows) and the uncached reference: stop there
+        options["stop_tokens"] = [model.config.decoder.pad_token_id]
     got, rows = generate_image_to_text(edge, image, STEPS, return_logits=True, **options)
     want, want_rows = reference_generate_image_to_text(model, image, STEPS, return_logits=True, **options)
     assert got == want, family
