@@ -64,7 +64,7 @@ from litert_torch.signatures import signature
 
 TOLERANCE = 1e-4
 
-# Image-to-text families: the decoder that reads the image, as the model's forward is called.
+# Image-to-text families (transformers class names) that export_image_to_text takes.
 FAMILIES = (
     "VisionEncoderDecoderModel",
     "BlipForConditionalGeneration",
