@@ -11,6 +11,12 @@ Encoder-decoders (T5, BART, mBART, Marian, Whisper): `encode` and `decode` signa
 
     edge = export_seq2seq(model, source_len=64, cache_len=64)
     new_ids = generate_seq2seq(edge, source_ids, 20, decoder_prompt=decoder_start_ids(model))
+
+Image-to-text (VisionEncoderDecoderModel: TrOCR, Donut, ViT + GPT-2; BLIP; GIT):
+`encode_image` and `decode` signatures.
+
+    edge = export_image_to_text(model, cache_len=32)
+    new_ids = generate_image_to_text(edge, pixel_values, 20, decoder_prompt=image_to_text_prompt(model))
 """
 
 from litert_torch.generative.diffusion import DiffusionExportError, LiteRTDiffusionPipeline, export_diffusion
@@ -24,6 +30,12 @@ from litert_torch.generative.export import (
     with_kv_cache,
 )
 from litert_torch.generative.generate import Sampler, generate, reference_generate
+from litert_torch.generative.image_to_text import (
+    export_image_to_text,
+    generate_image_to_text,
+    image_to_text_prompt,
+    reference_generate_image_to_text,
+)
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
 from litert_torch.generative.seq2seq import (
     CachedSeq2SeqLM,
@@ -68,6 +80,10 @@ __all__ = [
     "decoder_start_ids",
     "CachedSeq2SeqLM",
     "Seq2SeqSession",
+    "export_image_to_text",
+    "generate_image_to_text",
+    "reference_generate_image_to_text",
+    "image_to_text_prompt",
     "export_diffusion",
     "LiteRTDiffusionPipeline",
     "DiffusionExportError",

@@ -634,6 +634,9 @@ class _Decode(nn.Module):
 
 def check_supported(model: nn.Module) -> None:
     """Refuse, by name, what the encoder-decoder adapter does not reproduce."""
+    from litert_torch.generative.image_to_text import redirect_image_to_text
+
+    redirect_image_to_text(model, "export_seq2seq")
     name = _name(model)
     cfg = getattr(model, "config", None)
     if "pixel_values" in inspect.signature(model.forward).parameters:
@@ -907,11 +910,24 @@ def generate_seq2seq(
     start/language/task tokens). Greedy unless `temperature` > 0 (then `top_k`, `top_p`,
     `seed` as for `generate`). Returns the new token ids (up to `max_new_tokens`, ending
     after a stop token); with `return_logits`, also the logits row of every new token."""
+    session = Seq2SeqSession(edge_model, source)
+    sampler = _sampler(temperature, top_k, top_p, seed)
+    return generate_in_session(
+        session, _decoder_prompt(decoder_prompt), max_new_tokens, sampler, stop_tokens, return_logits
+    )
+
+
+def generate_in_session(
+    session: Seq2SeqSession,
+    prompt: list[int],
+    max_new_tokens: int,
+    sampler: Sampler,
+    stop_tokens=(),
+    return_logits: bool = False,
+):
+    """The decoder loop of `generate_seq2seq` on a session whose source is encoded."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    prompt = _decoder_prompt(decoder_prompt)
-    sampler = _sampler(temperature, top_k, top_p, seed)
-    session = Seq2SeqSession(edge_model, source)
     if len(prompt) + max_new_tokens > session.cache_len:
         raise ValueError(
             f"decoder_prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the exported "

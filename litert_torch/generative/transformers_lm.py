@@ -119,6 +119,10 @@ def layer_windows(config, n_layers: int, model_name: str = "model") -> list[int 
 
 def check_supported(model: nn.Module) -> None:
     """Refuse, by name, config fields whose math the adapter does not reproduce."""
+    from litert_torch.generative.image_to_text import redirect_image_to_text
+
+    if _model_name(model) != "GitForCausalLM":  # GIT without an image is a plain causal LM
+        redirect_image_to_text(model, "export_generative")
     cfg, name = text_config(model), _model_name(model)
     if name in UNSUPPORTED_FAMILIES:
         raise UnsupportedModelError(f"{name}: {UNSUPPORTED_FAMILIES[name]}")

@@ -100,9 +100,12 @@ REFUSED = {
 
 def check_vlm(model: nn.Module) -> None:
     """Refuse, by name, the families whose image path is not reproduced."""
+    from litert_torch.generative.image_to_text import redirect_image_to_text
+
     name = type(model).__name__
     if name in REFUSED:
         raise UnsupportedModelError(f"{name}: {REFUSED[name]}")
+    redirect_image_to_text(model, "export_vlm")
     if name not in SUPPORTED:
         raise UnsupportedModelError(
             f"{name}: not a supported vision-language model (supported: {', '.join(SUPPORTED)}); "
