@@ -95,6 +95,29 @@ def test_tied_weights_stay_tied_after_to_tpu():
     assert torch.equal(model.head.weight.cpu(), model.embed.weight.cpu())
 
 
+def test_an_optimizer_built_before_to_tpu_trains_the_moved_model():
+    """As on CUDA: `model.to("tpu")` keeps each Parameter object, so the optimizer sees the
+    device weights (they were new Parameters: the optimizer stepped the CPU originals, silently)."""
+    torch.manual_seed(0)
+    model, reference = torch.nn.Linear(8, 2), torch.nn.Linear(8, 2)
+    reference.load_state_dict(model.state_dict())
+    originals = list(model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    model.to("tpu")
+    assert all(p is q for p, q in zip(model.parameters(), originals)) and originals[0].device.type == "tpu"
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    for _ in range(3):
+        for net, opt, device in ((model, optimizer, "tpu"), (reference, reference_optimizer, "cpu")):
+            opt.zero_grad()
+            F.mse_loss(net(x.to(device)), y.to(device)).backward()
+            opt.step()
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    model.cpu()  # and back: still the same objects, with their gradients
+    assert all(p is q for p, q in zip(model.parameters(), originals)) and originals[0].grad.device.type == "cpu"
+
+
 def test_module_round_trip_to_cpu_keeps_values():
     model = _mlp()
     reference = {k: v.clone() for k, v in model.state_dict().items()}
