@@ -16,12 +16,8 @@ so three small patches of `PartialState` put the "tpu" device where CUDA would b
   `device_ids` (accelerate passes `[local_process_index]`, which names tpu:1 on rank 1)
   and no `find_unused_parameters` (see `_without_find_unused_parameters`).
 
-And `prepare()` points an optimizer at the moved parameters. `module.to("tpu")` makes
-new Parameter objects (PyTorch moves a parameter in place only between tensor types it
-calls shallow-copy compatible, CPU and CUDA but not CPU and PrivateUse1), so an
-optimizer built before `prepare()` would step the CPU originals and train nothing.
-accelerate has this fix for torch_xla, whose parameters move the same way; we apply it
-for "tpu" too (and carry optimizer state already there to the new parameters).
+An optimizer built before `prepare()` follows the model there with nothing from us:
+`module.to("tpu")` keeps each Parameter object (`tpu_backend/modules.py`).
 
 `cpu=True` (`use_cpu=True` in `TrainingArguments`) keeps accelerate's own CPU paths.
 fp16 is refused by accelerate for a device it does not know; we say what to use (bf16).
@@ -103,20 +99,6 @@ def _patch_prepare_model(accelerator_module) -> None:
         with _environ("ACCELERATE_BYPASS_DEVICE_MAP", "true"), _without_find_unused_parameters(self.ddp_handler):
             return vendor_prepare_model(self, model, device_placement, evaluation_mode)
 
-    vendor_prepare = accelerator_class.prepare
-
-    @functools.wraps(vendor_prepare)
-    def prepare(self, *args, device_placement=None):
-        if self.device.type != DEVICE_TYPE or not self.device_placement:
-            return vendor_prepare(self, *args, device_placement=device_placement)
-        before = self._get_named_parameters(*args)
-        result = vendor_prepare(self, *args, device_placement=device_placement)
-        after = self._get_named_parameters(*(result if isinstance(result, tuple) else (result,)))
-        moved = {before[name]: after[name] for name in before.keys() & after.keys() if before[name] is not after[name]}
-        for optimizer in self._optimizers:
-            _follow_moved_parameters(optimizer.optimizer, moved)
-        return result
-
     vendor_init = accelerator_class.__init__
 
     @functools.wraps(vendor_init)
@@ -134,16 +116,7 @@ def _patch_prepare_model(accelerator_module) -> None:
 
     accelerator_class.__init__ = __init__
     accelerator_class.prepare_model = prepare_model
-    accelerator_class.prepare = prepare
     accelerator_class._tpu_aware = True
-
-
-def _follow_moved_parameters(optimizer: torch.optim.Optimizer, moved: dict) -> None:
-    for group in optimizer.param_groups:
-        group["params"] = [moved.get(p, p) for p in group["params"]]
-    for old, new in moved.items():
-        if old in optimizer.state:
-            optimizer.state[new] = optimizer.state.pop(old)
 
 
 @contextlib.contextmanager
