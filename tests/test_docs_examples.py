@@ -287,6 +287,36 @@ def _check_seq2seq_generated(block, names):
     assert len(names["new_ids"]) == 20
 
 
+def _image_to_text():
+    from tests.litert_torch.generative.image_to_text_families import build, image_for
+
+    trocr = build("trocr (vit + trocr)")
+    return {"trocr_model": trocr, "pixel_values": image_for(trocr)}
+
+
+def _lora_on_device():
+    import transformers
+
+    import tpu_backend  # noqa: F401
+    from litert_torch.generative import export_generative
+
+    _checkpoint()
+    return {
+        "folder": "my_checkpoint",
+        "AutoModelForCausalLM": transformers.AutoModelForCausalLM,
+        "export_generative": export_generative,
+    }
+
+
+def _check_merged_export(block, names):
+    """The exported merge generates the merged model's greedy tokens."""
+    from litert_torch.generative import generate, reference_generate
+
+    prompt = torch.tensor([1, 5, 9, 3])
+    expected = reference_generate(names["merged"].to("cpu").eval(), prompt, 8)
+    assert list(generate(names["edge"], prompt, 8)) == list(expected)
+
+
 SKIP = "not run here"
 # (file, a phrase of the block, setup -> names | reason it does not run, check after the run)
 BLOCKS = [
@@ -299,6 +329,7 @@ BLOCKS = [
     ("README.md", "export_vlm(gemma3", _vlms, _check_vlm_generated),
     ("README.md", "export_embedder(BertModel(config)", _embedder, _check_embeddings),
     ("README.md", "export_seq2seq(t5_model", _seq2seq, _check_seq2seq_generated),
+    ("README.md", "export_image_to_text(trocr_model", _image_to_text, _check_seq2seq_generated),
     ("README.md", "quantize.weight_only_int4(32)", _quantization, None),
     ("README.md", "quantize.analyze(", _quantization, None),
     ("README.md", 'target="android-cpu"', _image_model, None),
@@ -325,10 +356,11 @@ BLOCKS = [
     ),
     (
         "README.md",
-        'torch_compile_backend="tpu")  # (compile is optional)',
+        "Trainer(model, args, train_dataset=train",
         f"{SKIP}: a full Trainer run; tests/tpu_backend/test_trainer_integration.py runs each argument against CPU",
         None,
     ),
+    ("README.md", "peft.get_peft_model(model", _lora_on_device, _check_merged_export),
     ("docs/tutorial.md", "DigitsResNet().to(", _digits, None),
     ("docs/tutorial.md", "export_generative(model, prefill_len=16", _tiny_llama_on_device, None),
     ("docs/tutorial.md", "from_pretrained(", _checkpoint, None),
