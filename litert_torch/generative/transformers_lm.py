@@ -406,12 +406,15 @@ class TransformersCachedLM(nn.Module):
     def cache_shapes(self) -> list[tuple[int, ...]]:
         return list(self._shapes)
 
-    def forward(self, tokens, input_pos, kv_cache, inputs_embeds=None, overlay=None):
+    def forward(self, tokens, input_pos, kv_cache, inputs_embeds=None, overlay=None, rope_pos=None):
         """`inputs_embeds` (1, T, hidden): the model's input embeddings for the chunk
         instead of looking up `tokens` (multimodal prefill); `overlay` (T, T) bool: keys of
         the chunk a query sees beyond the causal ones, within its window (bidirectional
-        blocks: a Gemma 3 image)."""
-        cache, out = self._run(tokens, input_pos, kv_cache, inputs_embeds=inputs_embeds, overlay=overlay)
+        blocks: a Gemma 3 image); `rope_pos` (3, T): the model's rotary positions when they
+        are not the tokens' indices (Qwen2-VL's M-RoPE; `input_pos` still picks the slots)."""
+        cache, out = self._run(
+            tokens, input_pos, kv_cache, inputs_embeds=inputs_embeds, overlay=overlay, rope_pos=rope_pos
+        )
         logits = out.logits if hasattr(out, "logits") else out[0]
         if self.logits == "none":
             return tuple(cache.tensors)
@@ -419,11 +422,13 @@ class TransformersCachedLM(nn.Module):
             logits = logits[:, -1:]
         return (logits, *cache.tensors)
 
-    def _run(self, tokens, input_pos, kv_cache, shapes=None, inputs_embeds=None, overlay=None):
+    def _run(self, tokens, input_pos, kv_cache, shapes=None, inputs_embeds=None, overlay=None, rope_pos=None):
         cache = explicit_cache_class()(kv_cache, input_pos, self.plans, self.cache_len, shapes, overlay)
         # Padding (-1) takes position 0 in the model (learned position tables are gathered
         # with it); the cache and the masks see -1 and ignore it.
         position_ids = input_pos.clamp(min=0)[None, :].long() + self.position_offset
+        if rope_pos is not None:
+            position_ids = rope_pos[:, None, :].long()
         extra = {"input_ids": tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         if self._keeps_logits and self.logits == "last":
             extra["logits_to_keep"] = 1

@@ -5,7 +5,8 @@ embeddings, as LiteRT signatures sharing weights, and generation in LiteRT.
     new_ids = generate_vlm(edge, pixel_values, prompt_ids, 20, image_token_id=config.image_token_id)
 
 Families (`FAMILIES`): Gemma 3, SmolVLM and Idefics3 (their image splitting as a fixed
-grid: `tiles=`), PaliGemma; Qwen2-VL / Qwen2.5-VL are refused by name (`REFUSED`).
+grid: `tiles=`), PaliGemma; Qwen2-VL and Qwen2.5-VL (`grids=`: their image grids; their
+rotary positions an input of prefill and decode, see `qwen_vl`).
 
 Signatures (the decoder's cache tensors as in `export.py`):
 
@@ -74,6 +75,9 @@ class VLMFamily:
     # the whole prompt attends both ways, generated tokens causally (PaliGemma's prefix-LM,
     # token_type_ids 0 / 1): the prompt comes in one prefill chunk, signature "prefill_whole_prompt"
     prefix_lm: bool = False
+    # rotary positions (3, T) from the image grid, an input computed on the host (Qwen2-VL's
+    # M-RoPE): the signatures of `qwen_vl`
+    mrope: bool = False
 
 
 FAMILIES = {
@@ -85,17 +89,14 @@ FAMILIES = {
         bidirectional_images=False, batched_pixels=True, tower_and_connector=True
     ),
     "PaliGemmaForConditionalGeneration": VLMFamily(bidirectional_images=False, batched_pixels=False, prefix_lm=True),
+    "Qwen2VLForConditionalGeneration": VLMFamily(bidirectional_images=False, batched_pixels=False, mrope=True),
+    "Qwen2_5_VLForConditionalGeneration": VLMFamily(bidirectional_images=False, batched_pixels=False, mrope=True),
 }
 # The prefill signature's name: a prefix-LM model's says that the whole prompt goes in one call.
 PREFILL, PREFILL_WHOLE_PROMPT = "prefill", "prefill_whole_prompt"
 SUPPORTED = tuple(FAMILIES)
 # Families refused by name, with what the export would not reproduce.
-REFUSED = {
-    "Qwen2VLForConditionalGeneration": "multimodal rotary positions (M-RoPE: 3-D positions from the image grid) "
-    "are not reproduced by the 1-D positions of the exported cache",
-    "Qwen2_5_VLForConditionalGeneration": "multimodal rotary positions (M-RoPE: 3-D positions from the image grid) "
-    "are not reproduced by the 1-D positions of the exported cache",
-}
+REFUSED: dict[str, str] = {}
 
 
 def check_vlm(model: nn.Module) -> None:
@@ -181,17 +182,21 @@ class CachedVLMPrefill(nn.Module):
     def empty_cache(self):
         return self.lm.empty_cache()
 
-    def forward(self, tokens, input_pos, image_embeds, kv_cache):
+    def merged_embeds(self, tokens, image_embeds):
+        """The chunk's token embeddings with `image_embeds`' rows at the image tokens."""
         is_image = tokens == self.image_token_id  # (1, T)
         # the image id may lie outside the vocabulary (the model replaces it before the lookup too)
         ids = torch.where(is_image, torch.zeros_like(tokens), tokens)
         embeds = self.model.get_input_embeddings()(ids)
-        merged = torch.where(is_image[..., None], image_embeds.to(embeds.dtype), embeds)
+        return torch.where(is_image[..., None], image_embeds.to(embeds.dtype), embeds)
+
+    def forward(self, tokens, input_pos, image_embeds, kv_cache):
+        merged = self.merged_embeds(tokens, image_embeds)
         overlay = None
         if self.family.prefix_lm:
             overlay = prompt_prefix(input_pos)
         elif self.family.bidirectional_images:
-            overlay = image_blocks(is_image[0])
+            overlay = image_blocks((tokens == self.image_token_id)[0])
         return self.lm.inner(tokens, input_pos, kv_cache, inputs_embeds=merged, overlay=overlay)
 
 
@@ -216,6 +221,10 @@ def reference_forward(model: nn.Module, ids: torch.Tensor, pixel_values: torch.T
     """The model's own forward over a whole sequence with its image (no cache): logits.
     `prompt_len`: where the prompt ends (PaliGemma's prefix; default: the whole sequence)."""
     kwargs, fam = {}, family(model)
+    if fam.mrope:  # pixel_values: the images (channels, height, width), one or a list
+        from litert_torch.generative import qwen_vl
+
+        return qwen_vl.reference_forward(model, ids, *qwen_vl.model_patches(model, pixel_values))
     if fam.bidirectional_images:
         kwargs["token_type_ids"] = (ids == image_token_id(model)).long()
     if fam.prefix_lm:  # as its processor and generate give them: 0 for the prompt, 1 after
@@ -347,6 +356,7 @@ def export_vlm(
     cache_len: int = 128,
     images: int = 1,
     tiles: tuple[int, int] | None = None,
+    grids: list[tuple[int, int, int]] | None = None,
     prefill_logits: str = "last",
     verify: bool = True,
     **convert_options,
@@ -355,12 +365,28 @@ def export_vlm(
     signatures sharing its weights (see the module docstring). `images`: how many images
     (tiles) `encode_image` takes per call, a fixed size; `tiles=(rows, cols)`: SmolVLM's
     image splitting as a fixed grid, `images = rows * cols + 1` (the tiles and the whole
-    image, as `tile_image` makes them). `verify`: check the text path
+    image, as `tile_image` makes them). `grids=[(1, h, w), ...]`: Qwen2-VL / Qwen2.5-VL's
+    image grids in patches, one `encode_image_<h>x<w>` signature each (see `qwen_vl`).
+    `verify`: check the text path
     and the image path against the model's own forward in PyTorch first (refuses above
     1e-4). `convert_options` go to `convert` (quant_config, target, progress...)."""
     from converter.pipeline import cpu_view
 
     check_vlm(model)
+    fam = family(model)
+    if fam.mrope or grids is not None:
+        from litert_torch.generative import qwen_vl
+
+        if not fam.mrope:
+            raise ValueError(f"grids= is for Qwen2-VL / Qwen2.5-VL; {type(model).__name__} takes images= or tiles=")
+        if images != 1 or tiles is not None:
+            raise ValueError(
+                "Qwen2-VL / Qwen2.5-VL take their image sizes as grids=[(1, h, w), ...], not images=/tiles="
+            )
+        if not isinstance(prefill_len, int):
+            raise ValueError(f"prefill_len must be one int for a vision-language model, got {prefill_len!r}")
+        _prefill_lengths(prefill_len, cache_len)  # checks the range
+        return qwen_vl.export(model, grids, prefill_len, cache_len, prefill_logits, verify, **convert_options)
     if tiles is not None:
         if images != 1:
             raise ValueError(f"pass either images ({images}) or tiles ({tiles!r}), not both")
@@ -370,7 +396,6 @@ def export_vlm(
     if not isinstance(prefill_len, int):
         raise ValueError(f"prefill_len must be one int for a vision-language model, got {prefill_len!r}")
     _prefill_lengths(prefill_len, cache_len)  # checks the range
-    fam = family(model)
     if fam.bidirectional_images and tokens_per_image(model) > prefill_len:
         raise ValueError(
             f"prefill_len ({prefill_len}) is shorter than an image ({tokens_per_image(model)} tokens), whose "
@@ -442,7 +467,47 @@ def generate_vlm(
     if prompt[-1] == image_token_id:
         raise ValueError("prompt_ids must end with a text token after the image (e.g. the end-of-image token)")
     runtime = edge_model.runtime
-    encode, decode = runtime.signature("encode_image"), runtime.signature("decode")
+    decode = runtime.signature("decode")
+    mrope = "rope_pos" in decode.input_names  # Qwen2-VL: pixel_values are images, their grids by size
+    if not mrope:
+        pixels = _checked_pixels(runtime, pixel_values)
+    if max_new_tokens == 0:
+        return []
+    cache_len = exported_cache_len(decode)
+    if cache_len is not None and len(prompt) + max_new_tokens > cache_len:
+        raise ValueError(
+            f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the exported cache length "
+            f"({cache_len}); export with a larger cache_len"
+        )
+    if mrope:
+        from litert_torch.generative import qwen_vl
+
+        cache, rope = qwen_vl.prefill_prompt(edge_model, pixel_values, prompt, image_token_id)
+    else:
+        # A prefix-LM's prompt is prefilled whole (its tokens see the last one); its last token
+        # then runs again through decode for its logits, writing the same keys and values.
+        whole = PREFILL_WHOLE_PROMPT in [s.key for s in runtime.signatures]
+        cache = prefill_prompt(edge_model, pixels, prompt if whole else prompt[:-1], image_token_id)
+        rope = lambda pos: []  # noqa: E731
+
+    def step(token: np.ndarray, pos: int):
+        return runtime.run([token, np.array([pos], np.int32), *rope(pos), *cache], "decode")
+
+    rng = sampler.rng()
+    pos = len(prompt) - 1
+    logits, *cache = step(prompt[None, pos:], pos)
+    out = [sampler(logits[0, -1], rng)]
+    stop = {int(t) for t in stop_tokens}
+    for pos in range(len(prompt), len(prompt) + max_new_tokens - 1):
+        if out[-1] in stop:
+            break
+        logits, *cache = step(np.array([[out[-1]]], np.int32), pos)
+        out.append(sampler(logits[0, -1], rng))
+    return out
+
+
+def _checked_pixels(runtime, pixel_values) -> np.ndarray:
+    encode = runtime.signature("encode_image")
     pixels = np.asarray(pixel_values.detach().cpu() if isinstance(pixel_values, torch.Tensor) else pixel_values)
     pixels = pixels.astype(np.float32)
     if pixels.shape != tuple(encode.inputs[0].shape):
@@ -456,29 +521,12 @@ def generate_vlm(
             f"pixel_values image {empty[0]} is all zeros, which SmolVLM's forward drops as padding: "
             "pass only real images (tiles)"
         )
-    if max_new_tokens == 0:
-        return []
-    cache_len = max((s.shape[2] for s in decode.outputs[1:] if s.name.startswith("kv_cache")), default=None)
-    if cache_len is not None and len(prompt) + max_new_tokens > cache_len:
-        raise ValueError(
-            f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the exported cache length "
-            f"({cache_len}); export with a larger cache_len"
-        )
-    # A prefix-LM's prompt is prefilled whole (its tokens see the last one); its last token
-    # then runs again through decode for its logits, writing the same keys and values.
-    whole = PREFILL_WHOLE_PROMPT in [s.key for s in runtime.signatures]
-    cache = prefill_prompt(edge_model, pixels, prompt if whole else prompt[:-1], image_token_id)
-    rng = sampler.rng()
-    pos = len(prompt) - 1
-    logits, *cache = runtime.run([prompt[None, pos:], np.array([pos], np.int32), *cache], "decode")
-    out = [sampler(logits[0, -1], rng)]
-    stop = {int(t) for t in stop_tokens}
-    for pos in range(len(prompt), len(prompt) + max_new_tokens - 1):
-        if out[-1] in stop:
-            break
-        logits, *cache = runtime.run([np.array([[out[-1]]], np.int32), np.array([pos], np.int32), *cache], "decode")
-        out.append(sampler(logits[0, -1], rng))
-    return out
+    return pixels
+
+
+def exported_cache_len(decode) -> int | None:
+    """The linear cache's length in a decode signature (None: ring buffers only)."""
+    return max((s.shape[2] for s in decode.outputs[1:] if s.name.startswith("kv_cache")), default=None)
 
 
 def _tile_count(tiles) -> int:
@@ -520,7 +568,7 @@ def prefill_prompt(edge_model: EdgeModel, pixel_values: np.ndarray, prompt: np.n
     whole = PREFILL_WHOLE_PROMPT in [s.key for s in runtime.signatures]
     name = PREFILL_WHOLE_PROMPT if whole else PREFILL
     prefill, decode = runtime.signature(name), runtime.signature("decode")
-    cache_len = max((s.shape[2] for s in decode.outputs[1:] if s.name.startswith("kv_cache")), default=None)
+    cache_len = exported_cache_len(decode)
     (image_embeds,) = runtime.run([pixel_values], "encode_image")
     placed = place_image_rows(prompt, image_embeds, image_token_id)
     chunk = prefill.inputs[0].shape[1]
@@ -558,7 +606,7 @@ def reference_generate_vlm(
     sampler = _sampler(temperature, top_k, top_p, seed)
     stop = {int(t) for t in stop_tokens}
     ids = torch.as_tensor(_prompt(prompt_ids), dtype=torch.long)[None]
-    pixels = torch.as_tensor(np.asarray(pixel_values, dtype=np.float32))
+    pixels = pixel_values if family(model).mrope else torch.as_tensor(np.asarray(pixel_values, dtype=np.float32))
     rng, out, prompt_len = sampler.rng(), [], ids.shape[1]
     for _ in range(max_new_tokens):
         logits = reference_forward(model, ids, pixels, prompt_len=prompt_len)
