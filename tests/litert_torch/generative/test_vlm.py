@@ -290,14 +290,8 @@ def test_refusals_say_why():
         export_vlm(model, images=0)
     with pytest.raises(ValueError, match="pass either images"):
         export_vlm(model, images=2, tiles=(2, 2))
-    qwen2_vl = transformers.Qwen2VLConfig(
-        text_config=dict(
-            TEXT, num_hidden_layers=1, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}
-        ),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2),
-    )
-    with pytest.raises(UnsupportedModelError, match="M-RoPE"):
-        export_vlm(_quiet(lambda: transformers.Qwen2VLForConditionalGeneration(qwen2_vl)))
+    with pytest.raises(ValueError, match="grids= is for Qwen2-VL"):
+        export_vlm(model, grids=[(1, 4, 4)])
     with pytest.raises(UnsupportedModelError, match="export_generative"):
         export_vlm(transformers.GemmaForCausalLM(transformers.GemmaConfig(vocab_size=8, num_hidden_layers=1)))
 
