@@ -1,7 +1,7 @@
 """Rows of docs/generative_families.md for sentence embedders and vision-language models.
 
 Each family is built from the tiny random-weight configs of the tests
-(tests/litert_torch/generative/test_embedder.py, test_vlm.py), exported float and with
+(tests/litert_torch/generative/test_embedder.py, test_vlm.py, test_qwen_vl.py), exported float and with
 dynamic int8 weights and with int4 weights (blocks of 32), and measured in LiteRT (XNNPACK, 1 thread, median of --runs calls):
 
 - embedders: max relative error of the embeddings against transformers (each sentence
@@ -10,7 +10,8 @@ dynamic int8 weights and with int4 weights (blocks of 32), and measured in LiteR
 - vision-language models: max relative error of the logits of every decode step after a
   prompt with an image, against the model's own forward with `pixel_values` (quantized:
   against the float file); latency of one `decode` step (and of `encode_image`, in the task cell);
-- refusals: the reason, as raised.
+- Qwen2-VL / Qwen2.5-VL (`--qwen-vl`: only these): images of two sizes in one prompt, every
+  decode step's logits against transformers' `generate` (quantized: against the float file).
 
     .venv/bin/python benchmarks/embedder_vlm_families.py            # prints the table rows
 """
@@ -25,9 +26,10 @@ import numpy as np
 import torch
 
 from litert_torch import quantize
-from litert_torch.generative import UnsupportedModelError, embed, export_embedder, export_vlm, vlm
+from litert_torch.generative import embed, export_embedder, export_vlm, qwen_vl, vlm
 from runtimes.litert import max_relative_error
 from tests.litert_torch.generative import test_embedder as emb
+from tests.litert_torch.generative import test_qwen_vl as tq
 from tests.litert_torch.generative import test_vlm as tv
 
 # None: float; then the quantized variants, each a row
@@ -141,19 +143,44 @@ def vlm_rows(runs: int) -> list[tuple]:
     return rows
 
 
-def refused_rows() -> list[tuple]:
-    import transformers
-
-    qwen2_vl = transformers.Qwen2VLConfig(
-        text_config=dict(tv.TEXT, num_hidden_layers=1, bos_token_id=0, eos_token_id=1),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2),
-    )
+def qwen_vl_rows(runs: int) -> list[tuple]:
+    """Qwen2-VL / Qwen2.5-VL (`grids=`, both grids of the tests): every decode step's logits
+    after a prompt with both images against transformers' generate (quantized: the float file)."""
     rows = []
-    for name, model in (("qwen2-vl", transformers.Qwen2VLForConditionalGeneration(qwen2_vl)),):
-        try:
-            export_vlm(model)
-        except UnsupportedModelError as e:
-            rows.append((name, "vision-language", "refused: " + str(e).split(": ", 1)[-1], "", "", ""))
+    for name, build in tq.BUILDERS.items():
+        model = build()
+        images = [tq.image(g, seed=2 + i) for i, g in enumerate(tq.GRIDS)]
+        prompt = tq.prompt_for(tq.GRIDS)
+        tokens, expected = tq.transformers_generate(model, images, prompt)
+        ids, base = [prompt[-1]] + tokens, None
+        for quant in QUANT:
+            extra = {"quant_config": QUANT[quant](), "verify": False} if quant else {}
+            edge = export_vlm(
+                model, grids=tq.GRIDS, prefill_len=tq.PREFILL, cache_len=tq.CACHE, progress=False, **extra
+            )
+            cache, rope = qwen_vl.prefill_prompt(edge, images, np.array(prompt, np.int32), tq.IMAGE)
+            step_logits = []
+            for step in range(tq.STEPS):
+                pos = len(prompt) - 1 + step
+                inputs = [np.array([[ids[step]]], np.int32), np.array([pos], np.int32), *rope(pos), *cache]
+                logits, *cache = edge.runtime.run(inputs, "decode")
+                step_logits.append(logits[0, -1])
+            reference = expected if quant is None else base
+            error = max(max_relative_error(a, b) for a, b in zip(step_logits, reference))
+            base = step_logits if quant is None else base
+            decode_ms = _median_ms(runs, edge.runtime.run, [inputs[0], inputs[1], *rope(pos + 1), *cache], "decode")
+            encode_ms = [
+                _median_ms(
+                    runs, edge.runtime.run, [qwen_vl.model_patches(model, im)[0].numpy()], qwen_vl.encoder_name(g)
+                )
+                for im, g in zip(images, tq.GRIDS)
+            ]
+            status = "exact (vs transformers' generate)" if quant is None else f"{quant} (vs float)"
+            encoders = " / ".join(f"{qwen_vl.encoder_name(g)} ({ms:.2f} ms)" for g, ms in zip(tq.GRIDS, encode_ms))
+            task = f"{encoders} + prefill + decode (rope_pos)"
+            rows.append(
+                (name, task, status, f"{error:.1e}", f"{len(edge) / 1024:.0f} KiB", f"{decode_ms:.2f} ms/token")
+            )
     return rows
 
 
@@ -161,11 +188,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--siglip2", action="store_true", help="only the SigLIP2 NaFlex row")
+    parser.add_argument("--qwen-vl", action="store_true", help="only the Qwen2-VL / Qwen2.5-VL rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.siglip2:
         return print("| " + " | ".join(siglip2_rows(args.runs)[0]) + " |")
-    for row in embedder_rows(args.runs) + vlm_rows(args.runs) + refused_rows():
+    rows = qwen_vl_rows if args.qwen_vl else lambda runs: embedder_rows(runs) + vlm_rows(runs) + qwen_vl_rows(runs)
+    for row in rows(args.runs):
         print("| " + " | ".join(row) + " |")
 
 

@@ -230,7 +230,10 @@ def as_images(pixel_values) -> list[np.ndarray]:
     images = []
     for image in pixel_values:
         image = np.asarray(image.detach().cpu() if isinstance(image, torch.Tensor) else image, dtype=np.float32)
-        images.append(image[0] if image.ndim == 4 and image.shape[0] == 1 else image)
+        image = image[0] if image.ndim == 4 and image.shape[0] == 1 else image
+        if image.ndim != 3:
+            raise ValueError(f"an image must be (channels, height, width), got shape {image.shape}")
+        images.append(image)
     return images
 
 
@@ -360,7 +363,7 @@ def export(
             f"{name}: pass grids=[(1, h, w), ...], the image grids in patches that encode_image takes "
             "(the vision tower's positions and attention blocks are fixed per grid)"
         )
-    grids = [check_grid(model, tuple(g) if isinstance(g, list) else g) for g in grids]
+    grids = [check_grid(model, g) for g in grids]
     if len(set(grids)) != len(grids):
         raise ValueError(f"{name}: grids has duplicates: {grids}")
     model = cpu_view(model).eval()
@@ -404,30 +407,27 @@ def encoders(runtime) -> dict[tuple[int, int, int], str]:
     return {grid_of(s.key): s.key for s in runtime.signatures if s.key.startswith("encode_image_")}
 
 
+def matching_encoder(runtime, image: np.ndarray) -> tuple[tuple[int, int, int], str, int, int]:
+    """(grid, signature, patch_size, temporal_patch_size) of the encoder whose grid `image`
+    (C, H, W) fills: H = h * patch, W = w * patch, patches of C * temporal * patch**2."""
+    channels, height, width = image.shape
+    for grid, name in encoders(runtime).items():
+        patch, dim = height // grid[1], runtime.signature(name).inputs[0].shape[1]
+        if patch and (height, width) == (grid[1] * patch, grid[2] * patch) and dim % (channels * patch**2) == 0:
+            return grid, name, patch, dim // (channels * patch**2)
+    raise ValueError(
+        f"an image of shape {image.shape} fits none of the exported grids {sorted(encoders(runtime))} (in patches): "
+        "resize it to grid * patch_size pixels, or export with grids= that include its grid"
+    )
+
+
 def encode_images(edge_model, pixel_values) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """Each image (C, H, W), resized and normalised, through the `encode_image_<h>x<w>`
     signature of its grid -> (image embedding rows in order, the grids)."""
     runtime = edge_model.runtime
-    by_grid = encoders(runtime)
     rows, grids = [], []
     for image in as_images(pixel_values):
-        found = None
-        for grid, name in by_grid.items():
-            patches, dim = runtime.signature(name).inputs[0].shape
-            patch = image.shape[1] // grid[1] if image.ndim == 3 else 0
-            if (
-                patch
-                and image.shape[1:] == (grid[1] * patch, grid[2] * patch)
-                and dim % (image.shape[0] * patch**2) == 0
-            ):
-                found = grid, name, patch, dim // (image.shape[0] * patch**2)
-                break
-        if found is None:
-            raise ValueError(
-                f"an image of shape {image.shape} fits none of the exported grids {sorted(by_grid)} (in patches): "
-                "resize it to grid * patch_size pixels, or export with grids= that include its grid"
-            )
-        grid, name, patch, temporal = found
+        grid, name, patch, temporal = matching_encoder(runtime, image)
         patches, _ = patchify(image, patch, exported_merge(runtime, grid), temporal)
         (embeds,) = runtime.run([patches], name)
         rows.append(embeds[0])
