@@ -215,35 +215,34 @@ def grid_of(name: str) -> tuple[int, int, int]:
 def reference_forward(model: nn.Module, ids: torch.Tensor, pixel_values, grids) -> torch.Tensor:
     """The model's own forward over a whole sequence with its images (no cache): logits."""
     image_id = int(model.config.image_token_id)
-    return model(
-        input_ids=ids.long(),
-        pixel_values=torch.as_tensor(pixel_values),
-        image_grid_thw=torch.tensor([list(g) for g in grids]),
-        mm_token_type_ids=(ids == image_id).int(),
-    ).logits
+    images = dict(pixel_values=torch.as_tensor(pixel_values), image_grid_thw=torch.tensor([list(g) for g in grids]))
+    return model(input_ids=ids.long(), mm_token_type_ids=(ids == image_id).int(), **(images if grids else {})).logits
 
 
 def as_images(pixel_values) -> list[np.ndarray]:
-    """One image (C, H, W) or (1, C, H, W), or a list of them -> a list of (C, H, W) arrays."""
-    if isinstance(pixel_values, torch.Tensor) or (isinstance(pixel_values, np.ndarray) and pixel_values.ndim >= 3):
-        pixel_values = [pixel_values]
+    """An image (C, H, W), images of one size (N, C, H, W), or a list of images (any sizes;
+    empty: a text-only prompt) -> a list of (C, H, W) float32 arrays."""
+    if isinstance(pixel_values, (torch.Tensor, np.ndarray)):
+        pixel_values = [pixel_values] if pixel_values.ndim == 3 else list(pixel_values)
     images = []
     for image in pixel_values:
         image = np.asarray(image.detach().cpu() if isinstance(image, torch.Tensor) else image, dtype=np.float32)
-        image = image[0] if image.ndim == 4 and image.shape[0] == 1 else image
         if image.ndim != 3:
             raise ValueError(f"an image must be (channels, height, width), got shape {image.shape}")
         images.append(image)
     return images
 
 
-def model_patches(model: nn.Module, pixel_values) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
-    """The images' flattened patches, concatenated as Qwen's processor gives them, and their grids."""
+def model_patches(model: nn.Module, pixel_values) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
+    """The images' flattened patches, concatenated as Qwen's processor gives them, and their
+    grids (None, []: no images)."""
     vision = model.config.vision_config
     pairs = [
         patchify(image, vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
         for image in as_images(pixel_values)
     ]
+    if not pairs:  # a text-only prompt
+        return None, []
     return torch.from_numpy(np.concatenate([p for p, _ in pairs])), [g for _, g in pairs]
 
 
@@ -425,7 +424,8 @@ def encode_images(edge_model, pixel_values) -> tuple[np.ndarray, list[tuple[int,
     """Each image (C, H, W), resized and normalised, through the `encode_image_<h>x<w>`
     signature of its grid -> (image embedding rows in order, the grids)."""
     runtime = edge_model.runtime
-    rows, grids = [], []
+    hidden = runtime.signature(vlm.PREFILL).inputs[3].shape[2]
+    rows, grids = [np.zeros((0, hidden), np.float32)], []
     for image in as_images(pixel_values):
         grid, name, patch, temporal = matching_encoder(runtime, image)
         patches, _ = patchify(image, patch, exported_merge(runtime, grid), temporal)
@@ -441,7 +441,8 @@ def prefill_prompt(edge_model, pixel_values, prompt: np.ndarray, image_token_id:
     runtime = edge_model.runtime
     prefill, decode = runtime.signature(vlm.PREFILL), runtime.signature("decode")
     embeds, grids = encode_images(edge_model, pixel_values)
-    positions = rope_positions(prompt, image_token_id, grids, exported_merge(runtime, grids[0]))
+    merge = exported_merge(runtime, grids[0]) if grids else 1
+    positions = rope_positions(prompt, image_token_id, grids, merge)
     delta = rope_delta(positions)
     body = prompt[:-1]
     placed = vlm.place_image_rows(body, embeds, image_token_id)

@@ -459,9 +459,9 @@ def generate_vlm(
     is prefilled in chunks that never split an image, all but its last token, which goes
     through `decode` (it must be text); with `prefill_whole_prompt` (PaliGemma) in one
     chunk, all of it, and its last token through `decode` again. Qwen2-VL / Qwen2.5-VL:
-    `pixel_values` is an image (3, H, W), resized and normalised, or a list of them, each
-    through the `encode_image_<h>x<w>` of its size, with their rotary positions (`qwen_vl`).
-    Greedy unless `temperature` > 0 (see `generate`)."""
+    `pixel_values` is an image (3, H, W), resized and normalised, or a list of them (empty:
+    text only), each through the `encode_image_<h>x<w>` of its size, with their rotary
+    positions (`qwen_vl`). Greedy unless `temperature` > 0 (see `generate`)."""
     prompt = _prompt(prompt_ids)
     sampler = _sampler(temperature, top_k, top_p, seed)
     if max_new_tokens < 0:

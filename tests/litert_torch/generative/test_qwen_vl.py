@@ -98,8 +98,7 @@ def transformers_generate(model, images, prompt):
         out = model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
-            pixel_values=patches,
-            image_grid_thw=torch.tensor(grids),
+            **(dict(pixel_values=patches, image_grid_thw=torch.tensor(grids)) if grids else {}),
             mm_token_type_ids=(ids == IMAGE).int(),
             max_new_tokens=STEPS,
             do_sample=False,
@@ -163,6 +162,13 @@ def test_generation_equals_transformers_generate_with_every_logit(exported, grid
         logits, *cache = edge.runtime.run(inputs, "decode")
         errors.append(max_relative_error(logits[0, -1], expected_logits[step]))
     assert max(errors) <= TOLERANCE, errors
+
+
+def test_text_only_generation_equals_transformers_generate(exported):
+    model, edge = exported
+    prompt = prompt_for([])
+    expected_tokens, _ = transformers_generate(model, [], prompt)
+    assert generate_vlm(edge, [], prompt, STEPS, image_token_id=IMAGE) == expected_tokens
 
 
 def test_sampled_generation_matches_pytorch(exported):
