@@ -22,7 +22,8 @@ is a signature of its own (the weights are stored once). `pixel_values` are the
 flattened patches Qwen's image processor makes (`patchify` makes them from a resized,
 normalised image). The vision tower is the model's own (`visual`, with its patch merger);
 its attention goes through `packed_attention`, a mask that keeps attention within each
-block. Video (a temporal grid above 1) is refused.
+block. Video (a temporal grid above 1) is refused; a prompt holds image tokens and text
+(video tokens would be taken for text: the file does not know `video_token_id`).
 """
 
 from __future__ import annotations
@@ -41,15 +42,9 @@ from litert_torch.generative.kv_cache import MASKED_SCORE, check_positions
 from litert_torch.generative.transformers_lm import UnsupportedModelError
 from litert_torch.signatures import signature
 
-FAMILIES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
-ROPE_INPUT = "rope_pos"
 # "flash" in the name makes transformers' Qwen vision attention pass the blocks' boundaries
 # (cu_seqlens, as to a varlen flash kernel) instead of splitting by them with .tolist().
 VISION_ATTENTION = "litert_flash_packed_vision"
-
-
-def is_qwen_vl(model: nn.Module) -> bool:
-    return type(model).__name__ in FAMILIES
 
 
 def merge_size(model: nn.Module) -> int:

@@ -250,9 +250,15 @@ def test_refusals_say_why():
 
 
 @pytest.mark.parametrize("exported", ["qwen2.5-vl"], indirect=True)
-def test_bad_images_name_the_grids(exported):
+def test_image_forms_and_bad_images(exported):
+    """Bad images are named (shape, grid, token count); images of one size may come as one array."""
     _, edge = exported
     with pytest.raises(ValueError, match=r"fits none of the exported grids \[\(1, 4, 4\), \(1, 4, 6\)\]"):
         generate_vlm(edge, image((1, 6, 6)), prompt_for([(1, 6, 6)]), 3, image_token_id=IMAGE)
     with pytest.raises(ValueError, match="a run of 4 image tokens"):
         generate_vlm(edge, image(GRIDS[1]), prompt_for(GRIDS[:1]), 3, image_token_id=IMAGE)
+    with pytest.raises(ValueError, match=r"an image must be \(channels, height, width\), got shape \(16, 16\)"):
+        generate_vlm(edge, [np.zeros((16, 16))], prompt_for(GRIDS[:1]), 3, image_token_id=IMAGE)
+    pair, prompt = [image(GRIDS[0], seed=2), image(GRIDS[0], seed=3)], prompt_for(GRIDS[:1] * 2)
+    as_list = generate_vlm(edge, pair, prompt, 4, image_token_id=IMAGE)
+    assert generate_vlm(edge, torch.stack(pair), prompt, 4, image_token_id=IMAGE) == as_list  # (N, C, H, W)
