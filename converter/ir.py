@@ -297,10 +297,3 @@ class Model:
     graphs: list[Graph]
     description: str = "litert_torch"
     metadata: dict[str, bytes] = field(default_factory=dict)
-
-    def model_content(self) -> bytes:
-        """The model as .tflite bytes (as `EdgeModel.model_content()`), so readers of
-        models (`runtimes`) take an IR model without importing the converter."""
-        from converter.writer import write_flatbuffer
-
-        return write_flatbuffer(self)

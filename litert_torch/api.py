@@ -15,6 +15,7 @@ from converter.pipeline import convert_module, module_tensors
 from converter.progress import Progress
 from converter.writer import write_flatbuffer_parts
 from litert_torch.edge_model import EdgeModel
+from runtimes.litert import CalibrationRunner
 from runtimes.targets import TargetError
 
 
@@ -253,13 +254,11 @@ def _convert(
         from converter.quantize import quantize
 
         with stages.stage("quantize", str(quant_config)):
-            from litert_torch.quantize import calibration_runner
-
             quant_report = quantize(
                 model,
                 quant_config,
                 calibration_data,  # rewrites model in place
-                runner=calibration_runner,
+                runner=CalibrationRunner,
                 progress=stages,
             )
     report = None

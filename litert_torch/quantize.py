@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from converter.quantize.config import CALIBRATED, CALIBRATIONS, SCHEMES, AutoConfig, QuantConfig
+from runtimes.litert import CalibrationRunner
 
 __all__ = [
     "QuantConfig",
@@ -176,20 +177,4 @@ def analyze(
         )
 
 
-class _CalibrationRunner:
-    """The float model in LiteRT's builtin kernels (no XNNPACK), every intermediate kept:
-    what `converter.quantize` calibrates with."""
-
-    def __init__(self, model_content: bytes):
-        from runtimes.litert import LiteRTModel
-
-        self._model = LiteRTModel(model_content, use_xnnpack=False, preserve_all_tensors=True)
-
-    def run(self, inputs, signature: str):
-        return self._model.run(inputs, signature)
-
-    def get_tensor(self, index: int, subgraph: int):
-        return self._model.interpreter.get_tensor(index, subgraph)
-
-
-calibration_runner = _CalibrationRunner
+calibration_runner = CalibrationRunner  # what convert() calibrates with (runtimes/litert.py)

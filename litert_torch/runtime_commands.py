@@ -1,5 +1,5 @@
 """The `litert-torch check` and `litert-torch bench` commands: the CLI's front end for
-`runtimes` (registered by `litert_torch.cli`, which owns `main` and the exit codes).
+`runtimes` (registered by `litert_torch.cli`, which owns `main`; exit codes: `cli_report.py`).
 
     litert-torch check model.tflite --target android-gpu      # exit 1 when it breaks a rule
     litert-torch bench model.tflite --json out.json           # host timings (--op-profile: per op)
@@ -17,7 +17,7 @@ import stat
 import subprocess
 import sys
 
-from litert_torch.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_violations
+from litert_torch.cli_report import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_violations
 
 
 def _console():

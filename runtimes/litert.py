@@ -225,6 +225,20 @@ class LiteRTModel:
         return [np.asarray(results[spec.name]) for spec in sig.outputs]
 
 
+class CalibrationRunner:
+    """The float model in LiteRT's builtin kernels (no XNNPACK), every intermediate kept:
+    what `converter.quantize` calibrates with (`litert_torch.quantize.calibration_runner`)."""
+
+    def __init__(self, model_content: bytes):
+        self._model = LiteRTModel(model_content, use_xnnpack=False, preserve_all_tensors=True)
+
+    def run(self, inputs, signature: str):
+        return self._model.run(inputs, signature)
+
+    def get_tensor(self, index: int, subgraph: int):
+        return self._model.interpreter.get_tensor(index, subgraph)
+
+
 class PrepareError(RuntimeError):
     """LiteRT refused to prepare (allocate) a model. `subgraph`/`node` locate the refused
     op in the file (None when the runtime did not say), `opcode` names it."""

@@ -102,9 +102,10 @@ def _install() -> None:
     )
     device.pallas.jax_op = jax_op
     if torch.distributed.is_available():  # dist.init_process_group("tpu"): one process per chip
-        from tpu_backend.distributed import process_group
+        from tpu_backend.distributed import compiled_collectives, process_group
 
         process_group.register()
+        compiled_collectives.register_all()  # _c10d_functional ops inside torch.compile(backend="tpu") graphs
     if dispatch.get_eager_mode() == "fused":  # TPU_EAGER_MODE=fused
         fused.enable()
 

@@ -8,8 +8,6 @@ shared payload through `tensor.read` / `tensor.write`.
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import torch
 
@@ -18,6 +16,7 @@ from tpu_backend import tensor as tpu_tensor
 from tpu_backend.dispatch import check_device_index, execute, register_kernel
 from tpu_backend.eager.registration import register_behind_native
 from tpu_backend.ops.registry import JAX_LOWERINGS
+from tpu_backend.tensor import resize_
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -85,15 +84,6 @@ def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor):
     if tuple(dst.shape) != tuple(src.shape):
         resize_(dst, src.shape)
     return copy_(dst, src)
-
-
-def resize_(t: torch.Tensor, size, memory_format=None):
-    """Resize in place: grow the payload if needed, then restride through the Meta kernel."""
-    size = tuple(size)
-    strides = torch._prims_common.make_contiguous_strides_for(size) if size else ()
-    tpu_tensor.resize_payload(t, t.storage_offset() + math.prod(size))
-    aten.set_.source_Storage_storage_offset.redispatch(_META, t, t.untyped_storage(), t.storage_offset(), size, strides)
-    return t
 
 
 def as_strided_(t: torch.Tensor, size, stride, storage_offset=None):

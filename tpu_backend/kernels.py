@@ -41,55 +41,12 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 
 import torch
 
-MODES = ("auto", "on", "off", "interpret")
-_mode = os.environ.get("TPU_KERNELS", "auto")
-if _mode not in MODES:
-    raise ValueError(f"TPU_KERNELS={_mode!r}: expected one of {', '.join(MODES)}")
+from tpu_backend.kernel_mode import MODES, implementation, mode, set_mode, use  # noqa: F401  (public names here)
 
 _STATS: collections.Counter = collections.Counter()
-
-
-def mode() -> str:
-    return _mode
-
-
-def set_mode(new_mode: str) -> None:
-    global _mode
-    if new_mode not in MODES:
-        raise ValueError(f"kernel mode {new_mode!r} is not one of {', '.join(MODES)}")
-    _mode = new_mode
-
-
-class use:
-    """Set the kernel mode: `use("on")` sets it; `with use("on"):` restores the previous
-    mode on exit."""
-
-    def __init__(self, new_mode: str):
-        self.previous = _mode
-        set_mode(new_mode)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        set_mode(self.previous)
-        return False
-
-
-def implementation() -> str:
-    """What the current mode means on this JAX backend: "pallas", "interpret" or "reference"."""
-    from kernels._common import accelerator
-
-    on_tpu = accelerator() == "tpu"
-    if _mode == "off" or (_mode == "auto" and not on_tpu):
-        return "reference"
-    if _mode == "interpret":
-        return "interpret"
-    return "pallas" if on_tpu else "interpret"
 
 
 def stats() -> dict[str, int]:
@@ -144,7 +101,7 @@ XLA_FASTER_BELOW: dict[str, tuple[int, str, str]] = {
 def _xla_measured_faster(op_name: str, size: int | None) -> str | None:
     """Why "auto" leaves this call to XLA on speed (None: the kernel is not slower)."""
     floor, what, evidence = XLA_FASTER_BELOW.get(op_name, (0, "", ""))
-    if _mode != "auto" or size is None or size >= floor:
+    if mode() != "auto" or size is None or size >= floor:
         return None
     return f"XLA measured faster for {what} < {floor}: {evidence}"
 
@@ -162,7 +119,7 @@ def _route(op_name: str, gaps, tpu_rules=None, size: int | None = None) -> str |
     compiles with, so a call no TPU kernel can take goes to XLA instead of failing, and
     `XLA_FASTER_BELOW` (in mode "auto") the sizes where XLA was measured faster."""
     impl = implementation()
-    reason = f"mode {_mode}" if impl == "reference" else gaps()
+    reason = f"mode {mode()}" if impl == "reference" else gaps()
     if reason is None and torch._C._are_functorch_transforms_active():
         reason = UNDER_TORCH_FUNC
     if reason is None and impl == "pallas" and tpu_rules is not None:

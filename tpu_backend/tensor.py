@@ -471,6 +471,21 @@ def resize_payload(t: torch.Tensor, numel: int) -> None:
     payload.numel = numel
 
 
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def resize_(t: torch.Tensor, size, memory_format=None):
+    """Resize in place: grow the payload if needed, then restride through the Meta kernel.
+    (The `aten.resize_` kernel, and `out=` results of another shape: `eager/variants.py`.)"""
+    size = tuple(size)
+    strides = torch._prims_common.make_contiguous_strides_for(size) if size else ()
+    resize_payload(t, t.storage_offset() + math.prod(size))
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+        _META, t, t.untyped_storage(), t.storage_offset(), size, strides
+    )
+    return t
+
+
 # --------------------------------------------------------------------- host transfers
 
 

@@ -14,6 +14,7 @@ Conventions every family follows (the flatbuffer writer relies on them):
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -121,13 +122,94 @@ def reshape(ctx, x: Tensor, shape: Sequence[int], signature=None) -> Tensor:
     if x.is_const:
         return ctx.const(x.data.reshape(shape))
     if x.is_dynamic and signature is None:  # keep the dynamic dims dynamic
-        from converter.lowering.symbolic import dynamic_reshape
-
         return dynamic_reshape(ctx, x, shape)
     new_shape = list(signature) if signature is not None else list(shape)
     return ctx.emit(
         "RESHAPE", [x, int32(ctx, new_shape)], {"newShape": new_shape}, shape=shape, dtype=x.dtype, signature=signature
     )
+
+
+def dynamic_reshape(ctx, x: Tensor, shape) -> Tensor:
+    """RESHAPE a dynamic tensor to `shape` (its sample sizes), when the lowering knows only
+    sample sizes: each dynamic input dim must reappear whole in the output, between the
+    same amounts of data on either side (a batch or sequence dim kept through a lift,
+    flatten or split). One such dim is written -1; several read their sizes from SHAPE."""
+    shape = tuple(int(d) for d in shape)
+    sig = x.shape_signature
+    dynamic = [k for k, s in enumerate(sig) if s == -1]
+    out_sig = list(shape)
+    source = {}
+    for k in dynamic:
+        before, after = math.prod(x.shape[:k]), math.prod(x.shape[k + 1 :])
+        match = [
+            j
+            for j in range(len(shape))
+            if j not in source
+            and shape[j] == x.shape[k]
+            and math.prod(shape[:j]) == before
+            and math.prod(shape[j + 1 :]) == after
+        ]
+        if len(match) != 1:
+            raise unsupported(
+                ctx,
+                f"reshaping a tensor of dynamic shape {list(sig)} to {list(shape)}",
+                "Keep each dynamic dimension whole through view/reshape (merge or split only static "
+                "dims), or mark fewer dims dynamic.",
+            )
+        source[match[0]] = k
+        out_sig[match[0]] = -1
+    if len(dynamic) == 1:
+        target = int32(ctx, out_sig)
+    else:
+        sizes = shape_of(ctx, x)
+        gathered = {
+            j: op(
+                ctx,
+                "STRIDED_SLICE",
+                [sizes, int32(ctx, [k]), int32(ctx, [k + 1]), int32(ctx, [1])],
+                {
+                    "beginMask": 0,
+                    "endMask": 0,
+                    "ellipsisMask": 0,
+                    "newAxisMask": 0,
+                    "shrinkAxisMask": 0,
+                    "offset": False,
+                },
+                shape=(1,),
+                dtype=np.int32,
+            )
+            for j, k in source.items()
+        }
+        pieces, static = [], []
+        for j, d in enumerate(shape):
+            if j in gathered:
+                if static:
+                    pieces.append(int32(ctx, static))
+                    static = []
+                pieces.append(gathered[j])
+            else:
+                static.append(d)
+        if static:
+            pieces.append(int32(ctx, static))
+        target = op(
+            ctx,
+            "CONCATENATION",
+            pieces,
+            {"axis": 0, "fusedActivationFunction": "NONE"},
+            shape=(len(shape),),
+            dtype=np.int32,
+        )
+    options = {"newShape": out_sig} if len(dynamic) == 1 else {}
+    return ctx.emit("RESHAPE", [x, target], options, shape=shape, dtype=x.dtype, signature=tuple(out_sig))
+
+
+def shape_of(ctx, tensor: Tensor) -> Tensor:
+    """SHAPE of `tensor` as int32, emitted once per graph (kept with the symbolic sizes'
+    values, `ctx.sym_values`, which `symbolic.register_input` sets up)."""
+    key = ("shape", tensor.id)
+    if key not in ctx.sym_values:
+        ctx.sym_values[key] = op(ctx, "SHAPE", [tensor], {"outType": "INT32"}, shape=(tensor.rank,), dtype=np.int32)
+    return ctx.sym_values[key]
 
 
 def transpose(ctx, x: Tensor, perm: Sequence[int]) -> Tensor:

@@ -32,6 +32,7 @@ import torch
 from torch.export import ExportedProgram
 
 from converter.errors import ConversionError
+from converter.source_lines import user_source
 
 aten = torch.ops.aten
 
@@ -108,8 +109,6 @@ def _expression(node, names: dict, depth: int = 4) -> str:
 
 def _described(check: torch.fx.Node, chain: list[torch.fx.Node], names: dict) -> str:
     """What the check reads (`all(gt(spatial_shapes, 0))`) and the user's line that made it."""
-    from converter.pipeline import user_source
-
     reads = [n for n in chain if n.target in VALUE_READS]
     what = " and ".join(sorted({_expression(n.args[0], names) for n in reads}))
     source = next((s for s in map(user_source, [check, *reads]) if s), None)

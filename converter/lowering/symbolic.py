@@ -140,7 +140,7 @@ def _emit_symbol(ctx, sym: sympy.Symbol) -> Tensor:
             "Make the size depend only on input shapes, or compute it outside the model.",
         )
     tensor, axis, a, b = entry
-    shape = _shape_of(ctx, tensor)
+    shape = emit.shape_of(ctx, tensor)
     size = emit.op(
         ctx,
         "STRIDED_SLICE",
@@ -154,15 +154,6 @@ def _emit_symbol(ctx, sym: sympy.Symbol) -> Tensor:
     if a != 1:
         size = _scalar_op(ctx, "FLOOR_DIV", size, emit.int32(ctx, [a]))
     return size
-
-
-def _shape_of(ctx, tensor: Tensor) -> Tensor:
-    key = ("shape", tensor.id)
-    if key not in ctx.sym_values:
-        ctx.sym_values[key] = emit.op(
-            ctx, "SHAPE", [tensor], {"outType": "INT32"}, shape=(tensor.rank,), dtype=np.int32
-        )
-    return ctx.sym_values[key]
 
 
 def shape_tensor(ctx, dims) -> Tensor:
@@ -190,83 +181,6 @@ def signature_of(dims) -> tuple[int, ...] | None:
     """The shape signature (-1 for symbolic dims) of a list of ints and SymInts."""
     sig = tuple(-1 if is_symbolic(d) else int(d) for d in dims)
     return sig if -1 in sig else None
-
-
-# ---- reshapes of dynamic tensors whose target has no symbols ------------------------------
-
-
-def dynamic_reshape(ctx, x: Tensor, shape) -> Tensor:
-    """RESHAPE a dynamic tensor to `shape` (its sample sizes), when the lowering knows only
-    sample sizes: each dynamic input dim must reappear whole in the output, between the
-    same amounts of data on either side (a batch or sequence dim kept through a lift,
-    flatten or split). One such dim is written -1; several read their sizes from SHAPE."""
-    shape = tuple(int(d) for d in shape)
-    sig = x.shape_signature
-    dynamic = [k for k, s in enumerate(sig) if s == -1]
-    out_sig = list(shape)
-    source = {}
-    for k in dynamic:
-        before, after = math.prod(x.shape[:k]), math.prod(x.shape[k + 1 :])
-        match = [
-            j
-            for j in range(len(shape))
-            if j not in source
-            and shape[j] == x.shape[k]
-            and math.prod(shape[:j]) == before
-            and math.prod(shape[j + 1 :]) == after
-        ]
-        if len(match) != 1:
-            raise emit.unsupported(
-                ctx,
-                f"reshaping a tensor of dynamic shape {list(sig)} to {list(shape)}",
-                "Keep each dynamic dimension whole through view/reshape (merge or split only static "
-                "dims), or mark fewer dims dynamic.",
-            )
-        source[match[0]] = k
-        out_sig[match[0]] = -1
-    if len(dynamic) == 1:
-        target = emit.int32(ctx, out_sig)
-    else:
-        sizes = _shape_of(ctx, x)
-        gathered = {
-            j: emit.op(
-                ctx,
-                "STRIDED_SLICE",
-                [sizes, emit.int32(ctx, [k]), emit.int32(ctx, [k + 1]), emit.int32(ctx, [1])],
-                {
-                    "beginMask": 0,
-                    "endMask": 0,
-                    "ellipsisMask": 0,
-                    "newAxisMask": 0,
-                    "shrinkAxisMask": 0,
-                    "offset": False,
-                },
-                shape=(1,),
-                dtype=np.int32,
-            )
-            for j, k in source.items()
-        }
-        pieces, static = [], []
-        for j, d in enumerate(shape):
-            if j in gathered:
-                if static:
-                    pieces.append(emit.int32(ctx, static))
-                    static = []
-                pieces.append(gathered[j])
-            else:
-                static.append(d)
-        if static:
-            pieces.append(emit.int32(ctx, static))
-        target = emit.op(
-            ctx,
-            "CONCATENATION",
-            pieces,
-            {"axis": 0, "fusedActivationFunction": "NONE"},
-            shape=(len(shape),),
-            dtype=np.int32,
-        )
-    options = {"newShape": out_sig} if len(dynamic) == 1 else {}
-    return ctx.emit("RESHAPE", [x, target], options, shape=shape, dtype=x.dtype, signature=tuple(out_sig))
 
 
 # ---- lowerings: size queries and Python arithmetic on sizes --------------------------------

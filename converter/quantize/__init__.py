@@ -24,6 +24,7 @@ import torch
 
 from common.messages import a_type
 from converter import ir
+from converter.quantize.calibrate import calibrated_ranges
 from converter.quantize.config import CALIBRATED, IO_TYPES, SCHEMES, AutoConfig, QuantConfig
 from converter.quantize.report import FloatOp, QuantizationWarning, QuantReport
 
@@ -290,28 +291,3 @@ def quantize(
         report.float_ops += float_ops
     report.warn(stacklevel=5)  # the user's call of litert_torch.convert
     return report
-
-
-def calibrated_ranges(model: ir.Model, config: QuantConfig, runner, progress=None) -> dict:
-    """Per graph name: tensor id -> (min, max), by `config`'s calibration method."""
-    from converter.quantize.calibrate import collect_ranges
-
-    if config.samples is None:
-        raise ValueError(
-            "the config holds no calibration samples; it must come from validate_config "
-            "(litert_torch.convert(..., quant_config=, calibration_data=) does this)"
-        )
-    if runner is None:
-        raise ValueError(
-            "calibrated schemes need runner= (an interpreter factory, litert_torch.quantize.calibration_runner)"
-        )
-    return collect_ranges(
-        model,
-        config.samples,
-        runner,
-        method=config.calibration,
-        percentile=config.percentile,
-        averaging_constant=config.averaging_constant,
-        activations="int16" if config.scheme == "int16x8" else "int8",
-        progress=progress,
-    )

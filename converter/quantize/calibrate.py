@@ -37,7 +37,7 @@ import math
 import numpy as np
 
 from converter import ir
-from converter.quantize.config import CALIBRATIONS
+from converter.quantize.config import CALIBRATIONS, QuantConfig
 
 Ranges = dict[int, tuple[float, float]]  # tensor id -> (min, max)
 HISTOGRAM_BINS = 2048
@@ -228,3 +228,26 @@ def collect_ranges(
             if r is not None:  # +-inf or never computed: stays float (and is reported)
                 result[graph.name][tid] = r
     return result
+
+
+def calibrated_ranges(model: ir.Model, config: QuantConfig, runner, progress=None) -> dict:
+    """Per graph name: tensor id -> (min, max), by `config`'s calibration method."""
+    if config.samples is None:
+        raise ValueError(
+            "the config holds no calibration samples; it must come from validate_config "
+            "(litert_torch.convert(..., quant_config=, calibration_data=) does this)"
+        )
+    if runner is None:
+        raise ValueError(
+            "calibrated schemes need runner= (an interpreter factory, litert_torch.quantize.calibration_runner)"
+        )
+    return collect_ranges(
+        model,
+        config.samples,
+        runner,
+        method=config.calibration,
+        percentile=config.percentile,
+        averaging_constant=config.averaging_constant,
+        activations="int16" if config.scheme == "int16x8" else "int8",
+        progress=progress,
+    )

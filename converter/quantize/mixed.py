@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from converter import ir
 from converter.quantize import full_integer, sensitivity
+from converter.quantize.calibrate import calibrated_ranges
 from converter.quantize.config import AutoConfig
 from converter.quantize.report import QuantReport
 from converter.quantize.select import pinned
@@ -20,8 +21,6 @@ def quantize_for_budget(model: ir.Model, config: AutoConfig, runner, progress=No
     """Rewrite `model` in place with the fewest float layers meeting `config`'s budget;
     the report's `auto` holds the chosen keep_float list, the measured error and the
     sensitivity report."""
-    from converter.quantize import calibrated_ranges
-
     base = config.base
     activations = "int16" if base.scheme == "int16x8" else "int8"
     ranges = calibrated_ranges(model, base, runner, progress)

@@ -46,7 +46,9 @@ from torch import nn
 
 from converter.pipeline import cpu_view
 from litert_torch.edge_model import EdgeModel
+from litert_torch.generative.errors import UnsupportedModelError
 from litert_torch.generative.generate import _sampler
+from litert_torch.generative.image_families import FAMILIES, REFUSED, redirect_image_to_text  # noqa: F401
 from litert_torch.generative.seq2seq import (
     CachedSeq2SeqLM,
     Seq2SeqSession,
@@ -59,18 +61,9 @@ from litert_torch.generative.seq2seq import (
     _text_source,
     generate_in_session,
 )
-from litert_torch.generative.transformers_lm import UnsupportedModelError
 from litert_torch.signatures import signature
 
 TOLERANCE = 1e-4
-
-# Image-to-text families (transformers class names) that export_image_to_text takes.
-FAMILIES = (
-    "VisionEncoderDecoderModel",
-    "BlipForConditionalGeneration",
-    "GitForCausalLM",
-    "Florence2ForConditionalGeneration",
-)
 
 
 def _name(model: nn.Module) -> str:
@@ -92,35 +85,6 @@ def _layer_count(decoder_config) -> int:
         if getattr(decoder_config, key, None):
             return int(getattr(decoder_config, key))
     raise UnsupportedModelError(f"{type(decoder_config).__name__}: no decoder layer count in the decoder's config")
-
-
-# Image-to-text families refused by name, with the reason and what would be needed.
-REFUSED = {
-    "Blip2ForConditionalGeneration": (
-        "BLIP-2 reads its Q-Former's query embeddings as prompt tokens of a decoder-only LM (OPT) or a T5 encoder, "
-        "not by cross-attention from the decoder: the export_vlm shape, which would need BLIP-2 in its families "
-        "(the Q-Former in encode_image)"
-    ),
-    "InstructBlipForConditionalGeneration": (
-        "InstructBLIP's Q-Former reads the text prompt too, and its query embeddings are prompt tokens of an LM: "
-        "encode_image would need the prompt as an input and the LM an export_vlm prefill"
-    ),
-    "Pix2StructForConditionalGeneration": (
-        "Pix2Struct takes a variable number of flattened patches (aspect-ratio preserving), not a fixed image size"
-    ),
-}
-
-
-def redirect_image_to_text(model: nn.Module, api: str) -> None:
-    """Raise, in `api`, the refusal that sends an image-to-text model to export_image_to_text."""
-    name = _name(model)
-    if name in FAMILIES:
-        raise UnsupportedModelError(
-            f"{name}: an image encoder with a text decoder reading it (image-to-text): {api} does not take it; "
-            "export it with export_image_to_text (encode_image + decode with self and cross caches)"
-        )
-    if name in REFUSED:
-        raise UnsupportedModelError(f"{name}: {REFUSED[name]}")
 
 
 def check_image_to_text(model: nn.Module) -> None:

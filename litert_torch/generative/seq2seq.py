@@ -70,6 +70,7 @@ from converter.pipeline import cpu_view
 from litert_torch.edge_model import EdgeModel
 from litert_torch.generative.attention import grouped_attention
 from litert_torch.generative.generate import Sampler, _sampler
+from litert_torch.generative.image_families import redirect_image_to_text
 from litert_torch.generative.kv_cache import MASKED_SCORE, check_positions
 from litert_torch.generative.transformers_lm import UnsupportedModelError, _LayerPlan, explicit_cache_class
 from litert_torch.signatures import signature
@@ -634,8 +635,6 @@ class _Decode(nn.Module):
 
 def check_supported(model: nn.Module) -> None:
     """Refuse, by name, what the encoder-decoder adapter does not reproduce."""
-    from litert_torch.generative.image_to_text import redirect_image_to_text
-
     redirect_image_to_text(model, "export_seq2seq")
     name = _name(model)
     cfg = getattr(model, "config", None)

@@ -34,6 +34,8 @@ import torch
 from torch import nn
 
 from litert_torch.generative.attention import grouped_attention
+from litert_torch.generative.errors import UnsupportedModelError
+from litert_torch.generative.image_families import redirect_image_to_text
 from litert_torch.generative.kv_cache import ring_attention_bias, windowed_attention_bias, write_cache, write_ring
 
 ATTENTION_NAME = "litert_explicit_cache"
@@ -53,10 +55,6 @@ POSITION_OFFSETS = {"PaliGemmaForConditionalGeneration": 1}
 # Families that do not route attention or their cache through transformers' interfaces
 # in a way this adapter can use, with what is missing.
 UNSUPPORTED_FAMILIES: dict[str, str] = {}
-
-
-class UnsupportedModelError(NotImplementedError):
-    """The model has a feature the generative export would not reproduce exactly."""
 
 
 def _model_name(model: nn.Module) -> str:
@@ -119,8 +117,6 @@ def layer_windows(config, n_layers: int, model_name: str = "model") -> list[int 
 
 def check_supported(model: nn.Module) -> None:
     """Refuse, by name, config fields whose math the adapter does not reproduce."""
-    from litert_torch.generative.image_to_text import redirect_image_to_text
-
     if _model_name(model) != "GitForCausalLM":  # GIT without an image is a plain causal LM
         redirect_image_to_text(model, "export_generative")
     cfg, name = text_config(model), _model_name(model)

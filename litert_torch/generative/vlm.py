@@ -54,6 +54,7 @@ from litert_torch.generative.export import (
     with_kv_cache,
 )
 from litert_torch.generative.generate import _prompt, _sampler, _split
+from litert_torch.generative.image_families import redirect_image_to_text
 from litert_torch.generative.kv_cache import check_positions
 from litert_torch.generative.transformers_lm import UnsupportedModelError, attention_through_litert, text_config
 from litert_torch.signatures import signature
@@ -101,8 +102,6 @@ REFUSED: dict[str, str] = {}
 
 def check_vlm(model: nn.Module) -> None:
     """Refuse, by name, the families whose image path is not reproduced."""
-    from litert_torch.generative.image_to_text import redirect_image_to_text
-
     name = type(model).__name__
     if name in REFUSED:
         raise UnsupportedModelError(f"{name}: {REFUSED[name]}")

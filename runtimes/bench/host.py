@@ -20,16 +20,10 @@ import time
 
 import numpy as np
 
+from runtimes.bench.model_file import read_model_file
+from runtimes.bench.op_profile import op_profile
+
 SCHEMA = "litert-torch-bench/1"
-
-
-def _read(model) -> tuple[bytes, str]:
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        return bytes(model), "<bytes>"
-    if not os.path.isfile(model):
-        raise FileNotFoundError(f"no such model file: {model}")
-    with open(model, "rb") as f:
-        return f.read(), str(model)
 
 
 def random_inputs(signature, seed: int = 0) -> list[np.ndarray]:
@@ -140,9 +134,7 @@ def bench_host(
 ) -> dict:
     """Benchmark a model (path or bytes) in the LiteRT interpreter on this machine; with
     `per_op`, add `op_profile` (see `op_profile`)."""
-    from runtimes.bench.op_profile import op_profile
-
-    content, name = _read(model)
+    content, name = read_model_file(model)
     rss_before = _peak_rss_mb()
     runner = _HostRunner(content, threads, use_xnnpack, seed)
     first = runner.once()
@@ -186,7 +178,7 @@ def compare(
 ) -> dict:
     """Benchmark A and B alternately in one process; ratios are B / A (below 1: B faster).
     Each side's `memory` is its peak in a child process of its own (`_peak_alone`)."""
-    (ca, na), (cb, nb) = _read(model_a), _read(model_b)
+    (ca, na), (cb, nb) = read_model_file(model_a), read_model_file(model_b)
     a = _HostRunner(ca, threads, use_xnnpack, seed)
     b = _HostRunner(cb, threads, use_xnnpack, seed)
     firsts = (a.once(), b.once())
@@ -218,7 +210,7 @@ def bench_web(model, *, runs: int = 20, warmup: int = 3, accelerator: str = "was
     from runtimes.litert import LiteRTModel
     from runtimes.web import run_in_browser
 
-    content, name = _read(model)
+    content, name = read_model_file(model)
     sig = LiteRTModel(content).signatures[0]
     result = run_in_browser(content, random_inputs(sig, seed), accelerator=accelerator, warmup=warmup, runs=runs)
     return {

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from runtimes.bench.host import _read
+from runtimes.bench.model_file import read_model_file
 
 
 def _single_op_model(schema, model_t, sg, op) -> bytes:
@@ -94,7 +94,7 @@ def op_profile(
 
     from common.tflite_schema import CONTROL_FLOW, opcode_name
 
-    content, _ = _read(model)
+    content, _ = read_model_file(model)
     model_t = schema.ModelT.InitFromPackedBuf(content, 0)
     sg = model_t.subgraphs[subgraph]
     rows = []

@@ -416,7 +416,7 @@ def check_view(view: ModelView, profile: Profile) -> TargetReport:
 
 
 def _content(model) -> bytes:
-    """Bytes of a path, bytes, or anything with `model_content()` (an EdgeModel, a converter IR model)."""
+    """Bytes of a path, bytes, or anything with `model_content()` (an EdgeModel)."""
     if isinstance(model, (str, os.PathLike)):
         if not os.path.isfile(model):
             raise FileNotFoundError(f"no such model file: {model}")
@@ -426,11 +426,14 @@ def _content(model) -> bytes:
         return bytes(model)
     if hasattr(model, "model_content"):
         return bytes(model.model_content())
-    raise TypeError(f"check() takes a .tflite path, bytes, an EdgeModel or an IR model; got {type(model).__name__}")
+    raise TypeError(
+        f"check() takes a .tflite path, bytes or an EdgeModel; got {type(model).__name__} "
+        "(a converter IR model: pass converter.writer.write_flatbuffer(model))"
+    )
 
 
 def check(path_or_model, target, *, quiet: bool = False) -> TargetReport:
-    """Check a model (a .tflite path, bytes, an EdgeModel or an IR model) against `target`
+    """Check a model (a .tflite path, bytes or an EdgeModel) against `target`
     ("android-gpu", "web", "micro", ...). Prints the report unless `quiet`; returns it."""
     from runtimes.verify import verify_model
 

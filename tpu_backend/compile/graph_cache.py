@@ -57,8 +57,9 @@ from torch._inductor import codecache as _codecache
 from torch._inductor.output_code import OutputCode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from tpu_backend import kernel_mode
 from tpu_backend.compile import cache as _cache
-from tpu_backend.compile import program_cache
+from tpu_backend.compile import compiled_graph, program_cache
 
 SUFFIX = ".aot"
 DEFAULT = "default"  # the process-wide bucket policy (pickles, unlike backend's sentinel)
@@ -85,10 +86,8 @@ class TpuGraphCode(OutputCode):
         self._compile(gm)
 
     def _compile(self, gm: torch.fx.GraphModule) -> None:
-        from tpu_backend.compile import backend
-
-        buckets = backend._DEFAULT_BUCKETS if self.buckets == DEFAULT else self.buckets
-        self._compiled = backend.compile_for_tpu(gm, self.name, buckets)
+        buckets = compiled_graph._DEFAULT_BUCKETS if self.buckets == DEFAULT else self.buckets
+        self._compiled = compiled_graph.compile_for_tpu(gm, self.name, buckets)
 
     def __call__(self, args: list) -> list:
         return self._compiled(args)
@@ -324,10 +323,9 @@ def compiler(name: str, buckets=DEFAULT):
 def key_tag() -> str:
     """What of ours decides AOTAutograd's output: the decompositions follow the lowering
     table (its code and size) and the kernel mode."""
-    from tpu_backend import kernels
     from tpu_backend.compile.interpreter import lowering_tables_version
 
-    return f"tpu_backend {program_cache.source_hash()} {lowering_tables_version()} {kernels.mode()}"
+    return f"tpu_backend {program_cache.source_hash()} {lowering_tables_version()} {kernel_mode.mode()}"
 
 
 # --------------------------------------------------------------------- verified storage

@@ -32,6 +32,7 @@ from typing import Any
 
 import jax
 
+from tpu_backend import kernel_mode
 from tpu_backend.compile import cache as _cache
 
 SUFFIX = ".prog"
@@ -87,10 +88,8 @@ def _static_environment() -> str:
 def environment_key() -> str:
     """What outside a program decides its executable: versions, our source, the backend,
     the JAX flags and the kernel mode (these two can change while the process runs)."""
-    from tpu_backend import kernels
-
     flags = [f"{name}={getattr(jax.config, name, None)!r}" for name in _JAX_FLAGS]
-    return "\n".join([_static_environment(), *flags, f"kernels {kernels.mode()} {kernels.implementation()}"])
+    return "\n".join([_static_environment(), *flags, f"kernels {kernel_mode.mode()} {kernel_mode.implementation()}"])
 
 
 def single_device(signature: tuple) -> bool:

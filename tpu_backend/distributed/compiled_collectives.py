@@ -20,14 +20,13 @@ import numpy as np
 import torch
 from torch.distributed.distributed_c10d import _resolve_process_group
 
+from tpu_backend.distributed.process_group import ProcessGroupTPU
 from tpu_backend.ops.registry import Lowering, register
 
 funcol = torch.ops._c10d_functional
 
 
 def _group(group_name: str):
-    from tpu_backend.distributed.process_group import ProcessGroupTPU
-
     group = _resolve_process_group(group_name)
     if not isinstance(group, ProcessGroupTPU):
         raise TypeError(

@@ -587,9 +587,6 @@ def register() -> None:
     """Make "tpu" a torch.distributed backend, and the default one for tpu tensors."""
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    from tpu_backend.distributed import compiled_collectives
-
-    compiled_collectives.register_all()  # _c10d_functional ops inside torch.compile(backend="tpu") graphs
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=[DEVICE_NAME, "cpu"])
 
 

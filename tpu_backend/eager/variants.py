@@ -81,7 +81,5 @@ def _out_names(op) -> list[str]:
 def write_result(dst: torch.Tensor, value: jax.Array) -> None:
     """Write `value` into `dst`, resizing `dst` first when its shape differs (out= semantics)."""
     if tuple(dst.shape) != tuple(value.shape):
-        from tpu_backend.core_ops import resize_
-
-        resize_(dst, value.shape)
+        tpu_tensor.resize_(dst, value.shape)
     tpu_tensor.write(dst, value)

@@ -36,7 +36,7 @@ import os
 
 import torch
 
-from tpu_backend.integrations import when_imported
+from tpu_backend.integrations.post_import import when_imported
 
 logger = logging.getLogger(__name__)
 DEVICE_TYPE = "tpu"

@@ -21,12 +21,15 @@ def tpu(gm, example_inputs, **kwargs):
     return compile_for_tpu(gm, example_inputs, **kwargs)
 
 
+tpu.forwards_to_compile_backend = True  # compile/backend.py replaces a registered forwarder
+
+
 def _register(registry) -> None:
     if BACKEND_NAME not in registry._COMPILER_FNS:
         registry.register_backend(tpu, name=BACKEND_NAME)
 
 
 def install() -> None:
-    from tpu_backend.integrations import when_imported
+    from tpu_backend.integrations.post_import import when_imported
 
     when_imported("torch._dynamo.backends.registry", _register)

@@ -39,7 +39,7 @@ import warnings
 
 import torch
 
-from tpu_backend.integrations import when_imported
+from tpu_backend.integrations.post_import import when_imported
 
 DEVICE_TYPE = "tpu"
 # A static cache's length is rounded up to the next power of two, at least this (an exact

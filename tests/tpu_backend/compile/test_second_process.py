@@ -24,7 +24,7 @@ import torch
 import tpu_backend.compile as tpu_compile
 from tests.chip import child_env
 from tpu_backend.compile import Program, compile_stats, graph_cache, program_cache
-from tpu_backend.compile.backend import graph_identity
+from tpu_backend.compile.compiled_graph import graph_identity
 from tpu_backend.compile.graph_cache import GraphRecord
 from tpu_backend.compile.interpreter import GraphFunction
 from tpu_backend.compile.scan import INVOKE_SUBGRAPH

@@ -115,11 +115,11 @@ def test_compiled_optimizer_step_keeps_step_counts_on_the_device(monkeypatch):
     device (capturable, as Dynamo makes them on CUDA), so a step copies nothing back to the
     host (a CPU count written back made every step wait for the device: 400 ms a step on a
     TPU v5e), and the update matches CPU eager."""
-    from tpu_backend.compile import backend
+    from tpu_backend.compile import compiled_graph
 
     written_to_host = []
-    store = backend._store
-    monkeypatch.setattr(backend, "_store", lambda t, v: (written_to_host.append(t.device), store(t, v)))
+    store = compiled_graph._store
+    monkeypatch.setattr(compiled_graph, "_store", lambda t, v: (written_to_host.append(t.device), store(t, v)))
     case = MODEL_CASES["mlp"]
     torch.manual_seed(0)
     reference = case.build()

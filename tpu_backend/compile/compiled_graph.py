@@ -1,0 +1,325 @@
+"""One AOTAutograd graph as a callable on tensors: `compile_for_tpu(gm, name)`.
+
+The graph becomes a `Program` (`interpreter.compile_graph`: the graph interpreted through
+the shared lowering table inside one `jax.jit`, compiled once per input signature and
+cached on disk). At run time the callable (`CompiledGraph`) takes the JAX payloads of its
+tensor inputs (tpu tensors: their device arrays; CPU tensors: copies), runs the program
+and wraps the outputs as tensors on the device each output's metadata names.
+
+Inputs a graph writes (an optimizer step's parameters and state, batch norm's running
+statistics) are written by the callable itself, with their old buffers donated to the
+program where nothing else holds them. A graph with symbolic sizes goes to `dynamic.py`
+(bucketed shapes).
+
+The Dynamo backend (`backend.py`) and AOTAutograd's cache (`graph_cache.py`, which
+rebuilds the callable after loading a graph) both compile through here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from tpu_backend import random as device_random
+from tpu_backend import tensor as device_tensor
+from tpu_backend.compile import dynamic
+from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
+from tpu_backend.compile.interpreter import GraphProgram, compile_graph
+from tpu_backend.compile.program import is_array
+from tpu_backend.ops.registry import jax_dtype
+
+try:
+    from jax._src.array import ArrayImpl  # the concrete array class: an exact type test is ~10x isinstance
+except ImportError:  # pragma: no cover - a JAX without it: every input takes the general path
+    ArrayImpl = ()
+
+_DEFAULT_BUCKETS = object()  # "the process-wide policy" (dynamic.set_buckets)
+
+
+def _input_to_jax(value):
+    if isinstance(value, torch.Tensor):
+        return tensor_to_jax(value)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise TypeError("torch.compile(backend='tpu'): a symbolic value reached the compiled graph at run time")
+    return value
+
+
+# --------------------------------------------------------------------- the compiled callable
+
+
+def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
+    """Per graph output, the device its FakeTensor metadata says (None for non-tensors)."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    devices = []
+    for item in output.args[0]:
+        value = item.meta.get("val") if isinstance(item, torch.fx.Node) else None
+        devices.append(value.device if isinstance(value, torch.Tensor) else None)
+    return devices
+
+
+def lift_input_mutations(gm: torch.fx.GraphModule) -> list[int]:
+    """Turn the graph's writes into its inputs (`copy_(input, new)`, which AOTAutograd
+    keeps in inference graphs: an optimizer step's parameter and state updates) into
+    extra outputs, after the graph's own; returns the placeholder index each one writes.
+
+    The compiled callable stores them into the input tensors itself, and may donate the
+    inputs' old buffers to the program, so that XLA updates parameters in place."""
+    placeholders = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    written = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders:
+            if node.users or node.kwargs or len(node.args) != 2:
+                raise NotImplementedError(f"tpu: graph writes its input in an unexpected form: {node.format_node()}")
+            if node.args[0] in {w for w, _ in written}:
+                raise NotImplementedError(f"tpu: graph writes input {node.args[0].name} twice")
+            written.append((node.args[0], node.args[1]))
+            gm.graph.erase_node(node)
+    if not written:
+        return []
+    output.args = (tuple(output.args[0]) + tuple(value for _, value in written),)
+    gm.recompile()
+    return [placeholders[target] for target, _ in written]
+
+
+class _Slot:
+    """How input `index` of a graph is read fast: a contiguous tpu tensor of `shape` and
+    `dtype` whose storage array is exactly the tensor (every parameter and optimizer state
+    of a training step). Anything else, or a tensor that does not match at run time, takes
+    the general path (`tensor_to_jax`)."""
+
+    __slots__ = ("shape", "dtype", "numel", "array_dtype")
+
+    def __init__(self, value: torch.Tensor):
+        self.shape = tuple(int(d) for d in value.shape)
+        self.dtype = value.dtype
+        self.numel = value.numel()
+        self.array_dtype = np.dtype(jax_dtype(value.dtype))
+
+
+def _input_slots(gm: torch.fx.GraphModule) -> list[_Slot | None]:
+    slots = []
+    for node in (n for n in gm.graph.nodes if n.op == "placeholder"):
+        value = node.meta.get("val")
+        fast = (
+            isinstance(value, torch.Tensor)
+            and value.device.type == BACKEND_NAME
+            and all(isinstance(d, int) for d in value.shape)
+            and value.is_contiguous()
+            and not value.is_conj()
+            and not value.is_neg()
+        )
+        slots.append(_Slot(value) if fast else None)
+    return slots
+
+
+def _read_inputs(args: list, slots: list) -> tuple[list, list]:
+    """(the JAX value of every argument, the storage payload of each one read the fast way
+    or None). The fast way is `device_tensor.read`'s own hot path, inlined, with the shape
+    and dtype known from the graph: ~1 us an input instead of ~3."""
+    values, payloads = [], []
+    for arg, slot in zip(args, slots):
+        if slot is not None:
+            payload = device_tensor.payload_if_tpu(arg)
+            if payload is not None:
+                base = payload.array
+                if (
+                    type(base) is ArrayImpl
+                    and payload.dtype is slot.dtype
+                    and base.shape == slot.shape
+                    and arg.storage_offset() == 0
+                    and arg.shape == slot.shape
+                    and arg.is_contiguous()
+                    and not arg.is_neg()
+                    and not arg.is_conj()
+                ):
+                    values.append(base)
+                    payloads.append(payload)
+                    continue
+        values.append(_input_to_jax(arg))
+        payloads.append(None)
+    return values, payloads
+
+
+class CompiledGraph:
+    """What AOTAutograd calls for one graph: a list of tensors (and numbers) in, a list out.
+
+    AOTAutograd's boxed convention: the argument list is emptied once read, so saved
+    activations die as early as possible. `_boxed_call` is an instance attribute because
+    Dynamo wraps the backward callable with `functools.wraps`, which copies `__dict__`.
+
+    `written`: the inputs the graph writes (`lift_input_mutations`); their new values are
+    the program's last outputs. The old buffers of `donated` (among them) go to a second
+    program, built with `donate`, when nothing but the input tensor holds them.
+    """
+
+    def __init__(
+        self,
+        program: GraphProgram,
+        output_devices: list[torch.device | None],
+        written: Sequence[int] = (),
+        donating: GraphProgram | None = None,
+        donated: Sequence[int] = (),
+        slots: Sequence[_Slot | None] | None = None,
+    ):
+        self.program = program
+        self.output_devices = output_devices
+        self.written = tuple(written)
+        self.donating = donating
+        self.donated = tuple(donated)
+        self.slots = list(slots) if slots is not None else None
+        self._boxed_call = True
+
+    def __call__(self, args: list) -> list:
+        if self.slots is not None and len(args) == len(self.slots):
+            values, payloads = _read_inputs(args, self.slots)
+        else:
+            values, payloads = [_input_to_jax(a) for a in args], [None] * len(args)
+        targets = [(args[i], payloads[i], self.slots[i] if payloads[i] else None) for i in self.written]
+        devices = self.output_devices
+        if any(device is None for device in devices):
+            fallback = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+            devices = [device or fallback for device in devices]
+        args.clear()
+        program = self.program
+        if self.donating is not None and all(_only_held_by_its_tensor(values[i]) for i in self.donated):
+            program = self.donating
+        if program.needs_rng:
+            # The device's key stream: seeded by torch.manual_seed, one fresh key per call.
+            _, outputs = program(device_random.next_key(), *values)
+        else:
+            outputs = program(*values)
+        del values
+        if self.written:
+            outputs, new_values = outputs[: -len(self.written)], outputs[-len(self.written) :]
+            for (target, payload, slot), value in zip(targets, new_values):
+                if payload is not None and payload.numel == slot.numel and _fits(value, slot):
+                    payload.array = value  # `device_tensor.write`'s hot path: the tensor is its whole storage
+                else:
+                    _store(target, value)
+        return [jax_to_tensor(out, device) if is_array(out) else out for out, device in zip(outputs, devices)]
+
+
+def _fits(value, slot: _Slot) -> bool:
+    return type(value) is ArrayImpl and value.shape == slot.shape and value.dtype == slot.array_dtype
+
+
+# References to a buffer only the input tensor holds: its storage's payload, the list of
+# program arguments, the checking function's parameter and getrefcount's own argument.
+_SOLE_OWNER_REFCOUNT = 4
+
+
+def _only_held_by_its_tensor(value) -> bool:
+    """Whether donating `value` can break nothing: no other tensor, view copy or user
+    reference shares the array (e.g. `b = a.clone()` may share `a`'s immutable array)."""
+    return is_array(value) and sys.getrefcount(value) <= _SOLE_OWNER_REFCOUNT
+
+
+def _store(target: torch.Tensor, value) -> None:
+    """The graph's new value of an input tensor, written into it (through views)."""
+    if target.device.type == BACKEND_NAME:
+        device_tensor.write(target, value)
+    else:
+        with torch.no_grad():
+            target.copy_(jax_to_tensor(value, target.device))
+
+
+def graph_identity(gm: torch.fx.GraphModule) -> str:
+    """What the program of `gm` computes, as text that is the same in every process: each
+    node of the graph and its subgraphs in order (op, target, arguments, with nodes
+    written by position: names change when a graph is pickled), the dtype and shape
+    PyTorch expects of each output (outputs are cast to them), and a hash of each
+    constant tensor's bytes. The lowered-program cache's key (`program_cache.py`)."""
+    lines = []
+    for path, module in gm.named_modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        lines.append(f"graph {path or '<root>'}")
+        position = {node: i for i, node in enumerate(module.graph.nodes)}
+        for node in module.graph.nodes:
+            args, kwargs = (_by_position(value, position) for value in (node.args, node.kwargs))
+            line = f"%{position[node]} {node.op} {_target_name(node)} {args!r} {kwargs!r}"
+            if node.op == "get_attr":
+                line += " " + _constant_digest(module, node.target)
+            elif node.op == "output":
+                outputs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+                metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in outputs]
+                line += f" {[(m.dtype, tuple(m.shape)) if isinstance(m, torch.Tensor) else repr(m) for m in metas]}"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _by_position(value, position: dict):
+    return torch.fx.node.map_arg(value, lambda node: f"%{position[node]}")
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    if node.op == "placeholder":
+        return ""
+    target = node.target
+    if isinstance(target, str):
+        return target
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', None) or target}:{target}"
+
+
+def _constant_digest(module: torch.fx.GraphModule, target: str) -> str:
+    value = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    if isinstance(value, torch.fx.GraphModule):
+        # its nodes are listed on their own; not its class name, which depends on how it
+        # was made (`<lambda>` for a traced cond branch, `GraphModule` once rebuilt)
+        return "subgraph"
+    if not isinstance(value, torch.Tensor):
+        return type(value).__name__
+    # a fresh row-major copy: `.contiguous()` keeps a stride of 0 on size-1 dimensions
+    # (an expanded one-element constant), which `view(torch.uint8)` refuses
+    data = torch.empty(value.shape, dtype=value.dtype).copy_(value.detach())
+    digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    return f"{data.dtype} {tuple(data.shape)} {digest}"
+
+
+def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKETS) -> CompiledGraph:
+    """One AOTAutograd graph as a callable on tensors (usable as an AOTAutograd compiler)."""
+    from tpu_backend.kernels import fuse_residual_norms
+
+    for module in gm.modules():  # the graph and the blocks it calls (scan_layers' subgraphs)
+        if isinstance(module, torch.fx.GraphModule):
+            fuse_residual_norms(module)  # `norm(x + r)` -> one Pallas norm kernel doing the add (when kernels are on)
+    policy = dynamic.buckets() if buckets is _DEFAULT_BUCKETS else dynamic.as_buckets(buckets)
+    written = lift_input_mutations(gm)
+    # A graph that writes its inputs runs at exact shapes: padding cannot reach the inputs.
+    if policy is not None and not written and dynamic.has_symbolic_sizes(gm):
+        return dynamic.BucketedCompiledGraph(dynamic.compile_bucketed(gm, name, policy), gm, _output_devices(gm))
+    devices = _output_devices(gm)[: len(_output_devices(gm)) - len(written)]
+    program = compile_graph(gm, name)
+    program.identity = functools.partial(graph_identity, gm)
+    if written:
+        offset = 1 if program.needs_rng else 0  # the key is the first array argument
+        values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        tensor_inputs = [isinstance(v, torch.Tensor) for v in values]
+        # 0-d tensors (AdamW's step counts) are not donated: there is nothing to save, and
+        # XLA copies each one in and out around its in-place update (60 more kernels and
+        # 1.3x the step time for the small transformer's 30 counts at batch 1).
+        donated = [i for i in written if values[i].dim() > 0]
+        donate = tuple(offset + sum(tensor_inputs[:i]) for i in donated)
+        donating = compile_graph(gm, name, donate=donate, fn=program.graph_fn) if donate else None
+        if donating is not None:
+            donating.identity = program.identity
+        return CompiledGraph(program, devices, written, donating, donated, _input_slots(gm))
+    return CompiledGraph(program, devices, slots=_input_slots(gm))
+
+
+def graph_compiler(name: str, buckets=_DEFAULT_BUCKETS):
+    """An AOTAutograd `fw_compiler`/`bw_compiler` naming its program `name`."""
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        return compile_for_tpu(gm, name, buckets)
+
+    compiler.__name__ = f"tpu_compiler_{name}"
+    return compiler
