@@ -1,7 +1,7 @@
 """Rows of docs/generative_families.md for sentence embedders and vision-language models.
 
-Each family is built from the tiny random-weight configs of the tests
-(tests/litert_torch/generative/test_embedder.py, test_vlm.py), exported float and with
+Each family is built from the tiny random-weight configs shared with the tests
+(benchmarks/families/embedder.py, vlm.py), exported float and with
 dynamic int8 weights and with int4 weights (blocks of 32), and measured in LiteRT (XNNPACK, 1 thread, median of --runs calls):
 
 - embedders: max relative error of the embeddings against transformers (each sentence
@@ -24,11 +24,11 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.families import embedder as emb
+from benchmarks.families import vlm as tv
 from litert_torch import quantize
 from litert_torch.generative import UnsupportedModelError, embed, export_embedder, export_vlm, vlm
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative import test_embedder as emb
-from tests.litert_torch.generative import test_vlm as tv
 
 # None: float; then the quantized variants, each a row
 QUANT = {None: None, "dynamic int8": quantize.dynamic_int8, "int4 weights": lambda: quantize.weight_only_int4(32)}
@@ -74,7 +74,6 @@ def siglip2_rows(runs: int) -> list[tuple]:
     from transformers import Siglip2VisionConfig, Siglip2VisionModel
 
     import litert_torch
-    from tests.helpers import torch_outputs
 
     torch.manual_seed(0)
     config = Siglip2VisionConfig(
@@ -85,7 +84,9 @@ def siglip2_rows(runs: int) -> list[tuple]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the RuntimeCheckWarning naming the dropped input checks
         edge = litert_torch.convert(model, args)
-    error = max(max_relative_error(a, b) for a, b in zip(edge(*args), torch_outputs(model, args)))
+    with torch.no_grad():
+        expected = [t.numpy() for t in torch.utils._pytree.tree_leaves(model(*args)) if isinstance(t, torch.Tensor)]
+    error = max(max_relative_error(a, b) for a, b in zip(edge(*args), expected))
     latency = _median_ms(runs, edge, *args)
     return [
         (

@@ -1,6 +1,6 @@
 """The image-to-text rows of docs/generative_families.md: each family exported with
 `export_image_to_text` (the tiny random-weight configs of
-tests/litert_torch/generative/image_to_text_families.py), generated greedily in LiteRT
+benchmarks/families/image_to_text.py), generated greedily in LiteRT
 and compared with transformers' own `generate`.
 
 Per family: status (exact: every greedy token equal to `generate`'s and every step's
@@ -21,14 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from litert_torch.generative import UnsupportedModelError  # noqa: E402
-from litert_torch.generative.image_to_text import (  # noqa: E402
-    ImageToTextSession,
-    export_image_to_text,
-    image_to_text_prompt,
-)
-from runtimes.litert import max_relative_error  # noqa: E402
-from tests.litert_torch.generative.image_to_text_families import (  # noqa: E402
+from benchmarks.families.image_to_text import (  # noqa: E402
     CACHE,
     FAMILIES,
     build,
@@ -37,6 +30,13 @@ from tests.litert_torch.generative.image_to_text_families import (  # noqa: E402
     task_prompt,
     transformers_generate,
 )
+from litert_torch.generative import UnsupportedModelError  # noqa: E402
+from litert_torch.generative.image_to_text import (  # noqa: E402
+    ImageToTextSession,
+    export_image_to_text,
+    image_to_text_prompt,
+)
+from runtimes.litert import max_relative_error  # noqa: E402
 
 TOLERANCE = 1e-4
 STEPS = 16

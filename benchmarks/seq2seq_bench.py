@@ -85,7 +85,7 @@ def family_row(
 
 
 def tiny_rows(new_tokens: int, families=None) -> list[list[str]]:
-    from tests.litert_torch.generative.seq2seq_families import (
+    from benchmarks.families.seq2seq import (
         CACHE,
         FAMILIES,
         build,

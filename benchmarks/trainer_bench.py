@@ -11,7 +11,7 @@ batches in three ways:
 | --- | --- |
 | `trainer` | `Trainer(model, TrainingArguments(...)).train()` as a CUDA user writes it (AdamW, grad clipping at 1.0, linear schedule), strict eager |
 | `trainer-compile` | the same with `torch_compile=True, torch_compile_backend="tpu"` |
-| `compiled-step` | the project's one-program step: `torch.compile(step, backend="tpu")` of `torch.func` gradients and PyTorch's functional AdamW (`tests/tpu_backend/models.functional_train_step`, the `tpu-compile-step` mode of `backend_bench.py`) |
+| `compiled-step` | the project's one-program step: `torch.compile(step, backend="tpu")` of `torch.func` gradients and PyTorch's functional AdamW (`benchmarks.models.functional_train_step`, the `tpu-compile-step` mode of `backend_bench.py`) |
 
 Per row: the first step's seconds (compilation), steady tokens per second over the steps
 after `--warmup` (synchronised at both ends), programs compiled after the warm-up

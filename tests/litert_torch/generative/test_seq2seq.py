@@ -13,6 +13,14 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.families.seq2seq import (
+    AUDIO_SAMPLES,
+    CACHE,
+    SOURCE_LEN,
+    VOCAB,
+    build,
+    source_for,
+)
 from litert_torch.generative import UnsupportedModelError
 from litert_torch.generative.seq2seq import (
     beam_search_seq2seq,
@@ -24,14 +32,6 @@ from litert_torch.generative.seq2seq import (
     verify_seq2seq,
 )
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.seq2seq_families import (
-    AUDIO_SAMPLES,
-    CACHE,
-    SOURCE_LEN,
-    VOCAB,
-    build,
-    source_for,
-)
 
 TOLERANCE = 1e-4
 NEW = CACHE - 1  # generate to the end of the cache: beyond T5's max_distance (16)
