@@ -313,8 +313,8 @@ def test_dynamic_int8_is_smaller_and_close():
 def test_the_family_table_says_what_the_run_finds():
     """docs/generative_families.md's encoder-decoder rows (tiny configs): the task and the
     status (exact / refused, with the reason) are what a run finds; numbers vary by machine.
-    Regenerate with `benchmarks/seq2seq_bench.py --real --write`."""
-    from benchmarks.seq2seq_bench import DOC, doc_rows, tiny_rows
+    Regenerate with `python -m benchmarks.generative.seq2seq_bench --real --write`."""
+    from benchmarks.generative.seq2seq_bench import DOC, doc_rows, tiny_rows
 
     shown = {row[0]: row for row in doc_rows(DOC.read_text())}
     for row in tiny_rows(24):
