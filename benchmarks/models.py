@@ -1,4 +1,4 @@
-"""Small training models shared by the device's parity tests and `benchmarks/backend_bench.py`.
+"""Small training models shared by the device's parity tests and `benchmarks/device/backend_bench.py`.
 
 Three models cover the op mix of ordinary training: an MLP (linear, ReLU), a small CNN
 (convolution, batch norm, max pooling, adaptive average pooling; no dropout so runs are

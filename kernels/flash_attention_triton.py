@@ -18,7 +18,7 @@ Covered: causal or not, GQA/MQA, ragged lengths (zero-padded to blocks outside t
 kernel, padded keys masked inside), head dims 32/64/128/256. Not covered: attention masks
 and dropout (use the reference). Block sizes are powers of two (Triton's rule for every
 array a program loads). Tested in interpret mode on CPU; compiled, it has only run
-where `benchmarks/accelerator_check.py` ran on a GPU.
+where `benchmarks/kernels/accelerator_check.py` ran on a GPU.
 """
 
 from __future__ import annotations

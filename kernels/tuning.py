@@ -78,7 +78,7 @@ def _attention(backend: str, seq_q: int, seq_k: int, head_dim: int, itemsize: in
         # 2048 rows were slower. float32 tiles at 1024 overflow v5e's 16 MiB scoped VMEM
         # (libtpu's compile, `python -m kernels.check_lowering`); below 2048 a 1024 block
         # would be the whole sequence and skip nothing past the causal diagonal.
-        # `benchmarks/kernels_bench.py --sweep-blocks` measures the alternatives on the chip.
+        # `benchmarks/kernels/kernels_bench.py --sweep-blocks` measures the alternatives on the chip.
         big = 1024 if itemsize <= 2 and head_dim <= 128 and min(seq_q, seq_k) >= 2048 else 512
         block_k = _pow2_at_most(seq_k, big if head_dim <= 128 else 256, LANES)
         return AttentionBlocks(_pow2_at_most(seq_q, big, LANES), block_k)

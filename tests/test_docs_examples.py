@@ -232,7 +232,7 @@ def _check_diffusion(block, names):
 def _vlms():
     import transformers
 
-    from tests.litert_torch.generative.test_vlm import IMAGE, gemma3_vlm, prompt_with_images, smolvlm
+    from benchmarks.families.vlm import IMAGE, gemma3_vlm, prompt_with_images, smolvlm
 
     small = smolvlm()
     small.config.text_config.max_position_embeddings = 512  # the block's cache_len
@@ -269,7 +269,7 @@ def _check_embeddings(block, names):
 def _seq2seq():
     import transformers
 
-    from tests.litert_torch.generative.seq2seq_families import FAMILIES, build, source_for
+    from benchmarks.families.seq2seq import FAMILIES, build, source_for
 
     t5 = build("t5")
     torch.manual_seed(0)
@@ -288,7 +288,7 @@ def _check_seq2seq_generated(block, names):
 
 
 def _image_to_text():
-    from tests.litert_torch.generative.image_to_text_families import build, image_for
+    from benchmarks.families.image_to_text import build, image_for
 
     trocr = build("trocr (vit + trocr)")
     return {"trocr_model": trocr, "pixel_values": image_for(trocr)}

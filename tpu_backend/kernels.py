@@ -77,7 +77,7 @@ def chip() -> str:
 # Where "auto" leaves a compiled kernel for XLA because XLA was measured faster on the chip
 # (mode "on" always takes the kernel). Per op: the size below which XLA wins, what that
 # size is, and the measurement behind the number (chip, date, shape, kernel vs XLA ms from
-# `benchmarks/kernels_bench.py`). 0: no shape measured where XLA wins.
+# `benchmarks/kernels/kernels_bench.py`). 0: no shape measured where XLA wins.
 _ATTENTION_ON_V5E = (
     "v5e 2026-12-04, causal bf16, 16 heads of 128, 8192 tokens per call: fwd+bwd 3.66x XLA at sequence 1024, "
     "4.27x at 2048, 4.74x at 4096, 38.5x at 8192"

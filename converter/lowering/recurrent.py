@@ -4,7 +4,7 @@ Both ops are kept whole (decompositions.KEEP) and lowered here for every variant
 and nn.GRU produce: uni- and bidirectional, any number of layers, batch_first either way,
 with or without initial states and biases, LSTM projections (`proj_size`). The result is
 (output, h_n[, c_n]) exactly as PyTorch returns it. Two forms, chosen by what measured
-faster in LiteRT (benchmarks/recurrent_bench.py):
+faster in LiteRT (benchmarks/converter/recurrent_bench.py):
 
 Unrolled (GRU always; LSTM with batch > 1, a dynamic batch, or projections), with the
 work hoisted out of the time loop:

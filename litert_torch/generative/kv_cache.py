@@ -32,7 +32,7 @@ from converter.lowering.litert_ops import dynamic_update_slice
 
 # How a single token is written into a linear cache: "update_slice" (DYNAMIC_UPDATE_SLICE,
 # as prefill) or "select" (EQUAL + SELECT_V2). Read at export time;
-# benchmarks/generative_bench.py --decode-write both compares them.
+# benchmarks/generative/generative_bench.py --decode-write both compares them.
 DECODE_WRITE = "update_slice"
 
 # Added to the scores of masked slots: large enough to vanish in softmax, finite so that

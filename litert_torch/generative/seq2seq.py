@@ -82,7 +82,7 @@ ATTENTION_NAME = "litert_seq2seq"
 # guard for rows without a key) or "matmul" (`grouped_attention`, whose k^T is a TRANSPOSE
 # of the keys at every call: 1500 cross keys per Whisper layer per step). Thread CPU time
 # per decode step, sdpa / matmul, three interleaved runs of
-# `benchmarks/seq2seq_bench.py --attention-ab`: Whisper-tiny shape 0.80-0.92x, T5-small
+# `benchmarks/generative/seq2seq_bench.py --attention-ab`: Whisper-tiny shape 0.80-0.92x, T5-small
 # shape (64 keys) 0.85-1.10x (noise); identical logits. Read at export time.
 ATTENTION_FORM = "sdpa"
 

@@ -1,4 +1,4 @@
-"""`benchmarks/accelerator_check.py`: the one-command GPU check, run end to end with
+"""`benchmarks/kernels/accelerator_check.py`: the one-command GPU check, run end to end with
 `--smoke` (tiny shapes on CPU), as a user would before taking it to a GPU machine."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import accelerator_check as check
+from benchmarks.kernels import accelerator_check as check
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "accelerator_check.py"
+SCRIPT = "benchmarks.kernels.accelerator_check"
 
 
 def _run(tmp_path, *flags):
     out = tmp_path / "check.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--json", str(out), *flags],
+        [sys.executable, "-m", SCRIPT, "--json", str(out), *flags],
         capture_output=True,
         text=True,
         env=env,

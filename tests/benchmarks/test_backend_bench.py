@@ -1,4 +1,4 @@
-"""`benchmarks/backend_bench.py` and its JAX ceiling (`benchmarks/jax_mingpt.py`), at the
+"""`benchmarks/device/backend_bench.py` and its JAX ceiling (`benchmarks/device/jax_mingpt.py`), at the
 small transformer: the hand-written JAX step computes PyTorch's step, lowers for a TPU,
 and the benchmark reports CPU time beside wall time."""
 
@@ -9,7 +9,7 @@ import json
 import jax
 import pytest
 
-from benchmarks import backend_bench, jax_mingpt
+from benchmarks.device import backend_bench, jax_mingpt
 
 
 def test_jax_step_matches_pytorch_and_lowers_for_tpu():

@@ -1,4 +1,4 @@
-"""`benchmarks/hf_bench.py` at smoke sizes: every row measured, greedy tokens equal across
+"""`benchmarks/device/hf_bench.py` at smoke sizes: every row measured, greedy tokens equal across
 caches, images close to CPU's."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import hf_bench
+from benchmarks.device import hf_bench
 
 
 def test_generate_section(tmp_path):

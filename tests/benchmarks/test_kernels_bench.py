@@ -1,4 +1,4 @@
-"""`benchmarks/kernels_bench.py` before it goes to a chip: it runs on CPU (the kernels in
+"""`benchmarks/kernels/kernels_bench.py` before it goes to a chip: it runs on CPU (the kernels in
 Pallas's interpreter, agreeing with XLA), and `--compile-only v5e` compiles its attention
 programs for the chip, where the kernel's forward + backward program holds far less
 memory than XLA's (no (seq, seq) score matrix)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import kernels_bench
+from benchmarks.kernels import kernels_bench
 from kernels import tpu
 
 

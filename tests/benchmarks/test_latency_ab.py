@@ -1,4 +1,4 @@
-"""`benchmarks/latency_ab.py`: ours/anchor latency with interpreter pairs created in both
+"""`benchmarks/converter/latency_ab.py`: ours/anchor latency with interpreter pairs created in both
 orders, and anchor files that do not belong to the zoo model are refused, not timed."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import litert_torch
-from benchmarks import latency_ab
-from benchmarks.zoo_loader import load_zoo
+from benchmarks.anchors.zoo_loader import load_zoo
+from benchmarks.converter import latency_ab
 
 
 def _write_anchor(directory, name, seed):

@@ -1,4 +1,4 @@
-"""`benchmarks/prefill_bound.py` end to end on a tiny Llama, without the anchor (our "none"
+"""`benchmarks/generative/prefill_bound.py` end to end on a tiny Llama, without the anchor (our "none"
 prefill stands in for it): the table's rows and figures, and "last" logits equal PyTorch's."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import prefill_bound
+from benchmarks.generative import prefill_bound
 
 TINY = dict(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=128)
 

@@ -1,4 +1,4 @@
-"""`benchmarks/quant_bench.py`'s options for measuring on a loaded machine and sweeping:
+"""`benchmarks/converter/quant_bench.py`'s options for measuring on a loaded machine and sweeping:
 `--cpu-time` (per-invoke CPU time of the invoking thread), `--methods percentile=P`,
 `--models cnns`, `--json-dir` (one JSON per model, resumable) and `--isolate` (one process
 per model), run as a user would."""
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import litert_torch
-from benchmarks import quant_bench
-from benchmarks.litert_measure import LoadedModel
-from benchmarks.zoo_loader import load_zoo
+from benchmarks.anchors.zoo_loader import load_zoo
+from benchmarks.converter import quant_bench
+from benchmarks.converter.litert_measure import LoadedModel
 
 
 def _model(width: int) -> LoadedModel:
@@ -48,7 +48,7 @@ def test_methods_entry_sets_the_percentile():
 
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "quant_bench.py"
+SCRIPT = "benchmarks.converter.quant_bench"
 TINY = ["--schemes", "full_int8", "--methods", "mse", "--samples", "3", "--calibration", "2", "--runs", "1"]
 
 
@@ -63,7 +63,7 @@ def test_cnn_classifiers_are_the_cnn_family_and_the_audio_video_classifiers():
 def _bench(tmp_path, *flags):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--json-dir", str(tmp_path), *TINY, *flags],
+        [sys.executable, "-m", SCRIPT, "--json-dir", str(tmp_path), *TINY, *flags],
         capture_output=True,
         text=True,
         env=env,
@@ -95,7 +95,7 @@ def test_json_dir_resumes_and_isolate_runs_each_model_alone(tmp_path):
 
 def test_output_grid_ceiling_counts_the_ties_the_int8_output_grid_makes():
     import litert_torch
-    from benchmarks.litert_measure import LoadedModel
+    from benchmarks.converter.litert_measure import LoadedModel
     from litert_torch import quantize
 
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""benchmarks/trainer_bench.py runs its three rows at the toy size and reports the ratio."""
+"""benchmarks/device/trainer_bench.py runs its three rows at the toy size and reports the ratio."""
 
 import json
 import subprocess
@@ -12,7 +12,7 @@ from tests.tpu_backend.distributed.test_process_group import ROOT, torchrun_env
 @pytest.mark.slow  # three trainings, each compiling its programs: minutes on 2 cores
 def test_small_run_reports_each_row_against_the_compiled_step(tmp_path):
     out = tmp_path / "trainer.json"
-    argv = [sys.executable, "benchmarks/trainer_bench.py", "--small", "--steps", "6", "--warmup", "2"]
+    argv = [sys.executable, "-m", "benchmarks.device.trainer_bench", "--small", "--steps", "6", "--warmup", "2"]
     done = subprocess.run([*argv, "--json", str(out)], cwd=ROOT, env=torchrun_env(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]

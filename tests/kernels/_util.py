@@ -11,7 +11,7 @@ Tolerances (max |a - b| / max(max |b|, 1e-6), per output):
 
 The kernels run in Pallas's interpreter (any backend) unless `KERNELS_TEST_IMPL` names
 the compiled implementation: "pallas" on a TPU, "triton" on a CUDA GPU (the Triton
-kernels compiled, the TPU-only kernels still interpreted). `benchmarks/accelerator_check.py`
+kernels compiled, the TPU-only kernels still interpreted). `benchmarks/kernels/accelerator_check.py`
 sets it.
 """
 

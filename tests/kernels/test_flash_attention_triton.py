@@ -3,7 +3,7 @@ and gradients, causal and not, GQA, ragged lengths, Lq != Lk.
 
 Runs in Pallas's interpreter here (the kernel bodies as written for Triton); with
 `KERNELS_TEST_IMPL=triton` on a CUDA GPU the same cases run compiled by Triton
-(`benchmarks/accelerator_check.py`). Blocks of 16 make every case span several query and
+(`benchmarks/kernels/accelerator_check.py`). Blocks of 16 make every case span several query and
 key blocks with a partial last one. Interpreted, a case costs 5-40 s (compiling three
 interpreted kernels and their reference), so the numerical cases are `-m slow` here and
 in the default selection when compiled on a GPU.

@@ -5,15 +5,12 @@ flatbuffer (`Buffer.offset/size`), and `convert` keeps those bytes as views of t
 model's own arrays (`converter.writer.ModelParts`): `EdgeModel.export` streams them to
 the file, so the weights are never copied a second time. The default suite checks the
 layout and the zero-copy property on a small model with the threshold lowered; the slow
-test converts 2.2 GiB of weights and measures peak memory (benchmarks/memory_bench.py):
+test converts 2.2 GiB of weights and measures peak memory (benchmarks/converter/memory_bench.py):
 
     .venv/bin/python -m pytest -q -s -m slow tests/reliability/test_resource_limits.py
 """
 
 from __future__ import annotations
-
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -22,11 +19,8 @@ from ai_edge_litert import schema_py_generated as schema
 
 import converter.writer as writer
 import litert_torch
+from benchmarks.converter import memory_bench
 from runtimes.verify import InvalidModelError
-from tests.reliability.hostile import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import memory_bench  # noqa: E402
 
 
 @pytest.fixture

@@ -103,8 +103,8 @@ def test_non_finite_branch_gives_the_residual():
 @pytest.mark.slow
 def test_timm_swinv2_matches_and_keeps_only_the_trunk():
     import litert_torch
-    from benchmarks.litert_measure import LoadedModel, max_relative_error, op_histogram
-    from benchmarks.zoo_loader import load_zoo
+    from benchmarks.anchors.zoo_loader import load_zoo
+    from benchmarks.converter.litert_measure import LoadedModel, max_relative_error, op_histogram
 
     model, args = load_zoo().build("timm_swinv2", seed=0)
     content = litert_torch.convert(model, args, progress=False).model_content()

@@ -12,15 +12,7 @@ import functools
 import numpy as np
 import pytest
 
-from litert_torch.generative import UnsupportedModelError
-from litert_torch.generative.image_to_text import (
-    export_image_to_text,
-    generate_image_to_text,
-    image_to_text_prompt,
-    reference_generate_image_to_text,
-)
-from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.image_to_text_families import (
+from benchmarks.families.image_to_text import (
     CACHE,
     FAMILIES,
     VOCAB,
@@ -30,6 +22,14 @@ from tests.litert_torch.generative.image_to_text_families import (
     task_prompt,
     transformers_generate,
 )
+from litert_torch.generative import UnsupportedModelError
+from litert_torch.generative.image_to_text import (
+    export_image_to_text,
+    generate_image_to_text,
+    image_to_text_prompt,
+    reference_generate_image_to_text,
+)
+from runtimes.litert import max_relative_error
 
 TOLERANCE = 1e-4
 STEPS = 16
@@ -100,7 +100,7 @@ def test_bad_input_is_refused_with_the_reason():
 
 
 def test_a_model_of_another_shape_is_refused_with_where_it_goes():
-    from tests.litert_torch.generative.seq2seq_families import build as build_seq2seq
+    from benchmarks.families.seq2seq import build as build_seq2seq
 
     with pytest.raises(UnsupportedModelError, match="not an image-to-text model.*export_seq2seq"):
         export_image_to_text(build_seq2seq("bart"))

@@ -13,6 +13,14 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.families.seq2seq import (
+    AUDIO_SAMPLES,
+    CACHE,
+    SOURCE_LEN,
+    VOCAB,
+    build,
+    source_for,
+)
 from litert_torch.generative import UnsupportedModelError
 from litert_torch.generative.seq2seq import (
     beam_search_seq2seq,
@@ -24,14 +32,6 @@ from litert_torch.generative.seq2seq import (
     verify_seq2seq,
 )
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.seq2seq_families import (
-    AUDIO_SAMPLES,
-    CACHE,
-    SOURCE_LEN,
-    VOCAB,
-    build,
-    source_for,
-)
 
 TOLERANCE = 1e-4
 NEW = CACHE - 1  # generate to the end of the cache: beyond T5's max_distance (16)
@@ -313,8 +313,8 @@ def test_dynamic_int8_is_smaller_and_close():
 def test_the_family_table_says_what_the_run_finds():
     """docs/generative_families.md's encoder-decoder rows (tiny configs): the task and the
     status (exact / refused, with the reason) are what a run finds; numbers vary by machine.
-    Regenerate with `benchmarks/seq2seq_bench.py --real --write`."""
-    from benchmarks.seq2seq_bench import DOC, doc_rows, tiny_rows
+    Regenerate with `python -m benchmarks.generative.seq2seq_bench --real --write`."""
+    from benchmarks.generative.seq2seq_bench import DOC, doc_rows, tiny_rows
 
     shown = {row[0]: row for row in doc_rows(DOC.read_text())}
     for row in tiny_rows(24):

@@ -2,7 +2,7 @@
 (issue 32): the lowered-program store (`program_cache.py`) and AOTAutograd's cache
 (`graph_cache.py`), their corrupt entries, and keys that must miss.
 
-The cross-process tests run `benchmarks/compile_time_bench.py --child` (one training
+The cross-process tests run `python -m benchmarks.device.compile_time_bench --child` (one training
 step of a `backend_bench.py` model case, reported as JSON) in fresh processes. No timing
 is asserted here: the ratios are the benchmark's."""
 
@@ -29,13 +29,15 @@ from tpu_backend.compile.graph_cache import GraphRecord
 from tpu_backend.compile.interpreter import GraphFunction
 from tpu_backend.compile.scan import INVOKE_SUBGRAPH
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "compile_time_bench.py"
+ROOT = Path(__file__).resolve().parents[3]
+BENCH = "benchmarks.device.compile_time_bench"
 
 
 def first_step(cache: Path, mode: str = "tpu-compile", model: str = "llama", *options: str) -> dict:
     """One fresh process's first training step with cache folder `cache`."""
-    command = [sys.executable, str(BENCH), "--child", mode, "--model", model, "--steps", "0", *options]
-    done = subprocess.run(command, env=child_env(TPU_CACHE_DIR=str(cache)), capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", BENCH, "--child", mode, "--model", model, "--steps", "0", *options]
+    env = child_env(TPU_CACHE_DIR=str(cache))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -1,0 +1,270 @@
+"""Hugging Face as users run it on the "tpu" device: transformers' generate() and a diffusers pipeline.
+
+    python -m benchmarks.device.hf_bench                                  # both sections, chip sizes
+    python -m benchmarks.device.hf_bench --sections generate --batches 1,8 --caches default,static
+    python -m benchmarks.device.hf_bench --sections diffusers --sd-modes cpu,tpu-eager,tpu-compiled
+    python -m benchmarks.device.hf_bench --smoke --json /tmp/hf.json      # tiny sizes: seconds on a CPU
+
+`generate`: a Llama shaped like TinyLlama 1.1B (d 2048, 22 layers, 32 heads, 4 kv heads,
+FFN 5632, vocabulary 32000; `--layers` etc. to change it) in bfloat16 with random
+weights, `LlamaForCausalLM.generate` greedy from a `--prompt`-token prompt on the device.
+Per batch and cache: the first generate() call's seconds (compilation included; the
+first row of the run pays for what later rows reuse), and decode ms per token,
+`(t(N new tokens) - t(1 new token)) / (N - 1)` (the prefill cancels), median of
+`--repeats`, against the HBM-bandwidth bound: the bytes a decode step must read (every
+weight but the input embedding, of which it reads one row per sequence) over
+`--hbm-gbps` (819 GB/s, TPU v5e). Caches: `default` (nothing passed: on the device a
+static cache of bucketed length whose decode step transformers compiles with backend
+"tpu", one program per token), `static` (`cache_implementation="static"`: transformers'
+sizing, which keeps the largest length the model allocated before, so after `default` it
+reuses that length and its programs; compiled the same way), `dynamic` (transformers'
+DynamicCache: a shape per token, eager).
+
+`diffusers`: a StableDiffusionPipeline from small configs with random weights (CLIP text
+encoder, a UNet with SD 1.x's layout of width `--unet-width`, a four-level VAE; prompts
+as token ids through `prompt_embeds`, nothing downloaded), `--sd-steps` DDIM steps at
+`--sd-size` pixels: seconds per image on CPU (PyTorch eager), on "tpu" eager and with the
+UNet `torch.compile(backend="tpu")`, the first call's seconds, the ratio to CPU and the
+image's largest difference from CPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import tpu_backend  # noqa: F401  (the "tpu" device)
+from benchmarks.harness import write_json
+
+LLAMA_1B = dict(dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, vocab=32000)
+SMOKE = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, prompt=8, new_tokens=5, repeats=1,
+             batches="1", caches="default", unet_width=32, sd_size=32, sd_steps=2, sd_modes="cpu,tpu-eager")  # fmt: skip
+HBM_GBPS_V5E = 819.0
+console = Console()
+
+
+def synchronize() -> None:
+    torch.tpu.synchronize()
+
+
+# ---- generate ------------------------------------------------------------------------------
+def llama(opts):
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=opts.vocab, hidden_size=opts.dim, intermediate_size=opts.ffn, num_hidden_layers=opts.layers,
+        num_attention_heads=opts.heads, num_key_value_heads=opts.kv_heads, max_position_embeddings=4096,
+        tie_word_embeddings=False, eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None  # random weights: always generate N tokens
+    return model.to("tpu")
+
+
+def decode_bytes(model) -> int:
+    """Bytes one decode step reads: every weight but the input embedding (one row per sequence)."""
+    embedding = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
+
+
+def timed_generate(model, ids, new_tokens: int, cache: str) -> tuple[float, torch.Tensor]:
+    options = dict(max_new_tokens=new_tokens, do_sample=False)
+    if cache != "default":
+        options["cache_implementation"] = cache
+    start = time.perf_counter()
+    out = model.generate(ids, **options).cpu()  # the tokens on the host: the call is over
+    return time.perf_counter() - start, out
+
+
+def bench_generate(opts) -> list[dict]:
+    start = time.perf_counter()
+    model = llama(opts)
+    synchronize()
+    build_s = time.perf_counter() - start
+    bound_ms = 1e3 * decode_bytes(model) / (opts.hbm_gbps * 1e9)
+    params = sum(p.numel() for p in model.parameters())
+    rows, tokens = [], {}
+    for batch in [int(b) for b in opts.batches.split(",")]:
+        ids = torch.randint(0, opts.vocab, (batch, opts.prompt), generator=torch.Generator().manual_seed(1)).to("tpu")
+        for cache in opts.caches.split(","):
+            row = dict(batch=batch, cache=cache, params=params, build_s=build_s, bound_ms=bound_ms)
+            try:
+                row["first_call_s"], out = timed_generate(model, ids, opts.new_tokens, cache)
+                timed_generate(model, ids, 1, cache)  # warm the prefill-only call too
+                full, prefill = [], []
+                for _ in range(opts.repeats):
+                    full.append(timed_generate(model, ids, opts.new_tokens, cache)[0])
+                    prefill.append(timed_generate(model, ids, 1, cache)[0])
+                row["decode_ms"] = 1e3 * (statistics.median(full) - statistics.median(prefill)) / (opts.new_tokens - 1)
+                row["generate_s"] = statistics.median(full)
+                row["x_bound"] = row["decode_ms"] / bound_ms
+                tokens.setdefault(batch, out)
+                row["tokens_agree"] = bool(torch.equal(out, tokens[batch]))  # every cache: the same greedy tokens
+            except Exception as error:  # a failing case is reported, the others still run
+                row["error"] = f"{type(error).__name__}: {error}"[:300]
+                traceback.print_exc()
+            rows.append(row)
+            console.print(row)
+    return rows
+
+
+def generate_table(rows: list[dict], opts) -> Table:
+    table = Table(title=f"generate(): Llama {opts.layers}x{opts.dim} bf16, prompt {opts.prompt}, {opts.new_tokens} new")
+    for column in ("batch", "cache", "first call s", "decode ms/token", "HBM bound ms", "x bound", "tokens agree"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        if "error" in r:
+            table.add_row(str(r["batch"]), r["cache"], r["error"][:60], "", "", "", "")
+            continue
+        table.add_row(
+            str(r["batch"]), r["cache"], f"{r['first_call_s']:.1f}", f"{r['decode_ms']:.2f}", f"{r['bound_ms']:.2f}",
+            f"{r['x_bound']:.2f}", str(r["tokens_agree"]),
+        )  # fmt: skip
+    return table
+
+
+# ---- diffusers -----------------------------------------------------------------------------
+def sd_configs(width: int, size: int) -> dict:
+    return {
+        "text_encoder": dict(
+            vocab_size=4096, hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+            max_position_embeddings=77, bos_token_id=4094, eos_token_id=4095, pad_token_id=4095,
+        ),
+        "unet": dict(
+            in_channels=4, out_channels=4, layers_per_block=2,
+            block_out_channels=(width, 2 * width, 4 * width, 4 * width),
+            down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+            up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+            cross_attention_dim=128, attention_head_dim=8, norm_num_groups=min(32, width), sample_size=size // 8,
+        ),
+        "vae": dict(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64, 64, 64),
+            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+            layers_per_block=1, norm_num_groups=32, sample_size=size,
+        ),
+        "scheduler": dict(
+            beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1, clip_sample=False,
+            set_alpha_to_one=False,
+        ),
+    }  # fmt: skip
+
+
+def pipeline(opts, mode: str):
+    from litert_torch.generative.diffusion import pipeline_from_configs
+
+    pipe = pipeline_from_configs(**sd_configs(opts.unet_width, opts.sd_size))  # seeded: the same weights each time
+    if mode != "cpu":
+        pipe = pipe.to("tpu")
+    if mode == "tpu-compiled":
+        pipe.unet = torch.compile(pipe.unet, backend="tpu")
+    return pipe
+
+
+def image(pipe, opts):
+    device = pipe.text_encoder.device
+    ids = torch.randint(0, 4094, (1, 77), generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.no_grad():
+        embeds, negative = pipe.text_encoder(ids)[0], pipe.text_encoder(torch.full_like(ids, 4095))[0]
+    latents = torch.randn(1, 4, opts.sd_size // 8, opts.sd_size // 8, generator=torch.Generator().manual_seed(1))
+    out = pipe(
+        prompt_embeds=embeds, negative_prompt_embeds=negative, latents=latents.to(device),
+        num_inference_steps=opts.sd_steps, guidance_scale=7.5, output_type="pt",
+    )  # fmt: skip
+    return out.images.cpu()
+
+
+def bench_diffusers(opts) -> list[dict]:
+    rows, reference = [], None
+    for mode in opts.sd_modes.split(","):
+        row = dict(mode=mode, size=opts.sd_size, steps=opts.sd_steps, unet_width=opts.unet_width)
+        try:
+            pipe = pipeline(opts, mode)
+            row["unet_params"] = sum(p.numel() for p in pipe.unet.parameters())
+            start = time.perf_counter()
+            first = image(pipe, opts)
+            row["first_call_s"] = time.perf_counter() - start
+            times = []
+            for _ in range(opts.repeats):
+                start = time.perf_counter()
+                image(pipe, opts)
+                times.append(time.perf_counter() - start)
+            row["s_per_image"] = statistics.median(times)
+            if mode == "cpu":
+                reference = (first, row["s_per_image"])
+            elif reference is not None:
+                row["x_cpu"] = row["s_per_image"] / reference[1]
+                row["max_abs_diff_vs_cpu"] = float((first - reference[0]).abs().max())
+        except Exception as error:
+            row["error"] = f"{type(error).__name__}: {error}"[:300]
+            traceback.print_exc()
+        rows.append(row)
+        console.print(row)
+    return rows
+
+
+def diffusers_table(rows: list[dict], opts) -> Table:
+    title = f"diffusers: StableDiffusionPipeline {opts.sd_size}px, {opts.sd_steps} steps, UNet width {opts.unet_width}"
+    table = Table(title=title)
+    for column in ("mode", "first call s", "s / image", "x CPU", "max |image - CPU|"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        if "error" in r:
+            table.add_row(r["mode"], r["error"][:60], "", "", "")
+            continue
+        x_cpu, diff = r.get("x_cpu"), r.get("max_abs_diff_vs_cpu")
+        table.add_row(
+            r["mode"], f"{r['first_call_s']:.1f}", f"{r['s_per_image']:.3f}", "" if x_cpu is None else f"{x_cpu:.2f}",
+            "" if diff is None else f"{diff:.1e}",
+        )  # fmt: skip
+    return table
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sections", default="generate,diffusers")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU run in seconds)")
+    for name, value in LLAMA_1B.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
+    p.add_argument("--prompt", type=int, default=32, help="prompt tokens")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--caches", default="default,static", help="default, static, dynamic")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hbm-gbps", type=float, default=HBM_GBPS_V5E)
+    p.add_argument("--unet-width", type=int, default=128, help="UNet base channels (blocks: w, 2w, 4w, 4w)")
+    p.add_argument("--sd-size", type=int, default=256, help="image pixels per side")
+    p.add_argument("--sd-steps", type=int, default=20)
+    p.add_argument("--sd-modes", default="cpu,tpu-eager,tpu-compiled")
+    p.add_argument("--json", type=Path)
+    opts = p.parse_args(argv)
+    if opts.smoke:
+        p.set_defaults(**SMOKE)
+        opts = p.parse_args(argv)
+    return opts
+
+
+def main(argv=None) -> dict:
+    opts = parse(argv)
+    results = {"options": {k: str(v) for k, v in vars(opts).items()}, "device": torch.tpu.get_device_name()}
+    sections = opts.sections.split(",")
+    if "generate" in sections:
+        results["generate"] = bench_generate(opts)
+        console.print(generate_table(results["generate"], opts))
+    if "diffusers" in sections:
+        results["diffusers"] = bench_diffusers(opts)
+        console.print(diffusers_table(results["diffusers"], opts))
+    if opts.json:
+        write_json(opts.json, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
