@@ -273,7 +273,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, case: ModelCa
 
 def functional_train_step(model: nn.Module, case: ModelCase, optimizer: str) -> Callable:
     """`train_step` with `make_optimizer(optimizer)`'s update, in the form that
-    `torch.compile(step, backend="tpu")` compiles into ONE program per step (docs/architecture.md,
+    `torch.compile(step, backend="tpu")` compiles into ONE program per step (docs/design/device.md,
     "One program per training step"): gradients by `torch.func.grad_and_value` of a
     `functional_call`, and PyTorch's own foreach optimizer update (`torch.optim.sgd.sgd`,
     `torch.optim.adamw.adamw` with `capturable=True`: step counts stay tensors) writing the

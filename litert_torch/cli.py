@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("-o", "--output", required=True, help="the .tflite file to write")
     conv.add_argument("--strict-export", action="store_true", help="torch.export in strict mode")
     conv.add_argument("--check", action="store_true", help="run both models and print the max relative error")
-    quant = conv.add_argument_group('quantization (litert_torch.quantize; the README\'s "Quantized export")')
+    quant = conv.add_argument_group('quantization (litert_torch.quantize; docs/export.md, "Quantized export")')
     quant.add_argument("--quantize", choices=QUANT_SCHEMES, metavar="SCHEME", help=f"one of {', '.join(QUANT_SCHEMES)}")
     quant.add_argument(
         "--calibration-data",

@@ -1,6 +1,7 @@
-"""The README's and docs/tutorial.md's python examples run, as written, on small models.
+"""The python examples of the README, docs/tutorial.md and the user guides (docs/export.md,
+docs/device.md) run, as written, on small models.
 
-Every ```python block of the two files is found here by a phrase it contains (`BLOCKS`)
+Every ```python block of those files is found here by a phrase it contains (`BLOCKS`)
 and run in a fresh namespace holding the names the prose leaves to the reader (`model`,
 `x`, `samples`, ...: small models and inputs, built by the block's setup), in a temporary
 working folder. A block no entry matches fails the test: a new example gets a setup (or a
@@ -22,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ("README.md", "docs/tutorial.md")
+DOCS = ("README.md", "docs/tutorial.md", "docs/export.md", "docs/device.md")
 
 
 def python_blocks(path: str) -> list[str]:
@@ -321,46 +322,49 @@ SKIP = "not run here"
 # (file, a phrase of the block, setup -> names | reason it does not run, check after the run)
 BLOCKS = [
     ("README.md", 'edge.export("model.tflite")  # atomic write', _image_model, None),
-    ("README.md", "from transformers import LlamaConfig", dict, None),
-    ("README.md", 'Dim("batch", min=1, max=64)', _dynamic, _check_signature_comment),
-    ("README.md", 'litert_torch.signature("encode"', _signatures, None),
-    ("README.md", "export_generative(model, prefill_len=32", _prompt, _check_generated),
-    ("README.md", "export_diffusion(pipe)", _diffusion, _check_diffusion),
-    ("README.md", "export_vlm(gemma3", _vlms, _check_vlm_generated),
-    ("README.md", "export_embedder(BertModel(config)", _embedder, _check_embeddings),
-    ("README.md", "export_seq2seq(t5_model", _seq2seq, _check_seq2seq_generated),
-    ("README.md", "export_image_to_text(trocr_model", _image_to_text, _check_seq2seq_generated),
-    ("README.md", "quantize.weight_only_int4(32)", _quantization, None),
-    ("README.md", "quantize.analyze(", _quantization, None),
-    ("README.md", 'target="android-cpu"', _image_model, None),
-    ("README.md", 'target="android-gpu"', _image_model, None),
-    ("README.md", 'target="web"', _web, None),
-    ("README.md", "export_c_source(", _image_model, None),
-    ("README.md", 'target="edgetpu"', _image_model, None),
     ("README.md", "opt = torch.optim.AdamW", _training, None),
-    ("README.md", "grad_and_value", _on_device, None),
-    ("README.md", 'kernels.use("interpret")', _on_device, None),
-    ("README.md", "tpu_backend.export(model_and_loss", _program_export, None),
-    ("README.md", 'torch.tpu.jax_op("mylib::swish")', _jax_op, None),
+    ("README.md", "export_generative(model, prefill_len=32", _prompt, _check_generated),
+    ("docs/export.md", 'edge.export("model.tflite")  # atomic write', _image_model, None),
+    ("docs/export.md", "from transformers import LlamaConfig", dict, None),
+    ("docs/export.md", 'Dim("batch", min=1, max=64)', _dynamic, _check_signature_comment),
+    ("docs/export.md", 'litert_torch.signature("encode"', _signatures, None),
+    ("docs/export.md", "export_generative(model, prefill_len=32", _prompt, _check_generated),
+    ("docs/export.md", "export_diffusion(pipe)", _diffusion, _check_diffusion),
+    ("docs/export.md", "export_vlm(gemma3", _vlms, _check_vlm_generated),
+    ("docs/export.md", "export_embedder(BertModel(config)", _embedder, _check_embeddings),
+    ("docs/export.md", "export_seq2seq(t5_model", _seq2seq, _check_seq2seq_generated),
+    ("docs/export.md", "export_image_to_text(trocr_model", _image_to_text, _check_seq2seq_generated),
+    ("docs/export.md", "quantize.weight_only_int4(32)", _quantization, None),
+    ("docs/export.md", "quantize.analyze(", _quantization, None),
+    ("docs/export.md", 'target="android-cpu"', _image_model, None),
+    ("docs/export.md", 'target="android-gpu"', _image_model, None),
+    ("docs/export.md", 'target="web"', _web, None),
+    ("docs/export.md", "export_c_source(", _image_model, None),
+    ("docs/export.md", 'target="edgetpu"', _image_model, None),
+    ("docs/device.md", "opt = torch.optim.AdamW", _training, None),
+    ("docs/device.md", "grad_and_value", _on_device, None),
+    ("docs/device.md", 'kernels.use("interpret")', _on_device, None),
+    ("docs/device.md", "tpu_backend.export(model_and_loss", _program_export, None),
+    ("docs/device.md", 'torch.tpu.jax_op("mylib::swish")', _jax_op, None),
     (
-        "README.md",
+        "docs/device.md",
         "dist.init_mesh((8,)",
         f"{SKIP}: needs 8 devices and a data loader (tests/tpu_backend/distributed runs the API)",
         None,
     ),
     (
-        "README.md",
+        "docs/device.md",
         'dist.init_process_group("tpu")',
         f"{SKIP}: needs a torchrun launch (examples/llama_fsdp_tp.py)",
         None,
     ),
     (
-        "README.md",
+        "docs/device.md",
         "Trainer(model, args, train_dataset=train",
         f"{SKIP}: a full Trainer run; tests/tpu_backend/test_trainer_integration.py runs each argument against CPU",
         None,
     ),
-    ("README.md", "peft.get_peft_model(model", _lora_on_device, _check_merged_export),
+    ("docs/device.md", "peft.get_peft_model(model", _lora_on_device, _check_merged_export),
     ("docs/tutorial.md", "DigitsResNet().to(", _digits, None),
     ("docs/tutorial.md", "export_generative(model, prefill_len=16", _tiny_llama_on_device, None),
     ("docs/tutorial.md", "from_pretrained(", _checkpoint, None),

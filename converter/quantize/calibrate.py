@@ -25,7 +25,7 @@ exceed (ConvNeXt-nano's logits: 16 samples give max 1.39, 500 unseen ones reach 
 Whatever the method, an output's range is the calibration min/max widened to the mean
 per-sample extreme +- OUTPUT_MARGIN_SD standard deviations of the per-sample extremes
 (`output_range`); the step grows little (x1.0-1.4 on the zoo's classifiers) and clipping
-of unseen inputs becomes rare (see docs/architecture.md, Quantization).
+of unseen inputs becomes rare (see docs/design/converter.md, Quantization).
 Histograms have HISTOGRAM_BINS bins; when a sample exceeds the range the bins are merged
 into wider ones (exactly: old bin edges stay edges), so one pass suffices.
 """

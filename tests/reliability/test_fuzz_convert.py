@@ -15,7 +15,7 @@ takes its number of batches from the environment:
 
 Every failure is a finding: a refusal (`UnsupportedOpsError`) as much as any other
 exception or a numeric mismatch. The generator only draws ops and arguments the converter
-supports (docs/architecture.md lists what it refuses), so a refusal here is a converter
+supports (docs/design/converter.md lists what it refuses), so a refusal here is a converter
 bug, not an expected outcome.
 """
 

@@ -258,7 +258,7 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {}
 # The same for the sampled forward pass in other dtypes (the slow test runs 2 samples; a
 # failure recorded at a later sample passes there).
 KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
-    # bfloat16: one sweep on 2026-12-02, forward, --max-samples 4 (see docs/architecture.md)
+    # bfloat16: one sweep on 2026-12-02, forward, --max-samples 4 (see docs/measurements/device.md)
     torch.bfloat16: {
         "nn.functional.interpolate.bicubic": KnownFailure(
             "mismatch at sample 3: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 1 / 180 (0.6%) | Greatest absolute difference: 0.0133056640625 at index (1, 2, 1, 2) (up to 0.01 allowed) (vs float64: device",
@@ -273,7 +273,7 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             "no lowering for aten.hash_tensor.out yet (a bitwise hash, the same in every dtype; written with the float32 work)",
         ),
     },
-    # int64: one sweep on 2026-12-02 (see docs/architecture.md); the only failures left
+    # int64: one sweep on 2026-12-02 (see docs/measurements/device.md); the only failures left
     torch.int64: {
         "hash_tensor": KnownFailure(
             "fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",

@@ -1,7 +1,7 @@
 """A training step as ATen graphs traced on fake tensors: no weight is ever allocated.
 
 The step is the one `torch.compile(backend="tpu")` compiles into one program per step
-(docs/architecture.md, "One program per training step"; `benchmarks.models.
+(docs/design/device.md, "One program per training step"; `benchmarks.models.
 functional_train_step`, `functional_step` below): the loss and its gradients, then
 PyTorch's own foreach optimizer update (`torch.optim.adamw.adamw` with `capturable=True`,
 or `torch.optim.sgd.sgd`) writing parameters and optimizer state in place. It is traced in

@@ -37,7 +37,7 @@ function (a later recompile rewrites it with both). Enabling turns on PyTorch's 
 the whole process: other backends compiled in it drop the same guards (and are not
 stored); hence opt-in.
 
-torch 2.13 problems worked around here (docs/architecture.md, "A second process"): the
+torch 2.13 problems worked around here (docs/design/device.md, "A second process"): the
 first trace after an install in the same module reused Dynamo's global names
 (`_advance_unique_ids`); guard states that do not pickle, and graphs Dynamo itself keeps
 out of the package (a compiled optimizer step: "named parameters due to static

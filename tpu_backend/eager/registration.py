@@ -341,7 +341,7 @@ def _connect_late_lowering(op, lowering: Lowering) -> None:
         warnings.warn(
             f"{op} has a CompositeImplicitAutograd kernel: eager mode decomposes it before the tpu device "
             "sees it, so this lowering serves torch.compile and fused graphs only; lower the ops it "
-            "decomposes into for eager mode (docs/architecture.md, 'Adding a device op')",
+            "decomposes into for eager mode (docs/design/device.md, 'Adding a device op')",
             stacklevel=4,
         )
         return

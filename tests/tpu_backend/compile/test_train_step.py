@@ -1,6 +1,6 @@
 """One program per training step: `torch.compile(step, backend="tpu")` of a step written with
 `torch.func` gradients and PyTorch's functional foreach optimizer update
-(`functional_train_step`, the form docs/architecture.md documents) runs forward, backward and
+(`functional_train_step`, the form docs/design/device.md documents) runs forward, backward and
 the SGD / AdamW update as ONE program, parameters and optimizer state updated in place, and
 matches PyTorch CPU eager with `torch.optim` step by step."""
 
@@ -79,7 +79,7 @@ def test_compiled_step_updates_parameters_in_place():
     """The parameters' old buffers are donated: XLA writes the new values into them. Checked in
     a fresh process: after a failed compilation earlier in the same process
     (test_backend.py's missing-lowering test), the step's parameter arrays carry one extra
-    reference of unidentified origin and are (safely) not donated; see docs/architecture.md."""
+    reference of unidentified origin and are (safely) not donated; see docs/design/device.md."""
     code = "from tests.tpu_backend.compile.test_train_step import check_in_place; check_in_place()"
     root = Path(__file__).resolve().parents[3]
     env = child_env(PYTHONPATH=str(root))
