@@ -23,13 +23,11 @@ from benchmarks.families.vlm import (
     IMAGE,
     PER_IMAGE,
     PREFILL,
-    TEXT,
     TOTAL,
     gemma3_vlm,
     paligemma,
     pixels,
     prompt_with_images,
-    quietly,
 )
 from litert_torch import quantize
 from litert_torch.generative import UnsupportedModelError, vlm
