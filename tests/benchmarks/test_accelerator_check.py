@@ -31,6 +31,7 @@ def _run(tmp_path, *flags):
     return done, (json.loads(out.read_text()) if out.exists() else None)
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 def test_smoke_runs_every_section(tmp_path):
     done, report = _run(tmp_path, "--smoke")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -21,7 +21,7 @@ needs_libtpu = pytest.mark.skipif(
 
 
 @needs_libtpu
-@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+@pytest.mark.parametrize("chip", ["v5e", pytest.param("v6e", marks=pytest.mark.slow)])
 def test_representative_points_compile_and_fit(chip, report_line):
     start = time.perf_counter()
     results = check_lowering.check(check_lowering.grid(fast=True), chip)

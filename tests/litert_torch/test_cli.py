@@ -113,6 +113,7 @@ def make():
 """
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 @pytest.mark.skipif(
     importlib.util.find_spec("timm") is None, reason="timm is not installed (tools/setup.sh installs it)"
 )

@@ -201,6 +201,7 @@ def _assert_flat(results: list[dict], max_slope: float) -> None:
         assert r["last_loss"] < r["first_loss"], r["mode"]  # it trained
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 def test_memory_stays_flat_over_a_short_training_loop():
     """150 steps per mode (debug: 30, it checks every op against PyTorch's meta kernels),
     one worker process."""

@@ -64,6 +64,7 @@ def test_sharded_step_reports_per_chip_memory_cost_and_collectives(fsdp_tp_repor
     assert set(json.loads(json.dumps(r.to_json()))) >= {"total_bytes", "fits", "collectives", "flops", "advice"}
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 @needs_libtpu
 def test_command_prints_table_and_writes_json(tmp_path, capsys):
     from tpu_backend.aot.__main__ import main

@@ -136,6 +136,7 @@ def _libtpu() -> bool:
     return tpu.libtpu_version() is not None
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 @pytest.mark.skipif(not _libtpu(), reason="compiling for a TPU on this machine needs libtpu (tools/setup.sh)")
 @pytest.mark.chip_difference("one_process")  # on the chip the tests above are the proof
 def test_linear_algebra_compiles_for_a_v5e_and_nothing_aborts(tmp_path):

@@ -242,7 +242,7 @@ TRAINING_CASES = [
         ("cnn", "sgd", False),
         ("cnn", "adamw", True),
         ("transformer", "sgd", True),
-        ("transformer", "adamw", False),
+        ("transformer", "adamw", True),
     ]
 ]
 

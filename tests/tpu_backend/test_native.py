@@ -47,6 +47,7 @@ def _run(env_overrides: dict, *args: str, timeout: int = 600) -> subprocess.Comp
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 def test_core_parity_on_the_other_dispatch_path():
     """This process runs one path (native when built); the core parity tests run on the other."""
     other = "0" if native.module is not None else "1"

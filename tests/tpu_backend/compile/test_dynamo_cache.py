@@ -126,6 +126,7 @@ def test_objects_are_described_by_what_they_are():
     assert dynamo_cache.describe(types.SimpleNamespace()) is None
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 def test_code_hash_and_config_text_are_the_same_in_another_process():
     script = (
         "import torch.nn.functional as F, torch; from tpu_backend.compile import dynamo_cache as d;"

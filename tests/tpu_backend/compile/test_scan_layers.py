@@ -72,8 +72,9 @@ def assert_same_training(expected, actual, what: str) -> None:
             )
 
 
-# without remat: the slow suite (the default run keeps remat, the recommended use)
-@pytest.mark.parametrize("remat", [pytest.param(False, marks=pytest.mark.slow), True], ids=["plain", "remat"])
+# the slow suite (the default run trains a scanned Llama in tests/benchmarks/test_backend_bench.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
 def test_scanned_layers_train_like_unrolled_and_eager(remat, tmp_path):
     config = LlamaConfig(layers=3, checkpoint=remat)
     torch.manual_seed(0)
@@ -175,6 +176,7 @@ class Stack(nn.Module):
         return x.square().sum()
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 def test_the_block_is_traced_for_its_schema_a_fixed_number_of_times(monkeypatch):
     """torch's autograd rule for `invoke_subgraph` re-traces the block at every call to
     check that it does not write its inputs; inside the backend that happens once per

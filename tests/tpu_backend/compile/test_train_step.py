@@ -155,6 +155,7 @@ def test_batch_norm_running_stats_under_dynamic_shapes():
         torch.testing.assert_close(model[1].get_buffer(name).cpu(), buffer, rtol=RTOL, atol=ATOL, msg=name)
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 def test_one_program_step_with_kernels_on_takes_the_xla_path_and_trains():
     """Under `torch.func.grad` (the one-program step) the kernels' custom-op autograd cannot
     run (torch 2.13); the routers send those calls to XLA, so the step with kernels on

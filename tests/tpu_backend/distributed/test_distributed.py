@@ -292,6 +292,7 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 def test_killing_one_process_stops_the_run_with_a_clear_error(tmp_path):
     log = tmp_path / "launch.log"
     with open(log, "w") as out:

@@ -97,6 +97,7 @@ def check_collectives(tmp_path, nproc: int, backend: str = "tpu") -> None:
             assert case in report["checked"], f"rank {report['rank']} did not check {case!r}"
 
 
+@pytest.mark.slow  # the default suite's time budget: run with -m slow
 def test_two_processes_collectives_equal_gloo(tmp_path):
     check_collectives(tmp_path, 2)
 
