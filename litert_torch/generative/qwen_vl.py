@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from litert_torch.generative import vlm
+from litert_torch.generative import vlm_common
 from litert_torch.generative.attention import grouped_attention
 from litert_torch.generative.export import cache_tensor_names, verify_cached_lm, with_kv_cache
 from litert_torch.generative.generate import _split
@@ -245,7 +245,7 @@ def text_hidden(model: nn.Module) -> int:
     return int(model.config.get_text_config().hidden_size)
 
 
-class CachedMRoPEPrefill(vlm.CachedVLMPrefill):
+class CachedMRoPEPrefill(vlm_common.CachedVLMPrefill):
     """`forward(tokens, input_pos, rope_pos (3, T), image_embeds, kv_cache)`: the chunk's
     embeddings with its image rows, rotated at `rope_pos`, written at slots `input_pos`."""
 
@@ -284,7 +284,7 @@ def verify_prompt(model: nn.Module, grids, total: int, seed: int = 0) -> torch.T
 
 
 @torch.no_grad()
-def verify(model: nn.Module, grids, cache_len: int, prefill_len: int, tolerance: float = vlm.TOLERANCE) -> float:
+def verify(model: nn.Module, grids, cache_len: int, prefill_len: int, tolerance: float = vlm_common.TOLERANCE) -> float:
     """A prompt with one image per grid through the image encoders, prefill chunks (with
     their rotary positions) and decode steps in PyTorch, against the model's own forward
     with `pixel_values` and `image_grid_thw`: max relative error of the logits at every
@@ -310,10 +310,10 @@ def verify(model: nn.Module, grids, cache_len: int, prefill_len: int, tolerance:
     prompt = ids[0].numpy().astype(np.int32)
     n_prompt = n_images + 2
     positions = torch.from_numpy(rope_positions(prompt, image_id, grids, merge_size(model)))
-    placed = torch.from_numpy(vlm.place_image_rows(prompt[:n_prompt], torch.cat(embeds).numpy(), image_id))
+    placed = torch.from_numpy(vlm_common.place_image_rows(prompt[:n_prompt], torch.cat(embeds).numpy(), image_id))
     prefill = CachedMRoPEPrefill(model, cache_len, logits="all")
     cache, got = prefill.empty_cache(), []
-    for start, stop in vlm.plan_chunks(prompt[:n_prompt], prefill_len, image_id, cache_len):
+    for start, stop in vlm_common.plan_chunks(prompt[:n_prompt], prefill_len, image_id, cache_len):
         n = stop - start
         tokens = torch.zeros(1, prefill_len, dtype=torch.int32)
         tokens[0, :n] = ids[0, start:stop]
@@ -387,7 +387,7 @@ def export(
     decode_args = (one[None], one, torch.zeros(3, 1, dtype=torch.int32), decode.empty_cache())
     return (
         builder.signature(
-            vlm.PREFILL,
+            vlm_common.PREFILL,
             prefill,
             prefill_args,
             output_names=([] if prefill_logits == "none" else ["logits"]) + names,
@@ -419,7 +419,7 @@ def encode_images(edge_model, pixel_values) -> tuple[np.ndarray, list[tuple[int,
     """Each image (C, H, W), resized and normalised, through the `encode_image_<h>x<w>`
     signature of its grid -> (image embedding rows in order, the grids)."""
     runtime = edge_model.runtime
-    hidden = runtime.signature(vlm.PREFILL).inputs[3].shape[2]
+    hidden = runtime.signature(vlm_common.PREFILL).inputs[3].shape[2]
     rows, grids = [np.zeros((0, hidden), np.float32)], []
     for image in as_images(pixel_values):
         grid, name, patch, temporal = matching_encoder(runtime, image)
@@ -434,19 +434,19 @@ def prefill_prompt(edge_model, pixel_values, prompt: np.ndarray, image_token_id:
     """Encode the images, prefill `prompt[:-1]` in chunks with its rotary positions;
     returns (the cache, `rope(pos)`: the decode input for the token at index pos)."""
     runtime = edge_model.runtime
-    prefill, decode = runtime.signature(vlm.PREFILL), runtime.signature("decode")
+    prefill, decode = runtime.signature(vlm_common.PREFILL), runtime.signature("decode")
     embeds, grids = encode_images(edge_model, pixel_values)
     merge = exported_merge(runtime, grids[0]) if grids else 1
     positions = rope_positions(prompt, image_token_id, grids, merge)
     delta = rope_delta(positions)
     body = prompt[:-1]
-    placed = vlm.place_image_rows(body, embeds, image_token_id)
+    placed = vlm_common.place_image_rows(body, embeds, image_token_id)
     chunk = prefill.inputs[0].shape[1]
     has_logits = prefill.output_names[0] == "logits"
     cache = [np.zeros(spec.shape, spec.dtype) for spec in decode.inputs[3:]]
-    cache_len = vlm.exported_cache_len(decode)
+    cache_len = vlm_common.exported_cache_len(decode)
     limit = cache_len if cache_len is not None else np.iinfo(np.int32).max
-    for start, stop in vlm.plan_chunks(body, chunk, image_token_id, limit) if body.size else []:
+    for start, stop in vlm_common.plan_chunks(body, chunk, image_token_id, limit) if body.size else []:
         n = stop - start
         tokens = np.zeros((1, chunk), np.int32)
         tokens[0, :n] = body[start:stop]
@@ -457,7 +457,7 @@ def prefill_prompt(edge_model, pixel_values, prompt: np.ndarray, image_token_id:
         rope[:, :n] = positions[:, start:stop]
         rows = np.zeros((1, chunk, placed.shape[1]), np.float32)
         rows[0, :n] = placed[start:stop]
-        _, *cache = _split(runtime.run([tokens, slots, rope, rows, *cache], vlm.PREFILL), has_logits)
+        _, *cache = _split(runtime.run([tokens, slots, rope, rows, *cache], vlm_common.PREFILL), has_logits)
 
     def rope(pos: int) -> list[np.ndarray]:
         column = positions[:, pos : pos + 1] if pos < prompt.size else np.full((3, 1), pos + delta, np.int32)

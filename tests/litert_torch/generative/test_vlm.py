@@ -30,7 +30,7 @@ from benchmarks.families.vlm import (
     prompt_with_images,
 )
 from litert_torch import quantize
-from litert_torch.generative import UnsupportedModelError, vlm
+from litert_torch.generative import UnsupportedModelError, vlm, vlm_common
 from litert_torch.generative.vlm import (
     export_vlm,
     generate_vlm,
@@ -123,7 +123,7 @@ def test_generation_matches_pytorch_token_for_token(exported):
 def test_the_check_catches_a_causal_gemma3_image(monkeypatch):
     """Without the image's bidirectional keys the cached model is not Gemma 3: refused."""
     model = gemma3_vlm()
-    monkeypatch.setattr(vlm, "image_blocks", lambda is_image: torch.zeros(len(is_image), len(is_image)).bool())
+    monkeypatch.setattr(vlm_common, "image_blocks", lambda is_image: torch.zeros(len(is_image), len(is_image)).bool())
     with pytest.raises(UnsupportedModelError, match="with an image, the cached model's logits differ"):
         verify_vlm(model, CACHE, PREFILL)
 
