@@ -27,7 +27,9 @@ IMPLEMENTATIONS = ("pallas", "interpret", "reference")
 
 def accelerator() -> str | None:
     """ "tpu" when the kernels compile for a TPU (JAX's backend is one, or inside
-    `kernels.tpu.lowering_for`), else None."""
+    `kernels.tpu.lowering_for`; not inside `kernels.tpu.lowering_for_host`), else None."""
+    if tpu.targets_host():
+        return None
     if tpu.target_chip() is not None or jax.default_backend() == "tpu":
         return "tpu"
     return None

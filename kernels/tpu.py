@@ -149,12 +149,29 @@ def rejection(blocks, c: Chip | str | None = None) -> str | None:
 
 # --------------------------------------------------------------------------- lowering target
 
-_TARGET: list[str] = []  # the chip a `lowering_for` block lowers for (innermost last)
+_TARGET: list[str] = []  # the chip a `lowering_for` block lowers for, or _HOST (innermost last)
+_HOST = "host"  # a `lowering_for_host` block
 
 
 def target_chip() -> str | None:
-    """The chip `lowering_for` names, or None outside it."""
-    return _TARGET[-1] if _TARGET else None
+    """The chip `lowering_for` names, or None outside it (or inside `lowering_for_host`)."""
+    return _TARGET[-1] if _TARGET and _TARGET[-1] != _HOST else None
+
+
+def targets_host() -> bool:
+    """Whether the innermost lowering target is `lowering_for_host`."""
+    return bool(_TARGET) and _TARGET[-1] == _HOST
+
+
+@contextlib.contextmanager
+def lowering_for_host():
+    """Inside: the kernels lower as on a CPU (no Mosaic call) even where JAX's backend is a
+    TPU. For `jax.export.export(..., platforms=["cpu"])` on a TPU machine."""
+    _TARGET.append(_HOST)
+    try:
+        yield
+    finally:
+        _TARGET.pop()
 
 
 def _abstract_mesh(c: Chip):

@@ -23,7 +23,8 @@ DIFFERENCES: dict[str, str] = {
         "CPU (child_env), so what they measure about the device is CPU's"
     ),
     "float64": (
-        "a TPU has no float64 unit: XLA emulates float64 arithmetic (slowly, and not to float64's last bits), "
+        "a TPU has no float64 unit: XLA emulates float64 arithmetic (slowly, and not to float64's last bits) "
+        "and stores float64 as two float32s (float32's exponent range: -0.0 and values below 1.2e-38 become 0), "
         "and float64 factorizations and int64 matrix products run on the host (tpu_backend/chip_limits.py)"
     ),
     "matmul_passes": (

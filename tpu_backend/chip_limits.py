@@ -193,6 +193,31 @@ def targets_tpu() -> bool:
     return tpu.target_chip() is not None or jax.default_backend() == "tpu"
 
 
+# --------------------------------------------------------------------------- float64 storage
+
+# A TPU holds float64 as a pair of float32s (measured on a v5e): float32's exponent range and
+# about 49 significant bits. A finite value beyond it would become inf on the way to the chip.
+FLOAT64_ON_TPU_MAX = float(np.finfo(np.float32).max)
+
+
+def check_float64_fits(values: np.ndarray) -> None:
+    """Refuse float64 `values` bound for a TPU that the chip would turn into inf (never on
+    other platforms). Below float32's smallest normal they become 0, and -0.0 becomes 0.0,
+    as float32 values do on the chip: not refused."""
+    if values.dtype != np.float64 or values.size == 0 or not targets_tpu():
+        return
+    over = np.abs(values) > FLOAT64_ON_TPU_MAX
+    if over.any():
+        at = np.argwhere(over & np.isfinite(values))
+        if len(at):
+            index = tuple(int(i) for i in at[0])
+            raise ValueError(
+                f"float64 value {float(values[index])!r} at index {index} cannot be moved to a TPU: the chip holds "
+                f"float64 as two float32s, in float32's range (|x| <= {FLOAT64_ON_TPU_MAX:.3g}), so it would "
+                "become inf. Keep this tensor on the CPU, or scale it into that range before moving it"
+            )
+
+
 # --------------------------------------------------------------------------- the rule
 
 

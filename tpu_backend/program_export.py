@@ -162,7 +162,12 @@ def export(module_or_fn, args, kwargs=None, *, platforms=("tpu",), train_step=Fa
     from tpu_backend.kernels import fuse_residual_norms
 
     platforms = tuple(platforms)
-    target = tpu.lowering_for(chip) if platforms == ("tpu",) else contextlib.nullcontext()
+    if platforms == ("tpu",):
+        target = tpu.lowering_for(chip)
+    elif "tpu" not in platforms:  # (on a TPU machine too: a Mosaic call lowers for no other platform)
+        target = tpu.lowering_for_host()
+    else:
+        target = contextlib.nullcontext()
     params, buffers = _module_state(module_or_fn)
     flat_args = pytree.tree_leaves((tuple(args), dict(kwargs or {})))
     abstract = [_abstract(t) for t in (*params.values(), *buffers.values(), *flat_args) if isinstance(t, torch.Tensor)]

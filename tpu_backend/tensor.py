@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_backend import native
+from tpu_backend import chip_limits, native
 from tpu_backend._registration import DEVICE_NAME, create_device_tensor, new_device_tensor
 from tpu_backend.eager.errors import reraise_as_torch
 from tpu_backend.ops.registry import jax_dtype, torch_dtype
@@ -513,6 +513,8 @@ def numpy_to_torch(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     t = t.detach().contiguous()
+    if t.dtype == torch.float64:
+        chip_limits.check_float64_fits(t.numpy())
     try:
         if t.dtype == torch.bfloat16:
             return jax.lax.bitcast_convert_type(jnp.asarray(t.view(torch.int16).numpy()), jnp.bfloat16)
@@ -529,6 +531,7 @@ def cpu_to_jax_nonblocking(t: torch.Tensor) -> jax.Array:
     host memory instead of copying, so there the bytes are copied first."""
     t = t.detach().contiguous()
     host = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+    chip_limits.check_float64_fits(host)
     if jax.default_backend() == "cpu":
         host = host.copy()
     try:

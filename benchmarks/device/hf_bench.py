@@ -19,6 +19,11 @@ static cache of bucketed length whose decode step transformers compiles with bac
 sizing, which keeps the largest length the model allocated before, so after `default` it
 reuses that length and its programs; compiled the same way), `dynamic` (transformers'
 DynamicCache: a shape per token, eager).
+`--trace DIR`: after the first row's timings, one more generate() of that row runs under
+JAX's profiler (the trace is written under DIR); the table below the results splits its
+decode time per token into the chip's busy time (XLA programs on the device) and the rest
+(the host: Python, Dynamo's guards, transfers, waiting), and names the host functions
+that took longest per token (inclusive times, slowed by the tracer).
 
 `diffusers`: a StableDiffusionPipeline from small configs with random weights (CLIP text
 encoder, a UNet with SD 1.x's layout of width `--unet-width`, a four-level VAE; prompts
@@ -47,6 +52,7 @@ LLAMA_1B = dict(dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, vocab=32000
 SMOKE = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, prompt=8, new_tokens=5, repeats=1,
              batches="1", caches="default", unet_width=32, sd_size=32, sd_steps=2, sd_modes="cpu,tpu-eager")  # fmt: skip
 HBM_GBPS_V5E = 819.0
+PROFILER_FRAMES = ("profiler.py", "contextlib.py", "hf_bench.py")  # the trace's own Python frames, not listed
 console = Console()
 
 
@@ -107,6 +113,8 @@ def bench_generate(opts) -> list[dict]:
                 row["generate_s"] = statistics.median(full)
                 row["x_bound"] = row["decode_ms"] / bound_ms
                 tokens.setdefault(batch, out)
+                if opts.trace and not any("trace" in r for r in rows):
+                    row["trace"] = traced_generate(model, ids, opts, cache)
                 row["tokens_agree"] = bool(torch.equal(out, tokens[batch]))  # every cache: the same greedy tokens
             except Exception as error:  # a failing case is reported, the others still run
                 row["error"] = f"{type(error).__name__}: {error}"[:300]
@@ -114,6 +122,46 @@ def bench_generate(opts) -> list[dict]:
             rows.append(row)
             console.print(row)
     return rows
+
+
+def traced_generate(model, ids, opts, cache: str) -> dict:
+    """One warm generate() under JAX's profiler: per token, the device's busy time and wall time."""
+    import jax
+
+    opts.trace.mkdir(parents=True, exist_ok=True)
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 1  # Python functions on the host's timeline (not every platform's default)
+    with jax.profiler.trace(str(opts.trace), profiler_options=options):
+        wall = timed_generate(model, ids, opts.new_tokens, cache)[0]
+    newest = max(opts.trace.rglob("*.xplane.pb"), key=lambda path: path.stat().st_mtime)
+    profile = jax.profiler.ProfileData.from_file(str(newest))
+    device_ns, host = 0, {}
+    for plane in profile.planes:
+        for line in plane.lines:
+            if plane.name.startswith("/device:") and line.name == "XLA Modules":
+                device_ns += sum(event.duration_ns for event in line.events)
+            elif plane.name.startswith("/host:"):
+                for event in line.events:
+                    if event.name.startswith("$") and not any(own in event.name for own in PROFILER_FRAMES):
+                        host[event.name] = host.get(event.name, 0) + event.duration_ns
+    per_token = 1e6 * opts.new_tokens
+    slowest = sorted(host.items(), key=lambda item: -item[1])[: opts.trace_top]
+    return dict(
+        file=str(newest),
+        wall_ms_per_token=1e3 * wall / opts.new_tokens,
+        device_ms_per_token=device_ns / per_token,
+        host_ms_per_token={name: ns / per_token for name, ns in slowest},
+    )
+
+
+def trace_table(trace: dict) -> Table:
+    table = Table(title=f"one traced generate(), per token: wall {trace['wall_ms_per_token']:.2f} ms (tracer on), "
+                  f"device busy {trace['device_ms_per_token']:.2f} ms")  # fmt: skip
+    table.add_column("host function (inclusive)")
+    table.add_column("ms/token", justify="right")
+    for name, ms in trace["host_ms_per_token"].items():
+        table.add_row(name[-90:], f"{ms:.3f}")
+    return table
 
 
 def generate_table(rows: list[dict], opts) -> Table:
@@ -238,6 +286,8 @@ def parse(argv):
     p.add_argument("--batches", default="1,8")
     p.add_argument("--caches", default="default,static", help="default, static, dynamic")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--trace", type=Path, help="profile one generate() of the first row into this folder")
+    p.add_argument("--trace-top", type=int, default=40, help="host functions listed from the trace")
     p.add_argument("--hbm-gbps", type=float, default=HBM_GBPS_V5E)
     p.add_argument("--unet-width", type=int, default=128, help="UNet base channels (blocks: w, 2w, 4w, 4w)")
     p.add_argument("--sd-size", type=int, default=256, help="image pixels per side")
@@ -258,6 +308,9 @@ def main(argv=None) -> dict:
     if "generate" in sections:
         results["generate"] = bench_generate(opts)
         console.print(generate_table(results["generate"], opts))
+        for row in results["generate"]:
+            if "trace" in row:
+                console.print(trace_table(row["trace"]))
     if "diffusers" in sections:
         results["diffusers"] = bench_diffusers(opts)
         console.print(diffusers_table(results["diffusers"], opts))

@@ -37,6 +37,7 @@ def test_bench_reports_cpu_time_beside_wall_time(tmp_path):
     )
 
 
+@pytest.mark.slow  # the default suite's time budget: tests/tpu_backend/compile/test_scan_layers.py checks the scan
 def test_scan_layers_flag_trains_the_llama_case_like_cpu(tmp_path):
     out = tmp_path / "bench.json"
     argv = ["--model", "llama", "--remat", "--scan-layers", "--modes", "cpu-eager,tpu-compile"]

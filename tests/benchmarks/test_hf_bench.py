@@ -12,7 +12,10 @@ from benchmarks.device import hf_bench
 
 def test_generate_section(tmp_path):
     out = tmp_path / "hf.json"
-    hf_bench.main(["--smoke", "--sections", "generate", "--caches", "default,static", "--json", str(out)])
+    trace = tmp_path / "trace"
+    hf_bench.main(
+        ["--smoke", "--sections", "generate", "--caches", "default,static", "--json", str(out), "--trace", str(trace)]
+    )
     rows = json.loads(out.read_text())["generate"]
     assert [(r["batch"], r["cache"]) for r in rows] == [(1, "default"), (1, "static")]
     for row in rows:
@@ -20,6 +23,10 @@ def test_generate_section(tmp_path):
         assert row["decode_ms"] > 0 and row["first_call_s"] > 0 and row["bound_ms"] > 0
         assert row["x_bound"] == pytest.approx(row["decode_ms"] / row["bound_ms"])
         assert row["tokens_agree"]
+    traced = rows[0]["trace"]  # the first row only; CPU has no device plane: busy 0
+    assert "trace" not in rows[1] and traced["wall_ms_per_token"] > 0 and traced["device_ms_per_token"] == 0
+    assert any("generate" in name for name in traced["host_ms_per_token"]), traced
+    assert not any("profiler.py" in name for name in traced["host_ms_per_token"])
 
 
 @pytest.mark.slow  # strict eager compiles every UNet op's program: minutes on a loaded CPU

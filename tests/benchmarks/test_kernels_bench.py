@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.kernels import kernels_bench
 from kernels import tpu
 
@@ -22,6 +24,7 @@ def test_runs_on_cpu_and_agrees_with_xla(tmp_path, capsys):
     assert "INTERPRET mode on CPU: correctness only" in out and "fwd+bwd ms k/xla" in out
 
 
+@pytest.mark.slow  # the default suite's time budget: compiles attention at several lengths for a TPU
 def test_compile_only_attention_memory_is_linear(tmp_path):
     if tpu.libtpu_version() is None:
         import pytest

@@ -12,6 +12,7 @@ from benchmarks.generative import prefill_bound
 TINY = dict(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=128)
 
 
+@pytest.mark.slow  # the default suite's time budget: a benchmark's table
 def test_table_without_anchor(tmp_path, monkeypatch, capsys):
     model = "hf_llama"  # (Qwen3 runs the same code; one model keeps the default suite fast)
     for key, value in TINY.items():

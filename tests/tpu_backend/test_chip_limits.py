@@ -89,6 +89,17 @@ def test_int64_matrix_product_runs_on_the_host(as_on_a_tpu):
     assert torch.equal(product.cpu(), m @ m.T)
 
 
+def test_float64_beyond_what_the_chip_holds_is_refused_on_the_way_there(as_on_a_tpu):
+    with pytest.raises(
+        ValueError, match=r"float64 value 1e\+300 at index \(1, 0\) cannot be moved to a TPU.*would become inf"
+    ):
+        torch.tensor([[1.0], [1e300]], dtype=torch.float64).to("tpu")
+    held = torch.tensor([3e38, -1e-30, float("inf"), float("nan")], dtype=torch.float64)
+    torch.testing.assert_close(held.to("tpu").cpu(), held, equal_nan=True)  # in range, or not finite: kept
+    assert torch.tensor([1e300], dtype=torch.float64).to("tpu", dtype=torch.float32).isinf().all()  # float32 as on CPU
+
+
+@pytest.mark.chip_difference("float64")  # the chip stores -0.0 as 0.0: what the host then sees
 def test_float64_bit_manipulation_runs_on_the_host(as_on_a_tpu):
     x = torch.tensor([-2.5, -0.0, 0.0, 1e-310, 3.0], dtype=torch.float64)
     with warnings.catch_warnings():

@@ -40,6 +40,12 @@ class TrainStep(nn.Module):
         return self.loss(self.model(*inputs), target)
 
 
+def on_host():
+    """Where a program exported for platforms=("cpu",) runs: JAX's CPU device (on a TPU
+    machine the default device is the chip, which such a program refuses)."""
+    return jax.default_device(jax.devices("cpu")[0])
+
+
 def _example(name):
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
@@ -155,7 +161,8 @@ def test_exported_step_runs_on_cpu_with_pytorch_gradients():
     batch = tuple(b[:2, :32] for b in batch)  # small: the program is compiled and run on CPU
     exported = tpu_backend.export(step, batch, platforms=("cpu",), train_step=True)
     arrays = [t.detach().numpy() for t in (*step.parameters(), *step.buffers(), *batch)]
-    loss, *grads = exported.call(*arrays)
+    with on_host():
+        loss, *grads = exported.call(*arrays)
     expected = step(*batch)
     expected.backward()
     assert np.allclose(float(loss), float(expected.detach()), rtol=1e-5)
@@ -290,7 +297,8 @@ def test_pre_norm_lm_step_with_fused_residual_norms_gives_pytorch_gradients(mode
     with kernels.use(mode):
         exported = tpu_backend.export(model, (ids, targets), platforms=("cpu",), train_step=True)
     assert fused[0] == 4, fused  # forward: each block's two adds feed the next norm
-    loss, *grads = exported.call(*[t.detach().numpy() for t in (*model.parameters(), ids, targets)])
+    with on_host():
+        loss, *grads = exported.call(*[t.detach().numpy() for t in (*model.parameters(), ids, targets)])
     expected = model(ids, targets)
     expected.backward()
     np.testing.assert_allclose(float(loss), float(expected.detach()), rtol=1e-5)
@@ -308,3 +316,16 @@ def test_pre_norm_lm_step_lowers_for_tpu_at_1024(mode, monkeypatch):
     assert fused[0] == 4, fused
     _check_gradients_layout(exported, model)
     assert ("tpu_custom_call" in exported.mlir_module()) == (mode == "on")
+
+
+def test_a_cpu_export_on_a_tpu_machine_lowers_no_mosaic_call(monkeypatch):
+    """On a TPU machine (JAX's backend "tpu", here pretended) with the kernels on, an export for
+    platforms=("cpu",) lowers the kernels as on a CPU: a Mosaic call has no CPU lowering."""
+    from kernels import _common
+
+    model, ids, targets = _pre_norm_lm(64)
+    monkeypatch.setattr(_common.jax, "default_backend", lambda: "tpu")
+    with kernels.use("on"):
+        assert kernels.implementation() == "pallas"  # what the device runs on the chip
+        exported = tpu_backend.export(model, (ids, targets), platforms=("cpu",), train_step=True)
+    assert exported.platforms == ("cpu",) and "tpu_custom_call" not in exported.mlir_module()

@@ -1,7 +1,8 @@
 """Fused eager mode records composite ops as one op each: `F.scaled_dot_product_attention`
 on the XLA path becomes ONE `_scaled_dot_product_efficient_attention` node (with ATen's
 own backward node) instead of its ~10-op decomposition. Values and gradients must equal
-PyTorch CPU's (float32, atol 1e-5 / rtol 1e-4), and the recorded program must lower for TPU.
+PyTorch CPU's (float32, atol 1e-5 / rtol 1e-4; on a TPU atol 1e-4, its exp), and the recorded
+program must lower for TPU.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import torch
 import torch.nn.functional as F
 
 import tpu_backend
+from tests import chip
 from tpu_backend import fused
 
-ATOL, RTOL = 1e-5, 1e-4
+ATOL = chip.tolerance("transcendentals", cpu=1e-5, tpu=1e-4)  # gradients 5.2e-5 apart seen on a v5e
+RTOL = 1e-4
 
 
 def _inputs(kv_heads: int = 4, mask: str | None = None, mask_grad: bool = False):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import tpu_backend
+from tests import chip
 
 
 def test_a_jax_array_becomes_a_tensor_and_back_without_a_copy():
@@ -68,7 +69,8 @@ def test_jax_code_inside_a_training_step():
     layer = torch.nn.Linear(4, 4).to("tpu")
     out = layer(torch.randn(2, 4).to("tpu"))
     softplus = torch.tpu.from_jax(jax.nn.softplus(torch.tpu.to_jax(out)))
-    torch.testing.assert_close(softplus.cpu(), torch.nn.functional.softplus(out.detach().cpu()))
+    rtol = chip.tolerance("transcendentals", cpu=1.3e-6, tpu=2e-4)  # 7.7e-5 seen on a v5e
+    torch.testing.assert_close(softplus.cpu(), torch.nn.functional.softplus(out.detach().cpu()), rtol=rtol, atol=rtol)
 
 
 def test_the_package_names_are_the_same_functions():
@@ -97,6 +99,7 @@ def test_fused_mode_hands_over_the_computed_value():
 # --------------------------------------------------------------------------- DLPack
 
 
+@pytest.mark.chip_difference("host_memory")  # JAX's TPU arrays export no DLPack: BufferError naming the platform
 def test_dlpack_consumers_read_the_tensors_buffer():
     x = torch.randn(5, 3).to("tpu") + 1
     pointer = torch.tpu.to_jax(x).unsafe_buffer_pointer()

@@ -61,6 +61,7 @@ def run(cache: Path, models: Path, *options: str) -> dict:
     return report
 
 
+@pytest.mark.slow  # the default suite's time budget: a second process, and the cache is opt-in (TPU_DYNAMO_CACHE)
 def test_second_process_skips_dynamo_and_a_new_shape_still_traces(tmp_path):
     cache, models = tmp_path / "cache", model_dir(tmp_path)
     first = run(cache, models, "--batches", "4")
