@@ -20,7 +20,7 @@ def test_generate_section(tmp_path):
     assert [(r["batch"], r["cache"]) for r in rows] == [(1, "default"), (1, "static")]
     for row in rows:
         assert "error" not in row, row
-        assert row["decode_ms"] > 0 and row["first_call_s"] > 0 and row["bound_ms"] > 0
+        assert row["decode_ms"] > 0 and row["first_call_s"] > row["first_prefill_s"] > 0 and row["bound_ms"] > 0
         assert row["x_bound"] == pytest.approx(row["decode_ms"] / row["bound_ms"])
         assert row["tokens_agree"]
     traced = rows[0]["trace"]  # the first row only; CPU has no device plane: busy 0
