@@ -206,16 +206,14 @@ def check_float64_fits(values: np.ndarray) -> None:
     as float32 values do on the chip: not refused."""
     if values.dtype != np.float64 or values.size == 0 or not targets_tpu():
         return
-    over = np.abs(values) > FLOAT64_ON_TPU_MAX
-    if over.any():
-        at = np.argwhere(over & np.isfinite(values))
-        if len(at):
-            index = tuple(int(i) for i in at[0])
-            raise ValueError(
-                f"float64 value {float(values[index])!r} at index {index} cannot be moved to a TPU: the chip holds "
-                f"float64 as two float32s, in float32's range (|x| <= {FLOAT64_ON_TPU_MAX:.3g}), so it would "
-                "become inf. Keep this tensor on the CPU, or scale it into that range before moving it"
-            )
+    beyond = np.isfinite(values) & (np.abs(values) > FLOAT64_ON_TPU_MAX)
+    if beyond.any():
+        index = tuple(int(i) for i in np.argwhere(beyond)[0])
+        raise ValueError(
+            f"float64 value {float(values[index])!r} at index {index} cannot be moved to a TPU: the chip holds "
+            f"float64 as two float32s, in float32's range (|x| <= {FLOAT64_ON_TPU_MAX:.3g}), so it would "
+            "become inf. Keep this tensor on the CPU, or scale it into that range before moving it"
+        )
 
 
 # --------------------------------------------------------------------------- the rule
