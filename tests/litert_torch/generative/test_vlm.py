@@ -144,6 +144,7 @@ def test_an_image_longer_than_the_sliding_window():
     assert verify_vlm(gemma3_vlm(per_image=16), CACHE, prefill_len=20) <= TOLERANCE
 
 
+@pytest.mark.slow  # the default suite's time budget: dynamic int8 of the decoder families is checked in test_kv_cache.py, test_seq2seq.py, test_embedder.py
 def test_dynamic_int8_size_and_logit_error():
     model = gemma3_vlm()
     full = export_vlm(model, prefill_len=PREFILL, cache_len=CACHE, progress=False, verify=False)

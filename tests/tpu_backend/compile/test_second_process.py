@@ -58,6 +58,7 @@ def copy_of(filled, tmp_path) -> Path:
     return Path(shutil.copytree(filled[0], tmp_path / "cache"))
 
 
+@pytest.mark.slow  # the default suite's time budget: test_cache.py::test_a_second_process_compiles_nothing crosses processes by default
 def test_second_process_loads_everything_and_computes_the_same_loss(filled, tmp_path):
     second = first_step(copy_of(filled, tmp_path), "tpu-compile", "llama", *LLAMA)
     assert second["aot_cache"]["hit"] == 1 and second["aot_cache"]["miss"] == 0
