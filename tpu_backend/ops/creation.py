@@ -153,7 +153,14 @@ def _linspace(start, end, steps, dtype):
     # the barrier keeps ATen's correctly rounded division (-49 / 49 must be exactly -1).
     step = (end - start) / lax.optimization_barrier(jnp.asarray(steps - 1, compute))
     i = jnp.arange(steps, dtype=compute)
-    return jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+    values = jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+    if not integral:
+        return values
+    # A whole step is exact in integers. (So it is in float64 on CPU, but a TPU emulates
+    # float64 and its division is not correctly rounded: -49 / 49 misses -1 there.)
+    first, span = start.astype(jnp.int64), end.astype(jnp.int64) - start.astype(jnp.int64)
+    whole = first + span // (steps - 1) * jnp.arange(steps, dtype=jnp.int64)
+    return jnp.where(span % (steps - 1) == 0, whole.astype(compute), values)
 
 
 @lowers(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)

@@ -266,16 +266,17 @@ def special_log_ndtr(x):
 
 
 def _bessel_j(v, order):
-    """J_order(|v|): JAX's recurrence needs x >= 0 and is NaN for small x in float32, so
-    it runs in float64 (J0 is even, J1 odd: callers restore the sign). Below 1e-3 (where the
-    recurrence is NaN or 0, from about 3e-5 down, e.g. at 0) the Taylor series is used; its
-    first omitted term is under 1e-18 of the value there."""
+    """J_order(|v|), order 0 or 1, in float64: the power series for x <= 12, Hankel's
+    expansion beyond (J0 is even, J1 odd: callers restore the sign). Not JAX's
+    `bessel_jn`: its backward recurrence overflows float32's exponent range, which is
+    float64's on a TPU (NaN there). NaN at +-inf, as ATen."""
     x = jnp.abs(v).astype(jnp.float64)
-    small = x < 1e-3
-    recurrence = jsp.bessel_jn(jnp.where(small, 1.0, x), v=order)[order]
-    x2 = x * x
-    series = 1 - x2 / 4 + x2 * x2 / 64 if order == 0 else x / 2 - x * x2 / 16 + x * x2 * x2 / 384
-    return jnp.where(small, series, recurrence).astype(v.dtype)
+    j_sum, _ = _bessel_series(jnp.clip(jnp.where(jnp.isfinite(x), x, 1.0), 0.0, 12.0), order)
+    large = jnp.where(jnp.isfinite(x) & (x > 12.0), x, 13.0)
+    p_sum, q_sum, chi = _hankel(large, order)
+    hankel = jnp.sqrt(2 / (np.pi * large)) * (p_sum * jnp.cos(chi) - q_sum * jnp.sin(chi))
+    value = jnp.where(x > 12.0, hankel, j_sum)
+    return jnp.where(jnp.isfinite(x), value, jnp.nan).astype(v.dtype)
 
 
 @lowers(aten.special_bessel_j0.default)
@@ -411,17 +412,13 @@ def _bessel_k(v, order):
     return jnp.where(x == 0, jnp.inf, jnp.exp(-x) * _scaled_bessel_k(v, order)).astype(v.dtype)
 
 
-def _bessel_y(v, order):
-    """Y_order(x), order 0 or 1, in float64: the power series (with J_order's) for x <= 12,
-    Hankel's asymptotic expansion beyond (truncated near its smallest term: ~1e-10 relative
-    at x = 12, better above). JAX has no Y_n. ATen's edges: -inf at 0, NaN below and at inf."""
-    x = v.astype(jnp.float64)
-    small = jnp.clip(jnp.where(jnp.isfinite(x), x, 1.0), 1e-300, 12.0)
-    half = small / 2
+def _bessel_series(x, order):
+    """At 0 <= x <= 12: (J_order(x), the digamma-weighted sum Y_order needs), from the power
+    series J = sum t_k, t_k = (x/2)^(2k+order) (-1)^k / (k! (k+order)!), weighted by
+    psi(k+1) + psi(k+1+order) = 2 H terms - 2 gamma. 60 terms reach float64 epsilon at 12."""
+    half = x / 2
     q = -(half * half)
-    # series: J = sum t_k, with t_k = (x/2)^(2k+order) (-1)^k / (k! (k+order)!), and the
-    # digamma-weighted sum of the same terms (psi(k+1) + psi(k+1+order) = 2 H terms - 2 gamma)
-    term = jnp.ones_like(small) if order == 0 else half
+    term = jnp.ones_like(x) if order == 0 else half
     harmonic, harmonic_shifted = 0.0, 0.0 if order == 0 else 1.0
     j_sum, weighted = term, term * (harmonic + harmonic_shifted)
     for k in range(1, 60):
@@ -430,22 +427,37 @@ def _bessel_y(v, order):
         harmonic_shifted += 1.0 / (k + order)
         j_sum = j_sum + term
         weighted = weighted + term * (harmonic + harmonic_shifted)
-    log_term = (2 / np.pi) * (jnp.log(half) + np.euler_gamma) * j_sum
-    if order == 0:
-        series = log_term - weighted / np.pi
-    else:
-        series = log_term - 2 / (np.pi * small) - weighted / np.pi
-    # Hankel: Y = sqrt(2 / (pi x)) (P sin chi + Q cos chi), chi = x - (2 order + 1) pi / 4
-    large = jnp.where(jnp.isfinite(x) & (x > 12.0), x, 13.0)
+    return j_sum, weighted
+
+
+def _hankel(x, order):
+    """Hankel's asymptotic expansion at x > 12: (P, Q, chi) with chi = x - (2 order + 1) pi / 4,
+    J = sqrt(2 / (pi x)) (P cos chi - Q sin chi), Y = sqrt(2 / (pi x)) (P sin chi + Q cos chi);
+    truncated near its smallest term (~1e-10 relative at x = 12, better above)."""
     mu = 4.0 * order * order
-    p_sum, q_sum, coefficient = jnp.ones_like(large), jnp.zeros_like(large), jnp.ones_like(large)
+    p_sum, q_sum, coefficient = jnp.ones_like(x), jnp.zeros_like(x), jnp.ones_like(x)
     for k in range(1, 25):
-        coefficient = coefficient * (mu - (2 * k - 1) ** 2) / (k * 8 * large)
+        coefficient = coefficient * (mu - (2 * k - 1) ** 2) / (k * 8 * x)
         if k % 2:
             q_sum = q_sum + (-1) ** (k // 2) * coefficient
         else:
             p_sum = p_sum + (-1) ** (k // 2) * coefficient
-    chi = large - (2 * order + 1) * np.pi / 4
+    return p_sum, q_sum, x - (2 * order + 1) * np.pi / 4
+
+
+def _bessel_y(v, order):
+    """Y_order(x), order 0 or 1, in float64: the power series (with J_order's) for x <= 12,
+    Hankel's expansion beyond. JAX has no Y_n. ATen's edges: -inf at 0, NaN below and at inf."""
+    x = v.astype(jnp.float64)
+    small = jnp.clip(jnp.where(jnp.isfinite(x), x, 1.0), 1e-300, 12.0)
+    j_sum, weighted = _bessel_series(small, order)
+    log_term = (2 / np.pi) * (jnp.log(small / 2) + np.euler_gamma) * j_sum
+    if order == 0:
+        series = log_term - weighted / np.pi
+    else:
+        series = log_term - 2 / (np.pi * small) - weighted / np.pi
+    large = jnp.where(jnp.isfinite(x) & (x > 12.0), x, 13.0)
+    p_sum, q_sum, chi = _hankel(large, order)
     hankel = jnp.sqrt(2 / (np.pi * large)) * (p_sum * jnp.sin(chi) + q_sum * jnp.cos(chi))
     value = jnp.where(x > 12.0, hankel, series)
     value = jnp.where(x == 0, -jnp.inf, value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from tpu_backend.ops._common import default_float, elementwise, is_floating, jax_dtype
@@ -31,9 +32,12 @@ def _float_dtype(dtype):
 
 def _uniform(key, shape, dtype, low=0.0, high=1.0):
     sample = jax.random.uniform(key, tuple(shape), _sample_dtype(dtype), low, high)
-    # Rounding to a narrower dtype can reach `high`; keep the interval half-open.
-    out = sample.astype(dtype)
-    return jnp.where(out >= high, jnp.asarray(low, dtype), out) if dtype != _sample_dtype(dtype) else out
+    if dtype == _sample_dtype(dtype):
+        return sample
+    # Rounding to a narrower dtype can reach `high`: clamp to the largest value below it.
+    # (A test of the rounded value fails on a TPU, whose compiler may compare before rounding.)
+    below_high = np.nextafter(np.asarray(high, jnp.dtype(dtype)), np.asarray(low, jnp.dtype(dtype)))
+    return jnp.minimum(sample, below_high.astype(np.float32)).astype(dtype)
 
 
 def _normal(key, shape, dtype):
