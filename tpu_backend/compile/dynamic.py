@@ -555,6 +555,33 @@ def _reshape_rule(node, dyn):
     return None  # layouts are matched beforehand (`_record_reshape_layout`)
 
 
+def _whole_along(*places):
+    """A kernel (tpu_backend/kernel_ops.py) that reads every position of the dims in
+    `places`, ((arg, (dim, ...)), ...): their symbols are pinned; the other dims are
+    row-local (each row's result reads that row only)."""
+
+    def rule(node, dyn):
+        for arg, dims in places:
+            value = _val(node.args[arg])
+            if value is None:
+                continue
+            symbolic = [d for d in dims if value.dim() and d % value.dim() in dyn(node.args[arg])]
+            if symbolic:
+                symbols = set().union(*(dyn(node.args[arg])[d % value.dim()] for d in symbolic))
+                raise _Pin(symbols, f"{node.target} over a symbolic dim {symbolic[0]} of argument {arg}")
+        return None
+
+    return rule
+
+
+def _norm_backward_rule(node, dyn):
+    """tpu_kernels.norm_backward(dy, dh, h, weight, bias, ...): the weight and bias gradients
+    sum over the rows (every dim but the last): mask dy and h with 0 there."""
+    _whole_along((2, (-1,)))(node, dyn)
+    rows = tuple(d for d in dyn(node.args[2]) if d != _val(node.args[2]).dim() - 1)
+    return Masking(((0, rows, 0.0), (2, rows, 0.0))) if rows else None
+
+
 _RULES: dict[Any, Callable] = {
     aten.sum.dim_IntList: _reduction_rule(1, 0.0),
     aten.sum.default: _full_reduction_rule(0.0),
@@ -586,11 +613,26 @@ _RULES: dict[Any, Callable] = {
     aten.reshape.default: _reshape_rule,
 }
 _RULES.update((op, _rule_row_local) for op in _ROW_LOCAL)
+_RULES.update((op, _rule_row_local) for op in (aten.arange.default, aten.arange.start, aten.arange.start_step))
+
+# The kernels' custom ops, by schema name (they exist once tpu_backend.kernel_ops is imported).
+_KERNEL_RULES: dict[str, Callable] = {
+    "tpu_kernels::norm": _whole_along((0, (-1,))),  # each row normalised over its last dim
+    "tpu_kernels::norm_backward": _norm_backward_rule,
+    "tpu_kernels::cross_entropy": _whole_along((0, (-1,))),  # each row's loss over the vocabulary
+    "tpu_kernels::cross_entropy_backward": _whole_along((1, (-1,))),
+    # queries row by row; keys and values whole (a padded key would get attention weight)
+    "tpu_kernels::flash_attention": _whole_along((0, (-1,)), (1, (-2, -1)), (2, (-2, -1))),
+    # dk and dv sum over the queries too
+    "tpu_kernels::flash_attention_backward": _whole_along((1, (-2, -1)), (2, (-2, -1)), (3, (-2, -1))),
+}
 
 
 def _rule_for(target):
     if target in _RULES:
         return _RULES[target]
+    if isinstance(target, torch._ops.OpOverload) and target._schema.name in _KERNEL_RULES:
+        return _KERNEL_RULES[target._schema.name]
     if isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags:
         return _rule_row_local
     return None
@@ -633,16 +675,39 @@ def plan_bucketing(gm: torch.fx.GraphModule) -> BucketPlan:
     plan = BucketPlan(symbols, pinned=_bindable(gm, symbols))
     if any(n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes):
         plan.pinned.update((s, "control flow in the graph") for s in symbols)
+    shared = _shared_layouts(gm)
     while True:
         try:
-            plan.layouts = _reshape_layouts(gm, plan.pinned)
+            plan.layouts = _reshape_layouts(gm, plan.pinned, shared)
             plan.masks = _masks(gm, plan.pinned, plan.layouts)
+            shared.update(plan.layouts)
             return plan
         except _Pin as pin:
             plan.pinned.update((s, pin.reason) for s in pin.symbols)
 
 
+def _shared_layouts(gm: torch.fx.GraphModule) -> dict:
+    """The layouts earlier graphs of the same trace recorded (kept on their shared ShapeEnv).
+
+    A backward graph receives the forward's saved activations, cropped to their true sizes
+    by the forward's layouts, and must pad them back the same way: a flattened `[b*s]`
+    target saved from the forward has no reshape in the backward to say where its padding
+    goes, while the logits it is read with, row by row, do (`[b, s, v] -> [b*s, v]`)."""
+    for node in gm.graph.nodes:
+        values = node.meta.get("val")
+        for value in values if isinstance(values, (list, tuple)) else [values]:
+            sizes = value.shape if isinstance(value, torch.Tensor) else [value]
+            for size in sizes:
+                if isinstance(size, torch.SymInt):
+                    shape_env = size.node.shape_env
+                    if not hasattr(shape_env, "tpu_bucket_layouts"):
+                        shape_env.tpu_bucket_layouts = {}
+                    return shape_env.tpu_bucket_layouts
+    return {}
+
+
 _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 
 # Ops whose integer arguments are sizes of what they make (padded is right); any other
 # integer argument holding a symbolic size is an index or offset (`narrow(x, 0, n, 2)`),
@@ -652,8 +717,7 @@ _SIZE_ARGUMENT_OPS = {
     *_RESHAPES, aten.expand.default, aten.new_zeros.default, aten.new_ones.default,
     aten.new_empty.default, aten.new_full.default, aten.full.default, aten.zeros.default,
     aten.ones.default, aten.empty.memory_format, aten.empty_strided.default,
-    aten.arange.default, aten.arange.start, aten.arange.start_step,
-    aten.native_group_norm.default, aten.native_group_norm_backward.default,
+    *_ARANGES, aten.native_group_norm.default, aten.native_group_norm_backward.default,
     aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
     aten.split.Tensor, aten.split_with_sizes.default, aten.embedding_dense_backward.default,
     aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
@@ -678,8 +742,8 @@ def _check_size_arguments(node, pinned) -> None:
                 raise _Pin(meta.node.expr.free_symbols - set(pinned), f"{node.target} takes a size as {argument.name}")
 
 
-def _reshape_layouts(gm, pinned) -> dict:
-    layouts: dict = {}
+def _reshape_layouts(gm, pinned, known: dict) -> dict:
+    layouts = {expr: layout for expr, layout in known.items() if expr.free_symbols.isdisjoint(pinned)}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _RESHAPES:
             _record_reshape_layout(node, layouts, pinned)
@@ -773,9 +837,12 @@ class BucketedGraphFunction(GraphFunction):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             return super()._evaluate(node, _Padded(env), state)
         schema = node.target._schema.arguments
-        args = [self._argument(a, env, schema[i].type if i < len(schema) else None) for i, a in enumerate(node.args)]
+        ranges = node.target in _ARANGES  # their Scalar bounds are sizes: `arange(s)` has s elements
+        args = [
+            self._argument(a, env, schema[i].type if i < len(schema) else None, ranges) for i, a in enumerate(node.args)
+        ]
         by_name = {a.name: a.type for a in schema}
-        kwargs = {k: self._argument(v, env, by_name.get(k)) for k, v in node.kwargs.items()}
+        kwargs = {k: self._argument(v, env, by_name.get(k), ranges) for k, v in node.kwargs.items()}
         masking = self.plan.masks.get(node)
         if masking is not None:
             for position, dims, neutral in masking.args:
@@ -800,9 +867,9 @@ class BucketedGraphFunction(GraphFunction):
 
         return lowering_for(target)
 
-    def _argument(self, value, env, schema_type):
+    def _argument(self, value, env, schema_type, scalars_are_sizes=False):
         value = _map(value, env)
-        wants_size = schema_type is not None and _wants_size(schema_type)
+        wants_size = schema_type is not None and (scalars_are_sizes or _wants_size(schema_type))
         return _resolve(value, wants_size)
 
     def _extent(self, size):

@@ -3,6 +3,8 @@ number of programs, results equal to unpadded PyTorch (tpu_backend/compile/dynam
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch._dynamo
@@ -137,7 +139,33 @@ def test_ops_padding_could_change_fall_back_to_exact_shapes():
     assert compiled_signatures("_inference") == 3  # one per size: flip would move padding to the front
 
 
-def test_variable_length_sequence_training_is_bucketed_and_matches_cpu():
+def with_positions(x):
+    return x + torch.arange(x.shape[1], device=x.device)  # HF models' cache positions
+
+
+def reversed_with_positions(x):
+    return x.flip(1) + torch.arange(x.shape[1], device=x.device)
+
+
+@pytest.mark.parametrize("fn,programs", [(with_positions, 2), (reversed_with_positions, 3)], ids=["bucketed", "exact"])
+def test_arange_of_a_symbolic_size(fn, programs):
+    """`torch.arange(s)` makes s positions: padded to the bucket, or exact where `flip` pins s
+    (both failed with "Abstract tracer value encountered" before: the length was traced)."""
+    compiled = torch.compile(fn, backend="tpu", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExactShapesWarning)
+        for n in (3, 5, 6):
+            x = torch.randn(2, n)
+            torch.testing.assert_close(compiled(x.to("tpu")).cpu(), fn(x), rtol=0, atol=0)
+    assert compiled_signatures("_inference") == programs  # buckets 4 and 8, or one per length
+
+
+@pytest.mark.parametrize("kernels", ["off", "interpret"])
+def test_variable_length_sequence_training_is_bucketed_and_matches_cpu(kernels):
+    """With the kernels (as on a TPU) too: their norm and cross-entropy are row-local, and
+    the backward pads the flattened targets it gets from the forward where the forward's
+    reshape put their padding (a misaligned target was 1 / count off in a row's gradient)."""
+
     def train_lm(model, batches, compiled):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loss_of = lambda ids, targets: F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
@@ -157,7 +185,9 @@ def test_variable_length_sequence_training_is_bucketed_and_matches_cpu():
 
     batches = token_batches((5, 7, 3, 6))
     want = train_lm(TinyLM(), batches, compiled=False)
-    got = train_lm(TinyLM().to("tpu"), [(i.to("tpu"), t.to("tpu")) for i, t in batches], compiled=True)
+    with tpu_backend.kernels.use(kernels), warnings.catch_warnings():
+        warnings.simplefilter("error", ExactShapesWarning)
+        got = train_lm(TinyLM().to("tpu"), [(i.to("tpu"), t.to("tpu")) for i, t in batches], compiled=True)
 
     assert_runs_match(got, want, "variable sequence length, bucketed")
     assert compiled_signatures("_forward") <= 2  # buckets 4 and 8 (lengths 5, 7, 3, 6)
