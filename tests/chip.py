@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIFFERENCES: dict[str, str] = {
     "one_process": (
         "only one process can hold the chip ('TPU is already in use'): helper processes run on "
@@ -62,8 +63,10 @@ ON_TPU: bool = _tpu_attached()
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment for a helper process: this one's, off the chip (JAX_PLATFORMS=cpu)."""
-    return {**os.environ, "JAX_PLATFORMS": "cpu", **extra}
+    """The environment for a helper process: this one's, off the chip (JAX_PLATFORMS=cpu),
+    the checkout first on PYTHONPATH and then what this one's held (on a TPU VM, torch)."""
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path, **extra}
 
 
 def tolerance(difference: str, cpu, tpu):

@@ -63,7 +63,7 @@ def _slice(tmp_path, spec: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tools.chip_suite", "--slice", spec, "--out", str(out), *extra],
         cwd=ROOT,
-        env=chip.child_env(PYTHONPATH=ROOT),
+        env=chip.child_env(),
         capture_output=True,
         text=True,
         timeout=120,

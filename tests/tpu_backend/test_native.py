@@ -40,10 +40,7 @@ CORE_PARITY_TESTS = [
 
 
 def _run(env_overrides: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    # off the chip (one process holds it); this checkout first, the rest of the path kept
-    # (on a TPU VM torch may come from PYTHONPATH)
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = child_env(PYTHONPATH=path, **env_overrides)
+    env = child_env(**env_overrides)  # off the chip (one process holds it)
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

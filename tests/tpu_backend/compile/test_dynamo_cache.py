@@ -52,7 +52,7 @@ def model_dir(tmp_path: Path, source: str = MODEL) -> Path:
 
 def run(cache: Path, models: Path, *options: str) -> dict:
     command = [sys.executable, str(CHILD), "--module-dir", str(models), *options]
-    env = child_env(TPU_CACHE_DIR=str(cache), TPU_DYNAMO_CACHE="on", PYTHONPATH=str(ROOT))
+    env = child_env(TPU_CACHE_DIR=str(cache), TPU_DYNAMO_CACHE="on")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -136,7 +136,7 @@ def test_code_hash_and_config_text_are_the_same_in_another_process():
     outputs = {
         subprocess.run(
             [sys.executable, "-c", script],
-            env=child_env(PYTHONPATH=str(ROOT), PYTHONHASHSEED=str(seed)),
+            env=child_env(PYTHONHASHSEED=str(seed)),
             capture_output=True,
             text=True,
             cwd=ROOT,

@@ -14,6 +14,7 @@ from torch import nn
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
 from benchmarks.models import LlamaConfig, LlamaLM, make_optimizer, sequence_loss
+from tests import chip
 from tpu_backend.compile import scan
 
 STEPS = 3
@@ -221,9 +222,11 @@ def test_blocks_that_cannot_be_scanned_run_unrolled_and_say_why(tied, tmp_path):
     else:
         assert not said
         assert forward.count("stablehlo.while") == 1
-    torch.testing.assert_close(loss.cpu(), expected, rtol=RTOL, atol=ATOL)
+    # the blocks' tanh: a TPU's is up to 8e-5 relative from CPU's
+    rtol, atol = chip.tolerance("transcendentals", cpu=(RTOL, ATOL), tpu=(1e-3, 1e-4))
+    torch.testing.assert_close(loss.cpu(), expected, rtol=rtol, atol=atol)
     for (name, p), q in zip(reference.named_parameters(), device_model.parameters()):
-        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=RTOL, atol=ATOL, msg=name)
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=rtol, atol=atol, msg=name)
 
 
 def test_one_marked_block_is_a_plain_call():

@@ -82,7 +82,7 @@ def test_compiled_step_updates_parameters_in_place():
     reference of unidentified origin and are (safely) not donated; see docs/design/device.md."""
     code = "from tests.tpu_backend.compile.test_train_step import check_in_place; check_in_place()"
     root = Path(__file__).resolve().parents[3]
-    env = child_env(PYTHONPATH=str(root))
+    env = child_env()
     child = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
     assert child.returncode == 0, child.stdout + child.stderr
 

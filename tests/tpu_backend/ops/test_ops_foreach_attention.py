@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from ops_parity import check, run_lowering
+from ops_parity import assert_same, check, run_lowering
 
 aten = torch.ops.aten
 torch.manual_seed(0)
@@ -78,7 +78,7 @@ def test_overrideable_attention_matches_sdpa(mask_kind):
     q, k, v = qkv()
     mask = {"none": None, "bool": torch.rand(5, 7) > 0.3, "float": torch.randn(2, 1, 5, 7)}[mask_kind]
     outputs = run_lowering(aten._scaled_dot_product_fused_attention_overrideable.default, q, k, v, mask)
-    torch.testing.assert_close(outputs[0], F.scaled_dot_product_attention(q, k, v, attn_mask=mask), **TOL)
+    assert_same(outputs[0], F.scaled_dot_product_attention(q, k, v, attn_mask=mask), **TOL)
     assert outputs[1].shape == (2, 2, 5) and outputs[1].dtype == torch.float32
     # Backward against autograd through PyTorch's math attention.
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -106,9 +106,9 @@ def test_overrideable_attention_matches_sdpa(mask_kind):
         outputs[7],
     )
     for got, leaf in zip(grads, leaves):
-        torch.testing.assert_close(got, leaf.grad, **TOL)
+        assert_same(got, leaf.grad, **TOL)
     if mask_kind == "float":
-        torch.testing.assert_close(grads[3], bias.grad, **TOL)
+        assert_same(grads[3], bias.grad, **TOL)
     else:
         assert grads[3] is None
 
@@ -116,6 +116,6 @@ def test_overrideable_attention_matches_sdpa(mask_kind):
 def test_grouped_query_attention_and_dropout_error():
     q, k, v = qkv(heads_kv=1)
     out = run_lowering(aten._scaled_dot_product_fused_attention_overrideable.default, q, k, v, None, 0.0, True)[0]
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), **TOL)
+    assert_same(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), **TOL)
     with pytest.raises(NotImplementedError, match="dropout"):
         run_lowering(aten._scaled_dot_product_fused_attention_overrideable.default, q, k, v, None, 0.1)
