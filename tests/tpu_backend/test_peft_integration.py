@@ -64,8 +64,11 @@ def batches(device: str):
 
 
 def train(model, data, *, compiled: bool = False):
+    # SGD, whose step keeps each gradient's scale and sign: AdamW's step of lr * g / (|g| + eps)
+    # turns an element's gradient below the chip's rounding into a whole step either way (one of
+    # 4096 in Gemma's first step on a v5e: 2.4e-7 against CPU's -2.2e-7, so 1.9e-2 apart)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    optimizer = torch.optim.SGD(trainable, lr=0.5)
     forward = torch.compile(model, backend="tpu") if compiled else model
 
     def step(ids, labels):
