@@ -23,6 +23,11 @@ FAMILY:
   paligemma        examples/paligemma: build_model(version=2) at the example's fake
                    (test) config, converted by its converter.convert_to_tflite
                    (prefill_SEQ_LEN_pixel, decode); seconds include building and loading
+  qwen_vl          examples/qwen_vl: build_model at the checkpoint's sizes (Qwen2.5-VL,
+                   tied embeddings) for one image of image_size.json's pixels, converted
+                   by converter.convert_to_tflite as its convert_to_tflite.py does
+                   (prefill_SEQ_LEN, prefill_SEQ_LEN_pixel, decode); seconds include
+                   building and loading
   sd_unet          examples/stable_diffusion: diffusion.Diffusion + DiffusionModelLoader
                    on diffusers' saved UNet2DConditionModel (keys under model.diffusion_model.)
   sd_vae_decoder   examples/stable_diffusion: decoder.Decoder + AutoEncoderModelLoader
@@ -308,8 +313,89 @@ def paligemma(folder: str, seq_len: int):
     return path
 
 
+QWEN_VL_CACHE = 64
+
+
+def qwen_vl_config(folder: str):
+    """The example's Qwen 2.5 VL (get_model_config: 3B, 476 x 644 pixels) at the checkpoint's
+    sizes, for one image of the (height, width) in the folder's image_size.json. The
+    decoder's embedding and output weights are tied, as the example's name map expects."""
+    from litert_torch.generative.examples.qwen_vl import qwen_vl as example
+
+    hf = _config(folder)
+    text, vision = hf["text_config"], hf["vision_config"]
+    if not hf.get("tie_word_embeddings", text.get("tie_word_embeddings")):
+        raise ValueError("the example's decoder ties lm_head to the embeddings; save a tied checkpoint")
+    with open(os.path.join(folder, "image_size.json")) as f:
+        config = example.get_model_config(image_size=tuple(json.load(f)))
+    image = config.image_encoder_config
+    image.image_embedding.patch_size = vision["patch_size"]
+    image.image_embedding.temporal_patch_size = vision["temporal_patch_size"]
+    image.num_layers = vision["depth"]
+    image.embedding_dim = vision["hidden_size"]
+    attn = image.block_config(0).attn_config
+    attn.num_heads = attn.num_query_groups = vision["num_heads"]
+    attn.head_dim = vision["hidden_size"] // vision["num_heads"]
+    image.block_config(0).ff_config.intermediate_size = vision["intermediate_size"]
+    image.merger_config.intermediate_size = vision["hidden_size"] * vision["spatial_merge_size"] ** 2
+    image.merger_config.out_embedding_dim = vision["out_hidden_size"]
+    image.window_size = vision["window_size"]
+    image.spatial_merge_size = vision["spatial_merge_size"]
+    image.full_atten_block_indexes = vision["fullatt_block_indexes"]
+
+    decoder = config.decoder_config
+    decoder.vocab_size = text["vocab_size"]
+    decoder.num_layers = text["num_hidden_layers"]
+    decoder.max_seq_len = text["max_position_embeddings"]
+    decoder.embedding_dim = text["hidden_size"]
+    attn = decoder.block_config(0).attn_config
+    attn.num_heads = text["num_attention_heads"]
+    attn.head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    attn.num_query_groups = text["num_key_value_heads"]
+    rope = text.get("rope_parameters") or {}
+    attn.rotary_base = rope.get("rope_theta", text.get("rope_theta", 1e6))
+    decoder.block_config(0).ff_config.intermediate_size = text["intermediate_size"]
+    decoder.final_norm_config.epsilon = text["rms_norm_eps"]  # the blocks' norms are the same object
+    config.image_token_id = hf["image_token_id"]
+    config.mrope_section = list(rope.get("mrope_section") or text["rope_scaling"]["mrope_section"])
+    return config
+
+
+def qwen_vl(folder: str, seq_len: int):
+    """The example's Qwen 2.5 VL at the checkpoint's sizes (`qwen_vl_config`), loaded with
+    its build_model and converted as its convert_to_tflite.py does (float): prefill_{seq_len}
+    and prefill_{seq_len}_pixel (the image's merged patches added to seq_len), decode;
+    cache QWEN_VL_CACHE. Returns the path."""
+    import glob
+    import tempfile
+
+    from litert_torch.generative.examples.qwen_vl import qwen_vl as example
+    from litert_torch.generative.utilities import converter, export_config
+
+    config = qwen_vl_config(folder)
+    example.get_model_config = lambda **kwargs: config  # build_model reads it; the rest is the example's
+    model = example.build_model(folder, mask_cache_size=QWEN_VL_CACHE)
+    grid_thw = model.image_encoder.get_grid_thw()
+    merge = model.config.image_encoder_config.spatial_merge_size
+    out = tempfile.mkdtemp()
+    converter.convert_to_tflite(
+        model,
+        output_path=out,
+        output_name_prefix="qwen_vl",
+        prefill_seq_len=seq_len,
+        kv_cache_max_len=QWEN_VL_CACHE,
+        pixel_values_size=model.image_encoder.get_pixel_values_size(grid_thw),
+        pixel_seq_len=(grid_thw[0][1] // merge) * (grid_thw[0][2] // merge),
+        quantize="none",
+        config=model.config.decoder_config,
+        export_config=export_config.ExportConfig(),
+    )
+    (path,) = glob.glob(os.path.join(out, "*.tflite"))
+    return path
+
+
 # families converted by the example's own converter function: they return the .tflite path
-CONVERTED = {"paligemma": paligemma}
+CONVERTED = {"paligemma": paligemma, "qwen_vl": qwen_vl}
 FAMILIES = {
     "t5": t5,
     "embedding_gemma": embedding_gemma,

@@ -36,6 +36,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -76,6 +77,11 @@ def _quiet(fn, *args, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fn(*args, **kwargs)
+
+
+def _edge(runtime):
+    """What the generation helpers read of an EdgeModel: its runtime."""
+    return SimpleNamespace(runtime=runtime)
 
 
 def _save_safetensors(tensors: dict, path: str) -> None:
@@ -507,12 +513,7 @@ def paligemma_ours_call(ids: np.ndarray, pixels: np.ndarray) -> Callable:
     from litert_torch.generative import vlm
 
     def call(runtime):
-        class _Edge:  # prefill_prompt reads .runtime only
-            pass
-
-        edge = _Edge()
-        edge.runtime = runtime
-        cache = vlm.prefill_prompt(edge, pixels, ids[: 16 + PG_TEXT], PG_IMAGE)
+        cache = vlm.prefill_prompt(_edge(runtime), pixels, ids[: 16 + PG_TEXT], PG_IMAGE)
         return _decode_steps(runtime, ids, 16 + PG_TEXT, cache, by_name=False)
 
     return call
@@ -551,6 +552,111 @@ def paligemma_cases(models):
     return [(paligemma_ours_call(ids, px), paligemma_anchor_call(ids, px), expected)]
 
 
+# ---- Qwen 2.5 VL ----------------------------------------------------------------------------
+# The test's tiny Qwen2.5-VL (benchmarks/families/qwen_vl.py: text width 64, vision width 32,
+# 2 x 2 windows and a full-attention block) with tied embeddings, as the example's name map
+# (Qwen2.5-VL-3B's) expects. The example puts the image right after the first token, so the
+# prompt is: vision start, the image's 6 tokens (a 4 x 6 grid of patches, 16 x 24 pixels),
+# vision end, text; then decode steps.
+QV_GRID, QV_TEXT, QV_STEPS, QV_CACHE = (1, 4, 6), 8, 4, 64
+
+
+def build_qwen_vl():
+    import transformers
+
+    from benchmarks.families import qwen_vl as tiny
+
+    torch.manual_seed(0)
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=tiny.PATCH,
+        spatial_merge_size=tiny.MERGE,
+        window_size=16,
+        fullatt_block_indexes=[1],
+    )
+    config = _quiet(
+        transformers.Qwen2_5_VLConfig,
+        text_config=tiny.TEXT,
+        vision_config=vision,
+        tie_word_embeddings=True,
+        **tiny.TOKENS,
+    )
+    return (_quiet(transformers.Qwen2_5_VLForConditionalGeneration, config).eval(),)
+
+
+def save_qwen_vl(models, folder: str) -> None:
+    """save_pretrained (transformers 5 writes the hub layout, model.layers.* and visual.*),
+    and the image's (height, width) in pixels, which the example takes as a flag."""
+    models[0].save_pretrained(folder)
+    patch = models[0].config.vision_config.patch_size
+    Path(folder, "image_size.json").write_text(json.dumps([QV_GRID[1] * patch, QV_GRID[2] * patch]))
+
+
+def ours_qwen_vl(models):
+    from litert_torch.generative import export_vlm
+
+    return export_vlm(models[0], grids=[QV_GRID], prefill_len=16, cache_len=QV_CACHE, verify=False, progress=False)
+
+
+def qwen_vl_ours_call(ids: np.ndarray, image: np.ndarray, n: int) -> Callable:
+    """encode_image_4x6, prefill of ids[:n] with their rotary positions, then decode."""
+    from benchmarks.families.qwen_vl import IMAGE
+    from litert_torch.generative import qwen_vl
+
+    def call(runtime):
+        cache, rope = qwen_vl.prefill_prompt(_edge(runtime), image, ids[: n + 1], IMAGE)
+        rows = []
+        for pos in range(n, ids.size):
+            step = [np.array([[ids[pos]]], np.int32), np.array([pos], np.int32), *rope(pos)]
+            logits, *cache = runtime.run([*step, *cache], "decode")
+            rows.append(logits.reshape(-1))
+        return rows
+
+    return call
+
+
+def qwen_vl_anchor_call(ids: np.ndarray, image: np.ndarray, n: int, sizes: tuple[int, int, int]) -> Callable:
+    """The image's patches (made on the host, as ours: `sizes` are patch, merge and temporal
+    patch), prefill_{n - image tokens}_pixel over ids[:n] (its image rows replace the
+    positions after the first), then decode."""
+    from litert_torch.generative import qwen_vl
+
+    def call(runtime):
+        key = next(s.key for s in runtime.signatures if s.key.endswith("_pixel"))
+        sig = runtime.signature(key)
+        feed = {"tokens": ids[None, :n].astype(np.int32), "input_pos": np.arange(n, dtype=np.int32)}
+        feed["pixel_values"], _ = qwen_vl.patchify(image, *sizes)
+        inputs = [feed[t.name] if t.name in feed else np.zeros(t.shape, t.dtype) for t in sig.inputs]
+        cache = dict(zip(sig.output_names, runtime.run(inputs, key)))
+        return _decode_steps(runtime, ids, n, cache, by_name=True)
+
+    return call
+
+
+def qwen_vl_cases(models):
+    from benchmarks.families import qwen_vl as tiny
+    from litert_torch.generative import qwen_vl
+
+    (model,) = models
+    vision = model.config.vision_config
+    gen = torch.Generator().manual_seed(1)
+    words = torch.randint(0, tiny.START, (QV_TEXT + QV_STEPS,), generator=gen).tolist()
+    image_ids = [tiny.IMAGE] * qwen_vl.image_tokens(model, QV_GRID)
+    ids = np.array([tiny.START, *image_ids, tiny.END, *words], np.int32)
+    n = len(ids) - QV_STEPS  # the prompt
+    image = tiny.image(QV_GRID).numpy()
+    sizes = (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
+    patches, grid = qwen_vl.patchify(image, *sizes)
+    with torch.no_grad():
+        logits = qwen_vl.reference_forward(model, torch.from_numpy(ids)[None], torch.from_numpy(patches), [grid])[0]
+    expected = list(logits[n:].numpy())
+    return [(qwen_vl_ours_call(ids, image, n), qwen_vl_anchor_call(ids, image, n, sizes), expected)]
+
+
 FAMILIES = {
     f.name: f
     for f in (
@@ -581,6 +687,15 @@ FAMILIES = {
             ours_paligemma,
             paligemma_cases,
             seq_len=PG_TEXT,
+        ),
+        Family(
+            "qwen_vl",
+            "qwen_vl (Qwen 2.5 VL)",
+            build_qwen_vl,
+            save_qwen_vl,
+            ours_qwen_vl,
+            qwen_vl_cases,
+            seq_len=QV_TEXT + 2,  # the prompt's text: vision start and end, QV_TEXT words
         ),
         Family(
             "t5",
