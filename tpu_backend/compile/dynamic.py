@@ -382,6 +382,8 @@ def _normalize(dims, rank) -> tuple[int, ...]:
     return tuple(sorted(d % rank for d in dims))
 
 
+_ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
+
 # Ops whose result at a position reads inputs only at that position along every dim
 # (elementwise with broadcasting, views that keep each dim whole, creation ops).
 _ROW_LOCAL = {
@@ -515,8 +517,14 @@ def _embedding_backward_rule(node, dyn):
 
 
 def _cat_rule(node, dyn):
+    """Along a symbolic dim, pinned: the padding of every piece but the last would sit inside.
+    A 1-d empty piece (a cache that starts empty: `torch.cat([self.keys, k], -2)`) is skipped
+    by `cat`, so one other piece is the result, padding and all."""
     dim = node.args[1] if len(node.args) > 1 else 0
-    for tensor in node.args[0]:
+    pieces = [t for t in node.args[0] if not (_val(t) is not None and tuple(_val(t).shape) == (0,))]
+    if len(pieces) < 2:
+        return None
+    for tensor in pieces:
         value = _val(tensor)
         if value is not None and value.dim() and dim % value.dim() in dyn(tensor):
             raise _Pin(dyn(tensor)[dim % value.dim()], "cat along a symbolic dim")
@@ -555,6 +563,26 @@ def _reshape_rule(node, dyn):
     return None  # layouts are matched beforehand (`_record_reshape_layout`)
 
 
+def _triangle_rule(node, dyn):
+    """`tril`/`triu` compare row and column indices: right for dims padded at their end (a
+    position's index is its true index), not for merged dims (padding between rows)."""
+    x = _val(node.args[0])
+    for d in (x.dim() - 2, x.dim() - 1):
+        expr = _expr(x.shape[d])
+        if d in dyn(node.args[0]) and not isinstance(expr, sympy.Symbol):
+            raise _Pin(dyn(node.args[0])[d], f"{node.target} over a merged dim of size {expr}")
+    return None
+
+
+def _scatter_back_rule(node, dyn):
+    """`select_backward` / `slice_backward` (grad, input_sizes, dim, ...): zeros of the input's
+    shape with the gradient written at an index or range of `dim`, row-local along the other dims."""
+    dim = node.args[2] % _val(node).dim()
+    if dim in dyn(node):  # the node's own output
+        raise _Pin(dyn(node)[dim], f"{node.target} along a symbolic dim")
+    return None
+
+
 def _whole_along(*places):
     """A kernel (tpu_backend/kernel_ops.py) that reads every position of the dims in
     `places`, ((arg, (dim, ...)), ...): their symbols are pinned; the other dims are
@@ -591,6 +619,7 @@ _RULES: dict[Any, Callable] = {
     aten.amin.default: _reduction_rule(1, math.inf),
     aten._softmax.default: _softmax_rule(-math.inf),
     aten._log_softmax.default: _softmax_rule(-math.inf),
+    aten._safe_softmax.default: _softmax_rule(-math.inf),
     aten._softmax_backward_data.default: _softmax_rule(None),
     aten._log_softmax_backward_data.default: _softmax_rule(None),
     aten.mm.default: _contraction_rule(((0, 1), (1, 0))),
@@ -608,12 +637,23 @@ _RULES: dict[Any, Callable] = {
     aten.cat.default: _cat_rule,
     aten.slice.Tensor: _slice_rule,
     aten.select.int: _select_rule,
+    aten.tril.default: _triangle_rule,
+    aten.triu.default: _triangle_rule,
+    aten.select_backward.default: _scatter_back_rule,
+    aten.slice_backward.default: _scatter_back_rule,
     aten.view.default: _reshape_rule,
     aten._unsafe_view.default: _reshape_rule,
     aten.reshape.default: _reshape_rule,
 }
 _RULES.update((op, _rule_row_local) for op in _ROW_LOCAL)
-_RULES.update((op, _rule_row_local) for op in (aten.arange.default, aten.arange.start, aten.arange.start_step))
+# Creation ops: each position's value does not depend on the size (`arange(s)` gets the padded
+# length; positions past the true size are garbage like any other's).
+_CREATION = (
+    *_ARANGES, aten.ones.default, aten.zeros.default, aten.full.default, aten.empty.memory_format,
+    aten.empty_strided.default, aten.new_ones.default, aten.new_zeros.default, aten.new_full.default,
+    aten.new_empty.default,
+)  # fmt: skip
+_RULES.update((op, _rule_row_local) for op in _CREATION)
 
 # The kernels' custom ops, by schema name (they exist once tpu_backend.kernel_ops is imported).
 _KERNEL_RULES: dict[str, Callable] = {
@@ -707,7 +747,6 @@ def _shared_layouts(gm: torch.fx.GraphModule) -> dict:
 
 
 _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-_ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 
 # Ops whose integer arguments are sizes of what they make (padded is right); any other
 # integer argument holding a symbolic size is an index or offset (`narrow(x, 0, n, 2)`),
@@ -717,7 +756,7 @@ _SIZE_ARGUMENT_OPS = {
     *_RESHAPES, aten.expand.default, aten.new_zeros.default, aten.new_ones.default,
     aten.new_empty.default, aten.new_full.default, aten.full.default, aten.zeros.default,
     aten.ones.default, aten.empty.memory_format, aten.empty_strided.default,
-    *_ARANGES, aten.native_group_norm.default, aten.native_group_norm_backward.default,
+    *_ARANGES, aten.select_backward.default, aten.slice_backward.default, aten.native_group_norm.default, aten.native_group_norm_backward.default,
     aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
     aten.split.Tensor, aten.split_with_sizes.default, aten.embedding_dense_backward.default,
     aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,

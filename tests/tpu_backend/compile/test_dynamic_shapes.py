@@ -3,6 +3,7 @@ number of programs, results equal to unpadded PyTorch (tpu_backend/compile/dynam
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -158,6 +159,56 @@ def test_arange_of_a_symbolic_size(fn, programs):
             x = torch.randn(2, n)
             torch.testing.assert_close(compiled(x.to("tpu")).cpu(), fn(x), rtol=0, atol=0)
     assert compiled_signatures("_inference") == programs  # buckets 4 and 8, or one per length
+
+
+def packed_attention(x, w):
+    q, k, v = (x @ w).unflatten(-1, (3, 2, 8)).permute(2, 0, 3, 1, 4)  # select along the packed dim
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return (out * torch.linspace(-1, 1, 8, device=x.device)).sum()
+
+
+def test_attention_training_over_a_symbolic_batch_is_bucketed():
+    """sdpa's safe softmax over the keys and the backwards of `select`/`slice` along other
+    dims are row-local along the batch: no exact shapes, gradients equal CPU's."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 48) * 0.3
+    compiled = torch.compile(packed_attention, backend="tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExactShapesWarning)
+        for batch in (3, 5, 6):
+            x = torch.randn(batch, 8, 16)
+            w_cpu, w_tpu = w.clone().requires_grad_(), w.to("tpu").requires_grad_()
+            packed_attention(x, w_cpu).backward()
+            x_tpu = x.to("tpu")
+            torch._dynamo.mark_dynamic(x_tpu, 0)
+            compiled(x_tpu, w_tpu).backward()
+            torch.testing.assert_close(w_tpu.grad.cpu(), w_cpu.grad, rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_forward") == 2  # buckets 4 and 8
+    assert compiled_signatures("_backward") == 2
+
+
+def test_a_hugging_face_llama_forward_is_bucketed_over_sequence_lengths():
+    """What a causal LM's forward does with the length: cache positions (`arange`), a cache
+    that starts empty (`cat` with an empty tensor), a mask of ones made triangular (`tril`),
+    sdpa's safe softmax. All row-local or masked: one program per bucket, logits as CPU's."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", ExactShapesWarning)
+        for length in (5, 7, 3, 9):
+            ids = torch.randint(0, 64, (2, length))
+            ids_tpu = ids.to("tpu")
+            torch._dynamo.mark_dynamic(ids_tpu, 1)
+            got = compiled(input_ids=ids_tpu).logits.cpu()
+            torch.testing.assert_close(got, model(input_ids=ids).logits, rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_inference") == 3  # buckets 8, 4 and 16
 
 
 @pytest.mark.parametrize("kernels", ["off", "interpret"])
