@@ -562,30 +562,9 @@ QV_GRID, QV_TEXT, QV_STEPS, QV_CACHE = (1, 4, 6), 8, 4, 64
 
 
 def build_qwen_vl():
-    import transformers
-
     from benchmarks.families import qwen_vl as tiny
 
-    torch.manual_seed(0)
-    vision = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=64,
-        patch_size=tiny.PATCH,
-        spatial_merge_size=tiny.MERGE,
-        window_size=16,
-        fullatt_block_indexes=[1],
-    )
-    config = _quiet(
-        transformers.Qwen2_5_VLConfig,
-        text_config=tiny.TEXT,
-        vision_config=vision,
-        tie_word_embeddings=True,
-        **tiny.TOKENS,
-    )
-    return (_quiet(transformers.Qwen2_5_VLForConditionalGeneration, config).eval(),)
+    return (tiny.qwen2_5_vl(tie_word_embeddings=True),)
 
 
 def save_qwen_vl(models, folder: str) -> None:

@@ -43,9 +43,10 @@ def qwen2_vl():
     return _quiet(lambda: transformers.Qwen2VLForConditionalGeneration(config)).eval()
 
 
-def qwen2_5_vl():
+def qwen2_5_vl(**config_overrides):
     """Windows of 2 x 2 merged patches (window_size 16 px): a 4 x 6 grid has two of unequal
-    sizes; block 0 attends within windows, block 1 over the whole image."""
+    sizes; block 0 attends within windows, block 1 over the whole image. `config_overrides`
+    go to `Qwen2_5_VLConfig` (e.g. `tie_word_embeddings=True`)."""
     import transformers
 
     torch.manual_seed(0)
@@ -60,7 +61,9 @@ def qwen2_5_vl():
         window_size=16,
         fullatt_block_indexes=[1],
     )
-    config = _quiet(lambda: transformers.Qwen2_5_VLConfig(text_config=TEXT, vision_config=vision, **TOKENS))
+    config = _quiet(
+        lambda: transformers.Qwen2_5_VLConfig(text_config=TEXT, vision_config=vision, **TOKENS, **config_overrides)
+    )
     return _quiet(lambda: transformers.Qwen2_5_VLForConditionalGeneration(config)).eval()
 
 
