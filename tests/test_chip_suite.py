@@ -75,7 +75,9 @@ def test_two_slices_record_every_outcome_and_merge_into_one_table(tmp_path):
     sample.parent.mkdir()
     sample.write_text(textwrap.dedent(SAMPLE))
     for spec in ("1/2", "2/2"):
-        done = _slice(tmp_path, spec, "--paths", str(sample), "--", "-m", "not slow")
+        # the rootdir pinned: pytest otherwise takes the common ancestor of the checkout and
+        # tmp_path when they share one below / (a checkout under /tmp: ids "pytest-of-.../...")
+        done = _slice(tmp_path, spec, "--paths", str(sample), "--", "-m", "not slow", f"--rootdir={sample.parent}")
         assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     results = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*/slice-*.json"))]
     ran = [set(r["tests"]) for r in results]
