@@ -30,6 +30,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.fx
 
@@ -89,7 +90,11 @@ def missing_lowerings(gm: torch.fx.GraphModule) -> list[str]:
 def _to_constant(value):
     """A graph attribute (a lifted constant tensor) as a numpy array JAX can embed."""
     if isinstance(value, torch.Tensor):
-        return tensor_to_jax(value.detach())
+        # numpy, not a jax.Array: JAX 0.10 passes a closed-over jax.Array to the executable as
+        # an extra input, which `lower().compile()` loses ("compiled for 32 inputs but called
+        # with 26": a cache that starts as an empty tensor, HF's sliding-window models)
+        with jax.ensure_compile_time_eval():  # read at trace time: a value, not a tracer
+            return np.asarray(tensor_to_jax(value.detach()))
     return value
 
 

@@ -161,6 +161,30 @@ def test_arange_of_a_symbolic_size(fn, programs):
     assert compiled_signatures("_inference") == programs  # buckets 4 and 8, or one per length
 
 
+def test_graph_constants_are_embedded_so_a_second_length_runs():
+    """A sliding-window model (Mistral) keeps graph constants (its cache's empty tensors) in
+    the program: embedded as values. Held as jax.Arrays they became extra inputs of the
+    executable that `lower().compile()` lost: "Computation compiled for 32 inputs but called
+    with 26" at the second length."""
+    import transformers
+
+    config = transformers.MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=4,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.MistralForCausalLM(config).eval()
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExactShapesWarning)  # pinned: index along the sequence
+        for length in (5, 7):
+            ids = torch.randint(0, 64, (2, length))
+            ids_tpu = ids.to("tpu")
+            torch._dynamo.maybe_mark_dynamic(ids_tpu, 1)
+            got = compiled(input_ids=ids_tpu).logits.cpu()
+            torch.testing.assert_close(got, model(input_ids=ids).logits, rtol=TOLERANCE, atol=TOLERANCE)
+
+
 def packed_attention(x, w):
     q, k, v = (x @ w).unflatten(-1, (3, 2, 8)).permute(2, 0, 3, 1, 4)  # select along the packed dim
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
