@@ -290,6 +290,8 @@ def test_bessel_j_matches_float64(order):
     torch.testing.assert_close(run_lowering(op, x), want, rtol=1e-10, atol=0)
     edges = torch.tensor([float("inf"), -float("inf"), float("nan")], dtype=torch.float64)
     check(op, edges)
+    assert_lowers_for_tpu(op, x)
+    assert_lowers_for_tpu(op, x.float())
 
 
 @pytest.mark.parametrize(

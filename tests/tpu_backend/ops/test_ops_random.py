@@ -7,7 +7,7 @@ these tests check what a user relies on instead.
 import jax
 import pytest
 import torch
-from ops_parity import run_lowering
+from ops_parity import assert_lowers_for_tpu, run_lowering
 
 from tpu_backend.ops import JAX_LOWERINGS
 
@@ -38,6 +38,7 @@ def test_uniform_and_normal_families():
     assert n.dtype == torch.float64 and abs(n.mean()) < 0.1 and abs(n.std() - 1) < 0.1
     b = draw(aten.rand.default, [4000], dtype=torch.bfloat16)
     assert b.dtype == torch.bfloat16 and b.max() < 1
+    assert_lowers_for_tpu(aten.rand.default, [4000], dtype=torch.bfloat16, key=jax.random.key(0))
     assert torch.equal(draw(aten.rand.default, [5], seed=3), draw(aten.rand.default, [5], seed=3))
     assert not torch.equal(draw(aten.rand.default, [5], seed=3), draw(aten.rand.default, [5], seed=4))
     nf = draw(aten.normal_functional.default, X, 3.0, 0.5)

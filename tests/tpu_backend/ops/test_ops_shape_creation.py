@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from ops_parity import check, run_lowering
+from ops_parity import assert_lowers_for_tpu, check, run_lowering
 
 aten = torch.ops.aten
 torch.manual_seed(0)
@@ -129,6 +129,7 @@ def test_integer_linspace_and_logspace_truncate_like_aten(start, end, steps):
     check(aten.linspace.Tensor_Tensor, torch.tensor(start), torch.tensor(end), steps, dtype=torch.int64, atol=0, rtol=0)
     check(aten.logspace.default, start / 10, end / 10, steps, dtype=torch.int64, atol=0, rtol=0)
     check(aten.logspace.default, start / 10, end / 10, steps, 2.0, dtype=torch.int32, atol=0, rtol=0)
+    assert_lowers_for_tpu(aten.linspace.Tensor_Tensor, torch.tensor(start), torch.tensor(end), steps, dtype=torch.int64)
 
 
 @pytest.mark.parametrize("bounds", [(0.0, -8.000001, -4.0), (0.5, 5, 1.5), (-3.7, 4.2, 1.9), (10, 1, -3)])
