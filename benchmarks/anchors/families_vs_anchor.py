@@ -524,16 +524,19 @@ def paligemma_anchor_call(ids: np.ndarray, pixels: np.ndarray) -> Callable:
     16 positions; the chunk attends both ways), then decode."""
 
     def call(runtime):
-        key = f"prefill_{PG_TEXT}_pixel"
-        sig = runtime.signature(key)
-        n = 16 + PG_TEXT
-        feed = {"tokens": ids[None, :n].astype(np.int32), "input_pos": np.arange(n, dtype=np.int32)}
-        feed["pixel_values"] = pixels
-        inputs = [feed[t.name] if t.name in feed else np.zeros(t.shape, t.dtype) for t in sig.inputs]
-        cache = dict(zip(sig.output_names, runtime.run(inputs, key)))
-        return _decode_steps(runtime, ids, n, cache, by_name=True)
+        return _anchor_pixel_prefill_and_decode(runtime, f"prefill_{PG_TEXT}_pixel", ids, 16 + PG_TEXT, pixels)
 
     return call
+
+
+def _anchor_pixel_prefill_and_decode(runtime, key: str, ids: np.ndarray, n: int, pixels: np.ndarray) -> list:
+    """The anchor's VLM protocol: its `*_pixel` prefill signature over ids[:n] with the image
+    (its other inputs zero), then decode steps over the rest of `ids`."""
+    sig = runtime.signature(key)
+    feed = {"tokens": ids[None, :n].astype(np.int32), "input_pos": np.arange(n, dtype=np.int32), "pixel_values": pixels}
+    inputs = [feed[t.name] if t.name in feed else np.zeros(t.shape, t.dtype) for t in sig.inputs]
+    cache = dict(zip(sig.output_names, runtime.run(inputs, key)))
+    return _decode_steps(runtime, ids, n, cache, by_name=True)
 
 
 def paligemma_cases(models):
@@ -606,12 +609,8 @@ def qwen_vl_anchor_call(ids: np.ndarray, image: np.ndarray, n: int, sizes: tuple
 
     def call(runtime):
         key = next(s.key for s in runtime.signatures if s.key.endswith("_pixel"))
-        sig = runtime.signature(key)
-        feed = {"tokens": ids[None, :n].astype(np.int32), "input_pos": np.arange(n, dtype=np.int32)}
-        feed["pixel_values"], _ = qwen_vl.patchify(image, *sizes)
-        inputs = [feed[t.name] if t.name in feed else np.zeros(t.shape, t.dtype) for t in sig.inputs]
-        cache = dict(zip(sig.output_names, runtime.run(inputs, key)))
-        return _decode_steps(runtime, ids, n, cache, by_name=True)
+        patches, _ = qwen_vl.patchify(image, *sizes)
+        return _anchor_pixel_prefill_and_decode(runtime, key, ids, n, patches)
 
     return call
 
