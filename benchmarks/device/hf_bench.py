@@ -10,7 +10,8 @@ FFN 5632, vocabulary 32000; `--layers` etc. to change it) in bfloat16 with rando
 weights, `LlamaForCausalLM.generate` greedy from a `--prompt`-token prompt on the device.
 Per batch and cache: the first generate() call's seconds (compilation included; the
 first row of the run pays for what later rows reuse), taken as a 1-new-token call (the
-prefill's programs: "of it prefill") and then the full call, and decode ms per token,
+prefill's programs: "of it prefill") and then the full call, and where its compiling went
+(Dynamo's trace, AOTAutograd, XLA with our lowering, the strict per-op programs), and decode ms per token,
 `(t(N new tokens) - t(1 new token)) / (N - 1)` (the prefill cancels), median of
 `--repeats`, against the HBM-bandwidth bound: the bytes a decode step must read (every
 weight but the input embedding, of which it reads one row per sequence) over
@@ -24,7 +25,10 @@ DynamicCache: a shape per token, eager).
 JAX's profiler (the trace is written under DIR); the table below the results splits its
 decode time per token into the chip's busy time (XLA programs on the device) and the rest
 (the host: Python, Dynamo's guards, transfers, waiting), and names the host functions
-that took longest per token (inclusive times, slowed by the tracer).
+that took longest per token (inclusive times, slowed by the tracer). `--parts`: one more
+pair of calls (N tokens, 1 token) of the first row with a few functions timed (no tracer):
+per token, the wait for the step and its logits, building the inputs and mask, the
+compiled call (reading its inputs), and the rest.
 
 `diffusers`: a StableDiffusionPipeline from small configs with random weights (CLIP text
 encoder, a UNet with SD 1.x's layout of width `--unet-width`, a four-level VAE; prompts
@@ -43,18 +47,18 @@ import traceback
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 import tpu_backend  # noqa: F401  (the "tpu" device)
-from benchmarks.harness import write_json
+from benchmarks.harness import console as wide_console
+from benchmarks.harness import table, write_json
 
 LLAMA_1B = dict(dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, vocab=32000)
 SMOKE = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, prompt=8, new_tokens=5, repeats=1,
              batches="1", caches="default", unet_width=32, sd_size=32, sd_steps=2, sd_modes="cpu,tpu-eager")  # fmt: skip
 HBM_GBPS_V5E = 819.0
 PROFILER_FRAMES = ("profiler.py", "contextlib.py", "hf_bench.py")  # the trace's own Python frames, not listed
-console = Console()
+console = wide_console()
 
 
 def synchronize() -> None:
@@ -91,6 +95,20 @@ def timed_generate(model, ids, new_tokens: int, cache: str) -> tuple[float, torc
     return time.perf_counter() - start, out
 
 
+def compile_seconds() -> dict[str, float]:
+    """Compile seconds so far: Dynamo's trace, AOTAutograd, XLA (torch.compile's programs,
+    our lowering included) and strict per-op programs (the prefill runs op by op)."""
+    from torch._dynamo.utils import compilation_time_metrics as timers
+
+    from tpu_backend.compile import compile_stats
+
+    dynamo, aot = (
+        float(sum(timers.get(name, ()))) for name in ("_compile.compile_inner", "OutputGraph.call_user_compiler")
+    )
+    return dict(dynamo=dynamo - aot, aot=aot, xla=compile_stats().total().compile_seconds,
+                per_op=torch.tpu.cache_stats()["compile_seconds"])  # fmt: skip
+
+
 def bench_generate(opts) -> list[dict]:
     start = time.perf_counter()
     model = llama(opts)
@@ -105,9 +123,11 @@ def bench_generate(opts) -> list[dict]:
             row = dict(batch=batch, cache=cache, params=params, build_s=build_s, bound_ms=bound_ms)
             try:
                 # the first call in two parts: a 1-token call (the prefill's programs), then the rest
+                before = compile_seconds()
                 row["first_prefill_s"] = timed_generate(model, ids, 1, cache)[0]
                 seconds, out = timed_generate(model, ids, opts.new_tokens, cache)
                 row["first_call_s"] = row["first_prefill_s"] + seconds
+                row["first_call_compile_s"] = {k: v - before[k] for k, v in compile_seconds().items()}
                 full, prefill = [], []
                 for _ in range(opts.repeats):
                     full.append(timed_generate(model, ids, opts.new_tokens, cache)[0])
@@ -118,6 +138,8 @@ def bench_generate(opts) -> list[dict]:
                 tokens.setdefault(batch, out)
                 if opts.trace and not any("trace" in r for r in rows):
                     row["trace"] = traced_generate(model, ids, opts, cache)
+                if opts.parts and not any("parts" in r for r in rows):
+                    row["parts"] = decode_parts(model, ids, opts, cache)
                 row["tokens_agree"] = bool(torch.equal(out, tokens[batch]))  # every cache: the same greedy tokens
             except Exception as error:  # a failing case is reported, the others still run
                 row["error"] = f"{type(error).__name__}: {error}"[:300]
@@ -125,6 +147,56 @@ def bench_generate(opts) -> list[dict]:
             rows.append(row)
             console.print(row)
     return rows
+
+
+# Where a decode step's time goes (`--parts`): the functions timed, each inclusive.
+DECODE_PARTS = (
+    ("waiting for the step and reading its logits", "tpu_backend.tensor", None, "to_cpu_tensor"),
+    ("building the step's inputs and mask", "transformers.generation.utils", "GenerationMixin", "prepare_inputs_for_generation"),
+    ("the compiled step's call", "tpu_backend.compile.compiled_graph", "CompiledGraph", "__call__"),
+    ("  of it reading its inputs", "tpu_backend.compile.compiled_graph", None, "_read_inputs"),
+)  # fmt: skip
+PART_LABELS = [label for label, *_ in DECODE_PARTS]
+
+
+def decode_parts(model, ids, opts, cache: str) -> dict:
+    """Per generated token, ms spent in each of DECODE_PARTS (wall clock, no tracer): the
+    difference between an N-token and a 1-token call, as for decode_ms."""
+    import importlib
+
+    spent: dict[str, float] = {}
+    originals = []
+    for label, module_name, owner_name, name in DECODE_PARTS:
+        module = importlib.import_module(module_name)
+        owner = getattr(module, owner_name) if owner_name else module
+        original = getattr(owner, name)
+
+        def timed(*args, _original=original, _label=label, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - start
+
+        originals.append((owner, name, original))
+        setattr(owner, name, timed)
+    try:
+        runs = {}
+        for tokens in (opts.new_tokens, 1):
+            spent.clear()
+            wall = timed_generate(model, ids, tokens, cache)[0]
+            runs[tokens] = dict(spent, wall=wall)
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    long, short = runs[opts.new_tokens], runs[1]
+    per_token = {
+        k: 1e3 * (long.get(k, 0.0) - short.get(k, 0.0)) / (opts.new_tokens - 1) for k in ("wall", *PART_LABELS)
+    }
+    per_token["the rest (transformers' loop, Dynamo's guards, ...)"] = per_token["wall"] - sum(
+        per_token[label] for label in PART_LABELS if not label.startswith(" ")
+    )
+    return per_token
 
 
 def traced_generate(model, ids, opts, cache: str) -> dict:
@@ -169,7 +241,8 @@ def trace_table(trace: dict) -> Table:
 
 def generate_table(rows: list[dict], opts) -> Table:
     table = Table(title=f"generate(): Llama {opts.layers}x{opts.dim} bf16, prompt {opts.prompt}, {opts.new_tokens} new")
-    columns = ("batch", "cache", "first call s", "of it prefill s", "decode ms/token", "HBM bound ms", "x bound")
+    columns = ("batch", "cache", "first call s", "of it prefill s", "compile s Dynamo/AOT/XLA/op",
+               "decode ms/token", "HBM bound ms", "x bound")  # fmt: skip
     for column in (*columns, "tokens agree"):
         table.add_column(column, justify="right")
     for r in rows:
@@ -178,6 +251,7 @@ def generate_table(rows: list[dict], opts) -> Table:
             continue
         table.add_row(
             str(r["batch"]), r["cache"], f"{r['first_call_s']:.1f}", f"{r['first_prefill_s']:.1f}",
+            " / ".join(f"{r['first_call_compile_s'][k]:.1f}" for k in ("dynamo", "aot", "xla", "per_op")),
             f"{r['decode_ms']:.2f}", f"{r['bound_ms']:.2f}",
             f"{r['x_bound']:.2f}", str(r["tokens_agree"]),
         )  # fmt: skip
@@ -293,6 +367,7 @@ def parse(argv):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trace", type=Path, help="profile one generate() of the first row into this folder")
     p.add_argument("--trace-top", type=int, default=40, help="host functions listed from the trace")
+    p.add_argument("--parts", action="store_true", help="time where the first row's decode step goes (no tracer)")
     p.add_argument("--hbm-gbps", type=float, default=HBM_GBPS_V5E)
     p.add_argument("--unet-width", type=int, default=128, help="UNet base channels (blocks: w, 2w, 4w, 4w)")
     p.add_argument("--sd-size", type=int, default=256, help="image pixels per side")
@@ -316,6 +391,10 @@ def main(argv=None) -> dict:
         for row in results["generate"]:
             if "trace" in row:
                 console.print(trace_table(row["trace"]))
+            if "parts" in row:
+                title = f"one generate() per token, batch {row['batch']}, {row['cache']} cache: {row['parts']['wall']:.2f} ms"
+                parts = [(label, f"{ms:.3f}") for label, ms in row["parts"].items() if label != "wall"]
+                console.print(table(title, ("part", "ms/token"), parts))
     if "diffusers" in sections:
         results["diffusers"] = bench_diffusers(opts)
         console.print(diffusers_table(results["diffusers"], opts))

@@ -15,6 +15,7 @@ def test_generate_section(tmp_path):
     trace = tmp_path / "trace"
     hf_bench.main(
         ["--smoke", "--sections", "generate", "--caches", "default,static", "--json", str(out), "--trace", str(trace)]
+        + ["--parts"]
     )
     rows = json.loads(out.read_text())["generate"]
     assert [(r["batch"], r["cache"]) for r in rows] == [(1, "default"), (1, "static")]
@@ -23,6 +24,15 @@ def test_generate_section(tmp_path):
         assert row["decode_ms"] > 0 and row["first_call_s"] > row["first_prefill_s"] > 0 and row["bound_ms"] > 0
         assert row["x_bound"] == pytest.approx(row["decode_ms"] / row["bound_ms"])
         assert row["tokens_agree"]
+        assert set(row["first_call_compile_s"]) == {"dynamo", "aot", "xla", "per_op"}
+        assert min(row["first_call_compile_s"].values()) >= 0
+    first = rows[0]["first_call_compile_s"]  # the first row traces and compiles the decode step
+    assert first["dynamo"] > 0 and first["aot"] > 0 and first["xla"] > 0 and first["per_op"] > 0
+    assert sum(first.values()) < rows[0]["first_call_s"]
+    parts = rows[0]["parts"]  # the first row only, like the trace
+    assert "parts" not in rows[1] and set(hf_bench.PART_LABELS) < set(parts) and parts["wall"] > 0
+    assert all(parts[label] >= 0 for label in hf_bench.PART_LABELS)
+    assert parts["the compiled step's call"] >= parts["  of it reading its inputs"]
     traced = rows[0]["trace"]  # the first row only; CPU has no device plane: busy 0
     assert "trace" not in rows[1] and traced["wall_ms_per_token"] > 0 and traced["device_ms_per_token"] == 0
     assert any("generate" in name for name in traced["host_ms_per_token"]), traced

@@ -155,12 +155,11 @@ def test_the_chip_running_out_of_memory_raises_torch_out_of_memory(monkeypatch):
         a + a
     monkeypatch.undo()
 
-    class FullChip:
-        array = asarray = staticmethod(exhausted)
-
-    monkeypatch.setattr(tpu_tensor, "jnp", FullChip)
+    monkeypatch.setattr(tpu_tensor.jax, "device_put", exhausted)  # the host -> device transfer
     with pytest.raises(torch.OutOfMemoryError, match="129.50 MiB"):
         torch.ones(3).to("tpu")
+    with pytest.raises(torch.OutOfMemoryError, match="129.50 MiB"):
+        torch.ones(3).to("tpu", non_blocking=True)
     monkeypatch.undo()
 
     class Unfit:  # fused mode: the step's one program

@@ -67,6 +67,38 @@ def test_greedy_32_tokens_match_cpu_and_compile_no_program_per_token(models):
     assert compiled <= 16, f"{compiled} programs compiled for 32 new tokens after a warm-up"
 
 
+def test_a_decode_step_is_one_transfer_each_way_and_no_eager_program(models, monkeypatch):
+    """Per generated token the host sends the forward's inputs in one transfer, reads back
+    only the logits (not the cache's length: the mask's offset comes from the host) and
+    launches nothing but the compiled step: on a TPU host each transfer or extra program
+    costs ~0.2-0.5 ms against a decode step of a few ms."""
+    from tpu_backend import tensor as device_tensor
+
+    _, tpu_model = models
+    sent, read = [], []
+    monkeypatch.setattr(
+        device_tensor, "cpu_to_jax_many", lambda ts, f=device_tensor.cpu_to_jax_many: sent.append(len(ts)) or f(ts)
+    )
+    monkeypatch.setattr(
+        device_tensor, "to_cpu_tensor", lambda t, f=device_tensor.to_cpu_tensor: read.append(tuple(t.shape)) or f(t)
+    )
+    ids = prompt(7).to("tpu")
+
+    def launches(new_tokens: int):
+        sent.clear(), read.clear()
+        eager = torch.tpu.cache_stats()["requests"] + sum(device_tensor.EAGER_STORAGE_CALLS.values())
+        tpu_model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+        eager = torch.tpu.cache_stats()["requests"] + sum(device_tensor.EAGER_STORAGE_CALLS.values()) - eager
+        return list(sent), list(read), eager
+
+    launches(12)  # warm-up
+    (short_sent, short_read, short_eager), (long_sent, long_read, long_eager) = launches(8), launches(24)
+    more_sent, more_read = len(long_sent) - len(short_sent), len(long_read) - len(short_read)
+    assert more_sent == long_sent.count(3) - short_sent.count(3) == 16, "per token, one transfer: id, position, mask"
+    assert more_read == long_read.count((1, VOCAB)) - short_read.count((1, VOCAB)) == 16, "per token, the logits only"
+    assert long_eager == short_eager, f"{long_eager - short_eager} eager programs for 16 more tokens"
+
+
 def test_other_prompt_length_and_length_reuse_the_decode_program(models):
     """A new prompt length compiles its prefill's programs; decoding reuses the compiled
     step (the cache length is a bucket, 128, for both calls)."""

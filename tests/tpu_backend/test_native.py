@@ -575,3 +575,29 @@ def test_program_argument_split_in_cpp_agrees_with_python():
     args = (jnp.ones(2), jnp.asarray(2.0), np.zeros(3), 3, None, jax.random.key(0), "name")
     assert program._split(args) == program.python_split(args)
     assert program._split(args)[1] == (False, True, False, False)
+
+
+@compiled
+def test_compiled_graph_input_read_in_cpp_agrees_with_python():
+    """A compiled graph's inputs: a tpu tensor that is its whole storage gives the storage's
+    array itself and its payload; views, math bits, CPU tensors, numbers and inputs without
+    a fast slot go the general way (`tensor_to_jax`), in C++ as in Python."""
+    from tpu_backend import tensor as device_tensor
+    from tpu_backend.compile import compiled_graph
+
+    whole = torch.arange(6.0).reshape(2, 3).to("tpu")
+    other = torch.ones(4, dtype=torch.bfloat16).to("tpu")
+    complex_ = torch.tensor([1 + 2j, 3 - 1j]).to("tpu")
+    args = [whole, whole[:, 1], other, complex_.conj(), torch.ones(3), 7, whole.t(), other]
+    slots = [compiled_graph._Slot(a) if isinstance(a, torch.Tensor) else None for a in args]
+    slots[-1] = None  # an input the graph gave no fast slot
+    got, want = compiled_graph._read_inputs(list(args), slots), compiled_graph.python_read_inputs(list(args), slots)
+    assert compiled_graph._read_inputs is not compiled_graph.python_read_inputs
+    for value, expected in zip(got[0], want[0]):
+        assert type(value) is type(expected)
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(expected))
+    assert got[0][0] is device_tensor.payload_of(whole).array and got[0][2] is device_tensor.payload_of(other).array
+    assert [p is not None for p in got[1]] == [p is not None for p in want[1]] == [True, False, True] + [False] * 5
+    assert got[1][0] is want[1][0] is device_tensor.payload_of(whole)
+    with pytest.raises(TypeError, match="whole_arrays"):
+        native.module.whole_arrays([whole], [], compiled_graph._input_to_jax)

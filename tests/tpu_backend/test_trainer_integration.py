@@ -94,7 +94,7 @@ def assert_same_training(
     assert len(got_losses) == len(want_losses) == want.args.max_steps
     np.testing.assert_allclose(got_losses, want_losses, rtol=0, atol=loss_atol)
     got_parameters, want_parameters = cpu_parameters(got.model), cpu_parameters(want.model)
-    if chip.ON_TPU and "adam" in str(want.args.optim):
+    if chip.ON_TPU and "adam" in want.args.optim.value:  # (str() of the enum is its upper-case name)
         assert_tensors_match(got_parameters, want_parameters, "AdamW on a TPU", rtol=ADAMW_PARAMETER_RTOL_ON_TPU)
         return
     for name, expected in want_parameters.items():

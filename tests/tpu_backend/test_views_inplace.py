@@ -110,6 +110,29 @@ def test_reads_of_strided_views_match_cpu():
         torch.testing.assert_close(view(x).cpu(), view(base), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_views_read_to_the_host_on_either_path_match_cpu(dtype, monkeypatch):
+    """`.cpu()` of a view takes it on the host from the whole storage when that is small,
+    else gathers it on the device first: both give CPU's values (generate()'s last-position
+    logits, `logits[:, -1]`, are such a view)."""
+    from tpu_backend import tensor as device_tensor
+
+    base = torch.arange(2 * 3 * 40).reshape(2, 3, 40).to(dtype)
+    views = (
+        lambda t: t[:, -1],
+        lambda t: t[1:, ::2, 3:],
+        lambda t: t.transpose(0, 2),
+        lambda t: t[:, :1].expand(2, 5, 40),
+    )
+    x = base.to("tpu")
+    for limit in (device_tensor.HOST_VIEW_BYTES, 0):  # the host path, then (storage > 2x the view) the device's
+        monkeypatch.setattr(device_tensor, "HOST_VIEW_BYTES", limit)
+        for view in views:
+            got = view(x).cpu()
+            assert got.dtype == dtype and got.is_contiguous()
+            torch.testing.assert_close(got, view(base), rtol=0, atol=0)
+
+
 def test_resize_larger_keeps_prefix():
     x = torch.arange(4.0).to("tpu")
     x.resize_(2, 3)

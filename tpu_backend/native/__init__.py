@@ -6,9 +6,11 @@ and static template, the common cases; the rest calls back into
 `tpu_backend/eager/arguments.py`), and each table op's PrivateUse1 kernel: a call the
 op's Python kernel (registered behind it, on PrivateUse2) has already run is run in C++,
 straight into the op's jitted lowering (strict) or `fused.record` (fused), results
-wrapped into tensors there; and fused mode's `record` itself (`fused_record`, the steps
-of `fused.python_record`). The lowerings, the payload table and fused mode's sync point
-stay in Python: the one `Lowering` record per op is still the single source of truth.
+wrapped into tensors there; fused mode's `record` itself (`fused_record`, the steps
+of `fused.python_record`); and a compiled graph's input read (`whole_arrays`, the steps
+of `compile.compiled_graph.python_read_inputs`: a decode step reads ~245 inputs). The
+lowerings, the payload table and fused mode's sync point stay in Python: the one
+`Lowering` record per op is still the single source of truth.
 
 Built by `tools/setup.sh` (`python -m tpu_backend.native build`) with the compiler and
 flags `torch.utils.cpp_extension` gives, into `tpu_backend/native/build/`, one file per

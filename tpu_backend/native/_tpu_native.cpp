@@ -1316,6 +1316,56 @@ bool device_tensor(const at::Tensor& t) {
   return t.defined() && t.key_set().has(c10::DispatchKey::PrivateUse1) && !t.is_conj() && !t.is_neg();
 }
 
+// whole_arrays(args, slots, general) -> (values, payloads): compiled_graph._read_inputs
+// without a Python step per input (a 1B Llama's decode step reads ~245). Argument i whose
+// slot is not None and that is a tpu tensor reading as all of its payload's JAX array (no
+// offset, contiguous, that array's shape and dtype, no math bits) gives the array and the
+// payload; any other argument gives general(arg) and None.
+PyObject* py_whole_arrays(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 3 || !PyList_Check(argv[0]) || !PyList_Check(argv[1]) ||
+      PyList_GET_SIZE(argv[0]) != PyList_GET_SIZE(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "whole_arrays(args: list, slots: list of the same length, general)");
+    return nullptr;
+  }
+  PyObject *args = argv[0], *arg_slots = argv[1], *general = argv[2];
+  Py_ssize_t n = PyList_GET_SIZE(args);
+  PyObject* values = PyList_New(n);
+  PyObject* owners = values ? PyList_New(n) : nullptr;
+  for (Py_ssize_t i = 0; owners != nullptr && i < n; ++i) {
+    PyObject* arg = PyList_GET_ITEM(args, i);
+    PyObject *value = nullptr, *payload = Py_None;
+    if (payloads != nullptr && PyList_GET_ITEM(arg_slots, i) != Py_None && THPVariable_Check(arg)) {
+      const at::Tensor& t = THPVariable_Unpack(arg);
+      if (device_tensor(t)) {
+        PyObject* key = storage_key_of(t);
+        PyObject* found = key ? PyDict_GetItemWithError(payloads, key) : nullptr;  // borrowed
+        Py_XDECREF(key);
+        bool whole = false;
+        PyObject* array = found ? payload_array(t, &whole) : nullptr;
+        if (array != nullptr && whole && reinterpret_cast<PyObject*>(Py_TYPE(array)) == array_type) {
+          value = array;
+          payload = found;
+        } else {
+          Py_XDECREF(array);
+        }
+      }
+    }
+    if (value == nullptr && !PyErr_Occurred()) {
+      value = PyObject_CallOneArg(general, arg);
+    }
+    if (value == nullptr) {
+      Py_CLEAR(owners);
+      break;
+    }
+    PyList_SET_ITEM(values, i, value);
+    PyList_SET_ITEM(owners, i, Py_NewRef(payload));
+  }
+  PyObject* out = owners ? PyTuple_Pack(2, values, owners) : nullptr;
+  Py_XDECREF(values);
+  Py_XDECREF(owners);
+  return out;
+}
+
 // The dynamic values of a call (new references), in the order `flatten_args` makes them.
 struct Values {
   std::vector<PyObject*> items;
@@ -2326,6 +2376,8 @@ PyMethodDef methods[] = {
     {"replace_computed_payloads",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_replace_computed_payloads)), METH_FASTCALL,
      "tensor.replace_computed_payloads in C++."},
+    {"whole_arrays", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_whole_arrays)), METH_FASTCALL,
+     "compiled_graph._read_inputs: each tpu tensor's whole payload array, or general(arg)."},
     {"split_arrays", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_split_arrays)), METH_FASTCALL,
      "compile.program._split in C++: (arrays, weak types, statics)."},
     {"storage_key", py_storage_key, METH_O, "The payload table's key of a tensor (its StorageImpl address)."},

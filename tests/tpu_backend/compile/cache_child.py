@@ -2,8 +2,9 @@
 
 Run as `python cache_child.py [--cache-only]` with `TPU_CACHE_DIR` set. It trains a small
 MLP for one step with `torch.compile(backend="tpu")` on CPU tensors and prints one JSON
-line: our compile statistics, JAX's own persistent-cache hit events, the time of the
-first step (capture + compile or load + run) and the loss.
+line: our compile statistics, the programs XLA compiled by JAX's own count (its
+backend-compile events), the time of the first step (capture + compile or load + run)
+and the loss.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from torch import nn
 
 import tpu_backend.compile as tpu_compile
 
-jax_cache_hits = []
-jax.monitoring.register_event_listener(
-    lambda event, **kwargs: jax_cache_hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+xla_compiles = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **kwargs: (
+        xla_compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+    )
 )
 
 
@@ -50,7 +53,7 @@ def main() -> None:
                 "misses": total.misses,
                 "disk_hits": total.disk_hits,
                 "compile_seconds": total.compile_seconds,
-                "jax_cache_hits": len(jax_cache_hits),
+                "xla_compiles": len(xla_compiles),
                 "first_step_seconds": seconds,
                 "loss": loss,
                 "cache_dir": str(tpu_compile.cache_dir()),

@@ -19,6 +19,9 @@ BOOLS = torch.rand(3, 4) > 0.5
 SPECIAL = torch.tensor([0.0, -0.0, 1.5, -2.5, 0.5, float("inf"), float("-inf"), float("nan")])
 # a tiny positive float64 (a TPU stores float64 with float32's exponent range: 1e-300 is 0 there)
 TINY64 = chip.tolerance("float64", cpu=1e-300, tpu=1e-37)
+# float64 special functions' relative bound: the chip's emulated float64 loses digits in their
+# series (J0 2.8e-10, K0 1.0e-10 measured on a v5e)
+RTOL64 = chip.tolerance("float64", cpu=1e-10, tpu=1e-8)
 
 UNARY_FLOAT = [
     (aten.exp.default, X),
@@ -287,7 +290,7 @@ def test_bessel_j_matches_float64(order):
     x = torch.tensor(xs, dtype=torch.float64)
     want = torch.tensor([float(mpmath.besselj(order, v)) for v in xs], dtype=torch.float64)
     op = aten.special_bessel_j0.default if order == 0 else aten.special_bessel_j1.default
-    torch.testing.assert_close(run_lowering(op, x), want, rtol=1e-10, atol=0)
+    torch.testing.assert_close(run_lowering(op, x), want, rtol=RTOL64, atol=0)
     edges = torch.tensor([float("inf"), -float("inf"), float("nan")], dtype=torch.float64)
     check(op, edges)
     assert_lowers_for_tpu(op, x)
@@ -309,7 +312,7 @@ def test_bessel_k_matches_float64(op):
         [0.0, -1.0, float("nan"), float("inf"), TINY64, 1e-6, 0.01, 0.5, 1.0, 2.5, 7.0, 30.0, 90.0, 700.0, 1e4],
         dtype=torch.float64,
     )
-    check(op, x, rtol=1e-10, atol=1e-300)
+    check(op, x, rtol=RTOL64, atol=1e-300)
     check(op, x.float().clamp(max=80), rtol=1e-5, atol=1e-6)
 
 

@@ -1,0 +1,120 @@
+"""What the host pays per device interaction, in JAX alone: transfers each way and program calls.
+
+    python -m benchmarks.device.host_costs                 # this machine's backend (the chip on a TPU host)
+    python -m benchmarks.device.host_costs --json costs.json
+
+A decode step of generate() is a few milliseconds of chip time, so each extra transfer,
+read back or program the host makes per token shows in the step (docs/tpu.md, "generate()
+on the device"). Microseconds per call, median of `--rounds` rounds (64-bit mode on, as the
+device runs):
+- host -> device: a (1, 1) int64 by `jnp.array(copy=True)` (a transfer and a copy program)
+  and by `jax.device_put` (a transfer), without and with waiting for it; three small arrays
+  in three `device_put` calls and in one;
+- device -> host: a scalar the device has just computed, read cold and after
+  `copy_to_host_async` (the transfer started before the read);
+- a jitted `x + 1`, and a compiled program taking 1, 64 or 245 arguments (a 1B Llama's decode
+  step takes ~245: weights, cache, inputs), dispatched and waited for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.harness import console, machine, table, write_json
+
+
+def per_call_us(fn, rounds: int, calls: int = 50, wait=jax.block_until_ready) -> float:
+    """Median over rounds of the mean microseconds of `calls` back-to-back calls, then a wait."""
+    wait(fn())
+    means = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            result = fn()
+        wait(result)
+        means.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(means)
+
+
+def read_back_us(rounds: int, prefetch: bool) -> float:
+    """Microseconds to read a just-computed scalar to the host (its program already done)."""
+    one = jnp.ones((), jnp.int64)
+    times = []
+    for i in range(rounds * 10):
+        value = one + i
+        value.block_until_ready()
+        if prefetch:
+            value.copy_to_host_async()
+            time.sleep(0.002)  # (the transfer lands meanwhile, as it would while the host works)
+        start = time.perf_counter()
+        np.asarray(value)
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def program_call_rows(count: int, rounds: int) -> list[tuple[str, float]]:
+    """A compiled program of `count` arguments: its call, and its call waited for."""
+    args = [jnp.full((16, 16), i, jnp.bfloat16) for i in range(count)]
+    program = jax.jit(lambda *a: sum(v[0, 0] for v in a)).lower(*args).compile()
+    return [
+        (f"compiled program, {count} arguments", per_call_us(lambda: program(*args), rounds)),
+        (
+            f"compiled program, {count} arguments, each waited",
+            per_call_us(lambda: program(*args).block_until_ready(), rounds),
+        ),
+    ]
+
+
+def measure(rounds: int) -> list[tuple[str, float]]:
+    token, mask = np.ones((1, 1), np.int64), np.ones((1, 1, 1, 256), bool)
+    inputs = [token, token.copy(), mask]
+    x = jnp.ones((8,), jnp.float32)
+    add_one = jax.jit(lambda a: a + 1)
+    rows = [
+        ("h2d (1, 1) int64, jnp.array(copy=True)", per_call_us(lambda: jnp.array(token, copy=True), rounds)),
+        ("h2d (1, 1) int64, jax.device_put", per_call_us(lambda: jax.device_put(token), rounds)),
+        (
+            "h2d (1, 1) int64, jnp.array(copy=True), each waited",
+            per_call_us(lambda: jnp.array(token, copy=True).block_until_ready(), rounds),
+        ),
+        (
+            "h2d (1, 1) int64, jax.device_put, each waited",
+            per_call_us(lambda: jax.device_put(token).block_until_ready(), rounds),
+        ),
+        ("h2d 3 small arrays, 3 device_put calls", per_call_us(lambda: [jax.device_put(a) for a in inputs], rounds)),
+        ("h2d 3 small arrays, 1 device_put call", per_call_us(lambda: jax.device_put(inputs), rounds)),
+        ("d2h a computed scalar, cold", read_back_us(rounds, prefetch=False)),
+        ("d2h a computed scalar, after copy_to_host_async", read_back_us(rounds, prefetch=True)),
+        ("jitted x + 1", per_call_us(lambda: add_one(x), rounds)),
+        ("jitted x + 1, each waited", per_call_us(lambda: add_one(x).block_until_ready(), rounds)),
+    ]
+    for count in (1, 64, 245):
+        rows += program_call_rows(count, rounds)
+    return rows
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per figure (the median is reported)")
+    parser.add_argument("--json", help="also write the figures as JSON to this file ('-': stdout)")
+    opts = parser.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    rows = measure(opts.rounds)
+    device = jax.devices()[0]
+    console().print(
+        table(f"host costs on {device.device_kind}, us per call", ("what", "us"), [(n, f"{v:.1f}") for n, v in rows])
+    )
+    result = {"device": device.device_kind, "machine": machine(), "us_per_call": dict(rows)}
+    if opts.json:
+        write_json(opts.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
