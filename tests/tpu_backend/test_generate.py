@@ -126,6 +126,20 @@ def test_beam_search_matches_cpu(models):
     assert torch.equal(tpu_out.beam_indices.cpu(), cpu_out.beam_indices)
 
 
+def test_assisted_decoding_matches_cpu(models):
+    """Prompt lookup and an assistant model (candidates checked several tokens at a time,
+    the cache cropped back): CPU's tokens and logits, from tpu inputs and from CPU inputs."""
+    cpu_model, tpu_model = models
+    repeats = prompt(10, seed=5)
+    ids = torch.cat([repeats, repeats[:, :6]], dim=1)  # a prompt whose n-grams recur: lookups find candidates
+    cpu_out, tpu_out = generate_both(models, ids, max_new_tokens=16, prompt_lookup_num_tokens=3)
+    assert_steps_match(tpu_out, cpu_out)
+    options = dict(max_new_tokens=12, do_sample=False)
+    expected = cpu_model.generate(ids, assistant_model=cpu_model, **options)
+    from_host = tpu_model.generate(ids, assistant_model=tpu_model, **options)
+    assert from_host.device.type == "cpu" and torch.equal(from_host, expected)
+
+
 def test_sampling_draws_from_cpu_scores(models):
     """Sampling with top-k, top-p and temperature: the processed scores match CPU's at every
     step, and every drawn token is one those scores allow. The draw itself runs on the host

@@ -20,7 +20,8 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   the inputs came from. The mask built on the host needs the cache's length, which a
   static cache keeps on the device (a read costs a TPU host ~0.45 ms per token): the
   host knows it from `input_ids` (every token but those fed this step is in the cache)
-  and hands it to the mask (`_host_query_offset`);
+  and hands it to the mask (`_host_query_offset`). Assisted decoding (an assistant model,
+  prompt lookup) keeps its bookkeeping on the device: its loop mixes the two devices;
 - caches that cannot run here are refused with what to use instead; a DynamicCache (asked
   for, passed in, or the default of a model transformers cannot compile) works but warns
   that it compiles programs for every token.
@@ -51,6 +52,8 @@ DEVICE_TYPE = "tpu"
 MIN_CACHE_LENGTH = 128
 # Integer inputs of generate() that its loop grows or reads every step: kept on the host.
 _BOOKKEEPING_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
+# generate() options that decode with candidate tokens (transformers' assisted loop)
+_ASSISTED_OPTIONS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 _UNSUPPORTED_CACHES = {
     "quantized": "its backends (optimum-quanto, HQQ) have no tpu kernels",
     "paged": "continuous batching runs paged-attention kernels that have no tpu lowering",
@@ -113,6 +116,18 @@ def _to_host(value):
     return value.cpu() if _is_tpu(value) and not value.is_floating_point() else value
 
 
+def _to_model_device(device: torch.device, value):
+    return value.to(device) if isinstance(value, torch.Tensor) and not value.is_floating_point() else value
+
+
+def _assisted(model, kwargs: dict) -> bool:
+    """Whether generate() decodes with candidates (an assistant model, prompt lookup, early
+    exit): transformers' assisted loop mixes the inputs' and the model's devices when they
+    differ, so its bookkeeping stays on the device."""
+    config = kwargs.get("generation_config") or model.generation_config
+    return any(kwargs.get(name) is not None or getattr(config, name, None) is not None for name in _ASSISTED_OPTIONS)
+
+
 def _to_device(result, device: torch.device):
     """generate()'s result (a tensor or a ModelOutput) with its tensors on `device`, cache left as is."""
     from transformers.pytorch_utils import move_to_device
@@ -134,10 +149,13 @@ def _moved_in_one_transfer(move_to_device):
 
     @functools.wraps(move_to_device)
     def move_in_one_transfer(value, device):
-        if torch.device(device).type != DEVICE_TYPE:
+        device = torch.device(device)
+        if device.type != DEVICE_TYPE:
             return move_to_device(value, device)
         leaves, spec = pytree.tree_flatten(value)
         on_host = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
+        if not any(isinstance(leaf, torch.Tensor) and leaf.device != device for leaf in leaves):
+            return value
         for i, moved in zip(on_host, device_tensor.cpu_tensors_to_device([leaves[i] for i in on_host])):
             leaves[i] = moved
         leaves = [move_to_device(leaf, device) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
@@ -146,12 +164,17 @@ def _moved_in_one_transfer(move_to_device):
     return move_in_one_transfer
 
 
-def _patch_query_offset(cache_class, mixin) -> None:
-    """While `prepare_inputs_for_generation` builds a decode step's mask on the host, the
-    cache's query offset (the tokens already in it) comes from the host's `input_ids`
-    instead of a read of the static cache's device counter. Only for decoder-only steps
-    fed from `input_ids` (a prompt given as `inputs_embeds` is not in them) that say how
-    many tokens they feed; any other call reads the cache as before."""
+def _patch_prepare_inputs(module) -> None:
+    """`prepare_inputs_for_generation` of a decoder-only model on the device:
+    - the forward's inputs reach the device (in one transfer): transformers moves them only
+      when the model input it checks is a tensor, and assisted decoding's first step passes
+      `inputs_embeds=None`, which left `input_ids` and `position_ids` on the host;
+    - while it builds a step's mask on the host, the cache's query offset (the tokens
+      already in it) comes from the host's `input_ids` instead of a read of the static
+      cache's device counter: for steps fed from `input_ids` (a prompt given as
+      `inputs_embeds` is not in them) that say how many tokens they feed; any other call
+      reads the cache as before."""
+    cache_class, mixin = module.Cache, module.GenerationMixin
     get_query_offset, prepare_inputs = cache_class.get_query_offset, mixin.prepare_inputs_for_generation
 
     @functools.wraps(get_query_offset)
@@ -161,23 +184,25 @@ def _patch_query_offset(cache_class, mixin) -> None:
 
     @functools.wraps(prepare_inputs)
     def prepare_inputs_on_device(self, input_ids, *args, **kwargs):
+        if not _on_device(self) or self.config.is_encoder_decoder:
+            return prepare_inputs(self, input_ids, *args, **kwargs)
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         fed = kwargs.get("next_sequence_length")
-        if (
-            not isinstance(cache, cache_class)
-            or fed is None
-            or args
-            or kwargs.get("inputs_embeds") is not None
-            or self.config.is_encoder_decoder
-            or not _on_device(self)
-            or _is_tpu(input_ids)
-        ):
-            return prepare_inputs(self, input_ids, *args, **kwargs)
-        cache._host_query_offset = input_ids.shape[-1] - fed
+        offset_known = (
+            isinstance(cache, cache_class)
+            and fed is not None
+            and not args
+            and kwargs.get("inputs_embeds") is None
+            and not _is_tpu(input_ids)
+        )
+        if offset_known:
+            cache._host_query_offset = input_ids.shape[-1] - fed
         try:
-            return prepare_inputs(self, input_ids, *args, **kwargs)
+            model_inputs = prepare_inputs(self, input_ids, *args, **kwargs)
         finally:
-            cache._host_query_offset = None
+            if offset_known:
+                cache._host_query_offset = None
+        return module.move_to_device(model_inputs, self.device)
 
     cache_class.get_query_offset = query_offset
     mixin.prepare_inputs_for_generation = prepare_inputs_on_device
@@ -190,16 +215,17 @@ def _patch_generate(module) -> None:
         return
     generate, prepare_cache = mixin.generate, mixin._prepare_cache_for_generation
     module.move_to_device = _moved_in_one_transfer(module.move_to_device)
-    _patch_query_offset(module.Cache, mixin)
+    _patch_prepare_inputs(module)
 
     @functools.wraps(generate)
     def generate_on_device(self, inputs=None, *args, **kwargs):
         if not _on_device(self) or self.config.is_encoder_decoder:  # (an encoder reads its inputs on the device)
             return generate(self, inputs, *args, **kwargs)
         _refuse_unsupported_cache(kwargs.get("cache_implementation"))
-        device = next((v.device for v in (inputs, kwargs.get("input_ids")) if _is_tpu(v)), None)
-        inputs = _to_host(inputs)
-        kwargs = {k: _to_host(v) if k in _BOOKKEEPING_INPUTS else v for k, v in kwargs.items()}
+        device = next((v.device for v in (inputs, kwargs.get("input_ids")) if isinstance(v, torch.Tensor)), None)
+        place = functools.partial(_to_model_device, self.device) if _assisted(self, kwargs) else _to_host
+        inputs = place(inputs)
+        kwargs = {k: place(v) if k in _BOOKKEEPING_INPUTS else v for k, v in kwargs.items()}
         result = generate(self, inputs, *args, **kwargs)
         return result if device is None else _to_device(result, device)
 
