@@ -6,11 +6,11 @@ every tensor's update against one copy per tensor (separate program arguments).
 
 Compiled on this host for a TPU (`kernels.tpu.compile_for`, libtpu; no chip needed), with the
 device's own lowering (`tpu_backend.ops.optimizers._adam`, bfloat16 parameters and moments,
-float32 step counts, 64-bit mode on as the device runs). `shared`: lr, beta1 and beta2 are
-one runtime scalar each, as the eager dispatcher passes them (a schedule must not recompile);
-`per-tensor`: the same values passed once per tensor. The compiler reuses one kernel for
-identical fusions, and fusions that read the same runtime operand are not identical
-(docs/tpu.md, "first step").
+float32 step counts, 64-bit mode on as the device runs). `shared`: lr, the betas, weight
+decay and eps one runtime scalar each (a schedule must not recompile); `per-tensor`: the same
+values passed once per tensor, as strict mode now passes them (`Lowering.per_tensor_scalars`).
+The compiler reuses one kernel for identical fusions, and fusions that read the same runtime
+operand are not identical (docs/tpu.md, "first step").
 """
 
 from __future__ import annotations
@@ -25,23 +25,16 @@ import torch
 from benchmarks.harness import console, table, write_json
 from benchmarks.models import LLAMA_374M, LlamaLM
 
-HYPER = dict(weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False, decoupled=True)
+FLAGS = dict(amsgrad=False, maximize=False, decoupled=True)
 
 
-def shared_update(params, grads, avgs, sqs, steps, lr, beta1, beta2):
+def update(params, grads, avgs, sqs, steps, lr, beta1, beta2, weight_decay, eps):
+    """The device's AdamW lowering; each hyperparameter one runtime scalar, or a tuple of one
+    per tensor (as strict mode passes them: `Lowering.per_tensor_scalars`)."""
     from tpu_backend.ops.optimizers import _adam
 
-    return _adam(params, grads, avgs, sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2, **HYPER)[0]
-
-
-def per_tensor_update(params, grads, avgs, sqs, steps, lrs, beta1s, beta2s):
-    from tpu_backend.ops.optimizers import _adam
-
-    new = []
-    for i in range(len(params)):
-        one = ([params[i]], [grads[i]], [avgs[i]], [sqs[i]], [], [steps[i]])
-        new += _adam(*one, lr=lrs[i], beta1=beta1s[i], beta2=beta2s[i], **HYPER)[0]
-    return new
+    hyper = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps)
+    return _adam(params, grads, avgs, sqs, [], steps, **hyper, **FLAGS)[0]
 
 
 def compile_seconds(chip: str, count: int, per_tensor: bool) -> float:
@@ -52,10 +45,9 @@ def compile_seconds(chip: str, count: int, per_tensor: bool) -> float:
     tensors = [jax.ShapeDtypeStruct(shape, jnp.bfloat16) for shape in shapes]
     steps = [jax.ShapeDtypeStruct((), jnp.float32) for _ in shapes]
     scalar = jax.ShapeDtypeStruct((), jnp.float64)
-    scalars = [scalar] * len(shapes) if per_tensor else scalar
+    hyper = [tuple([scalar] * len(shapes)) if per_tensor else scalar for _ in range(5)]
     start = time.perf_counter()
-    update = per_tensor_update if per_tensor else shared_update
-    compile_for(chip, update, tensors, tensors, tensors, tensors, steps, scalars, scalars, scalars)
+    compile_for(chip, update, tensors, tensors, tensors, tensors, steps, *hyper)
     return time.perf_counter() - start
 
 

@@ -77,6 +77,11 @@ class Lowering:
     data_dependent: bool = False
     data_dependent_when: Callable | None = None  # (args, kwargs) -> bool
     functionalized: Functionalized | None = None
+    # Keyword scalars (dynamic floats or 0-d arrays) that strict mode passes once per tensor of
+    # the first list argument, each copy its own program argument: the TPU compiler reuses one
+    # kernel for the identical per-tensor updates of a fused optimizer only when they read no
+    # shared runtime operand (AdamW over 219 tensors: 30.6 s to compile shared, 2.9 s so).
+    per_tensor_scalars: tuple[str, ...] = ()
 
     def runs_on_host(self, args, kwargs) -> bool:
         """Whether this call must run eagerly on host values (its output shape depends on them)."""
@@ -126,12 +131,14 @@ def lowers(
     data_dependent: bool = False,
     data_dependent_when: Callable | None = None,
     functionalized: Functionalized | None = None,
+    per_tensor_scalars: tuple[str, ...] = (),
 ) -> Callable:
     """Register the decorated function as the JAX lowering of each ATen overload."""
 
     def decorate(fn: Callable) -> Callable:
         for target in targets:
-            register(target, Lowering(fn, needs_rng, kind, data_dependent, data_dependent_when, functionalized))
+            lowering = Lowering(fn, needs_rng, kind, data_dependent, data_dependent_when, functionalized)
+            register(target, dataclasses.replace(lowering, per_tensor_scalars=per_tensor_scalars))
         return fn
 
     return decorate
