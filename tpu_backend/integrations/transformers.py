@@ -153,9 +153,9 @@ def _moved_in_one_transfer(move_to_device):
         if device.type != DEVICE_TYPE:
             return move_to_device(value, device)
         leaves, spec = pytree.tree_flatten(value)
-        on_host = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
         if not any(isinstance(leaf, torch.Tensor) and leaf.device != device for leaf in leaves):
-            return value
+            return value  # (transformers moved them already)
+        on_host = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
         for i, moved in zip(on_host, device_tensor.cpu_tensors_to_device([leaves[i] for i in on_host])):
             leaves[i] = moved
         leaves = [move_to_device(leaf, device) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
