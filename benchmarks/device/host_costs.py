@@ -26,20 +26,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.harness import console, machine, table, write_json
+from benchmarks.harness import console, machine, median_ms, table, write_json
 
 
-def per_call_us(fn, rounds: int, calls: int = 50, wait=jax.block_until_ready) -> float:
-    """Median over rounds of the mean microseconds of `calls` back-to-back calls, then a wait."""
-    wait(fn())
-    means = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+def per_call_us(fn, rounds: int, calls: int = 50) -> float:
+    """Microseconds per call of `calls` back-to-back calls and one wait for the last result,
+    the median over `rounds` (`harness.median_ms`)."""
+
+    def burst():
         for _ in range(calls):
             result = fn()
-        wait(result)
-        means.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(means)
+        jax.block_until_ready(result)
+
+    return median_ms([burst], rounds, warmup=1)[0] * 1e3 / calls
 
 
 def read_back_us(rounds: int, prefetch: bool) -> float:
