@@ -20,7 +20,9 @@ static cache of bucketed length whose decode step transformers compiles with bac
 "tpu", one program per token), `static` (`cache_implementation="static"`: transformers'
 sizing, which keeps the largest length the model allocated before, so after `default` it
 reuses that length and its programs; compiled the same way), `dynamic` (transformers'
-DynamicCache: a shape per token, eager).
+DynamicCache: a shape per token, eager). `--loops`: greedy decoding with the device's loop
+(the compiled step picks the token, the host reads it one step late) and/or transformers'
+own loop (the host picks each token from the step's logits), in the same process.
 `--trace DIR`: after the first row's timings, one more generate() of that row runs under
 JAX's profiler (the trace is written under DIR); the table below the results splits its
 decode time per token into the chip's busy time (XLA programs on the device) and the rest
@@ -50,6 +52,7 @@ import torch
 from rich.table import Table
 
 import tpu_backend  # noqa: F401  (the "tpu" device)
+from tpu_backend.integrations import greedy_decoding
 from benchmarks.harness import console as wide_console
 from benchmarks.harness import table, write_json
 
@@ -119,8 +122,9 @@ def bench_generate(opts) -> list[dict]:
     rows, tokens = [], {}
     for batch in [int(b) for b in opts.batches.split(",")]:
         ids = torch.randint(0, opts.vocab, (batch, opts.prompt), generator=torch.Generator().manual_seed(1)).to("tpu")
-        for cache in opts.caches.split(","):
-            row = dict(batch=batch, cache=cache, params=params, build_s=build_s, bound_ms=bound_ms)
+        for cache, loop in [(c, lp) for c in opts.caches.split(",") for lp in opts.loops.split(",")]:
+            greedy_decoding.ENABLED = loop == "device"
+            row = dict(batch=batch, cache=cache, loop=loop, params=params, build_s=build_s, bound_ms=bound_ms)
             try:
                 # the first call in two parts: a 1-token call (the prefill's programs), then the rest
                 before = compile_seconds()
@@ -135,17 +139,20 @@ def bench_generate(opts) -> list[dict]:
                 row["decode_ms"] = 1e3 * (statistics.median(full) - statistics.median(prefill)) / (opts.new_tokens - 1)
                 row["generate_s"] = statistics.median(full)
                 row["x_bound"] = row["decode_ms"] / bound_ms
-                tokens.setdefault(batch, out)
+                tokens.setdefault((batch, loop), out)
                 if opts.trace and not any("trace" in r for r in rows):
                     row["trace"] = traced_generate(model, ids, opts, cache)
                 if opts.parts and not any("parts" in r for r in rows):
                     row["parts"] = decode_parts(model, ids, opts, cache)
-                row["tokens_agree"] = bool(torch.equal(out, tokens[batch]))  # every cache: the same greedy tokens
+                # every cache: the same greedy tokens (per loop: their steps are different programs, and a
+                # bfloat16 near-tie between two logits can fall either way)
+                row["tokens_agree"] = bool(torch.equal(out, tokens[(batch, loop)]))
             except Exception as error:  # a failing case is reported, the others still run
                 row["error"] = f"{type(error).__name__}: {error}"[:300]
                 traceback.print_exc()
             rows.append(row)
             console.print(row)
+    greedy_decoding.ENABLED = True
     return rows
 
 
@@ -241,16 +248,16 @@ def trace_table(trace: dict) -> Table:
 
 def generate_table(rows: list[dict], opts) -> Table:
     table = Table(title=f"generate(): Llama {opts.layers}x{opts.dim} bf16, prompt {opts.prompt}, {opts.new_tokens} new")
-    columns = ("batch", "cache", "first call s", "of it prefill s", "compile s Dynamo/AOT/XLA/op",
+    columns = ("batch", "cache", "loop", "first call s", "of it prefill s", "compile s Dynamo/AOT/XLA/op",
                "decode ms/token", "HBM bound ms", "x bound")  # fmt: skip
     for column in (*columns, "tokens agree"):
         table.add_column(column, justify="right")
     for r in rows:
         if "error" in r:
-            table.add_row(str(r["batch"]), r["cache"], r["error"][:60], *[""] * (len(columns) - 2))
+            table.add_row(str(r["batch"]), r["cache"], r["loop"], r["error"][:60], *[""] * (len(columns) - 3))
             continue
         table.add_row(
-            str(r["batch"]), r["cache"], f"{r['first_call_s']:.1f}", f"{r['first_prefill_s']:.1f}",
+            str(r["batch"]), r["cache"], r["loop"], f"{r['first_call_s']:.1f}", f"{r['first_prefill_s']:.1f}",
             " / ".join(f"{r['first_call_compile_s'][k]:.1f}" for k in ("dynamo", "aot", "xla", "per_op")),
             f"{r['decode_ms']:.2f}", f"{r['bound_ms']:.2f}",
             f"{r['x_bound']:.2f}", str(r["tokens_agree"]),
@@ -364,6 +371,8 @@ def parse(argv):
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--batches", default="1,8")
     p.add_argument("--caches", default="default,static", help="default, static, dynamic")
+    p.add_argument("--loops", default="device", help="greedy loop: device (tokens chosen in the compiled step, "
+                   "read a step late), transformers (its own loop, tokens chosen on the host); both: an A/B")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trace", type=Path, help="profile one generate() of the first row into this folder")
     p.add_argument("--trace-top", type=int, default=40, help="host functions listed from the trace")

@@ -69,9 +69,10 @@ def test_greedy_32_tokens_match_cpu_and_compile_no_program_per_token(models):
 
 def test_a_decode_step_is_one_transfer_each_way_and_no_eager_program(models, monkeypatch):
     """Per generated token the host sends the forward's inputs in one transfer, reads back
-    only the logits (not the cache's length: the mask's offset comes from the host) and
-    launches nothing but the compiled step: on a TPU host each transfer or extra program
-    costs ~0.2-0.5 ms against a decode step of a few ms."""
+    only the chosen token (the compiled step picks it; not the logits, nor the cache's
+    length: the mask's offset comes from the host) and launches nothing but the compiled
+    step: on a TPU host each transfer or extra program costs ~0.2-0.5 ms against a decode
+    step of a few ms."""
     from tpu_backend import tensor as device_tensor
 
     _, tpu_model = models
@@ -95,7 +96,7 @@ def test_a_decode_step_is_one_transfer_each_way_and_no_eager_program(models, mon
     (short_sent, short_read, short_eager), (long_sent, long_read, long_eager) = launches(8), launches(24)
     more_sent, more_read = len(long_sent) - len(short_sent), len(long_read) - len(short_read)
     assert more_sent == long_sent.count(3) - short_sent.count(3) == 16, "per token, one transfer: id, position, mask"
-    assert more_read == long_read.count((1, VOCAB)) - short_read.count((1, VOCAB)) == 16, "per token, the logits only"
+    assert more_read == long_read.count((1, 1)) - short_read.count((1, 1)) == 16, "per token, its token only"
     assert long_eager == short_eager, f"{long_eager - short_eager} eager programs for 16 more tokens"
 
 
@@ -117,6 +118,40 @@ def test_batch_with_padding_matches_cpu(models):
     mask[1, :2] = 0  # left padding, as batched generation needs
     cpu_out, tpu_out = generate_both(models, ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0)
     assert_steps_match(tpu_out, cpu_out)
+
+
+def test_end_of_sequence_stops_and_pads_as_on_cpu():
+    """Greedy decoding reads each token one step late (the chip runs ahead of the host): rows
+    that finish apart are padded as on CPU, the step launched past the last token leaves no
+    trace (tokens, logits, the returned cache's length), and a streamer gets CPU's tokens."""
+    models = tiny_llama(tie=False).eval(), tiny_llama(tie=False).eval().to("tpu")  # (the tied one repeats a token)
+    ids = prompt(7, batch=2, seed=6)
+    free_run = models[0].generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    eos = [free_run[0, 7 + 3].item(), free_run[1, 7 + 6].item()]  # row 0 ends at its 4th new token, row 1 at its 7th
+    assert not set(eos) & set(free_run[:, 7 : 7 + 3].flatten().tolist()), "the test's rows must finish apart"
+    options = dict(max_new_tokens=12, eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    cpu_out, tpu_out = generate_both(models, ids, **options)
+    assert cpu_out.sequences.shape[1] < 6 + 12, "the end-of-sequence token did not stop generation"
+    assert_steps_match(tpu_out, cpu_out)
+    assert tpu_out.cache.get_seq_length().item() == cpu_out.cache.get_seq_length() == cpu_out.sequences.shape[1] - 1
+
+    class Collect(transformers.generation.BaseStreamer):
+        def __init__(self):
+            self.parts = []
+
+        def put(self, value):
+            self.parts.append(value.cpu().reshape(2, -1))
+
+        def end(self):
+            self.parts.append("end")
+
+    streamed = []
+    for model, device in zip(models, ("cpu", "tpu")):
+        streamer = Collect()
+        model.generate(ids.to(device), streamer=streamer, do_sample=False, **options)
+        streamed.append(streamer.parts)
+    assert streamed[1][-1] == "end" and len(streamed[1]) == len(streamed[0])
+    assert torch.equal(torch.cat(streamed[1][:-1], dim=1), torch.cat(streamed[0][:-1], dim=1))
 
 
 def test_beam_search_matches_cpu(models):
@@ -174,7 +209,8 @@ def test_static_cache_compiled_decode_without_the_entry_point(models, monkeypatc
     forwarder._register(registry)
     assert registry.lookup_backend("tpu") is forwarder.tpu
     cpu_model, tpu_model = models
-    monkeypatch.delattr(tpu_model, "_compiled_call", raising=False)  # a fresh torch.compile through the name
+    for compiled in ("_compiled_call", "_tpu_decode_step"):  # a fresh torch.compile through the name
+        monkeypatch.delattr(tpu_model, compiled, raising=False)
     requests = tpu_compile.compile_stats().total().requests
     options = dict(max_new_tokens=12, cache_implementation="static", max_cache_len=128)  # (the default's shapes)
     cpu_out, tpu_out = generate_both(models, prompt(7), **options)

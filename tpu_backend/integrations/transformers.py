@@ -44,6 +44,7 @@ import warnings
 
 import torch
 
+from tpu_backend.integrations import greedy_decoding
 from tpu_backend.integrations.post_import import when_imported
 
 DEVICE_TYPE = "tpu"
@@ -208,6 +209,35 @@ def _patch_prepare_inputs(module) -> None:
     mixin.prepare_inputs_for_generation = prepare_inputs_on_device
 
 
+def _patch_sample(mixin) -> None:
+    """Greedy decoding of a model on the device takes the device's loop where it applies
+    (`greedy_decoding`: the token chosen in the compiled step, read one step late)."""
+    sample = mixin._sample
+
+    @functools.wraps(sample)
+    def sample_on_device(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, streamer=None,
+        **model_kwargs,
+    ):
+        if (
+            _on_device(self)
+            and not self.config.is_encoder_decoder
+            and not _is_tpu(input_ids)
+            and greedy_decoding.applies(
+                self, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+            )
+        ):
+            return greedy_decoding.greedy_search(
+                self, input_ids, stopping_criteria, generation_config, streamer, model_kwargs
+            )
+        return sample(
+            self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
+            **model_kwargs,
+        )
+
+    mixin._sample = sample_on_device
+
+
 def _patch_generate(module) -> None:
     """Wrap `GenerationMixin.generate` and its cache preparation for models on the device."""
     mixin = module.GenerationMixin
@@ -216,6 +246,7 @@ def _patch_generate(module) -> None:
     generate, prepare_cache = mixin.generate, mixin._prepare_cache_for_generation
     module.move_to_device = _moved_in_one_transfer(module.move_to_device)
     _patch_prepare_inputs(module)
+    _patch_sample(mixin)
 
     @functools.wraps(generate)
     def generate_on_device(self, inputs=None, *args, **kwargs):
