@@ -12,6 +12,8 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   `max_new_tokens` reuse the decode programs; with a static cache transformers itself
   compiles the decode step (`torch.compile(backend="tpu")`, one program per token). An
   explicit `cache_implementation="static"` keeps transformers' sizing (`max_cache_len`);
+- greedy decoding with such a step picks each token on the device and the host reads it a
+  step late, so it prepares the next step while the chip runs this one (`greedy_decoding`);
 - the loop's token bookkeeping (`input_ids`, attention mask, logits processors,
   sampling, beam scores) runs on the host, as transformers' generation loop allows
   ("inputs on CPU ... stay off-device"): only the new token, its position and mask go
