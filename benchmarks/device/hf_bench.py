@@ -52,9 +52,9 @@ import torch
 from rich.table import Table
 
 import tpu_backend  # noqa: F401  (the "tpu" device)
-from tpu_backend.integrations import greedy_decoding
 from benchmarks.harness import console as wide_console
 from benchmarks.harness import table, write_json
+from tpu_backend.integrations import greedy_decoding
 
 LLAMA_1B = dict(dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, vocab=32000)
 SMOKE = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, prompt=8, new_tokens=5, repeats=1,
@@ -371,8 +371,7 @@ def parse(argv):
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--batches", default="1,8")
     p.add_argument("--caches", default="default,static", help="default, static, dynamic")
-    p.add_argument("--loops", default="device", help="greedy loop: device (tokens chosen in the compiled step, "
-                   "read a step late), transformers (its own loop, tokens chosen on the host); both: an A/B")
+    p.add_argument("--loops", default="device", help="greedy loops: device, transformers (both: an A/B)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trace", type=Path, help="profile one generate() of the first row into this folder")
     p.add_argument("--trace-top", type=int, default=40, help="host functions listed from the trace")

@@ -218,7 +218,13 @@ def _patch_sample(mixin) -> None:
 
     @functools.wraps(sample)
     def sample_on_device(
-        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, streamer=None,
+        self,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus=False,
+        streamer=None,
         **model_kwargs,
     ):
         if (
@@ -233,7 +239,13 @@ def _patch_sample(mixin) -> None:
                 self, input_ids, stopping_criteria, generation_config, streamer, model_kwargs
             )
         return sample(
-            self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
+            self,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            synced_gpus,
+            streamer,
             **model_kwargs,
         )
 
