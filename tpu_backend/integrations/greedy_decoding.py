@@ -108,11 +108,13 @@ def greedy_search(model, input_ids, stopping_criteria, generation_config, stream
 
         sequences, unfinished_on_host = input_ids, torch.ones(batch, dtype=torch.bool)
         in_flight, step_logits = deque(), []
+        keep_logits = config.return_dict_in_generate and (config.output_scores or config.output_logits)
 
         def launch(tokens, logits):
             device_tensor.start_copy_to_host(tokens)
             in_flight.append(tokens)
-            step_logits.append(logits)
+            if keep_logits:  # (each step's are (batch, vocabulary) float32 on the chip)
+                step_logits.append(logits)
 
         def land():
             """Read the oldest token in flight and append it (as transformers' loop does)."""
@@ -148,7 +150,8 @@ def greedy_search(model, input_ids, stopping_criteria, generation_config, stream
                 break
         if past_the_end:
             in_flight.clear()
-            step_logits.pop()
+            if keep_logits:
+                step_logits.pop()
             if cache_returned:
                 cache.crop(-1)
         while in_flight:

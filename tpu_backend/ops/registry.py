@@ -137,8 +137,10 @@ def lowers(
 
     def decorate(fn: Callable) -> Callable:
         for target in targets:
-            lowering = Lowering(fn, needs_rng, kind, data_dependent, data_dependent_when, functionalized)
-            register(target, dataclasses.replace(lowering, per_tensor_scalars=per_tensor_scalars))
+            register(
+                target,
+                Lowering(fn, needs_rng, kind, data_dependent, data_dependent_when, functionalized, per_tensor_scalars),
+            )
         return fn
 
     return decorate
