@@ -23,11 +23,14 @@ reuses that length and its programs; compiled the same way), `dynamic` (transfor
 DynamicCache: a shape per token, eager). `--loops`: greedy decoding with the device's loop
 (the compiled step picks the token, the host reads it one step late) and/or transformers'
 own loop (the host picks each token from the step's logits), in the same process.
+`--layer-regions on,off`: the decoder layers traced once as nested compile regions (the
+default) or each traced in turn (`transformers.COMPILE_LAYERS_ONCE`), in the same process.
 `--trace DIR`: after the first row's timings, one more generate() of that row runs under
 JAX's profiler (the trace is written under DIR); the table below the results splits its
 decode time per token into the chip's busy time (XLA programs on the device) and the rest
 (the host: Python, Dynamo's guards, transfers, waiting), and names the host functions
-that took longest per token (inclusive times, slowed by the tracer). `--parts`: one more
+that took longest per token (inclusive times, slowed by the tracer). `--profile FILE`: the first row's first full
+call (where the decode step compiles) under cProfile, its top functions printed. `--parts`: one more
 pair of calls (N tokens, 1 token) of the first row with a few functions timed (no tracer):
 per token, the wait for the step and its logits, building the inputs and mask, the
 compiled call (reading its inputs), and the rest.
@@ -43,6 +46,7 @@ image's largest difference from CPU's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 import traceback
@@ -55,6 +59,7 @@ import tpu_backend  # noqa: F401  (the "tpu" device)
 from benchmarks.harness import console as wide_console
 from benchmarks.harness import table, write_json
 from tpu_backend.integrations import greedy_decoding
+from tpu_backend.integrations import transformers as hf_integration
 
 LLAMA_1B = dict(dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, vocab=32000)
 SMOKE = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, prompt=8, new_tokens=5, repeats=1,
@@ -98,6 +103,26 @@ def timed_generate(model, ids, new_tokens: int, cache: str) -> tuple[float, torc
     return time.perf_counter() - start, out
 
 
+@contextlib.contextmanager
+def profiled(path: Path | None, top: int = 45):
+    """cProfile of the block into `path` (None: no profiler), and its functions with the most
+    cumulative time printed (the first call's compile: where the host's seconds go)."""
+    if path is None:
+        yield
+        return
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        profiler.dump_stats(path)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
+
+
 def compile_seconds() -> dict[str, float]:
     """Compile seconds so far: Dynamo's trace, AOTAutograd, XLA (torch.compile's programs,
     our lowering included) and strict per-op programs (the prefill runs op by op)."""
@@ -122,14 +147,17 @@ def bench_generate(opts) -> list[dict]:
     rows, tokens = [], {}
     for batch in [int(b) for b in opts.batches.split(",")]:
         ids = torch.randint(0, opts.vocab, (batch, opts.prompt), generator=torch.Generator().manual_seed(1)).to("tpu")
-        for cache, loop in [(c, lp) for c in opts.caches.split(",") for lp in opts.loops.split(",")]:
+        cases = [(c, lp, r) for c in opts.caches.split(",") for lp in opts.loops.split(",") for r in opts.layer_regions.split(",")]  # fmt: skip
+        for cache, loop, regions in cases:
             greedy_decoding.ENABLED = loop == "device"
-            row = dict(batch=batch, cache=cache, loop=loop, params=params, build_s=build_s, bound_ms=bound_ms)
+            hf_integration.COMPILE_LAYERS_ONCE = regions == "on"
+            row = dict(batch=batch, cache=cache, loop=loop, regions=regions, params=params, build_s=build_s, bound_ms=bound_ms)  # fmt: skip
             try:
                 # the first call in two parts: a 1-token call (the prefill's programs), then the rest
                 before = compile_seconds()
                 row["first_prefill_s"] = timed_generate(model, ids, 1, cache)[0]
-                seconds, out = timed_generate(model, ids, opts.new_tokens, cache)
+                with profiled(opts.profile if not rows else None):
+                    seconds, out = timed_generate(model, ids, opts.new_tokens, cache)
                 row["first_call_s"] = row["first_prefill_s"] + seconds
                 row["first_call_compile_s"] = {k: v - before[k] for k, v in compile_seconds().items()}
                 full, prefill = [], []
@@ -139,20 +167,20 @@ def bench_generate(opts) -> list[dict]:
                 row["decode_ms"] = 1e3 * (statistics.median(full) - statistics.median(prefill)) / (opts.new_tokens - 1)
                 row["generate_s"] = statistics.median(full)
                 row["x_bound"] = row["decode_ms"] / bound_ms
-                tokens.setdefault((batch, loop), out)
+                tokens.setdefault((batch, loop, regions), out)
                 if opts.trace and not any("trace" in r for r in rows):
                     row["trace"] = traced_generate(model, ids, opts, cache)
                 if opts.parts and not any("parts" in r for r in rows):
                     row["parts"] = decode_parts(model, ids, opts, cache)
-                # every cache: the same greedy tokens (per loop: their steps are different programs, and a
-                # bfloat16 near-tie between two logits can fall either way)
-                row["tokens_agree"] = bool(torch.equal(out, tokens[(batch, loop)]))
+                # every cache: the same greedy tokens (per loop and layer tracing: their steps are different
+                # programs, and a bfloat16 near-tie between two logits can fall either way)
+                row["tokens_agree"] = bool(torch.equal(out, tokens[(batch, loop, regions)]))
             except Exception as error:  # a failing case is reported, the others still run
                 row["error"] = f"{type(error).__name__}: {error}"[:300]
                 traceback.print_exc()
             rows.append(row)
             console.print(row)
-    greedy_decoding.ENABLED = True
+    greedy_decoding.ENABLED = hf_integration.COMPILE_LAYERS_ONCE = True
     return rows
 
 
@@ -248,16 +276,16 @@ def trace_table(trace: dict) -> Table:
 
 def generate_table(rows: list[dict], opts) -> Table:
     table = Table(title=f"generate(): Llama {opts.layers}x{opts.dim} bf16, prompt {opts.prompt}, {opts.new_tokens} new")
-    columns = ("batch", "cache", "loop", "first call s", "of it prefill s", "compile s Dynamo/AOT/XLA/op",
+    columns = ("batch", "cache", "loop", "layer regions", "first call s", "of it prefill s", "compile s Dynamo/AOT/XLA/op",
                "decode ms/token", "HBM bound ms", "x bound")  # fmt: skip
     for column in (*columns, "tokens agree"):
         table.add_column(column, justify="right")
     for r in rows:
         if "error" in r:
-            table.add_row(str(r["batch"]), r["cache"], r["loop"], r["error"][:60], *[""] * (len(columns) - 3))
+            table.add_row(str(r["batch"]), r["cache"], r["loop"], r["regions"], r["error"][:60], *[""] * (len(columns) - 4))
             continue
         table.add_row(
-            str(r["batch"]), r["cache"], r["loop"], f"{r['first_call_s']:.1f}", f"{r['first_prefill_s']:.1f}",
+            str(r["batch"]), r["cache"], r["loop"], r["regions"], f"{r['first_call_s']:.1f}", f"{r['first_prefill_s']:.1f}",
             " / ".join(f"{r['first_call_compile_s'][k]:.1f}" for k in ("dynamo", "aot", "xla", "per_op")),
             f"{r['decode_ms']:.2f}", f"{r['bound_ms']:.2f}",
             f"{r['x_bound']:.2f}", str(r["tokens_agree"]),
@@ -372,9 +400,11 @@ def parse(argv):
     p.add_argument("--batches", default="1,8")
     p.add_argument("--caches", default="default,static", help="default, static, dynamic")
     p.add_argument("--loops", default="device", help="greedy loops: device, transformers (both: an A/B)")
+    p.add_argument("--layer-regions", default="on", help="decoder layers traced once (on) or each (off); both: an A/B")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trace", type=Path, help="profile one generate() of the first row into this folder")
     p.add_argument("--trace-top", type=int, default=40, help="host functions listed from the trace")
+    p.add_argument("--profile", type=Path, help="cProfile the first row's first full call into this file")
     p.add_argument("--parts", action="store_true", help="time where the first row's decode step goes (no tracer)")
     p.add_argument("--hbm-gbps", type=float, default=HBM_GBPS_V5E)
     p.add_argument("--unet-width", type=int, default=128, help="UNet base channels (blocks: w, 2w, 4w, 4w)")

@@ -30,7 +30,7 @@ from torch.func import functional_call, functionalize, grad_and_value
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tpu_backend.compile.backend import decompositions
-from tpu_backend.compile.compiled_graph import lift_input_mutations
+from tpu_backend.compile.interpreter import lift_input_mutations
 
 OPTIMIZERS = ("adamw", "sgd")
 

@@ -43,10 +43,9 @@ from tpu_backend.compile.compiled_graph import (  # noqa: F401  (public here too
     compile_for_tpu,
     graph_compiler,
     graph_identity,
-    lift_input_mutations,
 )
 from tpu_backend.compile.interop import BACKEND_NAME
-from tpu_backend.compile.interpreter import is_covered, lowering_tables_version
+from tpu_backend.compile.interpreter import is_covered, lift_input_mutations, lowering_tables_version  # noqa: F401
 
 _graph_ids = itertools.count()
 

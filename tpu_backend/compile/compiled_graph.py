@@ -30,7 +30,7 @@ from tpu_backend import random as device_random
 from tpu_backend import tensor as device_tensor
 from tpu_backend.compile import dynamic
 from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
-from tpu_backend.compile.interpreter import GraphProgram, compile_graph
+from tpu_backend.compile.interpreter import GraphProgram, compile_graph, lift_input_mutations
 from tpu_backend.compile.program import is_array
 from tpu_backend.ops.registry import jax_dtype
 
@@ -61,31 +61,6 @@ def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
         value = item.meta.get("val") if isinstance(item, torch.fx.Node) else None
         devices.append(value.device if isinstance(value, torch.Tensor) else None)
     return devices
-
-
-def lift_input_mutations(gm: torch.fx.GraphModule) -> list[int]:
-    """Turn the graph's writes into its inputs (`copy_(input, new)`, which AOTAutograd
-    keeps in inference graphs: an optimizer step's parameter and state updates) into
-    extra outputs, after the graph's own; returns the placeholder index each one writes.
-
-    The compiled callable stores them into the input tensors itself, and may donate the
-    inputs' old buffers to the program, so that XLA updates parameters in place."""
-    placeholders = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    written = []
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders:
-            if node.users or node.kwargs or len(node.args) != 2:
-                raise NotImplementedError(f"tpu: graph writes its input in an unexpected form: {node.format_node()}")
-            if node.args[0] in {w for w, _ in written}:
-                raise NotImplementedError(f"tpu: graph writes input {node.args[0].name} twice")
-            written.append((node.args[0], node.args[1]))
-            gm.graph.erase_node(node)
-    if not written:
-        return []
-    output.args = (tuple(output.args[0]) + tuple(value for _, value in written),)
-    gm.recompile()
-    return [placeholders[target] for target, _ in written]
 
 
 class _Slot:

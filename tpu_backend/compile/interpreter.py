@@ -9,7 +9,11 @@ functions in a functional graph) or "graph" (prims, size queries, assertions:
 Control flow (`torch.cond`, `while_loop`) becomes `lax.cond` / `lax.while_loop` over
 the branch subgraphs, interpreted the same way. Calls of a nested compile region
 (`invoke_subgraph`, from `scan.scan_layers`) run their subgraph as a function; a run of
-calls of the same block becomes one `lax.scan` (`tpu_backend.compile.scan`).
+calls of the same block becomes one `lax.scan` (`tpu_backend.compile.scan`). A region that
+writes its inputs (a static KV cache's `index_copy_` in a decoder layer) reaches us as
+`auto_functionalized_v2(invoke_subgraph, ...)`: its subgraph ends in `copy_(input, new)`,
+which becomes an extra output, and the call returns the region's outputs and then the new
+value of every base it wrote.
 
 Plain Python callables in the graph (`operator.getitem`, `operator.mul` on sizes,
 `torch.sym_max`...) are called as they are: inside `jax.jit` shapes are concrete, so
@@ -26,6 +30,7 @@ per input signature, counted by the cache layer).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -39,6 +44,8 @@ import tpu_backend.ops  # noqa: F401  (fills the table)
 from tpu_backend.compile.interop import tensor_to_jax
 from tpu_backend.compile.program import Program
 from tpu_backend.compile.scan import INVOKE_SUBGRAPH, plan_runs
+
+AUTO_FUNCTIONALIZED = torch.ops.higher_order.auto_functionalized_v2
 from tpu_backend.ops.registry import LOWERINGS, Lowering, jax_dtype
 
 
@@ -71,15 +78,61 @@ def _is_python_callable(target) -> bool:
     return not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator))
 
 
+def lift_input_mutations(gm: torch.fx.GraphModule) -> list[int]:
+    """Turn the graph's writes into its inputs (`copy_(input, new)`, which AOTAutograd
+    keeps in inference graphs: an optimizer step's parameter and state updates) into
+    extra outputs, after the graph's own; returns the placeholder index each one writes.
+
+    The compiled callable stores them into the input tensors itself, and may donate the
+    inputs' old buffers to the program, so that XLA updates parameters in place."""
+    placeholders = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    written = []
+    for node in list(gm.graph.nodes):
+        if _writes_input(node):
+            if node.users or node.kwargs or len(node.args) != 2:
+                raise NotImplementedError(f"tpu: graph writes its input in an unexpected form: {node.format_node()}")
+            if node.args[0] in {w for w, _ in written}:
+                raise NotImplementedError(f"tpu: graph writes input {node.args[0].name} twice")
+            written.append((node.args[0], node.args[1]))
+            gm.graph.erase_node(node)
+    if not written:
+        return []
+    output.args = (tuple(output.args[0]) + tuple(value for _, value in written),)
+    gm.recompile()
+    return [placeholders[target] for target, _ in written]
+
+
+def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """A copy of `graph` to rewrite (its nodes' metadata shared, not copied)."""
+    copy = torch.fx.Graph()
+    output, old_output = copy.graph_copy(graph, {}, return_output_node=True)
+    copy.output(output).meta.update(old_output.meta)
+    return copy
+
+
+def _writes_input(node: torch.fx.Node) -> bool:
+    """`copy_(placeholder, value)`: a write of the graph's input (lifted to an output)."""
+    return (
+        node.op == "call_function"
+        and node.target is torch.ops.aten.copy_.default
+        and isinstance(node.args[0], torch.fx.Node)
+        and node.args[0].op == "placeholder"
+    )
+
+
 def missing_lowerings(gm: torch.fx.GraphModule) -> list[str]:
     """Names of the ops, in the graph and its subgraphs, that no table lowers (empty when
-    the graph can run)."""
+    the graph can run). Writes of a graph's inputs are not ops: they are lifted to outputs
+    (`lift_input_mutations`)."""
     missing = set()
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         for node in module.graph.nodes:
             if node.op != "call_function" or _is_python_callable(node.target) or node.target in _HIGHER_ORDER:
+                continue
+            if _writes_input(node):
                 continue
             if isinstance(node.target, torch._ops.OpOverload) and is_covered(node.target):
                 continue
@@ -108,7 +161,7 @@ class GraphFunction:
     `(new_key, outputs)`.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph"):
+    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph", written: list[int] = ()):
         missing = missing_lowerings(gm)
         if missing:
             raise UnsupportedGraphError(
@@ -118,6 +171,7 @@ class GraphFunction:
             )
         self.gm = gm
         self.name = name
+        self.written = list(written)  # inputs whose new values are the last outputs (lift_input_mutations)
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._constants: dict[str, Any] = {}
         self._subgraphs: dict[str, GraphFunction] = {}
@@ -142,10 +196,20 @@ class GraphFunction:
         return None
 
     def invoked_function(self, call: torch.fx.Node) -> "GraphFunction":
-        """The function an `invoke_subgraph` call runs (one per subgraph module)."""
-        module = _fetch_attr(self.gm, call.args[0].target)
+        """The function an `invoke_subgraph` call runs (one per subgraph module). The
+        subgraph of a region that writes its inputs runs from a copy whose writes are
+        outputs (`written`: the inputs they write)."""
+        if call.target is AUTO_FUNCTIONALIZED:
+            module, identifier = _fetch_attr(self.gm, call.kwargs["subgraph"].target), call.kwargs["identifier"]
+        else:
+            module, identifier = _fetch_attr(self.gm, call.args[0].target), call.args[1]
         if id(module) not in self._invoked:
-            self._invoked[id(module)] = GraphFunction(module, f"{self.name}/{call.args[1]}")
+            if call.target is AUTO_FUNCTIONALIZED:
+                copy = torch.fx.GraphModule(module, copy_graph(module.graph))
+                function = GraphFunction(copy, f"{self.name}/{identifier}", written=lift_input_mutations(copy))
+            else:
+                function = GraphFunction(module, f"{self.name}/{identifier}")
+            self._invoked[id(module)] = function
         return self._invoked[id(module)]
 
     def __call__(self, *args):
@@ -220,11 +284,9 @@ class GraphFunction:
         if node.op != "call_function":
             raise UnsupportedGraphError(f"tpu: graph {self.name!r}: node kind {node.op!r} ({node}) is not supported")
         if node.target is INVOKE_SUBGRAPH:  # a block called once, or not scannable: a plain call
-            function = self.invoked_function(node)
-            key = None
-            if function.needs_rng:
-                state["key"], key = jax.random.split(state["key"])
-            return function.run(_map_nodes(node.args[2:], env), key)[1]
+            return self._call_region(node, _map_nodes(node.args[2:], env), state)
+        if node.target is AUTO_FUNCTIONALIZED:
+            return self._call_writing_region(node, env, state)
         args = _map_nodes(node.args, env)
         kwargs = _map_nodes(node.kwargs, env)
         if _is_python_callable(node.target):
@@ -240,6 +302,44 @@ class GraphFunction:
             error.add_note(f"tpu: while lowering {node.target} in graph {self.name!r}, node: {node.format_node()}")
             raise
 
+    def _call_region(self, node: torch.fx.Node, operands, state: dict):
+        function = self.invoked_function(node)
+        key = None
+        if function.needs_rng:
+            state["key"], key = jax.random.split(state["key"])
+        return function.run(operands, key)[1]
+
+    def _call_writing_region(self, node: torch.fx.Node, env: dict, state: dict):
+        """`auto_functionalized_v2(invoke_subgraph, subgraph=, identifier=, arg0=, ...,
+        _all_bases=[...])`: operand `argK` is passed (`argK=`), or it is written and then it
+        is one of `_all_bases` (`_argK_base_index`), whole or a slice of it. Returns the
+        region's outputs, then every base after the region's writes."""
+        if node.args[0] is not INVOKE_SUBGRAPH:
+            raise UnsupportedGraphError(
+                f"tpu: graph {self.name!r}: auto_functionalized_v2 of {node.args[0]} is not supported (only a "
+                "nested compile region, invoke_subgraph, that writes its inputs)"
+            )
+        function = self.invoked_function(node)
+        kwargs = node.kwargs
+        bases = list(_map_nodes(kwargs["_all_bases"], env))
+        operands, views = [], {}
+        for k in range(len(function.placeholders)):
+            if f"arg{k}" in kwargs:
+                operands.append(_map_nodes(kwargs[f"arg{k}"], env))
+            else:
+                views[k] = _written_view(kwargs, k, f"tpu: graph {self.name!r}, region {kwargs['identifier']!r}")
+                operands.append(views[k].read(bases))
+        results = self._call_region(node, operands, state)
+        outputs = list(results[: len(results) - len(function.written)])
+        for k, value in zip(function.written, results[len(outputs) :]):
+            if k not in views:
+                raise UnsupportedGraphError(
+                    f"tpu: graph {self.name!r}: region {kwargs['identifier']!r} writes operand {k}, which "
+                    "PyTorch did not mark as written"
+                )
+            views[k].write(bases, value)
+        return (*outputs, *bases)
+
     def subgraph(self, gm: torch.fx.GraphModule) -> "GraphFunction":
         """The function of a control-flow branch/body (built once per subgraph)."""
         key = str(id(gm))
@@ -252,6 +352,44 @@ class GraphFunction:
                 )
             self._subgraphs[key] = sub
         return self._subgraphs[key]
+
+
+@dataclass
+class _WrittenView:
+    """Which part of one of `auto_functionalized_v2`'s bases a region's written operand is:
+    the whole base, or `base[start:end]` along `dim`."""
+
+    base: int
+    dim: int | None = None
+    start: int = 0
+    end: int | None = None
+
+    def _index(self) -> tuple:
+        return (slice(None),) * self.dim + (slice(self.start, self.end),)
+
+    def read(self, bases: list):
+        base = bases[self.base]
+        return base if self.dim is None else base[self._index()]
+
+    def write(self, bases: list, value) -> None:
+        base = bases[self.base]
+        bases[self.base] = value if self.dim is None else base.at[self._index()].set(value)
+
+
+def _written_view(kwargs: dict, k: int, where: str) -> _WrittenView:
+    """Operand `argK`'s view of its base, from auto_functionalized_v2's `_argK_*` arguments."""
+    prefix = f"_arg{k}_"
+    index = kwargs.get(prefix + "base_index")
+    extra = sorted(name[len(prefix) :] for name in kwargs if name.startswith(prefix) and name != prefix + "base_index")
+    if index is not None and extra in ([], ["alias"]):
+        return _WrittenView(index)
+    if index is not None and extra == ["slice_dim", "slice_end", "slice_start"]:
+        return _WrittenView(index, kwargs[prefix + "slice_dim"], kwargs[prefix + "slice_start"], kwargs[prefix + "slice_end"])
+    raise UnsupportedGraphError(
+        f"{where}: operand {k} is written as a view of an input that is not a slice ({', '.join(extra) or 'no base'}); "
+        "write a whole buffer or a slice of one (index_copy_, or x[a:b].copy_), or leave the blocks unmarked "
+        "(tpu_backend.compile.scan.unmark)"
+    )
 
 
 # --------------------------------------------------------------------- control flow (higher-order ops)
@@ -289,6 +427,7 @@ _HIGHER_ORDER = {
     torch.ops.higher_order.cond: _cond,
     torch.ops.higher_order.while_loop: _while_loop,
     INVOKE_SUBGRAPH: None,  # GraphFunction._evaluate / scan.Run (needs the random key state)
+    AUTO_FUNCTIONALIZED: None,  # GraphFunction._call_writing_region (of invoke_subgraph only)
 }
 
 

@@ -112,6 +112,35 @@ def unmark(blocks: Iterable[torch.nn.Module]):
     return blocks
 
 
+def repeated_blocks(model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """A model's stack of repeated blocks (a transformer's decoder layers): of its
+    `ModuleList`s whose entries are two or more modules of one class, the one holding the
+    most parameters; None when there is none."""
+    stacks = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.ModuleList) and len(m) >= 2 and len({_base_class(b) for b in m}) == 1
+    ]
+    return max(stacks, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+
+
+def _base_class(block: torch.nn.Module) -> type:
+    return type(block).__dict__.get("_scan_layers_base", type(block))
+
+
+@contextlib.contextmanager
+def marked(blocks: Iterable[torch.nn.Module] | None):
+    """`scan_layers(blocks)` for the duration of the `with` (None: nothing to mark). What
+    Dynamo traces inside calls each block as one region (traced once for all of them);
+    the blocks' own class comes back after, for the caller's code."""
+    newly = [block for block in blocks or () if not is_marked(block)]
+    scan_layers(newly)
+    try:
+        yield
+    finally:
+        unmark(newly)
+
+
 # --------------------------------------------------------------------- tracing
 
 
@@ -465,4 +494,14 @@ def plan_runs(gm: torch.fx.GraphModule, subgraph_function) -> dict[torch.fx.Node
     return runs
 
 
-__all__ = ["INVOKE_SUBGRAPH", "Run", "is_marked", "plan_runs", "scan_layers", "schema_checked_once", "unmark"]
+__all__ = [
+    "INVOKE_SUBGRAPH",
+    "Run",
+    "is_marked",
+    "marked",
+    "plan_runs",
+    "repeated_blocks",
+    "scan_layers",
+    "schema_checked_once",
+    "unmark",
+]

@@ -12,6 +12,10 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   `max_new_tokens` reuse the decode programs; with a static cache transformers itself
   compiles the decode step (`torch.compile(backend="tpu")`, one program per token). An
   explicit `cache_implementation="static"` keeps transformers' sizing (`max_cache_len`);
+- the compiled step traces the model's decoder layers once for all of them: for the call,
+  they are marked as nested compile regions (`scan.marked(scan.repeated_blocks(model))`,
+  `COMPILE_LAYERS_ONCE`), so Dynamo, AOTAutograd and our lowering handle one layer and
+  stamp it out (each layer's in-place cache writes included);
 - greedy decoding with such a step picks each token on the device and the host reads it a
   step late, so it prepares the next step while the chip runs this one (`greedy_decoding`);
 - the loop's token bookkeeping (`input_ids`, attention mask, logits processors,
@@ -46,6 +50,7 @@ import warnings
 
 import torch
 
+from tpu_backend.compile import scan
 from tpu_backend.integrations import greedy_decoding
 from tpu_backend.integrations.post_import import when_imported
 
@@ -53,6 +58,9 @@ DEVICE_TYPE = "tpu"
 # A static cache's length is rounded up to the next power of two, at least this (an exact
 # length would compile new decode programs for every new prompt length or max_new_tokens).
 MIN_CACHE_LENGTH = 128
+# The decoder layers as nested compile regions while generate() runs (the A/B switch of
+# `benchmarks/device/hf_bench.py --layer-regions`).
+COMPILE_LAYERS_ONCE = True
 # Integer inputs of generate() that its loop grows or reads every step: kept on the host.
 _BOOKKEEPING_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
 # generate() options that decode with candidate tokens (transformers' assisted loop)
@@ -271,7 +279,8 @@ def _patch_generate(module) -> None:
         place = functools.partial(_to_model_device, self.device) if _assisted(self, kwargs) else _to_host
         inputs = place(inputs)
         kwargs = {k: place(v) if k in _BOOKKEEPING_INPUTS else v for k, v in kwargs.items()}
-        result = generate(self, inputs, *args, **kwargs)
+        with scan.marked(scan.repeated_blocks(self) if COMPILE_LAYERS_ONCE else None):
+            result = generate(self, inputs, *args, **kwargs)
         return result if device is None else _to_device(result, device)
 
     @functools.wraps(prepare_cache)

@@ -251,3 +251,54 @@ def test_marking_keeps_eager_and_can_be_undone():
     assert type(model.blocks[0]) is Scaled
     with pytest.raises(TypeError, match="nn.Module"):
         tpu_compile.scan_layers([lambda x: x])
+
+
+class Caching(nn.Module):
+    """A decoder layer's shape of state: each call writes its input into a cache at a
+    position (`index_copy_`, as transformers' static KV cache does) and into a slice of a
+    second buffer, and reads both back."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, cache, window, position):
+        cache.index_copy_(1, position, self.linear(x)[:, None])
+        window[:, :2].copy_(x[:, :2] * 2)
+        return x + torch.tanh(cache.sum(1)) + window.sum(1, keepdim=True)
+
+
+class CachingStack(nn.Module):
+    def __init__(self, layers: int = 3):
+        super().__init__()
+        self.blocks = nn.ModuleList(Caching() for _ in range(layers))
+
+    def forward(self, x, caches, windows, position):
+        for block, cache, window in zip(self.blocks, caches, windows):
+            x = block(x, cache, window[:, 1:5], position)  # a slice of the buffer: a view is written
+        return x
+
+
+def test_blocks_that_write_their_inputs_write_them_as_in_eager():
+    """A marked block that writes its inputs reaches the backend as
+    `auto_functionalized_v2(invoke_subgraph)`: the writes (a whole cache and a slice of
+    another buffer) land in the caller's tensors, step after step, as in eager."""
+    torch.manual_seed(0)
+    model = CachingStack()
+    state = lambda device: ([torch.zeros(4, 5, 8, device=device) for _ in range(3)],
+                            [torch.zeros(4, 7, device=device) for _ in range(3)])  # fmt: skip
+    x = torch.randn(4, 8)
+    caches, windows = state("cpu")
+    expected = [model(x, caches, windows, torch.tensor([p])) for p in range(3)]
+    device_model = copy.deepcopy(model).to("tpu")
+    tpu_compile.scan_layers(device_model.blocks)
+    step = torch.compile(device_model, backend="tpu")
+    on_device, device_windows = state("tpu")
+    with torch.no_grad():
+        got = [step(x.to("tpu"), on_device, device_windows, torch.tensor([p]).to("tpu")) for p in range(3)]
+    rtol, atol = chip.tolerance("transcendentals", cpu=(RTOL, ATOL), tpu=(1e-3, 1e-4))
+    for p, (a, b) in enumerate(zip(expected, got)):
+        torch.testing.assert_close(b.cpu(), a.detach(), rtol=rtol, atol=atol, msg=f"output of call {p}")
+    for name, a, b in [("cache", caches, on_device), ("window", windows, device_windows)]:
+        for layer, (u, v) in enumerate(zip(a, b)):
+            torch.testing.assert_close(v.cpu(), u, rtol=rtol, atol=atol, msg=f"{name} of layer {layer}")
