@@ -952,10 +952,36 @@ def special_zeta(x, other):
     return elementwise(_zeta, x, other, kind=FLOAT)
 
 
+# q < 0 is shifted up by one per iteration, at most this many times (below that: NaN)
+ZETA_MAX_SHIFTS = 1 << 20
+
+
 def _zeta(x, q):
     """Hurwitz zeta with ATen's (Cephes') special values: inf at x == 1, NaN for x < 1, inf
-    at the poles q = 0, -1, -2... and NaN for q < 0 with a non-integer x."""
-    value = jsp.zeta(x, q)
+    at the poles q = 0, -1, -2... and NaN for q < 0 with a non-integer x.
+
+    `jsp.zeta`'s Euler-Maclaurin sum assumes q > 0 (for q < 0 it returned values off by
+    orders of magnitude: zeta(4, -20.5) = -3.6e-5 for 32.47). Below 0, at integral x,
+    zeta(x, q) = sum_{k<n} (q + k)^-x + zeta(x, q + n), with n the steps up to [0, 1); each
+    term is |q + k|^-x with the sign (-1)^x, not a power of a negative base (a TPU's float64
+    power loses that sign)."""
+    x, q = jnp.broadcast_arrays(x, q)
+    shifted_up = (q < 0) & jnp.isfinite(q) & (q != jnp.floor(q)) & (x == jnp.floor(x))
+    sign = jnp.where(jnp.fmod(x, 2) == 0, 1.0, -1.0).astype(q.dtype)
+
+    def below(state):
+        return shifted_up & (state[1] < 0)
+
+    def shift(state):
+        steps, base, terms = state
+        step = below(state)
+        term = jnp.where(step, sign * jnp.abs(jnp.where(step, base, 1.0)) ** -x, 0.0)
+        return steps + 1, jnp.where(step, base + 1, base), terms + term
+
+    keep_going = lambda state: (state[0] < ZETA_MAX_SHIFTS) & jnp.any(below(state))
+    _, base, terms = jax.lax.while_loop(keep_going, shift, (0, q, jnp.zeros_like(q)))
+    value = jnp.where(shifted_up, terms + jsp.zeta(x, jnp.where(shifted_up, base, 1.0)), jsp.zeta(x, q))
+    value = jnp.where(shifted_up & (base < 0), jnp.nan, value)  # more than ZETA_MAX_SHIFTS steps below 0
     value = jnp.where((q <= 0) & (x != jnp.floor(x)), jnp.nan, value)
     value = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, value)
     value = jnp.where(x < 1, jnp.nan, value)

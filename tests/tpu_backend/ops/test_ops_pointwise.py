@@ -273,6 +273,18 @@ def test_special_functions_of_integers_and_special_values():
     check(aten.special_zeta.default, x.double() + 0.5, q.double() - 0.5, rtol=1e-7)
 
 
+def test_zeta_below_zero_matches_aten():
+    """Hurwitz zeta at q < 0 (integral x), far below the range the Euler-Maclaurin sum
+    holds for: shifted up with the terms it passes (zeta(4, -20.5) was -3.6e-5, not 32.47)."""
+    x = torch.tensor([2.0, 3.0, 4.0, 3.0, 6.0, 5.0, 7.0], dtype=torch.float64)
+    q = torch.tensor([-0.75, -20.5, -20.5, -100.25, -1e4 - 0.5, -9.5, -2.5], dtype=torch.float64)
+    # the terms (q + k)^-x (up to 64 here) cancel to results as small as 2.5e-5: an absolute bound
+    check(aten.special_zeta.default, x, q, rtol=RTOL64, atol=chip.tolerance("float64", cpu=1e-10, tpu=1e-7))
+    # even x: every term positive, no cancellation, float32 too
+    check(aten.special_zeta.default, x[2:3].float(), q[2:3].float(), rtol=1e-5)
+    assert_lowers_for_tpu(aten.special_zeta.default, x.float(), q.float())  # the loop compiles for the chip
+
+
 def test_integer_power_and_truncating_division():
     base = torch.arange(-4, 5).reshape(9, 1)
     exponent = torch.tensor([-3, -2, -1, 0, 1, 2, 63, 64, 65, 100])
