@@ -859,7 +859,20 @@ def _integer_power(base, exponent):
 def _power(base, exponent):
     if jnp.issubdtype(base.dtype, jnp.integer):
         return _integer_power(base, exponent)
+    if base.dtype == jnp.float64:
+        return _float64_power(base, exponent)
     return jnp.power(base, exponent)
+
+
+def _float64_power(base, exponent):
+    """`base ** exponent` with a negative base's sign applied by hand at integral exponents: a
+    TPU's (emulated) float64 power dropped it (through zeta on a v5e, 2026-12-06: (-0.5)^-3
+    gave +8); the same as IEEE pow everywhere else."""
+    exponent = jnp.asarray(exponent, base.dtype)
+    integral = (base < 0) & jnp.isfinite(exponent) & (exponent == jnp.floor(exponent))
+    magnitude = jnp.power(jnp.abs(base), exponent)
+    signed = jnp.where(jnp.fmod(exponent, 2) == 0, magnitude, -magnitude)
+    return jnp.where(integral, signed, jnp.power(base, exponent))
 
 
 @lowers(aten.pow.Tensor_Tensor, aten.pow.Scalar)
@@ -884,7 +897,7 @@ def pow_tensor_scalar(x, exponent):
 
 @lowers(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar, aten.float_power.Scalar)
 def float_power(x, exponent):
-    return jnp.power(jnp.asarray(x, jnp.float64), jnp.asarray(exponent, jnp.float64))
+    return _float64_power(jnp.asarray(x, jnp.float64), jnp.asarray(exponent, jnp.float64))
 
 
 @lowers(aten.atan2.default)
@@ -975,7 +988,7 @@ def _zeta(x, q):
     def shift(state):
         steps, base, terms = state
         step = below(state)
-        term = jnp.where(step, sign * jnp.abs(jnp.where(step, base, 1.0)) ** -x, 0.0)
+        term = jnp.where(step, sign * jnp.power(jnp.abs(jnp.where(step, base, 1.0)), -x), 0.0)
         return steps + 1, jnp.where(step, base + 1, base), terms + term
 
     keep_going = lambda state: (state[0] < ZETA_MAX_SHIFTS) & jnp.any(below(state))

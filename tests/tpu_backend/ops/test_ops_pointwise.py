@@ -285,6 +285,17 @@ def test_zeta_below_zero_matches_aten():
     assert_lowers_for_tpu(aten.special_zeta.default, x.float(), q.float())  # the loop compiles for the chip
 
 
+def test_float64_powers_of_negative_bases_keep_their_sign():
+    """Negative float64 bases to integral tensor exponents (odd, even, negative, huge), to
+    fractional ones (NaN) and infinities; float_power always computes in float64. A TPU's
+    float64 power dropped the sign (seen through zeta on a v5e)."""
+    base = torch.tensor([-3.5, -0.5, -2.0, -1.0, -float("inf"), 2.0, -2.0, -2.0], dtype=torch.float64)
+    exponent = torch.tensor([3.0, -3.0, 4.0, 1e20 + 1, 3.0, -1.5, 0.5, float("inf")], dtype=torch.float64)
+    check(aten.pow.Tensor_Tensor, base, exponent, rtol=RTOL64)
+    check(aten.float_power.Tensor_Tensor, base.float(), exponent, rtol=RTOL64)
+    check(aten.float_power.Tensor_Scalar, base, -3, rtol=RTOL64)
+
+
 def test_integer_power_and_truncating_division():
     base = torch.arange(-4, 5).reshape(9, 1)
     exponent = torch.tensor([-3, -2, -1, 0, 1, 2, 63, 64, 65, 100])
