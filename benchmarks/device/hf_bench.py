@@ -23,8 +23,9 @@ reuses that length and its programs; compiled the same way), `dynamic` (transfor
 DynamicCache: a shape per token, eager). `--loops`: greedy decoding with the device's loop
 (the compiled step picks the token, the host reads it one step late) and/or transformers'
 own loop (the host picks each token from the step's logits), in the same process.
-`--layer-regions on,off`: the decoder layers traced once as nested compile regions (the
-default) or each traced in turn (`transformers.COMPILE_LAYERS_ONCE`), in the same process.
+`--layer-regions on,off`: the decoder layers traced once as nested compile regions or each
+traced in turn (the default; `transformers.COMPILE_LAYERS_ONCE`), in the same process (the
+second row reuses what the first compiled: for first-call times, one per process).
 `--trace DIR`: after the first row's timings, one more generate() of that row runs under
 JAX's profiler (the trace is written under DIR); the table below the results splits its
 decode time per token into the chip's busy time (XLA programs on the device) and the rest
@@ -180,7 +181,7 @@ def bench_generate(opts) -> list[dict]:
                 traceback.print_exc()
             rows.append(row)
             console.print(row)
-    greedy_decoding.ENABLED = hf_integration.COMPILE_LAYERS_ONCE = True
+    greedy_decoding.ENABLED, hf_integration.COMPILE_LAYERS_ONCE = True, False
     return rows
 
 
@@ -282,7 +283,9 @@ def generate_table(rows: list[dict], opts) -> Table:
         table.add_column(column, justify="right")
     for r in rows:
         if "error" in r:
-            table.add_row(str(r["batch"]), r["cache"], r["loop"], r["regions"], r["error"][:60], *[""] * (len(columns) - 4))
+            table.add_row(
+                str(r["batch"]), r["cache"], r["loop"], r["regions"], r["error"][:60], *[""] * (len(columns) - 4)
+            )
             continue
         table.add_row(
             str(r["batch"]), r["cache"], r["loop"], r["regions"], f"{r['first_call_s']:.1f}", f"{r['first_prefill_s']:.1f}",
@@ -400,7 +403,7 @@ def parse(argv):
     p.add_argument("--batches", default="1,8")
     p.add_argument("--caches", default="default,static", help="default, static, dynamic")
     p.add_argument("--loops", default="device", help="greedy loops: device, transformers (both: an A/B)")
-    p.add_argument("--layer-regions", default="on", help="decoder layers traced once (on) or each (off); both: an A/B")
+    p.add_argument("--layer-regions", default="off", help="decoder layers traced once (on) or each (off); both: an A/B")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trace", type=Path, help="profile one generate() of the first row into this folder")
     p.add_argument("--trace-top", type=int, default=40, help="host functions listed from the trace")

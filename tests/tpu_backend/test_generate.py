@@ -13,6 +13,7 @@ import transformers
 
 import tpu_backend.compile as tpu_compile
 from tests.tpu_backend.test_transformers_integration import VOCAB, tiny_llama
+from tpu_backend.compile.interpreter import GraphFunction
 from tpu_backend.integrations import transformers as hf_integration
 
 LOGITS_TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32 through a masked static cache vs CPU's dynamic one
@@ -65,6 +66,23 @@ def test_greedy_32_tokens_match_cpu_and_compile_no_program_per_token(models):
     assert tpu_out.sequences.shape == (1, 7 + 32)
     assert_steps_match(tpu_out, cpu_out)
     assert compiled <= 16, f"{compiled} programs compiled for 32 new tokens after a warm-up"
+
+
+def test_decoder_layers_traced_once_decode_as_cpu(monkeypatch):
+    """`COMPILE_LAYERS_ONCE`: the layers are nested compile regions for the call, each one's
+    static-cache writes lowered through `auto_functionalized_v2`; CPU's tokens and logits at
+    every step, and the layers' own class again afterwards."""
+    monkeypatch.setattr(hf_integration, "COMPILE_LAYERS_ONCE", True)
+    calls = []
+    writing_region = GraphFunction._call_writing_region
+    monkeypatch.setattr(GraphFunction, "_call_writing_region", lambda *a: calls.append(1) or writing_region(*a))
+    torch._dynamo.reset()
+    cpu_model = tiny_llama().eval()
+    tpu_model = tiny_llama().eval().to("tpu")
+    cpu_out, tpu_out = generate_both((cpu_model, tpu_model), prompt(5), max_new_tokens=6)
+    assert_steps_match(tpu_out, cpu_out)
+    assert len(calls) == len(tpu_model.model.layers)  # the decode step: one region call per layer
+    assert type(tpu_model.model.layers[0]) is type(cpu_model.model.layers[0])
 
 
 def test_a_decode_step_is_one_transfer_each_way_and_no_eager_program(models, monkeypatch):

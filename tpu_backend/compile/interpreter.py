@@ -44,9 +44,9 @@ import tpu_backend.ops  # noqa: F401  (fills the table)
 from tpu_backend.compile.interop import tensor_to_jax
 from tpu_backend.compile.program import Program
 from tpu_backend.compile.scan import INVOKE_SUBGRAPH, plan_runs
+from tpu_backend.ops.registry import LOWERINGS, Lowering, jax_dtype
 
 AUTO_FUNCTIONALIZED = torch.ops.higher_order.auto_functionalized_v2
-from tpu_backend.ops.registry import LOWERINGS, Lowering, jax_dtype
 
 
 class UnsupportedGraphError(NotImplementedError):
@@ -384,7 +384,9 @@ def _written_view(kwargs: dict, k: int, where: str) -> _WrittenView:
     if index is not None and extra in ([], ["alias"]):
         return _WrittenView(index)
     if index is not None and extra == ["slice_dim", "slice_end", "slice_start"]:
-        return _WrittenView(index, kwargs[prefix + "slice_dim"], kwargs[prefix + "slice_start"], kwargs[prefix + "slice_end"])
+        return _WrittenView(
+            index, kwargs[prefix + "slice_dim"], kwargs[prefix + "slice_start"], kwargs[prefix + "slice_end"]
+        )
     raise UnsupportedGraphError(
         f"{where}: operand {k} is written as a view of an input that is not a slice ({', '.join(extra) or 'no base'}); "
         "write a whole buffer or a slice of one (index_copy_, or x[a:b].copy_), or leave the blocks unmarked "

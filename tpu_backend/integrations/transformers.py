@@ -12,10 +12,12 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   `max_new_tokens` reuse the decode programs; with a static cache transformers itself
   compiles the decode step (`torch.compile(backend="tpu")`, one program per token). An
   explicit `cache_implementation="static"` keeps transformers' sizing (`max_cache_len`);
-- the compiled step traces the model's decoder layers once for all of them: for the call,
-  they are marked as nested compile regions (`scan.marked(scan.repeated_blocks(model))`,
-  `COMPILE_LAYERS_ONCE`), so Dynamo, AOTAutograd and our lowering handle one layer and
-  stamp it out (each layer's in-place cache writes included);
+- `COMPILE_LAYERS_ONCE = True` marks the decoder layers as nested compile regions for the
+  call (`scan.marked(scan.repeated_blocks(model))`), so AOTAutograd and our lowering handle
+  one layer and stamp it out (each layer's in-place cache writes included). Off by default:
+  on a v5e (1B Llama, 2026-12-06) it cut AOTAutograd from 17.3 to 6.1 s but Dynamo grew
+  from 8.2 to 15.8 s, the first call went from 46.8 to 45.8 s only, and decode from 3.33 to
+  4.06 ms per token;
 - greedy decoding with such a step picks each token on the device and the host reads it a
   step late, so it prepares the next step while the chip runs this one (`greedy_decoding`);
 - the loop's token bookkeeping (`input_ids`, attention mask, logits processors,
@@ -59,8 +61,8 @@ DEVICE_TYPE = "tpu"
 # length would compile new decode programs for every new prompt length or max_new_tokens).
 MIN_CACHE_LENGTH = 128
 # The decoder layers as nested compile regions while generate() runs (the A/B switch of
-# `benchmarks/device/hf_bench.py --layer-regions`).
-COMPILE_LAYERS_ONCE = True
+# `benchmarks/device/hf_bench.py --layer-regions`; off: measured above, it did not pay).
+COMPILE_LAYERS_ONCE = False
 # Integer inputs of generate() that its loop grows or reads every step: kept on the host.
 _BOOKKEEPING_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
 # generate() options that decode with candidate tokens (transformers' assisted loop)
