@@ -167,44 +167,6 @@ def test_strict_step_is_one_update_program_and_lr_changes_do_not_recompile():
     assert torch.tpu.cache_stats()["misses"] == 0
 
 
-def test_the_update_program_takes_each_hyperparameter_once_per_tensor(monkeypatch):
-    """Strict AdamW's program reads lr, the betas, weight decay and eps as one argument per
-    tensor (one device buffer bound to each), so the TPU compiler compiles the per-tensor
-    updates as one kernel (`benchmarks.device.optimizer_compile_bench`); the results are
-    CPU's all the same (the other tests here)."""
-    import jax
-
-    from tpu_backend.eager import runner
-    from tpu_backend.ops.optimizers import ADAM_SCALARS
-
-    programs = []
-
-    def spy(bound, jit, count, positions):
-        def recording(fn):
-            jitted = jit(fn)
-
-            def call(*values):
-                programs.append((jitted, values, count, positions))
-                return jitted(*values)
-
-            return call
-
-        return real(bound, recording, count, positions)
-
-    real = runner._with_per_tensor_scalars
-    monkeypatch.setattr(runner, "_with_per_tensor_scalars", spy)
-    runner.clear_jit_cache()
-    _run("tpu", "adamw")
-    assert programs, "the fused AdamW update took its hyperparameters once for all tensors"
-    jitted, values, count, positions = programs[-1]
-    assert count == len(SHAPES) and len(positions) == len(ADAM_SCALARS)
-    # params, grads, both moments and the step counts, the five scalars, then a copy of each per tensor
-    assert len(jax.tree.leaves(jitted.lower(*values).args_info)) == len(values) == 5 * count + 5 + 5 * count
-    copies = values[-5 * count :]
-    for j, position in enumerate(positions):
-        assert all(copy is values[position] for copy in copies[j * count : (j + 1) * count])  # one buffer
-
-
 def test_one_update_program_against_foreach():
     def launches(fused):
         torch.manual_seed(0)

@@ -19,7 +19,6 @@ in C++ (`tpu_backend/native`).
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
@@ -106,45 +105,6 @@ def _self_slots(self_template) -> tuple | None:
     if type(self_template) is tuple and self_template and all(type(s) is _Slot for s in self_template):
         return tuple(s.index for s in self_template)
     return None
-
-
-def _per_tensor_scalar_slots(lowering: Lowering, template: tuple) -> tuple[int, tuple[int, ...]] | None:
-    """(the number of tensors in the first list argument, the dynamic positions of the
-    lowering's `per_tensor_scalars`) when the template has both, else None."""
-    if not lowering.per_tensor_scalars:
-        return None
-    template_args, template_kwargs = template
-    kwargs = dict(template_kwargs)
-    positions = tuple(kwargs[name].index for name in lowering.per_tensor_scalars if type(kwargs.get(name)) is _Slot)
-    first = template_args[0] if template_args else None
-    if type(first) is not tuple or len(first) < 2 or not positions:
-        return None
-    return len(first), positions
-
-
-def _with_per_tensor_scalars(bound: Callable, jit: Callable, count: int, positions: tuple[int, ...]) -> Callable:
-    """`jit` of `bound`, called as `bound` is, with the scalars at `positions` passed `count`
-    times (one program argument per tensor, all bound to one device buffer) and handed to
-    the lowering as tuples (`Lowering.per_tensor_scalars`)."""
-    copies = count * len(positions)
-
-    def traced(*values):
-        dynamic = list(values[: len(values) - copies])
-        start = len(dynamic)
-        for j, position in enumerate(positions):
-            dynamic[position] = tuple(values[start + j * count : start + (j + 1) * count])
-        return bound(*dynamic)
-
-    jitted = jit(traced)
-
-    def call(*dynamic):
-        scalars = jax.device_put([dynamic[position] for position in positions])  # one transfer
-        values = list(dynamic)
-        for position, scalar in zip(positions, scalars):
-            values[position] = scalar
-        return jitted(*values, *(scalar for scalar in scalars for _ in range(count)))
-
-    return call
 
 
 # TPU_INPLACE_DONATION=0: in-place ops never donate (set before the first op, or call
@@ -255,18 +215,11 @@ class OpRunner:
 
         return call
 
-    def _jit(self, template: tuple, donated: tuple = ()) -> Callable:
-        """Strict mode's jitted lowering of `template` (donating self's arrays at `donated`)."""
-        bound = self._bound(*template, traced=True, donated=donated)
-        jit = functools.partial(jax.jit, donate_argnums=donated) if donated else jax.jit
-        per_tensor = _per_tensor_scalar_slots(self.lowering, template)
-        return jit(bound) if per_tensor is None else _with_per_tensor_scalars(bound, jit, *per_tensor)
-
     def _jitted(self, template_args, template_kwargs) -> Callable:
         key = (template_args, template_kwargs)
         fn = self.jitted.get(key)
         if fn is None:
-            fn = self.jitted[key] = self._jit(key)
+            fn = self.jitted[key] = jax.jit(self._bound(template_args, template_kwargs, traced=True))
         return fn
 
     def _donating(self, template: tuple) -> tuple | None:
@@ -280,7 +233,8 @@ class OpRunner:
         positions = _self_slots(template[0][0]) if template[0] else None
         found = None
         if positions is not None:
-            found = (self._jit(template, donated=positions), positions, set())
+            fn = jax.jit(self._bound(*template, traced=True, donated=positions), donate_argnums=positions)
+            found = (fn, positions, set())
         self.donating[template] = found
         return found
 

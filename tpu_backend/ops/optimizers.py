@@ -21,9 +21,7 @@ when `found_inf` is set), so an optimizer step is that program plus this one.
 
 Learning rate, betas, eps, weight decay, momentum and dampening arrive as dynamic floats
 (changing them does not recompile): the lowerings never branch on them in Python
-(`jnp.where` where ATen tests `weight_decay != 0`). Strict mode passes them once per tensor
-(`per_tensor_scalars`: tuples here), so that the TPU compiler compiles the identical
-per-tensor updates once rather than one by one. SGD's momentum branch follows whether
+(`jnp.where` where ATen tests `weight_decay != 0`). SGD's momentum branch follows whether
 a momentum buffer list was passed (ATen passes none exactly when momentum is 0).
 
 Only functional overloads (`_fused_adam.default`, returning new lists) are lowerings of
@@ -88,11 +86,6 @@ def _one_minus_power(base, step, ct):
     return -jnp.expm1(step.astype(ct) * log_base)
 
 
-def _for_tensor(value, i: int):
-    """Tensor i's copy of a hyperparameter: strict mode passes one per tensor (`ADAM_SCALARS`, ...)."""
-    return value[i] if isinstance(value, tuple) else value
-
-
 def _lerp(start, end, weight, ct):
     """`start.lerp_(end, weight)` as ATen computes it (two forms, exact at each end)."""
     w = weight.astype(ct)
@@ -123,12 +116,10 @@ def _adam(
     grad_scale=None,
     found_inf=None,
 ):
+    lr, beta1, beta2 = (jnp.asarray(v, _F64) for v in (lr, beta1, beta2))
     skipped = _skipped(found_inf)
-    hyper = (lr, beta1, beta2, weight_decay, eps)
     out_params, out_grads, out_avgs, out_sqs, out_maxes = [], [], [], [], []
     for i, (param, grad, exp_avg, exp_avg_sq) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
-        lr, beta1, beta2, weight_decay, eps = (_for_tensor(value, i) for value in hyper)
-        lr, beta1, beta2 = (jnp.asarray(v, _F64) for v in (lr, beta1, beta2))
         ct = _opmath(param.dtype)
         bias_correction1 = _one_minus_power(beta1, state_steps[i], ct)
         bias_correction2 = _one_minus_power(beta2, state_steps[i], ct)
@@ -160,20 +151,13 @@ def _adam(
     return out_params, out_grads, out_avgs, out_sqs, out_maxes
 
 
-# Passed once per tensor in strict mode (`Lowering.per_tensor_scalars`): with them shared, each
-# tensor's update is a fusion of its own for the TPU compiler (~0.1 s each to compile).
-ADAM_SCALARS = ("lr", "beta1", "beta2", "weight_decay", "eps")
-SGD_SCALARS = ("lr", "momentum", "dampening", "weight_decay")
-ADAGRAD_SCALARS = ("lr", "lr_decay", "weight_decay", "eps")
-
-
-@lowers(aten._fused_adam.default, aten._fused_adam.tensor_lr, per_tensor_scalars=ADAM_SCALARS)
+@lowers(aten._fused_adam.default, aten._fused_adam.tensor_lr)
 def fused_adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **options):
     """Adam (L2 weight decay): (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs), updated."""
     return _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, decoupled=False, **options)
 
 
-@lowers(aten._fused_adamw.default, aten._fused_adamw.tensor_lr, per_tensor_scalars=ADAM_SCALARS)
+@lowers(aten._fused_adamw.default, aten._fused_adamw.tensor_lr)
 def fused_adamw(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **options):
     """AdamW (decoupled weight decay): the same five lists as `fused_adam`."""
     return _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, decoupled=True, **options)
@@ -197,12 +181,10 @@ def _sgd(
     grad_scale=None,
     found_inf=None,
 ):
+    lr, momentum, dampening = (jnp.asarray(v, _F64) for v in (lr, momentum, dampening))
     skipped = _skipped(found_inf)
-    hyper = (lr, momentum, dampening, weight_decay)
     out_params, out_grads, out_buffers = [], [], []
     for i, (param, grad) in enumerate(zip(params, grads)):
-        lr, momentum, dampening, weight_decay = (_for_tensor(value, i) for value in hyper)
-        lr, momentum, dampening = (jnp.asarray(v, _F64) for v in (lr, momentum, dampening))
         ct = _opmath(param.dtype)
         g, stored_grad = _unscaled(grad, grad_scale, ct)
         if maximize:
@@ -223,7 +205,7 @@ def _sgd(
     return out_params, out_grads, out_buffers
 
 
-@lowers(aten._fused_sgd.default, aten._fused_sgd.tensor_lr, per_tensor_scalars=SGD_SCALARS)
+@lowers(aten._fused_sgd.default, aten._fused_sgd.tensor_lr)
 def fused_sgd(self, grads, momentum_buffer_list, **options):
     """SGD with momentum/dampening/nesterov: (params, grads, momentum_buffers), updated."""
     return _sgd(self, grads, momentum_buffer_list, **options)
@@ -246,12 +228,10 @@ def _adagrad(
     grad_scale=None,
     found_inf=None,
 ):
+    lr, lr_decay = jnp.asarray(lr, _F64), jnp.asarray(lr_decay, _F64)
     skipped = _skipped(found_inf)
-    hyper = (lr, lr_decay, weight_decay, eps)
     out_params, out_grads, out_sums = [], [], []
-    for i, (param, grad, state_sum, step) in enumerate(zip(params, grads, state_sums, state_steps)):
-        lr, lr_decay, weight_decay, eps = (_for_tensor(value, i) for value in hyper)
-        lr, lr_decay = jnp.asarray(lr, _F64), jnp.asarray(lr_decay, _F64)
+    for param, grad, state_sum, step in zip(params, grads, state_sums, state_steps):
         ct = _opmath(param.dtype)
         decayed_lr = lr.astype(ct) / (1 + (step.astype(ct) - 1) * lr_decay.astype(ct))
         g, stored_grad = _unscaled(grad, grad_scale, ct)
@@ -268,13 +248,13 @@ def _adagrad(
     return out_params, out_grads, out_sums
 
 
-@lowers(aten._fused_adagrad.default, per_tensor_scalars=ADAGRAD_SCALARS)
+@lowers(aten._fused_adagrad.default)
 def fused_adagrad(self, grads, state_sums, state_steps, **options):
     """Adagrad: (params, grads, state_sums, state_steps), updated (the steps as given)."""
     return (*_adagrad(self, grads, state_sums, state_steps, **options), list(state_steps))
 
 
-@lowers(aten._fused_adagrad.tensor_lr, per_tensor_scalars=ADAGRAD_SCALARS)
+@lowers(aten._fused_adagrad.tensor_lr)
 def fused_adagrad_tensor_lr(self, grads, state_sums, state_steps, **options):
     """Adagrad with a tensor learning rate: (params, grads, state_sums), updated."""
     return _adagrad(self, grads, state_sums, state_steps, **options)

@@ -77,11 +77,6 @@ class Lowering:
     data_dependent: bool = False
     data_dependent_when: Callable | None = None  # (args, kwargs) -> bool
     functionalized: Functionalized | None = None
-    # Keyword scalars (dynamic floats or 0-d arrays) that strict mode passes once per tensor of
-    # the first list argument, each copy its own program argument: the TPU compiler reuses one
-    # kernel for the identical per-tensor updates of a fused optimizer only when they read no
-    # shared runtime operand (AdamW over 219 tensors: 30.6 s to compile shared, 2.9 s so).
-    per_tensor_scalars: tuple[str, ...] = ()
 
     def runs_on_host(self, args, kwargs) -> bool:
         """Whether this call must run eagerly on host values (its output shape depends on them)."""
@@ -131,7 +126,6 @@ def lowers(
     data_dependent: bool = False,
     data_dependent_when: Callable | None = None,
     functionalized: Functionalized | None = None,
-    per_tensor_scalars: tuple[str, ...] = (),
 ) -> Callable:
     """Register the decorated function as the JAX lowering of each ATen overload."""
 
@@ -139,7 +133,7 @@ def lowers(
         for target in targets:
             register(
                 target,
-                Lowering(fn, needs_rng, kind, data_dependent, data_dependent_when, functionalized, per_tensor_scalars),
+                Lowering(fn, needs_rng, kind, data_dependent, data_dependent_when, functionalized),
             )
         return fn
 
