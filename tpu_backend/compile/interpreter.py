@@ -31,7 +31,7 @@ per input signature, counted by the cache layer).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -103,7 +103,7 @@ def lift_input_mutations(gm: torch.fx.GraphModule) -> list[int]:
     return [placeholders[target] for target, _ in written]
 
 
-def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
     """A copy of `graph` to rewrite (its nodes' metadata shared, not copied)."""
     copy = torch.fx.Graph()
     output, old_output = copy.graph_copy(graph, {}, return_output_node=True)
@@ -161,13 +161,18 @@ class GraphFunction:
     `(new_key, outputs)`.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph", written: list[int] = ()):
+    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph", written: Sequence[int] = ()):
         missing = missing_lowerings(gm)
         if missing:
             raise UnsupportedGraphError(
                 f"tpu: graph {name!r} uses ops without a JAX lowering: {', '.join(missing)}. "
                 "Add a lowering in tpu_backend/ops/<family>.py (see tpu_backend/ops/registry.py), "
                 "or a decomposition to ops that have one."
+            )
+        if any(_writes_input(n) for n in gm.graph.nodes):
+            raise UnsupportedGraphError(
+                f"tpu: graph {name!r} writes its inputs (copy_ into a placeholder): lift the writes to outputs "
+                "first (lift_input_mutations)"
             )
         self.gm = gm
         self.name = name
@@ -205,7 +210,7 @@ class GraphFunction:
             module, identifier = _fetch_attr(self.gm, call.args[0].target), call.args[1]
         if id(module) not in self._invoked:
             if call.target is AUTO_FUNCTIONALIZED:
-                copy = torch.fx.GraphModule(module, copy_graph(module.graph))
+                copy = torch.fx.GraphModule(module, _copy_graph(module.graph))
                 function = GraphFunction(copy, f"{self.name}/{identifier}", written=lift_input_mutations(copy))
             else:
                 function = GraphFunction(module, f"{self.name}/{identifier}")
