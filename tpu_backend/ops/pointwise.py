@@ -866,8 +866,9 @@ def _power(base, exponent):
 
 def _float64_power(base, exponent):
     """`base ** exponent` with a negative base's sign applied by hand at integral exponents: a
-    TPU's (emulated) float64 power dropped it (through zeta on a v5e, 2026-12-06: (-0.5)^-3
-    gave +8); the same as IEEE pow everywhere else."""
+    TPU's (emulated) float64 power appears to drop it (on a v5e, 2026-12-06, zeta(3, -3.5) was
+    off by exactly twice the sum of its negative-base terms (q + k)^-3); the same as IEEE pow
+    everywhere else."""
     exponent = jnp.asarray(exponent, base.dtype)
     integral = (base < 0) & jnp.isfinite(exponent) & (exponent == jnp.floor(exponent))
     magnitude = jnp.power(jnp.abs(base), exponent)
@@ -976,8 +977,8 @@ def _zeta(x, q):
     `jsp.zeta`'s Euler-Maclaurin sum assumes q > 0 (for q < 0 it returned values off by
     orders of magnitude: zeta(4, -20.5) = -3.6e-5 for 32.47). Below 0, at integral x,
     zeta(x, q) = sum_{k<n} (q + k)^-x + zeta(x, q + n), with n the steps up to [0, 1); each
-    term is |q + k|^-x with the sign (-1)^x, not a power of a negative base (a TPU's float64
-    power loses that sign)."""
+    term is |q + k|^-x with the sign (-1)^x, not a power of a negative base (see
+    `_float64_power`)."""
     x, q = jnp.broadcast_arrays(x, q)
     shifted_up = (q < 0) & jnp.isfinite(q) & (q != jnp.floor(q)) & (x == jnp.floor(x))
     sign = jnp.where(jnp.fmod(x, 2) == 0, 1.0, -1.0).astype(q.dtype)
