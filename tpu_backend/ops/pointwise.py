@@ -519,7 +519,11 @@ def _polynomial(evaluate):
     def lowering(x, n):
         compute, result = dtypes_for(x, n, kind=FLOAT)
         x, n = jnp.broadcast_arrays(jnp.asarray(x, compute), jnp.trunc(jnp.asarray(n, compute)))
-        return jnp.where(n < 0, 0, evaluate(x, n)).astype(result)
+        # ATen casts n to int64: NaN and +-inf land below 0, so 0 as for n < 0. They must not
+        # reach the recurrence either: its loop runs to the largest n (a NaN there stopped it
+        # at once, and every other element came out as P_1)
+        valid = jnp.isfinite(n) & (n >= 0)
+        return jnp.where(valid, evaluate(x, jnp.where(valid, n, 0)), 0).astype(result)
 
     return lowering
 

@@ -300,6 +300,27 @@ def test_float64_powers_of_negative_bases_keep_their_sign():
     check(aten.float_power.Tensor_Scalar, base, -3, rtol=RTOL64)
 
 
+POLYNOMIALS = [
+    f"special_{kind}_polynomial_{letter}"
+    for kind, letters in [("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ["h", "he"])]
+    for letter in letters
+] + ["special_laguerre_polynomial_l", "special_legendre_polynomial_p"]
+
+
+@pytest.mark.parametrize("name", POLYNOMIALS)
+def test_orthogonal_polynomials_match_aten(name):
+    """Every degree up to 12 (the recurrence, and the trigonometric forms ATen switches to past
+    6 or 8 inside [-1, 1]), fractional, negative and non-finite degrees (0, as in ATen) in the
+    same tensor as the others: the recurrence's loop runs to the largest degree, and a NaN
+    there once gave every other element P_1."""
+    op = getattr(aten, name).default
+    x = torch.tensor([-3.5, -1.0, -0.7, -0.2, 0.0, 0.3, 0.5, 0.95, 1.0, 1.5, 2.5], dtype=torch.float64)
+    n = [0, 1, 2, 3, 4.5, 6, 7, 8, 9, 12, -1, -2.5, float("nan"), float("inf"), -float("inf")]
+    xs, ns = torch.meshgrid(x, torch.tensor(n, dtype=torch.float64), indexing="ij")
+    check(op, xs.contiguous(), ns.contiguous(), rtol=1e-9, atol=1e-9)
+    check(op, xs.float().contiguous(), ns.float().contiguous(), rtol=1e-4, atol=1e-4)
+
+
 def test_integer_power_and_truncating_division():
     base = torch.arange(-4, 5).reshape(9, 1)
     exponent = torch.tensor([-3, -2, -1, 0, 1, 2, 63, 64, 65, 100])
