@@ -300,6 +300,21 @@ def test_float64_powers_of_negative_bases_keep_their_sign():
     check(aten.float_power.Tensor_Scalar, base, -3, rtol=RTOL64)
 
 
+def test_erfcx_far_out_and_regularized_gamma_at_zero():
+    """erfcx from 1e2 to inf (its log_ndtr form cancels there: 3e-4 relative at 1e6, NaN at
+    inf); P(0, x) = 1 and Q(0, x) = 0 for x > 0 as in ATen (JAX: NaN), Q never negative."""
+    x = torch.tensor([-7.25, -1.0, 0.0, 1.0, 9.9, 10.0, 50.0, 99.0, 100.0, 1e3, 1e6, float("inf")], dtype=torch.float64)
+    check(aten.special_erfcx.default, x, rtol=chip.tolerance("float64", cpu=1e-11, tpu=1e-8), atol=0)
+    check(aten.special_erfcx.default, x.float(), rtol=2e-5, atol=0)
+    a = torch.tensor([0.0, 0.0, 0.0, 2.0, 1e-30], dtype=torch.float64)
+    y = torch.tensor([1e-30, 1.0, 1e6, 3.0, 0.5], dtype=torch.float64)
+    check(aten.igamma.default, a[:4], y[:4], rtol=1e-12, atol=0)
+    check(aten.igammac.default, a[:4], y[:4], rtol=1e-12, atol=0)
+    # a tiny a: Q is 1e-30 (ATen) and comes out within float64 rounding of 1 - P, not below 0
+    q = torch.igammac(a[4:].to("tpu"), y[4:].to("tpu")).cpu()
+    assert 0 <= q.item() < 1e-13
+
+
 POLYNOMIALS = [
     f"special_{kind}_polynomial_{letter}"
     for kind, letters in [("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ["h", "he"])]
