@@ -387,21 +387,31 @@ def nanmedian(x):
 
 @lowers(aten.mode.default)
 def mode(x, dim=-1, keepdim=False):
-    """Most frequent value (smallest on ties) and its last index, by comparing all pairs."""
+    """Most frequent value (smallest on ties) and its last index, by comparing all pairs. NaNs
+    count as one value, as in ATen (which sorts them together), and as the largest on ties."""
     axis = canonical_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     moved = jnp.moveaxis(x, axis, -1)
-    counts = jnp.sum(moved[..., :, None] == moved[..., None, :], axis=-1)
-    best = jnp.max(counts, axis=-1, keepdims=True)
-    candidates = jnp.where(counts == best, moved, jnp.max(moved, axis=-1, keepdims=True))
-    value = jnp.min(candidates, axis=-1, keepdims=True)
+    counts = jnp.sum(_same(moved[..., :, None], moved[..., None, :]), axis=-1)
+    chosen = counts == jnp.max(counts, axis=-1, keepdims=True)
+    if is_floating(x.dtype):
+        numbers = chosen & ~jnp.isnan(moved)
+        smallest = jnp.min(jnp.where(numbers, moved, jnp.inf), axis=-1, keepdims=True)
+        value = jnp.where(jnp.any(numbers, axis=-1, keepdims=True), smallest, jnp.nan).astype(x.dtype)
+    else:
+        value = jnp.min(jnp.where(chosen, moved, jnp.max(moved, axis=-1, keepdims=True)), axis=-1, keepdims=True)
     positions = jnp.arange(moved.shape[-1])
-    index = jnp.max(jnp.where(moved == value, positions, -1), axis=-1, keepdims=True).astype(jnp.int64)
+    index = jnp.max(jnp.where(_same(moved, value), positions, -1), axis=-1, keepdims=True).astype(jnp.int64)
     value, index = jnp.moveaxis(value, -1, axis), jnp.moveaxis(index, -1, axis)
     if not keepdim:
         value, index = jnp.squeeze(value, axis), jnp.squeeze(index, axis)
     return value, index
+
+
+def _same(a, b):
+    """a == b, with NaN equal to NaN (mode's counting)."""
+    return (a == b) | (jnp.isnan(a) & jnp.isnan(b)) if is_floating(a.dtype) else a == b
 
 
 # --- segment_reduce: reductions over consecutive runs of `axis` given their lengths -------------

@@ -109,6 +109,18 @@ def test_order_statistics():
     check(aten.mode.default, INTS, 0, True)
 
 
+def test_mode_counts_nans_as_one_value():
+    """ATen sorts NaNs together: two NaNs outnumber a single 1, one NaN does not hide the 1s
+    (it used to make the value NaN and the index -1)."""
+    nan, inf = float("nan"), float("inf")
+    rows = torch.tensor([[3.0, 1, 1, 2, nan, 1], [nan, nan, 1, 2, 3, 4], [-1e6, 0, 0, inf, -inf, nan], [nan, 5, nan, 5, 2, 2]])
+    values, indices = torch.mode(rows.to("tpu"), 1)
+    expected = torch.mode(rows, 1).values
+    torch.testing.assert_close(values.cpu(), expected, equal_nan=True)
+    picked = rows.gather(1, indices.cpu()[:, None])[:, 0]  # ATen's index is any one of the value's places
+    torch.testing.assert_close(picked, expected, equal_nan=True)
+
+
 def test_norm_variants():
     check(aten.dist.default, X, X.flip(0), 1.5, rtol=1e-4)
     check(aten.renorm.default, X, 2, 1, 1.5, rtol=1e-4)
