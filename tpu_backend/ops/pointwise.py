@@ -1043,14 +1043,37 @@ def heaviside(x, values):
     return elementwise(lambda a, v: jnp.where(a == 0, v, (a > 0).astype(a.dtype)), x, values)
 
 
+def _gcd(a, b):
+    """ATen's Euclid: |a|, |b|, then (a, b) <- (b % a, a) with C's truncating remainder until
+    a is 0. `jnp.gcd` looped forever on int32's minimum (|x| overflows); ATen gives
+    gcd(-2**31, 6) = -2, and so does this."""
+    a, b = jnp.broadcast_arrays(jnp.abs(a), jnp.abs(b))
+
+    def step(state):
+        a, b = state
+        active = a != 0
+        return jnp.where(active, lax.rem(b, jnp.where(active, a, 1)), a), jnp.where(active, a, b)
+
+    return lax.while_loop(lambda state: jnp.any(state[0] != 0), step, (a, b))[1]
+
+
+def _lcm(a, b):
+    """ATen's |a / gcd * b|, computed as C does: types narrower than int promoted to int
+    before the product and its absolute value, then wrapped back."""
+    g = _gcd(a, b)
+    wide = jnp.int32 if jnp.dtype(a.dtype).itemsize < 4 else a.dtype
+    product = lax.div(a, jnp.where(g == 0, 1, g)).astype(wide) * jnp.asarray(b).astype(wide)
+    return jnp.where(g == 0, 0, jnp.abs(product)).astype(a.dtype)
+
+
 @lowers(aten.gcd.default)
 def gcd(x, other):
-    return elementwise(jnp.gcd, x, other)
+    return elementwise(_gcd, x, other)
 
 
 @lowers(aten.lcm.default)
 def lcm(x, other):
-    return elementwise(jnp.lcm, x, other)
+    return elementwise(_lcm, x, other)
 
 
 # --- minimum / maximum / clamp ----------------------------------------------------------

@@ -315,6 +315,19 @@ def test_erfcx_far_out_and_regularized_gamma_at_zero():
     assert 0 <= q.item() < 1e-13
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_gcd_and_lcm_at_the_integer_limits(dtype):
+    """ATen's results where |x| overflows and products wrap (gcd(-2**31, 6) = -2 in int32;
+    `jnp.gcd` never returned there), zeros, signs."""
+    low, high = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    a = torch.tensor([low, high, -7, 12, 0, 0, 35, -35, low, 1, high], dtype=dtype)
+    b = torch.tensor([6, 6, 21, -18, 0, 5, 0, -14, low, high, high - 1], dtype=dtype)
+    check(aten.gcd.default, a, b, atol=0, rtol=0)
+    check(aten.lcm.default, a, b, atol=0, rtol=0)
+    if dtype == torch.int32:
+        assert_lowers_for_tpu(aten.gcd.default, a, b)
+
+
 POLYNOMIALS = [
     f"special_{kind}_polynomial_{letter}"
     for kind, letters in [("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ["h", "he"])]
