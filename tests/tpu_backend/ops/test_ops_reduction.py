@@ -113,7 +113,9 @@ def test_mode_counts_nans_as_one_value():
     """ATen sorts NaNs together: two NaNs outnumber a single 1, one NaN does not hide the 1s
     (it used to make the value NaN and the index -1)."""
     nan, inf = float("nan"), float("inf")
-    rows = torch.tensor([[3.0, 1, 1, 2, nan, 1], [nan, nan, 1, 2, 3, 4], [-1e6, 0, 0, inf, -inf, nan], [nan, 5, nan, 5, 2, 2]])
+    rows = torch.tensor(
+        [[3.0, 1, 1, 2, nan, 1], [nan, nan, 1, 2, 3, 4], [-1e6, 0, 0, inf, -inf, nan], [nan, 5, nan, 5, 2, 2]]
+    )
     values, indices = torch.mode(rows.to("tpu"), 1)
     expected = torch.mode(rows, 1).values
     torch.testing.assert_close(values.cpu(), expected, equal_nan=True)
