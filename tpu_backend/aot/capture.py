@@ -11,7 +11,7 @@ two graphs over fake "tpu" tensors of any size (an 8B model costs no memory):
   `torch.compile` builds it), through the device's dispatch: its kernel routers (the
   Pallas kernels' own autograd rules), the backend's decompositions;
 - the optimizer update, by `make_fx` of the functionalized update; its writes become
-  trailing outputs (the backend's `lift_input_mutations`).
+  trailing outputs (the interpreter's `lift_input_mutations`).
 
 `StepGraph.function()` runs both through the device's FX -> JAX interpreter as ONE
 function of (parameters, optimizer state, buffers, batch).

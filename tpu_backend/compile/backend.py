@@ -45,7 +45,7 @@ from tpu_backend.compile.compiled_graph import (  # noqa: F401  (public here too
     graph_identity,
 )
 from tpu_backend.compile.interop import BACKEND_NAME
-from tpu_backend.compile.interpreter import is_covered, lift_input_mutations, lowering_tables_version  # noqa: F401
+from tpu_backend.compile.interpreter import is_covered, lowering_tables_version
 
 _graph_ids = itertools.count()
 
