@@ -23,8 +23,8 @@ reuses that length and its programs; compiled the same way), `dynamic` (transfor
 DynamicCache: a shape per token, eager). `--loops`: greedy decoding with the device's loop
 (the compiled step picks the token, the host reads it one step late) and/or transformers'
 own loop (the host picks each token from the step's logits), in the same process.
-`--layer-regions on,off`: the decoder layers traced once as nested compile regions or each
-traced in turn (the default; `transformers.COMPILE_LAYERS_ONCE`), in the same process (the
+`--layer-regions on,off`: the decoder layers traced once as nested compile regions (the
+default; `transformers.COMPILE_LAYERS_ONCE`) or each traced in turn, in the same process (the
 second row reuses what the first compiled: for first-call times, one per process).
 `--trace DIR`: after the first row's timings, one more generate() of that row runs under
 JAX's profiler (the trace is written under DIR); the table below the results splits its
@@ -146,6 +146,7 @@ def bench_generate(opts) -> list[dict]:
     bound_ms = 1e3 * decode_bytes(model) / (opts.hbm_gbps * 1e9)
     params = sum(p.numel() for p in model.parameters())
     rows, tokens = [], {}
+    loop_default, regions_default = greedy_decoding.ENABLED, hf_integration.COMPILE_LAYERS_ONCE
     for batch in [int(b) for b in opts.batches.split(",")]:
         ids = torch.randint(0, opts.vocab, (batch, opts.prompt), generator=torch.Generator().manual_seed(1)).to("tpu")
         cases = [(c, lp, r) for c in opts.caches.split(",") for lp in opts.loops.split(",") for r in opts.layer_regions.split(",")]  # fmt: skip
@@ -181,7 +182,7 @@ def bench_generate(opts) -> list[dict]:
                 traceback.print_exc()
             rows.append(row)
             console.print(row)
-    greedy_decoding.ENABLED, hf_integration.COMPILE_LAYERS_ONCE = True, False
+    greedy_decoding.ENABLED, hf_integration.COMPILE_LAYERS_ONCE = loop_default, regions_default
     return rows
 
 
@@ -403,7 +404,7 @@ def parse(argv):
     p.add_argument("--batches", default="1,8")
     p.add_argument("--caches", default="default,static", help="default, static, dynamic")
     p.add_argument("--loops", default="device", help="greedy loops: device, transformers (both: an A/B)")
-    p.add_argument("--layer-regions", default="off", help="decoder layers traced once (on) or each (off); both: an A/B")
+    p.add_argument("--layer-regions", default="on", help="decoder layers traced once (on) or each (off); both: an A/B")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--trace", type=Path, help="profile one generate() of the first row into this folder")
     p.add_argument("--trace-top", type=int, default=40, help="host functions listed from the trace")

@@ -13,12 +13,18 @@ device runs):
 - device -> host: a scalar the device has just computed, read cold and after
   `copy_to_host_async` (the transfer started before the read);
 - a jitted `x + 1`, and a compiled program taking 1, 64 or 245 arguments (a 1B Llama's decode
-  step takes ~245: weights, cache, inputs), dispatched and waited for.
+  step takes ~245: weights, cache, inputs), dispatched and waited for;
+- the host itself, no device: a Python loop iteration, `os.stat`, a bare system call
+  (`os.getppid`), an mmap + munmap of 256 KiB, and a matmul + relu_ on fake tensors (what
+  Dynamo and AOTAutograd run per op while tracing). A sandboxed host pays its system calls
+  many times over, and torch's tracing with them (docs/tpu.md, "generate() on the device").
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
+import os
 import statistics
 import time
 
@@ -70,6 +76,37 @@ def program_call_rows(count: int, rounds: int) -> list[tuple[str, float]]:
     ]
 
 
+def host_us(fn, rounds: int, calls: int) -> float:
+    """Microseconds per call of `fn` (no device), the median over `rounds` bursts."""
+
+    def burst():
+        for _ in range(calls):
+            fn()
+
+    return median_ms([burst], rounds, warmup=1)[0] * 1e3 / calls
+
+
+def host_rows(rounds: int) -> list[tuple[str, float]]:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = FakeTensorMode()
+    with fake_mode:
+        fake = torch.empty(64, 64)
+
+    def fake_op():
+        with fake_mode:
+            (fake @ fake).relu_()
+
+    return [
+        ("host: a Python loop iteration", host_us(lambda: None, rounds, 20000)),
+        ("host: os.stat", host_us(lambda: os.stat("/"), rounds, 2000)),
+        ("host: os.getppid (a system call)", host_us(os.getppid, rounds, 2000)),
+        ("host: mmap + munmap 256 KiB", host_us(lambda: mmap.mmap(-1, 1 << 18).close(), rounds, 500)),
+        ("host: fake-tensor matmul + relu_", host_us(fake_op, rounds, 200)),
+    ]
+
+
 def measure(rounds: int) -> list[tuple[str, float]]:
     token, mask = np.ones((1, 1), np.int64), np.ones((1, 1, 1, 256), bool)
     inputs = [token, token.copy(), mask]
@@ -95,7 +132,7 @@ def measure(rounds: int) -> list[tuple[str, float]]:
     ]
     for count in (1, 64, 245):
         rows += program_call_rows(count, rounds)
-    return rows
+    return rows + host_rows(rounds)
 
 
 def main(argv=None) -> dict:
@@ -107,7 +144,7 @@ def main(argv=None) -> dict:
     rows = measure(opts.rounds)
     device = jax.devices()[0]
     console().print(
-        table(f"host costs on {device.device_kind}, us per call", ("what", "us"), [(n, f"{v:.1f}") for n, v in rows])
+        table(f"host costs on {device.device_kind}, us per call", ("what", "us"), [(n, f"{v:.2f}") for n, v in rows])
     )
     result = {"device": device.device_kind, "machine": machine(), "us_per_call": dict(rows)}
     if opts.json:

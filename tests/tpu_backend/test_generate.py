@@ -7,6 +7,8 @@ the tests of this module (its compiled decode programs are what later calls reus
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -68,20 +70,46 @@ def test_greedy_32_tokens_match_cpu_and_compile_no_program_per_token(models):
     assert compiled <= 16, f"{compiled} programs compiled for 32 new tokens after a warm-up"
 
 
-def test_decoder_layers_traced_once_decode_as_cpu(monkeypatch):
-    """`COMPILE_LAYERS_ONCE`: the layers are nested compile regions for the call, each one's
-    static-cache writes lowered through `auto_functionalized_v2`; CPU's tokens and logits at
-    every step, and the layers' own class again afterwards."""
+# Decoder-only families from small configs (random weights): their layers' calls, and for
+# Mistral a sliding-window cache, whose layers are not regions and are traced each in turn.
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=8)),
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, dict(head_dim=8)),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM, {}),
+    "mistral-sliding": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=8)),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_layers_traced_once_decode_as_cpu(family, monkeypatch):
+    """The decoder layers are nested compile regions over their static cache tensors
+    (`layer_regions`): Dynamo traces one and stamps it out (every layer calls the same
+    subgraph, each writing its own cache through `auto_functionalized_v2`); CPU's tokens
+    and logits at every step, and the layers' own class again afterwards."""
     monkeypatch.setattr(hf_integration, "COMPILE_LAYERS_ONCE", True)
-    calls = []
+    regions = []
     writing_region = GraphFunction._call_writing_region
-    monkeypatch.setattr(GraphFunction, "_call_writing_region", lambda *a: calls.append(1) or writing_region(*a))
+    monkeypatch.setattr(
+        GraphFunction,
+        "_call_writing_region",
+        lambda self, node, *a: regions.append(node.kwargs["identifier"]) or writing_region(self, node, *a),
+    )
+    config_class, model_class, extra = FAMILIES[family]
+    config = config_class(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, eos_token_id=None, **extra,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    cpu_model = model_class(config).eval()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
     torch._dynamo.reset()
-    cpu_model = tiny_llama().eval()
-    tpu_model = tiny_llama().eval().to("tpu")
-    cpu_out, tpu_out = generate_both((cpu_model, tpu_model), prompt(5), max_new_tokens=6)
+    cpu_out, tpu_out = generate_both((cpu_model, tpu_model), prompt(9), max_new_tokens=6)
     assert_steps_match(tpu_out, cpu_out)
-    assert len(calls) == len(tpu_model.model.layers)  # the decode step: one region call per layer
+    if family == "mistral-sliding":
+        assert regions == []  # its cache layers slide: each layer traced as it is
+    else:
+        assert len(regions) == config.num_hidden_layers and len(set(regions)) == 1, regions
     assert type(tpu_model.model.layers[0]) is type(cpu_model.model.layers[0])
 
 

@@ -128,19 +128,6 @@ def _base_class(block: torch.nn.Module) -> type:
     return type(block).__dict__.get("_scan_layers_base", type(block))
 
 
-@contextlib.contextmanager
-def marked(blocks: Iterable[torch.nn.Module] | None):
-    """`scan_layers(blocks)` for the duration of the `with` (None: nothing to mark). What
-    Dynamo traces inside calls each block as one region (traced once for all of them);
-    the blocks' own class comes back after, for the caller's code."""
-    newly = [block for block in blocks or () if not is_marked(block)]
-    scan_layers(newly)
-    try:
-        yield
-    finally:
-        unmark(newly)
-
-
 # --------------------------------------------------------------------- tracing
 
 
@@ -498,7 +485,6 @@ __all__ = [
     "INVOKE_SUBGRAPH",
     "Run",
     "is_marked",
-    "marked",
     "plan_runs",
     "repeated_blocks",
     "scan_layers",

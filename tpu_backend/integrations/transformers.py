@@ -12,12 +12,12 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   `max_new_tokens` reuse the decode programs; with a static cache transformers itself
   compiles the decode step (`torch.compile(backend="tpu")`, one program per token). An
   explicit `cache_implementation="static"` keeps transformers' sizing (`max_cache_len`);
-- `COMPILE_LAYERS_ONCE = True` marks the decoder layers as nested compile regions for the
-  call (`scan.marked(scan.repeated_blocks(model))`), so AOTAutograd and our lowering handle
-  one layer and stamp it out (each layer's in-place cache writes included). Off by default:
-  on a v5e (1B Llama, 2026-12-06) it cut AOTAutograd from 17.3 to 6.1 s but Dynamo grew
-  from 8.2 to 15.8 s, the first call went from 46.8 to 45.8 s only, and decode from 3.33 to
-  4.06 ms per token;
+- the decoder layers are nested compile regions for the call (`layer_regions`, over each
+  layer's static cache tensors), so Dynamo traces one layer and stamps it out, and
+  AOTAutograd handles one; the decode program is the same. On this CPU host (22 layers,
+  2026-12-06) the decode step's Dynamo went from 3.5 to 2.4 s and AOTAutograd from 2.9 to
+  1.2 s. `COMPILE_LAYERS_ONCE = False` traces every layer (the A/B switch of
+  `benchmarks/device/hf_bench.py --layer-regions`);
 - greedy decoding with such a step picks each token on the device and the host reads it a
   step late, so it prepares the next step while the chip runs this one (`greedy_decoding`);
 - the loop's token bookkeeping (`input_ids`, attention mask, logits processors,
@@ -53,16 +53,15 @@ import warnings
 import torch
 
 from tpu_backend.compile import scan
-from tpu_backend.integrations import greedy_decoding
+from tpu_backend.integrations import greedy_decoding, layer_regions
 from tpu_backend.integrations.post_import import when_imported
 
 DEVICE_TYPE = "tpu"
 # A static cache's length is rounded up to the next power of two, at least this (an exact
 # length would compile new decode programs for every new prompt length or max_new_tokens).
 MIN_CACHE_LENGTH = 128
-# The decoder layers as nested compile regions while generate() runs (the A/B switch of
-# `benchmarks/device/hf_bench.py --layer-regions`; off: measured above, it did not pay).
-COMPILE_LAYERS_ONCE = False
+# The decoder layers as nested compile regions while generate() runs (`layer_regions`).
+COMPILE_LAYERS_ONCE = True
 # Integer inputs of generate() that its loop grows or reads every step: kept on the host.
 _BOOKKEEPING_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
 # generate() options that decode with candidate tokens (transformers' assisted loop)
@@ -281,7 +280,7 @@ def _patch_generate(module) -> None:
         place = functools.partial(_to_model_device, self.device) if _assisted(self, kwargs) else _to_host
         inputs = place(inputs)
         kwargs = {k: place(v) if k in _BOOKKEEPING_INPUTS else v for k, v in kwargs.items()}
-        with scan.marked(scan.repeated_blocks(self) if COMPILE_LAYERS_ONCE else None):
+        with layer_regions.marked(scan.repeated_blocks(self) if COMPILE_LAYERS_ONCE else None):
             result = generate(self, inputs, *args, **kwargs)
         return result if device is None else _to_device(result, device)
 
