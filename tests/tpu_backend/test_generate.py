@@ -8,13 +8,16 @@ the tests of this module (its compiled decode programs are what later calls reus
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
 import transformers
 
 import tpu_backend.compile as tpu_compile
+from tests.litert_torch.generative import families
 from tests.tpu_backend.test_transformers_integration import VOCAB, tiny_llama
+from tpu_backend.compile import scan
 from tpu_backend.compile.interpreter import GraphFunction
 from tpu_backend.integrations import transformers as hf_integration
 
@@ -70,18 +73,12 @@ def test_greedy_32_tokens_match_cpu_and_compile_no_program_per_token(models):
     assert compiled <= 16, f"{compiled} programs compiled for 32 new tokens after a warm-up"
 
 
-# Decoder-only families from small configs (random weights): their layers' calls, and for
-# Mistral a sliding-window cache, whose layers are not regions and are traced each in turn.
-FAMILIES = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=8)),
-    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, dict(head_dim=8)),
-    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM, {}),
-    "mistral-sliding": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=8)),
-}
+# Families whose layers become regions (GPT-J's also pass inputs that alias each other: sin
+# and cos, views of one tensor), and one whose sliding-window cache layers stay unmarked.
+REGION_FAMILIES = ["llama", "qwen3", "gemma", "phi", "gptj", "mixtral (MoE)", "mistral (sliding_window)"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", REGION_FAMILIES)
 def test_decoder_layers_traced_once_decode_as_cpu(family, monkeypatch):
     """The decoder layers are nested compile regions over their static cache tensors
     (`layer_regions`): Dynamo traces one and stamps it out (every layer calls the same
@@ -95,22 +92,49 @@ def test_decoder_layers_traced_once_decode_as_cpu(family, monkeypatch):
         "_call_writing_region",
         lambda self, node, *a: regions.append(node.kwargs["identifier"]) or writing_region(self, node, *a),
     )
-    config_class, model_class, extra = FAMILIES[family]
-    config = config_class(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, eos_token_id=None, **extra,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    cpu_model = model_class(config).eval()
+    cpu_model = families.build(family)
+    cpu_model.generation_config.eos_token_id, cpu_model.generation_config.pad_token_id = None, 0
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
     torch._dynamo.reset()
-    cpu_out, tpu_out = generate_both((cpu_model, tpu_model), prompt(9), max_new_tokens=6)
+    cpu_out, tpu_out = generate_both((cpu_model, tpu_model), ids, max_new_tokens=10)  # past the window (8)
     assert_steps_match(tpu_out, cpu_out)
-    if family == "mistral-sliding":
+    layers = scan.repeated_blocks(tpu_model)
+    if "sliding" in family:
         assert regions == []  # its cache layers slide: each layer traced as it is
     else:
-        assert len(regions) == config.num_hidden_layers and len(set(regions)) == 1, regions
-    assert type(tpu_model.model.layers[0]) is type(cpu_model.model.layers[0])
+        assert len(regions) == len(layers) and len(set(regions)) == 1, regions
+    assert type(layers[0]) is type(scan.repeated_blocks(cpu_model)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(families.FAMILIES))
+def test_every_decoder_family_generates_as_cpu(family):
+    """The device's generate() defaults (static cache where it works, layers as regions,
+    the device's greedy loop) on every family of the generative tests: CPU's tokens and
+    logits at every step, past each sliding window."""
+    cpu_model = families.build(family)
+    cpu_model.generation_config.eos_token_id, cpu_model.generation_config.pad_token_id = None, 0
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the dynamic-cache warning of the families that keep one
+        cpu_out, tpu_out = generate_both((cpu_model, tpu_model), ids, max_new_tokens=12)
+    assert_steps_match(tpu_out, cpu_out)
+
+
+def test_alibi_falcon_keeps_a_dynamic_cache_and_matches_cpu():
+    """transformers' static cache breaks ALiBi Falcons (their bias and mask disagree in
+    length; CPU raises too), so the device does not make it their default: CPU's tokens and
+    logits, with the warning that each token compiles."""
+    cpu_model = families.build("falcon (alibi)")
+    cpu_model.generation_config.eos_token_id, cpu_model.generation_config.pad_token_id = None, 0
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    with pytest.warns(RuntimeWarning, match="DynamicCache compiles new programs"):
+        cpu_out, tpu_out = generate_both((cpu_model, tpu_model), ids, max_new_tokens=4)
+    assert_steps_match(tpu_out, cpu_out)
 
 
 def test_a_decode_step_is_one_transfer_each_way_and_no_eager_program(models, monkeypatch):

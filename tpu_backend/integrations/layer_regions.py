@@ -12,9 +12,10 @@ values, length) instead of the cache, and the region wraps them in `_StaticLayer
 `StaticLayer` whose `update` is transformers' own (the in-place writes at the cache's
 length). Dynamo then traces one layer and stamps it out for the others (checking each
 one's guards), AOTAutograd sees one subgraph, and the lowering inlines the calls: the
-decode program is the one the unmarked layers give. A layer whose cache entry is anything
-else (a sliding window, a cache not yet filled) or that is called another way runs as it
-is, traced in turn.
+decode program is the one the unmarked layers give. The region's other tensors are copies
+(a region refuses inputs that alias each other, as GPT-J's sin and cos do; XLA drops the
+copies). A layer whose cache entry is anything else (a sliding window, a cache not yet
+filled) or that is called another way runs as it is, traced in turn.
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ def _marked_class(cls: type) -> type:
         if flat is None:
             return base_forward(self, *args, **kwargs)
         layout, leaves = flat
+        # A region refuses inputs that alias each other (GPT-J's sin and cos are views of one
+        # tensor); the layer only reads them, and XLA drops the copies.
+        leaves = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         return region(self, entry.keys, entry.values, entry.cumulative_length, name, layout, *leaves)
 
     # Named in this module's globals so that Dynamo's cached guards pickle it by reference

@@ -290,8 +290,7 @@ def _patch_generate(module) -> None:
             implementation, passed = generation_config.cache_implementation, model_kwargs.get("cache")
             _refuse_unsupported_cache(implementation)
             dynamic = passed is None and implementation in (None, "dynamic", "offloaded")
-            if implementation is None and passed is None and self._can_compile_fullgraph:
-                # (`_can_compile_fullgraph`: the models transformers knows to work with a static cache)
+            if implementation is None and passed is None and _static_cache_works(self):
                 generation_config.cache_implementation = "static"  # (a per-call copy of the config)
                 max_cache_length = cache_length(max(max_cache_length, generation_config.max_cache_len or 0))
             elif dynamic or type(passed) is module.DynamicCache:
@@ -307,6 +306,14 @@ def _patch_generate(module) -> None:
     generate_on_device._tpu_aware = True
     mixin.generate = generate_on_device
     mixin._prepare_cache_for_generation = prepare_cache_on_device
+
+
+def _static_cache_works(model) -> bool:
+    """Whether transformers' static cache decodes this model as its dynamic one does: the
+    models transformers says compile (`_can_compile_fullgraph`) but not ALiBi Falcons, whose
+    mask and ALiBi bias disagree in length with a static cache (transformers 5.24 raises
+    "The size of tensor a (8) must match the size of tensor b (5)" on CPU too)."""
+    return bool(model._can_compile_fullgraph) and not getattr(model.config, "alibi", False)
 
 
 def install() -> None:
