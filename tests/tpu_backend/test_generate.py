@@ -7,7 +7,9 @@ the tests of this module (its compiled decode programs are what later calls reus
 
 from __future__ import annotations
 
+import collections
 import copy
+import re
 import warnings
 
 import pytest
@@ -107,6 +109,25 @@ def test_decoder_layers_traced_once_decode_as_cpu(family, monkeypatch):
     assert type(layers[0]) is type(scan.repeated_blocks(cpu_model)[0])
 
 
+def test_layer_regions_compile_the_unmarked_decode_program(tmp_path, monkeypatch):
+    """The regions change what Dynamo and AOTAutograd trace, not what runs: the decode
+    step's StableHLO has the same operations, count for count, with the layers marked or
+    not (the lowering inlines each region; a scan would stack the weights every token)."""
+    cpu_model = families.build("qwen3")
+    cpu_model.generation_config.eos_token_id, cpu_model.generation_config.pad_token_id = None, 0
+    ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1)).to("tpu")
+    operations = {}
+    for regions in (True, False):
+        monkeypatch.setattr(hf_integration, "COMPILE_LAYERS_ONCE", regions)
+        torch._dynamo.reset()
+        with tpu_compile.dump(tmp_path / str(regions)):
+            copy.deepcopy(cpu_model).to("tpu").generate(ids, max_new_tokens=3, do_sample=False)
+        (program,) = (tmp_path / str(regions)).glob("torch_compile_*.stablehlo.mlir")
+        operations[regions] = collections.Counter(re.findall(r"stablehlo\.\w+", program.read_text()))
+    assert operations[True]["stablehlo.dot_general"] >= 7 * 2  # the layers' matmuls: a decode step
+    assert operations[True] == operations[False]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(families.FAMILIES))
 def test_every_decoder_family_generates_as_cpu(family):
@@ -122,6 +143,58 @@ def test_every_decoder_family_generates_as_cpu(family):
         warnings.simplefilter("ignore")  # the dynamic-cache warning of the families that keep one
         cpu_out, tpu_out = generate_both((cpu_model, tpu_model), ids, max_new_tokens=12)
     assert_steps_match(tpu_out, cpu_out)
+
+
+def eager_requests(model, ids, new_tokens: int) -> int:
+    """Strict eager programs launched (or compiled) by one greedy generate()."""
+    from tpu_backend import tensor as device_tensor
+
+    def count():
+        return torch.tpu.cache_stats()["requests"] + sum(device_tensor.EAGER_STORAGE_CALLS.values())
+
+    before = count()
+    model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+    return count() - before
+
+
+def test_one_models_recompiles_leave_other_models_compiled():
+    """Dynamo counts recompiles per code object. The device's decode step was one function
+    for every model, so once one model's step passed the limit, every later model decoded
+    eagerly (a sliding-window cache did it in 8 tokens). Here the limit is 1: model A
+    recompiles for a second batch size, and model B (another shape, so A's step's guards
+    fail on it) still decodes compiled: no eager program per extra token."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=1):
+        first = tiny_llama().eval().to("tpu")
+        first.generate(prompt(5).to("tpu"), max_new_tokens=3, do_sample=False)
+        first.generate(prompt(5, batch=2).to("tpu"), max_new_tokens=3, do_sample=False)  # past A's limit
+        second = families.build("llama").to("tpu")
+        second.generation_config.eos_token_id = None
+        ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1)).to("tpu")
+        eager_requests(second, ids, 4)  # warm-up
+        assert eager_requests(second, ids, 12) == eager_requests(second, ids, 4)
+    torch._dynamo.reset()  # (the steps compiled under the lower limit)
+
+
+def test_sliding_window_cache_decodes_eagerly_as_cpu():
+    """A static cache with sliding-window layers keeps its length as a Python int that the
+    mask reads, and Dynamo guards on it: the compiled step recompiled for every token up to
+    the recompile limit, then ran eagerly. Such a model decodes eagerly from the start
+    (warned): CPU's tokens and logits, and no new program after a warm-up."""
+    cpu_model = families.build("mistral (sliding_window)")
+    cpu_model.generation_config.eos_token_id, cpu_model.generation_config.pad_token_id = None, 0
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    before = compiled_programs()
+    with pytest.warns(RuntimeWarning, match="decodes this model eagerly"):
+        cpu_out, tpu_out = generate_both((cpu_model, tpu_model), ids, max_new_tokens=14)  # past the window (8)
+    assert_steps_match(tpu_out, cpu_out)
+    assert compiled_programs() == before
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        misses = torch.tpu.cache_stats()["misses"]
+        tpu_model.generate(ids.to("tpu"), max_new_tokens=30, do_sample=False)
+    assert torch.tpu.cache_stats()["misses"] == misses  # no program per new length or token
 
 
 def test_alibi_falcon_keeps_a_dynamic_cache_and_matches_cpu():

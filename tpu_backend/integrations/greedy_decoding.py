@@ -18,6 +18,7 @@ generator; beam search; other processors or stopping criteria) keeps transformer
 
 from __future__ import annotations
 
+import types
 from collections import deque
 
 import torch
@@ -68,6 +69,11 @@ def _decode_step(model, compile_config):
         tokens, unfinished = choose_next_tokens(logits, unfinished, pad, eos)
         return tokens[:, None], unfinished, logits
 
+    # A code object of its own per model: Dynamo counts recompiles per code object, and once
+    # one model's step reached the limit every later model's step ran eagerly.
+    decode_step = types.FunctionType(
+        decode_step.__code__.replace(), decode_step.__globals__, decode_step.__name__, None, decode_step.__closure__
+    )
     step = torch.compile(decode_step, **compile_config.to_dict())
     model._tpu_decode_step = (compile_config, step)
     return step

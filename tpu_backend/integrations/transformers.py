@@ -30,6 +30,10 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   host knows it from `input_ids` (every token but those fed this step is in the cache)
   and hands it to the mask (`_host_query_offset`). Assisted decoding (an assistant model,
   prompt lookup) keeps its bookkeeping on the device: its loop mixes the two devices;
+- a static cache with sliding-window layers (Mistral, Gemma 2 and 3, ...) decodes eagerly,
+  with a warning: such a layer keeps its length as a Python int that the mask reads, Dynamo
+  guards on it, and the compiled step recompiled for every token up to the recompile limit
+  (then ran eagerly anyway). Eagerly, the static shapes compile no program after a warm-up;
 - caches that cannot run here are refused with what to use instead; a DynamicCache (asked
   for, passed in, or the default of a model transformers cannot compile) works but warns
   that it compiles programs for every token.
@@ -301,11 +305,29 @@ def _patch_generate(module) -> None:
                     RuntimeWarning,
                     stacklevel=3,
                 )
-        return prepare_cache(self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
+        prepared = prepare_cache(self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
+        if (
+            _on_device(self)
+            and _has_sliding_layers(model_kwargs.get("cache"))
+            and not generation_config.disable_compile
+        ):
+            warnings.warn(
+                "generate() on the tpu device decodes this model eagerly: its static cache has sliding-window "
+                "layers, whose Python-int length Dynamo guards on, so the compiled step would recompile for every "
+                "token until torch._dynamo's recompile limit (8) and then run eagerly anyway",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            generation_config.disable_compile = True  # (the per-call copy)
+        return prepared
 
     generate_on_device._tpu_aware = True
     mixin.generate = generate_on_device
     mixin._prepare_cache_for_generation = prepare_cache_on_device
+
+
+def _has_sliding_layers(cache) -> bool:
+    return any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ()))
 
 
 def _static_cache_works(model) -> bool:
