@@ -176,6 +176,29 @@ def test_one_models_recompiles_leave_other_models_compiled():
     torch._dynamo.reset()  # (the steps compiled under the lower limit)
 
 
+def test_sampling_models_past_the_recompile_limit_stay_compiled():
+    """transformers compiles the forward it samples with as `torch.compile(self.__call__)`,
+    one code object for every model: past the recompile limit (8 models in a process, 1
+    here) every later model sampled eagerly. On the device each model's compiled call has its
+    own code: model B (another shape) samples with no eager program per extra token."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=1):
+        first = tiny_llama().eval().to("tpu")
+        first.generate(prompt(5).to("tpu"), max_new_tokens=3, do_sample=True, top_k=4)
+        second = families.build("llama").to("tpu")
+        second.generation_config.eos_token_id = None
+        ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1)).to("tpu")
+
+        def sampled(new_tokens):
+            before = torch.tpu.cache_stats()["requests"]
+            second.generate(ids, max_new_tokens=new_tokens, do_sample=True, top_k=4)
+            return torch.tpu.cache_stats()["requests"] - before
+
+        sampled(4)  # warm-up
+        assert sampled(12) == sampled(4)
+    torch._dynamo.reset()
+
+
 def test_sliding_window_cache_decodes_eagerly_as_cpu():
     """A static cache with sliding-window layers keeps its length as a Python int that the
     mask reads, and Dynamo guards on it: the compiled step recompiled for every token up to
@@ -352,7 +375,7 @@ def test_static_cache_compiled_decode_without_the_entry_point(models, monkeypatc
     forwarder._register(registry)
     assert registry.lookup_backend("tpu") is forwarder.tpu
     cpu_model, tpu_model = models
-    for compiled in ("_compiled_call", "_tpu_decode_step"):  # a fresh torch.compile through the name
+    for compiled in ("_tpu_compiled_call", "_tpu_decode_step"):  # a fresh torch.compile through the name
         monkeypatch.delattr(tpu_model, compiled, raising=False)
     requests = tpu_compile.compile_stats().total().requests
     options = dict(max_new_tokens=12, cache_implementation="static", max_cache_len=128)  # (the default's shapes)

@@ -57,6 +57,13 @@ def applies(model, logits_processor, stopping_criteria, generation_config, synce
     )
 
 
+def with_own_code(fn):
+    """`fn` (a closure made per model) with a code object of its own. Dynamo counts recompiles
+    per code object: with one shared by every model, once the models seen in a process passed
+    the recompile limit (8), every later model ran eagerly."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 def _decode_step(model, compile_config):
     """The model's forward and the token choice as one compiled program, kept on the model
     (as transformers keeps its compiled forward) for later calls."""
@@ -69,12 +76,7 @@ def _decode_step(model, compile_config):
         tokens, unfinished = choose_next_tokens(logits, unfinished, pad, eos)
         return tokens[:, None], unfinished, logits
 
-    # A code object of its own per model: Dynamo counts recompiles per code object, and once
-    # one model's step reached the limit every later model's step ran eagerly.
-    decode_step = types.FunctionType(
-        decode_step.__code__.replace(), decode_step.__globals__, decode_step.__name__, None, decode_step.__closure__
-    )
-    step = torch.compile(decode_step, **compile_config.to_dict())
+    step = torch.compile(with_own_code(decode_step), **compile_config.to_dict())
     model._tpu_decode_step = (compile_config, step)
     return step
 

@@ -338,7 +338,37 @@ def _static_cache_works(model) -> bool:
     return bool(model._can_compile_fullgraph) and not getattr(model.config, "alibi", False)
 
 
+def _patch_compiled_call(module) -> None:
+    """transformers compiles a model's decode forward as `torch.compile(self.__call__)`, whose
+    frame (`Module._wrapped_call_impl`) is one code object for every model: after 8 models
+    had sampled in a process, the 9th decoded eagerly (496 eager programs for 8 tokens). On
+    the device each model gets a compiled call of its own code."""
+    model_class = module.PreTrainedModel
+    get_compiled_call = model_class.get_compiled_call
+    if getattr(get_compiled_call, "_tpu_aware", False):
+        return
+
+    @functools.wraps(get_compiled_call)
+    def get_compiled_call_on_device(self, compile_config):
+        if not _on_device(self) or "llama4" in self.config.model_type:  # (transformers compiles no llama4)
+            return get_compiled_call(self, compile_config)
+        compile_config = compile_config or self._default_compile_config()
+        cached = getattr(self, "_tpu_compiled_call", None)
+        if cached is None or cached[0] != compile_config:
+
+            def call(*args, **kwargs):
+                return self(*args, **kwargs)
+
+            cached = (compile_config, torch.compile(greedy_decoding.with_own_code(call), **compile_config.to_dict()))
+            self._tpu_compiled_call = cached
+        return cached[1]
+
+    get_compiled_call_on_device._tpu_aware = True
+    model_class.get_compiled_call = get_compiled_call_on_device
+
+
 def install() -> None:
     for module_name in _USERS_OF_ID_TENSOR_STORAGE:
         when_imported(module_name, _patch_id_tensor_storage)
     when_imported("transformers.generation.utils", _patch_generate)
+    when_imported("transformers.modeling_utils", _patch_compiled_call)
