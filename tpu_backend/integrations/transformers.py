@@ -327,7 +327,9 @@ def _patch_generate(module) -> None:
 
 
 def _has_sliding_layers(cache) -> bool:
-    return any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ()))
+    """Whether a cache transformers would compile (a static one) has sliding-window layers."""
+    layers = getattr(cache, "layers", ()) if getattr(cache, "is_compileable", False) else ()
+    return any(getattr(layer, "is_sliding", False) for layer in layers)
 
 
 def _static_cache_works(model) -> bool:
