@@ -57,28 +57,33 @@ def applies(model, logits_processor, stopping_criteria, generation_config, synce
     )
 
 
-def with_own_code(fn):
-    """`fn` (a closure made per model) with a code object of its own. Dynamo counts recompiles
-    per code object: with one shared by every model, once the models seen in a process passed
-    the recompile limit (8), every later model ran eagerly."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+def compiled_for(model, attribute: str, compile_config, make):
+    """`torch.compile` of the function `make()` builds for `model`, kept on the model under
+    `attribute` for later calls with the same config (as transformers keeps its compiled
+    forward). The function gets a code object of its own: Dynamo counts recompiles per code
+    object, and with one shared by every model, once the models seen in a process passed the
+    recompile limit (8), every later model ran eagerly."""
+    cached = getattr(model, attribute, None)
+    if cached is None or cached[0] != compile_config:
+        fn = make()
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        cached = (compile_config, torch.compile(own, **compile_config.to_dict()))
+        setattr(model, attribute, cached)
+    return cached[1]
 
 
 def _decode_step(model, compile_config):
-    """The model's forward and the token choice as one compiled program, kept on the model
-    (as transformers keeps its compiled forward) for later calls."""
-    cached = getattr(model, "_tpu_decode_step", None)
-    if cached is not None and cached[0] == compile_config:
-        return cached[1]
+    """The model's forward and the token choice as one compiled program."""
 
-    def decode_step(unfinished, pad, eos, model_inputs):
-        logits = model(**model_inputs, return_dict=True).logits[:, -1].float()
-        tokens, unfinished = choose_next_tokens(logits, unfinished, pad, eos)
-        return tokens[:, None], unfinished, logits
+    def make():
+        def decode_step(unfinished, pad, eos, model_inputs):
+            logits = model(**model_inputs, return_dict=True).logits[:, -1].float()
+            tokens, unfinished = choose_next_tokens(logits, unfinished, pad, eos)
+            return tokens[:, None], unfinished, logits
 
-    step = torch.compile(with_own_code(decode_step), **compile_config.to_dict())
-    model._tpu_decode_step = (compile_config, step)
-    return step
+        return decode_step
+
+    return compiled_for(model, "_tpu_decode_step", compile_config, make)
 
 
 def greedy_search(model, input_ids, stopping_criteria, generation_config, streamer, model_kwargs):

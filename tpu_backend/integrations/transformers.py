@@ -354,16 +354,15 @@ def _patch_compiled_call(module) -> None:
     def get_compiled_call_on_device(self, compile_config):
         if not _on_device(self) or "llama4" in self.config.model_type:  # (transformers compiles no llama4)
             return get_compiled_call(self, compile_config)
-        compile_config = compile_config or self._default_compile_config()
-        cached = getattr(self, "_tpu_compiled_call", None)
-        if cached is None or cached[0] != compile_config:
 
+        def make():
             def call(*args, **kwargs):
                 return self(*args, **kwargs)
 
-            cached = (compile_config, torch.compile(greedy_decoding.with_own_code(call), **compile_config.to_dict()))
-            self._tpu_compiled_call = cached
-        return cached[1]
+            return call
+
+        config = compile_config or self._default_compile_config()
+        return greedy_decoding.compiled_for(self, "_tpu_compiled_call", config, make)
 
     get_compiled_call_on_device._tpu_aware = True
     model_class.get_compiled_call = get_compiled_call_on_device
