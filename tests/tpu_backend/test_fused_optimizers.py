@@ -21,13 +21,17 @@ float32 approximations there, ~5e-6 relative for exp on a v5e; a 10% error in on
 of a parameter of 1 at lr 1e-2 is still 1e-3, far outside it).
 """
 
+from concurrent.futures import Future
+
 import pytest
 import torch
 
 import tpu_backend
 from tests import chip
 from tpu_backend import tensor as tpu_tensor
-from tpu_backend.eager.runner import CACHE_STATS
+from tpu_backend.eager import registration
+from tpu_backend.eager import runner as runner_module
+from tpu_backend.eager.runner import CACHE_STATS, finish_background_compiles, runner
 
 FLOAT32 = chip.tolerance("transcendentals", cpu=dict(rtol=1e-6, ulps=2 * 2.0**-23), tpu=dict(rtol=1e-5, ulps=2.0**-14))
 BFLOAT16 = dict(rtol=1e-2, ulps=2 * 2.0**-8)
@@ -154,7 +158,8 @@ def _programs_launched() -> int:
     return CACHE_STATS.requests + sum(tpu_tensor.EAGER_STORAGE_CALLS.values())
 
 
-def test_strict_step_is_one_update_program_and_lr_changes_do_not_recompile():
+def test_strict_step_updates_each_parameter_and_lr_changes_do_not_recompile(monkeypatch):
+    monkeypatch.setattr(registration, "OPTIMIZER_PROGRAMS", "per-tensor")
     params, optimizer = _run("tpu", "adamw")  # warm: every program compiled
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     torch.tpu.reset_cache_stats()
@@ -162,12 +167,78 @@ def test_strict_step_is_one_update_program_and_lr_changes_do_not_recompile():
     for _ in range(3):
         optimizer.step()
         scheduler.step()  # a new lr every step: a dynamic value, not a new program
-    # per step: torch's `_foreach_add_(steps, 1)` and the one `_fused_adamw_` update
-    assert _programs_launched() - launched == 2 * 3
+    # per step: torch's `_foreach_add_(steps, 1)` and one `_fused_adamw_` update per parameter
+    assert _programs_launched() - launched == (1 + len(SHAPES)) * 3
     assert torch.tpu.cache_stats()["misses"] == 0
 
 
-def test_one_update_program_against_foreach():
+def _update_programs(op) -> int:
+    """Programs compiled for the strict runner of `op` (JAX's cache of each jitted template)."""
+    return sum(fn._cache_size() for fn in runner(op).jitted.values())
+
+
+@pytest.mark.parametrize("programs", ["per-tensor", "one"])
+def test_update_programs_follow_shapes_not_the_parameter_count(monkeypatch, programs):
+    # per tensor: an optimizer over more parameters of the shapes already seen compiles no new
+    # update (the chip compiles a whole-list update tensor by tensor: ~50 s for 219 tensors)
+    monkeypatch.setattr(registration, "OPTIMIZER_PROGRAMS", programs)
+    update = torch.ops.aten._fused_adamw.default
+    shapes = [(64, 32), (32,)]
+    torch.manual_seed(0)
+
+    def step(count):
+        params = [torch.nn.Parameter(torch.randn(shapes[i % 2]).to("tpu")) for i in range(count)]
+        for p in params:
+            p.grad = torch.randn(p.shape).to("tpu")
+        torch.optim.AdamW(params, lr=1e-2, fused=True).step()
+
+    step(2)
+    before = _update_programs(update)
+    step(7)
+    assert _update_programs(update) - before == (0 if programs == "per-tensor" else 1)
+
+
+def test_auto_updates_per_tensor_until_the_one_program_has_compiled(monkeypatch):
+    monkeypatch.setattr(registration, "OPTIMIZER_PROGRAMS", "auto")
+    _assert_same(_run("tpu", "adamw-amsgrad-maximize"), _run("cpu", "adamw-amsgrad-maximize"), FLOAT32)
+    finish_background_compiles()
+    # the background compile held back until released, to see both paths
+    held = []  # (jitted, arguments, its future)
+    monkeypatch.setattr(
+        runner_module, "_compile_in_background", lambda *job: held.append((*job, Future())) or held[-1][2]
+    )
+    shapes = [(3, 5), (3, 5), (4,)]
+
+    def start(device):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(shape).to(device)) for shape in shapes]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=True)
+        optimizer.step()  # makes the state
+        return params, optimizer
+
+    params, optimizer = start("tpu")
+    launched = _programs_launched()
+    optimizer.step()  # torch's step counts, then one update per parameter: the one program is compiling
+    assert _programs_launched() - launched == 1 + len(shapes)
+    [(jitted, arguments, future)] = held
+    future.set_result(jitted.lower(*arguments).compile())
+    torch.tpu.reset_cache_stats()
+    launched = _programs_launched()
+    optimizer.step()
+    assert _programs_launched() - launched == 2
+    assert torch.tpu.cache_stats()["misses"] == 0
+    expected = start("cpu")
+    expected[1].step()
+    expected[1].step()
+    _assert_same((params, optimizer), expected, FLOAT32)
+
+
+@pytest.mark.parametrize("programs", ["per-tensor", "one"])
+def test_update_programs_against_foreach(monkeypatch, programs):
+    monkeypatch.setattr(registration, "OPTIMIZER_PROGRAMS", programs)
+
     def launches(fused):
         torch.manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(shape).to("tpu")) for shape in SHAPES]
@@ -179,7 +250,7 @@ def test_one_update_program_against_foreach():
         optimizer.step()
         return _programs_launched() - launched
 
-    assert launches(fused=True) == 2
+    assert launches(fused=True) == 1 + (len(SHAPES) if programs == "per-tensor" else 1)
     assert launches(fused=False) > 2 * len(SHAPES)  # one program per foreach op
 
 

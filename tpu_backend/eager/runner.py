@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import warnings
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import jax
@@ -188,6 +190,8 @@ class OpRunner:
         # The compiled path's id of this op's C++ kernel (tpu_backend/native): the runner tells
         # it which jitted (or recorded) lowering a call it handed over used (`_learn`).
         self.native_id: int | None = None
+        # (template, argument types) -> the compile started by `run_once_compiled`
+        self.background: dict[tuple, Future] = {}
 
     def _learn(self, value) -> None:
         if self.native_id is not None:
@@ -328,6 +332,28 @@ class OpRunner:
                 _native.set_dynamic_floats(self.native_id, False)
             return self._run(args, kwargs, inplace)
 
+    def run_once_compiled(self, args, kwargs):
+        """Strict mode: the op's results when its program for these argument types has been
+        compiled in the background, else None (the caller computes them another way: the
+        fused optimizers, one parameter at a time). The first call with new types starts
+        that compile, counted as a miss then; a compile that fails leaves None for good."""
+        dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
+        types = tuple((v.shape, v.dtype, v.weak_type) if type(v) is _ARRAY_IMPL else type(v) for v in dynamic)
+        key = (template_args, template_kwargs, types)
+        job = self.background.get(key)
+        if job is None:
+            self.background[key] = _compile_in_background(
+                jax.jit(self._bound(template_args, template_kwargs)), _abstract(dynamic)
+            )
+            CACHE_STATS.misses += 1
+            _count_compiled_program()
+            return None
+        if not job.done() or job.exception() is not None:
+            return None
+        CACHE_STATS.python_requests += 1
+        CACHE_STATS.python_hits += 1
+        return job.result()(*dynamic)
+
     def _on_host(self, error: TpuChipLimitError, template: tuple, dynamic: list):
         """Eager: run the lowering on the host's CPU device (the chip's compiler refuses these
         dtypes, `tpu_backend/chip_limits.py`), results back on the default device."""
@@ -353,6 +379,38 @@ class OpRunner:
         if found is None:
             found = self.bound[template] = (fused.OpKey(self.op, *template), self._bound(*template))
         return fused.record(found[0], found[1], dynamic)
+
+
+def _abstract(dynamic: list) -> list:
+    """The call's arrays as shapes and dtypes (a compile must not keep them alive)."""
+    return [
+        jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding, weak_type=v.weak_type)
+        if type(v) is _ARRAY_IMPL
+        else v
+        for v in dynamic
+    ]
+
+
+def _compile_in_background(jitted: Callable, arguments: list) -> Future:
+    """`jitted` compiled for `arguments` on a daemon thread (XLA's compile frees the GIL; a
+    process that ends first does not wait for it)."""
+    job: Future = Future()
+
+    def compile_it():
+        try:
+            job.set_result(jitted.lower(*arguments).compile())
+        except BaseException as error:  # noqa: BLE001 - kept in the future: the op keeps its other path
+            job.set_exception(error)
+
+    threading.Thread(target=compile_it, name="tpu-background-compile", daemon=True).start()
+    return job
+
+
+def finish_background_compiles() -> None:
+    """Wait for every program compiling in the background (benchmarks time steps after it)."""
+    for op_runner in list(_RUNNERS.values()):
+        for job in list(op_runner.background.values()):
+            job.exception()  # waits; a failed compile leaves its op on its other path
 
 
 _RUNNERS: dict = {}
@@ -418,5 +476,6 @@ def clear_jit_cache() -> None:
         op_runner.donating.clear()
         op_runner.bound.clear()
         op_runner.host_jitted.clear()
+        op_runner.background.clear()
     if _native is not None:
         _native.forget_calls()

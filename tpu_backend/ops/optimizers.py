@@ -1,8 +1,11 @@
 """Fused optimizer steps: what `torch.optim.Adam/AdamW/SGD/Adagrad(..., fused=True)` call.
 
 `_fused_adam_`, `_fused_adamw_`, `_fused_sgd_` and `_fused_adagrad_` update a whole
-parameter list in one op, so on the device a step is ONE program (strict mode: one jitted
-call for every parameter; the default foreach path is ~20 `_foreach_*` programs).
+parameter list in one op. Strict mode runs it one parameter at a time (one small program
+per distinct shape: XLA compiles an update over a whole list tensor by tensor, ~50 s for
+219 tensors on a v5e), or as one program with `TPU_OPTIMIZER_PROGRAMS=one`; fused mode and
+`torch.compile` put it in their one program. (The default foreach path is ~20 `_foreach_*`
+programs.)
 
 The math is that of ATen's CPU kernels (`aten/src/ATen/native/cpu/Fused*Kernel.cpp`), per
 element, in the parameter's opmath dtype (float32 for bfloat16/float16 parameters, cast
@@ -282,4 +285,5 @@ for _inplace, _lowering, _lists in [
     (aten._fused_adagrad_.tensor_lr, fused_adagrad_tensor_lr, 3),
 ]:
     _writes = {k: k for k in range(_lists)}  # argument list k <- returned list k
-    lowers(_inplace, functionalized=Functionalized(_functional_of(_inplace), _writes, 0))(_lowering)
+    _lists_at = tuple(k for k, a in enumerate(_inplace._schema.arguments) if str(a.type) == "List[Tensor]")
+    lowers(_inplace, functionalized=Functionalized(_functional_of(_inplace), _writes, 0, _lists_at))(_lowering)

@@ -60,11 +60,17 @@ class Functionalized:
     Call `functional`'s lowering with the op's arguments; for each (arg_index,
     output_index) in `writes`, write that output into the argument (skip when the
     argument is None); return the first `outputs` outputs.
+
+    `per_tensor`: the positions of tensor lists whose elements the lowering updates each
+    on its own (the fused optimizers). Strict mode then runs one call per element, so the
+    chip compiles one small program per distinct shape instead of one over the whole list
+    (`tpu_backend/eager/registration.py`, `_functionalized_kernel`).
     """
 
     functional: object
     writes: dict = field(default_factory=dict)
     outputs: int = 1
+    per_tensor: tuple = ()
 
 
 @dataclass(frozen=True)
