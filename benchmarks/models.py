@@ -124,8 +124,11 @@ class TinyGPT(nn.Module):
 @dataclass(frozen=True)
 class LlamaConfig:
     """A Llama-style decoder: RMSNorm, rotary positions, SwiGLU MLP, causal SDPA, untied head
-    (the shapes of `../shared/tpu-vm/jax_llama_reference.py`'s rows). `checkpoint`
-    recomputes each block in the backward (activation checkpointing)."""
+    (the shapes of `../shared/tpu-vm/jax_llama_reference.py`'s rows). `checkpoint`:
+    "full" recomputes each block in the backward (activation checkpointing around the call);
+    "matmuls" keeps the block's matrix products and recomputes the rest (selective,
+    `tpu_backend.compile.save_matmuls`, inside the block so that `scan_layers` keeps it);
+    "none" keeps everything."""
 
     vocab: int = 64
     context: int = 16
@@ -133,8 +136,15 @@ class LlamaConfig:
     heads: int = 4
     layers: int = 2
     ffn: int = 64
-    checkpoint: bool = False
+    checkpoint: str = "none"
     dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        if self.checkpoint not in CHECKPOINTING:
+            raise ValueError(f"LlamaConfig.checkpoint={self.checkpoint!r}: expected one of {', '.join(CHECKPOINTING)}")
+
+
+CHECKPOINTING = ("none", "full", "matmuls")
 
 
 # The JAX reference's 374M shape (d 1024, 24 layers, FFN 2816) and 0.95B shape (d 2048, 16 layers).
@@ -159,8 +169,19 @@ class LlamaBlock(nn.Module):
         self.gate = nn.Linear(width, config.ffn, bias=False)
         self.up = nn.Linear(width, config.ffn, bias=False)
         self.down = nn.Linear(config.ffn, width, bias=False)
+        self.save_matmuls = None
+        if config.checkpoint == "matmuls":
+            from tpu_backend.compile.remat import save_matmuls
+
+            self.save_matmuls = save_matmuls
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.save_matmuls is not None:
+            checkpoint = torch.utils.checkpoint.checkpoint
+            return checkpoint(self.compute, x, cos, sin, use_reentrant=False, context_fn=self.save_matmuls)
+        return self.compute(x, cos, sin)
+
+    def compute(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
         h = self.attention_norm(x)
         split = lambda t: t.view(batch, length, self.heads, -1).transpose(1, 2)  # noqa: E731
@@ -191,7 +212,7 @@ class LlamaLM(nn.Module):
         cos, sin = self.cos[:length], self.sin[:length]
         x = self.tokens(tokens)
         for block in self.blocks:
-            if self.config.checkpoint:
+            if self.config.checkpoint == "full":
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
             else:
                 x = block(x, cos, sin)

@@ -259,7 +259,7 @@ def _describe_error(error: Exception) -> str:
 
 TOKEN_MODELS = ("transformer", "mingpt", "llama", "llama-374m", "llama-950m")
 _batch_size: int | None = None
-_remat = False  # --remat: the Llama models recompute each block in the backward  # --batch: overrides the GPT models' batch size
+_remat: str | None = None  # --remat [full|matmuls]: the Llama models' activation checkpointing (LlamaConfig.checkpoint)
 _compile_optimizer = False  # --compile-optimizer: tpu-compile also compiles the optimizer's step
 _fused_optimizer = False  # --fused-optimizer: the torch modes' AdamW is AdamW(fused=True)
 _scan_layers = False  # --scan-layers: tpu-compile runs the model's blocks as one lax.scan
@@ -275,13 +275,13 @@ def _token_config(model_name: str):
     return getattr(model, "config", None)
 
 
-def _with_checkpointing(build):
+def _with_checkpointing(build, policy: str):
     def build_checkpointed():
-        model = build()
-        if not hasattr(model.config, "checkpoint"):
+        with torch.device("meta"):  # nothing allocated, no random numbers drawn
+            model = build()
+        if not hasattr(getattr(model, "config", None), "checkpoint"):
             raise ValueError("--remat applies to the Llama models")
-        model.config = dataclasses.replace(model.config, checkpoint=True)
-        return model
+        return type(model)(dataclasses.replace(model.config, checkpoint=policy))
 
     return build_checkpointed
 
@@ -307,7 +307,7 @@ def model_case(model_name: str):
     if changes:
         case = dataclasses.replace(case, build=_with_config(case.build, **changes))
     if _remat:
-        case = dataclasses.replace(case, build=_with_checkpointing(case.build))
+        case = dataclasses.replace(case, build=_with_checkpointing(case.build, _remat))
     if _batch_size is None and _context is None:
         return case
     config = _token_config(model_name)
@@ -962,9 +962,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--remat",
-        action="store_true",
-        help="Llama models: activation checkpointing per block (torch.utils.checkpoint; not under tpu-compile-step, "
-        "where torch.func.grad refuses it)",
+        nargs="?",
+        const="full",
+        choices=("full", "matmuls"),
+        help="Llama models: activation checkpointing per block, recomputing all of it (full, the default) or all "
+        "but its matrix products (matmuls); torch.utils.checkpoint, not under tpu-compile-step, where "
+        "torch.func.grad refuses it",
     )
     parser.add_argument(
         "--compile-optimizer",

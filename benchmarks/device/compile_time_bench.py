@@ -210,7 +210,9 @@ def run_child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
         command += ["--batch", str(args.batch)]
     if args.context:
         command += ["--context", str(args.context)]
-    for flag in ("remat", "scan_layers", "compile_optimizer", "fused_optimizer"):
+    if args.remat:
+        command += ["--remat", args.remat]
+    for flag in ("scan_layers", "compile_optimizer", "fused_optimizer"):
         if getattr(args, flag):
             command.append("--" + flag.replace("_", "-"))
     env = repo_env(TPU_CACHE_DIR=cache_dir)
@@ -290,7 +292,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--context", type=int, help="the Llama models' sequence length (compile time does not depend on it)"
     )
-    parser.add_argument("--remat", action="store_true", help="Llama models: recompute each block in the backward")
+    parser.add_argument(
+        "--remat",
+        nargs="?",
+        const="full",
+        choices=("full", "matmuls"),
+        help="Llama models: recompute each block in the backward (all of it, or all but its matrix products)",
+    )
     parser.add_argument(
         "--scan-layers", action="store_true", help="tpu-compile: the blocks as one lax.scan (backend_bench's flag)"
     )

@@ -41,7 +41,7 @@ def _config(args, layers: int):
         heads=args.heads,
         layers=layers,
         ffn=args.ffn,
-        checkpoint=args.remat,
+        checkpoint="full" if args.remat else "none",
         dtype=getattr(torch, args.dtype),
     )
 

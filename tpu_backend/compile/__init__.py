@@ -16,6 +16,8 @@ Importing this package registers the Dynamo backend "tpu". Public API:
   lowers each of a program's signatures for another platform (`jax.export.Exported`).
 - `scan_layers(blocks)`: a model's repeated blocks (decoder layers) compiled once, as one
   `lax.scan` over their stacked parameters, forward and backward (`scan.py`); `unmark`.
+- `save_matmuls`: a `context_fn` for `torch.utils.checkpoint` that keeps a block's matrix
+  products and recomputes the rest (`remat.py`).
 - `dynamo_cache.enable()` (or `TPU_DYNAMO_CACHE=on`): Dynamo's output stored with the
   rest, so a second process skips Dynamo's trace too (opt-in: `dynamo_cache.py`).
 - `dynamic`: graphs with symbolic sizes (`dynamic=True`, `mark_dynamic`) are padded to
@@ -50,6 +52,7 @@ from tpu_backend.compile.interpreter import (
     missing_lowerings,
 )
 from tpu_backend.compile.program import Program, programs
+from tpu_backend.compile.remat import save_matmuls
 from tpu_backend.compile.scan import scan_layers, unmark
 
 if dynamo_cache.requested():  # TPU_DYNAMO_CACHE=on: a second process skips Dynamo's trace too
@@ -78,6 +81,7 @@ __all__ = [
     "programs",
     "record_compile",
     "record_hit",
+    "save_matmuls",
     "scan_layers",
     "set_cache_dir",
     "using_cache_dir",

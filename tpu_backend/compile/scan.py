@@ -85,7 +85,8 @@ def scan_layers(blocks: Iterable[torch.nn.Module]):
     transformer's decoder layers); they must be called one after the other, each on the
     previous one's output, and their other inputs must be the same for every layer or
     computed before the first one. Activation checkpointing of each block (inside its
-    forward or around the call, `torch.utils.checkpoint`) is kept, and recommended: without
+    forward or around the call, `torch.utils.checkpoint`; a selective policy such as
+    `save_matmuls` only inside the forward) is kept, and recommended: without
     it every layer's saved activations cross from the forward program to the backward one
     as separate tensors, sliced out of the loop and stacked again (a cost at run time). Eager execution is
     unchanged (the blocks' class becomes a subclass whose forward is marked with

@@ -77,7 +77,7 @@ def assert_same_training(expected, actual, what: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
 def test_scanned_layers_train_like_unrolled_and_eager(remat, tmp_path):
-    config = LlamaConfig(layers=3, checkpoint=remat)
+    config = LlamaConfig(layers=3, checkpoint="full" if remat else "none")
     torch.manual_seed(0)
     model = LlamaLM(config)
     data = batches(config)
@@ -120,6 +120,40 @@ def test_kernels_inside_the_scanned_block(tmp_path):
     (forward_graph,) = tmp_path.glob("torch_compile_*_forward.fx.py")
     assert "tpu_kernels.flash_attention" in forward_graph.read_text()
     assert_same_training(eager, scanned, "scan with kernels vs eager")
+
+
+def _saved_for_backward(before: set) -> int:
+    """Bytes the forward program compiled since `before` hands on (saved values, the output)."""
+    [forward] = [p for p in tpu_compile.programs() if p.name.endswith("_forward") and p.name not in before]
+    [exported] = forward.export(platforms=("cpu",))
+    return sum(a.size * a.dtype.itemsize for a in exported.out_avals)
+
+
+def test_keeping_the_matmuls_keeps_them_in_the_scan(tmp_path):
+    # torch.utils.checkpoint with `save_matmuls` inside the scanned block: the forward hands
+    # the backward more than a full recompute and less than no checkpointing, one loop each
+    data = batches(LlamaConfig())[:1]
+    torch.manual_seed(0)
+    eager = train(LlamaLM(LlamaConfig(layers=3)), "cpu", False, data)
+    saved = {}
+    for policy in ("none", "full", "matmuls"):
+        torch.manual_seed(0)
+        model = LlamaLM(LlamaConfig(layers=3, checkpoint=policy))
+        before = {p.name for p in tpu_compile.programs()}
+        with warnings.catch_warnings(record=True) as caught, tpu_compile.dump(tmp_path / policy):
+            warnings.simplefilter("always")
+            scanned = train(model, "tpu", True, data)
+        saved[policy] = _saved_for_backward(before)
+        assert not [w for w in caught if "compiled unrolled" in str(w.message)], policy
+        for kind, text in programs_text(tmp_path / policy).items():
+            assert text.count("stablehlo.while") == 1, f"{policy} {kind}: the layers should be one loop"
+        assert_same_training(eager, scanned, f"checkpoint={policy!r}, scanned, vs eager")
+    # at least the products the backward reads (q, k, v, gate, up; o's and down's only feed
+    # sums), float32, in every layer
+    config, tokens = LlamaConfig(layers=3), data[0][0].numel()
+    products = config.layers * tokens * (3 * config.width + 2 * config.ffn) * 4
+    assert saved["matmuls"] - saved["full"] >= products, saved
+    assert saved["matmuls"] < saved["none"], saved
 
 
 def test_inference_scans_too(tmp_path):
@@ -193,7 +227,7 @@ def test_the_block_is_traced_for_its_schema_a_fixed_number_of_times(monkeypatch)
 
         monkeypatch.setattr(hop_type, "gen_schema", counting)
         torch._dynamo.reset()
-        config = LlamaConfig(layers=layers, checkpoint=True)
+        config = LlamaConfig(layers=layers, checkpoint="full")
         torch.manual_seed(0)
         train(LlamaLM(config), "tpu", True, batches(config)[:1])
         counts.append(len(calls))
