@@ -204,6 +204,7 @@ def test_auto_updates_per_tensor_until_the_one_program_has_compiled(monkeypatch)
     finish_background_compiles()
     # the background compile held back until released, to see both paths
     held = []  # (jitted, arguments, its future)
+    monkeypatch.setattr(runner(torch.ops.aten._fused_adamw.default), "background", {})  # none started yet
     monkeypatch.setattr(
         runner_module, "_compile_in_background", lambda *job: held.append((*job, Future())) or held[-1][2]
     )
@@ -233,6 +234,17 @@ def test_auto_updates_per_tensor_until_the_one_program_has_compiled(monkeypatch)
     expected[1].step()
     expected[1].step()
     _assert_same((params, optimizer), expected, FLOAT32)
+
+
+def test_a_one_program_that_does_not_compile_is_said_and_the_update_goes_on(monkeypatch):
+    monkeypatch.setattr(registration, "OPTIMIZER_PROGRAMS", "auto")
+    failed = Future()
+    failed.set_exception(RuntimeError("RESOURCE_EXHAUSTED: out of memory compiling"))
+    monkeypatch.setattr(runner_module, "_compile_in_background", lambda *job: failed)
+    monkeypatch.setattr(runner(torch.ops.aten._fused_adamw.default), "background", {})  # none started yet
+    with pytest.warns(RuntimeWarning, match="_fused_adamw.default's one program did not compile.*RESOURCE_EXHAUSTED"):
+        on_tpu = _run("tpu", "adamw", steps=4)
+    _assert_same(on_tpu, _run("cpu", "adamw", steps=4), FLOAT32)
 
 
 @pytest.mark.parametrize("programs", ["per-tensor", "one"])

@@ -190,8 +190,9 @@ class OpRunner:
         # The compiled path's id of this op's C++ kernel (tpu_backend/native): the runner tells
         # it which jitted (or recorded) lowering a call it handed over used (`_learn`).
         self.native_id: int | None = None
-        # (template, argument types) -> the compile started by `run_once_compiled`
+        # (template, argument types) -> the compile started by `run_once_compiled`; those that failed
         self.background: dict[tuple, Future] = {}
+        self.background_failed: set[tuple] = set()
 
     def _learn(self, value) -> None:
         if self.native_id is not None:
@@ -348,7 +349,17 @@ class OpRunner:
             CACHE_STATS.misses += 1
             _count_compiled_program()
             return None
-        if not job.done() or job.exception() is not None:
+        if not job.done():
+            return None
+        if job.exception() is not None:
+            if key not in self.background_failed:
+                self.background_failed.add(key)
+                warnings.warn(
+                    f"tpu: {self.op}'s one program did not compile ({type(job.exception()).__name__}: "
+                    f"{job.exception()}); its calls keep taking the slower path",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return None
         CACHE_STATS.python_requests += 1
         CACHE_STATS.python_hits += 1
@@ -477,5 +488,6 @@ def clear_jit_cache() -> None:
         op_runner.bound.clear()
         op_runner.host_jitted.clear()
         op_runner.background.clear()
+        op_runner.background_failed.clear()
     if _native is not None:
         _native.forget_calls()
