@@ -225,15 +225,13 @@ def _functionalized_kernel(op):
     assert not spec.per_tensor or spec.outputs == 0, f"{op}: a per-tensor op returns nothing"
 
     def kernel(*args, **kwargs):
-        results = None
         if spec.per_tensor and modes._mode == "strict" and OPTIMIZER_PROGRAMS != "one" and len(args[0]) > 1:
-            if OPTIMIZER_PROGRAMS == "auto":
-                results = run.run_once_compiled(args, kwargs)
-            if results is None:
+            results = run.run_once_compiled(args, kwargs) if OPTIMIZER_PROGRAMS == "auto" else None
+            if results is None:  # not compiled (yet): one call per element
                 for i in range(len(args[0])):
                     kernel(*_element(args, spec.per_tensor, i), **kwargs)
                 return None
-        if results is None:
+        else:
             results = run(args, kwargs)
         for arg_index, out_index in spec.writes.items():
             if arg_index < len(args) and args[arg_index] is not None and results[out_index] is not None:
