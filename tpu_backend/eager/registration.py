@@ -199,15 +199,22 @@ def _is_composite_implicit(op) -> bool:
 
 
 # How strict mode runs a fused optimizer step (`Functionalized.per_tensor`):
-# - "auto": one call per parameter (one small program per distinct shape and dtype: a first
-#   step compiles in seconds) until the program over the whole list, compiled in the
-#   background, is ready; then that one program (one launch per step);
+# - "auto" (the default on a TPU): one call per parameter (one small program per distinct shape
+#   and dtype: a first step compiles in seconds) until the program over the whole list,
+#   compiled in the background, is ready; then that one program (one launch per step);
 # - "per-tensor": always one call per parameter;
-# - "one": always the one program, compiled on the first step (on a v5e XLA compiles the update
-#   tensor by tensor: ~35 s for a 374M Llama's 219 tensors; 219 calls per step cost ~190 ms).
-OPTIMIZER_PROGRAMS = os.environ.get("TPU_OPTIMIZER_PROGRAMS", "auto")
-if OPTIMIZER_PROGRAMS not in ("auto", "per-tensor", "one"):
+# - "one" (the default elsewhere: XLA:CPU compiles the whole list quickly, and a second thread
+#   compiling beside the steps slowed the Trainer tests by 25%): always the one program,
+#   compiled on the first step (on a v5e XLA compiles the update tensor by tensor: ~35 s for a
+#   374M Llama's 219 tensors; 219 calls per step cost ~190 ms there).
+OPTIMIZER_PROGRAMS = os.environ.get("TPU_OPTIMIZER_PROGRAMS")  # None: the platform's default
+if OPTIMIZER_PROGRAMS not in (None, "auto", "per-tensor", "one"):
     raise ValueError(f"TPU_OPTIMIZER_PROGRAMS={OPTIMIZER_PROGRAMS!r}: expected 'auto', 'per-tensor' or 'one'")
+
+
+@functools.cache
+def _platform_optimizer_programs() -> str:
+    return "auto" if jax.default_backend() == "tpu" else "one"
 
 
 def _element(args: tuple, positions: tuple, i: int) -> tuple:
@@ -225,8 +232,9 @@ def _functionalized_kernel(op):
     assert not spec.per_tensor or spec.outputs == 0, f"{op}: a per-tensor op returns nothing"
 
     def kernel(*args, **kwargs):
-        if spec.per_tensor and modes._mode == "strict" and OPTIMIZER_PROGRAMS != "one" and len(args[0]) > 1:
-            results = run.run_once_compiled(args, kwargs) if OPTIMIZER_PROGRAMS == "auto" else None
+        programs = OPTIMIZER_PROGRAMS or _platform_optimizer_programs()
+        if spec.per_tensor and modes._mode == "strict" and programs != "one" and len(args[0]) > 1:
+            results = run.run_once_compiled(args, kwargs) if programs == "auto" else None
             if results is None:  # not compiled (yet): one call per element
                 for i in range(len(args[0])):
                     kernel(*_element(args, spec.per_tensor, i), **kwargs)
