@@ -180,7 +180,7 @@ def _update_programs(op) -> int:
 @pytest.mark.parametrize("programs", ["per-tensor", "one"])
 def test_update_programs_follow_shapes_not_the_parameter_count(monkeypatch, programs):
     # per tensor: an optimizer over more parameters of the shapes already seen compiles no new
-    # update (the chip compiles a whole-list update tensor by tensor: ~50 s for 219 tensors)
+    # update (the chip compiles a whole-list update tensor by tensor: ~35 s for 219 tensors)
     monkeypatch.setattr(registration, "OPTIMIZER_PROGRAMS", programs)
     update = torch.ops.aten._fused_adamw.default
     shapes = [(64, 32), (32,)]
