@@ -238,6 +238,7 @@ def _functionalized_kernel(op):
             if results is None:  # not compiled (yet): one call per element
                 for i in range(len(args[0])):
                     kernel(*_element(args, spec.per_tensor, i), **kwargs)
+                run.start_pending_compile()
                 return None
         else:
             results = run(args, kwargs)

@@ -193,6 +193,7 @@ class OpRunner:
         # (template, argument types) -> the compile started by `run_once_compiled`; those that failed
         self.background: dict[tuple, Future] = {}
         self.background_failed: set[tuple] = set()
+        self.pending_compile: tuple | None = None  # (key, jitted, arguments): see start_pending_compile
 
     def _learn(self, value) -> None:
         if self.native_id is not None:
@@ -336,18 +337,14 @@ class OpRunner:
     def run_once_compiled(self, args, kwargs):
         """Strict mode: the op's results when its program for these argument types has been
         compiled in the background, else None (the caller computes them another way: the
-        fused optimizers, one parameter at a time). The first call with new types starts
-        that compile, counted as a miss then; a compile that fails leaves None for good."""
+        fused optimizers, one parameter at a time). After the first call with new types the
+        caller calls `start_pending_compile`; a compile that fails leaves None for good."""
         dynamic, template_args, template_kwargs = flatten_args(args, kwargs, self.dynamic_floats)
         types = tuple((v.shape, v.dtype, v.weak_type) if type(v) is _ARRAY_IMPL else type(v) for v in dynamic)
         key = (template_args, template_kwargs, types)
         job = self.background.get(key)
         if job is None:
-            self.background[key] = _compile_in_background(
-                jax.jit(self._bound(template_args, template_kwargs)), _abstract(dynamic)
-            )
-            CACHE_STATS.misses += 1
-            _count_compiled_program()
+            self.pending_compile = (key, jax.jit(self._bound(template_args, template_kwargs)), _abstract(dynamic))
             return None
         if not job.done():
             return None
@@ -364,6 +361,17 @@ class OpRunner:
         CACHE_STATS.python_requests += 1
         CACHE_STATS.python_hits += 1
         return job.result()(*dynamic)
+
+    def start_pending_compile(self) -> None:
+        """Start the compile `run_once_compiled` found missing, counted as a miss. Called once
+        the caller has done that call its other way: so the compile (or its load from disk, in
+        a second process) does not compete with the first call's own programs."""
+        if self.pending_compile is not None:
+            key, jitted, arguments = self.pending_compile
+            self.pending_compile = None
+            self.background[key] = _compile_in_background(jitted, arguments)
+            CACHE_STATS.misses += 1
+            _count_compiled_program()
 
     def _on_host(self, error: TpuChipLimitError, template: tuple, dynamic: list):
         """Eager: run the lowering on the host's CPU device (the chip's compiler refuses these
@@ -489,5 +497,6 @@ def clear_jit_cache() -> None:
         op_runner.host_jitted.clear()
         op_runner.background.clear()
         op_runner.background_failed.clear()
+        op_runner.pending_compile = None
     if _native is not None:
         _native.forget_calls()
