@@ -275,25 +275,17 @@ def _token_config(model_name: str):
     return getattr(model, "config", None)
 
 
-def _with_checkpointing(build, policy: str):
-    def build_checkpointed():
-        with torch.device("meta"):  # nothing allocated, no random numbers drawn
-            model = build()
-        if not hasattr(getattr(model, "config", None), "checkpoint"):
-            raise ValueError("--remat applies to the Llama models")
-        return type(model)(dataclasses.replace(model.config, checkpoint=policy))
-
-    return build_checkpointed
+_CONFIG_FLAGS = {"layers": "--layers", "context": "--context", "checkpoint": "--remat"}
 
 
 def _with_config(build, **changes):
-    """`build` with its Llama config changed (`--layers`, `--context`)."""
+    """`build` with its Llama config changed (`--layers`, `--context`, `--remat`)."""
 
     def build_with_config():
         with torch.device("meta"):  # nothing allocated, no random numbers drawn
             model = build()
         if not hasattr(getattr(model, "config", None), "checkpoint"):
-            raise ValueError(f"{', '.join('--' + name for name in changes)} applies to the Llama models")
+            raise ValueError(f"{', '.join(_CONFIG_FLAGS[name] for name in changes)} applies to the Llama models")
         return type(model)(dataclasses.replace(model.config, **changes))
 
     return build_with_config
@@ -303,11 +295,10 @@ def model_case(model_name: str):
     """The benchmark's model case, with the batch size of `--batch` for the token models
     and the layer count of `--layers` for the Llama models."""
     case = MODEL_CASES[model_name]
-    changes = {name: value for name, value in (("layers", _layers), ("context", _context)) if value is not None}
+    flags = (("layers", _layers), ("context", _context), ("checkpoint", _remat))
+    changes = {name: value for name, value in flags if value is not None}
     if changes:
         case = dataclasses.replace(case, build=_with_config(case.build, **changes))
-    if _remat:
-        case = dataclasses.replace(case, build=_with_checkpointing(case.build, _remat))
     if _batch_size is None and _context is None:
         return case
     config = _token_config(model_name)

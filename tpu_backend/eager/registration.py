@@ -232,8 +232,8 @@ def _functionalized_kernel(op):
     assert not spec.per_tensor or spec.outputs == 0, f"{op}: a per-tensor op returns nothing"
 
     def kernel(*args, **kwargs):
-        programs = OPTIMIZER_PROGRAMS or _platform_optimizer_programs()
-        if spec.per_tensor and modes._mode == "strict" and programs != "one" and len(args[0]) > 1:
+        programs = spec.per_tensor and (OPTIMIZER_PROGRAMS or _platform_optimizer_programs())
+        if programs and programs != "one" and modes._mode == "strict" and len(args[0]) > 1:
             results = run.run_once_compiled(args, kwargs) if programs == "auto" else None
             if results is None:  # not compiled (yet): one call per element
                 for i in range(len(args[0])):
