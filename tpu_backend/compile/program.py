@@ -63,21 +63,40 @@ def format_signature(sig: tuple) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+class _Argument:
+    """An output that is the program's array argument `position`, unchanged. It is handed
+    back by the caller, not by XLA: an executable's outputs never share an argument's
+    buffer (without donation), so XLA would copy it. A scanned forward hands every weight
+    back for the backward this way: 616 MB copied per step for the 374M Llama."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int):
+        self.position = position
+
+    def __reduce__(self):  # stored with the executable (program_cache)
+        return (_Argument, (self.position,))
+
+
 class _Executable:
-    """One compiled signature: the XLA executable plus where the static outputs go."""
+    """One compiled signature: the XLA executable plus where the static outputs (and the
+    arguments handed back, `_Argument`) go."""
 
     def __init__(self, compiled, treedef, static_leaves: dict[int, Any], n_leaves: int):
         self.compiled = compiled
         self.treedef = treedef
         self.static_leaves = static_leaves
         self.n_leaves = n_leaves
+        self.arguments = {i: leaf.position for i, leaf in static_leaves.items() if type(leaf) is _Argument}
 
     def __call__(self, arrays):
         computed = self.compiled(*arrays)
         if self.static_leaves:
             computed = iter(computed)
+            static, arguments = self.static_leaves, self.arguments
             computed = [
-                self.static_leaves[i] if i in self.static_leaves else next(computed) for i in range(self.n_leaves)
+                (arrays[arguments[i]] if i in arguments else static[i]) if i in static else next(computed)
+                for i in range(self.n_leaves)
             ]
         return jax.tree_util.tree_unflatten(self.treedef, computed)
 
@@ -282,10 +301,18 @@ class Program:
             for i, value in statics.items():
                 full[i] = value
             leaves, treedef = jax.tree_util.tree_flatten(self.fn(*full), is_leaf=lambda x: x is None)
+            # arguments returned unchanged (not donated ones: XLA reuses those buffers anyway)
+            argument_at = {id(a): k for k, a in enumerate(arrays) if k not in self.donate}
+            static = {}
+            for i, leaf in enumerate(leaves):
+                if not isinstance(leaf, jax.Array):
+                    static[i] = leaf
+                elif id(leaf) in argument_at and arrays[argument_at[id(leaf)]] is leaf:
+                    static[i] = _Argument(argument_at[id(leaf)])
             traced["treedef"] = treedef
             traced["n_leaves"] = len(leaves)
-            traced["static"] = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, jax.Array)}
-            return [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
+            traced["static"] = static
+            return [leaf for i, leaf in enumerate(leaves) if i not in static]
 
         return on_arrays, traced
 

@@ -36,7 +36,7 @@ from tpu_backend import kernel_mode
 from tpu_backend.compile import cache as _cache
 
 SUFFIX = ".prog"
-_FORMAT = 1  # bump when the entry layout changes
+_FORMAT = 2  # bump when the entry layout changes
 # JAX flags a lowering can depend on (dtype rules, random numbers, matmul passes).
 _JAX_FLAGS = (
     "jax_enable_x64",

@@ -171,6 +171,33 @@ def test_a_program_with_an_identity_loads_without_tracing(fresh_cache):
     assert len(traced) == 3
 
 
+def test_an_argument_returned_unchanged_is_handed_back_not_copied(fresh_cache):
+    # a scanned forward hands its weights on to the backward: XLA would copy each one (an
+    # output never shares an argument's buffer), so the program hands back the argument
+    import jax
+
+    def keep_and_scale(x, y):
+        return x, x * y, {"again": y}
+
+    x, y = jax.device_put(np.arange(4.0, dtype=np.float32)), jax.device_put(np.full(4, 3.0, dtype=np.float32))
+    for program in (
+        Program("keep", keep_and_scale, identity="keep"),
+        Program("keep", keep_and_scale, identity="keep"),  # loaded from disk, as in a new process
+    ):
+        first, product, rest = program(x, y)
+        assert first is x and rest["again"] is y
+        np.testing.assert_array_equal(np.asarray(product), np.arange(4.0) * 3)
+        [text] = program.compiled_texts()
+        assert text.count("copy(") == 0, text
+    assert compile_stats().programs["keep"].loaded == 1
+    # a donated argument is not handed back: XLA writes its output there
+    donating = Program("keep_donated", keep_and_scale, donate=(0,))
+    x2 = jax.device_put(np.arange(4.0, dtype=np.float32))
+    first, _, _ = donating(x2, y)
+    assert first is not x2 and x2.is_deleted()
+    np.testing.assert_array_equal(np.asarray(first), np.arange(4.0))
+
+
 def forget_xla_entries(folder: Path) -> None:
     for path in folder.glob("*.xla"):
         path.unlink()
