@@ -31,7 +31,9 @@ def test_stacked_equals_jnp_stack(shape, dtype, n):
     np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(jnp.stack(xs).astype(jnp.float32)))
 
 
-@pytest.mark.skipif(tpu.libtpu_version() is None, reason="compiling for a TPU needs libtpu (tools/setup.sh installs it)")
+@pytest.mark.skipif(
+    tpu.libtpu_version() is None, reason="compiling for a TPU needs libtpu (tools/setup.sh installs it)"
+)
 def test_compiles_for_a_v5e_as_dmas():
     # a Llama layer's weight over 24 layers, and the odd cases above
     groups = [((1024, 2816), jnp.bfloat16, 24), *CASES]

@@ -12,6 +12,9 @@ Importing this package registers the Dynamo backend "tpu". Public API:
 - `cache_only()`: a context in which any compile raises `CacheMissError`;
 - `dump(folder)` (or `$TPU_DUMP_DIR`): write each compiled program's StableHLO and the
   FX graph it came from;
+- `compiles_ahead()` (`TPU_COMPILE_AHEAD`=auto|on|off; auto: on for a TPU): a graph's
+  program compiles on a thread from when AOTAutograd hands it over, the backward with the
+  forward, instead of at its first call (`compiled_graph.py`);
 - `programs()`: the compiled programs alive now; `Program.export(platforms=("tpu",))`
   lowers each of a program's signatures for another platform (`jax.export.Exported`).
 - `scan_layers(blocks)`: a model's repeated blocks (decoder layers) compiled once, as one
@@ -27,7 +30,7 @@ Importing this package registers the Dynamo backend "tpu". Public API:
 from __future__ import annotations
 
 from tpu_backend.compile import dynamo_cache
-from tpu_backend.compile.backend import BACKEND_NAME, DynamicShapesNotSupported, decompositions
+from tpu_backend.compile.backend import BACKEND_NAME, DynamicShapesNotSupported, compiles_ahead, decompositions
 from tpu_backend.compile.cache import (
     CacheMissError,
     CompileStats,
@@ -71,6 +74,7 @@ __all__ = [
     "cache_only",
     "compile_graph",
     "compile_stats",
+    "compiles_ahead",
     "decompositions",
     "disk_cache",
     "dump",

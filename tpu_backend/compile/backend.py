@@ -32,6 +32,7 @@ import itertools
 from typing import Any, Sequence
 
 import torch
+import torch._functorch.config
 from torch._decomp import core_aten_decompositions, decomposition_table
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import register_backend
@@ -41,6 +42,7 @@ from tpu_backend.compile.compiled_graph import (  # noqa: F401  (public here too
     _DEFAULT_BUCKETS,
     CompiledGraph,
     compile_for_tpu,
+    compiles_ahead,
     graph_compiler,
     graph_identity,
 )
@@ -105,7 +107,10 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
     )
-    with graph_cache.compiling(), scan.schema_checked_once():
+    # With programs compiled ahead, AOTAutograd hands the backward graph over with the
+    # forward (by default at the first backward), so the two compile at once.
+    eager_backward = torch._functorch.config.patch(force_non_lazy_backward_lowering=compiles_ahead())
+    with graph_cache.compiling(), scan.schema_checked_once(), eager_backward:
         return backend(gm, example_inputs, **kwargs)
 
 
@@ -171,6 +176,7 @@ __all__ = [
     "CompiledGraph",
     "DynamicShapesNotSupported",
     "compile_for_tpu",
+    "compiles_ahead",
     "graph_compiler",
     "decompositions",
     "tpu",

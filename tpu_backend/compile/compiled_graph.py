@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import sys
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 import torch
 
@@ -295,7 +297,47 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         if donating is not None:
             donating.identity = program.identity
         return CompiledGraph(program, devices, written, donating, donated, _input_slots(gm))
+    if compiles_ahead():
+        arguments = _abstract_arguments(gm, program.needs_rng)
+        if arguments is not None:
+            program.compile_ahead(arguments)
     return CompiledGraph(program, devices, slots=_input_slots(gm))
+
+
+def compiles_ahead() -> bool:
+    """Whether a graph's program starts compiling when AOTAutograd hands it over, on a
+    thread, rather than at its first call (`TPU_COMPILE_AHEAD`: `auto`, the default, is
+    on for a TPU; `on`; `off`). The backward graph is handed over with the forward then
+    (`backend.tpu`), so XLA compiles the two at once, and the backward also while the
+    forward runs. On JAX's CPU backend XLA compiles quickly and the thread would only
+    compete with the steps."""
+    setting = os.environ.get("TPU_COMPILE_AHEAD", "auto").strip().lower()
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"TPU_COMPILE_AHEAD={setting!r}: expected auto, on or off")
+    return setting == "on" or (setting == "auto" and jax.default_backend() == "tpu")
+
+
+def _abstract_arguments(gm: torch.fx.GraphModule, needs_rng: bool) -> list | None:
+    """The program's arguments as the first call will pass them (`CompiledGraph.__call__`:
+    each tensor's array, on the default device; a fresh random key first), or None where
+    that cannot be known from the graph (numbers, symbolic sizes, another device)."""
+    device = jax.devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    arguments = []
+    if needs_rng:
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        arguments.append(jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding))
+    for node in (n for n in gm.graph.nodes if n.op == "placeholder"):
+        value = node.meta.get("val")
+        if (
+            not isinstance(value, torch.Tensor)
+            or not all(isinstance(d, int) for d in value.shape)
+            or value.device.type not in (BACKEND_NAME, "cpu")
+            or (value.device.type == BACKEND_NAME and (value.device.index or 0) != 0)
+        ):
+            return None
+        arguments.append(jax.ShapeDtypeStruct(tuple(value.shape), jax_dtype(value.dtype), sharding=sharding))
+    return arguments
 
 
 def graph_compiler(name: str, buckets=_DEFAULT_BUCKETS):

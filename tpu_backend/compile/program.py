@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 import weakref
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import jax
@@ -40,8 +42,13 @@ def is_array(value) -> bool:
     return isinstance(value, (jax.Array, np.ndarray))
 
 
+def _is_input_array(value) -> bool:
+    """An array argument, or what one will be (`Program.compile_ahead`)."""
+    return is_array(value) or isinstance(value, jax.ShapeDtypeStruct)
+
+
 def _describe(value) -> tuple:
-    if is_array(value):
+    if _is_input_array(value):
         # The sharding too: an executable is compiled for its inputs' device placement
         # (the same step on one device and on a mesh needs two; tpu_backend.distributed).
         return ("array", value.shape, value.dtype, getattr(value, "weak_type", False), getattr(value, "sharding", None))
@@ -180,6 +187,7 @@ class Program:
         self.identity = identity
         # keyed by (matmul precision, signature): torch.set_float32_matmul_precision recompiles
         self._executables: dict[tuple, _Executable] = {}
+        self._ahead: dict[tuple, Future] = {}  # signatures compiling on a background thread
         self._last: _LastCall | None = None
         _LIVE.add(self)
 
@@ -227,13 +235,40 @@ class Program:
                 return result
         key = (matmul_precision, signature(args))
         executable = self._executables.get(key)
-        if executable is None:
-            executable = self._build(key, args)
+        if executable is None:  # a miss (the compile counted, ahead or here)
+            executable = self._executables[key] = self._compiled_ahead(key) or self._build(key, args)
         else:
             STATS.record_hit(self.name)
         if all(isinstance(value, _PLAIN_STATICS) for _, _, value in statics):
             self._last = _LastCall(matmul_precision, statics, weak, executable)
         return executable([a for a in args if is_array(a)])
+
+    def compile_ahead(self, args: list) -> None:
+        """Start compiling for `args` (ShapeDtypeStructs with the shardings the arrays will
+        have, and the static values) on a daemon thread, so that it overlaps other work
+        (XLA's compile frees the GIL): the first call with that signature waits for it
+        instead of compiling. A compile that fails there is done again by that call, which
+        raises the error."""
+        key = (precision.sync(), signature(args))
+        if key in self._executables or key in self._ahead:
+            return
+        job: Future = Future()
+
+        def build():
+            try:
+                job.set_result(self._build(key, args))  # kept by the call that takes it
+            except BaseException as error:  # noqa: BLE001 - the call compiles again and raises it
+                job.set_exception(error)
+
+        self._ahead[key] = job
+        threading.Thread(target=build, name=f"tpu-compile-ahead-{self.name}", daemon=True).start()
+
+    def _compiled_ahead(self, key: tuple) -> _Executable | None:
+        """The executable compiled ahead for `key` (waiting for it), or None."""
+        job = self._ahead.pop(key, None) if self._ahead else None
+        if job is None or job.exception() is not None:
+            return None
+        return job.result()
 
     def _build(self, key: tuple, args: tuple) -> _Executable:
         sig = key[1]
@@ -249,10 +284,9 @@ class Program:
             found = program_cache.load(*cached_key)
             if found is not None:
                 STATS.record_compile(self.name, time.perf_counter() - start, from_disk=True, loaded=True)
-                executable = self._executables[key] = _Executable(*found)
-                return executable
+                return _Executable(*found)
         on_arrays, traced = self._array_function(args)
-        lowered = jax.jit(on_arrays, donate_argnums=self.donate).lower(*[a for a in args if is_array(a)])
+        lowered = jax.jit(on_arrays, donate_argnums=self.donate).lower(*[a for a in args if _is_input_array(a)])
         traced_at = time.perf_counter()
         disk_hits_before = storage.hits if storage is not None else 0
         try:
@@ -269,7 +303,6 @@ class Program:
         )
         _dump.write_program(self.name, format_signature(sig), lowered, self.source)
         executable = _Executable(compiled, traced["treedef"], traced["static"], traced["n_leaves"])
-        self._executables[key] = executable
         if cached_key is not None and not from_disk:  # see program_cache.save: fresh executables only
             program_cache.save(*cached_key, compiled, traced["treedef"], traced["static"], traced["n_leaves"])
         return executable
@@ -289,9 +322,8 @@ class Program:
     def _array_function(self, args):
         """(function of the array arguments only, dict its tracing fills with the output
         structure and static outputs)."""
-        is_input_array = lambda a: is_array(a) or isinstance(a, jax.ShapeDtypeStruct)
-        array_positions = [i for i, a in enumerate(args) if is_input_array(a)]
-        statics = {i: a for i, a in enumerate(args) if not is_input_array(a)}
+        array_positions = [i for i, a in enumerate(args) if _is_input_array(a)]
+        statics = {i: a for i, a in enumerate(args) if not _is_input_array(a)}
         traced: dict[str, Any] = {}
 
         def on_arrays(*arrays):

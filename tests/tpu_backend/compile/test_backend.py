@@ -190,3 +190,66 @@ def test_writes_through_views_are_functionalized():
 
     x = torch.randn(4, 3)
     assert torch.equal(torch.compile(edit_in_place, backend="tpu")(x), edit_in_place(x))
+
+
+def _compiles_by_kind() -> dict[str, int]:
+    """Executables built (compiled or loaded from disk) per program kind since the stats' reset."""
+    return {name.rsplit("_", 1)[-1]: s.requests - s.hits for name, s in tpu_compile.compile_stats().programs.items()}
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["plain", "dropout"])
+def test_programs_compiled_ahead_are_the_ones_the_steps_run(monkeypatch, dropout):
+    # TPU_COMPILE_AHEAD (on by default on a TPU only): the backward graph is handed over
+    # with the forward, and both programs compile on threads for the signature the first
+    # call will have (a random key first, with dropout); a wrong guess would compile again
+    # at the call
+    monkeypatch.setenv("TPU_COMPILE_AHEAD", "on")
+    tpu_compile.compile_stats().reset()
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(8, 16), nn.Dropout(dropout), nn.Tanh(), nn.Linear(16, 4))
+    model = copy.deepcopy(eager).to("tpu")
+    compiled = torch.compile(model, backend="tpu")
+    generator = torch.Generator().manual_seed(1)
+    for step in range(2):
+        x = torch.randn(5, 8, generator=generator)
+        out = compiled(x.to("tpu"))
+        if step == 0:
+            assert _compiles_by_kind() == {"forward": 1, "backward": 1}  # before any backward ran
+        out.square().sum().backward()
+        if not dropout:
+            eager(x).square().sum().backward()
+    assert _compiles_by_kind() == {"forward": 1, "backward": 1}
+    if not dropout:
+        for got, want in zip(model.parameters(), eager.parameters()):
+            assert relative(got.grad.cpu(), want.grad) <= RELATIVE_TOLERANCE
+
+
+def test_a_program_whose_ahead_compile_fails_compiles_at_its_call(monkeypatch):
+    import threading
+
+    import jax
+    import numpy as np
+
+    from tpu_backend.compile.program import Program
+
+    program = Program("ahead_fails", lambda x: x * 2)
+    build = Program._build
+    calls = []
+
+    def fail_on_the_thread(self, key, args):
+        calls.append(threading.current_thread().name)
+        if calls[-1].startswith("tpu-compile-ahead"):
+            raise RuntimeError("simulated compile failure")
+        return build(self, key, args)
+
+    monkeypatch.setattr(Program, "_build", fail_on_the_thread)
+    x = jax.device_put(np.arange(3.0, dtype=np.float32))
+    program.compile_ahead([jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)])
+    np.testing.assert_array_equal(np.asarray(program(x)), np.arange(3.0) * 2)
+    assert [name.startswith("tpu-compile-ahead") for name in calls] == [True, False]
+
+
+def test_an_unknown_compile_ahead_setting_is_refused(monkeypatch):
+    monkeypatch.setenv("TPU_COMPILE_AHEAD", "sometimes")
+    with pytest.raises(Exception, match="TPU_COMPILE_AHEAD='sometimes': expected auto, on or off"):
+        torch.compile(small_mlp(), backend="tpu")(torch.randn(2, 8))
