@@ -8,6 +8,7 @@ One module per kernel, each with its plain-JAX (XLA) reference next to it:
 | `norms` | `rms_norm`, `layer_norm` (fwd + bwd, optional fused residual add) | `norm_reference` |
 | `cross_entropy` | `cross_entropy` (fwd + bwd, chunked over the vocabulary) | `cross_entropy_reference` |
 | `decode_attention` | `decode_attention` (one token over a KV cache, per-sequence length) | `decode_attention_reference` |
+| `stack` | `stack` (equal arrays stacked by DMA: the scanned layers' weights) | `stack_reference` |
 | `flash_attention_triton` | `flash_attention_triton` (GPU: Pallas's Triton backend; fwd + bwd, causal, GQA, ragged) | `flash_attention.attention_reference` |
 
 `tuning` holds every block size (frozen dataclasses, per backend and shape); `tpu` the
