@@ -81,9 +81,6 @@ class _Argument:
     def __init__(self, position: int):
         self.position = position
 
-    def __reduce__(self):  # stored with the executable (program_cache)
-        return (_Argument, (self.position,))
-
 
 class _Executable:
     """One compiled signature: the XLA executable plus where the static outputs (and the
