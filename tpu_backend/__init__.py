@@ -50,6 +50,7 @@ from tpu_backend import _registration, device  # noqa: E402
 
 _registration.register_backend(device)
 
+import tpu_backend.fake_rules  # noqa: E402,F401  (tpu tensors' shapes where a meta kernel has CUDA's limits)
 import tpu_backend.ops  # noqa: E402,F401  (fills the lowering table)
 from tpu_backend import (  # noqa: E402
     autocast,

@@ -74,6 +74,59 @@ def bmm(x, mat2):
     return jnp.matmul(x, mat2)
 
 
+# ragged_dot_general's dimension numbers for `_grouped_mm`'s two ragged layouts
+_GROUPED_ROWS = jax.lax.RaggedDotDimensionNumbers(  # (S, K) x (G, K, N) -> (S, N)
+    dot_dimension_numbers=(([1], [1]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]
+)
+_GROUPED_CONTRACTION = jax.lax.RaggedDotDimensionNumbers(  # (K, S) x (S, N) -> (G, K, N)
+    dot_dimension_numbers=(([1], [0]), ([], [])), lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
+)
+
+
+def _ragged_dot(lhs, rhs, sizes, numbers, wide):
+    """The ragged product accumulated in `wide`. Narrow operands: on a TPU as they are, at
+    default precision (their products are exact in float32 anyway; asked for float32
+    precision, the matmul setting's "highest", libtpu's ragged-dot kernel refuses bfloat16
+    operands: "Bad lhs type"); JAX's CPU backend has no bfloat16 x bfloat16 -> float32
+    ragged product, so there they widen first (exactly)."""
+
+    def dot(lhs, rhs, precision=None):
+        return jax.lax.ragged_dot_general(lhs, rhs, sizes, numbers, precision, preferred_element_type=wide)
+
+    if lhs.dtype == wide:
+        return dot(lhs, rhs)
+    return jax.lax.platform_dependent(
+        lhs,
+        rhs,
+        cpu=lambda lhs, rhs: dot(lhs.astype(wide), rhs.astype(wide)),
+        default=lambda lhs, rhs: dot(lhs, rhs, jax.lax.Precision.DEFAULT),
+    )
+
+
+@lowers(aten._grouped_mm.default)
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Mixture-of-experts products (transformers' default experts implementation):
+    `offs` (int32, cumulative) cuts the ragged dimension into one group per expert.
+    (S, K) x (G, K, N) -> (S, N), rows of group g times expert g; (K, S) x (S, N) ->
+    (G, K, N), the weight gradient; (G, M, K) x (K, S) -> (M, S); 3D x 3D is bmm. Rows
+    past offs[-1] come out 0 (ATen's kernel leaves them unwritten). Products accumulate
+    in float32 and round once, as ATen's."""
+    if bias is not None:
+        raise NotImplementedError("aten._grouped_mm: bias is not supported (nor by PyTorch's kernels); add it after")
+    wide = _accumulator(mat_a) or mat_a.dtype
+    dtype = jax_dtype(out_dtype) if out_dtype is not None else mat_a.dtype
+    if mat_a.ndim == 3 and mat_b.ndim == 3:
+        return jnp.matmul(mat_a, mat_b, preferred_element_type=wide).astype(dtype)
+    sizes = jnp.diff(offs.astype(jnp.int32), prepend=0)
+    if mat_a.ndim == 2 and mat_b.ndim == 3:
+        product = _ragged_dot(mat_a, mat_b, sizes, _GROUPED_ROWS, wide)
+    elif mat_a.ndim == 2:
+        product = _ragged_dot(mat_a, mat_b, sizes, _GROUPED_CONTRACTION, wide)
+    else:  # (G, M, K) x (K, S): the columns of mat_b grouped, the first layout transposed
+        product = _ragged_dot(mat_b.T, jnp.swapaxes(mat_a, 1, 2), sizes, _GROUPED_ROWS, wide).T
+    return product.astype(dtype)
+
+
 @lowers(aten.addmm.default)
 def addmm(x, mat1, mat2, *, beta=1, alpha=1):
     return _scale_add(x, jnp.matmul(mat1, mat2, preferred_element_type=_accumulator(mat1)), beta, alpha, mat1)

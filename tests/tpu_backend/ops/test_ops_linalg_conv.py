@@ -208,3 +208,35 @@ def test_ldl_factor_matches_lapack_pivots_and_solve(n):
     check(aten.linalg_ldl_solve.default, ld[:3], pivots[:3], b[:3], atol=1e-4, rtol=1e-4)
     assert_lowers_for_tpu(aten.linalg_ldl_factor_ex.default, a)
     assert_lowers_for_tpu(aten.linalg_ldl_solve.default, ld, pivots, b)
+
+
+# (mat_a, mat_b) of `_grouped_mm`'s four layouts; offs cut 16 rows into 4 groups, one
+# empty (ATen's CPU kernel wants 16-byte aligned rows: multiples of 8 bfloat16 values)
+GROUPED_MM = {
+    "rows x experts": ((16, 8), (4, 8, 24)),
+    "weight gradient": ((8, 16), (16, 24)),
+    "experts x columns": ((4, 24, 8), (8, 16)),
+    "batched": ((4, 24, 8), (4, 8, 16)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", list(GROUPED_MM))
+def test_grouped_mm_as_atens_kernel(layout, dtype):
+    """transformers' MoE experts (`torch._grouped_mm`): every layout and dtype, against
+    ATen's CPU kernel, and compiled for a v5e (XLA's ragged dot)."""
+    shape_a, shape_b = GROUPED_MM[layout]
+    a, b = torch.randn(shape_a).to(dtype), torch.randn(shape_b).to(dtype)
+    offs = None if layout == "batched" else torch.tensor([3, 3, 9, 16], dtype=torch.int32)
+    tolerance = TOL if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
+    check(aten._grouped_mm.default, a, b, offs, **tolerance)
+    assert_lowers_for_tpu(aten._grouped_mm.default, a, b, offs)
+
+
+def test_grouped_mm_rows_past_the_last_offset_are_zero():
+    """ATen's kernel leaves rows past offs[-1] unwritten (transformers masks them after);
+    the lowering writes 0 there and the rows before agree."""
+    a, b, offs = torch.randn(16, 8), torch.randn(3, 8, 8), torch.tensor([5, 5, 11], dtype=torch.int32)
+    actual = run_lowering(aten._grouped_mm.default, a, b, offs)
+    torch.testing.assert_close(actual[:11], torch._grouped_mm(a, b, offs=offs)[:11], **TOL)
+    assert actual[11:].abs().max() == 0
