@@ -14,7 +14,7 @@ import torch
 from tpu_backend import native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.dispatch import check_device_index, execute, register_kernel
-from tpu_backend.eager.registration import register_behind_native
+from tpu_backend.eager.registration import indices_to_device, register_behind_native
 from tpu_backend.ops.registry import JAX_LOWERINGS
 from tpu_backend.tensor import resize_
 
@@ -99,6 +99,7 @@ def as_strided_(t: torch.Tensor, size, stride, storage_offset=None):
 
 def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     """`x[idx] = v` arrives as `_index_put_impl_`: run the table's functional `index_put`."""
+    _, indices = indices_to_device((self, indices))
     result = execute(aten.index_put.default, (self, indices, values, accumulate), {})
     tpu_tensor.write(self, result)
     return self

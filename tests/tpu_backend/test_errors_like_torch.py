@@ -106,6 +106,26 @@ def test_a_cpu_tensor_mixed_in_raises_what_cuda_raises(mode):
     assert (ones("tpu", 2) * torch.tensor(3.0)).cpu().tolist() == [3.0, 3.0]
 
 
+def test_cpu_index_tensors_index_a_device_tensor_as_on_cuda(mode):
+    """Advanced indexing is where CUDA takes CPU tensors beside device ones (BEiT indexes
+    its position table with indices made on the host): read, written, accumulated and
+    differentiated as on CPU."""
+    table, index = torch.randn(10, 3), torch.tensor([1, 4, 4, 9])
+    on_device = table.to("tpu").requires_grad_()
+    read = on_device[index]
+    read.backward(torch.arange(12.0).reshape(4, 3).to("tpu"))
+    expected = table.clone().requires_grad_()
+    expected[index].backward(torch.arange(12.0).reshape(4, 3))
+    assert torch.equal(read.detach().cpu(), table[index])
+    assert torch.equal(on_device.grad.cpu(), expected.grad)
+    written, cpu = torch.zeros(10, 3, device="tpu"), torch.zeros(10, 3)
+    written[index] = torch.ones(4, 3, device="tpu")
+    cpu[index] = torch.ones(4, 3)
+    written.index_put_((index,), torch.ones(4, 3, device="tpu"), accumulate=True)
+    cpu.index_put_((index,), torch.ones(4, 3), accumulate=True)
+    assert torch.equal(written.cpu(), cpu)
+
+
 def _exhausted(message: str) -> jax.errors.JaxRuntimeError:
     return jax.errors.JaxRuntimeError(message)
 

@@ -64,10 +64,26 @@ def _on_meta(value):
     return value
 
 
+# Advanced indexing takes CPU index tensors beside a device tensor, as on CUDA (BEiT's
+# `table[torch.arange(...)...]`, made on the host): they move to the device first.
+_TAKES_CPU_INDICES = frozenset(
+    {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten._index_put_impl.default}
+)
+
+
+def indices_to_device(args: tuple) -> tuple:
+    """(self, indices, ...) with the CPU tensors among `indices` moved to the device."""
+    self, indices, *rest = args
+    moved = [i.to(DEVICE_NAME) if isinstance(i, torch.Tensor) and i.device.type == "cpu" else i for i in indices]
+    return (self, moved, *rest)
+
+
 def _functional_kernel(op):
     run = runner(op)
     takes_device = any(a.name == "device" for a in op._schema.arguments)
     elsewhere = takes_device and op._schema.name.split("::")[-1] in _METADATA_ONLY_WITH_DEVICE
+    if op in _TAKES_CPU_INDICES:
+        return lambda *args, **kwargs: _wrap_outputs(run(indices_to_device(args), kwargs))
 
     def kernel(*args, **kwargs):
         if takes_device and kwargs.get("device") is not None:
@@ -102,9 +118,11 @@ def _write_inplace(functional, self, result):
 
 def _inplace_kernel(functional):
     run = runner(functional)
+    moves_indices = functional in _TAKES_CPU_INDICES
 
     def kernel(self, *args, **kwargs):
-        return _write_inplace(functional, self, run((self, *args), kwargs, True))
+        args = (self, *args)
+        return _write_inplace(functional, self, run(indices_to_device(args) if moves_indices else args, kwargs, True))
 
     return kernel
 
@@ -305,7 +323,12 @@ def _register_functional(op) -> int:
     kernel (tpu_backend/native): registered on PrivateUse2, which the C++ kernel redispatches
     to for every call it does not know (and learns from)."""
     kernel = _functionalized_kernel(op) if JAX_LOWERINGS[op].functionalized else _functional_kernel(op)
-    if JAX_LOWERINGS[op].functionalized or (op, "PrivateUse1") in _REGISTERED or not _configure_native_kernels():
+    if (
+        JAX_LOWERINGS[op].functionalized
+        or op in _TAKES_CPU_INDICES  # the C++ kernel would read the CPU indices as device arrays
+        or (op, "PrivateUse1") in _REGISTERED
+        or not _configure_native_kernels()
+    ):
         return register_kernel(op, kernel)
     try:
         native_id = _native.install_op_kernel(op._schema.name, op._schema.overload_name)

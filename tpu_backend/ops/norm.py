@@ -1,7 +1,9 @@
 """Softmax, layer/batch/group normalisation and their backward ops.
 
 Statistics are computed in float32 for half-precision inputs ("opmath"), as PyTorch's
-CPU kernels do; saved mean/rstd come back in the dtype ATen's meta functions give.
+CPU kernels do; saved mean/rstd come back in the dtype and shape ATen's meta functions
+give (in eval mode, the running statistics used, where ATen's CPU kernel returns empty
+tensors).
 
 Batch norm and running statistics. In ATen, `native_batch_norm` and
 `_native_batch_norm_legit` update `running_mean`/`running_var` IN PLACE (training
@@ -174,10 +176,12 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
         return out, mean.astype(stats), invstd.astype(stats), new_mean, new_var
     if running_mean is None or running_var is None:
         raise ValueError("aten.native_batch_norm: evaluation mode needs running_mean and running_var")
-    invstd = jax.lax.rsqrt(_opmath(running_var) + eps)
-    out = _normalize(x, _opmath(running_mean), invstd, weight, bias)
-    empty = jnp.zeros((0,), stats)  # ATen returns empty save_mean/save_invstd in eval mode
-    return out, empty, empty, running_mean, running_var
+    mean, invstd = _opmath(running_mean), jax.lax.rsqrt(_opmath(running_var) + eps)
+    out = _normalize(x, mean, invstd, weight, bias)
+    # save_mean/save_invstd in eval mode: the statistics used, as PyTorch's meta kernel (the
+    # shapes torch.compile's graphs expect) and CUDA give them; ATen's CPU kernel returns
+    # empty tensors there, which a compiled graph refused as a wrong shape
+    return out, mean, invstd, running_mean, running_var
 
 
 # Running stats: run the functional op, write its outputs 3, 4 into arguments 3, 4.

@@ -125,6 +125,22 @@ def test_batch_norm_running_statistics_are_updated():
     assert compiled_model[1].num_batches_tracked.item() == 1
 
 
+def test_batch_norm_in_eval_mode_passes_gradients():
+    """Fine-tuning with the batch norms frozen (`.eval()`, gradients still flowing through
+    them, as detection backbones are trained): the forward graph hands the backward the
+    saved statistics, which ATen's CPU kernel returns empty in eval mode while the graph
+    (PyTorch's meta kernel) expects one per channel; the compiled step refused that as a
+    wrong shape. Gradients of every parameter as in eager."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3)).eval()
+    on_device = copy.deepcopy(eager).to("tpu")
+    x = torch.randn(2, 3, 8, 8)
+    eager(x).square().sum().backward()
+    torch.compile(on_device, backend="tpu")(x.to("tpu")).square().sum().backward()
+    for (name, want), got in zip(eager.named_parameters(), on_device.parameters()):
+        assert relative(got.grad.cpu(), want.grad) <= RELATIVE_TOLERANCE, name
+
+
 @torch.library.custom_op("t4_backend_test::opaque", mutates_args=())
 def opaque(x: torch.Tensor) -> torch.Tensor:
     return x.clone()

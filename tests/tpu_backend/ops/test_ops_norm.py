@@ -48,9 +48,12 @@ def test_batch_norm_forward_backward_and_running_stats(training, shape):
     w, b = torch.randn(3), torch.randn(3)
     rm, rv = torch.randn(3), torch.rand(3) + 0.5
     rm_cpu, rv_cpu = rm.clone(), rv.clone()
-    out, save_mean, save_invstd = check(
-        aten.native_batch_norm.default, x, w, b, rm_cpu, rv_cpu, training, 0.1, 1e-5, **TOL
-    )
+    if training:
+        out, save_mean, save_invstd = check(
+            aten.native_batch_norm.default, x, w, b, rm_cpu, rv_cpu, training, 0.1, 1e-5, **TOL
+        )
+    else:
+        out, save_mean, save_invstd = check_eval_batch_norm(aten.native_batch_norm.default, x, w, b, rm, rv, False)
     # ATen updated rm_cpu/rv_cpu in place; the functional lowering returns the new values.
     results = run_lowering(aten._native_batch_norm_legit_functional.default, x, w, b, rm, rv, training, 0.1, 1e-5)
     torch.testing.assert_close(results[3], rm_cpu, **TOL)
@@ -73,10 +76,25 @@ def test_batch_norm_forward_backward_and_running_stats(training, shape):
     )
 
 
+def check_eval_batch_norm(op, x, *args):
+    """An eval-mode batch norm: the output as on CPU; save_mean and save_invstd as ATen's
+    meta kernel shapes them (what a compiled graph expects, and CUDA gives: the running
+    statistics used), where ATen's CPU kernel returns empty tensors."""
+    expected = op(x, *args, 0.1, 1e-5)
+    actual = run_lowering(op, x, *args, 0.1, 1e-5)
+    torch.testing.assert_close(actual[0], expected[0], **TOL)
+    meta = op(*(a.to("meta") if isinstance(a, torch.Tensor) else a for a in (x, *args)), 0.1, 1e-5)
+    assert [(t.shape, t.dtype) for t in actual] == [(t.shape, t.dtype) for t in meta]
+    running_mean, running_var = args[2], args[3]
+    torch.testing.assert_close(actual[1], running_mean, **TOL)
+    torch.testing.assert_close(actual[2], (running_var + 1e-5).rsqrt(), **TOL)
+    return expected
+
+
 def test_batch_norm_legit_variants():
     x = torch.randn(4, 3, 5)
     w, b, rm, rv = torch.randn(3), torch.randn(3), torch.randn(3), torch.rand(3) + 0.5
-    check(aten._native_batch_norm_legit_no_training.default, x, w, b, rm, rv, 0.1, 1e-5, **TOL)
+    check_eval_batch_norm(aten._native_batch_norm_legit_no_training.default, x, w, b, rm, rv)
     check(aten._native_batch_norm_legit.no_stats, x, w, b, True, 0.1, 1e-5, **TOL)
     check(aten._native_batch_norm_legit.default, x, None, None, rm.clone(), rv.clone(), True, 0.1, 1e-5, **TOL)
 
@@ -105,7 +123,7 @@ def test_batch_norm_with_update_family():
     results = run_lowering(aten._batch_norm_with_update_functional.default, x, w, b, rm, rv, 0.1, 1e-5)
     torch.testing.assert_close(results[4], rm_cpu, **TOL)
     torch.testing.assert_close(results[5], rv_cpu, **TOL)
-    check(aten._batch_norm_no_update.default, x, w, b, rm, rv, 0.1, 1e-5, **TOL)
+    check_eval_batch_norm(aten._batch_norm_no_update.default, x, w, b, rm, rv)
     g = torch.randn(4, 3, 5)
     reserve = torch.empty(0, dtype=torch.uint8)
     check(
