@@ -25,7 +25,11 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   ("inputs on CPU ... stay off-device"): only the new token, its position and mask go
   to the device, in one transfer (each transfer costs ~0.2 ms of host time on a TPU
   host), and only the last position's logits come back; results return to the device
-  the inputs came from. The mask built on the host needs the cache's length, which a
+  the inputs came from. Encoder-decoder models too (T5, BART, ...): their encoder runs
+  on the device on its inputs moved there, their growing decoder ids stay on the host (on
+  the device they compiled three small programs per new length); Whisper's own generate()
+  builds logits processors on its inputs' device before it calls this one, so its loop
+  stays there. The mask built on the host needs the cache's length, which a
   static cache keeps on the device (a read costs a TPU host ~0.45 ms per token): the
   host knows it from `input_ids` (every token but those fed this step is in the cache)
   and hands it to the mask (`_host_query_offset`). Assisted decoding (an assistant model,
@@ -68,6 +72,8 @@ MIN_CACHE_LENGTH = 128
 COMPILE_LAYERS_ONCE = True
 # Integer inputs of generate() that its loop grows or reads every step: kept on the host.
 _BOOKKEEPING_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
+# ... and an encoder-decoder model's, whose encoder inputs go back to the device for the encoder
+_DECODER_BOOKKEEPING_INPUTS = ("decoder_input_ids", "decoder_attention_mask")
 # generate() options that decode with candidate tokens (transformers' assisted loop)
 _ASSISTED_OPTIONS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 _UNSUPPORTED_CACHES = {
@@ -130,6 +136,10 @@ def _refuse_unsupported_cache(cache_implementation) -> None:
 
 def _to_host(value):
     return value.cpu() if _is_tpu(value) and not value.is_floating_point() else value
+
+
+def _tensor_to_host(value):
+    return value.cpu() if _is_tpu(value) else value
 
 
 def _to_model_device(device: torch.device, value):
@@ -200,8 +210,10 @@ def _patch_prepare_inputs(module) -> None:
 
     @functools.wraps(prepare_inputs)
     def prepare_inputs_on_device(self, input_ids, *args, **kwargs):
-        if not _on_device(self) or self.config.is_encoder_decoder:
+        if not _on_device(self):
             return prepare_inputs(self, input_ids, *args, **kwargs)
+        if self.config.is_encoder_decoder:  # (the cache's query offset is the decoder's: not known here)
+            return module.move_to_device(prepare_inputs(self, input_ids, *args, **kwargs), self.device)
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         fed = kwargs.get("next_sequence_length")
         offset_known = (
@@ -222,6 +234,26 @@ def _patch_prepare_inputs(module) -> None:
 
     cache_class.get_query_offset = query_offset
     mixin.prepare_inputs_for_generation = prepare_inputs_on_device
+    _patch_encoder_call(module)
+
+
+def _patch_encoder_call(module) -> None:
+    """An encoder-decoder model on the device whose generate() keeps its bookkeeping on the
+    host: its encoder runs on the device, on its inputs (and their mask) moved there."""
+    mixin = module.GenerationMixin
+    encode = mixin._prepare_text_encoder_decoder_kwargs_for_generation
+
+    @functools.wraps(encode)
+    def encode_on_device(self, inputs_tensor, model_kwargs, *args, **kwargs):
+        if _on_device(self):
+            inputs_tensor = module.move_to_device(inputs_tensor, self.device)
+            model_kwargs = {
+                key: value if key.startswith("decoder_") else module.move_to_device(value, self.device)
+                for key, value in model_kwargs.items()
+            }
+        return encode(self, inputs_tensor, model_kwargs, *args, **kwargs)
+
+    mixin._prepare_text_encoder_decoder_kwargs_for_generation = encode_on_device
 
 
 def _patch_sample(mixin) -> None:
@@ -277,14 +309,24 @@ def _patch_generate(module) -> None:
 
     @functools.wraps(generate)
     def generate_on_device(self, inputs=None, *args, **kwargs):
-        if not _on_device(self) or self.config.is_encoder_decoder:  # (an encoder reads its inputs on the device)
+        encoder_decoder = self.config.is_encoder_decoder
+        # an encoder-decoder model with a generate() of its own (Whisper) builds logits
+        # processors on its inputs' device before calling this one: its loop stays there
+        if not _on_device(self) or (encoder_decoder and type(self).generate is not generate_on_device):
             return generate(self, inputs, *args, **kwargs)
         _refuse_unsupported_cache(kwargs.get("cache_implementation"))
-        device = next((v.device for v in (inputs, kwargs.get("input_ids")) if isinstance(v, torch.Tensor)), None)
-        place = functools.partial(_to_model_device, self.device) if _assisted(self, kwargs) else _to_host
+        main_input = kwargs.get(self.main_input_name, kwargs.get("input_ids"))
+        device = next((v.device for v in (inputs, main_input) if isinstance(v, torch.Tensor)), None)
+        if _assisted(self, kwargs):
+            place, moved = functools.partial(_to_model_device, self.device), _BOOKKEEPING_INPUTS
+        elif encoder_decoder:  # the encoder's input too, floats included: the loop follows its device
+            place, moved = _tensor_to_host, (*_BOOKKEEPING_INPUTS, *_DECODER_BOOKKEEPING_INPUTS, self.main_input_name)
+        else:
+            place, moved = _to_host, _BOOKKEEPING_INPUTS
         inputs = place(inputs)
-        kwargs = {k: place(v) if k in _BOOKKEEPING_INPUTS else v for k, v in kwargs.items()}
-        with layer_regions.marked(scan.repeated_blocks(self) if COMPILE_LAYERS_ONCE else None):
+        kwargs = {k: place(v) if k in moved else v for k, v in kwargs.items()}
+        layers = scan.repeated_blocks(self) if COMPILE_LAYERS_ONCE and not encoder_decoder else None
+        with layer_regions.marked(layers):
             result = generate(self, inputs, *args, **kwargs)
         return result if device is None else _to_device(result, device)
 
