@@ -1037,7 +1037,7 @@ class BucketedProgram(GraphProgram):
         outputs and each symbol's true and padded values (to crop them)."""
         fn = self.graph_fn
         true = _bind(self.plan, fn.placeholders, args)
-        padded = {s: (true[s] if s in self.plan.pinned else self.policy(true[s])) for s in self.plan.symbols}
+        padded = self.padded_sizes(true)
         values = []
         for ph, arg in zip(fn.placeholders, args):
             meta = ph.meta.get("val")
@@ -1053,6 +1053,17 @@ class BucketedProgram(GraphProgram):
         else:
             outputs = self(sizes, *values, *trues)
         return list(outputs), true, padded
+
+    def padded_sizes(self, true: dict) -> dict:
+        """Each symbol's size in this call's program: a pinned symbol's true one; any other
+        its bucket, unless a pinned symbol has the same true value. Two symbols can be one
+        size that only the run says is equal (a loss in a graph of its own: the logits'
+        rows and the labels' rows come in as separate inputs), and an op that needs them
+        equal fails when one is padded and the other is not."""
+        exact = {true[s] for s in self.plan.pinned}
+        return {
+            s: true[s] if s in self.plan.pinned or true[s] in exact else self.policy(true[s]) for s in self.plan.symbols
+        }
 
 
 def compile_bucketed(gm: torch.fx.GraphModule, name: str, policy: Buckets) -> BucketedProgram:

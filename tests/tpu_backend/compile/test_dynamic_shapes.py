@@ -290,3 +290,22 @@ def test_a_size_used_as_an_offset_is_not_padded():
         for n in (3, 5, 6):
             x = torch.randn(n, 4)
             torch.testing.assert_close(compiled(x), last_two_rows(x), rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_a_loss_in_a_graph_of_its_own_pads_its_rows_alike():
+    """GPT-2 breaks the graph before its loss: the logits' rows and the labels' rows enter
+    that graph as separate symbols, equal only at run time, and the labels' padding op
+    pins theirs. The logits were padded to the bucket and the labels not: "Incompatible
+    shapes for broadcasting: (20, 1), (32, 1)" in nll_loss. A symbol whose true value a
+    pinned one has is now exact too. Loss and logits as on CPU at three lengths."""
+    from tests.litert_torch.generative import families
+
+    model = families.build("gpt2")
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExactShapesWarning)
+        for length in (10, 13, 21):
+            ids = torch.randint(0, families.VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+            got, want = compiled(input_ids=ids.to("tpu"), labels=ids.to("tpu")), model(input_ids=ids, labels=ids)
+            torch.testing.assert_close(got.loss.cpu(), want.loss, rtol=TOLERANCE, atol=TOLERANCE)
+            torch.testing.assert_close(got.logits.cpu(), want.logits, rtol=TOLERANCE, atol=TOLERANCE)
