@@ -428,8 +428,6 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
         start = _host_clock()
         if whole_step is not None:
             loss = whole_step(inputs, target)
-        elif _phases is not None:  # --phases: the same step, its parts timed
-            loss = _phased_train_step(runner, optimizer, inputs, target)
         else:
             loss = _train_step(runner, optimizer, inputs, target)
         if mode.eager_mode == "fused":
@@ -437,12 +435,10 @@ def make_step(model_name: str, mode_name: str) -> StepFn:
 
             tpu_backend.mark_step()  # enqueue the step's program (the sync below waits for it)
         host = _since(start)
-        if _phases is not None:
-            _phases.segment("mark_step" if mode.eager_mode == "fused" else "step")
+        _segment("mark_step" if mode.eager_mode == "fused" else "step")
         synchronize(mode.device)
         value = loss.item()
-        if _phases is not None:
-            _phases.segment("wait")
+        _segment("wait")
         return value, *host
 
     def enqueue() -> torch.Tensor:  # --pipeline: the step without waiting for it
@@ -593,24 +589,21 @@ _phases: HostPhases | None = None  # set while --phases accounts for its steps
 
 
 def _train_step(model: ModelWithLoss, optimizer, inputs, target) -> torch.Tensor:
-    """`benchmarks.models.train_step` for a model that computes its loss."""
+    """`benchmarks.models.train_step` for a model that computes its loss; under `--phases`
+    its parts are marked."""
     optimizer.zero_grad(set_to_none=True)
     loss = model(inputs, target)
+    _segment("forward")
     loss.backward()
+    _segment("backward")
     optimizer.step()
+    _segment("optimizer")
     return loss.detach()
 
 
-def _phased_train_step(model: ModelWithLoss, optimizer, inputs, target) -> torch.Tensor:
-    """`_train_step` with its parts marked for `--phases`."""
-    optimizer.zero_grad(set_to_none=True)
-    loss = model(inputs, target)
-    _phases.segment("forward")
-    loss.backward()
-    _phases.segment("backward")
-    optimizer.step()
-    _phases.segment("optimizer")
-    return loss.detach()
+def _segment(part: str) -> None:
+    if _phases is not None:
+        _phases.segment(part)
 
 
 def bench_phases(step_fns: dict[str, "StepFn"], steps: int) -> dict[str, dict]:

@@ -132,6 +132,20 @@ def record_training(
     return TrainingRun(losses, first_gradients, parameters(model))
 
 
+def language_model_step(forward: Callable, optimizer: torch.optim.Optimizer) -> Callable:
+    """A Hugging Face language model's training step for `record_training`:
+    `step(input_ids, labels) -> loss` through `forward` (the model, or it compiled)."""
+
+    def step(input_ids, labels):
+        optimizer.zero_grad()
+        loss = forward(input_ids=input_ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
 def noise_masks(first_gradients: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
     """Per parameter, the elements whose step-1 gradient may be rounding noise of zero."""
     return {name: g.abs() <= NOISE_GRADIENT for name, g in first_gradients.items() if g is not None}

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 import tpu_backend  # noqa: F401  (registers the device)
-from tests.tpu_backend.parity import assert_runs_match, assert_tensors_match, record_training
+from tests.tpu_backend.parity import assert_runs_match, assert_tensors_match, language_model_step, record_training
 
 peft = pytest.importorskip("peft")
 
@@ -70,16 +70,8 @@ def train(model, data, *, compiled: bool = False):
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(trainable, lr=0.5)
     forward = torch.compile(model, backend="tpu") if compiled else model
-
-    def step(ids, labels):
-        optimizer.zero_grad()
-        loss = forward(input_ids=ids, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        return loss
-
     model.train()
-    return record_training(model, step, data)
+    return record_training(model, language_model_step(forward, optimizer), data)
 
 
 def cpu_copy(model):

@@ -14,7 +14,7 @@ import torch
 import transformers
 
 import tpu_backend
-from tests.tpu_backend.parity import assert_runs_match, record_training
+from tests.tpu_backend.parity import assert_runs_match, language_model_step, record_training
 from tpu_backend.integrations import when_imported
 
 VOCAB = 96
@@ -61,14 +61,7 @@ def _fine_tune(device: str, optimizer_name: str):
         "sgd": lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
     }[optimizer_name](model.parameters())
     ids = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(2)).to(device)
-
-    def step(inputs, labels):
-        optimizer.zero_grad()
-        loss = model(input_ids=inputs, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    step = language_model_step(model, optimizer)
     return model, record_training(model, step, [(ids, ids)] * 4)  # one batch, memorised: the loss must fall
 
 
@@ -92,19 +85,6 @@ def test_fine_tune_on_tpu_then_save_pretrained_round_trips(tmp_path, optimizer_n
         torch.testing.assert_close(param, tuned.state_dict()[name].cpu(), rtol=0, atol=0, msg=name)
 
 
-def _sgd_step(model, forward):
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-
-    def step(inputs, labels):
-        optimizer.zero_grad()
-        loss = forward(input_ids=inputs, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
-
-
 @pytest.mark.parametrize("family", ["mixtral (MoE)", pytest.param("qwen3_moe (MoE)", marks=pytest.mark.slow)])
 def test_mixture_of_experts_trains_compiled_as_cpu(family):
     """transformers' experts are grouped matrix products (`torch._grouped_mm`, ragged by
@@ -119,7 +99,8 @@ def test_mixture_of_experts_trains_compiled_as_cpu(family):
     for device in ("cpu", "tpu"):
         model = families.build(family).train().to(device)
         forward = torch.compile(model, backend="tpu") if device == "tpu" else model
-        runs[device] = record_training(model, _sgd_step(model, forward), [(ids.to(device), ids.to(device))] * 3)
+        step = language_model_step(forward, torch.optim.SGD(model.parameters(), lr=0.5))
+        runs[device] = record_training(model, step, [(ids.to(device), ids.to(device))] * 3)
     assert_runs_match(runs["tpu"], runs["cpu"], family)
 
 

@@ -46,6 +46,10 @@ import jax.numpy as jnp
 import torch
 import torch.fx
 
+from kernels import sharded
+from kernels import stack as kernels_stack
+from tpu_backend import kernel_mode
+
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
 
 # Longest repeated group looked for: one call (the forward), two (forward and backward
@@ -307,20 +311,9 @@ def stack(values: list):
     compiler takes ~0.7 s for each stack of 24 layers' weights, which were half of the
     scanned 374M Llama's compile. XLA stacks under a device mesh (it cannot partition a
     Mosaic call) and where the kernels are off."""
-    from tpu_backend import kernel_mode
-
     impl = kernel_mode.implementation()
-    if impl == "reference" or _on_a_mesh(impl):
-        return jnp.stack(values)
-    from kernels.stack import stack as stack_by_dma
-
-    return stack_by_dma(values, impl=impl)
-
-
-def _on_a_mesh(impl: str) -> bool:
-    from kernels import sharded
-
-    return sharded.current(impl) is not None or jax.sharding.get_abstract_mesh().size > 1
+    on_a_mesh = sharded.current(impl) is not None or jax.sharding.get_abstract_mesh().size > 1
+    return kernels_stack.stack(values, impl="reference" if on_a_mesh else impl)
 
 
 def _like(value, reference):

@@ -246,11 +246,9 @@ def _patch_encoder_call(module) -> None:
     @functools.wraps(encode)
     def encode_on_device(self, inputs_tensor, model_kwargs, *args, **kwargs):
         if _on_device(self):
-            inputs_tensor = module.move_to_device(inputs_tensor, self.device)
-            model_kwargs = {
-                key: value if key.startswith("decoder_") else module.move_to_device(value, self.device)
-                for key, value in model_kwargs.items()
-            }
+            encoder_kwargs = {key: value for key, value in model_kwargs.items() if not key.startswith("decoder_")}
+            inputs_tensor, encoder_kwargs = module.move_to_device((inputs_tensor, encoder_kwargs), self.device)
+            model_kwargs = {**model_kwargs, **encoder_kwargs}  # (one transfer for all of them)
         return encode(self, inputs_tensor, model_kwargs, *args, **kwargs)
 
     mixin._prepare_text_encoder_decoder_kwargs_for_generation = encode_on_device
