@@ -1151,6 +1151,10 @@ def print_tables(
     console.print(table)
     for s in steps:
         console.print(f"  {s.mode}: {MODES[s.mode].description}")
+        if s.mode == "jax":  # (importing the device sets PyTorch's float32 default, HIGHEST, for JAX too)
+            import jax
+
+            console.print(f"    float32 matmuls at JAX's precision {jax.config.jax_default_matmul_precision or 'default'!r}")
         if s.error:
             console.print(f"    [red]{s.error}[/]", soft_wrap=True)
     if flops:

@@ -10,7 +10,8 @@ FFN 5632, vocabulary 32000; `--layers` etc. to change it) in bfloat16 with rando
 weights, `LlamaForCausalLM.generate` greedy from a `--prompt`-token prompt on the device.
 Per batch and cache: the first generate() call's seconds (compilation included; the
 first row of the run pays for what later rows reuse), taken as a 1-new-token call (the
-prefill's programs: "of it prefill") and then the full call, and where its compiling went
+prefill: "of it prefill"; a prompt of up to `PREFILL_BY_STEPS_MAX` tokens goes through the
+decode step, which then compiles here) and then the full call, and where its compiling went
 (Dynamo's trace, AOTAutograd, XLA with our lowering, the strict per-op programs), and decode ms per token,
 `(t(N new tokens) - t(1 new token)) / (N - 1)` (the prefill cancels), median of
 `--repeats`, against the HBM-bandwidth bound: the bytes a decode step must read (every
@@ -155,7 +156,7 @@ def bench_generate(opts) -> list[dict]:
             hf_integration.COMPILE_LAYERS_ONCE = regions == "on"
             row = dict(batch=batch, cache=cache, loop=loop, regions=regions, params=params, build_s=build_s, bound_ms=bound_ms)  # fmt: skip
             try:
-                # the first call in two parts: a 1-token call (the prefill's programs), then the rest
+                # the first call in two parts: a 1-token call (the prefill), then the rest
                 before = compile_seconds()
                 row["first_prefill_s"] = timed_generate(model, ids, 1, cache)[0]
                 with profiled(opts.profile if not rows else None):

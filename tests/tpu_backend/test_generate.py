@@ -21,6 +21,7 @@ from tests.litert_torch.generative import families
 from tests.tpu_backend.test_transformers_integration import VOCAB, tiny_llama
 from tpu_backend.compile import scan
 from tpu_backend.compile.interpreter import GraphFunction
+from tpu_backend.integrations import greedy_decoding
 from tpu_backend.integrations import transformers as hf_integration
 
 LOGITS_TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32 through a masked static cache vs CPU's dynamic one
@@ -267,14 +268,49 @@ def test_a_decode_step_is_one_transfer_each_way_and_no_eager_program(models, mon
 
 
 def test_other_prompt_length_and_length_reuse_the_decode_program(models):
-    """A new prompt length compiles its prefill's programs; decoding reuses the compiled
-    step (the cache length is a bucket, 128, for both calls)."""
+    """A new prompt length compiles nothing: a short prompt goes through the compiled decode
+    step a token at a time (a prefill of its own would compile ~50 per-op programs per new
+    length, 7.8 s on a v5e), and decoding reuses the step (the cache length is a bucket,
+    128, for both calls)."""
     generate_both(models, prompt(7), max_new_tokens=12)
-    decode_programs = compiled_programs()
+    before = programs_compiled()
     cpu_out, tpu_out = generate_both(models, prompt(5, seed=2), max_new_tokens=20)
     assert_steps_match(tpu_out, cpu_out)
-    assert compiled_programs() == decode_programs
+    assert programs_compiled() == before
     assert hf_integration.cache_length(5 + 20) == hf_integration.cache_length(7 + 32) == 128
+
+
+def test_a_longer_prompt_takes_the_models_prefill_as_on_cpu(models, monkeypatch):
+    """Past `PREFILL_BY_STEPS_MAX` tokens the prompt is one prefill (its per-op programs),
+    then the same decode step: CPU's tokens and logits either way."""
+    monkeypatch.setattr(greedy_decoding, "PREFILL_BY_STEPS_MAX", 6)
+    fed = []
+    monkeypatch.setattr(
+        greedy_decoding, "prefill_by_steps", lambda *a, f=greedy_decoding.prefill_by_steps: fed.append(1) or f(*a)
+    )
+    generate_both(models, prompt(7), max_new_tokens=4)
+    before = torch.tpu.cache_stats()["misses"]
+    cpu_out, tpu_out = generate_both(models, prompt(9, seed=4), max_new_tokens=6)
+    assert_steps_match(tpu_out, cpu_out)
+    assert torch.tpu.cache_stats()["misses"] > before, "a new prompt length's prefill compiles per-op programs"
+    assert not fed
+    cpu_out, tpu_out = generate_both(models, prompt(6, seed=4), max_new_tokens=6)
+    assert_steps_match(tpu_out, cpu_out)
+    assert fed
+
+
+def test_a_cache_shaped_unlike_its_config_falls_back_to_the_models_prefill():
+    """transformers' `_get_static_cache_init_shape` gives a multi-query Falcon 4 key/value
+    heads where its attention writes 1: the first step's trace refuses the write, the cache
+    goes back to unallocated and the model's own prefill runs, as on CPU."""
+    cpu_model = families.build("falcon")
+    cpu_model.generation_config.eos_token_id, cpu_model.generation_config.pad_token_id = None, 0
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    assert tpu_model._get_static_cache_init_shape()[0] != 1 and tpu_model.config.multi_query
+    ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    cpu_out, tpu_out = generate_both((cpu_model, tpu_model), ids, max_new_tokens=6)
+    assert_steps_match(tpu_out, cpu_out)
+    assert tpu_model._tpu_prefills_by_steps is False
 
 
 @pytest.mark.slow  # a second batch size: its own prefill and decode programs

@@ -60,7 +60,6 @@ import warnings
 
 import torch
 
-from tpu_backend.compile import scan
 from tpu_backend.integrations import greedy_decoding, layer_regions
 from tpu_backend.integrations.post_import import when_imported
 
@@ -323,6 +322,8 @@ def _patch_generate(module) -> None:
             place, moved = _to_host, _BOOKKEEPING_INPUTS
         inputs = place(inputs)
         kwargs = {k: place(v) if k in moved else v for k, v in kwargs.items()}
+        from tpu_backend.compile import scan  # (here: `import tpu_backend` leaves torch.compile's side unloaded)
+
         layers = scan.repeated_blocks(self) if COMPILE_LAYERS_ONCE and not encoder_decoder else None
         with layer_regions.marked(layers):
             result = generate(self, inputs, *args, **kwargs)
