@@ -1154,7 +1154,9 @@ def print_tables(
         if s.mode == "jax":  # (importing the device sets PyTorch's float32 default, HIGHEST, for JAX too)
             import jax
 
-            console.print(f"    float32 matmuls at JAX's precision {jax.config.jax_default_matmul_precision or 'default'!r}")
+            console.print(
+                f"    float32 matmuls at JAX's precision {jax.config.jax_default_matmul_precision or 'default'!r}"
+            )
         if s.error:
             console.print(f"    [red]{s.error}[/]", soft_wrap=True)
     if flops:

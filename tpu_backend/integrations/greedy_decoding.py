@@ -167,7 +167,9 @@ def greedy_search(model, input_ids, stopping_criteria, generation_config, stream
         unfinished = torch.ones(batch, dtype=torch.bool, device=model.device)
         first = None
         if prefills_by_steps(model, input_ids, model_kwargs, cache):
-            first = prefill_by_steps(model, step, input_ids, model_kwargs, cache, unfinished, pad_on_device, eos_on_device)
+            first = prefill_by_steps(
+                model, step, input_ids, model_kwargs, cache, unfinished, pad_on_device, eos_on_device
+            )
         if first is not None:
             tokens, unfinished, logits = first
             model_kwargs = model._update_model_kwargs_for_generation({}, model_kwargs)
