@@ -10,7 +10,7 @@ FFN 5632, vocabulary 32000; `--layers` etc. to change it) in bfloat16 with rando
 weights, `LlamaForCausalLM.generate` greedy from a `--prompt`-token prompt on the device.
 Per batch and cache: the first generate() call's seconds (compilation included; the
 first row of the run pays for what later rows reuse), taken as a 1-new-token call (the
-prefill: "of it prefill"; a prompt of up to `PREFILL_BY_STEPS_MAX` tokens goes through the
+prefill: "of it prefill"; a prompt of up to `prompt_steps.MAX_TOKENS` tokens goes through the
 decode step, which then compiles here) and then the full call, and where its compiling went
 (Dynamo's trace, AOTAutograd, XLA with our lowering, the strict per-op programs), and decode ms per token,
 `(t(N new tokens) - t(1 new token)) / (N - 1)` (the prefill cancels), median of

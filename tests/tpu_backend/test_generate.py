@@ -21,7 +21,7 @@ from tests.litert_torch.generative import families
 from tests.tpu_backend.test_transformers_integration import VOCAB, tiny_llama
 from tpu_backend.compile import scan
 from tpu_backend.compile.interpreter import GraphFunction
-from tpu_backend.integrations import greedy_decoding
+from tpu_backend.integrations import prompt_steps
 from tpu_backend.integrations import transformers as hf_integration
 
 LOGITS_TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32 through a masked static cache vs CPU's dynamic one
@@ -281,13 +281,11 @@ def test_other_prompt_length_and_length_reuse_the_decode_program(models):
 
 
 def test_a_longer_prompt_takes_the_models_prefill_as_on_cpu(models, monkeypatch):
-    """Past `PREFILL_BY_STEPS_MAX` tokens the prompt is one prefill (its per-op programs),
+    """Past `prompt_steps.MAX_TOKENS` tokens the prompt is one prefill (its per-op programs),
     then the same decode step: CPU's tokens and logits either way."""
-    monkeypatch.setattr(greedy_decoding, "PREFILL_BY_STEPS_MAX", 6)
+    monkeypatch.setattr(prompt_steps, "MAX_TOKENS", 6)
     fed = []
-    monkeypatch.setattr(
-        greedy_decoding, "prefill_by_steps", lambda *a, f=greedy_decoding.prefill_by_steps: fed.append(1) or f(*a)
-    )
+    monkeypatch.setattr(prompt_steps, "feed", lambda *a, f=prompt_steps.feed: fed.append(1) or f(*a))
     generate_both(models, prompt(7), max_new_tokens=4)
     before = torch.tpu.cache_stats()["misses"]
     cpu_out, tpu_out = generate_both(models, prompt(9, seed=4), max_new_tokens=6)
@@ -297,6 +295,18 @@ def test_a_longer_prompt_takes_the_models_prefill_as_on_cpu(models, monkeypatch)
     cpu_out, tpu_out = generate_both(models, prompt(6, seed=4), max_new_tokens=6)
     assert_steps_match(tpu_out, cpu_out)
     assert fed
+
+
+@pytest.mark.parametrize("options", [dict(num_beams=3), dict(repetition_penalty=1.3)], ids=["beams", "processor"])
+def test_transformers_loops_take_a_new_prompt_length_through_the_compiled_forward(models, options):
+    """Beam search and a greedy call with a logits processor decode in transformers' own loop
+    with its compiled forward; their prompt goes through that forward too: a new prompt
+    length compiles nothing, and every step's logits are CPU's."""
+    generate_both(models, prompt(7), max_new_tokens=4, **options)  # the warm-up: its decode program
+    before = programs_compiled()
+    cpu_out, tpu_out = generate_both(models, prompt(6, seed=7), max_new_tokens=6, **options)
+    assert_steps_match(tpu_out, cpu_out)
+    assert programs_compiled() == before
 
 
 def test_a_cache_shaped_unlike_its_config_falls_back_to_the_models_prefill():
@@ -310,7 +320,7 @@ def test_a_cache_shaped_unlike_its_config_falls_back_to_the_models_prefill():
     ids = torch.randint(0, families.VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
     cpu_out, tpu_out = generate_both((cpu_model, tpu_model), ids, max_new_tokens=6)
     assert_steps_match(tpu_out, cpu_out)
-    assert tpu_model._tpu_prefills_by_steps is False
+    assert tpu_model._tpu_prompt_steps is False
 
 
 @pytest.mark.slow  # a second batch size: its own prefill and decode programs

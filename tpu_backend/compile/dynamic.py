@@ -751,16 +751,25 @@ _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 # Ops whose integer arguments are sizes of what they make (padded is right); any other
 # integer argument holding a symbolic size is an index or offset (`narrow(x, 0, n, 2)`),
 # where the padded value would read other positions. `slice`'s end is a size too (a
-# prefix, cropped to the true length afterwards); its start is not.
+# prefix, cropped to the true length afterwards); its start is not, nor the start and the
+# index of `slice` and `select`'s backwards (GPT-2's `hidden[:, -logits_to_keep:]` under
+# `dynamic=True`: a padded start wrote the gradient into the last row only).
 _SIZE_ARGUMENT_OPS = {
     *_RESHAPES, aten.expand.default, aten.new_zeros.default, aten.new_ones.default,
     aten.new_empty.default, aten.new_full.default, aten.full.default, aten.zeros.default,
     aten.ones.default, aten.empty.memory_format, aten.empty_strided.default,
-    *_ARANGES, aten.select_backward.default, aten.slice_backward.default, aten.native_group_norm.default, aten.native_group_norm_backward.default,
+    *_ARANGES, aten.native_group_norm.default, aten.native_group_norm_backward.default,
     aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
     aten.split.Tensor, aten.split_with_sizes.default, aten.embedding_dense_backward.default,
     aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
 }  # fmt: skip
+
+
+_SIZE_ARGUMENTS = {  # the size arguments of ops whose other integer arguments are offsets
+    aten.slice.Tensor: {"end"},
+    aten.slice_backward.default: {"input_sizes", "end"},
+    aten.select_backward.default: {"input_sizes"},
+}
 
 
 def _check_size_arguments(node, pinned) -> None:
@@ -773,7 +782,7 @@ def _check_size_arguments(node, pinned) -> None:
     for argument, value in named:
         if argument is None or not _wants_size(argument.type):
             continue  # numbers (Scalar) get the true value
-        if node.target == aten.slice.Tensor and argument.name == "end":
+        if argument.name in _SIZE_ARGUMENTS.get(node.target, ()):
             continue
         for item in value if isinstance(value, (list, tuple)) else [value]:
             meta = _val(item)

@@ -23,6 +23,8 @@ from collections import deque
 
 import torch
 
+from tpu_backend.integrations import prompt_steps
+
 # False: every greedy call takes transformers' loop (benchmarks compare the two).
 ENABLED = True
 
@@ -86,64 +88,6 @@ def _decode_step(model, compile_config):
     return compiled_for(model, "_tpu_decode_step", compile_config, make)
 
 
-# Prompts up to this many tokens are fed through the compiled decode step one token at a
-# time instead of a prefill: a prompt length not seen before costs its prefill's per-op
-# programs (on a v5e, a 1B Llama: 52 programs, 7.8 s) and the decode step is compiled
-# anyway, while a step costs ~4 ms of host (128 tokens: ~0.5 s).
-PREFILL_BY_STEPS_MAX = 128
-
-# What a text prompt's prefill may be given besides the cache and the prompt itself.
-_PREFILL_BY_STEPS_INPUTS = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "cache"}
-
-
-def prefills_by_steps(model, input_ids, model_kwargs, cache) -> bool:
-    """Whether the prompt can go through the decode step (`prefill_by_steps`): a short
-    text prompt on the host, into a fresh static cache of transformers' own that can be
-    allocated before its first write (the step then compiles against the cache it keeps)."""
-    from transformers.cache_utils import StaticCache, StaticLayer
-
-    return (
-        input_ids.shape[-1] <= PREFILL_BY_STEPS_MAX
-        and getattr(model, "_tpu_prefills_by_steps", True)
-        and not _on_device(input_ids)
-        and type(cache) is StaticCache
-        and not getattr(cache, "_is_user_defined", False)
-        and all(type(layer) is StaticLayer and not layer.is_initialized for layer in cache.layers)
-        and set(model_kwargs) <= _PREFILL_BY_STEPS_INPUTS
-        and model._get_static_cache_init_shape() is not None
-    )
-
-
-def prefill_by_steps(model, step, input_ids, model_kwargs, cache, unfinished, pad, eos):
-    """The prefill as decode steps, one prompt token each (as transformers' chunked prefill
-    with chunks of one token, through the same compiled step as the decode): returns the
-    first new token, which rows stay unfinished after it, and the prompt's last logits; or
-    None, with the cache as it was, where the cache's shapes from the config are not the
-    model's (transformers' `_get_static_cache_init_shape` gives 4 heads for a multi-query
-    Falcon's 1: the first step's trace refuses the write), for the model's own prefill."""
-    num_heads, head_dim = model._get_static_cache_init_shape()
-    cache.early_initialization(input_ids.shape[0], num_heads, head_dim, model.dtype, model.device)
-    sliced = {key: model_kwargs[key] for key in ("attention_mask", "position_ids") if model_kwargs.get(key) is not None}
-    for length in range(1, input_ids.shape[-1] + 1):
-        kwargs = {**model_kwargs, **{key: value[..., :length] for key, value in sliced.items()}}
-        model_inputs = model.prepare_inputs_for_generation(input_ids[:, :length], next_sequence_length=1, **kwargs)
-        try:
-            tokens, still_unfinished, logits = step(unfinished, pad, eos, model_inputs)
-        except torch._dynamo.exc.TorchRuntimeError:
-            if length > 1:
-                raise
-            for layer in cache.layers:  # back to StaticLayer's state before its first write
-                del layer.keys, layer.values
-                layer.is_initialized, layer.cumulative_length = False, torch.tensor(0, dtype=int)
-            model._tpu_prefills_by_steps = False
-            return None
-    return tokens, still_unfinished, logits
-
-
-def _on_device(tensor: torch.Tensor) -> bool:
-    return tensor.device.type != "cpu"
-
-
 def greedy_search(model, input_ids, stopping_criteria, generation_config, streamer, model_kwargs):
     """transformers' `_sample` for greedy decoding (`applies`), its tokens chosen on the device."""
     from transformers.generation.utils import ALL_CACHE_NAMES, GenerateDecoderOnlyOutput
@@ -166,9 +110,9 @@ def greedy_search(model, input_ids, stopping_criteria, generation_config, stream
         cache = next((model_kwargs[name] for name in ALL_CACHE_NAMES if name in model_kwargs), None)
         unfinished = torch.ones(batch, dtype=torch.bool, device=model.device)
         first = None
-        if prefills_by_steps(model, input_ids, model_kwargs, cache):
-            first = prefill_by_steps(
-                model, step, input_ids, model_kwargs, cache, unfinished, pad_on_device, eos_on_device
+        if prompt_steps.applies(model, input_ids, model_kwargs):  # (a short prompt compiles nothing)
+            first = prompt_steps.feed(
+                model, lambda inputs: step(unfinished, pad_on_device, eos_on_device, inputs), input_ids, model_kwargs
             )
         if first is not None:
             tokens, unfinished, logits = first

@@ -60,7 +60,7 @@ import warnings
 
 import torch
 
-from tpu_backend.integrations import greedy_decoding, layer_regions
+from tpu_backend.integrations import greedy_decoding, layer_regions, prompt_steps
 from tpu_backend.integrations.post_import import when_imported
 
 DEVICE_TYPE = "tpu"
@@ -365,6 +365,34 @@ def _patch_generate(module) -> None:
     generate_on_device._tpu_aware = True
     mixin.generate = generate_on_device
     mixin._prepare_cache_for_generation = prepare_cache_on_device
+    _patch_prefill(mixin)
+
+
+def _patch_prefill(mixin) -> None:
+    """transformers' loops (sampling, beam search, greedy with logits processors) take a
+    short prompt through the compiled forward they decode with, a token at a time
+    (`prompt_steps`), where the device would compile the prefill's per-op programs."""
+    prefill = mixin._prefill
+
+    @functools.wraps(prefill)
+    def prefill_on_device(self, input_ids, generation_config, model_kwargs, is_first_iteration=True):
+        if (
+            _on_device(self)
+            and is_first_iteration
+            and generation_config.prefill_chunk_size is None
+            and self._valid_auto_compile_criteria(model_kwargs, generation_config)
+            and prompt_steps.applies(self, input_ids, model_kwargs)
+        ):
+            forward = self.get_compiled_call(generation_config.compile_config)
+            with self._optimize_model_for_decode():  # (as the decode steps run: MoE experts switch)
+                outputs = prompt_steps.feed(
+                    self, lambda inputs: forward(**inputs, return_dict=True), input_ids, model_kwargs
+                )
+            if outputs is not None:
+                return outputs
+        return prefill(self, input_ids, generation_config, model_kwargs, is_first_iteration)
+
+    mixin._prefill = prefill_on_device
 
 
 def _has_sliding_layers(cache) -> bool:

@@ -309,3 +309,44 @@ def test_a_loss_in_a_graph_of_its_own_pads_its_rows_alike():
             got, want = compiled(input_ids=ids.to("tpu"), labels=ids.to("tpu")), model(input_ids=ids, labels=ids)
             torch.testing.assert_close(got.loss.cpu(), want.loss, rtol=TOLERANCE, atol=TOLERANCE)
             torch.testing.assert_close(got.logits.cpu(), want.logits, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_the_gradient_of_a_slice_from_a_symbolic_start_is_not_padded():
+    """`x[:, -k:]` with `k` a size symbol: its backward (`slice_backward`) takes the start as
+    an offset, which a padded value moves (the gradient landed in the last row only)."""
+
+    def tail_rows(x, k):
+        return (x[:, -k:] * 2).sum()
+
+    compiled = torch.compile(tail_rows, backend="tpu", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExactShapesWarning)
+        for n, k in ((5, 3), (7, 7), (9, 4)):
+            x = torch.randn(2, n, 3, requires_grad=True)
+            on_tpu = x.detach().to("tpu").requires_grad_()
+            compiled(on_tpu, k).backward()
+            tail_rows(x, k).backward()
+            torch.testing.assert_close(on_tpu.grad.cpu(), x.grad, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_gpt2_trains_under_dynamic_true_as_on_cpu():
+    """GPT-2 keeps `hidden[:, -logits_to_keep:]` (logits_to_keep 0: every row), a symbolic
+    start under `dynamic=True`; its gradient was padded as a size ("Incompatible types for
+    broadcasting: float32[2,11,64] and [2,1,64]" in slice_backward). Loss and every
+    gradient as on CPU at three lengths."""
+    from tests.litert_torch.generative import families
+
+    model = families.build("gpt2")
+    device_model = copy.deepcopy(model).to("tpu")
+    compiled = torch.compile(device_model, backend="tpu", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExactShapesWarning)
+        for length in (10, 13, 21):
+            ids = torch.randint(0, families.VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+            model.zero_grad(), device_model.zero_grad()
+            want = model(input_ids=ids, labels=ids).loss
+            got = compiled(input_ids=ids.to("tpu"), labels=ids.to("tpu")).loss
+            want.backward(), got.backward()
+            torch.testing.assert_close(got.cpu(), want, rtol=TOLERANCE, atol=TOLERANCE)
+            for (name, expected), actual in zip(model.named_parameters(), device_model.parameters()):
+                torch.testing.assert_close(actual.grad.cpu(), expected.grad, rtol=1e-4, atol=1e-5, msg=name)
