@@ -29,7 +29,7 @@ def applies(model, input_ids: torch.Tensor, model_kwargs: dict) -> bool:
 
     cache = model_kwargs.get("cache")
     return (
-        input_ids.shape[-1] <= MAX_TOKENS
+        0 < input_ids.shape[-1] <= MAX_TOKENS
         and getattr(model, "_tpu_prompt_steps", True)
         and input_ids.device.type == "cpu"
         and type(cache) is StaticCache
