@@ -6,7 +6,8 @@ forward (with labels) and backward in strict eager mode and under
 eval mode, so that no dropout draws (gradients still flow). The 29 decoder families of the
 generative tests are here too (`families.py`). This sweep found what the default suite now
 checks on one model each: MoE experts under compile (`torch._grouped_mm`), batch norm in
-eval mode under compile, and CPU index tensors (BEiT).
+eval mode under compile, and CPU index tensors (BEiT). The causal ones also train under
+`torch.compile(dynamic=True)` at three lengths (GPT-2's crash there: a slice's start padded).
 
     python -m pytest -q -m slow tests/tpu_backend/test_hf_architectures.py
 """
@@ -239,3 +240,29 @@ def test_one_training_step_as_on_cpu(name, mode):
     got_loss, got = loss_and_gradients(on_device, {k: v.to("tpu") for k, v in inputs.items()}, mode == "compile")
     assert abs(got_loss - want_loss) <= LOSS_RTOL * abs(want_loss), f"{name}: loss {got_loss} vs {want_loss} on cpu"
     assert_tensors_match(got, want, f"{name} ({mode}): gradients", rtol=GRADIENT_RTOL, floor=ZERO_GRADIENT_FLOOR)
+
+
+@pytest.mark.parametrize("name", [name for name, (_, kind) in ARCHITECTURES.items() if kind == "causal"])
+def test_training_under_dynamic_true_as_on_cpu(name):
+    """`torch.compile(..., dynamic=True)`: one compiled model, three sequence lengths (the
+    sizes padded to buckets where the graph allows it), each step's loss and every
+    gradient as on CPU. GPT-2 and the dynamic-rope Llama crashed here in the backward."""
+    make, _ = ARCHITECTURES[name]
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = make().eval()
+    on_device = copy.deepcopy(model).to("tpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(on_device, backend="tpu", dynamic=True)
+    for length in (10, 13, 21):
+        ids = torch.randint(3, VOCAB - 6, (2, length), generator=torch.Generator().manual_seed(length))
+        model.zero_grad(), on_device.zero_grad()
+        want_loss, want = loss_and_gradients(model, dict(input_ids=ids, labels=ids), compiled=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sizes kept exact are named by a warning
+            loss = compiled(input_ids=ids.to("tpu"), labels=ids.to("tpu")).loss
+            loss.backward()
+        got = {n: p.grad.detach().cpu() for n, p in on_device.named_parameters() if p.grad is not None}
+        assert abs(loss.item() - want_loss) <= LOSS_RTOL * abs(want_loss), f"{name} at {length}: loss"
+        assert_tensors_match(got, want, f"{name} at {length}", rtol=GRADIENT_RTOL, floor=ZERO_GRADIENT_FLOOR)
