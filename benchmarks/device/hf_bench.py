@@ -64,7 +64,7 @@ from tpu_backend.integrations import greedy_decoding
 from tpu_backend.integrations import transformers as hf_integration
 
 LLAMA_1B = dict(dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, vocab=32000)
-SMOKE = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, prompt=8, new_tokens=5, repeats=1,
+SMOKE = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, prompt=8, new_tokens=16, repeats=3,
              batches="1", caches="default", unet_width=32, sd_size=32, sd_steps=2, sd_modes="cpu,tpu-eager")  # fmt: skip
 HBM_GBPS_V5E = 819.0
 PROFILER_FRAMES = ("profiler.py", "contextlib.py", "hf_bench.py")  # the trace's own Python frames, not listed
