@@ -217,8 +217,12 @@ def batch(kind: str) -> dict[str, torch.Tensor]:
     return dict(input_values=torch.randn(2, 400, generator=generator), labels=torch.tensor([0, 2]))
 
 
-def loss_and_gradients(model, inputs, compiled: bool):
-    forward = torch.compile(model, backend="tpu") if compiled else model
+def loss_and_gradients(model, inputs, compiled: bool = False, forward=None):
+    """The loss and every gradient of one step of `model` (through `forward` if given: a
+    compiled model kept across steps)."""
+    if forward is None:
+        forward = torch.compile(model, backend="tpu") if compiled else model
+    model.zero_grad()
     loss = forward(**inputs).loss
     loss.backward()
     gradients = {name: p.grad.detach().cpu() for name, p in model.named_parameters() if p.grad is not None}
@@ -257,12 +261,10 @@ def test_training_under_dynamic_true_as_on_cpu(name):
     compiled = torch.compile(on_device, backend="tpu", dynamic=True)
     for length in (10, 13, 21):
         ids = torch.randint(3, VOCAB - 6, (2, length), generator=torch.Generator().manual_seed(length))
-        model.zero_grad(), on_device.zero_grad()
-        want_loss, want = loss_and_gradients(model, dict(input_ids=ids, labels=ids), compiled=False)
+        want_loss, want = loss_and_gradients(model, dict(input_ids=ids, labels=ids))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # sizes kept exact are named by a warning
-            loss = compiled(input_ids=ids.to("tpu"), labels=ids.to("tpu")).loss
-            loss.backward()
-        got = {n: p.grad.detach().cpu() for n, p in on_device.named_parameters() if p.grad is not None}
-        assert abs(loss.item() - want_loss) <= LOSS_RTOL * abs(want_loss), f"{name} at {length}: loss"
+            inputs = dict(input_ids=ids.to("tpu"), labels=ids.to("tpu"))
+            got_loss, got = loss_and_gradients(on_device, inputs, forward=compiled)
+        assert abs(got_loss - want_loss) <= LOSS_RTOL * abs(want_loss), f"{name} at {length}: loss"
         assert_tensors_match(got, want, f"{name} at {length}", rtol=GRADIENT_RTOL, floor=ZERO_GRADIENT_FLOOR)

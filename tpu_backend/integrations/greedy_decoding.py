@@ -107,7 +107,6 @@ def greedy_search(model, input_ids, stopping_criteria, generation_config, stream
     batch = input_ids.shape[0]
 
     with model._optimize_model_for_decode():
-        cache = next((model_kwargs[name] for name in ALL_CACHE_NAMES if name in model_kwargs), None)
         unfinished = torch.ones(batch, dtype=torch.bool, device=model.device)
         first = None
         if prompt_steps.applies(model, input_ids, model_kwargs):  # (a short prompt compiles nothing)
@@ -124,8 +123,8 @@ def greedy_search(model, input_ids, stopping_criteria, generation_config, stream
             del outputs
             tokens, unfinished = choose_next_tokens(logits, unfinished, pad_on_device, eos_on_device)
             tokens = tokens[:, None]
-            cache = next((model_kwargs[name] for name in ALL_CACHE_NAMES if name in model_kwargs), None)
 
+        cache = next((model_kwargs[name] for name in ALL_CACHE_NAMES if name in model_kwargs), None)
         cache_returned = config.return_dict_in_generate or getattr(cache, "_is_user_defined", False)
         # A step launched past the end writes one more cache position: a returned cache is cropped
         # back, and one that cannot be waits for each token instead (transformers' rule).
