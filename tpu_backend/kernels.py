@@ -290,10 +290,9 @@ def _cross_entropy_gaps(logits, target, weight, label_smoothing) -> str | None:
     return None
 
 
-_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
-
-
-def _cross_entropy(logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+def _cross_entropy(logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0, upcast=False):
+    """The router of `aten::cross_entropy_loss`; `upcast`: the loss of `logits.float()`,
+    with the 16-bit logits handed to the kernel whole (it computes in float32 itself)."""
     impl = _route(
         "cross_entropy",
         lambda: _cross_entropy_gaps(logits, target, weight, label_smoothing),
@@ -302,15 +301,30 @@ def _cross_entropy(logits, target, weight=None, reduction=1, ignore_index=-100, 
     )
     if impl is None:
         return torch.ops.aten.cross_entropy_loss.default.decompose(
-            logits, target, weight, reduction, ignore_index, label_smoothing
+            logits.float() if upcast else logits, target, weight, reduction, ignore_index, label_smoothing
         )
     losses = torch.ops.tpu_kernels.cross_entropy(logits, target, ignore_index, impl)[0]
+    dtype = torch.float32 if upcast else logits.dtype
     if reduction == 0:
-        return losses.to(logits.dtype)
+        return losses.to(dtype)
     total = losses.sum()
     if reduction == 2:
-        return total.to(logits.dtype)
-    return (total / (target != ignore_index).sum()).to(logits.dtype)
+        return total.to(dtype)
+    return (total / (target != ignore_index).sum()).to(dtype)
+
+
+def cross_entropy_in_float32(
+    input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean", label_smoothing=0.0
+):
+    """`F.cross_entropy(input.float(), ...)` of 16-bit logits (what `upcast_inside_cross_entropy`
+    puts in a graph): the kernel reads the 16-bit logits and computes in float32, so no
+    float32 copy of the logits is written, kept for the backward and read again (8192 x 32000
+    logits: 1 GB of the forward's outputs), and the gradient comes back 16-bit, rounded
+    once as the cast's backward would round it. Off the kernel: the call it replaces."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    enum = torch.nn._reduction.get_enum(reduction)
+    return _cross_entropy(input, target, weight, enum, ignore_index, label_smoothing, upcast=True)
 
 
 _ROUTERS = {
@@ -420,3 +434,68 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return fused_count
+
+
+_RESHAPES = frozenset({"view", "reshape", "contiguous", "flatten"})
+_HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+# `cross_entropy_in_float32` in a Dynamo graph leaves it cacheable by AOTAutograd (which
+# admits torch's own functions and those named here with a version to key on).
+CROSS_ENTROPY_IN_FLOAT32_VERSION = "1"
+
+
+def _upcast_source(node):
+    """The 16-bit tpu tensor node that `node` (`x.float()` / `x.to(torch.float32)`) upcasts, else None."""
+    if node.op != "call_method" or len(node.users) != 1:
+        return None
+    if node.target == "float":
+        upcast = len(node.args) == 1 and not node.kwargs
+    elif node.target == "to":
+        upcast = (node.args[1:], node.kwargs) in (((torch.float32,), {}), ((), {"dtype": torch.float32}))
+    else:
+        upcast = False
+    source = node.args[0] if upcast else None
+    value = source.meta.get("example_value") if isinstance(source, torch.fx.Node) else None
+    if isinstance(value, torch.Tensor) and value.dtype in _HALF_DTYPES and value.device.type == "tpu":
+        return source
+    return None
+
+
+def upcast_inside_cross_entropy(gm: torch.fx.GraphModule) -> int:
+    """Graph pass for Dynamo's graphs: `F.cross_entropy(x.float(), t)` of a 16-bit `x`
+    (reshapes between the two allowed: the Hugging Face causal-LM loss is `logits.float()`,
+    `.view(-1, vocab)`, `cross_entropy`) becomes `cross_entropy_in_float32(x, t)`, the same
+    loss with the upcast inside the kernel. Returns how many calls were rewritten."""
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.nn.functional.cross_entropy or not node.args:
+            continue
+        chain, current = [], node.args[0]  # reshapes from the loss back to the upcast
+        while isinstance(current, torch.fx.Node) and current.op == "call_method" and current.target in _RESHAPES:
+            if len(current.users) != 1:
+                break
+            chain.append(current)
+            current = current.args[0]
+        source = _upcast_source(current) if isinstance(current, torch.fx.Node) else None
+        if source is None:
+            continue
+        (chain[-1] if chain else node).replace_input_with(current, source)
+        gm.graph.erase_node(current)
+        value = source.meta["example_value"]
+        with value.fake_mode:  # the reshapes now see the 16-bit tensor
+            for reshape in reversed(chain):
+                args, kwargs = torch.fx.node.map_arg(
+                    (reshape.args[1:], reshape.kwargs), lambda n: n.meta["example_value"]
+                )
+                value = reshape.meta["example_value"] = getattr(value, reshape.target)(*args, **kwargs)
+        node.target = cross_entropy_in_float32
+        rewritten += 1
+    if rewritten:
+        from torch._inductor import config as inductor_config
+
+        inductor_config.unsafe_marked_cacheable_functions[f"{__name__}.{cross_entropy_in_float32.__name__}"] = (
+            CROSS_ENTROPY_IN_FLOAT32_VERSION
+        )
+        gm.graph.lint()
+        gm.recompile()
+    return rewritten

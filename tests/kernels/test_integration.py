@@ -250,3 +250,80 @@ def test_compile_fuses_the_residual_add_into_the_norm(tmp_path: Path):
     torch._dynamo.reset()
     for a, b in zip(compiled, [eager.detach().cpu(), x.grad.cpu(), r.grad.cpu()]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+class _HalfHeadLoss(torch.nn.Module):
+    """A bfloat16 LM head and the Hugging Face causal-LM loss's shape of it: `logits.float()`,
+    `.view(-1, vocab)`, `F.cross_entropy` (ignored labels included)."""
+
+    def __init__(self, upcast_read_twice: bool = False):
+        super().__init__()
+        self.head = torch.nn.Linear(32, 300, dtype=torch.bfloat16)
+        self.upcast_read_twice = upcast_read_twice
+
+    def forward(self, x, labels):
+        logits = self.head(x).float()
+        loss = F.cross_entropy(logits.view(-1, 300), labels.view(-1), ignore_index=-100)
+        return loss + logits.mean() if self.upcast_read_twice else loss
+
+
+@pytest.mark.parametrize("mode", ["interpret", "off"])
+def test_compile_hands_16bit_logits_to_the_cross_entropy_kernel_whole(mode, tmp_path: Path):
+    """`cross_entropy(logits.float())` of bfloat16 logits keeps no float32 copy of the
+    logits for the backward (the kernel upcasts itself), with the loss and gradients of
+    PyTorch's float32 loss on CPU; with the kernels off the call is the one it replaces."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _HalfHeadLoss()
+    x = torch.randn(2, 24, 32, dtype=torch.bfloat16)
+    labels = torch.randint(0, 300, (2, 24))
+    labels[0, :5] = -100
+    x_cpu = x.clone().requires_grad_()
+    expected = model(x_cpu, labels)
+    expected.backward()
+    device_model = copy.deepcopy(model).to("tpu")
+    x_tpu = x.to("tpu").requires_grad_()
+    with kernels.use(mode), tpu_compile.dump(tmp_path):
+        loss = torch.compile(device_model, backend="tpu")(x_tpu, labels.to("tpu"))
+        loss.backward()
+    torch._dynamo.reset()
+    forward = "".join(p.read_text() for p in tmp_path.glob("*forward.fx.py"))
+    assert loss.dtype == torch.float32
+    # Off the kernel XLA folds the upcast into the head's matmul (the logits are not rounded
+    # to bfloat16 first): 1.1e-5 relative on the loss, the same without the rewrite.
+    tolerance = 1e-6 if mode == "interpret" else 3e-5
+    torch.testing.assert_close(loss.cpu(), expected.detach(), rtol=tolerance, atol=0)
+    for actual, reference in [(x_tpu.grad, x_cpu.grad), (device_model.head.weight.grad, model.head.weight.grad)]:
+        assert actual.dtype == torch.bfloat16
+        if mode == "interpret":  # rounded once to bfloat16, as the cast's backward rounds
+            torch.testing.assert_close(actual.cpu(), reference, rtol=0, atol=0)
+        else:
+            error = ((actual.cpu().float() - reference.float()).abs().max() / reference.float().abs().max()).item()
+            assert error <= 1e-2, f"relative error {error:.3g}"
+    if mode == "interpret":
+        assert "tpu_kernels.cross_entropy.default" in forward
+        assert '"f32[48, 300]"' not in forward, "a float32 copy of the logits is computed in the forward"
+        assert kernels.stats().get("cross_entropy: kernel")
+
+
+@pytest.mark.parametrize("read_twice", [False, True])
+def test_the_upcast_rewrite_keeps_the_graph_cacheable_and_leaves_a_shared_upcast(read_twice):
+    from torch._functorch._aot_autograd.autograd_cache import check_node_safe
+
+    graphs = []
+
+    def rewrite_only(gm, example_inputs):
+        graphs.append((kernels.upcast_inside_cross_entropy(gm), gm))
+        return gm
+
+    torch._dynamo.reset()
+    model = _HalfHeadLoss(upcast_read_twice=read_twice).to("tpu")
+    x, labels = torch.randn(2, 24, 32, dtype=torch.bfloat16), torch.randint(0, 300, (2, 24))
+    expected = model.cpu()(x, labels)
+    loss = torch.compile(model.to("tpu"), backend=rewrite_only)(x.to("tpu"), labels.to("tpu"))
+    torch._dynamo.reset()
+    [(rewritten, gm)] = graphs
+    assert rewritten == (0 if read_twice else 1)  # the float32 logits the mean reads stay
+    for node in gm.graph.nodes:
+        check_node_safe(node)  # AOTAutograd's cache takes the graph (raises otherwise)
+    torch.testing.assert_close(loss.cpu(), expected, rtol=1e-6, atol=1e-6)

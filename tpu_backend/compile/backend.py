@@ -48,6 +48,7 @@ from tpu_backend.compile.compiled_graph import (  # noqa: F401  (public here too
 )
 from tpu_backend.compile.interop import BACKEND_NAME
 from tpu_backend.compile.interpreter import is_covered, lowering_tables_version
+from tpu_backend.kernels import upcast_inside_cross_entropy
 
 _graph_ids = itertools.count()
 
@@ -94,6 +95,7 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
     """Dynamo backend: AOTAutograd forward/backward graphs, each run as one jitted JAX program."""
     buckets = _bucket_option(options)
     graph_id = next(_graph_ids)
+    upcast_inside_cross_entropy(gm)  # `cross_entropy(x.float())` of 16-bit logits: no float32 copy kept
     if graph_cache.enabled():  # AOTAutograd's own cache can store what we compile
         make_compiler = functools.partial(
             graph_cache.compiler, buckets=graph_cache.DEFAULT if buckets is _DEFAULT_BUCKETS else buckets
