@@ -65,7 +65,7 @@ def get_device_name(device=None) -> str:
 
 def synchronize(device=None) -> None:
     """Block until every pending computation on the device has finished."""
-    tpu_tensor.wait_for_device()
+    jax.block_until_ready(tpu_tensor.live_arrays())
 
 
 def memory_allocated(device=None) -> int:

@@ -62,7 +62,7 @@ class Stream(torch.Stream):
         return not _pending_arrays()
 
     def synchronize(self) -> None:
-        device_tensor.wait_for_device()
+        jax.block_until_ready(device_tensor.live_arrays())
 
     def __repr__(self) -> str:
         return f"torch.tpu.Stream(device=tpu:0, stream_id={self.stream_id})"

@@ -313,7 +313,7 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
 def _scalar_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     """Positions of the graph's 0-d floating outputs (a loss), which `CompiledGraph` starts
     copying to the host once computed: `loss.item()` then does not wait for a transfer
-    (0.74 ms of a synchronous step on a v5e, 0.07 ms prefetched)."""
+    (a scalar's read on a v5e: 0.74 ms waiting for it, 0.07 ms with it done)."""
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     metas = [v.meta.get("val") if isinstance(v, torch.fx.Node) else None for v in values]

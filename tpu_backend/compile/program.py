@@ -27,7 +27,6 @@ from jax._src.array import ArrayImpl  # the concrete array class: an exact type 
 from jax._src.random.prng import PRNGKeyArray
 
 from tpu_backend import native, precision
-from tpu_backend import tensor as device_tensor
 from tpu_backend.compile import dump as _dump
 from tpu_backend.compile import program_cache
 from tpu_backend.compile.cache import (
@@ -96,7 +95,6 @@ class _Executable:
 
     def __call__(self, arrays):
         computed = self.compiled(*arrays)
-        device_tensor.note_launch(computed)
         if self.static_leaves:
             computed = iter(computed)
             static, arguments = self.static_leaves, self.arguments
