@@ -40,7 +40,9 @@ residual=r)` / `layer_norm(...)` below.
 from __future__ import annotations
 
 import collections
+import functools
 import math
+import operator
 
 import torch
 
@@ -406,8 +408,6 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
     """Graph pass for `torch.compile` graphs: `h = x + r; tpu_kernels.norm(h, None, ...)`
     becomes ONE `tpu_kernels.norm(x, r, ...)` that also returns h (the residual stream),
     so the add is done inside the norm kernel. Returns how many norms were fused."""
-    import operator
-
     norm_op = torch.ops.tpu_kernels.norm.default
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     fused_count = 0
@@ -437,6 +437,16 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
 
 
 _RESHAPES = frozenset({"view", "reshape", "contiguous", "flatten"})
+
+
+def _commutes_with_upcast(node) -> bool:
+    """A reshape or indexing (`x[..., :-1, :]`) of one tensor: applying it before the upcast
+    gives the same values."""
+    if node.op == "call_method":
+        return node.target in _RESHAPES
+    return node.op == "call_function" and node.target is operator.getitem
+
+
 _HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 # `cross_entropy_in_float32` in a Dynamo graph leaves it cacheable by AOTAutograd (which
@@ -463,15 +473,16 @@ def _upcast_source(node):
 
 def upcast_inside_cross_entropy(gm: torch.fx.GraphModule) -> int:
     """Graph pass for Dynamo's graphs: `F.cross_entropy(x.float(), t)` of a 16-bit `x`
-    (reshapes between the two allowed: the Hugging Face causal-LM loss is `logits.float()`,
-    `.view(-1, vocab)`, `cross_entropy`) becomes `cross_entropy_in_float32(x, t)`, the same
-    loss with the upcast inside the kernel. Returns how many calls were rewritten."""
+    (reshapes and slices between the two allowed: the Hugging Face causal-LM loss is
+    `logits.float()`, `.view(-1, vocab)`, `cross_entropy`; older versions shifted with
+    `[..., :-1, :].contiguous()`) becomes `cross_entropy_in_float32(x, t)`, the same loss
+    with the upcast inside the kernel. Returns how many calls were rewritten."""
     rewritten = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not torch.nn.functional.cross_entropy or not node.args:
             continue
-        chain, current = [], node.args[0]  # reshapes from the loss back to the upcast
-        while isinstance(current, torch.fx.Node) and current.op == "call_method" and current.target in _RESHAPES:
+        chain, current = [], node.args[0]  # reshapes and slices from the loss back to the upcast
+        while isinstance(current, torch.fx.Node) and _commutes_with_upcast(current):
             if len(current.users) != 1:
                 break
             chain.append(current)
@@ -483,11 +494,12 @@ def upcast_inside_cross_entropy(gm: torch.fx.GraphModule) -> int:
         gm.graph.erase_node(current)
         value = source.meta["example_value"]
         with value.fake_mode:  # the reshapes now see the 16-bit tensor
-            for reshape in reversed(chain):
-                args, kwargs = torch.fx.node.map_arg(
-                    (reshape.args[1:], reshape.kwargs), lambda n: n.meta["example_value"]
+            for step in reversed(chain):
+                args, kwargs = torch.fx.node.map_arg((step.args[1:], step.kwargs), lambda n: n.meta["example_value"])
+                method = (
+                    getattr(value, step.target) if step.op == "call_method" else functools.partial(step.target, value)
                 )
-                value = reshape.meta["example_value"] = getattr(value, reshape.target)(*args, **kwargs)
+                value = step.meta["example_value"] = method(*args, **kwargs)
         node.target = cross_entropy_in_float32
         rewritten += 1
     if rewritten:
