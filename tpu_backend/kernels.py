@@ -466,7 +466,8 @@ def _upcast_source(node):
         upcast = False
     source = node.args[0] if upcast else None
     value = source.meta.get("example_value") if isinstance(source, torch.fx.Node) else None
-    if isinstance(value, torch.Tensor) and value.dtype in _HALF_DTYPES and value.device.type == "tpu":
+    fake = getattr(value, "fake_mode", None) is not None  # Dynamo's example values (reshapes are re-run on them)
+    if fake and value.dtype in _HALF_DTYPES and value.device.type == "tpu":
         return source
     return None
 
