@@ -82,6 +82,18 @@ class _Argument:
         self.position = position
 
 
+class _Repeat:
+    """An output that is the same value as the earlier output `index` (a graph that saves
+    `x` and its alias `x.detach()` for the backward). XLA would return it twice, copied
+    into a second buffer (1 GB for the float32 log-softmax of 8192 x 32000 logits), so the
+    caller repeats the array instead."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
 class _Executable:
     """One compiled signature: the XLA executable plus where the static outputs (and the
     arguments handed back, `_Argument`) go."""
@@ -92,16 +104,22 @@ class _Executable:
         self.static_leaves = static_leaves
         self.n_leaves = n_leaves
         self.arguments = {i: leaf.position for i, leaf in static_leaves.items() if type(leaf) is _Argument}
+        self.repeats = {i: leaf.index for i, leaf in static_leaves.items() if type(leaf) is _Repeat}
 
     def __call__(self, arrays):
         computed = self.compiled(*arrays)
         if self.static_leaves:
             computed = iter(computed)
-            static, arguments = self.static_leaves, self.arguments
-            computed = [
-                (arrays[arguments[i]] if i in arguments else static[i]) if i in static else next(computed)
-                for i in range(self.n_leaves)
-            ]
+            static, arguments, repeats = self.static_leaves, self.arguments, self.repeats
+            leaves = []
+            for i in range(self.n_leaves):
+                if i not in static:
+                    leaves.append(next(computed))
+                elif i in arguments:
+                    leaves.append(arrays[arguments[i]])
+                else:
+                    leaves.append(leaves[repeats[i]] if i in repeats else static[i])
+            computed = leaves
         return jax.tree_util.tree_unflatten(self.treedef, computed)
 
 
@@ -332,12 +350,16 @@ class Program:
             leaves, treedef = jax.tree_util.tree_flatten(self.fn(*full), is_leaf=lambda x: x is None)
             # arguments returned unchanged (not donated ones: XLA reuses those buffers anyway)
             argument_at = {id(a): k for k, a in enumerate(arrays) if k not in self.donate}
-            static = {}
+            static, first_at = {}, {}  # first_at: id -> the first output that is this value
             for i, leaf in enumerate(leaves):
                 if not isinstance(leaf, jax.Array):
                     static[i] = leaf
                 elif id(leaf) in argument_at and arrays[argument_at[id(leaf)]] is leaf:
                     static[i] = _Argument(argument_at[id(leaf)])
+                elif id(leaf) in first_at and leaves[first_at[id(leaf)]] is leaf:
+                    static[i] = _Repeat(first_at[id(leaf)])
+                else:
+                    first_at[id(leaf)] = i
             traced["treedef"] = treedef
             traced["n_leaves"] = len(leaves)
             traced["static"] = static

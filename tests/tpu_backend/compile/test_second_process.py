@@ -198,6 +198,29 @@ def test_an_argument_returned_unchanged_is_handed_back_not_copied(fresh_cache):
     np.testing.assert_array_equal(np.asarray(first), np.arange(4.0))
 
 
+def test_a_value_returned_twice_is_one_output_repeated(fresh_cache):
+    # a forward that saves `x` and `x.detach()` for the backward returns one value twice:
+    # XLA would copy it into a second buffer, so the program returns it once
+    import jax
+
+    def log_softmax_and_alias(x):
+        y = jax.nn.log_softmax(x)
+        return y, x.sum(), y
+
+    x = jax.device_put(np.arange(8.0, dtype=np.float32).reshape(2, 4))
+    for program in (
+        Program("twice", log_softmax_and_alias, identity="twice"),
+        Program("twice", log_softmax_and_alias, identity="twice"),  # loaded from disk
+    ):
+        first, total, again = program(x)
+        assert again is first
+        np.testing.assert_allclose(np.asarray(first), np.asarray(jax.nn.log_softmax(x)), rtol=1e-6)
+        assert float(total) == 28.0
+        [text] = program.compiled_texts()
+        assert text.count("copy(") == 0, text
+    assert compile_stats().programs["twice"].loaded == 1
+
+
 def forget_xla_entries(folder: Path) -> None:
     for path in folder.glob("*.xla"):
         path.unlink()
