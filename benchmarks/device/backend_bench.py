@@ -25,6 +25,8 @@
         --cprofile tpu-fused   # cProfile of fused steps: top functions
     python -m benchmarks.device.backend_bench --model mingpt --batch 32 --modes cpu-floor,tpu-strict,tpu-fused,jax \
         --pipeline 4 --phases    # on a TPU: each loss read 4 steps late (host and chip overlap)
+    python -m benchmarks.device.backend_bench --model llama-374m --remat --scan-layers --compile-optimizer \
+        --timeline tpu-compile   # on a TPU: when each part of a step starts and ends on the host
 
 Every mode runs IN THE SAME PROCESS: each is built and warmed up in turn (`--warmup`
 untimed steps, which include compilation; the first step's time is reported
@@ -1021,6 +1023,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="MODE",
         help="instead of timing: cProfile --steps steps of MODE after --warmup, top functions by own and cumulative time",
     )
+    parser.add_argument(
+        "--timeline",
+        metavar="MODE",
+        help="instead of timing: when each part of a step of MODE starts and ends on the host (ms from the step's "
+        "start: zero_grad, compiled graphs and their launches, backward, synchronisation, loss read)",
+    )
     args = parser.parse_args(argv)
     if args.scan_layers and args.model not in TOKEN_MODELS:
         parser.error(f"--scan-layers applies to the models with blocks ({', '.join(TOKEN_MODELS)})")
@@ -1280,6 +1288,70 @@ def cprofile_steps(model_name: str, mode_name: str, steps: int, warmup: int) -> 
     return 0
 
 
+def timeline_steps(model_name: str, mode_name: str, steps: int, warmup: int) -> int:
+    """When each part of a step starts and ends on the host, in ms from the step's start
+    (medians over `steps` steps after `warmup` untimed ones): `zero_grad`, each compiled
+    graph's call and its executable's launch, `backward`, the synchronisation and the loss
+    read. A synchronous step's tail (the read) and head (up to the forward's launch) are
+    the chip's idle time between steps."""
+    from tpu_backend.compile import compiled_graph, program
+
+    marks: list[tuple[str, float]] = []
+    restore = []
+
+    def mark(owner, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        def marked(*args, **kwargs):
+            marks.append((label, time.perf_counter()))
+            try:
+                return original(*args, **kwargs)
+            finally:
+                marks.append((f"{label} end", time.perf_counter()))
+
+        setattr(owner, name, marked)
+        restore.append((owner, name, original))
+
+    module = sys.modules[__name__]
+    for owner, name, label in (
+        (torch.optim.Optimizer, "zero_grad", "zero_grad"),
+        (compiled_graph.CompiledGraph, "__call__", "graph"),
+        (program._Executable, "__call__", "launch"),
+        (torch.Tensor, "backward", "backward"),
+        (module, "synchronize", "synchronize"),
+        (torch.Tensor, "item", "item"),
+    ):
+        mark(owner, name, label)
+    try:
+        step = make_step(model_name, mode_name)
+        for _ in range(warmup):
+            step()
+        times: dict[str, list[float]] = {}
+        for _ in range(steps):
+            marks.clear()
+            start = time.perf_counter()
+            step()
+            seen: collections.Counter = collections.Counter()
+            for label, at in marks:
+                seen[label] += 1
+                times.setdefault(f"{label} #{seen[label]}", []).append((at - start) * 1e3)
+    finally:
+        for owner, name, original in restore:
+            setattr(owner, name, original)
+    from rich.table import Table
+
+    rows = sorted((statistics.median(values), label) for label, values in times.items())
+    console = wide_console()
+    console.print(f"{model_name}, {mode_name}: the host's timeline of a step, ms from its start (median of {steps})")
+    table = Table()
+    table.add_column("ms", justify="right")
+    table.add_column("event")
+    for at, label in rows:
+        table.add_row(f"{at:.3f}", label)
+    console.print(table)
+    return 0
+
+
 def main(argv=None) -> int:
     global _batch_size, _remat, _pipeline, _compile_optimizer, _fused_optimizer, _layers, _context, _scan_layers
     args = parse_args(argv)
@@ -1296,6 +1368,8 @@ def main(argv=None) -> int:
         import tpu_backend  # noqa: F401 - registers the device
     if args.cprofile:
         return cprofile_steps(args.model, args.cprofile, args.steps, args.warmup)
+    if args.timeline:
+        return timeline_steps(args.model, args.timeline, args.steps, args.warmup)
 
     config = model_case(args.model)
     print(

@@ -93,3 +93,21 @@ def test_floor_mode_runs_the_shrunk_model_beside_the_real_one(tmp_path):
     assert len(model.blocks) == 6 and model.config.width == 12 and case.batch.batch_size == 1
     with pytest.raises(ValueError, match="cpu-floor.*GPT models"):
         backend_bench.floor_case("llama")
+
+
+def test_timeline_orders_a_compiled_steps_parts_and_restores_what_it_wrapped(capsys):
+    from tpu_backend.compile import compiled_graph
+
+    graph_call = compiled_graph.CompiledGraph.__call__
+    argv = ["--model", "transformer", "--compile-optimizer", "--timeline", "tpu-compile", "--steps", "2"]
+    assert backend_bench.main([*argv, "--warmup", "1"]) == 0
+    rows = [line.split("│")[1:3] for line in capsys.readouterr().out.splitlines() if line.count("│") == 3]
+    order = [label.strip() for _, label in rows]
+    times = [float(ms) for ms, _ in rows]
+    assert times == sorted(times)
+    # forward graph and its launch, the backward's, the optimizer's; then the wait and the read
+    for before, after in [("zero_grad #1", "graph #1"), ("launch #1", "launch end #1"), ("backward #1", "graph #2")]:
+        assert order.index(before) < order.index(after), order
+    assert order[-4:] == ["synchronize #1", "synchronize end #1", "item #1", "item end #1"], order
+    assert "graph #3" in order  # the compiled optimizer step
+    assert compiled_graph.CompiledGraph.__call__ is graph_call
