@@ -55,14 +55,26 @@ def _input_to_jax(value):
 # --------------------------------------------------------------------- the compiled callable
 
 
+def _output_values(gm: torch.fx.GraphModule) -> list:
+    """Per graph output, its FakeTensor metadata (None where there is none)."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return [item.meta.get("val") if isinstance(item, torch.fx.Node) else None for item in output.args[0]]
+
+
 def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
     """Per graph output, the device its FakeTensor metadata says (None for non-tensors)."""
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    devices = []
-    for item in output.args[0]:
-        value = item.meta.get("val") if isinstance(item, torch.fx.Node) else None
-        devices.append(value.device if isinstance(value, torch.Tensor) else None)
-    return devices
+    return [value.device if isinstance(value, torch.Tensor) else None for value in _output_values(gm)]
+
+
+def _scalar_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions of the graph's 0-d floating outputs (a loss), which `CompiledGraph` starts
+    copying to the host once computed: `loss.item()` then does not wait for a transfer
+    (a scalar's read on a v5e: 0.74 ms waiting for it, 0.07 ms with it done)."""
+    return tuple(
+        i
+        for i, value in enumerate(_output_values(gm))
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype.is_floating_point
+    )
 
 
 class _Slot:
@@ -287,7 +299,8 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
     # A graph that writes its inputs runs at exact shapes: padding cannot reach the inputs.
     if policy is not None and not written and dynamic.has_symbolic_sizes(gm):
         return dynamic.BucketedCompiledGraph(dynamic.compile_bucketed(gm, name, policy), gm, _output_devices(gm))
-    devices = _output_devices(gm)[: len(_output_devices(gm)) - len(written)]
+    devices = _output_devices(gm)
+    devices = devices[: len(devices) - len(written)]
     program = compile_graph(gm, name)
     program.identity = functools.partial(graph_identity, gm)
     if written:
@@ -308,18 +321,6 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         if arguments is not None:
             program.compile_ahead(arguments)
     return CompiledGraph(program, devices, slots=_input_slots(gm), scalars=_scalar_outputs(gm))
-
-
-def _scalar_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
-    """Positions of the graph's 0-d floating outputs (a loss), which `CompiledGraph` starts
-    copying to the host once computed: `loss.item()` then does not wait for a transfer
-    (a scalar's read on a v5e: 0.74 ms waiting for it, 0.07 ms with it done)."""
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-    metas = [v.meta.get("val") if isinstance(v, torch.fx.Node) else None for v in values]
-    return tuple(
-        i for i, m in enumerate(metas) if isinstance(m, torch.Tensor) and m.dim() == 0 and m.dtype.is_floating_point
-    )
 
 
 def compiles_ahead() -> bool:
