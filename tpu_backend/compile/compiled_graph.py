@@ -21,6 +21,7 @@ import functools
 import hashlib
 import os
 import sys
+import threading
 from typing import Any, Sequence
 
 import jax
@@ -30,10 +31,11 @@ import torch
 from tpu_backend import native
 from tpu_backend import random as device_random
 from tpu_backend import tensor as device_tensor
-from tpu_backend.compile import dynamic
+from tpu_backend.compile import dynamic, rows
 from tpu_backend.compile.interop import BACKEND_NAME, jax_to_tensor, tensor_to_jax
 from tpu_backend.compile.interpreter import GraphProgram, compile_graph, lift_input_mutations
 from tpu_backend.compile.program import is_array
+from tpu_backend.compile.scan import INVOKE_SUBGRAPH
 from tpu_backend.ops.registry import jax_dtype
 
 try:
@@ -173,20 +175,32 @@ class CompiledGraph:
         self.donating = donating
         self.donated = tuple(donated)
         self.slots = list(slots) if slots is not None else None
+        # inputs that may come as rows of a stacked array: the operands of scanned blocks
+        self.row_inputs = () if self.written else _block_operands(program.graph_fn.gm)
+        self._row_programs: dict[tuple, GraphProgram] = {}
         self._boxed_call = True
 
     def __call__(self, args: list) -> list:
-        if self.slots is not None and len(args) == len(self.slots):
-            values, payloads = _read_inputs(args, self.slots)
+        program = self.program
+        layout, bases = rows.stacked_views(args, self.row_inputs) if self.row_inputs else ((), ())
+        if layout:  # rows of stacked arrays (a forward's saved values): the program takes the arrays
+            program = self._with_rows(layout)
+            taken = {p for p, _, _ in layout}
+            args[:] = [a for p, a in enumerate(args) if p not in taken]
+            slots = [s for p, s in enumerate(self.slots) if p not in taken] if self.slots is not None else None
+        else:
+            slots = self.slots
+        if slots is not None and len(args) == len(slots):
+            values, payloads = _read_inputs(args, slots)
         else:
             values, payloads = [_input_to_jax(a) for a in args], [None] * len(args)
+        values.extend(bases)
         targets = [(args[i], payloads[i], self.slots[i] if payloads[i] else None) for i in self.written]
         devices = self.output_devices
         if any(device is None for device in devices):
             fallback = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
             devices = [device or fallback for device in devices]
         args.clear()
-        program = self.program
         if self.donating is not None and all(_only_held_by_its_tensor(values[i]) for i in self.donated):
             program = self.donating
         if program.needs_rng:
@@ -205,7 +219,78 @@ class CompiledGraph:
                     payload.array = value  # `device_tensor.write`'s hot path: the tensor is its whole storage
                 else:
                     _store(target, value)
+        if self.program.rows_as_views:
+            return _with_views(outputs, devices)
         return [jax_to_tensor(out, device) if is_array(out) else out for out, device in zip(outputs, devices)]
+
+    def _with_rows(self, layout: tuple) -> GraphProgram:
+        """The program taking the inputs of `layout` as rows of stacked arrays (`rows.py`)."""
+        program = self._row_programs.get(layout)
+        if program is None:
+            plain = self.program
+            fn = rows.RowLayout(plain.graph_fn, len(plain.graph_fn.placeholders), layout)
+            program = GraphProgram(fn, plain.name, plain.source)
+            program.identity = lambda: f"{plain.identity()}\ninputs as rows {layout}"
+            program = self._row_programs.setdefault(layout, program)  # (also built ahead, on a thread)
+        return program
+
+
+    def compile_rows_ahead(self, forward: GraphProgram, output_names: list, names: list, arguments: list) -> None:
+        """Compile ahead the variant this backward will run: its inputs that the forward
+        returns as rows (known once the forward is traced) taken as the stacked arrays."""
+        try:
+            returned = forward.row_outputs.result(timeout=_FORWARD_TRACE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the forward failed or is slow: compile as before
+            returned = {}
+        row_of = {output_names[i]: row for i, row in returned.items() if i < len(output_names)}
+        rows_in = {b: 1 + max(k for bb, k in returned.values() if bb == b) for b, _ in returned.values()}
+        layout, ordinal, offset = [], {}, 1 if self.program.needs_rng else 0
+        for p in self.row_inputs:
+            if names[p] in row_of:
+                b, k = row_of[names[p]]
+                layout.append((p, ordinal.setdefault(b, len(ordinal)), k))
+        if not layout:
+            self.program.compile_ahead(arguments)
+            return
+        taken = {offset + p for p, _, _ in layout}
+        bases = {}
+        for p, o, k in layout:
+            row = arguments[offset + p]
+            b = next(b for b, at in ordinal.items() if at == o)
+            bases.setdefault(o, jax.ShapeDtypeStruct((rows_in[b], *row.shape), row.dtype, sharding=row.sharding))
+        plain = [a for i, a in enumerate(arguments) if i not in taken]
+        self._with_rows(tuple(layout)).compile_ahead(plain + [bases[o] for o in range(len(bases))])
+
+
+_FORWARD_TRACE_TIMEOUT_S = 900
+
+
+def _with_views(outputs, devices) -> list:
+    """Outputs as tensors; the rows of one stacked array (`rows.Row`) as views of one storage."""
+    stacks: dict[int, torch.Tensor] = {}
+    tensors = []
+    for out, device in zip(outputs, devices):
+        if type(out) is rows.Row:
+            stacked = stacks.get(id(out.base))
+            if stacked is None:
+                stacked = stacks[id(out.base)] = jax_to_tensor(out.base, device)
+            tensors.append(stacked[out.index].detach())  # shares the storage; not an autograd view
+        else:
+            tensors.append(jax_to_tensor(out, device) if is_array(out) else out)
+    return tensors
+
+
+def _block_operands(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions of the placeholders that `invoke_subgraph` calls take directly."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    used = {
+        arg
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is INVOKE_SUBGRAPH
+        for arg in n.args[2:]
+        if isinstance(arg, torch.fx.Node)
+    }
+    return tuple(i for i, n in enumerate(placeholders) if n in used)
 
 
 def _fits(value, slot: _Slot) -> bool:
@@ -301,7 +386,9 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         return dynamic.BucketedCompiledGraph(dynamic.compile_bucketed(gm, name, policy), gm, _output_devices(gm))
     devices = _output_devices(gm)
     devices = devices[: len(devices) - len(written)]
-    program = compile_graph(gm, name)
+    # A training forward returns the rows of its scans' stacks as views of one storage
+    # each, which the backward takes whole (`rows.py`).
+    program = compile_graph(gm, name, rows_as_views=name.endswith("_forward"))
     program.identity = functools.partial(graph_identity, gm)
     if written:
         offset = 1 if program.needs_rng else 0  # the key is the first array argument
@@ -316,11 +403,29 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         if donating is not None:
             donating.identity = program.identity
         return CompiledGraph(program, devices, written, donating, donated, _input_slots(gm), _scalar_outputs(gm))
+    compiled = CompiledGraph(program, devices, slots=_input_slots(gm), scalars=_scalar_outputs(gm))
+    if program.rows_as_views:
+        _FORWARDS[name.removesuffix("_forward")] = (program, [getattr(n, "name", None) for n in _output_nodes(gm)])
     if compiles_ahead():
         arguments = _abstract_arguments(gm, program.needs_rng)
-        if arguments is not None:
+        forward = _FORWARDS.get(name.removesuffix("_backward")) if name.endswith("_backward") else None
+        if arguments is not None and forward is not None and compiled.row_inputs:
+            names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+            threading.Thread(
+                target=compiled.compile_rows_ahead, args=(*forward, names, arguments), daemon=True
+            ).start()
+        elif arguments is not None:
             program.compile_ahead(arguments)
-    return CompiledGraph(program, devices, slots=_input_slots(gm), scalars=_scalar_outputs(gm))
+    return compiled
+
+
+# The training forwards compiled in this process, by name (`torch_compile_3`): the program
+# and its output names, which are the names of the backward's saved-value inputs.
+_FORWARDS: dict[str, tuple] = {}
+
+
+def _output_nodes(gm: torch.fx.GraphModule) -> list:
+    return list(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
 
 
 def compiles_ahead() -> bool:

@@ -469,20 +469,26 @@ def fx_to_jax(gm: torch.fx.GraphModule, name: str = "graph") -> GraphFunction:
 
 
 def compile_graph(
-    gm: torch.fx.GraphModule, name: str, donate: tuple[int, ...] = (), fn: "GraphFunction | None" = None
+    gm: torch.fx.GraphModule,
+    name: str,
+    donate: tuple[int, ...] = (),
+    fn: "GraphFunction | None" = None,
+    rows_as_views: bool = False,
 ) -> Program:
     """`gm` as a `Program`: jitted per input signature, cached, counted under `name`.
     `donate`: array argument positions whose buffers the program may reuse; `fn`: the
-    graph's function if already built (a donating twin of another program)."""
+    graph's function if already built (a donating twin of another program);
+    `rows_as_views`: see `Program`."""
     fn = fn or GraphFunction(gm, name)
-    return GraphProgram(fn, name, lambda: gm.print_readable(print_output=False), donate)
+    return GraphProgram(fn, name, lambda: gm.print_readable(print_output=False), donate, rows_as_views)
 
 
 class GraphProgram(Program):
-    """A `Program` of a `GraphFunction`, which knows whether it needs a random key."""
+    """A `Program` of a `GraphFunction` (or of one taking rows, `rows.RowLayout`), which
+    knows whether it needs a random key."""
 
-    def __init__(self, fn: GraphFunction, name: str, source, donate: tuple[int, ...] = ()):
-        super().__init__(name, fn, source, donate)
+    def __init__(self, fn, name: str, source, donate: tuple[int, ...] = (), rows_as_views: bool = False):
+        super().__init__(name, fn, source, donate, rows_as_views=rows_as_views)
         self.graph_fn = fn
 
     @property

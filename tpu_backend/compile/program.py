@@ -18,7 +18,7 @@ import functools
 import threading
 import time
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
 import jax
@@ -28,7 +28,7 @@ from jax._src.random.prng import PRNGKeyArray
 
 from tpu_backend import native, precision
 from tpu_backend.compile import dump as _dump
-from tpu_backend.compile import program_cache
+from tpu_backend.compile import program_cache, rows
 from tpu_backend.compile.cache import (
     STATS,
     CacheMissError,
@@ -94,6 +94,16 @@ class _Repeat:
         self.index = index
 
 
+class _RowOf:
+    """An output that is row `index` of the stacked array the program returns after its
+    outputs, at `base` among those (`rows.py`; programs made with `rows_as_views`)."""
+
+    __slots__ = ("base", "index")
+
+    def __init__(self, base: int, index: int):
+        self.base, self.index = base, index
+
+
 class _Executable:
     """One compiled signature: the XLA executable plus where the static outputs (and the
     arguments handed back, `_Argument`) go."""
@@ -105,18 +115,22 @@ class _Executable:
         self.n_leaves = n_leaves
         self.arguments = {i: leaf.position for i, leaf in static_leaves.items() if type(leaf) is _Argument}
         self.repeats = {i: leaf.index for i, leaf in static_leaves.items() if type(leaf) is _Repeat}
+        self.rows = {i: leaf for i, leaf in static_leaves.items() if type(leaf) is _RowOf}
 
     def __call__(self, arrays):
         computed = self.compiled(*arrays)
         if self.static_leaves:
+            static, arguments, repeats, row_of = self.static_leaves, self.arguments, self.repeats, self.rows
+            bases = computed[self.n_leaves - len(static) :] if row_of else ()
             computed = iter(computed)
-            static, arguments, repeats = self.static_leaves, self.arguments, self.repeats
             leaves = []
             for i in range(self.n_leaves):
                 if i not in static:
                     leaves.append(next(computed))
                 elif i in arguments:
                     leaves.append(arrays[arguments[i]])
+                elif i in row_of:
+                    leaves.append(rows.Row(bases[row_of[i].base], row_of[i].index))
                 else:
                     leaves.append(leaves[repeats[i]] if i in repeats else static[i])
             computed = leaves
@@ -194,12 +208,16 @@ class Program:
         source: str | Callable[[], str] | None = None,
         donate: tuple[int, ...] = (),
         identity: str | Callable[[], str] | None = None,
+        rows_as_views: bool = False,
     ):
         self.name = name
         self.fn = fn
         self.source = source
         self.donate = tuple(donate)
         self.identity = identity
+        self.rows_as_views = rows_as_views
+        # rows_as_views: {output index: (base ordinal, row)} once a signature is built
+        self.row_outputs: Future | None = Future() if rows_as_views else None
         # keyed by (matmul precision, signature): torch.set_float32_matmul_precision recompiles
         self._executables: dict[tuple, _Executable] = {}
         self._ahead: dict[tuple, Future] = {}  # signatures compiling on a background thread
@@ -299,10 +317,12 @@ class Program:
             found = program_cache.load(*cached_key)
             if found is not None:
                 STATS.record_compile(self.name, time.perf_counter() - start, from_disk=True, loaded=True)
+                self._traced_rows(found[2])
                 return _Executable(*found)
         on_arrays, traced = self._array_function(args)
         lowered = jax.jit(on_arrays, donate_argnums=self.donate).lower(*[a for a in args if _is_input_array(a)])
         traced_at = time.perf_counter()
+        self._traced_rows(traced["static"])
         disk_hits_before = storage.hits if storage is not None else 0
         try:
             compiled = lowered.compile()
@@ -322,6 +342,11 @@ class Program:
             program_cache.save(*cached_key, compiled, traced["treedef"], traced["static"], traced["n_leaves"])
         return executable
 
+    def _traced_rows(self, static: dict) -> None:
+        if self.row_outputs is not None and not self.row_outputs.done():
+            with contextlib.suppress(InvalidStateError):  # built on two threads at once
+                self.row_outputs.set_result({i: (v.base, v.index) for i, v in static.items() if type(v) is _RowOf})
+
     def _program_cache_key(self, key: tuple) -> tuple[str, str] | None:
         """(key, key text) of this signature in the lowered-program cache, or None when the
         program is not cached there (no identity, several devices, dumping, layer off)."""
@@ -331,6 +356,8 @@ class Program:
         if not program_cache.single_device(sig) or program_cache.store() is None:
             return None
         identity = self.identity() if callable(self.identity) else self.identity
+        if self.rows_as_views:
+            identity += "\nrows returned as views"
         text = program_cache.key_text(identity, matmul_precision, sig, self.donate)
         return program_cache.key_of(text), text
 
@@ -347,12 +374,21 @@ class Program:
                 full[i] = array
             for i, value in statics.items():
                 full[i] = value
+            rows.start_trace()
             leaves, treedef = jax.tree_util.tree_flatten(self.fn(*full), is_leaf=lambda x: x is None)
             # arguments returned unchanged (not donated ones: XLA reuses those buffers anyway)
             argument_at = {id(a): k for k, a in enumerate(arrays) if k not in self.donate}
             static, first_at = {}, {}  # first_at: id -> the first output that is this value
+            bases, base_at = [], {}  # rows_as_views: the stacked arrays returned after the outputs
             for i, leaf in enumerate(leaves):
-                if not isinstance(leaf, jax.Array):
+                row = rows.row_of(leaf) if self.rows_as_views and isinstance(leaf, jax.Array) else None
+                if row is not None:
+                    base, k = row
+                    if id(base) not in base_at:
+                        base_at[id(base)] = len(bases)
+                        bases.append(base)
+                    static[i] = _RowOf(base_at[id(base)], k)
+                elif not isinstance(leaf, jax.Array):
                     static[i] = leaf
                 elif id(leaf) in argument_at and arrays[argument_at[id(leaf)]] is leaf:
                     static[i] = _Argument(argument_at[id(leaf)])
@@ -363,7 +399,7 @@ class Program:
             traced["treedef"] = treedef
             traced["n_leaves"] = len(leaves)
             traced["static"] = static
-            return [leaf for i, leaf in enumerate(leaves) if i not in static]
+            return [leaf for i, leaf in enumerate(leaves) if i not in static] + bases
 
         return on_arrays, traced
 

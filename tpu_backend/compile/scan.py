@@ -49,6 +49,7 @@ import torch.fx
 from kernels import sharded
 from kernels import stack as kernels_stack
 from tpu_backend import kernel_mode
+from tpu_backend.compile.rows import note, run_of
 
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
 
@@ -244,10 +245,19 @@ class Run:
         return f"Run({self.repeats} x {self.period} call(s) of {[c.args[1] for c in self.calls[: self.period]]})"
 
     def evaluate(self, functions: list, env: dict, state: dict, map_nodes) -> dict:
-        """The values of every call of the run (tuples of outputs), computed by one scan."""
+        """The values of every call of the run (tuples of outputs), computed by one scan.
+
+        Stacked operands that are already consecutive rows of one array (`rows.run_of`:
+        the backward's weights and layer inputs, handed over by the forward) are read from
+        it; the others are stacked, and their values noted as the stack's rows. The
+        per-layer outputs are noted as rows of the scan's stacked outputs; a carried value
+        read outside the run (each layer's input, saved for the backward) comes back as
+        the stack of the layers' inputs, so the first is the run's initial value."""
         repeats, period = self.repeats, self.period
         init = tuple(map_nodes(slot.values[0], env) for slot in self.carried)
-        xs = tuple(stack([map_nodes(v, env) for v in slot.values]) for slot in self.stacked)
+        operands = [_operand([map_nodes(v, env) for v in slot.values]) for slot in self.stacked]
+        xs = tuple(base for base, first, step in operands if _whole(base, first, step, repeats))
+        indexed = any(not _whole(*operand, repeats) for operand in operands)
         keys = []
         for fn in functions:
             if fn.needs_rng:
@@ -258,11 +268,20 @@ class Run:
         shared = {
             (s.call, s.index): map_nodes(s.value, env) for group in self.slots for s in group if s.kind == "shared"
         }
+        carried_at = {}
+        for i, s in enumerate(self.carried):
+            carried_at.setdefault(s.source, i)
+        as_inputs = set()  # outputs returned as the stack of the carry's incoming values
 
         def body(carry, per_layer):
-            stacked_values, layer_keys = per_layer
+            whole, layer_keys, i = per_layer
+            whole = iter(whole)
+            layer = [
+                next(whole) if _whole(base, first, step, repeats) else _row(base, first + step * i)
+                for base, first, step in operands
+            ]
             carried = dict(zip(((s.call, s.index) for s in self.carried), carry))
-            stacked = dict(zip(((s.call, s.index) for s in self.stacked), stacked_values))
+            stacked = dict(zip(((s.call, s.index) for s in self.stacked), layer))
             results = []
             for j, (fn, group) in enumerate(zip(functions, self.slots)):
                 args = []
@@ -279,11 +298,22 @@ class Run:
                 _, outs = fn.run(args, layer_keys[j])
                 results.append(outs)
             new_carry = tuple(_like(results[s.source[0]][s.source[1]], old) for s, old in zip(self.carried, carry))
-            return new_carry, tuple(results[j][q] for j, q in self.stacked_outputs)
+            ys = []
+            for j, q in self.stacked_outputs:
+                out, c = results[j][q], carried_at.get((j, q))
+                if c is not None and _same_type(out, carry[c]):
+                    as_inputs.add((j, q))
+                    out = carry[c]
+                ys.append(out)
+            return new_carry, tuple(ys)
 
-        final, ys = jax.lax.scan(body, init, (xs, tuple(keys)), length=repeats)
+        counter = jnp.arange(repeats) if indexed else None
+        final, ys = jax.lax.scan(body, init, (xs, tuple(keys), counter), length=repeats)
         stacked_at = {key: i for i, key in enumerate(self.stacked_outputs)}
         final_of = {s.source: value for s, value in zip(self.carried, final)}
+        for (j, q), i in stacked_at.items():
+            if (j, q) in as_inputs:
+                note(init[carried_at[(j, q)]], ys[i], 0)
         values = {}
         for k in range(repeats):
             for j in range(period):
@@ -292,8 +322,10 @@ class Run:
                 outs = []
                 for q in range(n_out):
                     how = self.outputs.get((j, q))
-                    if how == "stacked":
-                        outs.append(ys[stacked_at[(j, q)]][k])
+                    if how == "stacked" and (j, q) in as_inputs:  # the next layer's input; the last: the final carry
+                        outs.append(final_of[(j, q)] if k == repeats - 1 else _row(ys[stacked_at[(j, q)]], k + 1))
+                    elif how == "stacked":
+                        outs.append(_row(ys[stacked_at[(j, q)]], k))
                     elif k == repeats - 1 and (j, q) in final_of:
                         outs.append(final_of[(j, q)])
                     elif isinstance(how, tuple):  # ("forwarded", operand index)
@@ -304,6 +336,34 @@ class Run:
                         outs.append(None)
                 values[node] = tuple(outs)
         return values
+
+
+def _operand(values: list) -> tuple:
+    """A stacked operand as (array, first row, step): rows of an array already, or stacked."""
+    found = run_of(values)
+    if found is not None:
+        return found
+    stacked = stack(values)
+    for k, value in enumerate(values):
+        note(value, stacked, k)
+    return stacked, 0, 1
+
+
+def _whole(base, first: int, step: int, repeats: int) -> bool:
+    """Whether the operand is its array as it is (the scan's `xs`), not rows read by index."""
+    return first == 0 and step == 1 and base.shape[0] == repeats
+
+
+def _row(base, k):
+    """Row `k` (static or traced) of `base`, noted as such when `k` is static."""
+    value = jax.lax.dynamic_index_in_dim(base, k, keepdims=False)
+    if isinstance(k, int):
+        note(value, base, k)
+    return value
+
+
+def _same_type(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and getattr(a, "weak_type", False) == getattr(b, "weak_type", False)
 
 
 def stack(values: list):

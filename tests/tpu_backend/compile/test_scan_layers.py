@@ -4,6 +4,7 @@ backward, with the same losses and gradients as the unrolled layers and PyTorch 
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import tpu_backend.compile as tpu_compile
 from benchmarks.models import LlamaConfig, LlamaLM, make_optimizer, sequence_loss
 from kernels import tpu as kernels_tpu
 from tests import chip
-from tpu_backend.compile import scan
+from tpu_backend.compile import compiled_graph, scan
 
 STEPS = 3
 # float32, the same ops per layer in a loop instead of unrolled: XLA may fuse and sum in
@@ -130,6 +131,36 @@ def _saved_for_backward(before: set) -> int:
     return sum(a.size * a.dtype.itemsize for a in exported.out_avals)
 
 
+def test_the_backward_takes_the_forwards_stacks_as_they_are(monkeypatch):
+    # rows.py: the forward returns each stack its scan built (the layers' weights, the
+    # layers' inputs) once, its rows views of one storage; the backward takes those stacks
+    # whole, in a program compiled ahead for that layout (the plain one never compiles)
+    monkeypatch.setenv("TPU_COMPILE_AHEAD", "on")
+    graphs = {}
+    compile_for_tpu = compiled_graph.compile_for_tpu
+
+    def spy(gm, name, *args, **kwargs):
+        graphs[name.rsplit("_", 1)[-1]] = compiled = compile_for_tpu(gm, name, *args, **kwargs)
+        return compiled
+
+    monkeypatch.setattr(compiled_graph, "compile_for_tpu", spy)
+    config = LlamaConfig(layers=3, checkpoint="full")
+    torch.manual_seed(0)
+    model = LlamaLM(config)
+    data = batches(config)
+    assert_same_training(train(model, "cpu", False, data), train(model, "tpu", True, data), "scan vs eager")
+
+    backward = graphs["backward"]
+    [(layout, program)] = backward._row_programs.items()
+    rows_of_base: dict = {}
+    for _, base, row in layout:
+        rows_of_base.setdefault(base, []).append(row)
+    # 9 weights per layer and the layers' inputs; the last layer's backward is called on
+    # its own (scan.FIRST_REPETITION_TIED), so each stack gives all 3 rows
+    assert len(rows_of_base) == 10 and all(sorted(r) == [0, 1, 2] for r in rows_of_base.values()), layout
+    assert backward.program.signatures == [] and len(program.signatures) == 1
+
+
 def test_keeping_the_matmuls_keeps_them_in_the_scan(tmp_path):
     # torch.utils.checkpoint with `save_matmuls` inside the scanned block: the forward hands
     # the backward more than a full recompute and less than no checkpointing, one loop each
@@ -176,9 +207,12 @@ def test_compiled_for_a_tpu_the_layers_weights_are_stacked_by_dma():
             )
     assert set(compiled) == {"forward", "backward"}
     for kind, executable in compiled.items():
-        text = executable.as_text()
-        assert "ConcatBitcast" not in text, f"{kind}: a stack was left to XLA"
-        assert text.count('custom_call_target="tpu_custom_call"') >= 7, kind  # the block's 7 matrices
+        assert "ConcatBitcast" not in executable.as_text(), f"{kind}: a stack was left to XLA"
+    stacks = {kind: re.findall(r"= f32\[3,(\d+),(\d+)\][^ ]* custom-call", e.as_text()) for kind, e in compiled.items()}
+    weights = {("32", "32"), ("64", "32"), ("32", "64")}  # the block's 7 matrices
+    assert sum(shape in weights for shape in stacks["forward"]) == 7, stacks["forward"]
+    # the backward takes the forward's stacks (rows.py) instead of stacking the weights again
+    assert not weights & set(stacks["backward"]), stacks["backward"]
 
 
 def test_inference_scans_too(tmp_path):
