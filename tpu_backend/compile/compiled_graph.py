@@ -234,7 +234,6 @@ class CompiledGraph:
             program = self._row_programs.setdefault(layout, program)  # (also built ahead, on a thread)
         return program
 
-
     def compile_rows_ahead(self, forward: GraphProgram, output_names: list, names: list, arguments: list) -> None:
         """Compile ahead the variant this backward will run: its inputs that the forward
         returns as rows (known once the forward is traced) taken as the stacked arrays."""
@@ -253,11 +252,13 @@ class CompiledGraph:
             self.program.compile_ahead(arguments)
             return
         taken = {offset + p for p, _, _ in layout}
+        base_at = {o: b for b, o in ordinal.items()}
         bases = {}
-        for p, o, k in layout:
+        for p, o, _ in layout:
             row = arguments[offset + p]
-            b = next(b for b, at in ordinal.items() if at == o)
-            bases.setdefault(o, jax.ShapeDtypeStruct((rows_in[b], *row.shape), row.dtype, sharding=row.sharding))
+            bases.setdefault(
+                o, jax.ShapeDtypeStruct((rows_in[base_at[o]], *row.shape), row.dtype, sharding=row.sharding)
+            )
         plain = [a for i, a in enumerate(arguments) if i not in taken]
         self._with_rows(tuple(layout)).compile_ahead(plain + [bases[o] for o in range(len(bases))])
 
@@ -411,9 +412,7 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         forward = _FORWARDS.get(name.removesuffix("_backward")) if name.endswith("_backward") else None
         if arguments is not None and forward is not None and compiled.row_inputs:
             names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-            threading.Thread(
-                target=compiled.compile_rows_ahead, args=(*forward, names, arguments), daemon=True
-            ).start()
+            threading.Thread(target=compiled.compile_rows_ahead, args=(*forward, names, arguments), daemon=True).start()
         elif arguments is not None:
             program.compile_ahead(arguments)
     return compiled

@@ -363,7 +363,9 @@ def _row(base, k):
 
 
 def _same_type(a, b) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and getattr(a, "weak_type", False) == getattr(b, "weak_type", False)
+    return (
+        a.shape == b.shape and a.dtype == b.dtype and getattr(a, "weak_type", False) == getattr(b, "weak_type", False)
+    )
 
 
 def stack(values: list):
