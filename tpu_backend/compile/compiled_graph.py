@@ -22,6 +22,7 @@ import hashlib
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Sequence
 
 import jax
@@ -405,21 +406,27 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
             donating.identity = program.identity
         return CompiledGraph(program, devices, written, donating, donated, _input_slots(gm), _scalar_outputs(gm))
     compiled = CompiledGraph(program, devices, slots=_input_slots(gm), scalars=_scalar_outputs(gm))
-    if program.rows_as_views:
-        _FORWARDS[name.removesuffix("_forward")] = (program, [getattr(n, "name", None) for n in _output_nodes(gm)])
     if compiles_ahead():
+        if program.rows_as_views:
+            _FORWARDS[name.removesuffix("_forward")] = (
+                weakref.ref(program),
+                [getattr(n, "name", None) for n in _output_nodes(gm)],
+            )
         arguments = _abstract_arguments(gm, program.needs_rng)
-        forward = _FORWARDS.get(name.removesuffix("_backward")) if name.endswith("_backward") else None
+        forward, output_names = _FORWARDS.pop(name.removesuffix("_backward"), (lambda: None, None))
+        forward = forward()
         if arguments is not None and forward is not None and compiled.row_inputs:
             names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-            threading.Thread(target=compiled.compile_rows_ahead, args=(*forward, names, arguments), daemon=True).start()
+            threading.Thread(
+                target=compiled.compile_rows_ahead, args=(forward, output_names, names, arguments), daemon=True
+            ).start()
         elif arguments is not None:
             program.compile_ahead(arguments)
     return compiled
 
 
-# The training forwards compiled in this process, by name (`torch_compile_3`): the program
-# and its output names, which are the names of the backward's saved-value inputs.
+# The training forward just compiled ahead, by name (`torch_compile_3`), until its backward
+# is: the program and its output names, which are the names of the backward's saved values.
 _FORWARDS: dict[str, tuple] = {}
 
 
