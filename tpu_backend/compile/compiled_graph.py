@@ -111,10 +111,10 @@ def _input_slots(gm: torch.fx.GraphModule) -> list[_Slot | None]:
     return slots
 
 
-def _read_inputs(args: list, slots: list) -> tuple[list, list]:
+def _read_inputs(args: list, slots: list, general=_input_to_jax) -> tuple[list, list]:
     """(the JAX value of every argument, the storage payload of each one read the fast way
     or None). The fast way is `device_tensor.read`'s own hot path, inlined, with the shape
-    and dtype known from the graph: ~1 us an input instead of ~3."""
+    and dtype known from the graph: ~1 us an input instead of ~3; `general` reads the rest."""
     values, payloads = [], []
     for arg, slot in zip(args, slots):
         if slot is not None:
@@ -134,7 +134,7 @@ def _read_inputs(args: list, slots: list) -> tuple[list, list]:
                     values.append(base)
                     payloads.append(payload)
                     continue
-        values.append(_input_to_jax(arg))
+        values.append(general(arg))
         payloads.append(None)
     return values, payloads
 
@@ -142,8 +142,10 @@ def _read_inputs(args: list, slots: list) -> tuple[list, list]:
 python_read_inputs = _read_inputs  # the definition; in C++ (no Python step per input):
 if hasattr(native.load(), "whole_arrays"):
 
-    def _read_inputs(args: list, slots: list, _whole_arrays=native.module.whole_arrays) -> tuple[list, list]:
-        return _whole_arrays(args, slots, _input_to_jax)
+    def _read_inputs(
+        args: list, slots: list, general=_input_to_jax, _whole_arrays=native.module.whole_arrays
+    ) -> tuple[list, list]:
+        return _whole_arrays(args, slots, general)
 
 
 class CompiledGraph:
@@ -183,19 +185,18 @@ class CompiledGraph:
 
     def __call__(self, args: list) -> list:
         program = self.program
-        layout, bases = rows.stacked_views(args, self.row_inputs) if self.row_inputs else ((), ())
-        if layout:  # rows of stacked arrays (a forward's saved values): the program takes the arrays
-            program = self._with_rows(layout)
-            taken = {p for p, _, _ in layout}
-            args[:] = [a for p, a in enumerate(args) if p not in taken]
-            slots = [s for p, s in enumerate(self.slots) if p not in taken] if self.slots is not None else None
+        # the operands of scanned blocks may be rows of a stacked array (a forward's saved
+        # values): those are found among the inputs not read the fast way
+        general = _input_or_row if self.row_inputs else _input_to_jax
+        if self.slots is not None and len(args) == len(self.slots):
+            values, payloads = _read_inputs(args, self.slots, general)
         else:
-            slots = self.slots
-        if slots is not None and len(args) == len(slots):
-            values, payloads = _read_inputs(args, slots)
-        else:
-            values, payloads = [_input_to_jax(a) for a in args], [None] * len(args)
-        values.extend(bases)
+            values, payloads = [general(a) for a in args], [None] * len(args)
+        if self.row_inputs:
+            layout, bases = rows.take_rows(values, self.row_inputs, args, _input_to_jax)
+            if layout:  # the program takes the stacked arrays
+                program = self._with_rows(layout)
+                values.extend(bases)
         targets = [(args[i], payloads[i], self.slots[i] if payloads[i] else None) for i in self.written]
         devices = self.output_devices
         if any(device is None for device in devices):
@@ -267,16 +268,35 @@ class CompiledGraph:
 _FORWARD_TRACE_TIMEOUT_S = 900
 
 
+def _input_or_row(arg):
+    """An input's JAX value, or `rows.Row` when it is a row of its storage's stacked array."""
+    found = rows.stacked_view(arg)
+    return rows.Row(*found) if found is not None else _input_to_jax(arg)
+
+
 def _with_views(outputs, devices) -> list:
-    """Outputs as tensors; the rows of one stacked array (`rows.Row`) as views of one storage."""
+    """Outputs as tensors; the rows of one stacked array (`rows.Row`) as tensors over one
+    storage. Not views of it: each row has its own version counter, so writing one row in
+    place does not flag the others (saved layer inputs) for autograd; a row returned twice
+    (a layer's input, also a user output) is one tensor and its `detach()`, which share
+    theirs, so writing the user's one fails the backward as in eager."""
     stacks: dict[int, torch.Tensor] = {}
+    made: dict[tuple, torch.Tensor] = {}
     tensors = []
     for out, device in zip(outputs, devices):
         if type(out) is rows.Row:
             stacked = stacks.get(id(out.base))
             if stacked is None:
                 stacked = stacks[id(out.base)] = jax_to_tensor(out.base, device)
-            tensors.append(stacked[out.index].detach())  # shares the storage; not an autograd view
+            row = made.get((id(out.base), out.index))
+            if row is not None:
+                tensors.append(row.detach())
+                continue
+            shape, stride = stacked.shape[1:], stacked.stride()[1:]
+            row = made[(id(out.base), out.index)] = torch.empty(0, dtype=stacked.dtype, device=stacked.device).set_(
+                stacked.untyped_storage(), out.index * stacked.stride(0), shape, stride
+            )
+            tensors.append(row)
         else:
             tensors.append(jax_to_tensor(out, device) if is_array(out) else out)
     return tensors

@@ -13,7 +13,7 @@ docs/tpu.md). Kept as rows instead:
 - A forward program (`Program(rows_as_views=True)`) returns a noted row as its base
   once (`Row`): `CompiledGraph` makes the per-layer tensors views of one storage whose
   payload is the base.
-- A program called with such views (`stacked_views`) takes the base itself, in a variant
+- A program called with such views (`stacked_view`, `take_rows`) takes the base itself, in a variant
   traced for that layout (`RowLayout`), whose rows are noted again.
 
 Nothing depends on a row being found: a value not noted is stacked or sliced as before.
@@ -101,25 +101,31 @@ def stacked_view(arg) -> tuple | None:
     return base, offset // numel
 
 
-def stacked_views(args, positions) -> tuple[tuple, list]:
-    """(layout, bases) of the arguments at `positions` that are rows of stacked arrays:
+def take_rows(values: list, positions, args: list, read) -> tuple[tuple, list]:
+    """(layout, bases) of the `Row`s among `values` (inputs read with `stacked_view`) at
+    `positions`, which are removed from `values`; a `Row` elsewhere is read (`read(arg)`).
     layout is ((position, base ordinal, k), ...), bases the arrays in first-seen order."""
     layout, bases, ordinal = [], [], {}
-    for p in positions:
-        found = stacked_view(args[p])
-        if found is None:
+    candidates = set(positions)
+    for p, value in enumerate(values):
+        if type(value) is not Row:
             continue
-        base, k = found
-        b = ordinal.setdefault(id(base), len(bases))
+        if p not in candidates:
+            values[p] = read(args[p])
+            continue
+        b = ordinal.setdefault(id(value.base), len(bases))
         if b == len(bases):
-            bases.append(base)
-        layout.append((p, b, k))
+            bases.append(value.base)
+        layout.append((p, b, value.index))
+    if layout:
+        taken = {p for p, _, _ in layout}
+        values[:] = [v for p, v in enumerate(values) if p not in taken]
     return tuple(layout), bases
 
 
 class RowLayout:
     """A graph function called with some of its inputs passed as rows of stacked arrays:
-    `fn(*plain, *bases)` (after the random key, if any), `layout` as `stacked_views` gives."""
+    `fn(*plain, *bases)` (after the random key, if any), `layout` as `take_rows` gives."""
 
     def __init__(self, fn, n_inputs: int, layout: tuple):
         self.fn, self.n_inputs, self.layout = fn, n_inputs, layout
@@ -142,4 +148,4 @@ class RowLayout:
         return self.fn(*key, *inputs)
 
 
-__all__ = ["Row", "RowLayout", "note", "row_of", "run_of", "start_trace", "stacked_view", "stacked_views"]
+__all__ = ["Row", "RowLayout", "note", "row_of", "run_of", "start_trace", "stacked_view", "take_rows"]

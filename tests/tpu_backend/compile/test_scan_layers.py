@@ -161,6 +161,46 @@ def test_the_backward_takes_the_forwards_stacks_as_they_are(monkeypatch):
     assert backward.program.signatures == [] and len(program.signatures) == 1
 
 
+def test_returned_rows_are_their_own_tensors_and_a_saved_one_written_in_place_fails_as_in_eager():
+    # A Hugging Face Llama's hidden states are its layers' inputs: rows of one stack
+    # (rows.py) that the backward also saves. Each row has its own version counter; the
+    # user's hidden state and the saved one share theirs, so writing it fails as in eager
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_cache=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 128, (2, 24))
+    expected = model(input_ids=ids, labels=ids, output_hidden_states=True)
+    device_model = copy.deepcopy(model).to("tpu")
+    device_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tpu_compile.scan_layers(device_model.model.layers)
+    run = torch.compile(device_model, backend="tpu")
+
+    out = run(input_ids=ids.to("tpu"), labels=ids.to("tpu"), output_hidden_states=True)
+    layer_inputs = out.hidden_states[:3]
+    assert len({h.untyped_storage()._cdata for h in layer_inputs}) == 1  # rows of one stack
+    for got, want in zip(out.hidden_states, expected.hidden_states):
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=RTOL, atol=1e-5)
+    versions = [h._version for h in layer_inputs]
+    layer_inputs[1].add_(1.0)
+    assert [h._version for h in layer_inputs] == [versions[0], versions[1] + 1, versions[2]]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (out.loss + layer_inputs[1].sum()).backward()
+    eager = model(input_ids=ids, labels=ids, output_hidden_states=True)
+    eager.hidden_states[1].add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (eager.loss + eager.hidden_states[1].sum()).backward()
+
+
 def test_keeping_the_matmuls_keeps_them_in_the_scan(tmp_path):
     # torch.utils.checkpoint with `save_matmuls` inside the scanned block: the forward hands
     # the backward more than a full recompute and less than no checkpointing, one loop each
