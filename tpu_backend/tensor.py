@@ -475,6 +475,13 @@ def resize_payload(t: torch.Tensor, numel: int) -> None:
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 
 
+def over_storage(storage, offset: int, shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A new tpu tensor over `storage` (so over its payload) at `offset`: not a view of
+    another tensor, so it has its own version counter (`CompiledGraph`'s stacked rows)."""
+    t = create_device_tensor((0,), dtype)  # its own empty storage, no payload, swapped below
+    return torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_META, t, storage, offset, shape, stride)
+
+
 def resize_(t: torch.Tensor, size, memory_format=None):
     """Resize in place: grow the payload if needed, then restride through the Meta kernel.
     (The `aten.resize_` kernel, and `out=` results of another shape: `eager/variants.py`.)"""

@@ -292,9 +292,12 @@ def _with_views(outputs, devices) -> list:
             if row is not None:
                 tensors.append(row.detach())
                 continue
-            shape, stride = stacked.shape[1:], stacked.stride()[1:]
-            row = made[(id(out.base), out.index)] = torch.empty(0, dtype=stacked.dtype, device=stacked.device).set_(
-                stacked.untyped_storage(), out.index * stacked.stride(0), shape, stride
+            row = made[(id(out.base), out.index)] = device_tensor.over_storage(
+                stacked.untyped_storage(),
+                out.index * stacked.stride(0),
+                stacked.shape[1:],
+                stacked.stride()[1:],
+                stacked.dtype,
             )
             tensors.append(row)
         else:
