@@ -374,7 +374,7 @@ class Program:
                 full[i] = array
             for i, value in statics.items():
                 full[i] = value
-            rows.start_trace()
+            rows.forget()
             leaves, treedef = jax.tree_util.tree_flatten(self.fn(*full), is_leaf=lambda x: x is None)
             # arguments returned unchanged (not donated ones: XLA reuses those buffers anyway)
             argument_at = {id(a): k for k, a in enumerate(arrays) if k not in self.donate}
@@ -399,6 +399,7 @@ class Program:
             traced["treedef"] = treedef
             traced["n_leaves"] = len(leaves)
             traced["static"] = static
+            rows.forget()
             return [leaf for i, leaf in enumerate(leaves) if i not in static] + bases
 
         return on_arrays, traced

@@ -11,10 +11,10 @@ docs/tpu.md). Kept as rows instead:
   output of the scan). `run_of(values)` finds consecutive rows of one base, so the
   scan reads the base instead of stacking them.
 - A forward program (`Program(rows_as_views=True)`) returns a noted row as its base
-  once (`Row`): `CompiledGraph` makes the per-layer tensors views of one storage whose
-  payload is the base.
-- A program called with such views (`stacked_view`, `take_rows`) takes the base itself, in a variant
-  traced for that layout (`RowLayout`), whose rows are noted again.
+  once (`Row` at run time): `CompiledGraph` makes the per-layer tensors over one storage
+  whose payload is the base.
+- A program called with such tensors (`stacked_view`, `take_rows`) takes the base itself,
+  in a variant traced for that layout (`RowLayout`), whose rows are noted again.
 
 Nothing depends on a row being found: a value not noted is stacked or sliced as before.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 
 import jax
+import torch
 
 from tpu_backend import tensor as device_tensor
 
@@ -42,8 +43,9 @@ def _notes() -> dict:
     return notes
 
 
-def start_trace() -> None:
-    """Forget the rows noted by an earlier trace on this thread."""
+def forget() -> None:
+    """Forget the rows noted on this thread (before and after each trace: the notes hold
+    the traced values)."""
     _traced.notes = {}
 
 
@@ -86,7 +88,7 @@ class Row:
 def stacked_view(arg) -> tuple | None:
     """(storage array, k) when tpu tensor `arg` is exactly row `k` of its storage's array
     (a contiguous view with one leading dimension more, as `Row` outputs are)."""
-    payload = device_tensor.payload_if_tpu(arg) if isinstance(arg, device_tensor.torch.Tensor) else None
+    payload = device_tensor.payload_if_tpu(arg) if isinstance(arg, torch.Tensor) else None
     if payload is None:
         return None
     base = payload.array
@@ -148,4 +150,4 @@ class RowLayout:
         return self.fn(*key, *inputs)
 
 
-__all__ = ["Row", "RowLayout", "note", "row_of", "run_of", "start_trace", "stacked_view", "take_rows"]
+__all__ = ["Row", "RowLayout", "note", "row_of", "run_of", "forget", "stacked_view", "take_rows"]
