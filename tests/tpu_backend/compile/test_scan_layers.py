@@ -165,8 +165,8 @@ def test_returned_rows_are_their_own_tensors_and_a_saved_one_written_in_place_fa
     # A Hugging Face Llama's hidden states are its layers' inputs: rows of one stack
     # (rows.py) that the backward also saves. Each row has its own version counter; the
     # user's hidden state and the saved one share theirs, so writing it fails as in eager.
-    # Kernels off: with them on (the chip's default), this model returning its hidden
-    # states runs its layers unrolled (scan.py warns why), so there would be no rows to test
+    # Kernels off, so that the chip checks what CPU does (on a v5e with the kernels on this
+    # test failed; the reason was not captured)
     import transformers
 
     from tpu_backend import kernels
