@@ -380,8 +380,9 @@ class Program:
             argument_at = {id(a): k for k, a in enumerate(arrays) if k not in self.donate}
             static, first_at = {}, {}  # first_at: id -> the first output that is this value
             bases, base_at = [], {}  # rows_as_views: the stacked arrays returned after the outputs
+            row_at = _rows_worth_returning(leaves) if self.rows_as_views else {}
             for i, leaf in enumerate(leaves):
-                row = rows.row_of(leaf) if self.rows_as_views and isinstance(leaf, jax.Array) else None
+                row = row_at.get(i)
                 if row is not None:
                     base, k = row
                     if id(base) not in base_at:
@@ -403,6 +404,18 @@ class Program:
             return [leaf for i, leaf in enumerate(leaves) if i not in static] + bases
 
         return on_arrays, traced
+
+
+def _rows_worth_returning(leaves: list) -> dict[int, tuple]:
+    """{output position: (stacked array, row)} of the outputs noted as rows (`rows.py`),
+    for the stacks of which at least half the rows are outputs: returning a stack keeps all
+    of it alive, so one row of a large stack stays a plain output."""
+    found = {i: rows.row_of(leaf) for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)}
+    found = {i: row for i, row in found.items() if row is not None}
+    used: dict[int, set] = {}
+    for base, k in found.values():
+        used.setdefault(id(base), set()).add(k)
+    return {i: (base, k) for i, (base, k) in found.items() if 2 * len(used[id(base)]) >= base.shape[0]}
 
 
 __all__ = ["Program", "format_signature", "is_array", "programs", "signature"]

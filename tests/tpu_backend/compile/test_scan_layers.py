@@ -8,6 +8,9 @@ import re
 import warnings
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -440,3 +443,31 @@ def test_blocks_that_write_their_inputs_write_them_as_in_eager():
     for name, a, b in [("cache", caches, on_device), ("window", windows, device_windows)]:
         for layer, (u, v) in enumerate(zip(a, b)):
             torch.testing.assert_close(v.cpu(), u, rtol=rtol, atol=atol, msg=f"{name} of layer {layer}")
+
+
+@pytest.mark.parametrize("returned", [1, 3])
+def test_a_stack_is_returned_for_its_rows_only_when_most_of_them_are_outputs(returned):
+    # rows.py: returning a stack keeps all of it alive, so a program returning one row of
+    # a 4-row stack returns that row as a plain array, and three rows as rows of the stack
+    from tpu_backend.compile import rows
+    from tpu_backend.compile.program import Program
+
+    def fn(*xs):
+        stacked = jnp.stack(xs) * 2.0
+        outs = []
+        for k in range(returned):
+            out = stacked[k]
+            rows.note(out, stacked, k)
+            outs.append(out)
+        return outs
+
+    xs = [jnp.full((8, 128), float(k)) for k in range(4)]
+    outputs = Program(f"rows_{returned}", fn, rows_as_views=True)(*xs)
+    for k, out in enumerate(outputs):
+        if returned == 1:
+            assert isinstance(out, jax.Array) and out.shape == (8, 128)
+            value = out
+        else:
+            assert isinstance(out, rows.Row) and out.base.shape == (4, 8, 128) and out.index == k
+            value = out.base[out.index]
+        np.testing.assert_array_equal(np.asarray(value), np.full((8, 128), 2.0 * k))
