@@ -40,6 +40,8 @@ from torch._dynamo.backends.registry import register_backend
 from tpu_backend.compile import graph_cache, scan
 from tpu_backend.compile.compiled_graph import (  # noqa: F401  (public here too)
     _DEFAULT_BUCKETS,
+    BACKWARD,
+    FORWARD,
     CompiledGraph,
     compile_for_tpu,
     compiles_ahead,
@@ -103,8 +105,8 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
     else:
         make_compiler = functools.partial(graph_compiler, buckets=buckets)
     backend = aot_autograd(
-        fw_compiler=make_compiler(f"torch_compile_{graph_id}_forward"),
-        bw_compiler=make_compiler(f"torch_compile_{graph_id}_backward"),
+        fw_compiler=make_compiler(f"torch_compile_{graph_id}{FORWARD}"),
+        bw_compiler=make_compiler(f"torch_compile_{graph_id}{BACKWARD}"),
         inference_compiler=make_compiler(f"torch_compile_{graph_id}_inference"),
         decompositions=decompositions(),
         keep_inference_input_mutations=True,

@@ -58,10 +58,14 @@ def _input_to_jax(value):
 # --------------------------------------------------------------------- the compiled callable
 
 
+def _output_nodes(gm: torch.fx.GraphModule) -> list:
+    """What the graph's output node returns, in order (nodes, or None and constants)."""
+    return list(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
+
+
 def _output_values(gm: torch.fx.GraphModule) -> list:
     """Per graph output, its FakeTensor metadata (None where there is none)."""
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    return [item.meta.get("val") if isinstance(item, torch.fx.Node) else None for item in output.args[0]]
+    return [item.meta.get("val") if isinstance(item, torch.fx.Node) else None for item in _output_nodes(gm)]
 
 
 def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
@@ -244,25 +248,26 @@ class CompiledGraph:
         except Exception:  # noqa: BLE001 - the forward failed or is slow: compile as before
             returned = {}
         row_of = {output_names[i]: row for i, row in returned.items() if i < len(output_names)}
-        rows_in = {b: 1 + max(k for bb, k in returned.values() if bb == b) for b, _ in returned.values()}
-        layout, ordinal, offset = [], {}, 1 if self.program.needs_rng else 0
+        rows_in: dict[int, int] = {}  # forward's stack -> its rows (those it returns)
+        for b, k in returned.values():
+            rows_in[b] = max(rows_in.get(b, 0), k + 1)
+        offset = 1 if self.program.needs_rng else 0
+        layout, first = [], {}  # first: forward's stack -> (ordinal, the argument of one row)
         for p in self.row_inputs:
             if names[p] in row_of:
                 b, k = row_of[names[p]]
-                layout.append((p, ordinal.setdefault(b, len(ordinal)), k))
+                first.setdefault(b, (len(first), arguments[offset + p]))
+                layout.append((p, first[b][0], k))
         if not layout:
             self.program.compile_ahead(arguments)
             return
         taken = {offset + p for p, _, _ in layout}
-        base_at = {o: b for b, o in ordinal.items()}
-        bases = {}
-        for p, o, _ in layout:
-            row = arguments[offset + p]
-            bases.setdefault(
-                o, jax.ShapeDtypeStruct((rows_in[base_at[o]], *row.shape), row.dtype, sharding=row.sharding)
-            )
         plain = [a for i, a in enumerate(arguments) if i not in taken]
-        self._with_rows(tuple(layout)).compile_ahead(plain + [bases[o] for o in range(len(bases))])
+        bases = [
+            jax.ShapeDtypeStruct((rows_in[b], *row.shape), row.dtype, sharding=row.sharding)
+            for b, (_, row) in first.items()  # in ordinal order
+        ]
+        self._with_rows(tuple(layout)).compile_ahead(plain + bases)
 
 
 _FORWARD_TRACE_TIMEOUT_S = 900
@@ -413,7 +418,7 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
     devices = devices[: len(devices) - len(written)]
     # A training forward returns the rows of its scans' stacks as views of one storage
     # each, which the backward takes whole (`rows.py`).
-    program = compile_graph(gm, name, rows_as_views=name.endswith("_forward"))
+    program = compile_graph(gm, name, rows_as_views=name.endswith(FORWARD))
     program.identity = functools.partial(graph_identity, gm)
     if written:
         offset = 1 if program.needs_rng else 0  # the key is the first array argument
@@ -431,12 +436,12 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
     compiled = CompiledGraph(program, devices, slots=_input_slots(gm), scalars=_scalar_outputs(gm))
     if compiles_ahead():
         if program.rows_as_views:
-            _FORWARDS[name.removesuffix("_forward")] = (
+            _FORWARDS[name.removesuffix(FORWARD)] = (
                 weakref.ref(program),
                 [getattr(n, "name", None) for n in _output_nodes(gm)],
             )
         arguments = _abstract_arguments(gm, program.needs_rng)
-        forward, output_names = _FORWARDS.pop(name.removesuffix("_backward"), (lambda: None, None))
+        forward, output_names = _FORWARDS.pop(name.removesuffix(BACKWARD), (lambda: None, None))
         forward = forward()
         if arguments is not None and forward is not None and compiled.row_inputs:
             names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
@@ -448,13 +453,13 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
     return compiled
 
 
+# How `backend.tpu` names a training step's two graphs (`torch_compile_3_forward`): a
+# training forward returns rows (`rows.py`), and its backward is found by the same prefix.
+FORWARD, BACKWARD = "_forward", "_backward"
+
 # The training forward just compiled ahead, by name (`torch_compile_3`), until its backward
 # is: the program and its output names, which are the names of the backward's saved values.
 _FORWARDS: dict[str, tuple] = {}
-
-
-def _output_nodes(gm: torch.fx.GraphModule) -> list:
-    return list(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
 
 
 def compiles_ahead() -> bool:
