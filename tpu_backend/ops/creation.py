@@ -130,11 +130,17 @@ def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
     start, end, step = (_static(v) for v in (start, end, step))
     length = torch.arange(start, end, step, dtype=torch_dtype(out_dtype), device="meta").shape[0]
     if jnp.issubdtype(out_dtype, jnp.integer):
-        return (int(start) + int(step) * jnp.arange(length, dtype=jnp.int64)).astype(out_dtype)
-    compute = jnp.float64 if out_dtype == jnp.float64 else jnp.float32
-    return (jnp.asarray(start, compute) + jnp.asarray(step, compute) * jnp.arange(length, dtype=compute)).astype(
-        out_dtype
-    )
+        values = (int(start) + int(step) * jnp.arange(length, dtype=jnp.int64)).astype(out_dtype)
+    else:
+        compute = jnp.float64 if out_dtype == jnp.float64 else jnp.float32
+        values = jnp.asarray(start, compute) + jnp.asarray(step, compute) * jnp.arange(length, dtype=compute)
+    # The barrier works around a TPU compiler bug (libtpu with JAX 0.10.2, any dtype): a 1-D
+    # iota broadcast to rows, concatenated and then sliced across the seam reads values 128
+    # positions off (`cat([p[:, :1] - 1, p], -1)[:, :n]` of `p = arange(n).expand(2, n)` gives
+    # -1, 128, 129, ...). Transformers' packed-sequence check of position ids is that pattern:
+    # under torch.compile every token became its own sequence. Measured on a v5e; the cost
+    # is one small array written (docs/tpu.md, "What differs from CPU").
+    return lax.optimization_barrier(values.astype(out_dtype))
 
 
 def _linspace(start, end, steps, dtype):

@@ -167,6 +167,24 @@ def test_python_numbers_as_arguments():
         assert torch.allclose(compiled(x, scale, shift), scale_and_shift(x, scale, shift), rtol=1e-6)
 
 
+def test_positions_concatenated_and_sliced_across_the_seam_are_exact():
+    """Transformers' packed-sequence check of position ids (every HF decoder trained under
+    torch.compile runs it): on a v5e the TPU compiler read the sliced positions 128 off
+    (-1, 128, 129, ...), so every token became its own sequence and the logits moved by 0.3;
+    `arange`'s lowering keeps its iota out of that fusion (tpu_backend/ops/creation.py)."""
+
+    def sequence_ids(x):
+        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
+        shifted = torch.cat([positions[:, :1] - 1, positions], dim=-1)
+        starts = (shifted[:, 1:] - shifted[:, :-1]) != 1
+        return shifted[:, : x.shape[1]], starts.cumsum(-1)
+
+    for rows, length in [(2, 16), (8, 128)]:
+        x = torch.zeros(rows, length, device="tpu")
+        for got, want in zip(torch.compile(sequence_ids, backend="tpu")(x), sequence_ids(x.cpu()), strict=True):
+            assert torch.equal(got.cpu(), want)
+
+
 def test_torch_cond_becomes_one_program_with_both_branches():
     def branchy(x, w):
         return torch.cond(x.sum() > 0, lambda x, w: (x * w).sin(), lambda x, w: x.cos() + w, (x, w))
