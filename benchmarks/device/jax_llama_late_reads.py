@@ -1,0 +1,84 @@
+"""JAX's Llama training step (`jax_llama_reference.py`'s own step function) timed two ways on
+one chip: waited for at every step, and with each loss read `--lag` steps late, the loop
+`backend_bench.py --pipeline K` runs for ours.
+
+    python3 -m benchmarks.device.jax_llama_late_reads            # 374M, lag 2 (on a TPU VM)
+    python3 -m benchmarks.device.jax_llama_late_reads --model 950m --lag 2
+
+The reference lives outside the repo: `../shared/tpu-vm/jax_llama_reference.py`, which
+`prepare.sh` copies into `.tpu-wheels/s/` for the chip (it needs only JAX).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import os
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REFERENCE_PLACES = (
+    os.path.join(ROOT, ".tpu-wheels", "s", "jax_llama_reference.py"),
+    os.path.join(ROOT, "..", "shared", "tpu-vm", "jax_llama_reference.py"),
+)
+# (vocab, width, layers, heads, ffn): the reference's rows, batch 4 x 2048
+SHAPES = {"374m": (32000, 1024, 24, 8, 2816), "950m": (32000, 2048, 16, 16, 5632)}
+
+
+def _reference():
+    path = next((p for p in REFERENCE_PLACES if os.path.exists(p)), None)
+    if path is None:
+        raise SystemExit(f"jax_llama_reference.py not found in {REFERENCE_PLACES} (run ../shared/tpu-vm/prepare.sh)")
+    spec = importlib.util.spec_from_file_location("jax_llama_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(SHAPES), default="374m")
+    parser.add_argument("--lag", type=int, default=2, help="read each step's loss this many steps late")
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+
+    ref = _reference()
+    vocab, width, layers, heads, ffn = SHAPES[args.model]
+    batch, context = 4, 2048
+    params = ref.init(jax.random.PRNGKey(0), vocab, width, layers, heads, ffn, jnp.bfloat16)
+    m, v = jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params)
+    t = jnp.zeros((), jnp.float32)
+    idx = jax.random.randint(jax.random.PRNGKey(1), (batch, context), 0, vocab)
+    tgt = jax.random.randint(jax.random.PRNGKey(2), (batch, context), 0, vocab)
+    ref.prebuild("splash", heads, context)
+    step = ref.make_step(vocab, width, layers, heads, ffn, "splash", "full").lower(params, m, v, t, idx, tgt).compile()
+    for _ in range(3):
+        params, m, v, t, loss = step(params, m, v, t, idx, tgt)
+    loss.block_until_ready()
+
+    waited = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        params, m, v, t, loss = step(params, m, v, t, idx, tgt)
+        loss.block_until_ready()
+        waited.append(time.perf_counter() - start)
+    waited.sort()
+    print(f"JAX {args.model}, each step waited for: {waited[len(waited) // 2] * 1e3:.2f} ms (median of {args.steps})")
+
+    in_flight, reads = collections.deque(), []
+    for _ in range(args.steps + args.lag):
+        params, m, v, t, loss = step(params, m, v, t, idx, tgt)
+        in_flight.append(loss)
+        if len(in_flight) > args.lag:
+            float(in_flight.popleft())
+            reads.append(time.perf_counter())
+    late = (reads[-1] - reads[0]) / (len(reads) - 1)
+    print(f"JAX {args.model}, each loss read {args.lag} steps late: {late * 1e3:.2f} ms (between reads)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
