@@ -379,9 +379,9 @@ def test_assisted_decoding_matches_cpu(models):
     cpu_model, tpu_model = models
     repeats = prompt(10, seed=5)
     ids = torch.cat([repeats, repeats[:, :6]], dim=1)  # a prompt whose n-grams recur: lookups find candidates
-    cpu_out, tpu_out = generate_both(models, ids, max_new_tokens=10, prompt_lookup_num_tokens=3)
+    cpu_out, tpu_out = generate_both(models, ids, max_new_tokens=7, prompt_lookup_num_tokens=3)
     assert_steps_match(tpu_out, cpu_out)
-    options = dict(max_new_tokens=6, do_sample=False)
+    options = dict(max_new_tokens=4, do_sample=False)
     expected = cpu_model.generate(ids, assistant_model=cpu_model, **options)
     from_host = tpu_model.generate(ids, assistant_model=tpu_model, **options)
     assert from_host.device.type == "cpu" and torch.equal(from_host, expected)
