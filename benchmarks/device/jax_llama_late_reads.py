@@ -17,13 +17,16 @@ import importlib.util
 import os
 import time
 
+from benchmarks.models import LLAMA_374M, LLAMA_950M
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REFERENCE_PLACES = (
     os.path.join(ROOT, ".tpu-wheels", "s", "jax_llama_reference.py"),
     os.path.join(ROOT, "..", "shared", "tpu-vm", "jax_llama_reference.py"),
 )
-# (vocab, width, layers, heads, ffn): the reference's rows, batch 4 x 2048
-SHAPES = {"374m": (32000, 1024, 24, 8, 2816), "950m": (32000, 2048, 16, 16, 5632)}
+# the shapes `backend_bench --model llama-374m / llama-950m` trains (batch 4)
+SHAPES = {"374m": LLAMA_374M, "950m": LLAMA_950M}
+BATCH = 4
 
 
 def _reference():
@@ -46,15 +49,15 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     ref = _reference()
-    vocab, width, layers, heads, ffn = SHAPES[args.model]
-    batch, context = 4, 2048
-    params = ref.init(jax.random.PRNGKey(0), vocab, width, layers, heads, ffn, jnp.bfloat16)
+    c = SHAPES[args.model]
+    dims = (c.vocab, c.width, c.layers, c.heads, c.ffn)  # the order the reference takes them in
+    params = ref.init(jax.random.PRNGKey(0), *dims, jnp.bfloat16)
     m, v = jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params)
     t = jnp.zeros((), jnp.float32)
-    idx = jax.random.randint(jax.random.PRNGKey(1), (batch, context), 0, vocab)
-    tgt = jax.random.randint(jax.random.PRNGKey(2), (batch, context), 0, vocab)
-    ref.prebuild("splash", heads, context)
-    step = ref.make_step(vocab, width, layers, heads, ffn, "splash", "full").lower(params, m, v, t, idx, tgt).compile()
+    idx = jax.random.randint(jax.random.PRNGKey(1), (BATCH, c.context), 0, c.vocab)
+    tgt = jax.random.randint(jax.random.PRNGKey(2), (BATCH, c.context), 0, c.vocab)
+    ref.prebuild("splash", c.heads, c.context)
+    step = ref.make_step(*dims, "splash", "full").lower(params, m, v, t, idx, tgt).compile()
     for _ in range(3):
         params, m, v, t, loss = step(params, m, v, t, idx, tgt)
     loss.block_until_ready()
