@@ -12,6 +12,8 @@ Importing this package registers the Dynamo backend "tpu". Public API:
 - `cache_only()`: a context in which any compile raises `CacheMissError`;
 - `dump(folder)` (or `$TPU_DUMP_DIR`): write each compiled program's StableHLO and the
   FX graph it came from;
+- `find_divergence(fn, *args)`: the nodes of `fn`'s compiled graphs whose values differ
+  from the same graphs run op by op in eager mode (a compiler bug's first trace);
 - `compiles_ahead()` (`TPU_COMPILE_AHEAD`=auto|on|off; auto: on for a TPU): a graph's
   program compiles on a thread from when AOTAutograd hands it over, the backward with the
   forward, instead of at its first call (`compiled_graph.py`);
@@ -46,6 +48,7 @@ from tpu_backend.compile.cache import (
     using_cache_dir,
     verify_cache,
 )
+from tpu_backend.compile.divergence import Divergence, find_divergence
 from tpu_backend.compile.dump import dump, dump_dir
 from tpu_backend.compile.interpreter import (
     GraphFunction,
@@ -65,6 +68,7 @@ __all__ = [
     "BACKEND_NAME",
     "CacheMissError",
     "CompileStats",
+    "Divergence",
     "DynamicShapesNotSupported",
     "GraphFunction",
     "Program",
@@ -80,6 +84,7 @@ __all__ = [
     "dump",
     "dump_dir",
     "ensure_persistent_cache",
+    "find_divergence",
     "fx_to_jax",
     "missing_lowerings",
     "programs",

@@ -27,6 +27,7 @@ concrete shape gets its own program.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 from typing import Any, Sequence
@@ -96,14 +97,20 @@ def _bucket_option(options: dict | None):
 def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, **kwargs):
     """Dynamo backend: AOTAutograd forward/backward graphs, each run as one jitted JAX program."""
     buckets = _bucket_option(options)
-    graph_id = next(_graph_ids)
-    upcast_inside_cross_entropy(gm)  # `cross_entropy(x.float())` of 16-bit logits: no float32 copy kept
     if graph_cache.enabled():  # AOTAutograd's own cache can store what we compile
         make_compiler = functools.partial(
             graph_cache.compiler, buckets=graph_cache.DEFAULT if buckets is _DEFAULT_BUCKETS else buckets
         )
-    else:
-        make_compiler = functools.partial(graph_compiler, buckets=buckets)
+        return with_graph_compilers(gm, example_inputs, make_compiler, cached=True, **kwargs)
+    return with_graph_compilers(gm, example_inputs, functools.partial(graph_compiler, buckets=buckets), **kwargs)
+
+
+def with_graph_compilers(gm: torch.fx.GraphModule, example_inputs, make_compiler, cached: bool = False, **kwargs):
+    """AOTAutograd over a Dynamo graph as backend "tpu" runs it, each graph handed to the
+    compiler `make_compiler(name)` returns (`divergence.py` hands checking ones); `cached`:
+    the compilers' results may go to AOTAutograd's cache (`graph_cache.py`)."""
+    graph_id = next(_graph_ids)
+    upcast_inside_cross_entropy(gm)  # `cross_entropy(x.float())` of 16-bit logits: no float32 copy kept
     backend = aot_autograd(
         fw_compiler=make_compiler(f"torch_compile_{graph_id}{FORWARD}"),
         bw_compiler=make_compiler(f"torch_compile_{graph_id}{BACKWARD}"),
@@ -114,7 +121,7 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
     # With programs compiled ahead, AOTAutograd hands the backward graph over with the
     # forward (by default at the first backward), so the two compile at once.
     eager_backward = torch._functorch.config.patch(force_non_lazy_backward_lowering=compiles_ahead())
-    with graph_cache.compiling(), scan.schema_checked_once(), eager_backward:
+    with graph_cache.compiling() if cached else contextlib.nullcontext(), scan.schema_checked_once(), eager_backward:
         return backend(gm, example_inputs, **kwargs)
 
 
