@@ -292,6 +292,7 @@ def test_a_size_used_as_an_offset_is_not_padded():
             torch.testing.assert_close(compiled(x), last_two_rows(x), rtol=TOLERANCE, atol=TOLERANCE)
 
 
+@pytest.mark.slow  # 14 s; test_gpt2_trains_under_dynamic_true_as_on_cpu runs the same graph break with gradients
 def test_a_loss_in_a_graph_of_its_own_pads_its_rows_alike():
     """GPT-2 breaks the graph before its loss: the logits' rows and the labels' rows enter
     that graph as separate symbols, equal only at run time, and the labels' padding op
