@@ -4,6 +4,7 @@ device trace (XPlane for TensorBoard, Chrome JSON) and the combined timeline."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 
@@ -112,3 +113,35 @@ def test_profiling_leaves_nothing_behind_and_does_not_nest(tmp_path):
         with pytest.raises(RuntimeError, match="already running"):
             torch.tpu.profiler.profile(tmp_path / "inner").start()
     assert Program.__call__ is original and not tpu_profiler.is_profiling()
+
+
+def test_scanned_layers_compile_and_train_alike_under_the_profiler(tmp_path):
+    """A scanned block traced while a profiler runs carries `record_function` enters and
+    exits in its graph (which no lowering has): they are dropped, and the profiled steps
+    equal unprofiled ones, loss and gradients."""
+    from tpu_backend.compile import scan_layers
+
+    def run(profiled: bool):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+        scan_layers(blocks)
+        model = blocks.to("tpu")
+        compiled = torch.compile(model, backend="tpu")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(4, 8).to("tpu"), torch.randn(4, 8).to("tpu")
+        losses = []
+        profile = torch.tpu.profiler.profile(tmp_path, device_trace=False) if profiled else contextlib.nullcontext()
+        with profile:
+            for _ in range(2):
+                optimizer.zero_grad()
+                loss = nn.functional.mse_loss(compiled(x), y)
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+        return losses, [p.grad.cpu() for p in model.parameters()]
+
+    plain, profiled = run(False), run(True)
+    assert profiled[0] == pytest.approx(plain[0], rel=1e-6)
+    for got, expected in zip(profiled[1], plain[1]):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)

@@ -408,6 +408,7 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
 
     for module in gm.modules():  # the graph and the blocks it calls (scan_layers' subgraphs)
         if isinstance(module, torch.fx.GraphModule):
+            _remove_profiler_marks(module)
             fuse_residual_norms(module)  # `norm(x + r)` -> one Pallas norm kernel doing the add (when kernels are on)
     policy = dynamic.buckets() if buckets is _DEFAULT_BUCKETS else dynamic.as_buckets(buckets)
     written = lift_input_mutations(gm)
@@ -451,6 +452,25 @@ def compile_for_tpu(gm: torch.fx.GraphModule, name: str, buckets=_DEFAULT_BUCKET
         elif arguments is not None:
             program.compile_ahead(arguments)
     return compiled
+
+
+_PROFILER_MARKS = (
+    torch.ops.profiler._record_function_enter.default,
+    torch.ops.profiler._record_function_enter_new.default,
+    torch.ops.profiler._record_function_exit.default,
+    torch.ops.profiler._record_function_exit._RecordFunction,
+)
+
+
+def _remove_profiler_marks(gm: torch.fx.GraphModule) -> None:
+    """Drop `record_function` enters and exits: traced while a profiler runs (a scanned
+    block's graph has them), they compute nothing, and the program they are in is one
+    event of the trace as a whole (Inductor drops them too)."""
+    marks = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _PROFILER_MARKS]
+    for node in reversed(marks):  # exits (which use the enters' results) first
+        gm.graph.erase_node(node)
+    if marks:
+        gm.recompile()
 
 
 # How `backend.tpu` names a training step's two graphs (`torch_compile_3_forward`): a
