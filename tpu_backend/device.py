@@ -15,7 +15,7 @@ import types
 import jax
 import torch
 
-from tpu_backend import dispatch
+from tpu_backend import dispatch, streams
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.jax_interop import from_jax, to_jax  # noqa: F401  (part of the torch.tpu surface)
 from tpu_backend.precision import Precision, precision  # noqa: F401
@@ -65,7 +65,7 @@ def get_device_name(device=None) -> str:
 
 def synchronize(device=None) -> None:
     """Block until every pending computation on the device has finished."""
-    jax.block_until_ready(tpu_tensor.live_arrays())
+    jax.block_until_ready(streams.newest_pending())
 
 
 def memory_allocated(device=None) -> int:

@@ -31,10 +31,26 @@ from tpu_backend import tensor as device_tensor
 from tpu_backend._registration import DEVICE_NAME
 
 
-def _pending_arrays() -> list:
-    """Arrays of live tpu tensors that are still being computed (fused work issued first)."""
-    arrays = [device_tensor.concrete(a) for a in device_tensor.live_arrays()]
-    return [a for a in arrays if isinstance(a, jax.Array) and not a.is_ready()]
+def newest_pending() -> list:
+    """The arrays to wait for so that everything issued so far has finished (fused work is
+    issued first). A TPU runs its computations in issue order, so the newest array still
+    being computed on each chip stands for all before it (`jax.live_arrays()` lists the
+    newest first). Waiting for every pending array instead waits for the runtime to mark
+    each one ready, ~7 us an array on a v5e host: 8 ms of a 374M training step's 1,100
+    (`docs/tpu.md`). Elsewhere (XLA:CPU may run independent programs side by side): every
+    pending array."""
+    device_tensor.flush()
+    arrays = jax.live_arrays()
+    if jax.default_backend() != "tpu":
+        return [a for a in arrays if not a.is_ready()]
+    uncovered, newest = set(jax.local_devices()), []
+    for array in arrays:
+        if not array.is_ready() and not uncovered.isdisjoint(array.sharding.device_set):
+            newest.append(array)
+            uncovered -= array.sharding.device_set
+            if not uncovered:
+                break
+    return newest
 
 
 class Stream(torch.Stream):
@@ -59,10 +75,10 @@ class Stream(torch.Stream):
 
     def query(self) -> bool:
         """True when every computation issued so far has finished (never blocks)."""
-        return not _pending_arrays()
+        return not newest_pending()
 
     def synchronize(self) -> None:
-        jax.block_until_ready(device_tensor.live_arrays())
+        jax.block_until_ready(newest_pending())
 
     def __repr__(self) -> str:
         return f"torch.tpu.Stream(device=tpu:0, stream_id={self.stream_id})"
@@ -124,7 +140,7 @@ class Event(torch.Event):
         self._waiter: threading.Thread | None = None
 
     def record(self, stream: torch.Stream | None = None) -> "Event":
-        pending = _pending_arrays()
+        pending = newest_pending()
         self._recorded, self._reached_at, self._waiter = True, None, None
         if not pending:
             self._reached_at = time.perf_counter()

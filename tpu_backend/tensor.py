@@ -181,11 +181,6 @@ def live_bytes() -> int:
     return sum(a.nbytes for a in arrays.values())
 
 
-def live_arrays() -> list[jax.Array]:
-    flush()
-    return [p.array for p in _PAYLOADS.values() if p.array is not None]
-
-
 # --------------------------------------------------------------------- creating tensors
 
 

@@ -150,3 +150,35 @@ def test_events_do_not_block_the_host_when_dispatch_is_asynchronous():
     assert done.returncode == 0, done.stderr[-2000:]
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT")][0]
     assert result == "RESULT True True True True", result
+
+
+class _FakeArray:
+    """What `newest_pending` reads of a jax.Array: readiness and the devices it lives on."""
+
+    def __init__(self, name: str, ready: bool, devices: set):
+        self.name, self.ready = name, ready
+        self.sharding = type("Sharding", (), {"device_set": devices})()
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+
+@pytest.mark.parametrize(
+    ("arrays", "expected"),
+    [
+        # newest first, as jax.live_arrays() lists them: the first pending one stands for the rest
+        ([("a", True, {0}), ("b", False, {0}), ("c", False, {0})], ["b"]),
+        ([("a", True, {0}), ("b", True, {0})], []),
+        # each chip has its own queue: the newest pending array of each, one covering both
+        ([("a", False, {1}), ("b", False, {1}), ("c", False, {0})], ["a", "c"]),
+        ([("a", False, {0, 1}), ("b", False, {0}), ("c", False, {1})], ["a"]),
+    ],
+)
+def test_synchronize_on_a_tpu_waits_for_the_newest_pending_array_of_each_chip(monkeypatch, arrays, expected):
+    from tpu_backend import streams
+
+    live = [_FakeArray(*a) for a in arrays]
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    monkeypatch.setattr(jax, "local_devices", lambda: [0, 1])
+    monkeypatch.setattr(jax, "live_arrays", lambda: live)
+    assert [a.name for a in streams.newest_pending()] == expected
