@@ -66,7 +66,8 @@ def programs_text(folder: Path) -> dict[str, str]:
     return texts
 
 
-def assert_same_training(expected, actual, what: str) -> None:
+def assert_same_training(expected, actual, what: str, grad_tolerance: float = 1e-5) -> None:
+    """Losses to RTOL; each gradient to `grad_tolerance` of its largest element."""
     (losses_a, grads_a), (losses_b, grads_b) = expected, actual
     assert losses_b == pytest.approx(losses_a, rel=RTOL), what
     for step, (a, b) in enumerate(zip(grads_a, grads_b)):
@@ -77,7 +78,7 @@ def assert_same_training(expected, actual, what: str) -> None:
                 b[name],
                 a[name],
                 rtol=RTOL,
-                atol=1e-5 * scale + ATOL,
+                atol=grad_tolerance * scale + ATOL,
                 msg=lambda detail, step=step, name=name: f"{what}: step {step} grad of {name}\n{detail}",
             )
 
@@ -128,7 +129,10 @@ def test_kernels_inside_the_scanned_block(tmp_path):
     assert used.get("scaled_dot_product_attention: kernel") and used.get("rms_norm: kernel")
     (forward_graph,) = tmp_path.glob("torch_compile_*_forward.fx.py")
     assert "tpu_kernels.flash_attention" in forward_graph.read_text()
-    assert_same_training(eager, scanned, "scan with kernels vs eager")
+    # on a v5e the kernels' exp and sums differ from CPU's in the last bits, and one AdamW
+    # step carries that into step 1's gradients: 6.6e-4 of the largest (blocks.0.gate.weight)
+    tolerance = chip.tolerance("transcendentals", cpu=1e-5, tpu=2e-3)
+    assert_same_training(eager, scanned, "scan with kernels vs eager", grad_tolerance=tolerance)
 
 
 def _saved_for_backward(before: set) -> int:
