@@ -57,8 +57,9 @@ def view_of_dtype(x, dtype):
 
 @graph_lowering(prims.iota.default)
 def iota(length, *, start, step, dtype, device=None, requires_grad=False):
-    """`arange`'s decomposition: start, start + step, ... (`length` values)."""
-    return start + step * jnp.arange(length, dtype=jax_dtype(dtype))
+    """`arange`'s decomposition: start, start + step, ... (`length` values), behind the
+    barrier `aten.arange`'s lowering has (a TPU compiler bug: `ops/creation.py`)."""
+    return jax.lax.optimization_barrier(start + step * jnp.arange(length, dtype=jax_dtype(dtype)))
 
 
 @graph_lowering(prims.full.default)

@@ -167,14 +167,24 @@ def test_python_numbers_as_arguments():
         assert torch.allclose(compiled(x, scale, shift), scale_and_shift(x, scale, shift), rtol=1e-6)
 
 
-def test_positions_concatenated_and_sliced_across_the_seam_are_exact():
+def _arange(n: int, device) -> torch.Tensor:
+    return torch.arange(n, device=device)
+
+
+def _prims_iota(n: int, device) -> torch.Tensor:  # arange's decomposition (prims.iota)
+    return torch.ops.prims.iota(n, start=0, step=1, dtype=torch.int64, device=device, requires_grad=False)
+
+
+@pytest.mark.parametrize("positions_of", [_arange, _prims_iota], ids=["arange", "prims.iota"])
+def test_positions_concatenated_and_sliced_across_the_seam_are_exact(positions_of):
     """Transformers' packed-sequence check of position ids (every HF decoder trained under
     torch.compile runs it): on a v5e the TPU compiler read the sliced positions 128 off
     (-1, 128, 129, ...), so every token became its own sequence and the logits moved by 0.3;
-    `arange`'s lowering keeps its iota out of that fusion (tpu_backend/ops/creation.py)."""
+    `arange`'s lowering keeps its iota out of that fusion (tpu_backend/ops/creation.py), and
+    so does `prims.iota`'s."""
 
     def sequence_ids(x):
-        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
+        positions = positions_of(x.shape[1], x.device).unsqueeze(0).expand(x.shape[0], -1)
         shifted = torch.cat([positions[:, :1] - 1, positions], dim=-1)
         starts = (shifted[:, 1:] - shifted[:, :-1]) != 1
         return shifted[:, : x.shape[1]], starts.cumsum(-1)
