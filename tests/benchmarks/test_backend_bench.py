@@ -95,6 +95,7 @@ def test_floor_mode_runs_the_shrunk_model_beside_the_real_one(tmp_path):
         backend_bench.floor_case("llama")
 
 
+@pytest.mark.slow  # the default suite's time budget (a compiled step and optimizer, 7 s)
 def test_timeline_orders_a_compiled_steps_parts_and_restores_what_it_wrapped(capsys):
     from tpu_backend.compile import compiled_graph
 

@@ -83,7 +83,7 @@ def assert_same_training(expected, actual, what: str, grad_tolerance: float = 1e
             )
 
 
-# the slow suite (the default run trains a scanned Llama in tests/benchmarks/test_backend_bench.py)
+# the slow suite (the default run trains a scanned Llama against eager in test_the_backward_takes_the_forwards_stacks_as_they_are)
 @pytest.mark.slow
 @pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
 def test_scanned_layers_train_like_unrolled_and_eager(remat, tmp_path):
@@ -217,6 +217,7 @@ def test_returned_rows_are_their_own_tensors_and_a_saved_one_written_in_place_fa
         (eager.loss + eager.hidden_states[1].sum()).backward()
 
 
+@pytest.mark.slow  # a property of the step's cost (bytes between the programs); the time budget
 def test_keeping_the_matmuls_keeps_them_in_the_scan(tmp_path):
     # torch.utils.checkpoint with `save_matmuls` inside the scanned block: the forward hands
     # the backward more than a full recompute and less than no checkpointing, one loop each
