@@ -17,6 +17,7 @@ import importlib.util
 import os
 import time
 
+from benchmarks.harness import write_json
 from benchmarks.models import LLAMA_374M, LLAMA_950M
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,12 +40,17 @@ def _reference():
     return module
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(SHAPES), default="374m")
     parser.add_argument("--lag", type=int, default=2, help="read each step's loss this many steps late")
     parser.add_argument("--steps", type=int, default=8)
-    args = parser.parse_args(argv)
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE ('-': stdout)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     import jax
     import jax.numpy as jnp
 
@@ -56,8 +62,10 @@ def main(argv=None) -> int:
     t = jnp.zeros((), jnp.float32)
     idx = jax.random.randint(jax.random.PRNGKey(1), (BATCH, c.context), 0, c.vocab)
     tgt = jax.random.randint(jax.random.PRNGKey(2), (BATCH, c.context), 0, c.vocab)
+    started = time.perf_counter()
     ref.prebuild("splash", c.heads, c.context)
     step = ref.make_step(*dims, "splash", "full").lower(params, m, v, t, idx, tgt).compile()
+    compile_s = time.perf_counter() - started
     for _ in range(3):
         params, m, v, t, loss = step(params, m, v, t, idx, tgt)
     loss.block_until_ready()
@@ -69,7 +77,9 @@ def main(argv=None) -> int:
         loss.block_until_ready()
         waited.append(time.perf_counter() - start)
     waited.sort()
-    print(f"JAX {args.model}, each step waited for: {waited[len(waited) // 2] * 1e3:.2f} ms (median of {args.steps})")
+    waited_ms = waited[len(waited) // 2] * 1e3
+    print(f"JAX {args.model}, compile {compile_s:.1f} s")
+    print(f"JAX {args.model}, each step waited for: {waited_ms:.2f} ms (median of {args.steps})")
 
     in_flight, reads = collections.deque(), []
     for _ in range(args.steps + args.lag):
@@ -80,6 +90,9 @@ def main(argv=None) -> int:
             reads.append(time.perf_counter())
     late = (reads[-1] - reads[0]) / (len(reads) - 1)
     print(f"JAX {args.model}, each loss read {args.lag} steps late: {late * 1e3:.2f} ms (between reads)")
+    if args.json:
+        figures = {"model": args.model, "compile_s": compile_s, "waited_ms": waited_ms, "late_ms": late * 1e3}
+        write_json(args.json, {**figures, "lag": args.lag})
     return 0
 
 
