@@ -91,8 +91,10 @@ def main(argv=None) -> int:
     late = (reads[-1] - reads[0]) / (len(reads) - 1)
     print(f"JAX {args.model}, each loss read {args.lag} steps late: {late * 1e3:.2f} ms (between reads)")
     if args.json:
-        figures = {"model": args.model, "compile_s": compile_s, "waited_ms": waited_ms, "late_ms": late * 1e3}
-        write_json(args.json, {**figures, "lag": args.lag})
+        late_ms = late * 1e3
+        write_json(
+            args.json, dict(model=args.model, lag=args.lag, compile_s=compile_s, waited_ms=waited_ms, late_ms=late_ms)
+        )
     return 0
 
 
