@@ -136,7 +136,12 @@ def measure(rows: list[Row], run: Callable[[tuple, str], dict | str], logs: str)
             jax_runs[row.jax_model] = run(args, os.path.join(logs, f"jax-{row.jax_model}.log"))
         jax = jax_runs[row.jax_model]
         ours = run(row.ours, os.path.join(logs, f"ours-{row.name}.log"))
-        result = {"row": row.name, "command": "python3 -m " + " ".join(row.ours), "target": row.target}
+        result = {
+            "row": row.name,
+            "kind": row.kind,
+            "command": "python3 -m " + " ".join(row.ours),
+            "target": row.target,
+        }
         failed = next((f"{who}: {r}" for who, r in (("JAX", jax), ("ours", ours)) if isinstance(r, str)), None)
         if failed is None:
             try:
@@ -164,7 +169,7 @@ def print_table(results: list[dict]) -> None:
         if "failed" in r:
             table.add_row(r["row"], f"failed: {r['failed']}", "", "")
             continue
-        sign = "<=" if r["row"] == "first-step" else ">="
+        sign = "<=" if r["kind"] == "first-step" else ">="
         verdict = "met" if r["meets"] else "not met"
         table.add_row(r["row"], r["ours"], r["jax"], f"{r['ratio']:.3f} ({sign} {r['target']}: {verdict})")
     Console(width=160).print(table)
