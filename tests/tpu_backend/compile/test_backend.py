@@ -195,6 +195,25 @@ def test_positions_concatenated_and_sliced_across_the_seam_are_exact(positions_o
             assert torch.equal(got.cpu(), want)
 
 
+def test_the_positions_barriers_compile_for_a_tpu():
+    """The seam pattern over both position lowerings (`aten.arange`, `prims.iota`), compiled
+    by libtpu for a v5e: the barriers are accepted there (their effect needs the chip)."""
+    import jax.numpy as jnp
+
+    from tests.helpers import compile_for_tpu
+    from tpu_backend.ops.registry import LOWERINGS
+
+    arange = LOWERINGS[torch.ops.aten.arange.default].fn
+    iota = LOWERINGS[torch.ops.prims.iota.default].fn
+
+    def seams(rows):
+        for positions in (arange(16), iota(16, start=0, step=1, dtype=torch.int64)):
+            p = jnp.broadcast_to(positions, (rows.shape[0], 16))
+            yield jnp.concatenate([p[:, :1] - 1, p], axis=-1)[:, :16] + rows
+
+    compile_for_tpu(lambda rows: tuple(seams(rows)), jnp.zeros((2, 1), jnp.int64))
+
+
 def test_torch_cond_becomes_one_program_with_both_branches():
     def branchy(x, w):
         return torch.cond(x.sum() > 0, lambda x, w: (x * w).sin(), lambda x, w: x.cos() + w, (x, w))
