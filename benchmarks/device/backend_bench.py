@@ -98,8 +98,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from benchmarks.harness import chip_peak_bytes, write_json
 from benchmarks.harness import console as wide_console
-from benchmarks.harness import write_json
 from benchmarks.models import (
     MODEL_CASES,
     GPTConfig,
@@ -1394,6 +1394,9 @@ def main(argv=None) -> int:
     if phases:
         print_phases(phases, args.phases)
     print(f"dispatch path: {dispatch_path()}")
+    chip_peak = chip_peak_bytes()
+    if chip_peak is not None:
+        print(f"chip memory peak (every mode of this process): {chip_peak / 2**30:.2f} GiB")
     if threads:
         print(f"threads limited: {threads}")
     recompiled = [s.mode for s in steps if s.compiles_after_warmup]
@@ -1411,6 +1414,7 @@ def main(argv=None) -> int:
             "load_average": load,
             "flops_per_step": flops,
             "tpu_peak_flops": peak,
+            "chip_peak_bytes": chip_peak,
             "steps": [vars(s) for s in steps],
             "targets": check_targets(steps, args.model),
             "op_targets": check_op_targets(ops),

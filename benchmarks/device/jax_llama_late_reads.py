@@ -4,6 +4,7 @@ one chip: waited for at every step, and with each loss read `--lag` steps late, 
 
     python3 -m benchmarks.device.jax_llama_late_reads            # 374M, lag 2 (on a TPU VM)
     python3 -m benchmarks.device.jax_llama_late_reads --model 950m --lag 2
+    python3 -m benchmarks.device.jax_llama_late_reads --remat dots   # keep the matrix products
 
 The reference lives outside the repo: `../shared/tpu-vm/jax_llama_reference.py`, which
 `prepare.sh` copies into `.tpu-wheels/s/` for the chip (it needs only JAX).
@@ -17,7 +18,7 @@ import importlib.util
 import os
 import time
 
-from benchmarks.harness import write_json
+from benchmarks.harness import chip_peak_bytes, write_json
 from benchmarks.models import LLAMA_374M, LLAMA_950M
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,6 +29,7 @@ REFERENCE_PLACES = (
 # the shapes `backend_bench --model llama-374m / llama-950m` trains (batch 4)
 SHAPES = {"374m": LLAMA_374M, "950m": LLAMA_950M}
 BATCH = 4
+REMAT_POLICIES = ("full", "dots", "none")  # the reference's names
 
 
 def _reference():
@@ -45,6 +47,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", choices=sorted(SHAPES), default="374m")
     parser.add_argument("--lag", type=int, default=2, help="read each step's loss this many steps late")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--remat",
+        choices=REMAT_POLICIES,
+        default="full",
+        help="the reference's checkpoint policy per layer: recompute all of it (full), keep the matrix "
+        "products (dots, `backend_bench --remat matmuls`'s peer), or keep every activation (none)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE ('-': stdout)")
     return parser.parse_args(argv)
 
@@ -64,7 +73,7 @@ def main(argv=None) -> int:
     tgt = jax.random.randint(jax.random.PRNGKey(2), (BATCH, c.context), 0, c.vocab)
     started = time.perf_counter()
     ref.prebuild("splash", c.heads, c.context)
-    step = ref.make_step(*dims, "splash", "full").lower(params, m, v, t, idx, tgt).compile()
+    step = ref.make_step(*dims, "splash", args.remat).lower(params, m, v, t, idx, tgt).compile()
     compile_s = time.perf_counter() - started
     for _ in range(3):
         params, m, v, t, loss = step(params, m, v, t, idx, tgt)
@@ -78,7 +87,7 @@ def main(argv=None) -> int:
         waited.append(time.perf_counter() - start)
     waited.sort()
     waited_ms = waited[len(waited) // 2] * 1e3
-    print(f"JAX {args.model}, compile {compile_s:.1f} s")
+    print(f"JAX {args.model}, remat {args.remat}, compile {compile_s:.1f} s")
     print(f"JAX {args.model}, each step waited for: {waited_ms:.2f} ms (median of {args.steps})")
 
     in_flight, reads = collections.deque(), []
@@ -90,11 +99,12 @@ def main(argv=None) -> int:
             reads.append(time.perf_counter())
     late = (reads[-1] - reads[0]) / (len(reads) - 1)
     print(f"JAX {args.model}, each loss read {args.lag} steps late: {late * 1e3:.2f} ms (between reads)")
+    peak = chip_peak_bytes()
+    if peak is not None:
+        print(f"JAX {args.model}, chip memory peak {peak / 2**30:.2f} GiB")
     if args.json:
-        late_ms = late * 1e3
-        write_json(
-            args.json, dict(model=args.model, lag=args.lag, compile_s=compile_s, waited_ms=waited_ms, late_ms=late_ms)
-        )
+        figures = dict(compile_s=compile_s, waited_ms=waited_ms, late_ms=late * 1e3, chip_peak_bytes=peak)
+        write_json(args.json, dict(model=args.model, remat=args.remat, lag=args.lag, **figures))
     return 0
 
 

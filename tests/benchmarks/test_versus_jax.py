@@ -1,5 +1,6 @@
 """`versus_jax`: the rows' commands stay valid for the scripts they run, JAX runs once per
-size just before ours, and the table's ratios and verdicts come from the commands' JSON."""
+distinct command just before ours, and the table's ratios and verdicts come from the
+commands' JSON."""
 
 from __future__ import annotations
 
@@ -16,57 +17,99 @@ PARSERS = {
 @pytest.mark.parametrize("row", versus_jax.ROWS, ids=lambda r: r.name)
 def test_each_rows_commands_parse_with_their_scripts_own_arguments(row):
     module, *args = row.ours
-    PARSERS[module]([*args, "--json", "out.json"])  # argparse exits on an unknown or renamed flag
-    jax_args = jax_llama_late_reads.parse_args(["--model", row.jax_model, "--lag", str(versus_jax.LAG)])
-    assert jax_args.model == row.jax_model
+    ours = PARSERS[module]([*args, "--json", "out.json"])  # argparse exits on an unknown or renamed flag
+    if row.jax_args:
+        jax_args = jax_llama_late_reads.parse_args(versus_jax.jax_command(row)[1:])
+        assert f"llama-{jax_args.model}" == ours.model
+        # the same checkpointing: JAX's `dots` policy keeps what our `matmuls` keeps
+        assert {"full": "full", "dots": "matmuls"}[jax_args.remat] == ours.remat
+    else:  # our command runs JAX's step itself
+        assert "jax" in ours.modes.split(",")
 
 
 def _fake_run(outputs: dict, calls: list):
+    """A run that answers from `outputs`, keyed by what ran: "jax ARGS" for JAX's script,
+    "ours ROW" for a row's own command."""
+
     def run(command: tuple, log: str):
-        calls.append(command[0] if command[0] != versus_jax.JAX else f"jax {command[2]}")
+        if command[0] == versus_jax.JAX:
+            calls.append("jax " + " ".join(command[1:-2]))  # without --lag 2
+        else:
+            calls.append("ours " + next(r.name for r in versus_jax.ROWS if r.ours == command))
         return outputs[calls[-1]]
 
     return run
 
 
-def _step_json(median_s: float) -> dict:
+def _step_json(median_s: float, chip_peak_bytes=None) -> dict:
     step = backend_bench.StepResult(mode="tpu-compile", median_s=median_s, first_step_s=90.5)
-    return {"steps": [vars(step)]}
+    return {"steps": [vars(step)], "chip_peak_bytes": chip_peak_bytes}
 
 
-def test_jax_runs_once_per_size_before_ours_and_ratios_are_jaxs_time_over_ours(tmp_path, capsys):
-    jax_374m = {"compile_s": 10.0, "waited_ms": 204.5, "late_ms": 203.0}
-    first_step = {"modes": [{"first": {"first_step_s": 27.2}, "second": {"first_step_s": 0.84}}]}
+JAX_374M = {"compile_s": 10.0, "waited_ms": 204.5, "late_ms": 203.0, "chip_peak_bytes": None}
+
+
+def test_jax_runs_once_per_command_before_ours_and_the_ratios_come_from_both(tmp_path, capsys):
+    fused = backend_bench.StepResult(mode="tpu-fused", median_s=0.0185, host_median_s=0.0175)
+    jax_mingpt = backend_bench.StepResult(mode="jax", median_s=0.0150)
     outputs = {
-        "jax 374m": jax_374m,
-        "jax 950m": "ran past 400 s (log: jax-950m.log)",
-        "benchmarks.device.backend_bench": _step_json(0.2101),
-        "benchmarks.device.compile_time_bench": first_step,
+        "jax --model 374m": JAX_374M,
+        "jax --model 950m": "ran past 400 s (log: jax-model950m.log)",
+        "jax --model 374m --remat dots": {**JAX_374M, "waited_ms": 196.2, "chip_peak_bytes": 9.0 * 2**30},
+        "ours 374m": _step_json(0.2101),
+        "ours 374m-late": _step_json(0.2101),
+        "ours first-step": {"modes": [{"first": {"first_step_s": 27.2}, "second": {"first_step_s": 0.84}}]},
+        "ours 950m": _step_json(0.458),
+        "ours 374m-matmuls": _step_json(0.2122, chip_peak_bytes=10.5 * 2**30),
+        "ours mingpt-fused": {"steps": [vars(fused), vars(jax_mingpt)]},
     }
     calls: list = []
     rows = {r["row"]: r for r in versus_jax.measure(list(versus_jax.ROWS), _fake_run(outputs, calls), str(tmp_path))}
-    assert calls[:3] == ["jax 374m", "benchmarks.device.backend_bench", "benchmarks.device.backend_bench"]
-    assert calls.count("jax 374m") == 1 and calls[3] == "jax 950m"
+    assert calls == [
+        "jax --model 374m",
+        "ours 374m",
+        "ours 374m-late",
+        "ours first-step",
+        "jax --model 950m",
+        "ours 950m",
+        "jax --model 374m --remat dots",
+        "ours 374m-matmuls",
+        "ours mingpt-fused",  # times JAX's step itself
+    ]
 
     assert rows["374m"]["ratio"] == pytest.approx(204.5 / 210.1) and rows["374m"]["meets"]
     assert rows["374m-late"]["ratio"] == pytest.approx(203.0 / 210.1)  # the late row reads JAX's late figure
-    assert rows["950m"]["failed"] == "JAX: ran past 400 s (log: jax-950m.log)" and "ratio" not in rows["950m"]
+    assert rows["950m"]["failed"] == "JAX: ran past 400 s (log: jax-model950m.log)" and "ratio" not in rows["950m"]
     assert rows["first-step"]["ratio"] == pytest.approx(2.72) and rows["first-step"]["meets"]
+    matmuls = rows["374m-matmuls"]
+    assert matmuls["ratio"] == pytest.approx(196.2 / 212.2) and not matmuls["meets"]
+    assert "10.50 GiB" in matmuls["ours"] and "9.00 GiB" in matmuls["jax"]  # the chip's peaks, side by side
+    assert rows["mingpt-fused"]["ratio"] == pytest.approx(18.5 / 15.0) and not rows["mingpt-fused"]["meets"]
     versus_jax.print_table(list(rows.values()))
     printed = capsys.readouterr().out
     assert "0.973 (>= 0.97: met)" in printed and "2.720 (<= 3.0: met)" in printed
+    assert "1.233 (<= 1.2: not met)" in printed and "0.925 (>= 0.97: not met)" in printed
     assert "failed: JAX: ran past 400 s" in printed
 
-    outputs["benchmarks.device.compile_time_bench"] = {
+    outputs["ours first-step"] = {
         "modes": [{"first": {"first_step_s": 27.2}, "second": {"first_step_s": 3.0}}]  # second process 0.11
     }
-    (slow_second,) = versus_jax.measure([versus_jax.ROWS[-1]], _fake_run(outputs, []), str(tmp_path))
+    (slow_second,) = versus_jax.measure([rows_named("first-step")], _fake_run(outputs, []), str(tmp_path))
     assert not slow_second["meets"]
+
+
+def rows_named(name: str) -> versus_jax.Row:
+    return next(r for r in versus_jax.ROWS if r.name == name)
 
 
 def test_a_failed_step_in_our_json_fails_the_row_with_its_error(tmp_path):
     failed = backend_bench.StepResult(mode="tpu-compile", error="BackendCompilerFailed: backend='tpu' raised:")
-    outputs = {"jax 374m": {"compile_s": 10.0, "waited_ms": 204.5, "late_ms": 203.0}}
-    outputs["benchmarks.device.backend_bench"] = {"steps": [vars(failed)]}
-    (row,) = versus_jax.measure([versus_jax.ROWS[0]], _fake_run(outputs, []), str(tmp_path))
+    outputs = {"jax --model 374m": JAX_374M, "ours 374m": {"steps": [vars(failed)]}}
+    (row,) = versus_jax.measure([rows_named("374m")], _fake_run(outputs, []), str(tmp_path))
     assert row["failed"] == "ours: BackendCompilerFailed: backend='tpu' raised:"
+
+    jax_failed = backend_bench.StepResult(mode="jax", error="XlaRuntimeError: RESOURCE_EXHAUSTED")
+    fused = backend_bench.StepResult(mode="tpu-fused", median_s=0.0185, host_median_s=0.0175)
+    outputs["ours mingpt-fused"] = {"steps": [vars(fused), vars(jax_failed)]}
+    (row,) = versus_jax.measure([rows_named("mingpt-fused")], _fake_run(outputs, []), str(tmp_path))
+    assert row["failed"] == "JAX: XlaRuntimeError: RESOURCE_EXHAUSTED"
