@@ -74,16 +74,6 @@ def machine() -> dict:
     }
 
 
-def chip_peak_bytes() -> int | None:
-    """The most memory the first accelerator has held in this process (the runtime's
-    `peak_bytes_in_use`: every program's buffers and temporaries), or None where the
-    backend does not count it (JAX's CPU backend)."""
-    import jax
-
-    stats = jax.devices()[0].memory_stats()
-    return stats.get("peak_bytes_in_use") if stats else None
-
-
 def write_json(path, payload, indent: int = 1) -> None:
     """`payload` as JSON to `path` ('-': stdout), written whole or not at all."""
     text = json.dumps(payload, indent=indent, default=str)

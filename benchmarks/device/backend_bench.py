@@ -98,8 +98,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from benchmarks.harness import chip_peak_bytes, write_json
 from benchmarks.harness import console as wide_console
+from benchmarks.harness import write_json
 from benchmarks.models import (
     MODEL_CASES,
     GPTConfig,
@@ -686,8 +686,10 @@ def _timed_pipelined(step: StepFn, lag: int) -> Sample:
     return Sample(wall, cpu, host / (3 * lag), host_cpu / (3 * lag), loss)
 
 
-def _timed(step: StepFn) -> Sample:
-    if _pipeline > 1:
+def _timed(step: StepFn, first: bool = False) -> Sample:
+    """One sample of the loop; the first step (compiles included) is always one step waited
+    for, whatever `--pipeline` says: a pipelined sample's interval starts after its first read."""
+    if _pipeline > 1 and not first:
         return _timed_pipelined(step, _pipeline)
     start, cpu_start = time.perf_counter(), time.process_time()
     loss, host, host_cpu = step()
@@ -730,7 +732,7 @@ def bench_training(model_name: str, mode_name: str, steps: int, warmup: int) -> 
                 _finish_background_compiles()
                 _count_programs(result, step)
                 compiled_before = device_counters()[1]
-            samples.append(_timed(step))
+            samples.append(_timed(step, first=index == 0))
         result.first_step_s = samples[0].wall
         result.compiles_after_warmup = device_counters()[1] - compiled_before
         _finish(result, samples[warmup:])
@@ -759,7 +761,7 @@ def bench_interleaved(model_name: str, mode_names: list[str], steps: int, warmup
         try:
             step = make_step(model_name, m)
             for index in range(max(warmup, 1)):
-                seconds = _timed(step).wall
+                seconds = _timed(step, first=index == 0).wall
                 if index == 0:
                     results[m].first_step_s = seconds
             _finish_background_compiles()
@@ -1394,9 +1396,6 @@ def main(argv=None) -> int:
     if phases:
         print_phases(phases, args.phases)
     print(f"dispatch path: {dispatch_path()}")
-    chip_peak = chip_peak_bytes()
-    if chip_peak is not None:
-        print(f"chip memory peak (every mode of this process): {chip_peak / 2**30:.2f} GiB")
     if threads:
         print(f"threads limited: {threads}")
     recompiled = [s.mode for s in steps if s.compiles_after_warmup]
@@ -1414,7 +1413,6 @@ def main(argv=None) -> int:
             "load_average": load,
             "flops_per_step": flops,
             "tpu_peak_flops": peak,
-            "chip_peak_bytes": chip_peak,
             "steps": [vars(s) for s in steps],
             "targets": check_targets(steps, args.model),
             "op_targets": check_op_targets(ops),
