@@ -28,7 +28,8 @@ from typing import Callable
 from benchmarks.harness import write_json
 
 STEP = ("--remat", "--scan-layers", "--compile-optimizer", "--modes", "tpu-compile", "--steps", "4", "--warmup", "2")
-MINGPT = ("--modes", "tpu-fused,jax", "--pipeline", "4", "--steps", "20", "--warmup", "5", "--skip-ops")
+# with the host's time per part of the step in its log (`--phases`): fused mode is host-bound there
+MINGPT = ("--modes", "tpu-fused,jax", "--pipeline", "4", "--steps", "20", "--warmup", "5", "--skip-ops", "--phases")
 FIRST_STEP = (
     "--remat",
     "--scan-layers",
