@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -95,6 +96,34 @@ def decode_calls(q_shape, cache_shape, dtype) -> list:
     return [da.decode_blocks(q_shape, cache_shape, dtype, config)]
 
 
+REMEMBERED = 4096
+
+
+def _remembered(rule):
+    """`rule` answered once per arguments and block-size overrides in force (`tuning.override`):
+    the routers of `tpu_backend.kernels` ask on every eager call of a kernel op, and working
+    the blocks out costs 50-110 us a call on the CPU host (3 per minGPT layer per step).
+    At most `REMEMBERED` answers per rule (then it starts over)."""
+    answers: dict = {}
+
+    @functools.wraps(rule)
+    def remembered(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())), tuning.overrides())
+        try:
+            return answers[key]
+        except KeyError:
+            if len(answers) >= REMEMBERED:
+                answers.clear()
+            answer = answers[key] = rule(*args, **kwargs)
+            return answer
+        except TypeError:  # an unhashable argument (a list for a shape): not remembered
+            return rule(*args, **kwargs)
+
+    remembered.forget = answers.clear
+    return remembered
+
+
+@_remembered
 def attention_rejection(q_shape, kv_shape, dtype, *, causal=False, mask_shape=None, chip=None) -> str | None:
     """Why a TPU flash-attention call (forward and backward) cannot take these shapes."""
     return _dtype_rejection(dtype) or _first_rejection(
@@ -102,16 +131,19 @@ def attention_rejection(q_shape, kv_shape, dtype, *, causal=False, mask_shape=No
     )
 
 
+@_remembered
 def norm_rejection(rows, dim, dtype, *, residual=False, weight=True, bias=False, chip=None) -> str | None:
     return _dtype_rejection(dtype) or _first_rejection(
         norm_calls(rows, dim, dtype, residual=residual, weight=weight, bias=bias), chip
     )
 
 
+@_remembered
 def cross_entropy_rejection(rows, vocab, dtype, *, chip=None) -> str | None:
     return _dtype_rejection(dtype) or _first_rejection(cross_entropy_calls(rows, vocab, dtype), chip)
 
 
+@_remembered
 def decode_rejection(q_shape, cache_shape, dtype, *, chip=None) -> str | None:
     return _dtype_rejection(dtype) or _first_rejection(decode_calls(q_shape, cache_shape, dtype), chip)
 

@@ -126,6 +126,11 @@ def blocks(kernel: str, backend: str, *shape: int):
     return dataclasses.replace(_RULES[kernel](backend, *shape), **_OVERRIDES.get(kernel, {}))
 
 
+def overrides() -> tuple:
+    """The block sizes `override` forces now, hashable (a cache of anything `blocks` decides keys on it)."""
+    return tuple((kernel, tuple(sorted(sizes.items()))) for kernel, sizes in sorted(_OVERRIDES.items()))
+
+
 def with_explicit(tuned, **explicit):
     """`tuned` with the block sizes a caller passed (None: keep the tuned one)."""
     return dataclasses.replace(tuned, **{k: v for k, v in explicit.items() if v is not None})

@@ -68,9 +68,14 @@ def chip() -> str:
     (`kernels.tpu.lowering_for`), else JAX's first device's, else the smallest of the table."""
     from kernels import tpu
 
-    if tpu.target_chip():
-        return tpu.target_chip()
+    return tpu.target_chip() or _devices_chip()
+
+
+@functools.cache
+def _devices_chip() -> str:
     import jax
+
+    from kernels import tpu
 
     kind = jax.devices()[0].device_kind
     return next((c.name for c in tpu.CHIPS.values() if c.device_kind == kind), tpu.DEFAULT_CHIP)

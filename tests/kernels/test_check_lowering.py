@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kernels import check_lowering, tpu
+from kernels import check_lowering, tpu, tuning
 from tests.chip import child_env
 
 needs_libtpu = pytest.mark.skipif(
@@ -131,3 +131,20 @@ def test_kernels_package_is_pure_jax():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr[-2000:]
+
+
+def test_the_rules_answer_from_memory_until_the_block_sizes_change(monkeypatch):
+    # The routers ask these on every eager call of a kernel op: remembered per arguments,
+    # and per `tuning.override` in force, whose blocks change the answer.
+    rows, dim = 4096, 384
+    assert check_lowering.norm_rejection(rows, dim, "float32", chip="v5e") is None
+    with tuning.override("norm", block_rows=3):  # not a multiple of 8 sublanes
+        assert check_lowering.norm_rejection(rows, dim, "float32", chip="v5e").startswith("layout")
+    assert check_lowering.norm_rejection(rows, dim, "float32", chip="v5e") is None
+
+    asked = []
+    check_lowering.cross_entropy_rejection.forget()
+    monkeypatch.setattr(check_lowering, "_first_rejection", lambda calls, chip: asked.append(chip))
+    for _ in range(3):
+        check_lowering.cross_entropy_rejection(4096, 512, "float32", chip="v5e")
+    assert asked == ["v5e"]  # worked out once
