@@ -54,7 +54,7 @@ def test_jax_runs_once_per_command_before_ours_and_the_ratios_come_from_both(tmp
     jax_mingpt = backend_bench.StepResult(mode="jax", median_s=0.0150)
     outputs = {
         "jax --model 374m": JAX_374M,
-        "jax --model 950m": "ran past 400 s (log: jax-model950m.log)",
+        "jax --model 950m": "ran past 400 s (log: jax-model-950m.log)",
         "jax --model 374m --remat dots": {**JAX_374M, "waited_ms": 196.2, "program_gib": 8.96},
         "ours 374m": _step_json(0.2101),
         "ours 374m-late": _step_json(0.2101),
@@ -79,7 +79,7 @@ def test_jax_runs_once_per_command_before_ours_and_the_ratios_come_from_both(tmp
 
     assert rows["374m"]["ratio"] == pytest.approx(204.5 / 210.1) and rows["374m"]["meets"]
     assert rows["374m-late"]["ratio"] == pytest.approx(203.0 / 210.1)  # the late row reads JAX's late figure
-    assert rows["950m"]["failed"] == "JAX: ran past 400 s (log: jax-model950m.log)" and "ratio" not in rows["950m"]
+    assert rows["950m"]["failed"] == "JAX: ran past 400 s (log: jax-model-950m.log)" and "ratio" not in rows["950m"]
     assert rows["first-step"]["ratio"] == pytest.approx(2.72) and rows["first-step"]["meets"]
     matmuls = rows["374m-matmuls"]
     assert matmuls["ratio"] == pytest.approx(196.2 / 212.2) and not matmuls["meets"]
