@@ -96,30 +96,25 @@ def decode_calls(q_shape, cache_shape, dtype) -> list:
     return [da.decode_blocks(q_shape, cache_shape, dtype, config)]
 
 
-REMEMBERED = 4096
-
-
 def _remembered(rule):
     """`rule` answered once per arguments and block-size overrides in force (`tuning.override`):
     the routers of `tpu_backend.kernels` ask on every eager call of a kernel op, and working
-    the blocks out costs 50-110 us a call on the CPU host (3 per minGPT layer per step).
-    At most `REMEMBERED` answers per rule (then it starts over)."""
-    answers: dict = {}
+    the blocks out costs 50-110 us a call on the CPU host (3 per minGPT layer per step)."""
+
+    @functools.lru_cache(maxsize=4096)
+    def answer(args, kwargs, overrides):
+        return rule(*args, **dict(kwargs))
 
     @functools.wraps(rule)
     def remembered(*args, **kwargs):
         key = (args, tuple(sorted(kwargs.items())), tuning.overrides())
         try:
-            return answers[key]
-        except KeyError:
-            if len(answers) >= REMEMBERED:
-                answers.clear()
-            answer = answers[key] = rule(*args, **kwargs)
-            return answer
+            hash(key)
         except TypeError:  # an unhashable argument (a list for a shape): not remembered
             return rule(*args, **kwargs)
+        return answer(*key)
 
-    remembered.forget = answers.clear
+    remembered.forget = answer.cache_clear
     return remembered
 
 

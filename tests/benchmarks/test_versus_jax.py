@@ -41,6 +41,10 @@ def _fake_run(outputs: dict, calls: list):
     return run
 
 
+def rows_named(name: str) -> versus_jax.Row:
+    return next(r for r in versus_jax.ROWS if r.name == name)
+
+
 def _step_json(median_s: float) -> dict:
     step = backend_bench.StepResult(mode="tpu-compile", median_s=median_s, first_step_s=90.5)
     return {"steps": [vars(step)]}
@@ -96,10 +100,6 @@ def test_jax_runs_once_per_command_before_ours_and_the_ratios_come_from_both(tmp
     }
     (slow_second,) = versus_jax.measure([rows_named("first-step")], _fake_run(outputs, []), str(tmp_path))
     assert not slow_second["meets"]
-
-
-def rows_named(name: str) -> versus_jax.Row:
-    return next(r for r in versus_jax.ROWS if r.name == name)
 
 
 def test_a_failed_step_in_our_json_fails_the_row_with_its_error(tmp_path):
