@@ -1354,18 +1354,24 @@ def timeline_steps(model_name: str, mode_name: str, steps: int, warmup: int) -> 
     return 0
 
 
-def main(argv=None) -> int:
+def configure(args: argparse.Namespace) -> None:
+    """Apply the model and step flags (`--layers`, `--remat`, `--scan-layers`, ...) that
+    `make_step` reads."""
     global _batch_size, _remat, _pipeline, _compile_optimizer, _fused_optimizer, _layers, _context, _scan_layers
-    args = parse_args(argv)
     _layers, _context = args.layers, args.context
     _scan_layers = args.scan_layers
     _compile_optimizer = args.compile_optimizer
     _fused_optimizer = args.fused_optimizer
     _pipeline = max(1, args.pipeline)
     _remat = args.remat
+    _batch_size = args.batch
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    configure(args)
     modes = args.modes.split(",")
     threads = limit_threads(args.threads) if args.threads else None
-    _batch_size = args.batch
     if any(MODES[m].device == "tpu" for m in modes) or not args.skip_ops or args.profile:
         import tpu_backend  # noqa: F401 - registers the device
     if args.cprofile:
