@@ -23,8 +23,6 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-GIB = 2**30
-
 
 @dataclass(frozen=True)
 class ProgramMemory:
@@ -53,9 +51,7 @@ def program_memory(programs, chip: str) -> list[ProgramMemory]:
     """Every compiled signature of `programs` (`tpu_backend.compile.programs()`), compiled for one `chip`."""
     import jax
 
-    from kernels.tpu import compile_only_devices
-
-    sharding = jax.sharding.SingleDeviceSharding(compile_only_devices(f"{chip}:1x1")[0])
+    sharding = jax.sharding.SingleDeviceSharding(one_chip(chip))
     found = []
     for program in programs:
         for exported in program.export(platforms=("tpu",), chip=chip):
@@ -72,17 +68,27 @@ def program_memory(programs, chip: str) -> list[ProgramMemory]:
     return found
 
 
+def one_chip(chip: str):
+    """A compile-only device of `chip` (libtpu's compiler, no chip attached)."""
+    from kernels.tpu import compile_only_devices
+
+    return compile_only_devices(f"{chip}:1x1")[0]
+
+
 def main(argv=None) -> int:
     from benchmarks.device import backend_bench
+    from kernels.tpu import CHIPS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chip", default="v5e", help="the TPU the programs are compiled for (default: v5e)")
+    parser.add_argument("--chip", default="v5e", choices=tuple(CHIPS), help="the TPU the programs are compiled for")
     args, rest = parser.parse_known_args(argv)
     bench = backend_bench.parse_args([*rest, "--modes", "tpu-compile", "--scan-layers", "--compile-optimizer"])
     backend_bench.configure(bench)
+    one_chip(args.chip)  # no libtpu: say so before the step runs
     import torch
 
     import tpu_backend  # noqa: F401  (registers the device)
+    from tpu_backend.aot.report import gib
     from tpu_backend.compile import programs
 
     before = set(programs())
@@ -97,14 +103,10 @@ def main(argv=None) -> int:
     moments = 2 * parameter_bytes  # AdamW's two per parameter
     for p in found:
         sizes = (p.arguments, p.temporaries, p.outputs, p.footprint(moments))
-        print(f"{p.name:32}" + "".join(f"{size(b):>12}" for b in sizes))
+        print(f"{p.name:32}" + "".join(f"{gib(b):>12}" for b in sizes))
     peak = step_peak(found, parameter_bytes)
-    print(f"step peak on one {args.chip}: {size(peak)} (parameters {size(parameter_bytes)})")
+    print(f"step peak on one {args.chip}: {gib(peak)} (parameters {gib(parameter_bytes)})")
     return 0
-
-
-def size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 if __name__ == "__main__":

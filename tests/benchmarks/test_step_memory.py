@@ -36,3 +36,9 @@ def test_keeping_the_matmuls_hands_the_backward_more_than_a_full_recompute(capsy
         outputs[remat] = float(forward[4])  # "0.9 MiB": the forward's outputs, what the backward is handed
         assert re.search(r"step peak on one v5e: [\d.]+ MiB", table), table
     assert outputs["matmuls"] > outputs["full"], outputs
+
+
+def test_an_unknown_chip_is_refused_before_the_step_runs(capsys):
+    with pytest.raises(SystemExit):
+        step_memory.main(["--model", "llama", "--chip", "v9x"])
+    assert "argument --chip: invalid choice: 'v9x'" in capsys.readouterr().err
