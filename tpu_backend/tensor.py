@@ -542,6 +542,24 @@ def cpu_tensors_to_device(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [wrap(array) for array in cpu_to_jax_many(tensors)]
 
 
+def tree_to_device(value, move_other: Callable):
+    """`value` (tensors nested in dicts, lists and tuples) with its CPU tensors moved to the
+    device in one transfer (`cpu_tensors_to_device`) and its other tensors passed to
+    `move_other`."""
+    from torch.utils import _pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(value)
+    on_host = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
+    for i, moved in zip(on_host, cpu_tensors_to_device([leaves[i] for i in on_host])):
+        leaves[i] = moved
+    on_host = set(on_host)
+    leaves = [
+        move_other(leaf) if isinstance(leaf, torch.Tensor) and i not in on_host else leaf
+        for i, leaf in enumerate(leaves)
+    ]
+    return pytree.tree_unflatten(leaves, spec)
+
+
 def cpu_to_jax_nonblocking(t: torch.Tensor) -> jax.Array:
     """Host -> device for `.to("tpu", non_blocking=True)`: one explicit `jax.device_put` of
     the tensor's own memory, which returns without waiting (on an accelerator the DMA

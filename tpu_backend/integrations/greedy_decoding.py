@@ -18,12 +18,12 @@ generator; beam search; other processors or stopping criteria) keeps transformer
 
 from __future__ import annotations
 
-import types
 from collections import deque
 
 import torch
 
 from tpu_backend.integrations import prompt_steps
+from tpu_backend.integrations.own_code import compile_own
 
 # False: every greedy call takes transformers' loop (benchmarks compare the two).
 ENABLED = True
@@ -64,12 +64,10 @@ def compiled_for(model, attribute: str, compile_config, make):
     `attribute` for later calls with the same config (as transformers keeps its compiled
     forward). The function gets a code object of its own: Dynamo counts recompiles per code
     object, and with one shared by every model, once the models seen in a process passed the
-    recompile limit (8), every later model ran eagerly."""
+    recompile limit (8), every later model ran eagerly (`own_code`)."""
     cached = getattr(model, attribute, None)
     if cached is None or cached[0] != compile_config:
-        fn = make()
-        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        cached = (compile_config, torch.compile(own, **compile_config.to_dict()))
+        cached = (compile_config, compile_own(make(), **compile_config.to_dict()))
         setattr(model, attribute, cached)
     return cached[1]
 

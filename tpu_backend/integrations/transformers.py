@@ -177,14 +177,9 @@ def _moved_in_one_transfer(move_to_device):
         device = torch.device(device)
         if device.type != DEVICE_TYPE:
             return move_to_device(value, device)
-        leaves, spec = pytree.tree_flatten(value)
-        if not any(isinstance(leaf, torch.Tensor) and leaf.device != device for leaf in leaves):
+        if not any(isinstance(leaf, torch.Tensor) and leaf.device != device for leaf in pytree.tree_leaves(value)):
             return value  # (transformers moved them already)
-        on_host = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu"]
-        for i, moved in zip(on_host, device_tensor.cpu_tensors_to_device([leaves[i] for i in on_host])):
-            leaves[i] = moved
-        leaves = [move_to_device(leaf, device) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-        return pytree.tree_unflatten(leaves, spec)
+        return device_tensor.tree_to_device(value, lambda leaf: move_to_device(leaf, device))
 
     return move_in_one_transfer
 

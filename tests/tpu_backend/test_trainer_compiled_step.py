@@ -1,0 +1,157 @@
+"""Trainer on the "tpu" device runs its step as compiled programs, with no flag.
+
+With Trainer's default arguments (AdamW, clipping at 1.0, a linear schedule, the NaN/Inf
+loss filter) a steady step is four compiled programs (forward, backward, clipping, the
+optimizer) and a few per-op ones (the token count, the backward's seeds, the loss
+bookkeeping), compiles nothing after its second step and never reads a value back to the
+host. The tiny Llama and the CPU comparison are `test_trainer_integration`'s.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import tpu_backend  # noqa: F401
+from tests.tpu_backend.test_trainer_integration import (
+    LOSS_ATOL,
+    PARAMETER_ATOL,
+    assert_same_training,
+    logged_losses,
+    make_trainer,
+    tiny_llama,
+    token_dataset,
+)
+from tpu_backend.compile.cache import compile_stats
+from tpu_backend.eager.runner import CACHE_STATS
+
+MAX_PER_OP_PROGRAMS = 8  # issue 66's bound for a steady default step
+HOST_READS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
+
+
+class StepCounters(transformers.TrainerCallback):
+    """Per step: (per-op programs run, compiled programs run, programs compiled) so far, and
+    the host reads of steps 3 to 5 (a profile over them)."""
+
+    def __init__(self):
+        self.after_step, self.reads = {}, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        programs = compile_stats().total()
+        self.after_step[state.global_step] = (
+            CACHE_STATS.requests,
+            programs.requests,
+            CACHE_STATS.misses + programs.misses,
+        )
+        if state.global_step == 2:
+            self.profile = torch.profiler.profile()
+            self.profile.__enter__()
+        if state.global_step == 5:
+            self.profile.__exit__(None, None, None)
+            self.reads = sum(e.count for e in self.profile.key_averages() if e.key in HOST_READS)
+
+    def per_step(self, first: int, last: int) -> tuple[float, float, int]:
+        (a_op, a_compiled, a_compiles), (b_op, b_compiled, b_compiles) = self.after_step[first], self.after_step[last]
+        steps = last - first
+        return (b_op - a_op) / steps, (b_compiled - a_compiled) / steps, b_compiles - a_compiles
+
+
+def test_a_default_step_is_four_compiled_programs_a_few_per_op_ones_and_no_host_read(tmp_path):
+    trainer = make_trainer(tmp_path, use_cpu=False, logging_steps=100)  # logs only at its end
+    counters = StepCounters()
+    trainer.add_callback(counters)
+    trainer.train()
+    per_op, compiled, compiles = counters.per_step(2, 5)
+    assert compiled == 4  # forward, backward, clipping, AdamW
+    assert per_op <= MAX_PER_OP_PROGRAMS
+    assert compiles == 0, "programs compiled after the second step"
+    assert counters.reads == 0, "a steady step read a value back to the host"
+    assert trainer.model._compiled_call_impl is not None  # compiled in place: names as they were
+    assert not any(name.startswith("_orig_mod") for name, _ in trainer.model.named_parameters())
+
+
+class LossTurnsNaN(transformers.Trainer):
+    """A trainer whose second micro-step's loss is NaN (its gradient stays the loss's)."""
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        if self.state.global_step == 1:
+            loss = loss + torch.full_like(loss.detach(), float("nan"))
+        return loss
+
+
+def nan_trainer(output_dir, use_cpu: bool) -> transformers.Trainer:
+    args = transformers.TrainingArguments(
+        output_dir=str(output_dir),
+        use_cpu=use_cpu,
+        per_device_train_batch_size=2,
+        max_steps=6,
+        learning_rate=1e-2,
+        logging_steps=3,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        seed=0,
+    )
+    return LossTurnsNaN(tiny_llama(), args, train_dataset=token_dataset())
+
+
+def test_a_non_finite_loss_is_logged_as_trainer_logs_it_on_cpu(tmp_path):
+    """The NaN/Inf filter runs on the device: the NaN of step 2 counts as the mean of the
+    steps logged before it, as transformers' host test makes it on CPU."""
+    trainers = {}
+    for device in ("tpu", "cpu"):  # (one after the other: accelerate's state is per process)
+        trainers[device] = nan_trainer(tmp_path / device, device == "cpu")
+        trainers[device].train()
+    got, want = logged_losses(trainers["tpu"]), logged_losses(trainers["cpu"])
+    assert len(got) == 2 and all(loss == loss for loss in want)  # (NaN != NaN: the filter took it)
+    assert got == pytest.approx(want, abs=LOSS_ATOL)
+    assert trainers["tpu"].args.logging_nan_inf_filter  # restored after the run
+
+
+class PlainSGD(torch.optim.Optimizer):
+    """An optimizer that is not one of torch.optim's (its step is not compiled)."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
+
+
+def test_an_optimizer_of_its_own_steps_eagerly_with_one_warning_naming_it(tmp_path):
+    def trainer(device: str) -> transformers.Trainer:
+        model = tiny_llama()
+        args = make_trainer(tmp_path / device, use_cpu=device == "cpu").args
+        optimizers = (PlainSGD(model.parameters(), lr=0.5), None)
+        return transformers.Trainer(model, args, train_dataset=token_dataset(), optimizers=optimizers)
+
+    trainers = {"tpu": trainer("tpu")}
+    with pytest.warns(RuntimeWarning, match=r"the optimizer PlainSGD is not one of torch.optim's.*op by op") as seen:
+        trainers["tpu"].train()
+    assert sum("PlainSGD" in str(w.message) for w in seen) == 1
+    trainers["cpu"] = trainer("cpu")
+    trainers["cpu"].train()
+    assert_same_training(trainers["tpu"], trainers["cpu"], LOSS_ATOL, PARAMETER_ATOL)
+
+
+def test_tpu_trainer_compile_0_keeps_the_step_eager(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_TRAINER_COMPILE", "0")
+    trainer = make_trainer(tmp_path, use_cpu=False, max_steps=4, logging_steps=100)
+    counters = StepCounters()
+    trainer.add_callback(counters)
+    trainer.train()
+    per_op, compiled, _ = counters.per_step(2, 3)
+    assert compiled == 0 and per_op > 100
+    assert trainer.model._compiled_call_impl is None
+
+
+def test_torch_compile_without_a_backend_gets_the_tpu_backend_not_inductor(tmp_path):
+    trainer = make_trainer(tmp_path, use_cpu=False, torch_compile=True)
+    assert trainer.args.torch_compile_backend == "inductor"  # TrainingArguments' default
+    assert trainer.accelerator.state.dynamo_plugin.backend.value.lower() == "tpu"

@@ -1,0 +1,124 @@
+"""Hugging Face `Trainer` on the "tpu" device: the loss bookkeeping without a host read per step.
+
+Trainer's `logging_nan_inf_filter` (on by default) tests every step's loss on the host,
+`torch.isnan(loss) or torch.isinf(loss)`, and adds the mean of the losses logged so far
+instead of a non-finite one. The test reads the loss back, so the host waited for the chip
+at every step and could not prepare the next one while the chip ran this one
+(transformers skips the test on XLA devices for that reason). On the device the same rule
+runs on the device: each micro-step's loss comes out of `training_step` already replaced
+by `_tr_loss / (1 + global_step - _globalstep_last_logged)` where it is not finite (one
+program, `finite_or_mean`), and Trainer's own test of that loss is off for the moment it
+runs (`args.logging_nan_inf_filter` is False from the end of `training_step` until
+Trainer's next call, `floating_point_ops`, then restored). The sums Trainer logs are the
+ones it computes on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax.numpy as jnp
+import torch
+
+from tpu_backend.integrations.post_import import when_imported
+
+DEVICE_TYPE = "tpu"
+
+
+def finite_or_mean_jax(loss, total, count):
+    return jnp.where(jnp.isfinite(loss), loss, total / count).astype(loss.dtype)
+
+
+@functools.cache
+def finite_or_mean_op():
+    """`tpu_trainer::finite_or_mean(loss, total, count)`: `loss` where it is finite, else
+    `total / count`, as one op of the device's table (`count` a float: a value of the
+    program, not a constant of it). Made when Trainer is first used on the device."""
+    from tpu_backend import dispatch
+    from tpu_backend.ops.registry import lowers
+
+    @torch.library.custom_op("tpu_trainer::finite_or_mean", mutates_args=())
+    def finite_or_mean(loss: torch.Tensor, total: torch.Tensor, count: float) -> torch.Tensor:
+        return torch.where(torch.isfinite(loss), loss, total / count).to(loss.dtype)
+
+    @finite_or_mean.register_fake
+    def _(loss, total, count):
+        return torch.empty_like(loss)
+
+    lowers(finite_or_mean._opoverload)(finite_or_mean_jax)
+    dispatch.register_table()
+    return finite_or_mean
+
+
+@contextlib.contextmanager
+def _bookkeeping_on_device(trainer):
+    """Inside one `_run_epoch`, the trainer's own methods wrapped (as instance attributes):
+    - `training_step` filters its loss on the device (`finite_or_mean`), and Trainer's host
+      test is off from there until `floating_point_ops`, the next thing Trainer calls;
+    - `compute_loss` does not multiply the loss by 1: with one process Trainer's token-count
+      scaling (`average_tokens_across_devices`) is `loss *= 1`, two programs a step (the
+      product and its backward). Set only where that scale is 1."""
+    args, own = trainer.args, vars(trainer)
+    names = ("training_step", "floating_point_ops", "compute_loss")
+    replaced = {name: own[name] for name in names if name in own}
+    step, flops, compute_loss = (getattr(trainer, name) for name in names)
+    finite_or_mean = finite_or_mean_op()
+
+    @functools.wraps(step)
+    def training_step(*arguments, **keywords):
+        loss = step(*arguments, **keywords)
+        if loss.device.type != DEVICE_TYPE or trainer._tr_loss.device != loss.device:
+            return loss  # (Trainer's own check then runs, and raises for a loss on another device)
+        count = 1 + trainer.state.global_step - trainer._globalstep_last_logged
+        args.logging_nan_inf_filter = False
+        return finite_or_mean(loss, trainer._tr_loss, float(count))
+
+    @functools.wraps(flops)
+    def floating_point_ops(*arguments, **keywords):
+        args.logging_nan_inf_filter = True
+        return flops(*arguments, **keywords)
+
+    @functools.wraps(compute_loss)
+    def compute_loss_unscaled(*arguments, **keywords):
+        args.average_tokens_across_devices = False
+        try:
+            return compute_loss(*arguments, **keywords)
+        finally:
+            args.average_tokens_across_devices = True
+
+    trainer.training_step, trainer.floating_point_ops = training_step, floating_point_ops
+    if (
+        args.average_tokens_across_devices
+        and args.n_gpu <= 1
+        and trainer.accelerator.num_processes // trainer.get_tp_size() == 1
+    ):
+        trainer.compute_loss = compute_loss_unscaled
+    try:
+        yield
+    finally:
+        args.logging_nan_inf_filter = True
+        for name in names:
+            own.pop(name, None)
+        own.update(replaced)  # (an instance's own methods, set before: as they were)
+
+
+def _patch_run_epoch(trainer_module) -> None:
+    trainer_class = trainer_module.Trainer
+    run_epoch = trainer_class._run_epoch
+    if getattr(run_epoch, "_tpu_aware", False):
+        return
+
+    @functools.wraps(run_epoch)
+    def run_epoch_on_device(self, *args, **kwargs):
+        if self.args.device.type != DEVICE_TYPE or not self.args.logging_nan_inf_filter:
+            return run_epoch(self, *args, **kwargs)
+        with _bookkeeping_on_device(self):
+            return run_epoch(self, *args, **kwargs)
+
+    run_epoch_on_device._tpu_aware = True
+    trainer_class._run_epoch = run_epoch_on_device
+
+
+def install() -> None:
+    when_imported("transformers.trainer", _patch_run_epoch)
