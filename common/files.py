@@ -1,4 +1,5 @@
-"""Files written whole or not at all: `write_atomic`, the project's one atomic-write helper."""
+"""Files written whole or not at all: `write_atomic`, the project's one atomic-write helper,
+and `check_output_path`, what a writer checks before the work that produces the bytes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,23 @@ import contextlib
 import os
 import secrets
 from typing import Iterable
+
+
+def check_output_path(path: str | os.PathLike) -> None:
+    """Raise the OSError a write to `path` would meet, naming it: its folder missing
+    (FileNotFoundError) or a file (NotADirectoryError), `path` a folder (IsADirectoryError),
+    the folder not writable (PermissionError). Callers check before a long job (a
+    conversion) so that it does not end in a traceback."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        if os.path.exists(folder):
+            raise NotADirectoryError(f"cannot write {path}: {folder} is a file, not a folder")
+        raise FileNotFoundError(f"cannot write {path}: folder {folder} does not exist (create it first)")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write {path}: it is a folder; give a file name like {path}/model.tflite")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"cannot write {path}: folder {folder} is not writable")
 
 
 def write_atomic(

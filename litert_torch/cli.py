@@ -24,7 +24,14 @@ import os
 import sys
 import time
 
-from litert_torch.cli_report import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_violations
+from litert_torch.cli_report import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    model_file_error,
+    output_path_error,
+    print_violations,
+)
 from litert_torch.runtime_commands import add_commands
 
 
@@ -163,6 +170,9 @@ def cmd_convert(ns) -> int:
     from runtimes.targets import TargetError
 
     console = Console(stderr=True, width=max(150, Console(stderr=True).width))  # room for a violations table
+    if (problem := output_path_error(ns.output)) is not None:
+        console.print(f"error: {problem}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_USAGE
     model, sample_args = _model_and_args(_load_factory(ns.factory), ns.args, ns.dtype)
     start = time.perf_counter()
     try:
@@ -315,21 +325,11 @@ def cmd_inspect(ns) -> int:
     from rich.table import Table
 
     path = ns.model
-    if not os.path.isfile(path):
-        print(f"error: no such file: {path}", file=sys.stderr)
-        return EXIT_USAGE
+    if (problem := model_file_error(path)) is not None:
+        print(f"error: {problem[1]}", file=sys.stderr)
+        return problem[0]
     with open(path, "rb") as f:
         content = f.read()
-    if content[4:8] != b"TFL3":
-        print(f"error: {path} is not a LiteRT/TFLite model (no TFL3 identifier)", file=sys.stderr)
-        return EXIT_USAGE
-    from runtimes.verify import InvalidModelError, verify_model
-
-    try:
-        verify_model(content, path)  # bounds and indices, before anything follows an offset
-    except InvalidModelError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
     info = inspect_model(content)
     console = Console(width=max(100, Console().width))
 

@@ -3,9 +3,48 @@ codes and the table of a target check's violations."""
 
 from __future__ import annotations
 
-# Exit codes of every subcommand: 0 done (a check passed), 1 the model or a check failed,
-# 2 bad usage (missing file, bad arguments).
+import os
+
+# Exit codes of every subcommand: 0 done (a check passed), 1 the model or a check failed (a
+# file that is not a valid LiteRT model included), 2 bad usage (no such file, a folder, an
+# unwritable output path, bad arguments).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def output_path_error(path: str) -> str | None:
+    """Why a file cannot be written at `path` (`common.files.check_output_path`), or None:
+    checked before converting or benchmarking, which take a while."""
+    from common.files import check_output_path
+
+    try:
+        check_output_path(path)
+    except OSError as e:
+        return str(e)
+    return None
+
+
+def model_file_error(path: str) -> tuple[int, str] | None:
+    """Why `path` cannot be read as a LiteRT model, and the exit code that says so: none
+    (None), no such file or a folder (EXIT_USAGE), not a valid model (EXIT_FAILED: no TFL3
+    identifier, or damaged; `runtimes.verify` names the part)."""
+    from runtimes.verify import InvalidModelError, verify_model
+
+    if os.path.isdir(path):
+        return EXIT_USAGE, f"{path} is a folder, not a .tflite file"
+    if not os.path.isfile(path):
+        return EXIT_USAGE, f"no such file: {path}"
+    try:
+        with open(path, "rb") as f:
+            content = f.read()
+    except OSError as e:
+        return EXIT_USAGE, f"cannot read {path}: {e.strerror}"
+    if content[4:8] != b"TFL3":
+        return EXIT_FAILED, f"{path} is not a LiteRT/TFLite model (no TFL3 identifier)"
+    try:
+        verify_model(content, path)  # bounds and indices, before anything follows an offset
+    except InvalidModelError as e:
+        return EXIT_FAILED, str(e)
+    return None
 
 
 def group_violations(violations) -> list[tuple[str, int, object]]:

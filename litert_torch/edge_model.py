@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from common.files import write_atomic
+from common.files import check_output_path, write_atomic
 from runtimes.litert import LiteRTModel, Signature
 from runtimes.verify import verify_model
 
@@ -154,13 +154,7 @@ class EdgeModel:
         `.litert_torch-*.tflite.tmp`, never a partial `path`.) The file's mode follows the
         umask (`common.files.write_atomic`)."""
         path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            if os.path.exists(folder):
-                raise NotADirectoryError(f"cannot write {path}: {folder} is a file, not a folder")
-            raise FileNotFoundError(f"cannot write {path}: folder {folder} does not exist (create it first)")
-        if os.path.isdir(path):
-            raise IsADirectoryError(f"cannot write {path}: it is a folder; give a file name like {path}/model.tflite")
+        check_output_path(path)
         # weights after the flatbuffer are written from their own memory
         write_atomic(path, self._pieces, prefix=".litert_torch-", suffix=".tflite.tmp")
         return path

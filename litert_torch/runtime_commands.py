@@ -17,7 +17,14 @@ import stat
 import subprocess
 import sys
 
-from litert_torch.cli_report import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_violations
+from litert_torch.cli_report import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    model_file_error,
+    output_path_error,
+    print_violations,
+)
 
 
 def _console():
@@ -26,19 +33,12 @@ def _console():
     return Console(width=max(150, Console().width))
 
 
-def _invalid_model(paths) -> str | None:
-    """The verification error of the first damaged .tflite among `paths` (runtimes/verify.py),
-    so a damaged file is a one-line error, never a traceback or an interpreter crash."""
-    from runtimes.verify import InvalidModelError, verify_model
-
+def _model_files_error(paths) -> tuple[int, str] | None:
+    """The first of `paths` that is not a readable, valid .tflite file (`model_file_error`):
+    a one-line error with the shared exit code, never a traceback or an interpreter crash."""
     for path in paths:
-        if path and os.path.isfile(path):
-            with open(path, "rb") as f:
-                content = f.read()
-            try:
-                verify_model(content, path)
-            except InvalidModelError as e:
-                return str(e)
+        if path and (problem := model_file_error(path)) is not None:
+            return problem
     return None
 
 
@@ -46,12 +46,9 @@ def cmd_check(ns) -> int:
 
     from runtimes.targets import PROFILES, check
 
-    if not os.path.isfile(ns.model):
-        print(f"error: no such file: {ns.model}", file=sys.stderr)
-        return EXIT_USAGE
-    if (problem := _invalid_model([ns.model])) is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_FAILED
+    if (problem := _model_files_error([ns.model])) is not None:
+        print(f"error: {problem[1]}", file=sys.stderr)
+        return problem[0]
     targets = list(PROFILES) if ns.target == "all" else [ns.target]
     reports = []
     for target in targets:
@@ -146,9 +143,16 @@ def cmd_bench(ns) -> int:
 
     console = _console()
     options = dict(runs=ns.runs, warmup=ns.warmup)
-    if (problem := _invalid_model(list(ns.models or []) + [ns.compare])) is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_FAILED
+    if (problem := _model_files_error(list(ns.models or []) + [ns.compare])) is not None:
+        print(f"error: {problem[1]}", file=sys.stderr)
+        return problem[0]
+    if ns.parse and not os.path.isfile(ns.parse):
+        print(f"error: no such file: {ns.parse}", file=sys.stderr)
+        return EXIT_USAGE
+    for output in (ns.json, ns.plot, ns.script):  # checked before the runs, which take a while
+        if output and (problem := output_path_error(output)) is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     if ns.parse:
         with open(ns.parse) as f:
             results = [bench.parse_benchmark_model(f.read(), target=ns.target or "android")]

@@ -213,16 +213,35 @@ class LiteRTModel:
             )
         feed = {}
         for spec, value in zip(sig.inputs, inputs):
-            array = np.asarray(value)
-            if array.dtype != spec.dtype:
-                if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
-                    raise TypeError(f"input '{spec.name}' expects {spec.dtype.name}, got {array.dtype.name}")
-                array = array.astype(spec.dtype)
+            array = _input_array(spec, value)
             _check_shape(spec, array.shape)
             feed[spec.name] = np.ascontiguousarray(array)  # the runner resizes dynamic inputs
         with self._quiet():  # a no-op once the notice has been dropped
             results = self._runner(sig.key)(**feed)
         return [np.asarray(results[spec.name]) for spec in sig.outputs]
+
+
+def _input_array(spec, value) -> np.ndarray:
+    """`value` in the input's dtype. Casts that keep every value are made, as PyTorch's own
+    model would take the input: int64 token ids to the int32 the converter narrowed them to
+    (checked to fit), float64 to float32 (rounded, like `torch.from_numpy(x).float()`; the
+    documented cast). Integers into a floating-point input are refused, as PyTorch's model
+    refuses them, and floats into an integer one."""
+    array = np.asarray(value)
+    want, got = spec.dtype, array.dtype
+    if got == want:
+        return array
+    if (want.kind == "f" and got.kind in "iub") or not np.can_cast(got, want, casting="same_kind"):
+        raise TypeError(f"input '{spec.name}' expects {want.name}, got {got.name}")
+    if want.kind in "iu" and array.size:
+        low, high = np.iinfo(want).min, np.iinfo(want).max
+        if array.min() < low or array.max() > high:
+            bad = array.min() if array.min() < low else array.max()
+            raise ValueError(
+                f"input '{spec.name}' holds {bad}, outside the {want.name} range the converted model takes "
+                f"({low} to {high})"
+            )
+    return array.astype(want)
 
 
 class CalibrationRunner:

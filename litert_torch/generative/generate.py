@@ -27,12 +27,50 @@ from litert_torch.edge_model import EdgeModel
 from litert_torch.generative.kv_cache import check_positions
 
 
-def _prompt(prompt_ids) -> np.ndarray:
-    ids = prompt_ids.detach().cpu().numpy() if isinstance(prompt_ids, torch.Tensor) else np.asarray(prompt_ids)
-    ids = ids.reshape(-1).astype(np.int32)
-    if ids.size == 0:
-        raise ValueError("the prompt is empty: pass at least one token id")
-    return ids
+def one_example(value, rank: int, name: str) -> np.ndarray:
+    """`value` as one example of `rank` dimensions (a leading batch of one dropped). A batch
+    of several is refused: run together into one example it would give one result for the
+    rows joined, silently not what was asked."""
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    while array.ndim > rank and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim > rank:
+        raise ValueError(
+            f"{name} has shape {tuple(array.shape)}: this call takes one example ({rank}-D, or a batch of one); "
+            f"pass each of the {array.shape[0]} rows ({name}[i]) in a call of its own"
+        )
+    return array
+
+
+def one_sequence(ids, name: str = "prompt_ids") -> np.ndarray:
+    """Token ids of one sequence (1-D, or a batch of one row) as int32 (`one_example`)."""
+    array = one_example(ids, 1, name)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must hold integer token ids, got {array.dtype}")
+    array = array.reshape(-1)
+    if array.size == 0:
+        raise ValueError(f"{name} is empty: pass at least one token id")
+    if array.min() < 0:
+        raise ValueError(f"{name} holds a negative token id ({int(array.min())})")
+    if array.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"{name} holds token id {int(array.max())}, beyond the int32 ids a model takes")
+    return array.astype(np.int32)
+
+
+def check_vocabulary(ids: np.ndarray, vocab_size: int, name: str = "prompt_ids") -> None:
+    """Every id in [0, vocab_size): LiteRT's GATHER fails on one outside with a message that
+    names neither the id nor the vocabulary."""
+    outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if outside.size:
+        raise ValueError(
+            f"{name} holds token id {int(ids[outside[0]])} (at position {int(outside[0])}), outside the "
+            f"model's vocabulary of {vocab_size} ids (0 to {vocab_size - 1})"
+        )
+
+
+def logits_vocabulary(signature_runner) -> int:
+    """The vocabulary size a signature's first output (its logits) spans."""
+    return int(signature_runner.outputs[0].shape[-1])
 
 
 @dataclass(frozen=True)
@@ -119,11 +157,11 @@ def generate(
     stop_tokens=(),
     return_logits: bool = False,
 ):
-    """Continuation of `prompt_ids` (a 1-D sequence) with a model from
-    `export_generative`; returns up to `max_new_tokens` new token ids (fewer when a stop
+    """Continuation of `prompt_ids` (one sequence: 1-D, or a batch of one row) with a model
+    from `export_generative`; returns up to `max_new_tokens` new token ids (fewer when a stop
     token comes). Greedy unless `temperature` > 0 (see the module docstring). With
     `return_logits`, also the logits row each new token was picked from."""
-    prompt = _prompt(prompt_ids)
+    prompt = one_sequence(prompt_ids)
     sampler = _sampler(temperature, top_k, top_p, seed)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -132,6 +170,7 @@ def generate(
     stop = {int(t) for t in stop_tokens}
     runtime = edge_model.runtime
     decode = runtime.signature("decode")  # a KeyError naming the model's signatures if it is not generative
+    check_vocabulary(prompt, logits_vocabulary(decode))
     prefills = _prefill_signatures(runtime)
     lengths = list(prefills)
     # Linear caches bound the context; ring buffers (kv_ring_*) do not.
@@ -199,7 +238,7 @@ def reference_generate(
     With `return_logits`, also the logits row of every new token (float32 NumPy)."""
     sampler = _sampler(temperature, top_k, top_p, seed)
     stop = {int(t) for t in stop_tokens}
-    ids = torch.as_tensor(_prompt(prompt_ids), dtype=torch.long)[None]
+    ids = torch.as_tensor(one_sequence(prompt_ids), dtype=torch.long)[None]
     device = next(model.parameters()).device
     rng = sampler.rng()
     out, rows = [], []

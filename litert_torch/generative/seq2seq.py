@@ -69,7 +69,7 @@ from torch import nn
 from converter.pipeline import cpu_view
 from litert_torch.edge_model import EdgeModel
 from litert_torch.generative.attention import grouped_attention
-from litert_torch.generative.generate import Sampler, _sampler
+from litert_torch.generative.generate import Sampler, _sampler, one_example, one_sequence
 from litert_torch.generative.image_families import redirect_image_to_text
 from litert_torch.generative.kv_cache import MASKED_SCORE, check_positions
 from litert_torch.generative.transformers_lm import UnsupportedModelError, _LayerPlan, explicit_cache_class
@@ -697,7 +697,7 @@ def _feature_source(features, source_len: int) -> tuple[torch.Tensor, torch.Tens
     """Features (frames, dims) padded with zeros to `source_len` frames, and their mask
     (1 on real frames): what Speech2Text's feature extractor gives with padding."""
     x = torch.as_tensor(np.asarray(features.detach().cpu() if isinstance(features, torch.Tensor) else features))
-    x = x.float().reshape(-1, x.shape[-1])
+    x = torch.as_tensor(one_example(x.float().numpy(), 2, "input_features"))
     if not 1 <= x.shape[0] <= source_len:
         raise ValueError(f"the source has {x.shape[0]} feature frames; the model was exported for 1 to {source_len}")
     padded = torch.zeros(1, source_len, x.shape[1])
@@ -707,11 +707,7 @@ def _feature_source(features, source_len: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def _text_source(ids, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.as_tensor(np.asarray(ids).reshape(-1), dtype=torch.int32)
-    if ids.numel() == 0:
-        raise ValueError("the source is empty: pass at least one token id")
-    if int(ids.min()) < 0:
-        raise ValueError(f"the source has a negative token id ({int(ids.min())})")
+    ids = torch.as_tensor(one_sequence(ids, "the source"))
     if ids.numel() > source_len:
         raise ValueError(f"the source has {ids.numel()} tokens; the model was exported for at most {source_len}")
     padded = torch.zeros(1, source_len, dtype=torch.int32)
@@ -821,7 +817,7 @@ def _features(features, shape) -> np.ndarray:
 def _samples(audio, length: int | None) -> np.ndarray:
     """Raw audio as float32 (1, samples); exactly `length` samples when given."""
     x = audio.detach().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
-    x = x.astype(np.float32).reshape(1, -1)
+    x = one_example(x.astype(np.float32), 1, "input_values")[None]
     if length is not None and x.shape[1] != length:
         raise ValueError(
             f"the model was exported for exactly {length} audio samples, got {x.shape[1]}: pad or trim the clip to "
@@ -833,10 +829,7 @@ def _samples(audio, length: int | None) -> np.ndarray:
 def _decoder_prompt(decoder_prompt) -> list[int]:
     if decoder_prompt is None:
         raise ValueError("pass decoder_prompt, e.g. decoder_start_ids(model) (the decoder_start_token_id)")
-    prompt = [int(t) for t in np.asarray(decoder_prompt).reshape(-1)]
-    if not prompt:
-        raise ValueError("decoder_prompt is empty: pass at least the decoder start token")
-    return prompt
+    return one_sequence(decoder_prompt, "decoder_prompt").tolist()
 
 
 class Seq2SeqSession:

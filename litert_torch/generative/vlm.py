@@ -52,7 +52,7 @@ from litert_torch.generative.export import (
     verify_cached_lm,
     with_kv_cache,
 )
-from litert_torch.generative.generate import _prompt, _sampler, _split
+from litert_torch.generative.generate import _sampler, _split, check_vocabulary, logits_vocabulary, one_sequence
 from litert_torch.generative.kv_cache import check_positions
 from litert_torch.generative.transformers_lm import UnsupportedModelError, attention_through_litert, text_config
 from litert_torch.generative.vlm_common import (  # noqa: F401  (vlm's names, as before)
@@ -281,7 +281,7 @@ def generate_vlm(
     `pixel_values` is an image (3, H, W), resized and normalised, or a list of them (empty:
     text only), each through the `encode_image_<h>x<w>` of its size, with their rotary
     positions (`qwen_vl`). Greedy unless `temperature` > 0 (see `generate`)."""
-    prompt = _prompt(prompt_ids)
+    prompt = one_sequence(prompt_ids)
     sampler = _sampler(temperature, top_k, top_p, seed)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -289,6 +289,7 @@ def generate_vlm(
         raise ValueError("prompt_ids must end with a text token after the image (e.g. the end-of-image token)")
     runtime = edge_model.runtime
     decode = runtime.signature("decode")
+    check_vocabulary(prompt, logits_vocabulary(decode))
     mrope = "rope_pos" in decode.input_names  # Qwen2-VL: pixel_values are images, their grids by size
     if not mrope:
         pixels = _checked_pixels(runtime, pixel_values)
@@ -419,7 +420,7 @@ def reference_generate_vlm(
     match)."""
     sampler = _sampler(temperature, top_k, top_p, seed)
     stop = {int(t) for t in stop_tokens}
-    ids = torch.as_tensor(_prompt(prompt_ids), dtype=torch.long)[None]
+    ids = torch.as_tensor(one_sequence(prompt_ids), dtype=torch.long)[None]
     pixels = pixel_values if family(model).mrope else torch.as_tensor(np.asarray(pixel_values, dtype=np.float32))
     rng, out, prompt_len = sampler.rng(), [], ids.shape[1]
     for _ in range(max_new_tokens):

@@ -82,6 +82,36 @@ def test_call_accepts_torch_and_numpy(affine):
     assert isinstance(edge(x), np.ndarray)
 
 
+class Lookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(16, 3)
+
+    def forward(self, ids):
+        return self.table(ids)
+
+
+def test_inputs_are_cast_only_where_every_value_survives(affine):
+    """float64 rounds into a float32 input and int64 ids fit an int32 one (the documented
+    casts); integers into a float input, or ids beyond int32, are refused, as PyTorch's
+    model refuses them, instead of being cast silently."""
+    m, edge = affine
+    x = torch.randn(2, 4, dtype=torch.float64)
+    np.testing.assert_allclose(edge(x), m(x.float()).detach().numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError):
+        m(torch.ones(2, 4, dtype=torch.int64))  # what PyTorch says to the same input
+    with pytest.raises(TypeError, match="input 'x' expects float32, got int64"):
+        edge(torch.ones(2, 4, dtype=torch.int64))
+    lookup = Lookup().eval()
+    ids = torch.tensor([[1, 15]])
+    lookup_edge = litert_torch.convert(lookup, (ids.int(),))  # an int32 input, as generative exports take
+    np.testing.assert_allclose(lookup_edge(ids), lookup(ids).detach().numpy(), rtol=1e-6)  # int64 ids fit
+    with pytest.raises(ValueError, match=r"input 'ids' holds 4294967296, outside the int32 range"):
+        lookup_edge(torch.tensor([[1, 2**32]]))
+    with pytest.raises(TypeError, match="input 'ids' expects int32, got float32"):
+        lookup_edge(torch.tensor([[1.0, 2.0]]))
+
+
 def test_several_outputs_come_back_as_a_tuple_in_order():
     class Many(torch.nn.Module):
         def forward(self, x):

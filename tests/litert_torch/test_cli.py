@@ -94,12 +94,51 @@ def test_inspect_lists_ops_signatures_and_sizes(tmp_path):
     assert f"{out.stat().st_size:,} bytes" in text
 
 
-def test_inspect_rejects_a_non_model(tmp_path, capsys):
+@pytest.mark.parametrize("command", [["inspect"], ["check", "--target", "android"], ["bench"], ["bench", "--compare"]])
+def test_every_subcommand_reports_a_bad_model_file_in_one_line_with_the_same_exit_code(tmp_path, capsys, command):
+    """No such file or a folder: exit 2; a file that is not a valid model: exit 1; one line
+    on stderr, no traceback, for inspect, check and bench alike."""
     junk = tmp_path / "junk.tflite"
     junk.write_bytes(b"hello world, not a flatbuffer")
-    assert main(["inspect", str(junk)]) == 2
-    assert "not a LiteRT/TFLite model" in capsys.readouterr().err
-    assert main(["inspect", str(tmp_path / "missing.tflite")]) == 2
+    good = tmp_path / "good.tflite"
+    assert main(["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", str(good), "-q"]) == 0
+    capsys.readouterr()
+    for bad, code, message in (
+        (tmp_path / "missing.tflite", 2, "no such file: "),
+        (tmp_path, 2, "is a folder, not a .tflite file"),
+        (junk, 1, "is not a LiteRT/TFLite model (no TFL3 identifier)"),
+    ):
+        argv = [command[0], str(good), "--compare", str(bad)] if "--compare" in command else [*command, str(bad)]
+        assert main(argv) == code, (argv, capsys.readouterr())
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "output, message",
+    [("nodir/m.tflite", "folder .*nodir does not exist"), (".", "it is a folder")],
+    ids=["missing-folder", "a-folder"],
+)
+def test_convert_checks_its_output_path_before_converting(tmp_path, capsys, monkeypatch, output, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(ROOT)
+
+    def never(*args, **kwargs):
+        raise AssertionError("converted before checking the output path")
+
+    monkeypatch.setattr(litert_torch, "convert", never)
+    assert main(["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", output]) == 2
+    err = capsys.readouterr().err.replace("\n", "")
+    assert re.search(f"error: cannot write {re.escape(output)}: {message}", err), err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in read-only folders")
+def test_convert_refuses_an_unwritable_folder_before_converting(tmp_path, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    out = folder / "m.tflite"
+    assert main(["convert", "tests.litert_torch.cli_models:build", "--args", "2,6", "-o", str(out)]) == 2
+    assert "is not writable" in capsys.readouterr().err
 
 
 TIMM_FACTORY = """

@@ -155,3 +155,20 @@ def test_torch_compile_without_a_backend_gets_the_tpu_backend_not_inductor(tmp_p
     trainer = make_trainer(tmp_path, use_cpu=False, torch_compile=True)
     assert trainer.args.torch_compile_backend == "inductor"  # TrainingArguments' default
     assert trainer.accelerator.state.dynamo_plugin.backend.value.lower() == "tpu"
+
+
+def test_generate_after_training_compiles_what_a_fresh_model_compiles(tmp_path):
+    """Trainer leaves the model compiled in place and sets `config.use_cache = False`; greedy
+    generate() of 32 new tokens then still decodes with its compiled step (a handful of
+    programs, not a set of per-op programs for every new length), with the tokens of the
+    same weights on CPU."""
+    trainer = make_trainer(tmp_path, use_cpu=False, max_steps=2)
+    trainer.train()
+    model = trainer.model
+    prompt = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(2))
+    before = CACHE_STATS.misses + compile_stats().total().misses
+    ids = model.generate(prompt.to("tpu"), max_new_tokens=32, do_sample=False)
+    assert CACHE_STATS.misses + compile_stats().total().misses - before <= 16
+    on_cpu = tiny_llama()
+    on_cpu.load_state_dict({name: value.cpu() for name, value in model.state_dict().items()})
+    torch.testing.assert_close(ids.cpu(), on_cpu.generate(prompt, max_new_tokens=32, do_sample=False))

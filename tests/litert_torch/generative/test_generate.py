@@ -142,11 +142,32 @@ def test_a_prompt_that_does_not_fit_the_cache_is_refused(exported):
     else:
         with pytest.raises(ValueError, match="exceeds the exported cache length"):
             generate(edge, list(range(30)), max_new_tokens=20)
-    with pytest.raises(ValueError, match="prompt is empty"):
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
         generate(edge, [], max_new_tokens=2)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
         generate(edge, [1, 2], max_new_tokens=-1)
     assert generate(edge, [1, 2], max_new_tokens=0) == []
+
+
+def test_a_batch_out_of_range_or_non_integer_prompt_is_refused_never_joined(exported):
+    """Rows of a (2, N) prompt are two sequences: joined into one 2N-token prompt they gave
+    one continuation of both. A (1, N) prompt is one sequence; ids are checked against the
+    vocabulary before LiteRT's GATHER fails without naming them."""
+    _, _, edge = exported
+    rows = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(
+        ValueError, match=r"prompt_ids has shape \(2, 5\): this call takes one example.*each of the 2 rows"
+    ):
+        generate(edge, rows, max_new_tokens=3)
+    assert generate(edge, rows[:1], max_new_tokens=3) == generate(edge, rows[0], max_new_tokens=3)
+    with pytest.raises(
+        ValueError, match=rf"token id {VOCAB} \(at position 1\), outside the model's vocabulary of {VOCAB} ids"
+    ):
+        generate(edge, [1, VOCAB, 2], max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"a negative token id \(-1\)"):
+        generate(edge, [1, -1], max_new_tokens=3)
+    with pytest.raises(TypeError, match="prompt_ids must hold integer token ids, got float32"):
+        generate(edge, torch.tensor([1.0, 2.5]), max_new_tokens=3)
 
 
 def test_several_prefill_lengths_share_the_weights_and_generate_exactly():

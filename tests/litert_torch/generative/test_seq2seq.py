@@ -145,6 +145,11 @@ def test_bad_input_is_refused_with_the_reason():
         generate_seq2seq(edge, [5, -1], 3, decoder_prompt=[0])
     with pytest.raises(ValueError, match="the source is empty"):
         generate_seq2seq(edge, [], 3, decoder_prompt=[0])
+    # two rows are two sources, never one source of both run together
+    with pytest.raises(ValueError, match=r"the source has shape \(2, 3\): this call takes one example"):
+        generate_seq2seq(edge, [[5, 6, 7], [8, 9, 10]], 3, decoder_prompt=[0])
+    with pytest.raises(ValueError, match=r"decoder_prompt has shape \(2, 1\)"):
+        generate_seq2seq(edge, [5, 6], 3, decoder_prompt=[[0], [0]])
     with pytest.raises(ValueError, match="pass source_len"):
         export_seq2seq(model, cache_len=8)
     with pytest.raises(ValueError, match="exceeds the decoder's position table"):
