@@ -125,14 +125,18 @@ def set_source_storage(t: torch.Tensor, source, storage_offset=0, size=None, str
 
 def local_scalar_dense(t: torch.Tensor):
     """`tensor.item()`: a device -> host sync."""
-    return tpu_tensor.read(t).item()
+    value = tpu_tensor.read(t).item()
+    tpu_tensor.before_host_read()
+    return value
 
 
 def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """`torch.equal`: same shape and same values (a Python bool, so a device -> host sync)."""
     if a.shape != b.shape:
         return False
-    return bool(jnp.array_equal(tpu_tensor.read(a), tpu_tensor.read(b)))
+    same = bool(jnp.array_equal(tpu_tensor.read(a), tpu_tensor.read(b)))
+    tpu_tensor.before_host_read()
+    return same
 
 
 def register() -> None:

@@ -64,8 +64,10 @@ def get_device_name(device=None) -> str:
 
 
 def synchronize(device=None) -> None:
-    """Block until every pending computation on the device has finished."""
+    """Block until every pending computation on the device has finished; then an index out of
+    range in an indexing op since the last wait raises its IndexError (`eager/bounds.py`)."""
     jax.block_until_ready(streams.newest_pending())
+    tpu_tensor.before_host_read()
 
 
 def memory_allocated(device=None) -> int:

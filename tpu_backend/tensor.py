@@ -103,6 +103,21 @@ def set_lazy_hooks(record, sync) -> None:
     _record, _sync = record, sync
 
 
+# What runs where the host waits for the device to read it (`to_cpu_tensor`,
+# `torch.tpu.synchronize`): the eager index checks (`eager/bounds.py` installs them).
+_BEFORE_HOST_READ: list[Callable[[], None]] = []
+
+
+def on_host_read(hook: Callable[[], None]) -> None:
+    if hook not in _BEFORE_HOST_READ:
+        _BEFORE_HOST_READ.append(hook)
+
+
+def before_host_read() -> None:
+    for hook in _BEFORE_HOST_READ:
+        hook()
+
+
 # Storage gathers/scatters run eagerly (each one launches a program): benchmarks count
 # programs per step as these plus the ops' jitted calls (`eager.runner.CACHE_STATS`).
 EAGER_STORAGE_CALLS = collections.Counter()
@@ -590,7 +605,10 @@ HOST_VIEW_BYTES = 1 << 20
 
 
 def to_cpu_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of tpu tensor `t` (same shape and dtype, contiguous)."""
+    """A CPU copy of tpu tensor `t` (same shape and dtype, contiguous). The host waits for the
+    device here: the indices of the indexing ops since the last read are checked first (an
+    out-of-range one raises its IndexError instead of the value, `eager/bounds.py`)."""
+    before_host_read()
     payload = payload_of(t)
     base = payload.array
     if (

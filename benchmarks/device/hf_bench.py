@@ -4,6 +4,7 @@
     python -m benchmarks.device.hf_bench --sections generate --batches 1,8 --caches default,static
     python -m benchmarks.device.hf_bench --sections diffusers --sd-modes cpu,tpu-eager,tpu-compiled
     python -m benchmarks.device.hf_bench --smoke --json /tmp/hf.json      # tiny sizes: seconds on a CPU
+    python -m benchmarks.device.hf_bench --sections calls                 # a user's calls: stalls, processors
 
 `generate`: a Llama shaped like TinyLlama 1.1B (d 2048, 22 layers, 32 heads, 4 kv heads,
 FFN 5632, vocabulary 32000; `--layers` etc. to change it) in bfloat16 with random
@@ -37,6 +38,11 @@ pair of calls (N tokens, 1 token) of the first row with a few functions timed (n
 per token, the wait for the step and its logits, building the inputs and mask, the
 compiled call (reading its inputs), and the rest.
 
+`calls`: the calls a user makes, in order (`bench_calls`): the first call of a fresh
+process, 257 new tokens after it and a 100-token prompt after it (each call's seconds and
+the compiling in them: a stall), decode ms/token plain and with `min_new_tokens`, the first
+call in a second process, and generate() after `Trainer.train()` (programs compiled).
+
 `diffusers`: a StableDiffusionPipeline from small configs with random weights (CLIP text
 encoder, a UNet with SD 1.x's layout of width `--unet-width`, a four-level VAE; prompts
 as token ids through `prompt_embeds`, nothing downloaded), `--sd-steps` DDIM steps at
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import time
 import traceback
@@ -298,6 +305,109 @@ def generate_table(rows: list[dict], opts) -> Table:
     return table
 
 
+# ---- a user's calls: the first, longer ones, processors, a second process, after training ---
+def compiled_so_far() -> tuple[float, int]:
+    """(compile seconds, programs compiled) so far: what a call's stall is made of."""
+    from tpu_backend.compile import compile_stats
+
+    seconds = compile_seconds()
+    total = compile_stats().total()
+    return sum(seconds.values()), total.misses + torch.tpu.cache_stats()["misses"]
+
+
+def timed_call(model, prompt_len: int, new_tokens: int, opts, **options) -> dict:
+    """One greedy generate() (all its tokens on the host at the end): its seconds and the
+    compile seconds and programs it spent."""
+    ids = torch.randint(0, opts.vocab, (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
+    (compile_before, programs_before), start = compiled_so_far(), time.perf_counter()
+    model.generate(ids.to("tpu"), max_new_tokens=new_tokens, do_sample=False, **options).cpu()
+    seconds = time.perf_counter() - start
+    compile_after, programs_after = compiled_so_far()
+    return dict(seconds=seconds, compile_s=compile_after - compile_before, programs=programs_after - programs_before)
+
+
+def decode_ms(model, opts, **options) -> float:
+    """ms per token: (t(N new tokens) - t(1 new token)) / (N - 1), medians of `--repeats`."""
+    full = [timed_call(model, opts.prompt, opts.new_tokens, opts, **options)["seconds"] for _ in range(opts.repeats)]
+    one = [timed_call(model, opts.prompt, 1, opts, **options)["seconds"] for _ in range(opts.repeats)]
+    return 1e3 * (statistics.median(full) - statistics.median(one)) / (opts.new_tokens - 1)
+
+
+def bench_calls(opts) -> dict:
+    """Issue 66's generate() rows, in the order a user makes the calls: the first call of a
+    fresh process (prompt `--prompt`, `--new-tokens` new), 257 new tokens after it, a prompt of
+    100 after the `--prompt`-token one, decode ms/token plain and with `min_new_tokens` (its
+    processor kept in the compiled step), the first call again in a second process (the
+    compilation caches on disk), and generate() of 32 new tokens after `Trainer.train()` of a
+    2-layer Llama in a process of its own (programs compiled)."""
+    import subprocess
+
+    from benchmarks.harness import module_command, repo_env
+
+    model = llama(opts)
+    rows = {"first call": timed_call(model, opts.prompt, opts.new_tokens, opts)}
+    rows["257 new tokens after it"] = timed_call(model, opts.prompt, 257, opts)
+    rows["a 100-token prompt after it"] = timed_call(model, 100, opts.new_tokens, opts)
+    plain, with_eos = decode_ms(model, opts), decode_ms(model, opts, eos_token_id=1)
+    suppressed = decode_ms(model, opts, min_new_tokens=opts.new_tokens, eos_token_id=1)
+    rows["decode ms/token"] = dict(plain=plain, eos=with_eos, min_new_tokens=suppressed, ratio=suppressed / plain)
+    child = [*map(str, ("--sections", "calls-child", "--prompt", opts.prompt, "--new-tokens", opts.new_tokens))]
+    child += [
+        f"--{k.replace('_', '-')}={getattr(opts, k)}" for k in ("dim", "layers", "heads", "kv_heads", "ffn", "vocab")
+    ]
+    for name, argv in (
+        ("first call, second process", child),
+        ("32 tokens after Trainer.train()", ["--sections", "after-train"]),
+    ):
+        done = subprocess.run(
+            module_command("benchmarks.device.hf_bench", *argv), env=repo_env(), capture_output=True, text=True
+        )
+        if done.returncode:
+            rows[name] = dict(error=done.stderr[-2000:])
+        else:
+            rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return rows
+
+
+def first_call_row(opts) -> dict:
+    """`calls`' second process: the first call again (its programs read from the disk cache)."""
+    return timed_call(llama(opts), opts.prompt, opts.new_tokens, opts)
+
+
+def after_train_row() -> dict:
+    """A 2-layer Llama (d 64) trained by `Trainer` for 4 steps, then greedy generate() of 32
+    new tokens in the same process: the programs that call compiled."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    rows = torch.randint(0, 256, (16, 64), generator=torch.Generator().manual_seed(1))
+    args = transformers.TrainingArguments("/tmp/hf_bench_train", per_device_train_batch_size=4, max_steps=4,
+                                          save_strategy="no", report_to=[], disable_tqdm=True)  # fmt: skip
+    transformers.Trainer(model, args, train_dataset=[{"input_ids": r, "labels": r} for r in rows]).train()
+    model.generation_config.eos_token_id = None
+
+    class Tiny:  # (timed_call's vocabulary)
+        vocab = 256
+
+    return timed_call(model, 8, 32, Tiny)
+
+
+def calls_table(rows: dict) -> Table:
+    out = table("generate() as a user calls it", ("call", "seconds", "of it compiling", "programs compiled"))
+    for name, row in rows.items():
+        if name == "decode ms/token":
+            figures = f"{row['plain']:.2f} / {row['eos']:.2f} / {row['min_new_tokens']:.2f}"
+            out.add_row("decode ms/token: plain / EOS / + min_new_tokens", figures, f"x plain {row['ratio']:.2f}", "")
+        elif "error" in row:
+            out.add_row(name, "failed", row["error"][-120:], "")
+        else:
+            out.add_row(name, f"{row['seconds']:.2f}", f"{row['compile_s']:.2f}", str(row["programs"]))
+    return out
+
+
 # ---- diffusers -----------------------------------------------------------------------------
 def sd_configs(width: int, size: int) -> dict:
     return {
@@ -438,6 +548,13 @@ def main(argv=None) -> dict:
                 title = f"one generate() per token, batch {row['batch']}, {row['cache']} cache: {row['parts']['wall']:.2f} ms"
                 parts = [(label, f"{ms:.3f}") for label, ms in row["parts"].items() if label != "wall"]
                 console.print(table(title, ("part", "ms/token"), parts))
+    if "calls" in sections:
+        results["calls"] = bench_calls(opts)
+        console.print(calls_table(results["calls"]))
+    for child, row in (("calls-child", first_call_row), ("after-train", after_train_row)):
+        if child in sections:  # (a process of `calls`: one JSON line)
+            print(json.dumps(row(opts) if child == "calls-child" else row()))
+            return {}
     if "diffusers" in sections:
         results["diffusers"] = bench_diffusers(opts)
         console.print(diffusers_table(results["diffusers"], opts))

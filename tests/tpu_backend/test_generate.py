@@ -267,6 +267,46 @@ def test_a_decode_step_is_one_transfer_each_way_and_no_eager_program(models, mon
     assert long_eager == short_eager, f"{long_eager - short_eager} eager programs for 16 more tokens"
 
 
+PROCESSORS = {
+    "min_new_tokens": dict(min_new_tokens=10, eos_token_id=[3, 5], pad_token_id=0),
+    "min_length": dict(min_length=15, eos_token_id=3, pad_token_id=0),
+    "repetition_penalty": dict(repetition_penalty=1.3),
+    "both": dict(min_new_tokens=6, repetition_penalty=1.5, eos_token_id=3, pad_token_id=0),
+}
+
+
+@pytest.mark.parametrize("processors", list(PROCESSORS))
+def test_logits_processors_run_in_the_compiled_step_as_on_cpu(models, processors, monkeypatch):
+    """min_new_tokens / min_length (end-of-sequence tokens suppressed by length, which the host
+    knows) and repetition_penalty (the tokens seen, a mask on the device) are applied inside
+    the compiled decode step: CPU's tokens, raw logits and processed scores at every step, and
+    per token no eager program and one read (its token), as without processors."""
+    from tpu_backend import tensor as device_tensor
+
+    options = dict(PROCESSORS[processors], max_new_tokens=16, output_scores=True, attention_mask=torch.ones(2, 7))
+    ids = prompt(7, batch=2, seed=5)
+    cpu_out, tpu_out = generate_both(models, ids, **options)
+    assert_steps_match(tpu_out, cpu_out)
+    assert_steps_match(tpu_out, cpu_out, "scores")  # (-inf where suppressed: equal infinities compare equal)
+    _, tpu_model = models
+    read = []
+    monkeypatch.setattr(
+        device_tensor, "to_cpu_tensor", lambda t, f=device_tensor.to_cpu_tensor: read.append(tuple(t.shape)) or f(t)
+    )
+    on_tpu = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in PROCESSORS[processors].items()}
+
+    def launches(new_tokens: int):
+        read.clear()
+        eager, programs = torch.tpu.cache_stats()["requests"], programs_compiled()
+        tpu_model.generate(ids.to("tpu"), max_new_tokens=new_tokens, do_sample=False, **on_tpu)
+        return torch.tpu.cache_stats()["requests"] - eager, len(read), programs_compiled() - programs
+
+    launches(12)
+    (short_eager, short_read, _), (long_eager, long_read, compiled) = launches(16), launches(24)
+    assert long_eager == short_eager, f"{long_eager - short_eager} eager programs for 8 more tokens"
+    assert long_read - short_read == 8 and compiled == 0
+
+
 def test_other_prompt_length_and_length_reuse_the_decode_program(models):
     """A new prompt length compiles nothing: a short prompt goes through the compiled decode
     step a token at a time (a prefill of its own would compile ~50 per-op programs per new

@@ -31,11 +31,11 @@ HOST_READS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 
 
 class StepCounters(transformers.TrainerCallback):
-    """Per step: (per-op programs run, compiled programs run, programs compiled) so far, and
-    the host reads of steps 3 to 5 (a profile over them)."""
+    """Per step: (per-op programs run, compiled programs run, programs compiled) so far; with
+    `reads_between` (a, b), the host reads of steps a+1 to b (a profile over them)."""
 
-    def __init__(self):
-        self.after_step, self.reads = {}, None
+    def __init__(self, reads_between: tuple[int, int] | None = None):
+        self.after_step, self.reads, self.reads_between, self.profile = {}, None, reads_between, None
 
     def on_step_end(self, args, state, control, **kwargs):
         programs = compile_stats().total()
@@ -44,12 +44,13 @@ class StepCounters(transformers.TrainerCallback):
             programs.requests,
             CACHE_STATS.misses + programs.misses,
         )
-        if state.global_step == 2:
+        if self.reads_between and state.global_step == self.reads_between[0]:
             self.profile = torch.profiler.profile()
             self.profile.__enter__()
-        if state.global_step == 5:
+        if self.profile is not None and state.global_step == self.reads_between[1]:
             self.profile.__exit__(None, None, None)
             self.reads = sum(e.count for e in self.profile.key_averages() if e.key in HOST_READS)
+            self.profile = None
 
     def per_step(self, first: int, last: int) -> tuple[float, float, int]:
         (a_op, a_compiled, a_compiles), (b_op, b_compiled, b_compiles) = self.after_step[first], self.after_step[last]
@@ -59,7 +60,7 @@ class StepCounters(transformers.TrainerCallback):
 
 def test_a_default_step_is_four_compiled_programs_a_few_per_op_ones_and_no_host_read(tmp_path):
     trainer = make_trainer(tmp_path, use_cpu=False, logging_steps=100)  # logs only at its end
-    counters = StepCounters()
+    counters = StepCounters(reads_between=(2, 5))
     trainer.add_callback(counters)
     trainer.train()
     per_op, compiled, compiles = counters.per_step(2, 5)

@@ -34,7 +34,7 @@ from jax._src.array import ArrayImpl as _ARRAY_IMPL  # JAX's concrete array clas
 from tpu_backend import chip_limits, fused, native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.chip_limits import TpuChipLimitError
-from tpu_backend.eager import modes
+from tpu_backend.eager import bounds, modes
 from tpu_backend.eager.arguments import _Slot, fill_template, flatten_args
 from tpu_backend.eager.errors import like_torch, user_frame
 from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
@@ -181,7 +181,8 @@ class OpRunner:
         # Decided once, not per call: whether a call needs the host check or an rng key.
         self.may_run_on_host = lowering.data_dependent or lowering.data_dependent_when is not None
         self.needs_rng = lowering.needs_rng
-        self.plain = not (self.may_run_on_host or self.needs_rng)  # the hot path applies
+        self.checks_indices = bounds.ENABLED and op in bounds.RULES  # checked by the next sync (bounds.py)
+        self.plain = not (self.may_run_on_host or self.needs_rng or self.checks_indices)  # the hot path applies
         self.bound: dict[tuple, Callable] = {}  # fused mode: one bound function per template
         self.host_jitted: dict[tuple, Callable] = {}  # dtypes the chip refuses (chip_limits)
         # in-place calls: template -> (jitted lowering donating self's arrays, their
@@ -302,6 +303,8 @@ class OpRunner:
                 from tpu_backend.eager.debug import debug_check
 
                 debug_check(self.op, args, kwargs, out)
+            elif self.checks_indices:
+                bounds.record(self.op, args, kwargs)
             return out
         except Exception as error:  # the failure path: what PyTorch raises for this call (errors.like_torch)
             translated = like_torch(self.op, args, kwargs, error)

@@ -273,7 +273,7 @@ def _patch_sample(mixin) -> None:
             )
         ):
             return greedy_decoding.greedy_search(
-                self, input_ids, stopping_criteria, generation_config, streamer, model_kwargs
+                self, input_ids, logits_processor, stopping_criteria, generation_config, streamer, model_kwargs
             )
         return sample(
             self,
