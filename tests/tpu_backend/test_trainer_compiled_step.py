@@ -173,3 +173,27 @@ def test_generate_after_training_compiles_what_a_fresh_model_compiles(tmp_path):
     on_cpu = tiny_llama()
     on_cpu.load_state_dict({name: value.cpu() for name, value in model.state_dict().items()})
     torch.testing.assert_close(ids.cpu(), on_cpu.generate(prompt, max_new_tokens=32, do_sample=False))
+
+
+def test_a_step_that_cannot_be_compiled_runs_eagerly_with_one_warning(tmp_path, monkeypatch):
+    """A compile error (here the "tpu" backend refusing every graph, as it would an op it has
+    no lowering for) leaves the model, the optimizer and the clipping eager, each with one
+    warning naming it and the error; training goes on as on CPU."""
+    from torch._dynamo.backends import registry
+
+    def refuse(gm, example_inputs, **kwargs):
+        raise NotImplementedError("no tpu lowering for aten.made_up")
+
+    monkeypatch.setitem(registry._COMPILER_FNS, "tpu", refuse)
+    trainers = {"tpu": make_trainer(tmp_path / "tpu", use_cpu=False)}
+    with pytest.warns(RuntimeWarning, match=r"could not be compiled \(BackendCompilerFailed") as seen:
+        trainers["tpu"].train()
+    refused = sorted(str(w.message).split(" could not")[0] for w in seen if "could not be compiled" in str(w.message))
+    assert refused == [
+        "accelerate on the tpu device: the gradient clipping",
+        "accelerate on the tpu device: the model LlamaForCausalLM",
+        "accelerate on the tpu device: the optimizer AdamW's step",
+    ]
+    trainers["cpu"] = make_trainer(tmp_path / "cpu", use_cpu=True)
+    trainers["cpu"].train()
+    assert_same_training(trainers["tpu"], trainers["cpu"], LOSS_ATOL, PARAMETER_ATOL)

@@ -128,6 +128,31 @@ def _tpu_backend_for_inductor(accelerator) -> None:
         plugin.backend = DynamoBackend.TPU
 
 
+class _CompiledOrEager:
+    """`compiled(...)`, or, once it fails to compile (a Dynamo or backend error: an op with no
+    lowering, a construct Dynamo cannot trace), `eager(...)` from then on, with one warning
+    naming `what` and the error. (A failure after a graph break may leave the first part of
+    that one call run twice.)"""
+
+    def __init__(self, compiled, eager, what: str):
+        self.compiled, self.eager, self.what = compiled, eager, what
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except torch._dynamo.exc.TorchDynamoException as error:
+                self.compiled = None
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                warnings.warn(
+                    f"accelerate on the tpu device: {self.what} could not be compiled ({type(error).__name__}: "
+                    f"{reason}); it runs op by op from now on",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return self.eager(*args, **kwargs)
+
+
 def _compile_in_place(module: torch.nn.Module) -> None:
     """`module.compile(backend="tpu")`, as `nn.Module.compile` does it (the module keeps its
     identity, parameter names and state-dict keys: no `_orig_mod.` wrapper as with
@@ -137,7 +162,8 @@ def _compile_in_place(module: torch.nn.Module) -> None:
     def call(*args, **kwargs):
         return module._call_impl(*args, **kwargs)
 
-    module._compiled_call_impl = compile_own(call, backend="tpu")
+    compiled = compile_own(call, backend="tpu")
+    module._compiled_call_impl = _CompiledOrEager(compiled, module._call_impl, f"the model {type(module).__name__}")
 
 
 # A param group's settings while its compiled step traces and runs (then restored): PyTorch's
@@ -161,13 +187,15 @@ class _CompiledOptimizerStep:
         def optimizer_step():
             step(optimizer)
 
-        self.compiled = compile_own(optimizer_step, backend="tpu")
+        compiled = compile_own(optimizer_step, backend="tpu")
+        what = f"the optimizer {type(optimizer).__qualname__}'s step"
+        self.step = _CompiledOrEager(lambda: self._with_traced_settings(compiled), optimizer.step, what)
 
     @staticmethod
     def applies(optimizer) -> bool:
         return type(optimizer).__module__.startswith("torch.optim.") and "foreach" in optimizer.defaults
 
-    def __call__(self) -> None:
+    def _with_traced_settings(self, compiled) -> None:
         groups = self.optimizer.param_groups
         saved = [{key: group[key] for key in (*_TRACED_GROUP_SETTINGS, "lr") if key in group} for group in groups]
         for group in groups:
@@ -175,11 +203,14 @@ class _CompiledOptimizerStep:
             if not isinstance(group["lr"], torch.Tensor):
                 group["lr"] = torch.tensor(group["lr"], dtype=torch.float32)
         try:
-            self.compiled()
+            compiled()
         finally:
             for group, values in zip(groups, saved):
                 group.update(values)
         self.optimizer._opt_called = True  # what a scheduler's wrapper of step() records
+
+    def __call__(self) -> None:
+        self.step()
 
 
 def _compiled_optimizer_step(optimizer) -> _CompiledOptimizerStep | None:
@@ -255,7 +286,9 @@ def _patch_accelerator(accelerator_module) -> None:
             return vendor_clip_grad_norm(self, parameters, max_norm, norm_type)
         self.unscale_gradients()
         if self._tpu_clip is None:
-            self._tpu_clip = compile_own(_clip_grad_norm, backend="tpu")
+            self._tpu_clip = _CompiledOrEager(
+                compile_own(_clip_grad_norm, backend="tpu"), _clip_grad_norm, "the gradient clipping"
+            )
         return self._tpu_clip(parameters, max_norm, norm_type)
 
     vendor_backward = accelerator_class.backward
