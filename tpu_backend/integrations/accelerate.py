@@ -175,58 +175,50 @@ def _compile_in_place(module: torch.nn.Module) -> None:
 _TRACED_GROUP_SETTINGS = {"fused": False, "foreach": True, "capturable": True}
 
 
-class _CompiledOptimizerStep:
+@contextlib.contextmanager
+def _traced_settings(optimizer):
+    """The optimizer's param groups with `_TRACED_GROUP_SETTINGS` and a tensor learning rate
+    inside the block, as they were after it."""
+    groups = optimizer.param_groups
+    saved = [{key: group[key] for key in (*_TRACED_GROUP_SETTINGS, "lr") if key in group} for group in groups]
+    for group in groups:
+        group.update({key: value for key, value in _TRACED_GROUP_SETTINGS.items() if key in group})
+        if not isinstance(group["lr"], torch.Tensor):
+            group["lr"] = torch.tensor(group["lr"], dtype=torch.float32)
+    try:
+        yield
+    finally:
+        for group, values in zip(groups, saved):
+            group.update(values)
+        optimizer._opt_called = True  # what a scheduler's wrapper of step() records
+
+
+def _compiled_optimizer_step(optimizer) -> _CompiledOrEager | None:
     """`optimizer.step()` as one compiled program, for the optimizers of torch.optim with a
     foreach update (Dynamo follows them: their state made on the first step, any number of
-    param groups, a scheduler's learning rates)."""
+    param groups, a scheduler's learning rates); None, with a warning, for any other: its
+    step may do what cannot be compiled."""
+    if not (type(optimizer).__module__.startswith("torch.optim.") and "foreach" in optimizer.defaults):
+        warnings.warn(
+            f"accelerate on the tpu device: the optimizer {type(optimizer).__qualname__} is not one of "
+            "torch.optim's with a foreach update, so its step() runs op by op (one program per op) while the "
+            f"model and the gradient clipping run compiled; {COMPILE_ENV}=0 runs all of them eagerly",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    step = type(optimizer).step  # not a scheduler's counting wrapper (Dynamo skips lr_scheduler.py)
 
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-        step = type(optimizer).step  # not a scheduler's counting wrapper (Dynamo skips lr_scheduler.py)
+    def optimizer_step():
+        step(optimizer)
 
-        def optimizer_step():
-            step(optimizer)
+    compiled = compile_own(optimizer_step, backend="tpu")
 
-        compiled = compile_own(optimizer_step, backend="tpu")
-        what = f"the optimizer {type(optimizer).__qualname__}'s step"
-        self.step = _CompiledOrEager(lambda: self._with_traced_settings(compiled), optimizer.step, what)
-
-    @staticmethod
-    def applies(optimizer) -> bool:
-        return type(optimizer).__module__.startswith("torch.optim.") and "foreach" in optimizer.defaults
-
-    def _with_traced_settings(self, compiled) -> None:
-        groups = self.optimizer.param_groups
-        saved = [{key: group[key] for key in (*_TRACED_GROUP_SETTINGS, "lr") if key in group} for group in groups]
-        for group in groups:
-            group.update({key: value for key, value in _TRACED_GROUP_SETTINGS.items() if key in group})
-            if not isinstance(group["lr"], torch.Tensor):
-                group["lr"] = torch.tensor(group["lr"], dtype=torch.float32)
-        try:
+    def traced_step():
+        with _traced_settings(optimizer):
             compiled()
-        finally:
-            for group, values in zip(groups, saved):
-                group.update(values)
-        self.optimizer._opt_called = True  # what a scheduler's wrapper of step() records
 
-    def __call__(self) -> None:
-        self.step()
-
-
-def _compiled_optimizer_step(optimizer) -> _CompiledOptimizerStep | None:
-    """The optimizer's step as one program, or None (with a warning) for one that is not a
-    torch.optim optimizer with a foreach update: another optimizer's step may do what
-    cannot be compiled, and Dynamo stops the whole step at such an error."""
-    if _CompiledOptimizerStep.applies(optimizer):
-        return _CompiledOptimizerStep(optimizer)
-    warnings.warn(
-        f"accelerate on the tpu device: the optimizer {type(optimizer).__qualname__} is not one of torch.optim's "
-        "with a foreach update, so its step() runs op by op (one program per op) while the model and the "
-        f"gradient clipping run compiled; {COMPILE_ENV}=0 runs all of them eagerly",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-    return None
+    return _CompiledOrEager(traced_step, optimizer.step, f"the optimizer {type(optimizer).__qualname__}'s step")
 
 
 def _compiled_already(module) -> bool:
