@@ -10,7 +10,8 @@ by `_tr_loss / (1 + global_step - _globalstep_last_logged)` where it is not fini
 program, `finite_or_mean`), and Trainer's own test of that loss is off for the moment it
 runs (`args.logging_nan_inf_filter` is False from the end of `training_step` until
 Trainer's next call, `floating_point_ops`, then restored). The sums Trainer logs are the
-ones it computes on CPU.
+ones it computes on CPU. With one process, `compute_loss` also skips its token-count
+scaling, which is `loss *= 1` there (a program and its backward each step).
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ def finite_or_mean_op():
 @contextlib.contextmanager
 def _bookkeeping_on_device(trainer):
     """Inside one `_run_epoch`, the trainer's own methods wrapped (as instance attributes):
-    - `training_step` filters its loss on the device (`finite_or_mean`), and Trainer's host
-      test is off from there until `floating_point_ops`, the next thing Trainer calls;
+    - with `logging_nan_inf_filter`, `training_step` filters its loss on the device
+      (`finite_or_mean`), and Trainer's host test is off from there until
+      `floating_point_ops`, the next thing Trainer calls;
     - `compute_loss` does not multiply the loss by 1: with one process Trainer's token-count
       scaling (`average_tokens_across_devices`) is `loss *= 1`, two programs a step (the
       product and its backward). Set only where that scale is 1."""
-    args, own = trainer.args, vars(trainer)
+    args, own, filtering = trainer.args, vars(trainer), trainer.args.logging_nan_inf_filter
     names = ("training_step", "floating_point_ops", "compute_loss")
     replaced = {name: own[name] for name in names if name in own}
     step, flops, compute_loss = (getattr(trainer, name) for name in names)
@@ -87,7 +89,8 @@ def _bookkeeping_on_device(trainer):
         finally:
             args.average_tokens_across_devices = True
 
-    trainer.training_step, trainer.floating_point_ops = training_step, floating_point_ops
+    if args.logging_nan_inf_filter:
+        trainer.training_step, trainer.floating_point_ops = training_step, floating_point_ops
     if (
         args.average_tokens_across_devices
         and args.n_gpu <= 1
@@ -97,7 +100,7 @@ def _bookkeeping_on_device(trainer):
     try:
         yield
     finally:
-        args.logging_nan_inf_filter = True
+        args.logging_nan_inf_filter = filtering
         for name in names:
             own.pop(name, None)
         own.update(replaced)  # (an instance's own methods, set before: as they were)
@@ -111,7 +114,7 @@ def _patch_run_epoch(trainer_module) -> None:
 
     @functools.wraps(run_epoch)
     def run_epoch_on_device(self, *args, **kwargs):
-        if self.args.device.type != DEVICE_TYPE or not self.args.logging_nan_inf_filter:
+        if self.args.device.type != DEVICE_TYPE:
             return run_epoch(self, *args, **kwargs)
         with _bookkeeping_on_device(self):
             return run_epoch(self, *args, **kwargs)
