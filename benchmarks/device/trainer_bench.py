@@ -17,7 +17,9 @@ same batches in each row, each row in a process of its own with an empty compila
 | `trainer-eager` | the same with the device's compiled step switched off (`TPU_TRAINER_COMPILE=0`): strict eager, per-op programs |
 | `trainer-fused` | the same switched off, in fused eager mode (`TPU_EAGER_MODE=fused`) |
 
-Per row: the first step's seconds (compilation), the steady step time over the steps after
+Each row runs `--rounds` times, the rows' order reversed every other round (ABBA); figures
+are medians, and the ratio to `compiled-loop` the median of each round's ratio. Per row: the
+first step's seconds (compilation), the steady step time over the steps after
 `--warmup` (synchronised at both ends), the slowest later step against the median of the
 steps' own times (a stall: a compile after the first step), per-op programs and compiled
 programs launched per step, programs compiled after the second step (should be 0), and
@@ -209,12 +211,20 @@ def run_in_child(row: str, argv: list[str]) -> dict:
             return json.load(f)
 
 
+def median_figures(runs: list[dict]) -> dict:
+    """A row's figures over rounds: the median of each (the worst for the slowest later step
+    and the compiles after step 2)."""
+    worst = ("slowest_later_step_x", "slowest_later_step_s", "compiles_after_step_2")
+    return {key: (max if key in worst else statistics.median)(run[key] for run in runs) for key in runs[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small", action="store_true", help="a toy size for a CPU host")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5, help="steps not timed (compilation)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every row, in ABBA order (medians)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--out", default="/tmp/trainer_bench", help="Trainer's output_dir (nothing is saved)")
     parser.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
@@ -239,14 +249,22 @@ def main() -> None:
     passed = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", args.out] + (
         ["--small"] if args.small else []
     )
-    results = {row: run_in_child(row, passed) for row in rows}
+    rounds = [{} for _ in range(args.rounds)]
+    for i, figures in enumerate(rounds):  # ABBA: the order reversed every other round
+        for row in rows if i % 2 == 0 else reversed(rows):
+            figures[row] = run_in_child(row, passed)
+    results = {row: median_figures([figures[row] for figures in rounds]) for row in rows}
     reference = results.get(REFERENCE)
+    if reference:  # each row against the reference of its own round, the median over rounds
+        for row, figures in results.items():
+            figures[f"vs_{REFERENCE}"] = round(
+                statistics.median(r[row]["tokens_per_s"] / r[REFERENCE]["tokens_per_s"] for r in rounds), 3
+            )
     columns = ["row", "first step s", "step ms", "tokens/s", f"x {REFERENCE}", "slowest later step", "per-op / step"]
     columns += ["compiled / step", "compiles after step 2"]
     out = table("Trainer against the hand-written compiled loop", columns)
     for row, figures in results.items():
         if reference:
-            figures[f"vs_{REFERENCE}"] = round(figures["tokens_per_s"] / reference["tokens_per_s"], 3)
             figures["first_step_vs_reference"] = round(figures["first_step_s"] / reference["first_step_s"], 2)
         out.add_row(
             row,
@@ -263,7 +281,14 @@ def main() -> None:
     if args.json:
         write_json(
             args.json,
-            {"size": size, "parameters": parameters, "steps": args.steps, "warmup": args.warmup, "rows": results},
+            {
+                "size": size,
+                "parameters": parameters,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "rounds": rounds,
+                "rows": results,
+            },
         )
 
 

@@ -181,10 +181,11 @@ def _traced_settings(optimizer):
     inside the block, as they were after it."""
     groups = optimizer.param_groups
     saved = [{key: group[key] for key in (*_TRACED_GROUP_SETTINGS, "lr") if key in group} for group in groups]
+    rates = {}  # groups with one rate share its tensor: one transfer to the device
     for group in groups:
         group.update({key: value for key, value in _TRACED_GROUP_SETTINGS.items() if key in group})
         if not isinstance(group["lr"], torch.Tensor):
-            group["lr"] = torch.tensor(group["lr"], dtype=torch.float32)
+            group["lr"] = rates.setdefault(group["lr"], torch.tensor(group["lr"], dtype=torch.float32))
     try:
         yield
     finally:
