@@ -320,6 +320,47 @@ def test_other_prompt_length_and_length_reuse_the_decode_program(models):
     assert hf_integration.cache_length(5 + 20) == hf_integration.cache_length(7 + 32) == 128
 
 
+def test_the_cache_is_as_long_as_a_small_share_of_the_weight_reads_affords():
+    """A decode step reads its whole static cache, so the cache a call gets is at least as
+    long as CACHE_READ_SHARE (2%) of the step's weight reads affords, capped by the model's
+    positions: the TinyLlama-1.1B shape in bfloat16 gets 1024 positions at batch 1 (a
+    257-token generation after a 64-token one then needs no new decode program: on a v5e
+    that compile stalled 28 s), the minimum bucket at batch 8."""
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+        num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    weights = sum(p.numel() * 2 for p in model.parameters()) - 32000 * 2048 * 2  # (but the input embedding)
+    per_position = 2 * 22 * 4 * 64 * 2  # keys and values of 22 layers, 4 heads of 64, bfloat16
+    assert 1024 <= 0.02 * weights / per_position < 2048
+    assert [hf_integration.affordable_cache_length(model, b) for b in (1, 2, 8)] == [1024, 512, 128]
+    assert hf_integration.cache_length(32 + 257, model, 1) == hf_integration.cache_length(32 + 64, model, 1) == 1024
+    model.config.max_position_embeddings = 256
+    del model._tpu_decode_weight_bytes
+    assert hf_integration.affordable_cache_length(model, 1) == 256  # (capped by the model's positions)
+
+
+def test_a_longer_generation_after_a_short_one_compiles_nothing_new():
+    """A model whose weights dwarf its cache (a 65536-token vocabulary over 2 small layers)
+    decodes 257 tokens after a 12-token call with the same programs, CPU's tokens."""
+    config = transformers.LlamaConfig(
+        vocab_size=65536, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    cpu_model = transformers.LlamaForCausalLM(config).eval()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    ids = torch.randint(0, 65536, (1, 7), generator=torch.Generator().manual_seed(3))
+    tpu_model.generate(ids.to("tpu"), max_new_tokens=12, do_sample=False)
+    assert hf_integration.affordable_cache_length(tpu_model, 1) == 512  # (7 + 257 tokens fit)
+    before = programs_compiled()
+    got = tpu_model.generate(ids.to("tpu"), max_new_tokens=257, do_sample=False)
+    assert programs_compiled() == before
+    assert torch.equal(got.cpu(), cpu_model.generate(ids, max_new_tokens=257, do_sample=False))
+
+
 def test_a_longer_prompt_takes_the_models_prefill_as_on_cpu(models, monkeypatch):
     """Past `prompt_steps.MAX_TOKENS` tokens the prompt is one prefill (its per-op programs),
     then the same decode step: CPU's tokens and logits either way."""
