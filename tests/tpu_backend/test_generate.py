@@ -595,3 +595,23 @@ def test_encoder_decoder_matches_cpu_and_compiles_nothing_per_token(options):
     cpu_out, tpu_out = generate_both(models, ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24, **options)
     assert programs_compiled() == before
     assert_steps_match(tpu_out, cpu_out)
+
+
+def test_the_decode_steps_processors_compile_for_a_tpu():
+    """The processors and the token choice of the compiled greedy step (a boolean scatter of
+    the tokens seen, -inf where end-of-sequence is suppressed), exported through the device's
+    lowering and compiled by libtpu for a v5e."""
+    import tpu_backend
+    from tests.helpers import compile_for_tpu
+    from tpu_backend.integrations import greedy_decoding
+
+    def step_tail(logits, seen, suppressed, penalty, unfinished, pad, eos):
+        scores = greedy_decoding.processed_scores(logits, penalty, True, suppressed, seen)
+        tokens, unfinished = greedy_decoding.choose_next_tokens(scores, unfinished, pad, eos)
+        return tokens, unfinished, scores, seen.scatter(1, tokens[:, None], True)
+
+    vocab = 256
+    args = (torch.randn(2, vocab), torch.zeros(2, vocab, dtype=torch.bool), torch.arange(vocab) == 3)
+    args += (torch.tensor(1.3), torch.ones(2, dtype=torch.bool), torch.tensor(0), torch.tensor([3]))
+    exported = tpu_backend.export(step_tail, args, platforms=("tpu",))
+    compile_for_tpu(exported.call, *exported.in_avals, chip="v5e")

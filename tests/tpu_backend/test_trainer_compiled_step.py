@@ -197,3 +197,18 @@ def test_a_step_that_cannot_be_compiled_runs_eagerly_with_one_warning(tmp_path, 
     trainers["cpu"] = make_trainer(tmp_path / "cpu", use_cpu=True)
     trainers["cpu"].train()
     assert_same_training(trainers["tpu"], trainers["cpu"], LOSS_ATOL, PARAMETER_ATOL)
+
+
+def test_the_loss_filter_compiles_for_a_tpu():
+    """Trainer's NaN/Inf filter on the device, exported through its lowering and compiled by
+    libtpu for a v5e; on CPU tensors the op gives the filter's values."""
+    import tpu_backend
+    from tests.helpers import compile_for_tpu
+    from tpu_backend.integrations.trainer import finite_or_mean_op
+
+    finite_or_mean = finite_or_mean_op()
+    total = torch.tensor(6.0)
+    assert finite_or_mean(torch.tensor(float("nan")), total, 3.0).item() == 2.0
+    assert finite_or_mean(torch.tensor(1.5), total, 3.0).item() == 1.5
+    exported = tpu_backend.export(lambda loss, total: finite_or_mean(loss, total, 3.0), (torch.tensor(1.5), total))
+    compile_for_tpu(exported.call, *exported.in_avals, chip="v5e")
