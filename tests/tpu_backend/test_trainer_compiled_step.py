@@ -202,7 +202,6 @@ def test_a_step_that_cannot_be_compiled_runs_eagerly_with_one_warning(tmp_path, 
 def test_the_loss_filter_compiles_for_a_tpu():
     """Trainer's NaN/Inf filter on the device, exported through its lowering and compiled by
     libtpu for a v5e; on CPU tensors the op gives the filter's values."""
-    import tpu_backend
     from tests.helpers import compile_for_tpu
     from tpu_backend.integrations.trainer import finite_or_mean_op
 
