@@ -83,3 +83,14 @@ def test_a_cpu_index_into_a_tpu_tensor_is_checked_too():
     out = torch.ones(3, device="tpu")[torch.tensor([5])]
     with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0 with size 3"):
         print(out)
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_an_index_that_is_a_strided_view_is_read_through_its_strides(device):
+    """A transposed index (a view of its storage): its own values are checked, not the
+    storage's order."""
+    index = torch.tensor([[0, 9], [1, 2]], device=device).t()  # the 9 is at [1, 0]
+    with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 5"):
+        torch.ones(5, 3, device="tpu")[index].cpu()
+    within = torch.tensor([[0, 4], [1, 2]], device=device).t()
+    torch.testing.assert_close(torch.arange(5.0, device="tpu")[within].cpu(), torch.tensor([[0.0, 1.0], [4.0, 2.0]]))

@@ -122,9 +122,8 @@ def record(op, args, kwargs) -> None:
         where = where or user_frame()
         view = (index.storage_offset(), tuple(index.shape), tuple(index.stride()))
         if not tpu_tensor.is_tpu(index):  # host values: checked now
-            _raise_if_out_of_range(
-                index.detach().numpy(), (0, view[1], _strides(index)), size, dim, negative, op, where
-            )
+            host = index.detach().contiguous().numpy()
+            _raise_if_out_of_range(host, (0, view[1], None), size, dim, negative, op, where)
             continue
         array = tpu_tensor.payload_of(index).array
         if isinstance(array, jax.Array):
@@ -134,11 +133,9 @@ def record(op, args, kwargs) -> None:
         _check_ready()
 
 
-def _strides(index: torch.Tensor) -> tuple:
-    return tuple(index.stride()) if not index.is_contiguous() else None
-
-
 def _values(host: np.ndarray, view) -> np.ndarray:
+    """The index's values from its storage's (`view`: offset, shape, strides; None strides:
+    contiguous from the offset)."""
     host = host.reshape(-1)
     offset, shape, strides = view
     if strides is None or (offset == 0 and host.size == math.prod(shape) and strides == _contiguous(shape)):
