@@ -316,8 +316,9 @@ def functional_train_step(model: nn.Module, case: ModelCase, optimizer: str) -> 
         return case.loss(functional_call(model, params, (inputs,)), target)
 
     # momentum buffers start at zero: 0.9 * 0 + g is torch's clone(g)
-    state = momenta if optimizer == "sgd" else exp_avgs + exp_avg_sqs + step_counts
-    update = functional_update(optimizer, len(tensors), lr=0.05 if optimizer == "sgd" else 1e-3)
+    lr = torch.tensor(0.05 if optimizer == "sgd" else 1e-3, device=tensors[0].device)
+    state = (momenta if optimizer == "sgd" else exp_avgs + exp_avg_sqs + step_counts) + [lr]
+    update = functional_update(optimizer, len(tensors))
 
     def step(inputs, target):
         grads, loss = grad_and_value(loss_of)(params, inputs, target)

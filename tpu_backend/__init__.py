@@ -124,7 +124,16 @@ def register_new_lowerings() -> int:
     return dispatch.register_table()
 
 
+def __getattr__(name: str):
+    if name == "TrainStep":  # imported on first use: it brings the planner's tracer (tpu_backend.aot)
+        from tpu_backend.train_step import TrainStep
+
+        return TrainStep
+    raise AttributeError(f"module 'tpu_backend' has no attribute {name!r}")
+
+
 __all__ = [
+    "TrainStep",
     "TpuDebugError",
     "TpuLoweringError",
     "cpu_fallback_counts",

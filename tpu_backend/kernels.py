@@ -517,3 +517,38 @@ def upcast_inside_cross_entropy(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return rewritten
+
+
+class UpcastInsideCrossEntropy(torch.overrides.TorchFunctionMode):
+    """`upcast_inside_cross_entropy` for code traced without Dynamo (the planner's and
+    `TrainStep`'s step, `tpu_backend.aot.capture`): while the mode is on,
+    `F.cross_entropy(x.float(), t)` of a 16-bit tpu `x`, with reshapes or indexing between,
+    is called as `cross_entropy_in_float32` of `x` with the same reshapes. The upcast itself
+    still runs (it is dead code unless something else reads it)."""
+
+    _UPCASTS = (torch.Tensor.float, torch.Tensor.to)
+    _COMMUTING = frozenset({*(getattr(torch.Tensor, name) for name in _RESHAPES), torch.Tensor.__getitem__})
+
+    def __init__(self):
+        super().__init__()
+        self.half_of: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(upcast) -> (upcast, 16-bit form)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.cross_entropy and args and id(args[0]) in self.half_of:
+            return cross_entropy_in_float32(self.half_of[id(args[0])][1], *args[1:], **kwargs)
+        out = func(*args, **kwargs)
+        source = args[0] if args else None
+        if not isinstance(out, torch.Tensor) or not isinstance(source, torch.Tensor):
+            return out
+        if func in self._UPCASTS and _is_upcast(source, out, args[1:], kwargs):
+            self.half_of[id(out)] = (out, source)
+        elif func in self._COMMUTING and id(source) in self.half_of:
+            self.half_of[id(out)] = (out, func(self.half_of[id(source)][1], *args[1:], **kwargs))
+        return out
+
+
+def _is_upcast(source: torch.Tensor, out: torch.Tensor, args, kwargs) -> bool:
+    """`out` is `source.float()` / `source.to(torch.float32)` of a 16-bit tpu tensor, nothing else changed."""
+    plain = (args, kwargs) in (((), {}), ((torch.float32,), {}), ((), {"dtype": torch.float32}))
+    return plain and source.dtype in _HALF_DTYPES and source.device.type == "tpu" and out.dtype == torch.float32

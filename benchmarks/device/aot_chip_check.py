@@ -2,18 +2,17 @@
 `v5e:1x1` against the peak bytes the chip held while running the same training step.
 
     python -m benchmarks.device.aot_chip_check                       # Llama 374M, bf16, batch 1 x 2048, AdamW
-    python -m benchmarks.device.aot_chip_check --size 350m --batch 2 # more activations (nearer the 16 GiB)
+    python -m benchmarks.device.aot_chip_check --size 350m --batch 4 --remat full --kernels on
 
 One process, on a TPU VM (one chip): first `tpu_backend.aot.compile_step` compiles the step
 for compile-only devices of `--topology` (no memory used on the chip), then the model is
-built with real weights on the "tpu" device and the device's own compiled step runs
-(`torch.compile(backend="tpu")` of the same functional step: one program, parameters and
-AdamW state donated and updated in place). The chip's peak after the steps is compared
+built with real weights on the "tpu" device and `tpu_backend.TrainStep` runs the same step
+(the same traced program: one program, parameters and AdamW state donated and updated in
+place, `--remat` and `--kernels` as planned). The chip's peak after the steps is compared
 with the prediction; target: within 10%. On a TPU the peak is two figures of
 `memory_stats()`: `peak_bytes_in_use` (buffers: arguments, outputs and program code) plus
 `peak_bytes_reserved` (the region a running program's temporaries live in, which
-`peak_bytes_in_use` leaves out: a probe with a 512 MiB temporary showed it there alone). Kernels are off in both (the
-one-program step, written with `torch.func`, takes XLA's attention on the device anyway).
+`peak_bytes_in_use` leaves out: a probe with a 512 MiB temporary showed it there alone).
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--topology", default="v5e:1x1")
+    parser.add_argument("--remat", default="none", choices=("none", "full", "matmuls"))
+    parser.add_argument("--kernels", default="off", choices=("on", "off"), help="the Pallas kernels, in both")
     parser.add_argument(
         "--report",
         help="a JSON report of the same step compiled elsewhere (python -m tpu_backend.aot --json): no compile here",
@@ -42,9 +43,9 @@ def main(argv=None) -> int:
     import tpu_backend
     import tpu_backend.aot as aot
     from examples.llama_fsdp_tp import Llama, aot_step
-    from tpu_backend.aot.capture import adamw_device_step
 
-    tpu_backend.kernels.use("off")
+    kernels = args.kernels == "on"
+    tpu_backend.kernels.use("auto" if kernels else "off")
     step = aot_step(args.size, batch=args.batch, seq=args.seq)
     began = time.perf_counter()
     if args.report:
@@ -62,23 +63,25 @@ def main(argv=None) -> int:
             step["loss"],
             topology=args.topology,
             mesh="dp=1",
-            kernels=False,
+            kernels=kernels,
+            remat=args.remat,
             progress=lambda m: print(f"  [{time.perf_counter() - began:5.0f} s] {m}", flush=True),
         )
         print(report.summary(), flush=True)
 
-    # The same step on the chip, through the device's torch.compile path.
+    # The same step on the chip: the program TrainStep traces is the one planned above.
     config = step["model"].config
     torch.manual_seed(0)
     model = Llama(config).to(torch.bfloat16).to("tpu")
-    run = adamw_device_step(model, step)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    run = tpu_backend.TrainStep(model, step["loss"], optimizer, remat=args.remat)
     g = torch.Generator().manual_seed(0)
     losses, times = [], []
     for _ in range(args.steps):
         tokens = torch.randint(0, config.vocab, (args.batch, config.seq + 1), generator=g)
         inputs, targets = tokens[:, :-1].to("tpu"), tokens[:, 1:].to("tpu")
         start = time.perf_counter()
-        (loss,) = run(inputs, targets)
+        loss = run(inputs, targets)
         losses.append(loss.item())
         times.append(time.perf_counter() - start)
     stats = jax.devices()[0].memory_stats() or {}

@@ -103,7 +103,6 @@ from benchmarks.harness import write_json
 from benchmarks.models import (
     MODEL_CASES,
     GPTConfig,
-    functional_train_step,
     make_optimizer,
 )
 
@@ -174,7 +173,7 @@ MODES: dict[str, Mode] = {
     ),
     "tpu-compile-step": Mode(
         "tpu",
-        'torch.compile(step, backend="tpu") of the whole step in its one-program form (compiled_train_step)',
+        "tpu_backend.TrainStep: forward, backward and AdamW as one program (compiled_train_step)",
         eager_mode="strict",
     ),
     "jax": Mode("jax", "the same step written directly in JAX (benchmarks/device/jax_mingpt.py): the ceiling"),
@@ -373,15 +372,13 @@ def floor_case(model_name: str):
 
 
 def compiled_train_step(model: nn.Module, case) -> Callable:
-    """The training step as one function under `torch.compile(backend="tpu")`, in the form
-    that compiles to ONE program per step (`functional_train_step`: `torch.func` gradients
-    and PyTorch's functional foreach AdamW, parameters and state updated in place with
-    their buffers donated). The usual `loss.backward(); optimizer.step()` body breaks
-    Dynamo's graph at the backward and around the optimizer step (pytorch/pytorch#104053),
-    5 programs per step with torch 2.13."""
-    import tpu_backend.compile  # noqa: F401 - registers the "tpu" Dynamo backend
+    """The training step as ONE program: `tpu_backend.TrainStep` (AOTAutograd's joint graph and
+    PyTorch's foreach AdamW in one jitted function, parameters and moments donated, `--remat`
+    as its block checkpointing, the kernels on where the chip has them)."""
+    import tpu_backend
 
-    return torch.compile(functional_train_step(model, case, "adamw"), backend="tpu")
+    optimizer = make_optimizer("adamw", model.parameters())
+    return tpu_backend.TrainStep(model, case.loss, optimizer, remat=_remat or "none")
 
 
 def make_step(model_name: str, mode_name: str) -> StepFn:
@@ -977,8 +974,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         const="full",
         choices=("full", "matmuls"),
         help="Llama models: activation checkpointing per block, recomputing all of it (full, the default) or all "
-        "but its matrix products (matmuls); torch.utils.checkpoint, not under tpu-compile-step, where "
-        "torch.func.grad refuses it",
+        "but its matrix products (matmuls): torch.utils.checkpoint, and TrainStep's remat under tpu-compile-step",
     )
     parser.add_argument(
         "--compile-optimizer",

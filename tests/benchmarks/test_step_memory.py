@@ -28,7 +28,7 @@ def test_the_peak_holds_the_moments_beside_the_model_programs_and_not_beside_the
 def test_keeping_the_matmuls_hands_the_backward_more_than_a_full_recompute(capsys):
     outputs = {}
     for remat in ("full", "matmuls"):
-        assert step_memory.main(["--model", "llama", "--layers", "3", "--remat", remat]) == 0
+        assert step_memory.main(["--step", "torch-compile", "--model", "llama", "--layers", "3", "--remat", remat]) == 0
         table = capsys.readouterr().out
         rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if line.startswith("torch_compile")}
         assert {name.rsplit("_", 1)[-1] for name in rows} == {"forward", "backward", "inference"}, table
@@ -42,3 +42,11 @@ def test_an_unknown_chip_is_refused_before_the_step_runs(capsys):
     with pytest.raises(SystemExit):
         step_memory.main(["--model", "llama", "--chip", "v9x"])
     assert "argument --chip: invalid choice: 'v9x'" in capsys.readouterr().err
+
+
+def test_the_one_program_comparison_takes_the_reference_shapes_and_policies():
+    with pytest.raises(SystemExit, match="--policies from full, matmuls, none; --model 374m or 950m"):
+        step_memory.main(["--model", "llama"])
+    with pytest.raises(SystemExit, match="--policies from full, matmuls, none"):
+        step_memory.main(["--policies", "full,dots"])
+    assert step_memory.JAX_POLICIES == {"full": "full", "matmuls": "dots", "none": "none"}

@@ -22,7 +22,7 @@ def test_each_rows_commands_parse_with_their_scripts_own_arguments(row):
         jax_args = jax_llama_late_reads.parse_args(versus_jax.jax_command(row)[1:])
         assert f"llama-{jax_args.model}" == ours.model
         # the same checkpointing: JAX's `dots` policy keeps what our `matmuls` keeps
-        assert {"full": "full", "dots": "matmuls"}[jax_args.remat] == ours.remat
+        assert {"full": "full", "dots": "matmuls", "none": None}[jax_args.remat] == ours.remat
     else:  # our command runs JAX's step itself
         assert "jax" in ours.modes.split(",")
 
@@ -45,8 +45,8 @@ def rows_named(name: str) -> versus_jax.Row:
     return next(r for r in versus_jax.ROWS if r.name == name)
 
 
-def _step_json(median_s: float) -> dict:
-    step = backend_bench.StepResult(mode="tpu-compile", median_s=median_s, first_step_s=90.5)
+def _step_json(median_s: float, mode: str = "tpu-compile") -> dict:
+    step = backend_bench.StepResult(mode=mode, median_s=median_s, first_step_s=90.5)
     return {"steps": [vars(step)]}
 
 
@@ -66,6 +66,9 @@ def test_jax_runs_once_per_command_before_ours_and_the_ratios_come_from_both(tmp
         "ours 950m": _step_json(0.458),
         "ours 374m-matmuls": _step_json(0.2122),
         "ours mingpt-fused": {"steps": [vars(fused), vars(jax_mingpt)]},
+        "jax --model 374m --remat full": {**JAX_374M, "program_gib": 4.31},
+        "jax --model 374m --remat none": {**JAX_374M, "waited_ms": 179.0, "program_gib": 16.1},
+        **{f"ours 374m-step-{p}": _step_json(0.2, "tpu-compile-step") for p in ("full", "matmuls", "none")},
     }
     calls: list = []
     rows = {r["row"]: r for r in versus_jax.measure(list(versus_jax.ROWS), _fake_run(outputs, calls), str(tmp_path))}
@@ -78,6 +81,11 @@ def test_jax_runs_once_per_command_before_ours_and_the_ratios_come_from_both(tmp
         "ours 950m",
         "jax --model 374m --remat dots",
         "ours 374m-matmuls",
+        "jax --model 374m --remat full",
+        "ours 374m-step-full",
+        "ours 374m-step-matmuls",  # JAX's `dots` run above serves it too
+        "jax --model 374m --remat none",
+        "ours 374m-step-none",
         "ours mingpt-fused",  # times JAX's step itself
     ]
 
@@ -89,6 +97,7 @@ def test_jax_runs_once_per_command_before_ours_and_the_ratios_come_from_both(tmp
     assert matmuls["ratio"] == pytest.approx(196.2 / 212.2) and not matmuls["meets"]
     assert "(its program 8.96 GiB)" in matmuls["jax"]  # what JAX's policy costs in memory
     assert rows["mingpt-fused"]["ratio"] == pytest.approx(18.5 / 15.0) and not rows["mingpt-fused"]["meets"]
+    assert rows["374m-step-none"]["ratio"] == pytest.approx(179.0 / 200.0)  # the one-program step's own mode
     versus_jax.print_table(list(rows.values()))
     printed = capsys.readouterr().out
     assert "0.973 (>= 0.97: met)" in printed and "2.720 (<= 3.0: met)" in printed

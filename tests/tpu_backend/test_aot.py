@@ -71,7 +71,7 @@ def test_command_prints_table_and_writes_json(tmp_path, capsys):
 
     out = tmp_path / "report.json"
     script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "llama_fsdp_tp.py")
-    argv = [script, "--topology", "v5e:2x2", "--mesh", "fsdp=4", "--size", "tiny"]
+    argv = [script, "--topology", "v5e:2x2", "--mesh", "fsdp=4", "--size", "tiny", "--remat", "full"]
     code = main([*argv, "--batch", "8", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
@@ -79,6 +79,8 @@ def test_command_prints_table_and_writes_json(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["mesh"] == {"fsdp": 4} and report["fits"] is True
     assert report["state_bytes"]["batch rows per chip"] == 2
+    assert report["remat"] == "full" and 0 < report["mfu_estimate"] < 1
+    assert "activation checkpointing" in printed and "MFU at the roofline" in printed
 
 
 @needs_libtpu
@@ -189,3 +191,93 @@ def test_sharded_step_keeps_the_kernels_each_split_by_shard_map():
         "norm_backward": 3,
         "norm_forward": 3,
     }
+
+
+def _llama(layers=4, **sizes):
+    from benchmarks.models import LlamaConfig, LlamaLM
+
+    config = LlamaConfig(**{**dict(vocab=512, context=1024, width=128, heads=2, ffn=256, layers=layers), **sizes})
+    with torch.device("meta"):
+        return LlamaLM(config), ((2, config.context), torch.long)
+
+
+@needs_libtpu
+def test_remat_policies_trade_the_steps_memory_for_recomputation_and_mfu():
+    """`--remat`: full keeps each block's input and recomputes the rest in the backward (more
+    FLOPs, fewer temporaries), matmuls keeps the products with weights too; XLA neither merges
+    the recomputation back into the forward nor runs every block's at once (the fences)."""
+    from benchmarks.models import sequence_loss
+
+    model, tokens = _llama()
+    reports = {
+        policy: aot.compile_step(
+            model, [tokens], [tokens], sequence_loss, topology="v5e:1x1", mesh="dp=1", kernels=False, remat=policy
+        )
+        for policy in ("none", "matmuls", "full")
+    }
+    none, matmuls, full = (reports[p] for p in ("none", "matmuls", "full"))
+    assert full.temp_bytes < 0.6 * none.temp_bytes
+    assert full.temp_bytes < matmuls.temp_bytes < none.temp_bytes
+    assert full.flops > 1.15 * none.flops  # each block's forward once more
+    assert none.flops <= matmuls.flops < full.flops  # the products are not recomputed
+    assert (full.remat, none.remat) == ("full", "none")
+
+    # the MFU estimate: 6 x parameters x tokens over the chip's peak in the roofline time
+    parameters = sum(p.numel() for p in model.parameters())
+    assert none.tokens == 2 * 1024 and none.parameters == parameters
+    assert none.model_flops == 6 * parameters * 2 * 1024
+    seconds = max(none.flops / 197e12, none.bytes_accessed / 819e9)
+    assert none.roofline_seconds == pytest.approx(seconds)
+    assert none.mfu_estimate == pytest.approx(none.model_flops / (seconds * 197e12))
+    assert 0 < full.mfu_estimate < none.mfu_estimate < 1  # recomputation is charged
+    assert json.loads(json.dumps(none.to_json()))["mfu_estimate"] == pytest.approx(none.mfu_estimate)
+
+
+@needs_libtpu
+def test_fsdp_gathers_each_weight_instead_of_the_global_batchs_activations():
+    """Left alone, XLA kept the tensor-parallel head's weight split over fsdp and split the
+    activations over the contracting dimension instead: every chip computed the logits of the
+    whole global batch (31 GiB per chip for Llama-3-8B at 64 x 8192 tokens on v5e:16x16). The
+    plan gathers each weight where it is used, as FSDP does: a chip holds its own rows'."""
+    from examples.llama_fsdp_tp import Llama, LlamaConfig, device_tensor_parallel_plan, loss_fn
+
+    with torch.device("meta"):
+        model = Llama(LlamaConfig(vocab=16384, dim=256, layers=2, heads=4, hidden=512, seq=512)).to(torch.bfloat16)
+    tokens = ((8, 512), torch.long)  # 4096 tokens; 2048 per fsdp shard; 8192 of the vocabulary per tp shard
+    report = aot.compile_step(
+        model,
+        [tokens],
+        [tokens],
+        loss_fn,
+        topology="v5e:2x2",
+        mesh="fsdp=2,tp=2",
+        tensor_parallel=device_tensor_parallel_plan(),
+        kernels=False,
+    )
+    assert [b for b in report.largest if "[2048, 8192]" in b.what]  # a chip's own logits
+    assert not [b for b in report.largest if "[4096, 8192]" in b.what]  # never the global batch's
+
+
+def test_remat_needs_repeated_blocks_and_a_known_policy():
+    from tpu_backend.aot.capture import trace_step
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    batch = [((2, 8), torch.float32)]
+    with pytest.raises(ValueError, match="no stack of repeated blocks"):
+        trace_step(model, batch, [((2, 4), torch.float32)], nn.functional.mse_loss, remat="full")
+    with pytest.raises(ValueError, match="use one of none, full, matmuls"):
+        trace_step(model, batch, [((2, 4), torch.float32)], nn.functional.mse_loss, remat="dots")
+
+
+def test_the_planned_loss_hands_16bit_logits_to_the_cross_entropy_kernel():
+    """`F.cross_entropy(logits.float(), t)` in a step traced without Dynamo: the kernel reads the
+    bf16 logits and computes in float32 itself, so no float32 copy of the logits (1 GiB of the
+    374M step at 4 x 2048 tokens) is written and kept for the backward."""
+    from benchmarks.models import sequence_loss
+    from tpu_backend.aot.capture import trace_step
+
+    model, tokens = _llama(layers=2, dtype=torch.bfloat16)
+    with device_kernels.use("on"):
+        step = trace_step(model, [tokens], [tokens], sequence_loss)
+    calls = [n for n in step.joint.graph.nodes if n.target == torch.ops.tpu_kernels.cross_entropy.default]
+    assert len(calls) == 1 and calls[0].args[0].meta["val"].dtype == torch.bfloat16

@@ -67,12 +67,23 @@ def table(report):
         ("bytes accessed", gib(report.bytes_accessed)),
         *((f"  {name}", str(n)) for name, n in report.collectives.items()),
         ("Pallas kernel calls", _kernels_text(report)),
+        ("activation checkpointing", report.remat),
+        ("MFU at the roofline (upper bound)", _mfu_text(report)),
         ("trace / lower / compile", " / ".join(f"{report.seconds[k]:.1f} s" for k in ("trace", "lower", "compile"))),
     ]
     rows.insert(rows.index(("bytes accessed", gib(report.bytes_accessed))) + 1, ("collectives", ""))
     for row in rows:
         t.add_row(*row)
     return t
+
+
+def _mfu_text(report) -> str:
+    if report.mfu_estimate is None:
+        return "- (the batch is not token ids)"
+    return (
+        f"{100 * report.mfu_estimate:.1f}% (6 x {report.parameters / 1e9:.2f} B parameters x {report.tokens} tokens "
+        f"in {1e3 * report.roofline_seconds:.0f} ms at the chip's peak FLOP/s or HBM bandwidth)"
+    )
 
 
 def _kernels_text(report) -> str:
@@ -91,6 +102,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seq", type=int, help="sequence length")
     parser.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     parser.add_argument("--kernels", choices=["on", "off"], help="Pallas kernels (default: off if TPU_KERNELS=off)")
+    parser.add_argument(
+        "--remat",
+        choices=["none", "full", "matmuls"],
+        default="none",
+        help="activation checkpointing of the model's repeated blocks: full keeps each block's input and "
+        "recomputes the rest, matmuls keeps its products with weights too (default: none)",
+    )
     parser.add_argument("--json", help="write the report here (default: aot-<topology>-<mesh>.json)")
     args = parser.parse_args(argv)
 
@@ -119,6 +137,7 @@ def main(argv=None) -> int:
             tensor_parallel=plan,
             optimizer=args.optimizer,
             kernels=kernels,
+            remat=args.remat,
             progress=progress,
         )
     except aot.StepDoesNotFit as refused:  # the compiler itself refused (out of HBM)

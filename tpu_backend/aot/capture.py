@@ -19,8 +19,11 @@ function of (parameters, optimizer state, buffers, batch).
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
+from unittest import mock
 
 import torch
 import torch.fx
@@ -29,21 +32,29 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call, functionalize, grad_and_value
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from tpu_backend.aot.remat import checkpointed_blocks
 from tpu_backend.compile.backend import decompositions
 from tpu_backend.compile.interpreter import lift_input_mutations
+from tpu_backend.kernels import UpcastInsideCrossEntropy
 
 OPTIMIZERS = ("adamw", "sgd")
 
 # What each argument of the step is; `role` decides its sharding (plan.py).
-PARAM, EXP_AVG, EXP_AVG_SQ, MOMENTUM, STEP_COUNT, BUFFER, BATCH = (
+PARAM, EXP_AVG, EXP_AVG_SQ, MOMENTUM, STEP_COUNT, LR, BUFFER, BATCH = (
     "parameter",
     "exp_avg",
     "exp_avg_sq",
     "momentum",
     "step",
+    "lr",
     "buffer",
     "batch",
 )
+# torch.optim's defaults where the plan does not say (AdamW's weight decay is its own 0.01)
+SETTINGS = {
+    "adamw": dict(betas=(0.9, 0.999), weight_decay=0.01, eps=1e-8, maximize=False),
+    "sgd": dict(momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False, maximize=False),
+}
 
 
 @dataclass(frozen=True)
@@ -89,8 +100,10 @@ class StepGraph:
     def nodes(self) -> int:
         return len(self.joint.graph.nodes) + len(self.update.graph.nodes)
 
-    def function(self) -> Callable:
-        """`fn(*arrays) -> (loss, *new values of written inputs)` over `inputs`, in JAX."""
+    def function(self, gathered: Callable | None = None, reduced: Callable | None = None) -> Callable:
+        """`fn(*arrays) -> (loss, *new values of written inputs)` over `inputs`, in JAX.
+        `gathered(params)`: the parameters as the forward and backward use them (FSDP: each
+        gathered from its shards); `reduced(grads)`: the gradients as the update takes them."""
         from tpu_backend.compile.interpreter import GraphFunction
 
         joint, update = GraphFunction(self.joint, "aot_forward_backward"), GraphFunction(self.update, "aot_update")
@@ -101,8 +114,8 @@ class StepGraph:
 
         def step(*arrays):
             params, state, rest = arrays[:n], arrays[n : n + n_state], arrays[n + n_state :]
-            loss, *grads = joint(*params, *rest)
-            return (loss, *update(*params, *grads, *state))
+            loss, *grads = joint(*(gathered(params) if gathered else params), *rest)
+            return (loss, *update(*params, *(reduced(grads) if reduced else grads), *state))
 
         return step
 
@@ -116,7 +129,8 @@ def _spec(value) -> tuple[tuple[int, ...], torch.dtype]:
 
 
 def step_inputs(model: nn.Module, inputs: Sequence, targets: Sequence, optimizer: str) -> list[StepInput]:
-    """The step's arguments in order: parameters, optimizer state, buffers, the batch."""
+    """The step's arguments in order: parameters, optimizer state (the learning rate last, a
+    float32 scalar: a scheduler changes it without a new program), buffers, the batch."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
     params = [(n, tuple(p.shape), p.dtype) for n, p in model.named_parameters() if p.requires_grad]
@@ -128,6 +142,7 @@ def step_inputs(model: nn.Module, inputs: Sequence, targets: Sequence, optimizer
         out += [StepInput(f"{n}.{role}", role, s, d, of=n) for n, s, d in params]
     if optimizer == "adamw":
         out += [StepInput(f"{n}.step", STEP_COUNT, (), torch.float32, of=n) for n, _, _ in params]
+    out.append(StepInput("lr", LR, (), torch.float32))
     out += [StepInput(n, BUFFER, tuple(b.shape), b.dtype) for n, b in model.named_buffers()]
     for kind, values in (("inputs", inputs), ("targets", targets)):
         for i, value in enumerate(values):
@@ -135,17 +150,22 @@ def step_inputs(model: nn.Module, inputs: Sequence, targets: Sequence, optimizer
     return out
 
 
-def functional_update(optimizer: str, n: int, lr: float = 1e-3) -> Callable:
+def functional_update(optimizer: str, n: int, settings: dict | None = None) -> Callable:
     """`update(*params, *grads, *state)`: PyTorch's foreach AdamW (`capturable=True`; state:
-    exp_avgs, exp_avg_sqs, step counts) or SGD with momentum (state: momenta), in place."""
+    exp_avgs, exp_avg_sqs, step counts, lr) or SGD (state: momenta, lr), in place. `settings`:
+    the optimizer's other hyperparameters (`SETTINGS` for what is not given)."""
     from torch.optim.adamw import adamw
     from torch.optim.sgd import sgd
 
+    options = {**SETTINGS[optimizer], **(settings or {})}
+
     def update(*args):
         params, grads, state = list(args[:n]), list(args[n : 2 * n]), args[2 * n :]
+        lr = state[-1]
         with torch.no_grad():
             if optimizer == "adamw":
                 exp_avgs, exp_avg_sqs, counts = (list(state[i * n : (i + 1) * n]) for i in range(3))
+                beta1, beta2 = options["betas"]
                 adamw(
                     params,
                     grads,
@@ -156,32 +176,21 @@ def functional_update(optimizer: str, n: int, lr: float = 1e-3) -> Callable:
                     foreach=True,
                     capturable=True,
                     lr=lr,
-                    beta1=0.9,
-                    beta2=0.999,
-                    weight_decay=0.01,
-                    eps=1e-8,
+                    beta1=beta1,
+                    beta2=beta2,
+                    weight_decay=options["weight_decay"],
+                    eps=options["eps"],
                     amsgrad=False,
-                    maximize=False,
+                    maximize=options["maximize"],
                 )
             else:
-                sgd(
-                    params,
-                    grads,
-                    list(state),
-                    foreach=True,
-                    lr=lr,
-                    momentum=0.9,
-                    weight_decay=0.0,
-                    dampening=0.0,
-                    nesterov=False,
-                    maximize=False,
-                )
+                sgd(params, grads, list(state[:n]), foreach=True, lr=lr, **options)
 
     return update
 
 
 def functional_step(
-    model: nn.Module, loss: Callable, specs: list[StepInput], n_inputs: int, optimizer: str, lr: float = 1e-3
+    model: nn.Module, loss: Callable, specs: list[StepInput], n_inputs: int, optimizer: str
 ) -> Callable:
     """`step(*arrays) -> (loss,)` over `specs`' arguments, writing parameters and optimizer
     state in place: the form `torch.compile(backend="tpu")` compiles into one program
@@ -190,7 +199,7 @@ def functional_step(
     n = len(names)
     n_state = sum(s.role not in (PARAM, BUFFER, BATCH) for s in specs)
     buffer_names = [s.name for s in specs if s.role == BUFFER]
-    update = functional_update(optimizer, n, lr)
+    update = functional_update(optimizer, n)
 
     def step(*args):
         params, state, rest = args[:n], args[n : n + n_state], args[n + n_state :]
@@ -209,12 +218,20 @@ def functional_step(
 
 
 def trace_step(
-    model: nn.Module, inputs: Sequence, targets: Sequence, loss: Callable, optimizer: str = "adamw"
+    model: nn.Module,
+    inputs: Sequence,
+    targets: Sequence,
+    loss: Callable,
+    optimizer: str = "adamw",
+    remat: str = "none",
+    settings: dict | None = None,
 ) -> StepGraph:
     """Trace one training step of `model` (parameters on any device; build big models on
     `torch.device("meta")`) on fake "tpu" tensors of the shapes of `inputs` (what the model
     takes) and `targets` (what `loss(output, *targets)` takes after the output); tensors
-    or `(shape, dtype)` pairs."""
+    or `(shape, dtype)` pairs. `remat`: the activation checkpointing of the model's
+    repeated blocks, "none", "full" or "matmuls" (`remat.py`). `settings`: the optimizer's
+    hyperparameters other than the learning rate (`SETTINGS`)."""
     import tpu_backend  # noqa: F401 - registers the device the fake tensors claim
 
     specs = step_inputs(model, inputs, targets, optimizer)
@@ -222,10 +239,10 @@ def trace_step(
     mode = FakeTensorMode()
     with mode:
         fake = {s.name: torch.empty(s.shape, dtype=s.dtype, device="tpu") for s in specs}
-    with mode:
-        joint = _trace_joint(model, loss, specs, fake, len(inputs))
+    with mode, checkpointed_blocks(model, remat) as checkpointed:
+        joint = _trace_joint(model, loss, specs, fake, len(inputs), checkpointed=bool(checkpointed))
     states = [s for s in specs if s.role not in (PARAM, BUFFER, BATCH)]
-    update = functional_update(optimizer, n)
+    update = functional_update(optimizer, n, settings)
 
     def update_step(*args):
         update(*args)
@@ -234,9 +251,11 @@ def trace_step(
     with mode:
         grads = [torch.empty(s.shape, dtype=s.dtype, device="tpu") for s in specs[:n]]
         args = [fake[s.name] for s in specs[:n]] + grads + [fake[s.name] for s in states]
-        gm = make_fx(functionalize(update_step, remove="mutations_and_views"), decomposition_table=decompositions())(
-            *args
-        )
+        with _as_torch_compile():  # SGD's eager path reads a tensor learning rate as `alpha=-lr`
+            traced = make_fx(
+                functionalize(update_step, remove="mutations_and_views"), decomposition_table=decompositions()
+            )
+            gm = traced(*args)
     written = lift_input_mutations(gm)
     return StepGraph(joint, gm, specs, written)
 
@@ -255,9 +274,36 @@ class _WithLoss(nn.Module):
         return (self.loss(self.model(*batch[: self.n_inputs]), *batch[self.n_inputs :]),)
 
 
-def _trace_joint(model: nn.Module, loss: Callable, specs: list[StepInput], fake: dict, n_inputs: int):
+def _as_torch_compile():
+    """Libraries take the code paths they take under `torch.compile` (which traces with
+    AOTAutograd too): no host reads of traced values (transformers' packed-sequence check
+    in its masks, SGD's `alpha=-lr` of a tensor learning rate)."""
+    return mock.patch("torch.compiler.is_compiling", return_value=True)
+
+
+@contextlib.contextmanager
+def _checkpoint_calls():
+    """Counts the model's own (non-reentrant) `torch.utils.checkpoint` calls in the block."""
+    import torch.utils.checkpoint as checkpoint_module
+
+    calls = []
+    generator = checkpoint_module._checkpoint_without_reentrant_generator
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return generator(*args, **kwargs)
+
+    with mock.patch.object(checkpoint_module, "_checkpoint_without_reentrant_generator", counted):
+        yield calls
+
+
+def _trace_joint(
+    model: nn.Module, loss: Callable, specs: list[StepInput], fake: dict, n_inputs: int, checkpointed: bool = False
+):
     """AOTAutograd's joint graph of `loss(model(inputs), *targets)` with the module's
-    parameters and buffers swapped for fake "tpu" tensors (restored after)."""
+    parameters and buffers swapped for fake "tpu" tensors (restored after). `checkpointed`:
+    the planner checkpoints the model's blocks (`remat.py`), so the model's own
+    `torch.utils.checkpoint` calls need no warning."""
     from torch._functorch.aot_autograd import aot_export_module
 
     wrapper = _WithLoss(model, loss, n_inputs)
@@ -272,12 +318,27 @@ def _trace_joint(model: nn.Module, loss: Callable, specs: list[StepInput], fake:
         table[attr] = nn.Parameter(fake[spec.name]) if spec.role == PARAM else fake[spec.name]
     try:
         batch = [fake[s.name] for s in specs if s.role == BATCH]
-        gm, signature = aot_export_module(
-            wrapper, batch, trace_joint=True, output_loss_index=0, decompositions=decompositions()
-        )
+        with UpcastInsideCrossEntropy(), _checkpoint_calls() as checkpoints, _as_torch_compile():
+            gm, signature = aot_export_module(
+                wrapper, batch, trace_joint=True, output_loss_index=0, decompositions=decompositions()
+            )
+    except AssertionError as error:
+        if "did not receive a gradient" not in str(error):
+            raise
+        raise ValueError(
+            "a trainable parameter gets no gradient from the loss. Freeze it (requires_grad=False) or, if the "
+            "model calls torch.utils.checkpoint(..., use_reentrant=True), use use_reentrant=False or leave the "
+            "checkpointing to remat='full' (the one-program step cannot trace a reentrant checkpoint)"
+        ) from error
     finally:
         for table, attr, value in saved:
             table[attr] = value
+    if checkpoints and not checkpointed:
+        warnings.warn(
+            "the model calls torch.utils.checkpoint, which a one-program step does not see "
+            "(AOTAutograd's joint trace keeps every activation): pass remat='full' or 'matmuls' for checkpointing",
+            stacklevel=3,
+        )
     expected = [f"model.{s.name}" for s in specs if s.role == PARAM]
     if list(signature.parameters) != expected:  # e.g. frozen parameters (requires_grad=False)
         raise NotImplementedError(
@@ -295,6 +356,7 @@ def adamw_device_step(model, step: dict):
     params = [p for _, p in model.named_parameters()]
     state = [torch.zeros_like(p) for p in params] + [torch.zeros_like(p) for p in params]
     counts = [torch.zeros((), device="tpu") for _ in params]
+    lr = torch.tensor(1e-3, device="tpu")
     buffers = [b for _, b in model.named_buffers()]
     compiled = torch.compile(functional_step(model, step["loss"], specs, 1, "adamw"), backend="tpu")
-    return lambda inputs, targets: compiled(*params, *state, *counts, *buffers, inputs, targets)
+    return lambda inputs, targets: compiled(*params, *state, *counts, lr, *buffers, inputs, targets)

@@ -27,6 +27,15 @@ HBM_BYTES = {"v5e": 16 * GiB, "v5litepod": 16 * GiB, "v6e": 32 * GiB, "v5p": 95 
 # 15.75 GiB and its compiler refuses beyond "available HBM (15.75G)").
 USABLE_HBM_BYTES = {"v5e": 16_909_336_064, "v5litepod": 16_909_336_064}
 
+# Peak dense bf16 FLOP/s and HBM bytes/s of one chip (the vendor's published figures).
+CHIP_PEAKS = {
+    "v5e": (197e12, 819e9),
+    "v5litepod": (197e12, 819e9),
+    "v6e": (918e12, 1640e9),
+    "v5p": (459e12, 2765e9),
+    "v4": (275e12, 1228e9),
+}
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _COLLECTIVE = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 # `%name = bf16[8,1024]{1,0:T(8,128)(2,1)} opcode(` in the entry computation
@@ -87,6 +96,30 @@ class Report:
     # Pallas (Mosaic) kernel calls in the compiled program, by kernel name (a call inside
     # a loop body counts once)
     kernel_calls: dict[str, int] = field(default_factory=dict)
+    remat: str = "none"  # the activation checkpointing the step was planned with
+    tokens: int = 0  # tokens of the global batch (its first input's ids), 0 when not token ids
+
+    @property
+    def model_flops(self) -> float:
+        """The step's useful FLOPs per chip, 6 x parameters x tokens / chips (forward 2, backward
+        4 per parameter and token; attention's score FLOPs and any recomputation not counted)."""
+        return 6.0 * self.parameters * self.tokens / self.chips
+
+    @property
+    def roofline_seconds(self) -> float:
+        """The least time the compiled program can take on one chip: its FLOPs at the chip's
+        peak or its bytes at HBM bandwidth, whichever is longer (collectives overlapped)."""
+        flops, bandwidth = CHIP_PEAKS[self.topology.partition(":")[0]]
+        return max(self.flops / flops, self.bytes_accessed / bandwidth)
+
+    @property
+    def mfu_estimate(self) -> float | None:
+        """`model_flops` over what the chip's peak does in `roofline_seconds`: an upper bound
+        on the step's MFU that charges recomputation and memory-bound work (a step on the chip
+        also loses time to collectives it cannot overlap and to kernels below peak)."""
+        if not self.tokens or not self.flops:
+            return None
+        return self.model_flops / (self.roofline_seconds * CHIP_PEAKS[self.topology.partition(":")[0]][0])
 
     @property
     def total_bytes(self) -> int:
@@ -110,16 +143,22 @@ class Report:
             )
         if self.temp_bytes > self.hbm_bytes / 4:
             rows = self.state_bytes.get("batch rows per chip", 0)
-            smaller = f" ({rows} -> {max(rows // 2, 1)} sequences per chip)" if rows else ""
+            levers = []
+            if self.remat != "full":
+                levers.append("activation checkpointing per block (--remat full)")
+            if rows > 1:
+                levers.append(f"a smaller micro-batch ({rows} -> {rows // 2} sequences per chip)")
+            levers.append("more tensor parallelism" if rows <= 1 else "a shorter sequence")
             tips.append(
                 f"temporaries (activations kept for the backward pass, gathered weights) take {gib(self.temp_bytes)}: "
-                f"activation checkpointing per block, or a smaller micro-batch{smaller}, shrinks them"
+                + ", or ".join(levers)
+                + " shrinks them"
             )
         return tips
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
-        out.update(total_bytes=self.total_bytes, fits=self.fits, advice=self.advice())
+        out.update(total_bytes=self.total_bytes, fits=self.fits, advice=self.advice(), mfu_estimate=self.mfu_estimate)
         return out
 
     def dump(self, path: str) -> None:
@@ -295,7 +334,16 @@ def _cost(compiled) -> dict:
     return cost or {}
 
 
-def read_compiled(compiled, step: StepGraph, shardings, *, topology, mesh, hbm, seconds, kernels, optimizer) -> Report:
+def batch_tokens(step: StepGraph) -> int:
+    """Tokens of the step's global batch: its first input's element count when it holds token
+    ids (integers, batch x sequence); 0 otherwise."""
+    first = next(s for s in step.inputs if s.role == BATCH)
+    return math.prod(first.shape) if not first.dtype.is_floating_point and len(first.shape) == 2 else 0
+
+
+def read_compiled(
+    compiled, step: StepGraph, shardings, *, topology, mesh, hbm, seconds, kernels, optimizer, remat="none"
+) -> Report:
     """The `Report` of a compiled step."""
     memory = compiled.memory_analysis()
     cost = _cost(compiled)
@@ -309,6 +357,8 @@ def read_compiled(compiled, step: StepGraph, shardings, *, topology, mesh, hbm, 
         mesh=dict(mesh),
         optimizer=optimizer,
         kernels=bool(kernels),
+        remat=remat,
+        tokens=batch_tokens(step),
         parameters=sum(math.prod(s.shape) for s in step.inputs if s.role == PARAM),
         hbm_bytes=hbm,
         argument_bytes=int(memory.argument_size_in_bytes),
