@@ -147,6 +147,28 @@ def _on_device():
     }
 
 
+def _train_step_readme():
+    """The README's `TrainStep` block: its image model on the device, its AdamW, its loader."""
+    import tpu_backend
+
+    torch.manual_seed(0)
+    model = MyModel().to("tpu")
+    names = {"model": model, "opt": torch.optim.AdamW(model.parameters()), "tpu_backend": tpu_backend, "F": F}
+    return {**_training(), **names}  # the names of the README block above it
+
+
+def _train_step_llama():
+    """docs/device.md's `TrainStep` block: a model with repeated layers (remat), token batches."""
+    import tpu_backend
+    from benchmarks.models import LlamaConfig, LlamaLM, sequence_loss
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    loader = [(torch.randint(0, 64, (2, 16), generator=g), torch.randint(0, 64, (2, 16), generator=g))]
+    model = LlamaLM(LlamaConfig(layers=2)).to("tpu")
+    return {"model": model, "loss_fn": sequence_loss, "loader": loader, "tpu_backend": tpu_backend}
+
+
 class TokensAndLoss(nn.Module):
     def __init__(self):
         super().__init__()
@@ -323,6 +345,7 @@ SKIP = "not run here"
 BLOCKS = [
     ("README.md", 'edge.export("model.tflite")  # atomic write', _image_model, None),
     ("README.md", "opt = torch.optim.AdamW", _training, None),
+    ("README.md", "tpu_backend.TrainStep(model, F.cross_entropy, opt)", _train_step_readme, None),
     ("README.md", "export_generative(model, prefill_len=32", _prompt, _check_generated),
     ("docs/export.md", 'edge.export("model.tflite")  # atomic write', _image_model, None),
     ("docs/export.md", "from transformers import LlamaConfig", dict, None),
@@ -342,6 +365,7 @@ BLOCKS = [
     ("docs/export.md", "export_c_source(", _image_model, None),
     ("docs/export.md", 'target="edgetpu"', _image_model, None),
     ("docs/device.md", "opt = torch.optim.AdamW", _training, None),
+    ("docs/device.md", "tpu_backend.TrainStep(model, loss_fn", _train_step_llama, None),
     ("docs/device.md", "grad_and_value", _on_device, None),
     ("docs/device.md", 'kernels.use("interpret")', _on_device, None),
     ("docs/device.md", "tpu_backend.export(model_and_loss", _program_export, None),

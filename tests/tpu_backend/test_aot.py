@@ -203,23 +203,22 @@ def _llama(layers=4, **sizes):
 
 @needs_libtpu
 def test_remat_policies_trade_the_steps_memory_for_recomputation_and_mfu():
-    """`--remat`: full keeps each block's input and recomputes the rest in the backward (more
-    FLOPs, fewer temporaries), matmuls keeps the products with weights too; XLA neither merges
-    the recomputation back into the forward nor runs every block's at once (the fences)."""
+    """`--remat full` keeps each block's input and recomputes the rest in the backward (more
+    FLOPs, fewer HBM temporaries): XLA neither merges the recomputation back into the forward
+    nor runs every block's at once (the fences). (`matmuls` is checked for exactness in
+    test_one_program_step.py; its memory in `benchmarks.device.step_memory`.)"""
     from benchmarks.models import sequence_loss
 
-    model, tokens = _llama()
+    model, tokens = _llama()  # big enough that the temporaries live in HBM, not the chip's VMEM
     reports = {
         policy: aot.compile_step(
             model, [tokens], [tokens], sequence_loss, topology="v5e:1x1", mesh="dp=1", kernels=False, remat=policy
         )
-        for policy in ("none", "matmuls", "full")
+        for policy in ("none", "full")
     }
-    none, matmuls, full = (reports[p] for p in ("none", "matmuls", "full"))
+    none, full = reports["none"], reports["full"]
     assert full.temp_bytes < 0.6 * none.temp_bytes
-    assert full.temp_bytes < matmuls.temp_bytes < none.temp_bytes
     assert full.flops > 1.15 * none.flops  # each block's forward once more
-    assert none.flops <= matmuls.flops < full.flops  # the products are not recomputed
     assert (full.remat, none.remat) == ("full", "none")
 
     # the MFU estimate: 6 x parameters x tokens over the chip's peak in the roofline time

@@ -232,7 +232,6 @@ def trace_step(
     or `(shape, dtype)` pairs. `remat`: the activation checkpointing of the model's
     repeated blocks, "none", "full" or "matmuls" (`remat.py`). `settings`: the optimizer's
     hyperparameters other than the learning rate (`SETTINGS`)."""
-    import tpu_backend  # noqa: F401 - registers the device the fake tensors claim
 
     specs = step_inputs(model, inputs, targets, optimizer)
     n = sum(s.role == PARAM for s in specs)
