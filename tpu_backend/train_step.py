@@ -13,7 +13,9 @@ update (AdamW with `capturable=True`, or SGD), lowered to one JAX function, jitt
 parameters and the optimizer's state donated: the saved activations are temporaries of the
 one program, each gradient is consumed inside it, the parameters and moments are updated in
 place. `remat` checkpoints the model's repeated blocks as training takes it ("full" keeps
-each block's input, "matmuls" its products with weights too; `aot/remat.py`).
+each block's input, "matmuls" its products with weights too; `aot/remat.py`);
+`max_grad_norm` clips the gradients in the program as `clip_grad_norm_` does. Dropout draws
+its masks from the device's random stream (`torch.manual_seed` seeds it), a new key per step.
 
 The optimizer is a `torch.optim.AdamW` or `torch.optim.SGD` with one parameter group holding
 the model's trainable parameters; its state lives in `optimizer.state` as PyTorch's capturable
@@ -25,14 +27,17 @@ shape traces and compiles a new program.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 from torch import nn
 
+from tpu_backend import random as device_random
 from tpu_backend import tensor as device_tensor
 from tpu_backend.aot.capture import SETTINGS, StepGraph, trace_step
 from tpu_backend.compile.cache import record_compile, record_hit
@@ -41,8 +46,9 @@ PROGRAM_NAME = "train_step"
 
 
 class TrainStep:
-    """`TrainStep(model, loss, optimizer, remat="none", inputs=1)(*batch) -> loss`: the model
-    takes `batch[:inputs]`, `loss(output, *batch[inputs:])` is minimised (module docstring)."""
+    """`TrainStep(model, loss, optimizer, remat="none", inputs=1, max_grad_norm=None)(*batch) -> loss`:
+    the model takes `batch[:inputs]`, `loss(output, *batch[inputs:])` is minimised, the
+    gradients clipped to `max_grad_norm` first as `clip_grad_norm_` does (module docstring)."""
 
     def __init__(
         self,
@@ -52,8 +58,14 @@ class TrainStep:
         *,
         remat: str = "none",
         inputs: int = 1,
+        max_grad_norm: float | None = None,
     ):
         self.model, self.loss, self.optimizer, self.remat, self.n_inputs = model, loss, optimizer, remat, inputs
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(
+                f"TrainStep: max_grad_norm={max_grad_norm!r}; give a positive norm, or None for no clipping"
+            )
+        self.max_grad_norm = max_grad_norm
         self.kind, self.settings = optimizer_settings(optimizer)
         self.params = [p for p in model.parameters() if p.requires_grad]
         group = optimizer.param_groups[0]["params"]
@@ -98,6 +110,8 @@ class TrainStep:
         else:
             record_hit(PROGRAM_NAME)
         step, program = self._programs[shapes]
+        if step.needs_rng:  # dropout: this step's masks from the device's random stream
+            arrays.insert(0, device_random.next_key())
         loss, *new = program(*arrays)
         for index, value in zip(step.written, new):
             device_tensor.write(written[index], value)
@@ -110,8 +124,11 @@ class TrainStep:
         began = time.perf_counter()
         inputs, targets = batch[: self.n_inputs], batch[self.n_inputs :]
         step = trace_step(self.model, inputs, targets, self.loss, self.kind, self.remat, self.settings)
-        donate = tuple(i for i in step.written if step.inputs[i].shape)  # 0-d step counts: copied, not donated
-        lowered = jax.jit(step.function(), donate_argnums=donate).lower(*arrays)
+        key = [device_random.next_key()] if step.needs_rng else []  # (its shape only)
+        # 0-d step counts are copied, not donated
+        donate = tuple(i + len(key) for i in step.written if step.inputs[i].shape)
+        clip = None if self.max_grad_norm is None else functools.partial(clip_by_total_norm, self.max_grad_norm)
+        lowered = jax.jit(step.function(reduced=clip), donate_argnums=donate).lower(*key, *arrays)
         traced = time.perf_counter()
         program = lowered.compile()
         record_compile(PROGRAM_NAME, time.perf_counter() - began, trace_seconds=traced - began)
@@ -146,6 +163,15 @@ def optimizer_settings(optimizer: torch.optim.Optimizer) -> tuple[str, dict]:
         f"TrainStep: {type(optimizer).__name__} is not supported; use torch.optim.AdamW or torch.optim.SGD "
         "(or torch.compile(backend='tpu') of the usual loss.backward(); optimizer.step())"
     )
+
+
+def clip_by_total_norm(max_norm: float, grads: list[jax.Array]) -> list[jax.Array]:
+    """`torch.nn.utils.clip_grad_norm_(..., max_norm)` inside the program: each gradient's 2-norm,
+    the norm of those, and every gradient scaled by min(1, max_norm / (total + 1e-6))."""
+    norms = [jnp.linalg.norm(g.astype(jnp.float32).ravel()).astype(g.dtype) for g in grads]
+    total = jnp.linalg.norm(jnp.stack([n.astype(jnp.float32) for n in norms]))
+    scale = jnp.minimum(max_norm / (total + 1e-6), 1.0)
+    return [g * scale.astype(g.dtype) for g in grads]
 
 
 def _array(t: torch.Tensor) -> jax.Array:

@@ -185,3 +185,75 @@ def test_a_block_called_with_state_is_not_recomputed():
     )
     with pytest.raises(TypeError, match="Block is called with a Cache, which recomputing the block"):
         step(torch.randn(4, 8), torch.randn(4, 8))
+
+
+def test_gradient_clipping_inside_the_program_equals_clip_grad_norm():
+    """`max_grad_norm`: every step here is clipped (a large learning rate makes big gradients);
+    SGD sees the gradient's scale directly."""
+    cpu, dev = cpu_and_device(layers=2)
+    opt_cpu, opt_dev = (torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9) for m in (cpu, dev))
+    step = tpu_backend.TrainStep(dev, sequence_loss, opt_dev, max_grad_norm=0.05)
+    for inputs, targets in batches(3):
+        opt_cpu.zero_grad()
+        expected = sequence_loss(cpu(inputs), targets)
+        expected.backward()
+        assert torch.nn.utils.clip_grad_norm_(cpu.parameters(), 0.05) > 0.05  # the clip acts
+        opt_cpu.step()
+        assert step(inputs, targets).item() == pytest.approx(expected.item(), rel=1e-5)
+        assert max_difference(cpu, dev) < 2e-5
+    with pytest.raises(ValueError, match="give a positive norm"):
+        tpu_backend.TrainStep(dev, sequence_loss, opt_dev, max_grad_norm=0)
+
+
+def test_dropout_draws_new_masks_each_step_from_the_seeded_device_stream():
+    """A step with dropout takes a key from the device's random stream: the same seed gives
+    the same losses, another step (or seed) other masks; the masks are the backward's too
+    (the loss falls on a batch it is trained on)."""
+    from transformers import GPT2Config, GPT2LMHeadModel  # dropout 0.1 in its embeddings, attention, MLP
+
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+
+    def losses(seed: int, steps: int = 4) -> list[float]:
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(config).to("tpu")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        step = tpu_backend.TrainStep(model, lambda out, labels: sequence_loss(out.logits, labels), optimizer)
+        torch.manual_seed(seed)
+        ((inputs, targets),) = batches(1)
+        return [step(inputs, targets).item() for _ in range(steps)]
+
+    first, again, other = losses(1), losses(1), losses(2)
+    assert first == again and first != other
+    assert first[-1] < first[0]
+    _, dev = cpu_and_device(layers=2)
+    dev.blocks[0].dropout = nn.Dropout(0.1)  # (LlamaLM has none: the refusal reads the traced step)
+    dev.blocks[0].compute = lambda x, cos, sin, f=dev.blocks[0].compute, d=dev.blocks[0].dropout: d(f(x, cos, sin))
+    step = tpu_backend.TrainStep(dev, sequence_loss, torch.optim.AdamW(dev.parameters()), remat="full")
+    with pytest.raises(NotImplementedError, match="a recomputed block would draw new masks"):
+        step(*batches(1)[0])
+
+
+def test_a_tied_weight_is_one_parameter_whose_gradients_add_up():
+    """GPT-2's head is its token embedding: one parameter, two uses, one summed gradient."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    torch.manual_seed(0)
+    cpu = GPT2LMHeadModel(config)
+    dev = copy.deepcopy(cpu).to("tpu")
+    assert dev.lm_head.weight is dev.transformer.wte.weight
+    opt_cpu, opt_dev = (torch.optim.SGD(m.parameters(), lr=0.5) for m in (cpu, dev))
+
+    def loss_fn(output, labels):
+        return sequence_loss(output.logits, labels)
+
+    step = tpu_backend.TrainStep(dev, loss_fn, opt_dev)
+    for inputs, targets in batches(2):
+        opt_cpu.zero_grad()
+        expected = loss_fn(cpu(inputs), targets)
+        expected.backward()
+        opt_cpu.step()
+        assert step(inputs, targets).item() == pytest.approx(expected.item(), rel=1e-5)
+        assert max_difference(cpu, dev) < 2e-5
+    assert dev.lm_head.weight is dev.transformer.wte.weight  # still tied after the trace

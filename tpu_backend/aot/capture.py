@@ -20,6 +20,7 @@ function of (parameters, optimizer state, buffers, batch).
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -88,6 +89,10 @@ class StepGraph:
     update: torch.fx.GraphModule
     inputs: list[StepInput]
     update_written: list[int]
+    # the step's parameter each of the joint graph's parameter inputs reads: a tied weight
+    # (GPT-2's head is its embedding) is one parameter of the step and two of the joint graph,
+    # whose two gradients add up; None: one for one
+    sources: list[int] | None = None
 
     @property
     def written(self) -> list[int]:
@@ -100,21 +105,39 @@ class StepGraph:
     def nodes(self) -> int:
         return len(self.joint.graph.nodes) + len(self.update.graph.nodes)
 
+    @functools.cached_property
+    def needs_rng(self) -> bool:
+        """The step draws random numbers (dropout): `function()` then takes a `jax.random`
+        key first."""
+        from tpu_backend.compile.interpreter import GraphFunction
+
+        return GraphFunction(self.joint, "aot_forward_backward").needs_rng
+
     def function(self, gathered: Callable | None = None, reduced: Callable | None = None) -> Callable:
-        """`fn(*arrays) -> (loss, *new values of written inputs)` over `inputs`, in JAX.
+        """`fn(*arrays) -> (loss, *new values of written inputs)` over `inputs`, in JAX
+        (`fn(key, *arrays)` when the step `needs_rng`: each call's dropout masks from `key`).
         `gathered(params)`: the parameters as the forward and backward use them (FSDP: each
         gathered from its shards); `reduced(grads)`: the gradients as the update takes them."""
         from tpu_backend.compile.interpreter import GraphFunction
 
         joint, update = GraphFunction(self.joint, "aot_forward_backward"), GraphFunction(self.update, "aot_update")
-        if joint.needs_rng or update.needs_rng:
-            raise NotImplementedError("tpu_backend.aot: steps that draw random numbers (dropout) are not planned yet")
         n = sum(s.role == PARAM for s in self.inputs)
         n_state = sum(s.role not in (PARAM, BUFFER, BATCH) for s in self.inputs)
 
         def step(*arrays):
+            key = None
+            if joint.needs_rng:
+                key, *arrays = arrays
             params, state, rest = arrays[:n], arrays[n : n + n_state], arrays[n + n_state :]
-            loss, *grads = joint(*(gathered(params) if gathered else params), *rest)
+            used = gathered(params) if gathered else params
+            if self.sources is not None:
+                used = [used[i] for i in self.sources]
+            loss, *grads = joint.run([*used, *rest], key)[1]
+            if self.sources is not None:  # a tied weight's gradients add up
+                total = [None] * n
+                for i, g in zip(self.sources, grads):
+                    total[i] = g if total[i] is None else total[i] + g
+                grads = total
             return (loss, *update(*params, *(reduced(grads) if reduced else grads), *state))
 
         return step
@@ -239,7 +262,7 @@ def trace_step(
     with mode:
         fake = {s.name: torch.empty(s.shape, dtype=s.dtype, device="tpu") for s in specs}
     with mode, checkpointed_blocks(model, remat) as checkpointed:
-        joint = _trace_joint(model, loss, specs, fake, len(inputs), checkpointed=bool(checkpointed))
+        joint, sources = _trace_joint(model, loss, specs, fake, len(inputs), checkpointed=bool(checkpointed))
     states = [s for s in specs if s.role not in (PARAM, BUFFER, BATCH)]
     update = functional_update(optimizer, n, settings)
 
@@ -256,7 +279,13 @@ def trace_step(
             )
             gm = traced(*args)
     written = lift_input_mutations(gm)
-    return StepGraph(joint, gm, specs, written)
+    step = StepGraph(joint, gm, specs, written, sources)
+    if checkpointed and step.needs_rng:
+        raise NotImplementedError(
+            f"remat={remat!r} with dropout (or another random op) in the step: a recomputed block would draw new "
+            "masks. Set the model's dropout to 0 for training with remat, or use remat='none'"
+        )
+    return step
 
 
 class _WithLoss(nn.Module):
@@ -300,21 +329,34 @@ def _trace_joint(
     model: nn.Module, loss: Callable, specs: list[StepInput], fake: dict, n_inputs: int, checkpointed: bool = False
 ):
     """AOTAutograd's joint graph of `loss(model(inputs), *targets)` with the module's
-    parameters and buffers swapped for fake "tpu" tensors (restored after). `checkpointed`:
-    the planner checkpoints the model's blocks (`remat.py`), so the model's own
-    `torch.utils.checkpoint` calls need no warning."""
+    parameters and buffers swapped for fake "tpu" tensors (restored after), and
+    `StepGraph.sources` (tied weights). `checkpointed`: the trace checkpoints the model's
+    blocks (`remat.py`), so the model's own `torch.utils.checkpoint` calls need no warning."""
     from torch._functorch.aot_autograd import aot_export_module
 
     wrapper = _WithLoss(model, loss, n_inputs)
-    saved = []
+    swapped = {}  # id(real tensor) -> (its fake stand-in, its spec's name)
     for spec in specs:
-        if spec.role not in (PARAM, BUFFER):
-            continue
-        owner_name, _, attr = spec.name.rpartition(".")
-        owner = model.get_submodule(owner_name)
-        table = owner._parameters if spec.role == PARAM else owner._buffers
-        saved.append((table, attr, table[attr]))
-        table[attr] = nn.Parameter(fake[spec.name]) if spec.role == PARAM else fake[spec.name]
+        if spec.role in (PARAM, BUFFER):
+            owner_name, _, attr = spec.name.rpartition(".")
+            owner = model.get_submodule(owner_name)
+            real = (owner._parameters if spec.role == PARAM else owner._buffers)[attr]
+            stand_in = nn.Parameter(fake[spec.name]) if spec.role == PARAM else fake[spec.name]
+            swapped[id(real)] = (stand_in, spec.name)
+    saved, seen, tied = [], set(), {}  # tied: joint parameter name -> the step parameter it is
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for table in (module._parameters, module._buffers):
+            for attr, value in table.items():
+                if id(value) not in swapped:
+                    continue
+                stand_in, name = swapped[id(value)]
+                saved.append((table, attr, value))
+                if id(value) in seen and isinstance(stand_in, nn.Parameter):
+                    # aot_export_module refuses a parameter held twice: the second holder gets its own
+                    stand_in = nn.Parameter(torch.empty_like(stand_in))
+                    tied[f"model.{prefix}.{attr}" if prefix else f"model.{attr}"] = name
+                seen.add(id(value))
+                table[attr] = stand_in
     try:
         batch = [fake[s.name] for s in specs if s.role == BATCH]
         with UpcastInsideCrossEntropy(), _checkpoint_calls() as checkpoints, _as_torch_compile():
@@ -338,13 +380,16 @@ def _trace_joint(
             "(AOTAutograd's joint trace keeps every activation): pass remat='full' or 'matmuls' for checkpointing",
             stacklevel=3,
         )
-    expected = [f"model.{s.name}" for s in specs if s.role == PARAM]
-    if list(signature.parameters) != expected:  # e.g. frozen parameters (requires_grad=False)
-        raise NotImplementedError(
+    names = [s.name for s in specs if s.role == PARAM]
+    index = {f"model.{name}": i for i, name in enumerate(names)}
+    index.update({joint_name: names.index(name) for joint_name, name in tied.items()})
+    if [p for p in signature.parameters if p not in index] or len(set(signature.parameters)) < len(names):
+        raise NotImplementedError(  # e.g. frozen parameters (requires_grad=False)
             "tpu_backend.aot: every parameter must be trained (requires_grad=True); AOTAutograd's parameters "
-            f"{len(signature.parameters)}, trainable {len(expected)}"
+            f"{len(signature.parameters)}, trainable {len(names)}"
         )
-    return gm
+    sources = [index[p] for p in signature.parameters]
+    return gm, (None if sources == list(range(len(names))) else sources)
 
 
 def adamw_device_step(model, step: dict):

@@ -266,11 +266,13 @@ def _compile(step: StepGraph, shardings: list[NamedSharding], mesh, progress):
     ]
     replicated = NamedSharding(mesh, PartitionSpec())
     out_shardings = tuple([replicated] + [shardings[i] for i in step.written])
-    donate = tuple(i for i in step.written if step.inputs[i].shape)
+    key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+    key = [jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)] if step.needs_rng else []  # dropout
+    donate = tuple(i + len(key) for i in step.written if step.inputs[i].shape)
     jitted = jax.jit(function, out_shardings=out_shardings, donate_argnums=donate)
     began = time.perf_counter()
     with _ticking(progress, "lowering to StableHLO"):
-        lowered = jitted.lower(*args)
+        lowered = jitted.lower(*key, *args)
     lowered_at = time.perf_counter()
     with _ticking(progress, f"compiling for {len(mesh.devices.flat)} chips with libtpu"):
         compiled = lowered.compile()
