@@ -28,8 +28,9 @@ shape traces and compiles a new program.
 from __future__ import annotations
 
 import functools
+import sys
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,25 @@ from tpu_backend.aot.capture import SETTINGS, StepGraph, trace_step
 from tpu_backend.compile.cache import record_compile, record_hit
 
 PROGRAM_NAME = "train_step"
+
+
+class _Program(NamedTuple):
+    """A compiled step and the positions of the arguments it donates."""
+
+    compiled: Callable
+    donated: tuple[int, ...]
+
+    def __call__(self, *arrays):
+        return self.compiled(*arrays)
+
+
+# References to an array only its tensor holds: the storage's payload, the step's argument
+# list, the checking function's parameter and getrefcount's own argument.
+_SOLE_OWNER_REFCOUNT = 4
+
+
+def _only_held_by_its_tensor(array) -> bool:
+    return sys.getrefcount(array) <= _SOLE_OWNER_REFCOUNT
 
 
 class TrainStep:
@@ -77,7 +97,8 @@ class TrainStep:
         if any(p.device.type != "tpu" for p in self.params):
             raise ValueError("TrainStep: move the model to the device first (model.to('tpu'))")
         self.buffers = [b for _, b in model.named_buffers()]
-        self._programs: dict[tuple, tuple[StepGraph, Callable]] = {}
+        self._programs: dict[tuple, tuple[StepGraph, _Program]] = {}
+        self._keeping_programs: dict[tuple, _Program] = {}
         self._lr: tuple[float, jax.Array] | None = None
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -112,27 +133,41 @@ class TrainStep:
         step, program = self._programs[shapes]
         if step.needs_rng:  # dropout: this step's masks from the device's random stream
             arrays.insert(0, device_random.next_key())
+        if not all(_only_held_by_its_tensor(arrays[i]) for i in program.donated):
+            # an array someone else holds too (`tpu_backend.to_jax(p)`): not donated, not deleted
+            program = self._keeping(shapes, batch, arrays)
         loss, *new = program(*arrays)
         for index, value in zip(step.written, new):
             device_tensor.write(written[index], value)
         self.optimizer._opt_called = True  # what optimizer.step() marks for LR schedulers
         return device_tensor.wrap(loss)
 
-    def _compile(self, batch, arrays) -> tuple[StepGraph, Callable]:
+    def _compile(self, batch, arrays) -> tuple[StepGraph, _Program]:
         """Trace the step for `batch`'s shapes and compile it for `arrays` (counted in
         `torch.tpu.cache_stats()` as the program "train_step")."""
         began = time.perf_counter()
         inputs, targets = batch[: self.n_inputs], batch[self.n_inputs :]
         step = trace_step(self.model, inputs, targets, self.loss, self.kind, self.remat, self.settings)
+        return step, self._lowered(step, arrays, began, donate=True)
+
+    def _lowered(self, step: StepGraph, arrays, began: float, donate: bool) -> _Program:
         key = [device_random.next_key()] if step.needs_rng else []  # (its shape only)
         # 0-d step counts are copied, not donated
-        donate = tuple(i + len(key) for i in step.written if step.inputs[i].shape)
+        donated = tuple(i + len(key) for i in step.written if step.inputs[i].shape) if donate else ()
         clip = None if self.max_grad_norm is None else functools.partial(clip_by_total_norm, self.max_grad_norm)
-        lowered = jax.jit(step.function(reduced=clip), donate_argnums=donate).lower(*key, *arrays)
+        lowered = jax.jit(step.function(reduced=clip), donate_argnums=donated).lower(*key, *arrays)
         traced = time.perf_counter()
-        program = lowered.compile()
+        program = _Program(lowered.compile(), donated)
         record_compile(PROGRAM_NAME, time.perf_counter() - began, trace_seconds=traced - began)
-        return step, program
+        return program
+
+    def _keeping(self, shapes, batch, arrays) -> _Program:
+        """The program for `shapes` that donates nothing (compiled on first need)."""
+        if shapes not in self._keeping_programs:
+            step = self._programs[shapes][0]
+            arrays = arrays[1:] if step.needs_rng else arrays
+            self._keeping_programs[shapes] = self._lowered(step, arrays, time.perf_counter(), donate=False)
+        return self._keeping_programs[shapes]
 
     def _learning_rate(self) -> jax.Array:
         lr = float(self.optimizer.param_groups[0]["lr"])

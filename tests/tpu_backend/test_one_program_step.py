@@ -257,3 +257,18 @@ def test_a_tied_weight_is_one_parameter_whose_gradients_add_up():
         assert step(inputs, targets).item() == pytest.approx(expected.item(), rel=1e-5)
         assert max_difference(cpu, dev) < 2e-5
     assert dev.lm_head.weight is dev.transformer.wte.weight  # still tied after the trace
+
+
+def test_an_array_someone_else_holds_is_not_donated():
+    """Parameters and moments are donated (updated in place) only while their tensors alone
+    hold them: a JAX array taken with `tpu_backend.to_jax` stays readable."""
+    model = nn.Linear(4, 2).to("tpu")
+    step = tpu_backend.TrainStep(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.5))
+    x, y = torch.randn(3, 4), torch.randn(3, 2)
+    step(x, y)
+    assert not step._keeping_programs  # donated
+    held = tpu_backend.to_jax(model.weight)
+    before = held.copy()
+    step(x, y)
+    assert bool((held == before).all())  # not deleted, not changed
+    assert not torch.equal(model.weight.detach().cpu(), torch.from_numpy(before.__array__()))
