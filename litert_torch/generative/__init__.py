@@ -37,6 +37,7 @@ from litert_torch.generative.image_to_text import (
     reference_generate_image_to_text,
 )
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
+from litert_torch.generative.model import GenerativeModel, convert
 from litert_torch.generative.seq2seq import (
     CachedSeq2SeqLM,
     Seq2SeqSession,
@@ -52,6 +53,8 @@ from litert_torch.generative.transformers_lm import UnsupportedModelError
 from litert_torch.generative.vlm import export_vlm, generate_vlm, reference_generate_vlm, tile_image
 
 __all__ = [
+    "convert",
+    "GenerativeModel",
     "export_embedder",
     "embed",
     "SentenceEmbedder",

@@ -114,6 +114,61 @@ def _sampler(temperature, top_k, top_p, seed) -> Sampler:
     return Sampler(float(temperature or 0.0), top_k, top_p, seed)
 
 
+@dataclass(frozen=True)
+class LogitsRules:
+    """The logits processors of transformers' `generate` that a LiteRT loop applies, in its
+    order (before sampling): the repetition penalty over the sequence so far, no end token
+    before `min_new` new tokens, a forced first token (`forced_bos`, when the sequence is one
+    token long) and a forced end at the last step (`forced_eos`), tokens never picked
+    (`suppress`) and not picked first (`begin_suppress`). Ids beyond the vocabulary are
+    ignored, as transformers' masks ignore them."""
+
+    eos: tuple[int, ...] = ()
+    min_new: int = 0
+    repetition_penalty: float | None = None
+    forced_bos: int | None = None
+    forced_eos: int | None = None
+    suppress: tuple[int, ...] = ()
+    begin_suppress: tuple[int, ...] = ()
+
+
+class Picker:
+    """A `Sampler` behind `LogitsRules`, for one generated sequence: it counts its picks and
+    keeps the sequence (`context`, the prompt first) that the rules read. Pass it as
+    `sampler=` to the generate functions, which call it once per new token."""
+
+    def __init__(self, sampler: Sampler, rules: LogitsRules, context, max_new_tokens: int):
+        self.sampler, self.rules, self.max_new_tokens = sampler, rules, max_new_tokens
+        self.context = [int(t) for t in np.asarray(context).reshape(-1)]
+        self.picked = 0
+
+    def rng(self) -> np.random.Generator:
+        return self.sampler.rng()
+
+    def __call__(self, logits, rng: np.random.Generator) -> int:
+        rules, scores = self.rules, np.array(logits, dtype=np.float32).reshape(-1)
+        vocab = lambda ids: [i for i in ids if 0 <= i < scores.size]  # noqa: E731
+        if rules.repetition_penalty not in (None, 1.0):
+            seen = np.array(sorted(set(vocab(self.context))), dtype=np.int64)
+            picked = scores[seen]
+            scores[seen] = np.where(picked < 0, picked * rules.repetition_penalty, picked / rules.repetition_penalty)
+        if self.picked < rules.min_new:
+            scores[vocab(rules.eos)] = -np.inf
+        if rules.forced_bos is not None and len(self.context) == 1:
+            scores[:] = -np.inf
+            scores[rules.forced_bos] = 0
+        if rules.forced_eos is not None and self.picked == self.max_new_tokens - 1:
+            scores[:] = -np.inf
+            scores[rules.forced_eos] = 0
+        scores[vocab(rules.suppress)] = -np.inf
+        if self.picked == 0:
+            scores[vocab(rules.begin_suppress)] = -np.inf
+        token = self.sampler(scores, rng)
+        self.picked += 1
+        self.context.append(token)
+        return token
+
+
 def _prefill_signatures(runtime) -> dict[int, str]:
     """Chunk length -> signature key for `prefill` or `prefill_<n>`."""
     out = {}
@@ -156,13 +211,15 @@ def generate(
     seed: int | None = None,
     stop_tokens=(),
     return_logits: bool = False,
+    sampler: Sampler | Picker | None = None,
 ):
     """Continuation of `prompt_ids` (one sequence: 1-D, or a batch of one row) with a model
     from `export_generative`; returns up to `max_new_tokens` new token ids (fewer when a stop
-    token comes). Greedy unless `temperature` > 0 (see the module docstring). With
-    `return_logits`, also the logits row each new token was picked from."""
+    token comes). Greedy unless `temperature` > 0 (see the module docstring); `sampler`: a
+    `Sampler` or `Picker` in place of those arguments. With `return_logits`, also the logits
+    row each new token was picked from."""
     prompt = one_sequence(prompt_ids)
-    sampler = _sampler(temperature, top_k, top_p, seed)
+    sampler = sampler or _sampler(temperature, top_k, top_p, seed)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:

@@ -605,12 +605,13 @@ def generate_image_to_text(
     stop_tokens=(),
     return_logits: bool = False,
     prompt=None,
+    sampler=None,
 ):
     """Generate with a model from `export_image_to_text`, in LiteRT: `encode_image` once,
     then `decode` once per decoder prompt token and per new token (arguments and result as
     `generate_seq2seq`'s; `prompt`: Florence-2's task prompt ids)."""
     session = ImageToTextSession(edge_model, pixel_values, prompt)
-    sampler = _sampler(temperature, top_k, top_p, seed)
+    sampler = sampler or _sampler(temperature, top_k, top_p, seed)
     return generate_in_session(
         session, _decoder_prompt(decoder_prompt), max_new_tokens, sampler, stop_tokens, return_logits
     )

@@ -415,12 +415,17 @@ def matching_encoder(runtime, image: np.ndarray) -> tuple[tuple[int, int, int], 
     )
 
 
-def encode_images(edge_model, pixel_values) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+def encode_images(edge_model, pixel_values, grids=None) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """Each image (C, H, W), resized and normalised, through the `encode_image_<h>x<w>`
-    signature of its grid -> (image embedding rows in order, the grids)."""
+    signature of its grid -> (image embedding rows in order, the grids). With `grids` (the
+    processor's `image_grid_thw`), `pixel_values` are the processor's flattened patches of
+    those images, concatenated."""
     runtime = edge_model.runtime
     hidden = runtime.signature(vlm_common.PREFILL).inputs[3].shape[2]
-    rows, grids = [np.zeros((0, hidden), np.float32)], []
+    rows = [np.zeros((0, hidden), np.float32)]
+    if grids is not None:
+        return _encode_patches(runtime, pixel_values, grids, rows)
+    grids = []
     for image in as_images(pixel_values):
         grid, name, patch, temporal = matching_encoder(runtime, image)
         patches, _ = patchify(image, patch, exported_merge(runtime, grid), temporal)
@@ -430,12 +435,34 @@ def encode_images(edge_model, pixel_values) -> tuple[np.ndarray, list[tuple[int,
     return np.concatenate(rows), grids
 
 
-def prefill_prompt(edge_model, pixel_values, prompt: np.ndarray, image_token_id: int):
+def _encode_patches(runtime, patches, grids, rows: list) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    patches = np.asarray(patches.detach().cpu() if isinstance(patches, torch.Tensor) else patches, np.float32)
+    grids = [tuple(int(n) for n in g) for g in np.asarray(grids).reshape(-1, 3)]
+    if patches.ndim != 2 or patches.shape[0] != sum(t * h * w for t, h, w in grids):
+        raise ValueError(
+            f"pixel_values has shape {patches.shape}: the flattened patches of image_grid_thw {grids} are "
+            f"({sum(t * h * w for t, h, w in grids)}, patch values)"
+        )
+    exported, start = encoders(runtime), 0
+    for grid in grids:
+        if grid not in exported:
+            raise ValueError(
+                f"image grid {grid} (image_grid_thw) has no encoder in the file, which has {sorted(exported)}: "
+                "resize the image to an exported grid, or convert with a sample holding it"
+            )
+        count = grid[0] * grid[1] * grid[2]
+        (embeds,) = runtime.run([patches[start : start + count]], exported[grid])
+        rows.append(embeds[0])
+        start += count
+    return np.concatenate(rows), grids
+
+
+def prefill_prompt(edge_model, pixel_values, prompt: np.ndarray, image_token_id: int, grids=None):
     """Encode the images, prefill `prompt[:-1]` in chunks with its rotary positions;
     returns (the cache, `rope(pos)`: the decode input for the token at index pos)."""
     runtime = edge_model.runtime
     prefill, decode = runtime.signature(vlm_common.PREFILL), runtime.signature("decode")
-    embeds, grids = encode_images(edge_model, pixel_values)
+    embeds, grids = encode_images(edge_model, pixel_values, grids)
     merge = exported_merge(runtime, grids[0]) if grids else 1
     positions = rope_positions(prompt, image_token_id, grids, merge)
     delta = rope_delta(positions)

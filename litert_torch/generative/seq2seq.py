@@ -894,6 +894,7 @@ def generate_seq2seq(
     seed: int | None = None,
     stop_tokens=(),
     return_logits: bool = False,
+    sampler=None,
 ):
     """Generate with a model from `export_seq2seq`, in LiteRT: `encode` once, then `decode`
     once per decoder prompt token and per new token. `source`: token ids (1-D, at most the
@@ -903,7 +904,7 @@ def generate_seq2seq(
     `seed` as for `generate`). Returns the new token ids (up to `max_new_tokens`, ending
     after a stop token); with `return_logits`, also the logits row of every new token."""
     session = Seq2SeqSession(edge_model, source)
-    sampler = _sampler(temperature, top_k, top_p, seed)
+    sampler = sampler or _sampler(temperature, top_k, top_p, seed)
     return generate_in_session(
         session, _decoder_prompt(decoder_prompt), max_new_tokens, sampler, stop_tokens, return_logits
     )

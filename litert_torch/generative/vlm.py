@@ -272,6 +272,8 @@ def generate_vlm(
     top_p: float | None = None,
     seed: int | None = None,
     stop_tokens=(),
+    sampler=None,
+    image_grid_thw=None,
 ) -> list[int]:
     """Continuation of `prompt_ids` (with one `image_token_id` per image embedding) about
     `pixel_values` (images, 3, S, S) with a model from `export_vlm`, in LiteRT. The prompt
@@ -280,9 +282,9 @@ def generate_vlm(
     chunk, all of it, and its last token through `decode` again. Qwen2-VL / Qwen2.5-VL:
     `pixel_values` is an image (3, H, W), resized and normalised, or a list of them (empty:
     text only), each through the `encode_image_<h>x<w>` of its size, with their rotary
-    positions (`qwen_vl`). Greedy unless `temperature` > 0 (see `generate`)."""
+    positions (`qwen_vl`); or, with `image_grid_thw`, the processor's flattened patches. Greedy unless `temperature` > 0 (see `generate`)."""
     prompt = one_sequence(prompt_ids)
-    sampler = _sampler(temperature, top_k, top_p, seed)
+    sampler = sampler or _sampler(temperature, top_k, top_p, seed)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if prompt[-1] == image_token_id:
@@ -302,7 +304,7 @@ def generate_vlm(
             f"({cache_len}); export with a larger cache_len"
         )
     if mrope:
-        cache, rope = qwen_vl.prefill_prompt(edge_model, pixel_values, prompt, image_token_id)
+        cache, rope = qwen_vl.prefill_prompt(edge_model, pixel_values, prompt, image_token_id, image_grid_thw)
     else:
         # A prefix-LM's prompt is prefilled whole (its tokens see the last one); its last token
         # then runs again through decode for its logits, writing the same keys and values.

@@ -1,0 +1,126 @@
+"""Embedders: sentence embedders (a transformers text body, pooled as sentence-transformers
+pools it outside the model: `pooling=`, normalised; one `embed` signature with a dynamic
+batch and length, `export_embedder`) and image embedders (CLIP's and SigLIP's vision
+towers: CLIP-with-projection's `image_embeds`, otherwise the tower's `pooler_output`, one
+image per call)."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+from torch import nn
+
+from litert_torch.generative.embedder import export_embedder
+from litert_torch.generative.errors import UnsupportedModelError
+from litert_torch.generative.families.family import Family, as_array
+
+TOLERANCE = 1e-4
+
+
+def _forward_takes(model: nn.Module) -> set[str]:
+    return set(inspect.signature(model.forward).parameters)
+
+
+def _is_text_embedder(model: nn.Module) -> bool:
+    takes = _forward_takes(model)
+    return (
+        not callable(getattr(model, "generate", None))
+        and {"input_ids", "attention_mask"} <= takes
+        and "pixel_values" not in takes
+        and not getattr(model.config, "is_encoder_decoder", False)
+    )
+
+
+def _is_image_embedder(model: nn.Module) -> bool:
+    takes = _forward_takes(model)
+    return "pixel_values" in takes and "input_ids" not in takes and not callable(getattr(model, "generate", None))
+
+
+def _convert_text(model, sample, sizes, options):
+    max_len = sizes["max_len"]
+    if max_len is None and "input_ids" in sample:
+        max_len = max(2, as_array(sample["input_ids"], "input_ids", 2).shape[1])
+    return export_embedder(
+        model, pooling=sizes["pooling"], normalize=sizes["normalize"], max_len=max_len, head=sizes["head"], **options
+    )
+
+
+def _embed_text(edge, inputs, facts):
+    ids = as_array(inputs["input_ids"], "input_ids", 2).astype(np.int32)
+    mask = inputs.get("attention_mask")
+    mask = np.ones_like(ids) if mask is None else as_array(mask, "attention_mask", 2).astype(np.int32)
+    return edge(ids, mask, signature_name="embed")
+
+
+class ImageEmbeds(nn.Module):
+    """The vision tower's embedding: `image_embeds` where the model projects it (CLIP with
+    projection), else `pooler_output` (SigLIP's attention-pooled head, CLIP's class token)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        out = self.model(pixel_values=pixel_values)
+        embeds = getattr(out, "image_embeds", None)
+        if embeds is None:
+            embeds = getattr(out, "pooler_output", None)
+        if embeds is None:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}: its output has neither image_embeds nor pooler_output"
+            )
+        return embeds
+
+
+def _convert_image(model, sample, sizes, options):
+    from converter.pipeline import cpu_view
+    from litert_torch.api import convert
+    from runtimes.litert import max_relative_error
+
+    if "pixel_values" not in sample:
+        raise ValueError(f"{type(model).__name__}: pass a sample with pixel_values (the image processor's output)")
+    image = torch.as_tensor(as_array(sample["pixel_values"], "pixel_values", 4)[:1]).float()
+    verify = options.pop("verify")
+    wrapper = ImageEmbeds(cpu_view(model)).eval()
+    edge = convert(wrapper, (image,), **options)
+    if verify and options.get("quant_config") is None:
+        with torch.no_grad():
+            expected = wrapper(image).numpy()
+        error = max_relative_error(edge(image.numpy()), expected)
+        if not error <= TOLERANCE:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: the LiteRT file's image embedding differs from PyTorch's by {error:.3g} "
+                "(max relative); refusing to return a different model"
+            )
+    return edge
+
+
+def _embed_image(edge, inputs, facts):
+    if "pixel_values" not in inputs:
+        raise ValueError("pass pixel_values (the image processor's output)")
+    pixels = as_array(inputs["pixel_values"], "pixel_values", 4).astype(np.float32)
+    expected = tuple(edge.runtime.signatures[0].inputs[0].shape[1:])
+    if pixels.shape[1:] != expected:
+        raise ValueError(f"pixel_values has images of shape {pixels.shape[1:]}; the file takes {expected}")
+    return np.concatenate([edge(image[None]) for image in pixels])
+
+
+FAMILIES = [
+    Family(
+        name="sentence embedder",
+        matches=_is_text_embedder,
+        inputs=("input_ids", "attention_mask"),
+        convert=_convert_text,
+        sizes={"pooling": "mean", "normalize": True, "max_len": None, "head": None},
+        embed=_embed_text,
+    ),
+    Family(
+        name="image embedder",
+        matches=_is_image_embedder,
+        inputs=("pixel_values",),
+        convert=_convert_image,
+        embed=_embed_image,
+    ),
+]

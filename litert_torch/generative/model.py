@@ -1,0 +1,202 @@
+"""One call for every generative family, as transformers users write it.
+
+    edge = litert_torch.generative.convert(model, processor(text=..., images=..., return_tensors="pt"))
+    ids = edge.generate(**inputs, max_new_tokens=20)        # what model.generate(**inputs) returns
+    vectors = embedder.embed(**inputs)                       # sentence and image embedders
+
+`convert` finds the model's family (`families.family_of`), reads the sizes it can from the
+sample (the source length of a text or speech encoder-decoder, the image size, the number of
+images, Qwen-VL's image grids, Florence-2's task prompt length), takes the others from its
+keywords or their defaults (the cache length), and converts with the family's signatures.
+`generate` takes the processor's outputs for a batch, resolves the model's
+`generation_config` with the call's arguments as transformers does, generates each row in
+LiteRT, and returns the ids transformers' `generate` returns: a LongTensor (batch, length),
+the prompt (decoders) or the decoder prompt (encoder-decoders) first, rows that ended early
+filled with `pad_token_id`. Greedy generation equals transformers' token for token (within
+the float error of the logits); sampling draws from the same distribution with NumPy's
+generator (`seed=`, else a seed drawn from torch's, so `torch.manual_seed` reproduces a run).
+What the LiteRT loop does not apply (beam search, n-gram blocking, ...) is refused by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import torch
+from torch import nn
+
+from litert_torch.edge_model import EdgeModel
+from litert_torch.generative.families import Family, family_of
+from litert_torch.generative.generate import LogitsRules, Picker, Sampler
+
+# transformers' defaults where a generation config leaves a field unset
+DEFAULT_NEW_TOKENS, DEFAULT_TOP_K = 20, 50
+# Fields of a generation config that the LiteRT loop applies (LogitsRules, the sampler, the
+# lengths and token ids), and fields that change nothing it returns. Any other field set is
+# refused by name.
+APPLIED = {
+    "max_length", "max_new_tokens", "min_length", "min_new_tokens", "do_sample", "temperature", "top_k",
+    "top_p", "repetition_penalty", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id",
+    "forced_eos_token_id", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+}  # fmt: skip
+NEUTRAL = {"use_cache", "output_attentions", "output_hidden_states", "_from_model_config", "transformers_version"}
+NEUTRAL_VALUES = {"num_beams": 1, "num_return_sequences": 1, "return_dict_in_generate": False}
+
+
+def convert(
+    model: nn.Module,
+    inputs=None,
+    *,
+    verify: bool = True,
+    quant_config=None,
+    target: str | None = None,
+    progress: bool | None = None,
+    **sizes,
+) -> GenerativeModel:
+    """Convert a transformers generative model (or a sentence or image embedder) into LiteRT.
+    `inputs`: a sample of what its processor or tokenizer returns (a dict, or a
+    `BatchEncoding`), from which sizes are read; `sizes`: the family's sizes that the sample
+    does not fix (`cache_len`, `prefill_len`, `source_len`, `pooling`, ... see the error for a
+    wrong one). `verify`: the family's check against the model's own forward before
+    converting (refuses on a difference). Returns a `GenerativeModel`."""
+    family = family_of(model)
+    sample = _inputs(family, dict(inputs or {}))
+    unknown = sorted(set(sizes) - set(family.sizes))
+    if unknown:
+        raise TypeError(
+            f"convert() got {', '.join(unknown)}, which this {family.name} does not take; its sizes are "
+            f"{', '.join(family.sizes) or 'none'}"
+        )
+    options = {"verify": verify, "quant_config": quant_config, "target": target, "progress": progress}
+    edge = family.convert(model, sample, {**family.sizes, **sizes}, options)
+    config, facts = copy.deepcopy(getattr(model, "generation_config", None)), family.facts(model)
+    facts.setdefault("max_positions", getattr(model.config, "max_position_embeddings", None))
+    if config is not None:
+        config.update(**facts.pop("generation", {}))  # what the model's own generate overrides (BLIP's end token)
+    return GenerativeModel(edge, family, facts, config)
+
+
+def _inputs(family: Family, inputs: dict) -> dict:
+    """The processor outputs the family reads; any other is refused by name."""
+    inputs = {k: v for k, v in inputs.items() if v is not None}
+    unknown = sorted(set(inputs) - set(family.inputs))
+    if unknown:
+        raise TypeError(
+            f"{', '.join(unknown)}: not an input of this {family.name}, which reads {', '.join(family.inputs)}"
+        )
+    return inputs
+
+
+class GenerativeModel:
+    """A converted generative model: `generate(**inputs, ...)` as transformers' `generate`,
+    or `embed(**inputs)` for embedders; `edge` is the LiteRT model (`export(path)` writes it)."""
+
+    def __init__(self, edge: EdgeModel, family: Family, facts: dict, generation_config):
+        self.edge, self.family, self.facts = edge, family, facts
+        self.generation_config = generation_config
+
+    def __repr__(self) -> str:
+        signatures = ", ".join(s.key for s in self.edge.runtime.signatures)
+        return f"GenerativeModel({self.family.name}: {signatures})"
+
+    def export(self, path: str | os.PathLike) -> None:
+        """Write the .tflite file (atomically)."""
+        self.edge.export(path)
+
+    def generate(self, generation_config=None, *, seed: int | None = None, **kwargs) -> torch.Tensor:
+        """The ids transformers' `model.generate(**inputs, **kwargs)` returns, generated in
+        LiteRT (see the module docstring). `kwargs`: the processor's outputs and any field of
+        a GenerationConfig (max_new_tokens, min_new_tokens, do_sample, temperature, top_k,
+        top_p, repetition_penalty, eos_token_id, ...)."""
+        if self.family.generate is None:
+            raise TypeError(f"this {self.family.name} does not generate: call embed(**inputs)")
+        inputs = _inputs(self.family, {k: kwargs.pop(k) for k in list(kwargs) if k in self.family.inputs})
+        config, unused = _resolved(self.generation_config, generation_config, kwargs)
+        if unused:
+            raise TypeError(
+                f"generate() got {', '.join(sorted(unused))}: neither an input of this {self.family.name} "
+                f"({', '.join(self.family.inputs)}) nor a generation field"
+            )
+        rows = self.family.rows(inputs, self.facts)
+        eos = _ids(config.eos_token_id)
+        pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+        if config.do_sample and seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, ()).item())  # torch.manual_seed reproduces the run
+        outputs = []
+        for i, row in enumerate(rows):
+            prefix = [int(t) for t in row["prefix"]]
+            max_new = _max_new_tokens(config, len(prefix), self.facts.get("max_positions"))
+            rules = LogitsRules(
+                eos=tuple(eos),
+                min_new=max(config.min_new_tokens or 0, (config.min_length or 0) - len(prefix)),
+                repetition_penalty=config.repetition_penalty,
+                forced_bos=config.forced_bos_token_id,
+                forced_eos=config.forced_eos_token_id,
+                suppress=tuple(_ids(config.suppress_tokens)),
+                begin_suppress=tuple(_ids(config.begin_suppress_tokens)),
+            )
+            picker = Picker(_sampler(config, None if seed is None else seed + i), rules, prefix, max_new)
+            new = self.family.generate(self.edge, row, max_new, picker, eos, self.facts)
+            outputs.append((prefix if self.facts.get("returns_prompt", True) else []) + [int(t) for t in new])
+        width = max(len(o) for o in outputs)
+        return torch.tensor([o + [pad] * (width - len(o)) for o in outputs], dtype=torch.long)
+
+    def embed(self, **inputs) -> torch.Tensor:
+        """Embeddings (batch, dim) of a sentence or image embedder, computed in LiteRT."""
+        if self.family.embed is None:
+            raise TypeError(f"this {self.family.name} does not embed: call generate(**inputs)")
+        return torch.from_numpy(np.asarray(self.family.embed(self.edge, _inputs(self.family, inputs), self.facts)))
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def _resolved(model_config, given, kwargs: dict):
+    """The model's generation config updated as transformers updates it (a config passed,
+    then keyword fields), and the keywords that are not fields; refuses fields the loop does
+    not apply."""
+    from transformers import GenerationConfig
+
+    config = copy.deepcopy(given if given is not None else model_config or GenerationConfig())
+    unused = config.update(**kwargs)
+    for name, value in config.to_diff_dict().items():
+        if name in APPLIED or name in NEUTRAL or value is None:
+            continue
+        if NEUTRAL_VALUES.get(name, object()) == value:
+            continue
+        raise NotImplementedError(
+            f"generation_config.{name}={value!r} is not applied by the LiteRT generation loop (it applies "
+            f"{', '.join(sorted(APPLIED))}): pass {name}={NEUTRAL_VALUES.get(name)!r} to generate without it"
+        )
+    return config, unused
+
+
+def _max_new_tokens(config, prefix_len: int, max_positions: int | None) -> int:
+    """transformers' rule: max_new_tokens, else max_length less the prompt, else 20 new
+    tokens (within the model's positions)."""
+    if config.max_new_tokens is not None:
+        count = config.max_new_tokens
+    elif config.max_length is not None:
+        count = config.max_length - prefix_len
+    else:
+        count = DEFAULT_NEW_TOKENS if max_positions is None else min(DEFAULT_NEW_TOKENS, max_positions - prefix_len)
+    if count < 1:
+        raise ValueError(
+            f"nothing to generate: the prompt has {prefix_len} tokens and max_length is {config.max_length}; "
+            "pass max_new_tokens"
+        )
+    return count
+
+
+def _sampler(config, seed: int | None) -> Sampler:
+    if not config.do_sample:
+        return Sampler()
+    top_p = config.top_p if config.top_p is not None and config.top_p < 1 else None
+    top_k = DEFAULT_TOP_K if config.top_k is None else (config.top_k or None)
+    temperature = 1.0 if config.temperature is None else config.temperature
+    return Sampler(temperature, top_k, top_p, seed)
