@@ -118,6 +118,22 @@ def _check_generated(block, names):
     assert len(names["new_ids"]) == 20 and all(isinstance(t, int) for t in names["new_ids"])
 
 
+def _one_call():
+    """A tiny Llama and a left-padded batch of two prompts, as its tokenizer would give them."""
+    from tests.litert_torch.generative.families import build
+
+    ids = torch.tensor([[0, 0, 5, 9, 3], [4, 8, 1, 7, 2]])
+    model = build("llama")
+    model.config.max_position_embeddings = 256  # the block's cache_len (rotary tables are computed per call)
+    return {"model": model, "inputs": {"input_ids": ids, "attention_mask": (ids != 0).long()}}
+
+
+def _check_one_call(block, names):
+    with torch.no_grad():
+        want = names["model"].generate(**names["inputs"], max_new_tokens=20)
+    assert names["ids"].tolist() == want.tolist()
+
+
 def _web():
     from runtimes.web import web_unavailable
 
@@ -346,11 +362,12 @@ BLOCKS = [
     ("README.md", 'edge.export("model.tflite")  # atomic write', _image_model, None),
     ("README.md", "opt = torch.optim.AdamW", _training, None),
     ("README.md", "tpu_backend.TrainStep(model, F.cross_entropy, opt)", _train_step_readme, None),
-    ("README.md", "export_generative(model, prefill_len=32", _prompt, _check_generated),
+    ("README.md", "# sizes read from the sample", _one_call, _check_one_call),
     ("docs/export.md", 'edge.export("model.tflite")  # atomic write', _image_model, None),
     ("docs/export.md", "from transformers import LlamaConfig", dict, None),
     ("docs/export.md", 'Dim("batch", min=1, max=64)', _dynamic, _check_signature_comment),
     ("docs/export.md", 'litert_torch.signature("encode"', _signatures, None),
+    ("docs/export.md", "padding=True, return_tensors", _one_call, _check_one_call),
     ("docs/export.md", "export_generative(model, prefill_len=32", _prompt, _check_generated),
     ("docs/export.md", "export_diffusion(pipe)", _diffusion, _check_diffusion),
     ("docs/export.md", "export_vlm(gemma3", _vlms, _check_vlm_generated),

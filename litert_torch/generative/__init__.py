@@ -1,22 +1,18 @@
-"""Generative export: decoder-only LMs with an explicit KV cache, and greedy generation
-running in LiteRT; vision-language models (`export_vlm`, `generate_vlm`), sentence
-embedders (`export_embedder`) and Stable-Diffusion-shaped pipelines (`export_diffusion`,
-`LiteRTDiffusionPipeline`: three signatures and a NumPy scheduler).
+"""Generative export. One call for every family (`model.py`, the records in `families/`):
 
-    from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate
+    edge = convert(model, inputs)                    # inputs: the tokenizer's or processor's outputs
+    ids = edge.generate(**inputs, max_new_tokens=20)  # in LiteRT: what model.generate(**inputs) returns
+    vectors = embedder.embed(**inputs)               # sentence and image embedders
+
+Beneath it, one entry point per family, for your own runtime loop: decoder-only LMs with an
+explicit KV cache (`export_generative`, `generate`), encoder-decoders (`export_seq2seq`,
+`generate_seq2seq`: T5, BART, Whisper, ...), image-to-text (`export_image_to_text`:
+TrOCR, BLIP, GIT, Florence-2), vision-language models (`export_vlm`, `generate_vlm`),
+sentence embedders (`export_embedder`) and Stable-Diffusion-shaped pipelines
+(`export_diffusion`, `LiteRTDiffusionPipeline`: three signatures and a NumPy scheduler).
+
     edge = export_generative(model, prefill_len=32, cache_len=128)
     new_ids = generate(edge, prompt_ids, max_new_tokens=20)
-
-Encoder-decoders (T5, BART, mBART, Marian, Whisper): `encode` and `decode` signatures.
-
-    edge = export_seq2seq(model, source_len=64, cache_len=64)
-    new_ids = generate_seq2seq(edge, source_ids, 20, decoder_prompt=decoder_start_ids(model))
-
-Image-to-text (VisionEncoderDecoderModel: TrOCR, Donut, ViT + GPT-2; BLIP; GIT):
-`encode_image` and `decode` signatures.
-
-    edge = export_image_to_text(model, cache_len=32)
-    new_ids = generate_image_to_text(edge, pixel_values, 20, decoder_prompt=image_to_text_prompt(model))
 """
 
 from litert_torch.generative.diffusion import DiffusionExportError, LiteRTDiffusionPipeline, export_diffusion
