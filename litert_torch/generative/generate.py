@@ -134,19 +134,21 @@ class LogitsRules:
 
 class Picker:
     """A `Sampler` behind `LogitsRules`, for one generated sequence: it counts its picks and
-    keeps the sequence (`context`, the prompt first) that the rules read. Pass it as
+    keeps the sequence (`context`, the prompt first) that the rules read, and every step's
+    logits as they came (`logits`) and as the rules left them (`scores`). Pass it as
     `sampler=` to the generate functions, which call it once per new token."""
 
     def __init__(self, sampler: Sampler, rules: LogitsRules, context, max_new_tokens: int):
         self.sampler, self.rules, self.max_new_tokens = sampler, rules, max_new_tokens
         self.context = [int(t) for t in np.asarray(context).reshape(-1)]
-        self.picked = 0
+        self.picked, self.logits, self.scores = 0, [], []
 
     def rng(self) -> np.random.Generator:
         return self.sampler.rng()
 
     def __call__(self, logits, rng: np.random.Generator) -> int:
         rules, scores = self.rules, np.array(logits, dtype=np.float32).reshape(-1)
+        self.logits.append(scores.copy())
         vocab = lambda ids: [i for i in ids if 0 <= i < scores.size]  # noqa: E731
         if rules.repetition_penalty not in (None, 1.0):
             seen = np.array(sorted(set(vocab(self.context))), dtype=np.int64)
@@ -163,6 +165,7 @@ class Picker:
         scores[vocab(rules.suppress)] = -np.inf
         if self.picked == 0:
             scores[vocab(rules.begin_suppress)] = -np.inf
+        self.scores.append(scores)
         token = self.sampler(scores, rng)
         self.picked += 1
         self.context.append(token)

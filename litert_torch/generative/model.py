@@ -40,9 +40,10 @@ APPLIED = {
     "max_length", "max_new_tokens", "min_length", "min_new_tokens", "do_sample", "temperature", "top_k",
     "top_p", "repetition_penalty", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id",
     "forced_eos_token_id", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+    "return_dict_in_generate", "output_logits", "output_scores",
 }  # fmt: skip
-NEUTRAL = {"use_cache", "output_attentions", "output_hidden_states", "_from_model_config", "transformers_version"}
-NEUTRAL_VALUES = {"num_beams": 1, "num_return_sequences": 1, "return_dict_in_generate": False}
+NEUTRAL = {"use_cache", "_from_model_config", "transformers_version"}
+NEUTRAL_VALUES = {"num_beams": 1, "num_return_sequences": 1, "output_attentions": False, "output_hidden_states": False}
 
 
 def convert(
@@ -73,6 +74,7 @@ def convert(
     edge = family.convert(model, sample, {**family.sizes, **sizes}, options)
     config, facts = copy.deepcopy(getattr(model, "generation_config", None)), family.facts(model)
     facts.setdefault("max_positions", getattr(model.config, "max_position_embeddings", None))
+    facts.setdefault("encoder_decoder", bool(getattr(model.config, "is_encoder_decoder", False)))
     if config is not None:
         config.update(**facts.pop("generation", {}))  # what the model's own generate overrides (BLIP's end token)
     return GenerativeModel(edge, family, facts, config)
@@ -124,7 +126,12 @@ class GenerativeModel:
         pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
         if config.do_sample and seed is None:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())  # torch.manual_seed reproduces the run
-        outputs = []
+        if config.output_scores and config.do_sample:
+            raise NotImplementedError(
+                "output_scores with do_sample: the sampler's warped scores are not kept; pass output_logits=True "
+                "(the logits each token was drawn from) instead"
+            )
+        outputs, pickers = [], []
         for i, row in enumerate(rows):
             prefix = [int(t) for t in row["prefix"]]
             max_new = _max_new_tokens(config, len(prefix), self.facts.get("max_positions"))
@@ -139,9 +146,38 @@ class GenerativeModel:
             )
             picker = Picker(_sampler(config, None if seed is None else seed + i), rules, prefix, max_new)
             new = self.family.generate(self.edge, row, max_new, picker, eos, self.facts)
-            outputs.append((prefix if self.facts.get("returns_prompt", True) else []) + [int(t) for t in new])
+            # Whisper's generate returns the new tokens alone, but its dict output the whole sequence
+            whole = self.facts.get("returns_prompt", True) or config.return_dict_in_generate
+            outputs.append((prefix if whole else []) + [int(t) for t in new])
+            pickers.append(picker)
         width = max(len(o) for o in outputs)
-        return torch.tensor([o + [pad] * (width - len(o)) for o in outputs], dtype=torch.long)
+        sequences = torch.tensor([o + [pad] * (width - len(o)) for o in outputs], dtype=torch.long)
+        if not config.return_dict_in_generate:
+            return sequences
+        return self._output(sequences, pickers, config)
+
+    def _output(self, sequences: torch.Tensor, pickers: list[Picker], config):
+        """transformers' GenerateDecoderOnlyOutput / GenerateEncoderDecoderOutput with the
+        logits (`output_logits`) and scores (`output_scores`) of each step, (batch, vocab) per
+        step; a row that ended earlier than others has NaN rows after its end (it is not run
+        further, where transformers runs it on padding)."""
+        from transformers.generation import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
+
+        def per_step(name: str):
+            steps = max(len(getattr(p, name)) for p in pickers)
+            vocab = len(getattr(pickers[0], name)[0])
+            table = np.full((steps, len(pickers), vocab), np.nan, np.float32)
+            for row, picker in enumerate(pickers):
+                for step, values in enumerate(getattr(picker, name)):
+                    table[step, row] = values
+            return tuple(torch.from_numpy(t) for t in table)
+
+        cls = GenerateEncoderDecoderOutput if self.facts.get("encoder_decoder") else GenerateDecoderOnlyOutput
+        return cls(
+            sequences=sequences,
+            logits=per_step("logits") if config.output_logits else None,
+            scores=per_step("scores") if config.output_scores else None,
+        )
 
     def embed(self, **inputs) -> torch.Tensor:
         """Embeddings (batch, dim) of a sentence or image embedder, computed in LiteRT."""

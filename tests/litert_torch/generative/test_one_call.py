@@ -23,6 +23,11 @@ from litert_torch.generative.image_to_text import florence_input_ids
 from tests.litert_torch.generative.families import build as build_lm
 
 TOLERANCE = 1e-4
+# Speech2Text's row of 13 real frames padded to 20: 2.6e-4 from transformers' padded batch
+# (measured 2026-12-07), 6e-5 from transformers on the same 13 frames unpadded; the first
+# row (no padding) is within 3e-7. The cause is not found yet: the encode signature equals
+# the cached PyTorch model's within 4e-7, so it sits in the cached model's padded encoder.
+PADDED_FRAMES_TOLERANCE = {"speech_to_text (masked frames)": 5e-4}
 
 
 def left_padded(rows: list[list[int]], pad: int = 0) -> dict:
@@ -161,6 +166,23 @@ def test_generate_returns_what_transformers_generate_returns(name):
     want = transformers_generate(model, inputs, max_new_tokens=10)
     assert got.dtype == torch.long and got.shape == want.shape
     assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_logits_of_every_step_are_transformers(name):
+    """`output_logits` as transformers returns them: one (batch, vocab) tensor per step, each
+    within 1e-4 (max relative) of the logits transformers' generate computed (min_new_tokens
+    keeps every row running to the end, so that every row has every step)."""
+    from runtimes.litert import max_relative_error
+
+    model, inputs, edge = converted(name)
+    options = dict(max_new_tokens=8, min_new_tokens=8, output_logits=True, return_dict_in_generate=True)
+    got = edge.generate(**inputs, **options)
+    want = transformers_generate(model, inputs, **options)
+    assert got.sequences.tolist() == want.sequences.tolist()
+    assert len(got.logits) == len(want.logits) == 8
+    errors = [max_relative_error(g.numpy(), w.numpy()) for g, w in zip(got.logits, want.logits)]
+    assert max(errors) <= PADDED_FRAMES_TOLERANCE.get(name, TOLERANCE), errors
 
 
 @pytest.mark.parametrize("name", ["llama", "t5", "gemma3 (two rows, an image each)"])
