@@ -117,8 +117,9 @@ def _sampler(temperature, top_k, top_p, seed) -> Sampler:
 @dataclass(frozen=True)
 class LogitsRules:
     """The logits processors of transformers' `generate` that a LiteRT loop applies, in its
-    order (before sampling): the repetition penalty over the sequence so far, no end token
-    before `min_new` new tokens, a forced first token (`forced_bos`, when the sequence is one
+    order (before sampling): the repetition penalty over the sequence so far, no n-gram of
+    `no_repeat_ngram` tokens twice in the sequence and none of `encoder_no_repeat_ngram`
+    tokens of the encoder's input ids, no end token before `min_new` new tokens, a forced first token (`forced_bos`, when the sequence is one
     token long) and a forced end at the last step (`forced_eos`), tokens never picked
     (`suppress`) and not picked first (`begin_suppress`). Ids beyond the vocabulary are
     ignored, as transformers' masks ignore them."""
@@ -126,6 +127,8 @@ class LogitsRules:
     eos: tuple[int, ...] = ()
     min_new: int = 0
     repetition_penalty: float | None = None
+    no_repeat_ngram: int | None = None
+    encoder_no_repeat_ngram: int | None = None
     forced_bos: int | None = None
     forced_eos: int | None = None
     suppress: tuple[int, ...] = ()
@@ -138,9 +141,12 @@ class Picker:
     logits as they came (`logits`) and as the rules left them (`scores`). Pass it as
     `sampler=` to the generate functions, which call it once per new token."""
 
-    def __init__(self, sampler: Sampler, rules: LogitsRules, context, max_new_tokens: int):
+    def __init__(self, sampler: Sampler, rules: LogitsRules, context, max_new_tokens: int, encoder_ids=None):
         self.sampler, self.rules, self.max_new_tokens = sampler, rules, max_new_tokens
         self.context = [int(t) for t in np.asarray(context).reshape(-1)]
+        self.encoder_ids = None if encoder_ids is None else [int(t) for t in np.asarray(encoder_ids).reshape(-1)]
+        if rules.encoder_no_repeat_ngram and self.encoder_ids is None:
+            raise ValueError("encoder_no_repeat_ngram_size needs an encoder's input ids (an encoder-decoder's source)")
         self.picked, self.logits, self.scores = 0, [], []
 
     def rng(self) -> np.random.Generator:
@@ -154,6 +160,10 @@ class Picker:
             seen = np.array(sorted(set(vocab(self.context))), dtype=np.int64)
             picked = scores[seen]
             scores[seen] = np.where(picked < 0, picked * rules.repetition_penalty, picked / rules.repetition_penalty)
+        if rules.no_repeat_ngram:
+            scores[vocab(_completing(self.context, self.context, rules.no_repeat_ngram))] = -np.inf
+        if rules.encoder_no_repeat_ngram:
+            scores[vocab(_completing(self.encoder_ids, self.context, rules.encoder_no_repeat_ngram))] = -np.inf
         if self.picked < rules.min_new:
             scores[vocab(rules.eos)] = -np.inf
         if rules.forced_bos is not None and len(self.context) == 1:
@@ -170,6 +180,15 @@ class Picker:
         self.picked += 1
         self.context.append(token)
         return token
+
+
+def _completing(source: list[int], sequence: list[int], n: int) -> list[int]:
+    """The tokens that would end an n-gram of `source` after the last n - 1 tokens of
+    `sequence` (transformers' n-gram blocking: nothing while the sequence is shorter)."""
+    if len(sequence) + 1 < n:
+        return []
+    last = tuple(sequence[len(sequence) - n + 1 :]) if n > 1 else ()
+    return [source[i + n - 1] for i in range(len(source) - n + 1) if tuple(source[i : i + n - 1]) == last]
 
 
 def _prefill_signatures(runtime) -> dict[int, str]:

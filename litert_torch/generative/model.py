@@ -37,11 +37,13 @@ DEFAULT_NEW_TOKENS, DEFAULT_TOP_K = 20, 50
 # lengths and token ids), and fields that change nothing it returns. Any other field set is
 # refused by name.
 APPLIED = {
-    "max_length", "max_new_tokens", "min_length", "min_new_tokens", "do_sample", "temperature", "top_k",
-    "top_p", "repetition_penalty", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id",
-    "forced_eos_token_id", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
-    "return_dict_in_generate", "output_logits", "output_scores",
+    "max_length", "max_new_tokens", "min_length", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p",
+    "repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "suppress_tokens",
+    "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id", "pad_token_id", "bos_token_id",
+    "eos_token_id", "decoder_start_token_id", "return_dict_in_generate", "output_logits", "output_scores",
 }  # fmt: skip
+# Warpers transformers applies only when sampling: set in a greedy call they change nothing.
+SAMPLING_ONLY = {"min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h"}
 NEUTRAL = {"use_cache", "_from_model_config", "transformers_version"}
 NEUTRAL_VALUES = {"num_beams": 1, "num_return_sequences": 1, "output_attentions": False, "output_hidden_states": False}
 
@@ -139,12 +141,15 @@ class GenerativeModel:
                 eos=tuple(eos),
                 min_new=max(config.min_new_tokens or 0, (config.min_length or 0) - len(prefix)),
                 repetition_penalty=config.repetition_penalty,
+                no_repeat_ngram=config.no_repeat_ngram_size,
+                encoder_no_repeat_ngram=config.encoder_no_repeat_ngram_size,
                 forced_bos=config.forced_bos_token_id,
                 forced_eos=config.forced_eos_token_id,
                 suppress=tuple(_ids(config.suppress_tokens)),
                 begin_suppress=tuple(_ids(config.begin_suppress_tokens)),
             )
-            picker = Picker(_sampler(config, None if seed is None else seed + i), rules, prefix, max_new)
+            sampler = _sampler(config, None if seed is None else seed + i)
+            picker = Picker(sampler, rules, prefix, max_new, row.get("encoder_ids"))
             new = self.family.generate(self.edge, row, max_new, picker, eos, self.facts)
             # Whisper's generate returns the new tokens alone, but its dict output the whole sequence
             whole = self.facts.get("returns_prompt", True) or config.return_dict_in_generate
@@ -201,7 +206,7 @@ def _resolved(model_config, given, kwargs: dict):
     config = copy.deepcopy(given if given is not None else model_config or GenerationConfig())
     unused = config.update(**kwargs)
     for name, value in config.to_diff_dict().items():
-        if name in APPLIED or name in NEUTRAL or value is None:
+        if name in APPLIED or name in NEUTRAL or value is None or (name in SAMPLING_ONLY and not config.do_sample):
             continue
         if NEUTRAL_VALUES.get(name, object()) == value:
             continue

@@ -76,6 +76,10 @@ def _rows(inputs, facts):
     if not {"input_ids", "input_features", "input_values"} & set(inputs):
         raise ValueError("pass the source: input_ids, input_features or input_values")
     sources = _sources(inputs)
+    # the padded source rows, as transformers' encoder n-gram blocking reads them
+    encoder_ids = (
+        list(as_array(inputs["input_ids"], "input_ids", 2)) if "input_ids" in inputs else [None] * len(sources)
+    )
     prompts = inputs.get("decoder_input_ids")
     if prompts is None:
         prompts = [facts["decoder_start"]] * len(sources)
@@ -83,7 +87,7 @@ def _rows(inputs, facts):
         prompts = as_array(prompts, "decoder_input_ids", 2)
         if len(prompts) != len(sources):
             raise ValueError(f"decoder_input_ids has {len(prompts)} rows for {len(sources)} sources")
-    return [{"prefix": np.asarray(p), "source": s} for p, s in zip(prompts, sources)]
+    return [{"prefix": np.asarray(p), "source": s, "encoder_ids": e} for p, s, e in zip(prompts, sources, encoder_ids)]
 
 
 def _generate(edge, row, max_new_tokens, picker, stop, facts):

@@ -193,10 +193,24 @@ def test_logits_processors_transformers_applies(name):
     for kwargs in (
         {"max_new_tokens": 8, "min_new_tokens": 5, "eos_token_id": list(range(40))},
         {"max_new_tokens": 8, "repetition_penalty": 1.5},
+        {"max_new_tokens": 12, "no_repeat_ngram_size": 2},
         {"max_new_tokens": 8, "eos_token_id": list(range(40))},  # rows end at different steps: padded
         {},
     ):
         assert edge.generate(**inputs, **kwargs).tolist() == transformers_generate(model, inputs, **kwargs).tolist()
+
+
+def test_n_grams_of_the_source_are_not_repeated():
+    """encoder_no_repeat_ngram_size (Blenderbot's generation config sets it): no n-gram of the
+    source in the output, as transformers blocks them."""
+    model, inputs, edge = converted("t5")
+    for n in (1, 2):
+        options = {"max_new_tokens": 10, "encoder_no_repeat_ngram_size": n}
+        got = edge.generate(**inputs, **options)
+        assert got.tolist() == transformers_generate(model, inputs, **options).tolist()
+        if n == 1:  # no token of a row's source (its padding included) among its new tokens
+            for row, source in zip(got[:, 1:].tolist(), inputs["input_ids"].tolist()):
+                assert not set(row) & set(source)
 
 
 def test_sampling_draws_from_the_models_distribution_reproducibly():
@@ -248,8 +262,9 @@ def test_what_the_loop_does_not_apply_is_refused_by_name():
     model, inputs, edge = converted("llama")
     with pytest.raises(NotImplementedError, match="generation_config.num_beams=2 is not applied.*pass num_beams=1"):
         edge.generate(**inputs, num_beams=2)
-    with pytest.raises(NotImplementedError, match="no_repeat_ngram_size=3"):
-        edge.generate(**inputs, no_repeat_ngram_size=3)
+    with pytest.raises(NotImplementedError, match="generation_config.min_p=0.1 is not applied"):
+        edge.generate(**inputs, do_sample=True, min_p=0.1)
+    assert edge.generate(**inputs, max_new_tokens=2, min_p=0.1).shape == (2, 8)  # a warper: nothing when greedy
     with pytest.raises(
         TypeError,
         match="generate\\(\\) got stream_me: neither an input of this causal LM \\(input_ids, attention_mask\\)",
