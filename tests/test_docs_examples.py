@@ -120,7 +120,7 @@ def _check_generated(block, names):
 
 def _one_call():
     """A tiny Llama and a left-padded batch of two prompts, as its tokenizer would give them."""
-    from tests.litert_torch.generative.families import build
+    from benchmarks.families.causal_lm import build
 
     ids = torch.tensor([[0, 0, 5, 9, 3], [4, 8, 1, 7, 2]])
     model = build("llama")

@@ -28,7 +28,6 @@ shape traces and compiles a new program.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from typing import Callable, NamedTuple
 
@@ -42,6 +41,7 @@ from tpu_backend import random as device_random
 from tpu_backend import tensor as device_tensor
 from tpu_backend.aot.capture import SETTINGS, StepGraph, trace_step
 from tpu_backend.compile.cache import record_compile, record_hit
+from tpu_backend.compile.compiled_graph import only_held_by_its_tensor
 
 PROGRAM_NAME = "train_step"
 
@@ -54,15 +54,6 @@ class _Program(NamedTuple):
 
     def __call__(self, *arrays):
         return self.compiled(*arrays)
-
-
-# References to an array only its tensor holds: the storage's payload, the step's argument
-# list, the checking function's parameter and getrefcount's own argument.
-_SOLE_OWNER_REFCOUNT = 4
-
-
-def _only_held_by_its_tensor(array) -> bool:
-    return sys.getrefcount(array) <= _SOLE_OWNER_REFCOUNT
 
 
 class TrainStep:
@@ -133,7 +124,7 @@ class TrainStep:
         step, program = self._programs[shapes]
         if step.needs_rng:  # dropout: this step's masks from the device's random stream
             arrays.insert(0, device_random.next_key())
-        if not all(_only_held_by_its_tensor(arrays[i]) for i in program.donated):
+        if not all(only_held_by_its_tensor(arrays[i]) for i in program.donated):
             # an array someone else holds too (`tpu_backend.to_jax(p)`): not donated, not deleted
             program = self._keeping(shapes, batch, arrays)
         loss, *new = program(*arrays)

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 import tpu_backend.compile as tpu_compile
-from tests.litert_torch.generative import families
+from benchmarks.families import causal_lm as families
 from tests.tpu_backend.test_transformers_integration import VOCAB, tiny_llama
 from tpu_backend.compile import scan
 from tpu_backend.compile.interpreter import GraphFunction

@@ -22,7 +22,7 @@ import torch
 import transformers as hf
 
 import tpu_backend.compile  # noqa: F401 - registers the "tpu" Dynamo backend
-from tests.litert_torch.generative import families
+from benchmarks.families import causal_lm as families
 from tests.tpu_backend.parity import GRADIENT_RTOL, LOSS_RTOL, ZERO_GRADIENT_FLOOR, assert_tensors_match
 
 pytestmark = pytest.mark.slow

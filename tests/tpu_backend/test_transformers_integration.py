@@ -92,7 +92,7 @@ def test_mixture_of_experts_trains_compiled_as_cpu(family):
     kernel refused them in float32 (a limit of CUDA's kernel: `tpu_backend/fake_rules.py`),
     so every MoE model crashed. Compiled on "tpu": losses, gradients after step 1 and
     parameters after 3 SGD steps as in CPU eager."""
-    from tests.litert_torch.generative import families
+    from benchmarks.families import causal_lm as families
 
     ids = torch.randint(0, families.VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
     runs = {}

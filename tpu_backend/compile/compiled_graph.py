@@ -207,7 +207,7 @@ class CompiledGraph:
             fallback = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
             devices = [device or fallback for device in devices]
         args.clear()
-        if self.donating is not None and all(_only_held_by_its_tensor(values[i]) for i in self.donated):
+        if self.donating is not None and all(only_held_by_its_tensor(values[i]) for i in self.donated):
             program = self.donating
         if program.needs_rng:
             # The device's key stream: seeded by torch.manual_seed, one fresh key per call.
@@ -332,7 +332,7 @@ def _fits(value, slot: _Slot) -> bool:
 _SOLE_OWNER_REFCOUNT = 4
 
 
-def _only_held_by_its_tensor(value) -> bool:
+def only_held_by_its_tensor(value) -> bool:
     """Whether donating `value` can break nothing: no other tensor, view copy or user
     reference shares the array (e.g. `b = a.clone()` may share `a`'s immutable array)."""
     return is_array(value) and sys.getrefcount(value) <= _SOLE_OWNER_REFCOUNT

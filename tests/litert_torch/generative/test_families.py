@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.families.causal_lm import FAMILIES, VOCAB, build, longest_window
 from litert_torch.generative import UnsupportedModelError, export_generative
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.families import FAMILIES, VOCAB, build, longest_window
 from tests.litert_torch.generative.test_generate import run_stepwise, torch_logits
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "llm_families.md"

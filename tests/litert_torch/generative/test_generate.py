@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.families.causal_lm import VOCAB, WINDOW, build
 from litert_torch.generative import TinyLlama, TinyLlamaConfig, export_generative, generate, reference_generate
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.families import VOCAB, WINDOW, build
 
 PREFILL, CACHE = 8, 40
 STEPS = 3 * WINDOW + 8  # prompt + generation: beyond 3x every window

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.families.causal_lm import build
 from litert_torch.generative import (
     TinyLlama,
     TinyLlamaConfig,
@@ -28,7 +29,6 @@ from litert_torch.generative.kv_cache import (
     write_ring,
 )
 from runtimes.litert import max_relative_error
-from tests.litert_torch.generative.families import build
 
 
 @pytest.mark.parametrize("positions", [[5], [0, 1, 2], [3, 4, 5, 6], [7, 8, 9]])

@@ -13,14 +13,10 @@ import pytest
 import torch
 
 from benchmarks.families import embedder as emb
-from benchmarks.families import image_to_text as itt
-from benchmarks.families import qwen_vl as tq
-from benchmarks.families import seq2seq as s2s
-from benchmarks.families import vlm as tv
-from litert_torch.generative import UnsupportedModelError, convert, qwen_vl
+from benchmarks.families.causal_lm import build as build_lm
+from benchmarks.families.one_call import CASES, left_padded, right_padded, words
+from litert_torch.generative import UnsupportedModelError, convert
 from litert_torch.generative.embedder import pad_batch
-from litert_torch.generative.image_to_text import florence_input_ids
-from tests.litert_torch.generative.families import build as build_lm
 
 TOLERANCE = 1e-4
 # Speech2Text's row of 13 real frames padded to 20: 2.6e-4 from transformers' padded batch
@@ -28,121 +24,6 @@ TOLERANCE = 1e-4
 # row (no padding) is within 3e-7. The cause is not found yet: the encode signature equals
 # the cached PyTorch model's within 4e-7, so it sits in the cached model's padded encoder.
 PADDED_FRAMES_TOLERANCE = {"speech_to_text (masked frames)": 5e-4}
-
-
-def left_padded(rows: list[list[int]], pad: int = 0) -> dict:
-    width = max(map(len, rows))
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-def right_padded(rows: list[list[int]], pad: int = 0) -> dict:
-    width = max(map(len, rows))
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-def words(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 89, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def qwen_inputs(model, prompts_and_images) -> dict:
-    inputs = left_padded([p for p, _ in prompts_and_images])
-    patches, grids = qwen_vl.model_patches(model, [image for _, images in prompts_and_images for image in images])
-    ids = inputs["input_ids"]
-    return dict(
-        inputs, pixel_values=patches, image_grid_thw=torch.tensor(grids), mm_token_type_ids=(ids == tq.IMAGE).int()
-    )
-
-
-def vlm_inputs(model, rows: list[list[int]], images: int) -> dict:
-    inputs = left_padded(rows)
-    pixels = tv.pixels(images, size=model.config.vision_config.image_size)
-    image_token = model.config.image_token_id
-    if type(model).__name__.startswith("PaliGemma"):
-        types = torch.zeros_like(inputs["input_ids"])
-    else:
-        types = (inputs["input_ids"] == image_token).long()
-    return dict(inputs, pixel_values=pixels, token_type_ids=types)
-
-
-def paligemma_prompt(model, seed: int) -> list[int]:
-    return [model.config.image_token_id] * model.config.text_config.num_image_tokens + [2] + words(3, seed)
-
-
-def image_to_text_inputs(model) -> dict:
-    pixels = torch.stack([itt.image_for(model, seed=s) for s in (0, 1)])
-    if type(model).__name__.startswith("Florence2"):  # its encoder reads image tokens, then the task prompt
-        prompt = itt.task_prompt(model)
-        ids = torch.cat([florence_input_ids(model, pixels[:1], prompt), florence_input_ids(model, pixels[:1], prompt)])
-        return {"pixel_values": pixels, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    return {"pixel_values": pixels}
-
-
-# name -> (build the model, its processor-shaped inputs (a batch), convert's sizes)
-CASES = {
-    "llama": (lambda: build_lm("llama"), lambda m: left_padded([words(6, 1), words(3, 2)]), {"cache_len": 48}),
-    "gpt2 (learned positions, tied head)": (
-        lambda: build_lm("gpt2"),
-        lambda m: left_padded([words(5, 1), words(7, 2)]),
-        {"cache_len": 48},
-    ),
-    "gemma3 text (sliding window)": (
-        lambda: build_lm("gemma3 text"),
-        lambda m: left_padded([words(9, 1), words(4, 2)]),
-        {"cache_len": 48, "prefill_len": 4},
-    ),
-    "t5": (lambda: s2s.build("t5"), lambda m: right_padded([words(12, 1), words(7, 2)]), {"cache_len": 24}),
-    "bart": (lambda: s2s.build("bart"), lambda m: right_padded([words(9, 1), words(12, 2)], pad=1), {"cache_len": 24}),
-    "whisper": (
-        lambda: s2s.build("whisper"),
-        lambda m: {"input_features": torch.stack([s2s.source_for(m, seed=s) for s in (1, 2)])},
-        {"cache_len": 24},
-    ),
-    "speech_to_text (masked frames)": (
-        lambda: s2s.build("speech_to_text"),
-        lambda m: {
-            "input_features": torch.stack([s2s.source_for(m, seed=s, length=20) for s in (1, 2)]),
-            "attention_mask": torch.tensor([[1] * 20, [1] * 13 + [0] * 7]),
-        },
-        {"cache_len": 24},
-    ),
-    "vit + gpt2": (lambda: itt.build("vit + gpt2"), image_to_text_inputs, {"cache_len": 24}),
-    "blip": (lambda: itt.build("blip"), image_to_text_inputs, {"cache_len": 24}),
-    "git": (lambda: itt.build("git"), image_to_text_inputs, {"cache_len": 24}),
-    "florence-2": (lambda: itt.build(itt.FLORENCE), image_to_text_inputs, {"cache_len": 24}),
-    "gemma3 (two rows, an image each)": (
-        tv.gemma3_vlm,
-        lambda m: vlm_inputs(m, [tv.prompt_with_images(1, 3, 2, seed=1), tv.prompt_with_images(1, 1, 2, seed=2)], 2),
-        {"cache_len": 48, "prefill_len": 8},
-    ),
-    "paligemma (prefix-LM)": (
-        tv.paligemma,
-        lambda m: vlm_inputs(m, [paligemma_prompt(m, 1), paligemma_prompt(m, 2)[:-1]], 2),
-        {"cache_len": 48},
-    ),
-    "smolvlm (2x2 tiles)": (
-        tv.smolvlm,
-        lambda m: dict(
-            left_padded([tv.prompt_with_images(5, 2, 2, seed=1)]),
-            pixel_values=tv.pixels(5, size=m.config.vision_config.image_size)[None],
-        ),
-        {"cache_len": 48, "prefill_len": 8},
-    ),
-    "qwen2-vl (rows with images of two grids)": (
-        tq.qwen2_vl,
-        lambda m: qwen_inputs(
-            m,
-            [
-                (tq.prompt_for([tq.GRIDS[0]], seed=1), [tq.image(tq.GRIDS[0], seed=3)]),
-                (tq.prompt_for(tq.GRIDS[::-1], seed=2), [tq.image(tq.GRIDS[1], seed=4), tq.image(tq.GRIDS[0])]),
-            ],
-        ),
-        {"cache_len": 48, "prefill_len": 8},
-    ),
-}
 
 
 @functools.cache

@@ -282,7 +282,7 @@ def test_an_image_to_text_model_is_sent_to_export_image_to_text_not_refused_for_
 
 
 def test_a_decoder_only_model_is_sent_to_export_generative():
-    from tests.litert_torch.generative.families import build as build_decoder
+    from benchmarks.families.causal_lm import build as build_decoder
 
     with pytest.raises(
         UnsupportedModelError,

@@ -299,7 +299,7 @@ def test_a_loss_in_a_graph_of_its_own_pads_its_rows_alike():
     pins theirs. The logits were padded to the bucket and the labels not: "Incompatible
     shapes for broadcasting: (20, 1), (32, 1)" in nll_loss. A symbol whose true value a
     pinned one has is now exact too. Loss and logits as on CPU at three lengths."""
-    from tests.litert_torch.generative import families
+    from benchmarks.families import causal_lm as families
 
     model = families.build("gpt2")
     compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu", dynamic=True)
@@ -335,7 +335,7 @@ def test_gpt2_trains_under_dynamic_true_as_on_cpu():
     start under `dynamic=True`; its gradient was padded as a size ("Incompatible types for
     broadcasting: float32[2,11,64] and [2,1,64]" in slice_backward). Loss and every
     gradient as on CPU at three lengths."""
-    from tests.litert_torch.generative import families
+    from benchmarks.families import causal_lm as families
 
     model = families.build("gpt2")
     device_model = copy.deepcopy(model).to("tpu")
