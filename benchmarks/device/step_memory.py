@@ -198,11 +198,13 @@ def main_train_step(args, rest) -> int:
 
     from tpu_backend.aot.report import gib
 
-    model = rest[rest.index("--model") + 1] if "--model" in rest else "374m"
+    sizes = argparse.ArgumentParser(prog="step_memory --step train-step")
+    sizes.add_argument("--model", default="374m", choices=("374m", "950m"), help="the Llama of versus_jax")
+    model = sizes.parse_args(rest).model  # anything else in `rest` is refused here, by name
     policies = args.policies.split(",")
     unknown = [p for p in policies if p not in JAX_POLICIES]
-    if unknown or model not in ("374m", "950m"):
-        raise SystemExit(f"--policies from {', '.join(JAX_POLICIES)}; --model 374m or 950m (got {unknown or model})")
+    if unknown:
+        raise SystemExit(f"--policies from {', '.join(JAX_POLICIES)} (got {', '.join(unknown)})")
     one_chip(args.chip)  # no libtpu: say so first
     table = Table(title=f"Llama {model}, batch {BATCH}, one {args.chip}: the step's program")
     for column in ("remat", "ours (TrainStep)", "JAX's step", "ours / JAX"):
