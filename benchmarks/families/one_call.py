@@ -94,6 +94,7 @@ CASES = {
         lambda: s2s.build("speech_to_text"),
         lambda m: {
             "input_features": torch.stack([s2s.source_for(m, seed=s, length=20) for s in (1, 2)]),
+            # row 1's frames past its mask are not zeros: its convolutions read them, as transformers' do
             "attention_mask": torch.tensor([[1] * 20, [1] * 13 + [0] * 7]),
         },
         {"cache_len": 24},

@@ -693,17 +693,21 @@ def check_supported(model: nn.Module) -> None:
 # ---- verification, export ------------------------------------------------------------------
 
 
-def _feature_source(features, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _feature_source(features, source_len: int, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Features (frames, dims) padded with zeros to `source_len` frames, and their mask
-    (1 on real frames): what Speech2Text's feature extractor gives with padding."""
+    (1 on real frames; `mask` (frames,): the feature extractor's, whose padded frames the
+    convolutions still read): what Speech2Text's feature extractor gives with padding."""
     x = torch.as_tensor(np.asarray(features.detach().cpu() if isinstance(features, torch.Tensor) else features))
     x = torch.as_tensor(one_example(x.float().numpy(), 2, "input_features"))
     if not 1 <= x.shape[0] <= source_len:
         raise ValueError(f"the source has {x.shape[0]} feature frames; the model was exported for 1 to {source_len}")
+    given = torch.ones(x.shape[0], dtype=torch.int32) if mask is None else torch.as_tensor(np.asarray(mask)).int()
+    if given.shape != (x.shape[0],):
+        raise ValueError(f"the feature mask has shape {tuple(given.shape)}; the features have {x.shape[0]} frames")
     padded = torch.zeros(1, source_len, x.shape[1])
-    mask = torch.zeros(1, source_len, dtype=torch.int32)
-    padded[0, : x.shape[0]], mask[0, : x.shape[0]] = x, 1
-    return padded, mask
+    padded_mask = torch.zeros(1, source_len, dtype=torch.int32)
+    padded[0, : x.shape[0]], padded_mask[0, : x.shape[0]] = x, given
+    return padded, padded_mask
 
 
 def _text_source(ids, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -836,14 +840,14 @@ class Seq2SeqSession:
     """One source in LiteRT: `encode` runs once when made; `step(token)` runs `decode` on
     the next decoder token (positions 0, 1, ...) and returns its logits row."""
 
-    def __init__(self, edge_model: EdgeModel, source):
+    def __init__(self, edge_model: EdgeModel, source, source_mask=None):
         self.runtime = runtime = edge_model.runtime
         encode = runtime.signature("encode")  # a KeyError naming the model's signatures otherwise
         decode = runtime.signature("decode")
         if encode.input_names == ["input_values"]:
             source_inputs, self.mask = [_samples(source, encode.inputs[0].shape[1])], []
         elif encode.input_names == ["input_features", "feature_mask"]:
-            features, feature_mask = _feature_source(source, encode.inputs[0].shape[1])
+            features, feature_mask = _feature_source(source, encode.inputs[0].shape[1], source_mask)
             source_inputs, self.mask = [features.numpy(), feature_mask.numpy()], [feature_mask.numpy()]
         elif encode.input_names[0] == "input_features":
             source_inputs, self.mask = [_features(source, encode.inputs[0].shape)], []
@@ -895,15 +899,18 @@ def generate_seq2seq(
     stop_tokens=(),
     return_logits: bool = False,
     sampler=None,
+    source_mask=None,
 ):
     """Generate with a model from `export_seq2seq`, in LiteRT: `encode` once, then `decode`
     once per decoder prompt token and per new token. `source`: token ids (1-D, at most the
-    exported source length) or, for Whisper, log-mel features (n_mels, frames).
+    exported source length) or, for Whisper, log-mel features (n_mels, frames); Speech2Text's
+    features (frames, dims) with `source_mask` (frames,), the feature extractor's mask, when
+    they hold padded frames.
     `decoder_prompt`: the decoder's first tokens (`decoder_start_ids(model)`, or Whisper's
     start/language/task tokens). Greedy unless `temperature` > 0 (then `top_k`, `top_p`,
     `seed` as for `generate`). Returns the new token ids (up to `max_new_tokens`, ending
     after a stop token); with `return_logits`, also the logits row of every new token."""
-    session = Seq2SeqSession(edge_model, source)
+    session = Seq2SeqSession(edge_model, source, source_mask)
     sampler = sampler or _sampler(temperature, top_k, top_p, seed)
     return generate_in_session(
         session, _decoder_prompt(decoder_prompt), max_new_tokens, sampler, stop_tokens, return_logits

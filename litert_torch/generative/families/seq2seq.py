@@ -68,8 +68,8 @@ def _sources(inputs: dict) -> list:
     features = as_array(inputs["input_features"], "input_features", 3)
     if mask is None:  # Whisper: fixed frames, no mask
         return list(features)
-    mask = as_array(mask, "attention_mask", 2).astype(bool)
-    return [row[keep] for row, keep in zip(features, mask)]
+    # Speech2Text: each row's frames with its mask (its convolutions read the padded frames too)
+    return list(zip(features, as_array(mask, "attention_mask", 2)))
 
 
 def _rows(inputs, facts):
@@ -91,8 +91,9 @@ def _rows(inputs, facts):
 
 
 def _generate(edge, row, max_new_tokens, picker, stop, facts):
+    source, mask = row["source"] if isinstance(row["source"], tuple) else (row["source"], None)
     return seq2seq.generate_seq2seq(
-        edge, row["source"], max_new_tokens, decoder_prompt=row["prefix"], sampler=picker, stop_tokens=stop
+        edge, source, max_new_tokens, decoder_prompt=row["prefix"], sampler=picker, stop_tokens=stop, source_mask=mask
     )
 
 

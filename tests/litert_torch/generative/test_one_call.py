@@ -19,11 +19,6 @@ from litert_torch.generative import UnsupportedModelError, convert
 from litert_torch.generative.embedder import pad_batch
 
 TOLERANCE = 1e-4
-# Speech2Text's row of 13 real frames padded to 20: 2.6e-4 from transformers' padded batch
-# (measured 2026-12-07), 6e-5 from transformers on the same 13 frames unpadded; the first
-# row (no padding) is within 3e-7. The cause is not found yet: the encode signature equals
-# the cached PyTorch model's within 4e-7, so it sits in the cached model's padded encoder.
-PADDED_FRAMES_TOLERANCE = {"speech_to_text (masked frames)": 5e-4}
 
 
 @functools.cache
@@ -63,7 +58,7 @@ def test_the_logits_of_every_step_are_transformers(name):
     assert got.sequences.tolist() == want.sequences.tolist()
     assert len(got.logits) == len(want.logits) == 8
     errors = [max_relative_error(g.numpy(), w.numpy()) for g, w in zip(got.logits, want.logits)]
-    assert max(errors) <= PADDED_FRAMES_TOLERANCE.get(name, TOLERANCE), errors
+    assert max(errors) <= TOLERANCE, errors
 
 
 @pytest.mark.parametrize("name", ["llama", "t5", "gemma3 (two rows, an image each)"])
