@@ -117,6 +117,7 @@ def convert(
     target: str | None = None,
     target_check: str = "error",
     progress: bool | None = None,
+    metadata: dict[str, bytes] | None = None,
 ) -> EdgeModel:
     """Convert `module` to a LiteRT model.
 
@@ -139,6 +140,9 @@ def convert(
             the target; "warn" keeps the model and leaves the report on `edge.target_report`.
         progress: show conversion stages; default: only on an interactive terminal
             (or when LITERT_TORCH_PROGRESS=1).
+        metadata: entries written into the file's metadata (name -> bytes), e.g. what a
+            runtime needs to drive the model; `runtimes.targets.model_view.metadata_entry`
+            reads one back.
 
     Returns: an EdgeModel (call it, `.export(path)` it, `.model_content()` for bytes).
     Raises: UnsupportedOpsError (lists every op without a lowering), ConversionError.
@@ -153,6 +157,7 @@ def convert(
         target=target,
         target_check=target_check,
         progress=progress,
+        metadata=metadata,
     )
 
 
@@ -166,6 +171,7 @@ def convert_signatures(
     target: str | None = None,
     target_check: str = "error",
     progress: bool | None = None,
+    metadata: dict[str, bytes] | None = None,
 ) -> EdgeModel:
     """Convert one or more signatures into one model; constants with equal bytes (shared
     weights) are stored once. The pipeline: validate every option (before any work),
@@ -175,6 +181,11 @@ def convert_signatures(
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"signature names must be unique, got {names}")
+    for name, payload in (metadata or {}).items():
+        if not isinstance(name, str) or not isinstance(payload, bytes) or name == "min_runtime_version":
+            raise TypeError(
+                f"metadata maps names (str, not min_runtime_version) to bytes; got {name!r}: {type(payload).__name__}"
+            )
     for spec in specs:
         if spec.sample_kwargs is not None and not isinstance(spec.sample_kwargs, dict):
             raise TypeError(f"sample_kwargs must be a dict of keyword inputs, got {type(spec.sample_kwargs).__name__}")
@@ -202,6 +213,7 @@ def convert_signatures(
         calibration_data=calibration_data,
         profile=profile,
         target_check=target_check,
+        metadata=dict(metadata or {}),
     )
     try:
         return _convert(specs, Progress(progress), source_lines=one_shot, **options)
@@ -217,7 +229,7 @@ def convert_signatures(
 
 def _convert(
     specs, stages: Progress, *, strict_export, eval_mode, quant_config, calibration_data, profile, target_check,
-    source_lines: bool,
+    metadata: dict[str, bytes], source_lines: bool,
 ) -> EdgeModel:  # fmt: skip
     """`convert_signatures` after its checks: convert each signature, quantize, apply and
     check the target, write, prepare."""
@@ -241,7 +253,7 @@ def _convert(
         if spec.output_names is not None:
             _name_outputs(part.graphs[0], spec)
         graphs += part.graphs
-    model = ir.Model(graphs)
+    model = ir.Model(graphs, metadata=metadata)
     if quant_config is None:  # a torch.ao PT2E/QAT model: honour its quantize/dequantize pairs
         from converter.quantize.qdq import has_qdq
 

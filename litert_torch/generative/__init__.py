@@ -3,6 +3,7 @@
     edge = convert(model, inputs)                    # inputs: the tokenizer's or processor's outputs
     ids = edge.generate(**inputs, max_new_tokens=20)  # in LiteRT: what model.generate(**inputs) returns
     vectors = embedder.embed(**inputs)               # sentence and image embedders
+    edge.export("model.tflite"); edge = load("model.tflite")  # the file carries its generation config
 
 Beneath it, one entry point per family, for your own runtime loop: decoder-only LMs with an
 explicit KV cache (`export_generative`, `generate`), encoder-decoders (`export_seq2seq`,
@@ -33,7 +34,7 @@ from litert_torch.generative.image_to_text import (
     reference_generate_image_to_text,
 )
 from litert_torch.generative.llama import TinyLlama, TinyLlamaConfig
-from litert_torch.generative.model import GenerativeModel, convert
+from litert_torch.generative.model import GenerativeModel, convert, load
 from litert_torch.generative.seq2seq import (
     CachedSeq2SeqLM,
     Seq2SeqSession,
@@ -50,6 +51,7 @@ from litert_torch.generative.vlm import export_vlm, generate_vlm, reference_gene
 
 __all__ = [
     "convert",
+    "load",
     "GenerativeModel",
     "export_embedder",
     "embed",

@@ -21,6 +21,7 @@ What the LiteRT loop does not apply (beam search, n-gram blocking, ...) is refus
 from __future__ import annotations
 
 import copy
+import json
 import os
 
 import numpy as np
@@ -28,9 +29,11 @@ import torch
 from torch import nn
 
 from litert_torch.edge_model import EdgeModel
-from litert_torch.generative.families import Family, family_of
+from litert_torch.generative.families import FAMILIES, Family, family_of
 from litert_torch.generative.generate import LogitsRules, Picker, Sampler
 
+# The metadata entry that carries the family, its facts and the generation config (`load`).
+METADATA = "litert_torch.generative"
 # transformers' defaults where a generation config leaves a field unset
 DEFAULT_NEW_TOKENS, DEFAULT_TOP_K = 20, 50
 # Fields of a generation config that the LiteRT loop applies (LogitsRules, the sampler, the
@@ -72,14 +75,53 @@ def convert(
             f"convert() got {', '.join(unknown)}, which this {family.name} does not take; its sizes are "
             f"{', '.join(family.sizes) or 'none'}"
         )
-    options = {"verify": verify, "quant_config": quant_config, "target": target, "progress": progress}
-    edge = family.convert(model, sample, {**family.sizes, **sizes}, options)
     config, facts = copy.deepcopy(getattr(model, "generation_config", None)), family.facts(model)
     facts.setdefault("max_positions", getattr(model.config, "max_position_embeddings", None))
     facts.setdefault("encoder_decoder", bool(getattr(model.config, "is_encoder_decoder", False)))
     if config is not None:
         config.update(**facts.pop("generation", {}))  # what the model's own generate overrides (BLIP's end token)
+    options = {
+        "verify": verify,
+        "quant_config": quant_config,
+        "target": target,
+        "progress": progress,
+        "metadata": {METADATA: _described(family, facts, config)},
+    }
+    edge = family.convert(model, sample, {**family.sizes, **sizes}, options)
     return GenerativeModel(edge, family, facts, config)
+
+
+def load(path: str | os.PathLike, *, num_threads: int | None = None) -> GenerativeModel:
+    """A file written by `GenerativeModel.export`, ready to `generate` (or `embed`) without
+    the PyTorch model: its family, the facts generation reads and the generation config
+    travel in the file's metadata (entry "litert_torch.generative", JSON)."""
+    from litert_torch.edge_model import load as load_edge
+    from runtimes.targets.model_view import metadata_entry
+
+    edge = load_edge(path, num_threads=num_threads)
+    raw = metadata_entry(edge.model_content(), METADATA)
+    if raw is None:
+        raise ValueError(
+            f"{os.fspath(path)}: no {METADATA} metadata; it was not written by litert_torch.generative.convert "
+            "(load it with litert_torch.load)"
+        )
+    described = json.loads(raw)
+    families = {f.name: f for f in FAMILIES}
+    if described["family"] not in families:
+        raise ValueError(f"{os.fspath(path)}: family {described['family']!r} is not one this version knows")
+    config = described["generation_config"]
+    if config is not None:
+        from transformers import GenerationConfig
+
+        config = GenerationConfig.from_dict(config)
+    return GenerativeModel(edge, families[described["family"]], described["facts"], config)
+
+
+def _described(family: Family, facts: dict, config) -> bytes:
+    """What `load` needs besides the signatures, as JSON."""
+    return json.dumps(
+        {"family": family.name, "facts": facts, "generation_config": None if config is None else config.to_diff_dict()}
+    ).encode()
 
 
 def _inputs(family: Family, inputs: dict) -> dict:
@@ -105,9 +147,9 @@ class GenerativeModel:
         signatures = ", ".join(s.key for s in self.edge.runtime.signatures)
         return f"GenerativeModel({self.family.name}: {signatures})"
 
-    def export(self, path: str | os.PathLike) -> None:
-        """Write the .tflite file (atomically)."""
-        self.edge.export(path)
+    def export(self, path: str | os.PathLike) -> str:
+        """Write the .tflite file (atomically); `load(path)` makes it a GenerativeModel again."""
+        return self.edge.export(path)
 
     def generate(self, generation_config=None, *, seed: int | None = None, **kwargs) -> torch.Tensor:
         """The ids transformers' `model.generate(**inputs, **kwargs)` returns, generated in

@@ -120,18 +120,7 @@ def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None
     if len(content) < 8 or content[4:8] != b"TFL3":
         raise ValueError("not a LiteRT/TFLite model: the file identifier 'TFL3' is missing")
     m = schema.Model.GetRootAsModel(content, 0)
-    base = np.frombuffer(content, dtype=np.uint8).__array_interface__["data"][0]
-
-    buffers = []  # (file offset or None, size, external)
-    for i in range(m.BuffersLength()):
-        b = m.Buffers(i)
-        if b.DataLength():
-            start = b.DataAsNumpy().__array_interface__["data"][0] - base
-            buffers.append((start, b.DataLength(), False))
-        elif b.Offset() > 1:
-            buffers.append((int(b.Offset()), int(b.Size()), True))
-        else:
-            buffers.append((None, 0, False))
+    buffers = _buffer_spans(m, content)
 
     opcodes = []
     for i in range(m.OperatorCodesLength()):
@@ -218,6 +207,39 @@ def read_model(content: bytes | bytearray | memoryview, *, file_size: int | None
         metadata=_metadata(m, content, buffers),
         description=(m.Description() or b"").decode(),
     )
+
+
+def _buffer_spans(m, content: bytes) -> list[tuple[int | None, int, bool]]:
+    """(file offset or None, size, external) of each buffer of the parsed model `m`."""
+    base = np.frombuffer(content, dtype=np.uint8).__array_interface__["data"][0]
+    buffers = []
+    for i in range(m.BuffersLength()):
+        b = m.Buffers(i)
+        if b.DataLength():
+            start = b.DataAsNumpy().__array_interface__["data"][0] - base
+            buffers.append((start, b.DataLength(), False))
+        elif b.Offset() > 1:
+            buffers.append((int(b.Offset()), int(b.Size()), True))
+        else:
+            buffers.append((None, 0, False))
+    return buffers
+
+
+def metadata_entry(content: bytes, name: str) -> bytes | None:
+    """The bytes of the metadata entry `name` of a whole .tflite file, or None."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    content = content if isinstance(content, bytes) else bytes(content)
+    if len(content) < 8 or content[4:8] != b"TFL3":
+        raise ValueError("not a LiteRT/TFLite model: the file identifier 'TFL3' is missing")
+    m = schema.Model.GetRootAsModel(content, 0)
+    buffers = _buffer_spans(m, content)
+    for i in range(m.MetadataLength()):
+        entry = m.Metadata(i)
+        if entry.Name().decode() == name and entry.Buffer() < len(buffers):
+            start, size, _ = buffers[entry.Buffer()]
+            return b"" if start is None else content[start : start + size]
+    return None
 
 
 def _metadata(m, content: bytes, buffers) -> dict[str, str]:

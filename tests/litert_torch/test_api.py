@@ -263,3 +263,18 @@ def test_dynamic_shapes_that_do_not_match_say_how_torch_wants_them():
     ids = torch.randint(0, 50, (2, 8))
     with pytest.raises(litert_torch.ConversionError, match="one entry per input, keyword inputs included"):
         litert_torch.convert(TokenModel(), (ids,), {"use_cache": True}, dynamic_shapes=({0: batch}, None, None))
+
+
+def test_metadata_entries_are_written_and_read_back(affine, tmp_path):
+    module, _ = affine
+    from runtimes.targets.model_view import metadata_entry
+
+    edge = litert_torch.convert(module, (torch.randn(2, 4),), metadata={"my.runtime": b'{"steps": 3}'})
+    path = edge.export(tmp_path / "m.tflite")
+    with open(path, "rb") as f:
+        content = f.read()
+    assert metadata_entry(content, "my.runtime") == b'{"steps": 3}'
+    assert metadata_entry(content, "absent") is None
+    assert metadata_entry(content, "min_runtime_version") is not None  # the writer's own entry is kept
+    with pytest.raises(TypeError, match="metadata maps names .* to bytes; got 'my.runtime': str"):
+        litert_torch.convert(module, (torch.randn(2, 4),), metadata={"my.runtime": "text"})

@@ -28,7 +28,7 @@ def _matches_qwen(model: nn.Module) -> bool:
 
 def _facts(model) -> dict:
     family = vlm_common.family(model)
-    facts = {"image_token_id": vlm_common.image_token_id(model), "family": family}
+    facts = {"image_token_id": vlm_common.image_token_id(model), "class": type(model).__name__}
     if not family.mrope:
         facts["tokens_per_image"] = vlm.tokens_per_image(model)
     return facts
@@ -39,7 +39,9 @@ def _convert(model, sample, sizes, options):
     if "input_ids" in sample and images is None:
         row = _rows(sample, facts)[0]
         images = len(row["pixels"])
-    if facts["family"].prefix_lm and "input_ids" in sample:  # PaliGemma: the whole prompt in one chunk
+    if (
+        vlm_common.FAMILIES[facts["class"]].prefix_lm and "input_ids" in sample
+    ):  # PaliGemma: the whole prompt in one chunk
         longest = as_array(sample["input_ids"], "input_ids", 2).shape[1]
         prefill_len = max(prefill_len, 8 * math.ceil((longest + 1) / 8))
     return vlm.export_vlm(model, prefill_len=prefill_len, cache_len=sizes["cache_len"], images=images or 1, **options)
@@ -62,7 +64,7 @@ def _check_types(inputs: dict, name: str, ids: np.ndarray, expected: np.ndarray)
 def _rows(inputs, facts):
     if "input_ids" not in inputs:
         raise ValueError("pass input_ids (the processor's, with its image tokens)")
-    image_id, family = facts["image_token_id"], facts["family"]
+    image_id, family = facts["image_token_id"], vlm_common.FAMILIES[facts["class"]]
     ids = as_array(inputs["input_ids"], "input_ids", 2)
     if family.prefix_lm:  # PaliGemma: the prompt is all prefix (0) when generating
         _check_types(inputs, "token_type_ids", ids, np.zeros_like(ids))

@@ -173,3 +173,28 @@ def test_convert_names_what_a_family_takes():
         convert(transformers.Blip2ForConditionalGeneration.__new__(transformers.Blip2ForConditionalGeneration))
     with pytest.raises(UnsupportedModelError, match="Linear: not a generative model this package converts"):
         convert(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("name", ["llama", "whisper", "blip", "qwen2-vl (rows with images of two grids)"])
+def test_a_saved_file_generates_alone(name, tmp_path):
+    """The file carries its family, what generation reads and the generation config: loaded
+    in place of the converted model, it returns the same ids."""
+    from litert_torch.generative import load
+
+    model, inputs, edge = converted(name)
+    path = edge.export(tmp_path / "model.tflite")
+    again = load(path)
+    assert again.family is edge.family and again.facts == edge.facts
+    kwargs = {"max_new_tokens": 6, "min_new_tokens": 2}
+    assert again.generate(**inputs, **kwargs).tolist() == edge.generate(**inputs, **kwargs).tolist()
+
+
+def test_a_file_without_generation_metadata_is_refused(tmp_path):
+    import litert_torch
+
+    path = tmp_path / "plain.tflite"
+    litert_torch.convert(torch.nn.Linear(2, 2), (torch.zeros(1, 2),)).export(path)
+    from litert_torch.generative import load
+
+    with pytest.raises(ValueError, match="plain.tflite: no litert_torch.generative metadata; it was not written by"):
+        load(path)
