@@ -21,6 +21,7 @@ from litert_torch.generative.errors import UnsupportedModelError
 from litert_torch.generative.families import decoder, embedders, image_to_text, seq2seq, vlm
 from litert_torch.generative.families.family import Family
 from litert_torch.generative.image_families import REFUSED
+from litert_torch.generative.llama import TinyLlama
 
 # Every family, most specific first (the causal LM record takes what is left).
 FAMILIES: list[Family] = [
@@ -38,6 +39,16 @@ def family_of(model: nn.Module) -> Family:
     name = type(model).__name__
     if name in REFUSED:
         raise UnsupportedModelError(f"{name}: {REFUSED[name]}")
+    if hasattr(model, "unet") and hasattr(model, "vae"):
+        raise UnsupportedModelError(
+            f"{name}: a diffusion pipeline, not a model with generate(): export it with "
+            "litert_torch.generative.export_diffusion(pipe) and run it with LiteRTDiffusionPipeline"
+        )
+    if isinstance(model, TinyLlama):
+        raise UnsupportedModelError(
+            f"{name}: this package's own decoder has no transformers generate() to answer to: export it with "
+            "export_generative(model, prefill_len=..., cache_len=...) and generate with generate(edge, ids, n)"
+        )
     for family in FAMILIES if hasattr(model, "config") else []:  # transformers models only
         if family.matches(model):
             return family

@@ -173,6 +173,10 @@ def test_convert_names_what_a_family_takes():
         convert(transformers.Blip2ForConditionalGeneration.__new__(transformers.Blip2ForConditionalGeneration))
     with pytest.raises(UnsupportedModelError, match="Linear: not a generative model this package converts"):
         convert(torch.nn.Linear(2, 2))
+    from litert_torch.generative import TinyLlama, TinyLlamaConfig
+
+    with pytest.raises(UnsupportedModelError, match="TinyLlama: .* export it with export_generative"):
+        convert(TinyLlama(TinyLlamaConfig(vocab_size=32, dim=16, n_layers=1, n_heads=2, n_kv_heads=1)))
 
 
 @pytest.mark.parametrize("name", ["llama", "whisper", "blip", "qwen2-vl (rows with images of two grids)"])
