@@ -48,6 +48,12 @@ def _convert_text(model, sample, sizes, options):
 
 
 def _embed_text(edge, inputs, facts):
+    types = inputs.get("token_type_ids")
+    if types is not None and as_array(types, "token_type_ids").any():
+        raise ValueError(
+            "token_type_ids has ones (a second segment, e.g. a sentence pair): the file embeds one segment, "
+            "token types all 0"
+        )
     ids = as_array(inputs["input_ids"], "input_ids", 2).astype(np.int32)
     mask = inputs.get("attention_mask")
     mask = np.ones_like(ids) if mask is None else as_array(mask, "attention_mask", 2).astype(np.int32)
@@ -111,7 +117,7 @@ FAMILIES = [
     Family(
         name="sentence embedder",
         matches=_is_text_embedder,
-        inputs=("input_ids", "attention_mask"),
+        inputs=("input_ids", "attention_mask", "token_type_ids"),  # BERT tokenizers give token types
         convert=_convert_text,
         sizes={"pooling": "mean", "normalize": True, "max_len": None, "head": None},
         embed=_embed_text,

@@ -108,6 +108,11 @@ def test_embedders_embed_as_the_model_computes():
     got = edge.embed(input_ids=ids, attention_mask=mask).numpy()
     want = emb.reference(model, emb.sentences([9, 4, 12]), "cls")
     assert got.shape == (3, 64) and np.abs(got - want).max() <= TOLERANCE
+    # what a BERT tokenizer returns: token types (all 0 for one sentence) too
+    types = torch.zeros_like(ids)
+    assert np.array_equal(edge.embed(input_ids=ids, attention_mask=mask, token_type_ids=types).numpy(), got)
+    with pytest.raises(ValueError, match="token_type_ids has ones \\(a second segment"):
+        edge.embed(input_ids=ids, attention_mask=mask, token_type_ids=types + 1)
 
 
 @pytest.mark.parametrize(
