@@ -138,11 +138,14 @@ class LogitsRules:
 class Picker:
     """A `Sampler` behind `LogitsRules`, for one generated sequence: it counts its picks and
     keeps the sequence (`context`, the prompt first) that the rules read, and every step's
-    logits as they came (`logits`) and as the rules left them (`scores`). Pass it as
-    `sampler=` to the generate functions, which call it once per new token."""
+    logits as they came (`logits`) and as the rules left them (`scores`); `on_pick(token)`
+    hears each token as it is picked. Pass it as `sampler=` to the generate functions, which
+    call it once per new token."""
 
-    def __init__(self, sampler: Sampler, rules: LogitsRules, context, max_new_tokens: int, encoder_ids=None):
-        self.sampler, self.rules, self.max_new_tokens = sampler, rules, max_new_tokens
+    def __init__(
+        self, sampler: Sampler, rules: LogitsRules, context, max_new_tokens: int, encoder_ids=None, on_pick=None
+    ):
+        self.sampler, self.rules, self.max_new_tokens, self.on_pick = sampler, rules, max_new_tokens, on_pick
         self.context = [int(t) for t in np.asarray(context).reshape(-1)]
         self.encoder_ids = None if encoder_ids is None else [int(t) for t in np.asarray(encoder_ids).reshape(-1)]
         if rules.encoder_no_repeat_ngram and self.encoder_ids is None:
@@ -179,6 +182,8 @@ class Picker:
         token = self.sampler(scores, rng)
         self.picked += 1
         self.context.append(token)
+        if self.on_pick is not None:  # a streamer's put
+            self.on_pick(token)
         return token
 
 

@@ -151,11 +151,13 @@ class GenerativeModel:
         """Write the .tflite file (atomically); `load(path)` makes it a GenerativeModel again."""
         return self.edge.export(path)
 
-    def generate(self, generation_config=None, *, seed: int | None = None, **kwargs) -> torch.Tensor:
+    def generate(self, generation_config=None, *, seed: int | None = None, streamer=None, **kwargs) -> torch.Tensor:
         """The ids transformers' `model.generate(**inputs, **kwargs)` returns, generated in
         LiteRT (see the module docstring). `kwargs`: the processor's outputs and any field of
         a GenerationConfig (max_new_tokens, min_new_tokens, do_sample, temperature, top_k,
-        top_p, repetition_penalty, eos_token_id, ...)."""
+        top_p, repetition_penalty, eos_token_id, ...). `streamer`: a transformers streamer
+        (`TextStreamer(tokenizer)`, `TextIteratorStreamer`): given the prompt, then each token
+        as it is picked, then `end()`, as transformers gives them (one row only)."""
         if self.family.generate is None:
             raise TypeError(f"this {self.family.name} does not generate: call embed(**inputs)")
         inputs = _inputs(self.family, {k: kwargs.pop(k) for k in list(kwargs) if k in self.family.inputs})
@@ -175,6 +177,8 @@ class GenerativeModel:
                 "output_scores with do_sample: the sampler's warped scores are not kept; pass output_logits=True "
                 "(the logits each token was drawn from) instead"
             )
+        if streamer is not None and len(rows) > 1:
+            raise ValueError(f"a streamer takes one row at a time; the batch has {len(rows)} (as transformers)")
         outputs, pickers = [], []
         for i, row in enumerate(rows):
             prefix = [int(t) for t in row["prefix"]]
@@ -191,8 +195,13 @@ class GenerativeModel:
                 begin_suppress=tuple(_ids(config.begin_suppress_tokens)),
             )
             sampler = _sampler(config, None if seed is None else seed + i)
-            picker = Picker(sampler, rules, prefix, max_new, row.get("encoder_ids"))
+            on_pick = None if streamer is None else (lambda token: streamer.put(torch.tensor([token])))
+            picker = Picker(sampler, rules, prefix, max_new, row.get("encoder_ids"), on_pick)
+            if streamer is not None:
+                streamer.put(torch.tensor([prefix]))
             new = self.family.generate(self.edge, row, max_new, picker, eos, self.facts)
+            if streamer is not None:
+                streamer.end()
             # Whisper's generate returns the new tokens alone, but its dict output the whole sequence
             whole = self.facts.get("returns_prompt", True) or config.return_dict_in_generate
             outputs.append((prefix if whole else []) + [int(t) for t in new])

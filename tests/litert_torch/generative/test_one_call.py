@@ -89,6 +89,35 @@ def test_n_grams_of_the_source_are_not_repeated():
                 assert not set(row) & set(source)
 
 
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_a_streamer_hears_what_transformers_tells_it(name):
+    """The prompt (the decoder prompt), then each token as it is picked, then end()."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Recorder(BaseStreamer):
+        def __init__(self):
+            self.calls = []
+
+        def put(self, value):
+            self.calls.append(value.tolist())
+
+        def end(self):
+            self.calls.append("end")
+
+    model, inputs, edge = converted(name)
+    row = {key: value[:1] for key, value in inputs.items()}
+    ours, theirs = Recorder(), Recorder()
+    got = edge.generate(**row, max_new_tokens=6, streamer=ours)
+    transformers_generate(model, row, max_new_tokens=6, streamer=theirs)
+    assert (
+        ours.calls == theirs.calls
+        and ours.calls[-1] == "end"
+        and len(ours.calls) == got.shape[1] - (1 if name == "t5" else row["input_ids"].shape[1]) + 2
+    )
+    with pytest.raises(ValueError, match="a streamer takes one row at a time; the batch has 2"):
+        edge.generate(**inputs, streamer=Recorder())
+
+
 def test_sampling_draws_from_the_models_distribution_reproducibly():
     model, inputs, edge = converted("llama")
     torch.manual_seed(3)
