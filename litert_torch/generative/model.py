@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from litert_torch.edge_model import EdgeModel
+from litert_torch.generative.errors import UnsupportedModelError
 from litert_torch.generative.families import FAMILIES, Family, family_of
 from litert_torch.generative.generate import LogitsRules, Picker, Sampler
 
@@ -68,6 +69,15 @@ def convert(
     wrong one). `verify`: the family's check against the model's own forward before
     converting (refuses on a difference). Returns a `GenerativeModel`."""
     family = family_of(model)
+    given = {k for k, v in dict(inputs or {}).items() if v is not None}
+    media = sorted(given & {"pixel_values", "input_features", "input_values", "pixel_values_videos"})
+    if media and family.name == "causal LM":
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: its {', '.join(media)} are not read by a family this package converts "
+            "(images: Gemma 3, SmolVLM, Idefics3, PaliGemma, Qwen2-VL, Qwen2.5-VL, image-to-text models; audio: "
+            "Whisper, Speech2Text, Moonshine); as a causal LM it converts its text path alone: pass input_ids "
+            "and attention_mask"
+        )
     sample = _inputs(family, dict(inputs or {}))
     unknown = sorted(set(sizes) - set(family.sizes))
     if unknown:

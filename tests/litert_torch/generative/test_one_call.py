@@ -180,7 +180,10 @@ def test_what_the_loop_does_not_apply_is_refused_by_name():
         match="generate\\(\\) got stream_me: neither an input of this causal LM \\(input_ids, attention_mask\\)",
     ):
         edge.generate(**inputs, stream_me=True)
-    with pytest.raises(TypeError, match="pixel_values: not an input of this causal LM, which reads input_ids"):
+    with pytest.raises(TypeError, match="labels: not an input of this causal LM, which reads input_ids"):
+        convert(model, dict(inputs, labels=inputs["input_ids"]))
+    # images for a model whose family does not read them: said, not dropped
+    with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM: its pixel_values are not read by a family"):
         convert(model, dict(inputs, pixel_values=torch.zeros(1, 3, 8, 8)))
     with pytest.raises(TypeError, match="this causal LM does not embed"):
         edge.embed(**inputs)
