@@ -177,8 +177,10 @@ class GenerativeModel:
                 f"generate() got {', '.join(sorted(unused))}: neither an input of this {self.family.name} "
                 f"({', '.join(self.family.inputs)}) nor a generation field"
             )
-        rows = self.family.rows(inputs, self.facts)
         eos = _ids(config.eos_token_id)
+        if "input_ids" in inputs and "attention_mask" in self.family.inputs and "attention_mask" not in inputs:
+            inputs["attention_mask"] = _inferred_mask(inputs["input_ids"], config.pad_token_id, eos)
+        rows = self.family.rows(inputs, self.facts)
         pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
         if config.do_sample and seed is None:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())  # torch.manual_seed reproduces the run
@@ -250,6 +252,15 @@ class GenerativeModel:
         if self.family.embed is None:
             raise TypeError(f"this {self.family.name} does not embed: call generate(**inputs)")
         return torch.from_numpy(np.asarray(self.family.embed(self.edge, _inputs(self.family, inputs), self.facts)))
+
+
+def _inferred_mask(input_ids, pad: int | None, eos: list[int]):
+    """transformers' mask for ids given without one: 0 at `pad` where `pad` occurs and is not
+    an end token, else all ones."""
+    ids = torch.as_tensor(np.asarray(input_ids.cpu() if isinstance(input_ids, torch.Tensor) else input_ids))
+    if pad is None or ids.ndim != 2 or pad in eos or not (ids == pad).any():
+        return torch.ones_like(ids)
+    return (ids != pad).long()
 
 
 def _ids(value) -> list[int]:

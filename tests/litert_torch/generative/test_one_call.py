@@ -189,6 +189,20 @@ def test_what_the_loop_does_not_apply_is_refused_by_name():
         edge.embed(**inputs)
 
 
+def test_a_padded_batch_without_its_mask_is_read_as_transformers_reads_it():
+    """No attention_mask: transformers masks the pad token (when it is not an end token)."""
+    model, inputs, edge = converted("llama")
+    ids = inputs["input_ids"].clone()
+    model.generation_config.pad_token_id = edge.generation_config.pad_token_id = 0
+    try:
+        assert ids[1, 0] == 0  # the shorter row's padding
+        got = edge.generate(input_ids=ids, max_new_tokens=6)
+        assert got.tolist() == transformers_generate(model, {"input_ids": ids}, max_new_tokens=6).tolist()
+        assert got.tolist() == edge.generate(**inputs, max_new_tokens=6).tolist()
+    finally:
+        model.generation_config.pad_token_id = edge.generation_config.pad_token_id = None
+
+
 def test_padding_on_the_wrong_side_is_refused_not_generated():
     """A decoder-only batch padded on the right would continue after the padding."""
     model, inputs, edge = converted("llama")
