@@ -15,7 +15,7 @@ the prompt (decoders) or the decoder prompt (encoder-decoders) first, rows that 
 filled with `pad_token_id`. Greedy generation equals transformers' token for token (within
 the float error of the logits); sampling draws from the same distribution with NumPy's
 generator (`seed=`, else a seed drawn from torch's, so `torch.manual_seed` reproduces a run).
-What the LiteRT loop does not apply (beam search, n-gram blocking, ...) is refused by name.
+What the LiteRT loop does not apply (beam search, contrastive search, ...) is refused by name.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch import nn
 
 from litert_torch.edge_model import EdgeModel
 from litert_torch.generative.errors import UnsupportedModelError
-from litert_torch.generative.families import FAMILIES, Family, family_of
+from litert_torch.generative.families import FAMILIES, Family, decoder, family_of
 from litert_torch.generative.generate import LogitsRules, Picker, Sampler
 
 # The metadata entry that carries the family, its facts and the generation config (`load`).
@@ -71,7 +71,7 @@ def convert(
     family = family_of(model)
     given = {k for k, v in dict(inputs or {}).items() if v is not None}
     media = sorted(given & {"pixel_values", "input_features", "input_values", "pixel_values_videos"})
-    if media and family.name == "causal LM":
+    if media and family is decoder.FAMILY:
         raise UnsupportedModelError(
             f"{type(model).__name__}: its {', '.join(media)} are not read by a family this package converts "
             "(images: Gemma 3, SmolVLM, Idefics3, PaliGemma, Qwen2-VL, Qwen2.5-VL, image-to-text models; audio: "
@@ -195,20 +195,9 @@ class GenerativeModel:
         for i, row in enumerate(rows):
             prefix = [int(t) for t in row["prefix"]]
             max_new = _max_new_tokens(config, len(prefix), self.facts.get("max_positions"))
-            rules = LogitsRules(
-                eos=tuple(eos),
-                min_new=max(config.min_new_tokens or 0, (config.min_length or 0) - len(prefix)),
-                repetition_penalty=config.repetition_penalty,
-                no_repeat_ngram=config.no_repeat_ngram_size,
-                encoder_no_repeat_ngram=config.encoder_no_repeat_ngram_size,
-                forced_bos=config.forced_bos_token_id,
-                forced_eos=config.forced_eos_token_id,
-                suppress=tuple(_ids(config.suppress_tokens)),
-                begin_suppress=tuple(_ids(config.begin_suppress_tokens)),
-            )
             sampler = _sampler(config, None if seed is None else seed + i)
             on_pick = None if streamer is None else (lambda token: streamer.put(torch.tensor([token])))
-            picker = Picker(sampler, rules, prefix, max_new, row.get("encoder_ids"), on_pick)
+            picker = Picker(sampler, _rules(config, eos, len(prefix)), prefix, max_new, row.get("encoder_ids"), on_pick)
             if streamer is not None:
                 streamer.put(torch.tensor([prefix]))
             new = self.family.generate(self.edge, row, max_new, picker, eos, self.facts)
@@ -252,6 +241,21 @@ class GenerativeModel:
         if self.family.embed is None:
             raise TypeError(f"this {self.family.name} does not embed: call generate(**inputs)")
         return torch.from_numpy(np.asarray(self.family.embed(self.edge, _inputs(self.family, inputs), self.facts)))
+
+
+def _rules(config, eos: list[int], prefix_len: int) -> LogitsRules:
+    """The logits processors `config` asks for, for a row whose output starts with `prefix_len` ids."""
+    return LogitsRules(
+        eos=tuple(eos),
+        min_new=max(config.min_new_tokens or 0, (config.min_length or 0) - prefix_len),
+        repetition_penalty=config.repetition_penalty,
+        no_repeat_ngram=config.no_repeat_ngram_size,
+        encoder_no_repeat_ngram=config.encoder_no_repeat_ngram_size,
+        forced_bos=config.forced_bos_token_id,
+        forced_eos=config.forced_eos_token_id,
+        suppress=tuple(_ids(config.suppress_tokens)),
+        begin_suppress=tuple(_ids(config.begin_suppress_tokens)),
+    )
 
 
 def _inferred_mask(input_ids, pad: int | None, eos: list[int]):
