@@ -13,7 +13,7 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Family:
-    """What differs between generative families (see the module docstring).
+    """What differs between generative families (`litert_torch.generative.families`).
 
     convert(model, sample, sizes, options) -> EdgeModel: `sample` the processor outputs,
         `sizes` this family's `sizes` with the caller's values, `options` for `convert`.
