@@ -210,3 +210,38 @@ def test_a_lowering_failing_on_a_call_torch_accepts_names_the_op(monkeypatch):
         ones("tpu", 3) + ones("tpu", 3)
     monkeypatch.undo()
     runner_module.clear_jit_cache()
+
+
+# Products of two dtypes: ATen refuses them (no promotion); the device promoted them silently.
+MIXED_PRODUCTS = {
+    "matmul float32 @ int64": lambda d: ones(d, 2, 2) @ ones(d, 2, 2, dtype=torch.int64),
+    "matmul 3-d float32 @ bfloat16": lambda d: ones(d, 2, 2, 2) @ ones(d, 2, 2, dtype=torch.bfloat16),
+    "torch.bmm": lambda d: torch.bmm(ones(d, 1, 2, 2), ones(d, 1, 2, 2, dtype=torch.int64)),
+    "torch.addmm": lambda d: torch.addmm(ones(d, 2), ones(d, 2, 2), ones(d, 2, 2, dtype=torch.int64)),
+    "F.linear, float64 weight": lambda d: F.linear(ones(d, 2, 2), ones(d, 2, 2, dtype=torch.float64)),
+    "F.linear, float64 bias": lambda d: F.linear(ones(d, 2, 2), ones(d, 2, 2), ones(d, 2, dtype=torch.float64)),
+    "matrix @ vector": lambda d: ones(d, 2, 2) @ ones(d, 2, dtype=torch.int64),
+    "torch.dot": lambda d: torch.dot(ones(d, 2), ones(d, 2, dtype=torch.int64)),
+    "torch.baddbmm": lambda d: torch.baddbmm(
+        ones(d, 1, 2, 2), ones(d, 1, 2, 2), ones(d, 1, 2, 2, dtype=torch.bfloat16)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED_PRODUCTS))
+def test_a_product_of_two_dtypes_raises_as_on_cpu(mode, name):
+    call = MIXED_PRODUCTS[name]
+    with pytest.raises(RuntimeError):
+        call("cpu")
+    with pytest.raises(RuntimeError, match="dtype|scalar type") as got:
+        call("tpu").cpu()
+    assert any(n in str(got.value) for n in ("int64", "Long", "float64", "Double", "bfloat16", "BFloat16"))
+
+
+def test_a_compiled_product_of_two_dtypes_raises_too():
+    product = torch.compile(lambda a, b: a @ b, backend="tpu")
+    with pytest.raises(
+        RuntimeError,
+        match="aten.mm: expected its operands to have the same dtype, but got: torch.float32 != torch.int64",
+    ):
+        product(ones("tpu", 2, 2), ones("tpu", 2, 2, dtype=torch.int64))

@@ -94,3 +94,33 @@ def test_an_index_that_is_a_strided_view_is_read_through_its_strides(device):
         torch.ones(5, 3, device="tpu")[index].cpu()
     within = torch.tensor([[0, 4], [1, 2]], device=device).t()
     torch.testing.assert_close(torch.arange(5.0, device="tpu")[within].cpu(), torch.tensor([[0.0, 1.0], [4.0, 2.0]]))
+
+
+LOSSES = {
+    "cross_entropy": lambda logits, target: torch.nn.functional.cross_entropy(logits, target),
+    "nll_loss": lambda logits, target: torch.nn.functional.nll_loss(logits.log_softmax(-1), target),
+    "cross_entropy 4-D (nll_loss2d)": lambda logits, target: torch.nn.functional.cross_entropy(
+        logits[:, :, None, None], target[:, None, None]
+    ),
+}
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("target", [[0, 5], [0, -3]], ids=["too-large", "negative"])
+def test_a_loss_target_out_of_range_raises_cpus_error_not_nan(mode, loss, target):
+    """Before the check the device gave nan (5) or a finite wrong loss (-3): silently."""
+    logits = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(IndexError, match=f"Target {target[1]} is out of bounds"):
+        LOSSES[loss](logits, torch.tensor(target))
+    out = LOSSES[loss](logits.to("tpu"), torch.tensor(target, device="tpu"))
+    with pytest.raises(IndexError, match=rf"Target {target[1]} is out of bounds \(classes: 3\) \(aten\.nll_loss"):
+        out.item()
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_the_ignore_index_is_not_out_of_range(mode, loss):
+    logits = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([2, -100])
+    want = LOSSES[loss](logits, target)
+    got = LOSSES[loss](logits.to("tpu"), target.to("tpu"))
+    torch.testing.assert_close(got.cpu(), want)

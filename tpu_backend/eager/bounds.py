@@ -40,8 +40,9 @@ ENABLED = os.environ.get("TPU_INDEX_CHECKS", "1") != "0"
 MAX_PENDING = 4096
 
 
-# (id of the index array, its view, the size, negatives allowed) -> (array, view, size, dim,
-# negatives allowed, op, where): one entry per distinct check, in the order they were made
+# (id of the index array, its view, the size, negatives allowed, the exempt value) -> (array,
+# view, size, dim, negatives allowed, the exempt value, op, where): one entry per distinct
+# check, in the order they were made
 _pending: dict[tuple, tuple] = {}
 
 
@@ -53,23 +54,30 @@ def _size(t: torch.Tensor, dim: int) -> int:
     return t.shape[_dim(dim, t.dim())] if t.dim() else 1
 
 
-# Per op: (index tensor, the size it indexes, the dim, negative ids allowed) from the op's
-# arguments, and the error PyTorch's CPU kernel raises; its rules too (advanced indexing,
-# `take`, `put` and `index_fill` wrap negative indices, the others refuse them).
+# Per op: (index tensor, the size it indexes, the dim, negative ids allowed, a value exempt
+# from the bounds or None) from the op's arguments, and the error PyTorch's CPU kernel raises;
+# its rules too (advanced indexing, `take`, `put` and `index_fill` wrap negative indices, the
+# others refuse them; a loss's target may be its ignore_index).
 def _embedding(weight, indices, *rest, **kw):
-    return [(indices, weight.shape[0], 0, False)]
+    return [(indices, weight.shape[0], 0, False, None)]
 
 
 def _along_dim(self, dim, index, *rest, **kw):
-    return [(index, _size(self, dim), _dim(dim, self.dim()), False)]
+    return [(index, _size(self, dim), _dim(dim, self.dim()), False, None)]
 
 
 def _along_dim_wrapping(self, dim, index, *rest, **kw):
-    return [(index, _size(self, dim), _dim(dim, self.dim()), True)]
+    return [(index, _size(self, dim), _dim(dim, self.dim()), True, None)]
 
 
 def _flat(self, index, *rest, **kw):
-    return [(index, self.numel(), 0, True)]
+    return [(index, self.numel(), 0, True, None)]
+
+
+def _loss_target(self, target, weight=None, reduction=1, ignore_index=-100, *rest, **kw):
+    """nll_loss (cross_entropy's last op): each target a class of `self` (N, C, ...) or (C,),
+    or the ignore_index."""
+    return [(target, self.shape[0] if self.dim() == 1 else self.shape[1], 1, False, ignore_index)]
 
 
 def _advanced(self, indices, *rest, **kw):
@@ -82,7 +90,7 @@ def _advanced(self, indices, *rest, **kw):
         elif index.dtype in (torch.bool, torch.uint8):
             dim += index.dim()
         else:
-            checks.append((index, _size(self, dim), dim, True))
+            checks.append((index, _size(self, dim), dim, True, None))
             dim += 1
     return checks
 
@@ -109,6 +117,8 @@ RULES = {
     aten.index.Tensor: (_advanced, IndexError),
     aten.index_put.default: (_advanced, IndexError),
     aten._index_put_impl.default: (_advanced, IndexError),
+    aten.nll_loss_forward.default: (_loss_target, IndexError),
+    aten.nll_loss2d_forward.default: (_loss_target, IndexError),
 }
 
 
@@ -116,19 +126,20 @@ def record(op, args, kwargs) -> None:
     """After an eager indexing op ran (or was recorded): its index arrays, to check later."""
     where = None
     rule, _ = RULES[op]
-    for index, size, dim, negative in rule(*args, **kwargs):
+    for index, size, dim, negative, exempt in rule(*args, **kwargs):
         if index.numel() == 0:
             continue
         where = where or user_frame()
         view = (index.storage_offset(), tuple(index.shape), tuple(index.stride()))
         if not tpu_tensor.is_tpu(index):  # host values: checked now
             host = index.detach().contiguous().numpy()
-            _raise_if_out_of_range(host, (0, view[1], None), size, dim, negative, op, where)
+            _raise_if_out_of_range(host, (0, view[1], None), size, dim, negative, exempt, op, where)
             continue
         array = tpu_tensor.payload_of(index).array
         if isinstance(array, jax.Array):
             array.copy_to_host_async()  # on the host by the time anything waits for it
-        _pending.setdefault((id(array), view, size, negative), (array, view, size, dim, negative, op, where))
+        key = (id(array), view, size, negative, exempt)
+        _pending.setdefault(key, (array, view, size, dim, negative, exempt, op, where))
     if len(_pending) > MAX_PENDING:
         _check_ready()
 
@@ -151,14 +162,21 @@ def _contiguous(shape) -> tuple:
     return tuple(reversed(strides))
 
 
-def _raise_if_out_of_range(host: np.ndarray, view, size, dim, negative, op, where) -> None:
+def _raise_if_out_of_range(host: np.ndarray, view, size, dim, negative, exempt, op, where) -> None:
     values = _values(host, view)
     low = -size if negative else 0
-    if values.min() < low or values.max() >= size:
-        bad = values[(values < low) | (values >= size)]
+    outside = (values < low) | (values >= size)
+    if exempt is not None:
+        outside &= values != exempt
+    if outside.any():
+        bad = int(values[outside].flat[0])
+        what = (
+            f"Target {bad} is out of bounds (classes: {size})"
+            if exempt is not None
+            else (f"index {bad} is out of bounds for dimension {dim} with size {size}")
+        )
         raise RULES[op][1](
-            f"index {int(bad.flat[0])} is out of bounds for dimension {dim} with size {size} "
-            f"({op}, called from {where}; on the tpu device an indexing op's indices are "
+            f"{what} ({op}, called from {where}; on the tpu device an indexing op's indices are "
             "checked when the host next reads the device)"
         )
 

@@ -28,7 +28,7 @@ from tpu_backend.ops._common import (
     result_dtype,
 )
 from tpu_backend.ops.activation import gelu
-from tpu_backend.ops.registry import lowers
+from tpu_backend.ops.registry import lowers, torch_dtype
 
 aten = torch.ops.aten
 
@@ -59,18 +59,30 @@ def _scale_add(x, product, beta, alpha, like):
     return (scaled + product).astype(dtype)
 
 
+def _one_dtype(op: str, *operands) -> None:
+    """ATen's products refuse operands of different dtypes (they do not promote: `float32 @
+    int64` is a RuntimeError on CPU), and so does the device, rather than promote silently."""
+    dtypes = [x.dtype for x in operands]
+    if len(set(dtypes)) > 1:
+        names = " != ".join(str(torch_dtype(d)) for d in dtypes)
+        raise RuntimeError(f"aten.{op}: expected its operands to have the same dtype, but got: {names}")
+
+
 @lowers(aten.mm.default)
 def mm(x, mat2):
+    _one_dtype("mm", x, mat2)
     return jnp.matmul(x, mat2)
 
 
 @lowers(aten.mm.dtype, aten.bmm.dtype)
 def mm_out_dtype(x, mat2, out_dtype):
+    _one_dtype("mm", x, mat2)
     return jnp.matmul(x, mat2, preferred_element_type=jax_dtype(out_dtype)).astype(jax_dtype(out_dtype))
 
 
 @lowers(aten.bmm.default)
 def bmm(x, mat2):
+    _one_dtype("bmm", x, mat2)
     return jnp.matmul(x, mat2)
 
 
@@ -129,6 +141,7 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 
 @lowers(aten.addmm.default)
 def addmm(x, mat1, mat2, *, beta=1, alpha=1):
+    _one_dtype("addmm", x, mat1, mat2)
     return _scale_add(x, jnp.matmul(mat1, mat2, preferred_element_type=_accumulator(mat1)), beta, alpha, mat1)
 
 
@@ -142,17 +155,20 @@ def addmm_activation(x, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
 
 @lowers(aten.baddbmm.default)
 def baddbmm(x, batch1, batch2, *, beta=1, alpha=1):
+    _one_dtype("baddbmm", x, batch1, batch2)
     return _scale_add(x, jnp.matmul(batch1, batch2, preferred_element_type=_accumulator(batch1)), beta, alpha, batch1)
 
 
 @lowers(aten.addbmm.default)
 def addbmm(x, batch1, batch2, *, beta=1, alpha=1):
+    _one_dtype("addbmm", x, batch1, batch2)
     product = jnp.einsum("bij,bjk->ik", batch1, batch2, preferred_element_type=_accumulator(batch1))
     return _scale_add(x, product, beta, alpha, batch1)
 
 
 @lowers(aten.addmv.default)
 def addmv(x, mat, vec, *, beta=1, alpha=1):
+    _one_dtype("addmv", x, mat, vec)
     return _scale_add(x, jnp.matmul(mat, vec, preferred_element_type=_accumulator(mat)), beta, alpha, mat)
 
 
@@ -171,11 +187,13 @@ def addr(x, vec1, vec2, *, beta=1, alpha=1):
 
 @lowers(aten.mv.default)
 def mv(x, vec):
+    _one_dtype("mv", x, vec)
     return jnp.matmul(x, vec)
 
 
 @lowers(aten.dot.default, aten.vdot.default)
 def dot(x, other):
+    _one_dtype("dot", x, other)
     return jnp.dot(x, other)
 
 
