@@ -6,17 +6,22 @@ from __future__ import annotations
 from benchmarks.anchors import torch_tpu_vs_ours as bench
 
 
-def test_our_side_runs_and_the_table_names_the_missing_side(monkeypatch, capsys):
+def test_a_training_row_on_our_side():
+    """In this process (the parent runs it in a child of its own, as below for the errors)."""
+    result = bench.train_row("ours", bench.ROWS["mingpt-strict"], steps=1, warmup=1, tiny=True)
+    assert result["first_step_s"] > 0 and result["step_ms"] > 0 and len(result["losses"]) == 2
+    line = bench.train_table({"mingpt-strict": {"ours": result, "torch_tpu": "not staged: ..."}})[-1]
+    assert line.startswith("| mingpt-strict | ") and "| - | - |" in line
+
+
+def test_the_errors_row_runs_in_a_child_and_names_the_missing_side(monkeypatch, capsys):
     monkeypatch.delenv("TORCH_TPU_SITE", raising=False)
-    results = bench.main(["--tiny", "--steps", "1", "--warmup", "1", "--rows", "mingpt-strict,errors"])
-    ours = results["mingpt-strict"]["ours"]
-    assert ours["first_step_s"] > 0 and ours["step_ms"] > 0 and len(ours["losses"]) == 2
-    assert results["mingpt-strict"]["torch_tpu"].startswith("not staged: set TORCH_TPU_SITE")
+    results = bench.main(["--rows", "errors"])
     errors = results["errors"]["ours"]
     # our device raises where CPU raises, for every bad input (no "no error")
-    assert all(not errors[key].startswith("no error") for key in errors), errors
-    table = capsys.readouterr().out
-    assert "| mingpt-strict | " in table and "| cross_entropy target 5 of 3 classes | IndexError" in table
+    assert errors and all(not message.startswith("no error") for message in errors.values()), errors
+    assert results["errors"]["torch_tpu"].startswith("not staged: set TORCH_TPU_SITE")
+    assert "| cross_entropy target 5 of 3 classes | IndexError" in capsys.readouterr().out
 
 
 def test_a_side_that_cannot_see_torch_tpu_is_kept_from_it(monkeypatch, tmp_path):
