@@ -253,3 +253,24 @@ def test_a_file_without_generation_metadata_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="plain.tflite: no litert_torch.generative metadata; it was not written by"):
         load(path)
+
+
+def test_a_model_trained_on_the_tpu_device_converts_from_there():
+    """The flow users come for: a step of training on "tpu", then the one call on the model
+    and inputs where they are; the file generates what the trained model generates."""
+    import tpu_backend  # noqa: F401  (the "tpu" device)
+
+    model = build_lm("llama").to("tpu")
+    inputs = {key: value.to("tpu") for key, value in left_padded([words(6, 1), words(3, 2)]).items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loss = model(**inputs, labels=inputs["input_ids"]).loss
+    loss.backward()
+    optimizer.step()
+    edge = convert(model, inputs, progress=False, cache_len=48)
+    assert next(model.parameters()).device.type == "tpu"  # converted from a CPU view, left where it was
+    trained = build_lm("llama")
+    trained.load_state_dict({key: value.cpu() for key, value in model.state_dict().items()})
+    cpu_inputs = {key: value.cpu() for key, value in inputs.items()}
+    want = transformers_generate(trained, cpu_inputs, max_new_tokens=8)
+    assert edge.generate(**inputs, max_new_tokens=8).tolist() == want.tolist()
+    assert want.tolist() != transformers_generate(build_lm("llama"), cpu_inputs, max_new_tokens=8).tolist()
