@@ -49,6 +49,8 @@ def unpadded_rows(inputs: dict, padding_side: str) -> list[tuple[np.ndarray, np.
     """(the row as given, its tokens without padding) for each row of `input_ids`, the padding
     read from `attention_mask` (all ones when absent). Padding on the other side, or inside a
     row, is refused: the exported signatures place a row's tokens from position 0."""
+    if "input_ids" not in inputs:
+        raise ValueError("pass input_ids (what the tokenizer or processor returns), and its attention_mask")
     ids = as_array(inputs["input_ids"], "input_ids", 2)
     mask = inputs.get("attention_mask")
     mask = np.ones_like(ids) if mask is None else as_array(mask, "attention_mask", 2)

@@ -187,6 +187,10 @@ def test_what_the_loop_does_not_apply_is_refused_by_name():
         convert(model, dict(inputs, pixel_values=torch.zeros(1, 3, 8, 8)))
     with pytest.raises(TypeError, match="this causal LM does not embed"):
         edge.embed(**inputs)
+    with pytest.raises(ValueError, match="pass input_ids \\(what the tokenizer or processor returns\\)"):
+        edge.generate(max_new_tokens=2)
+    with pytest.raises(ValueError, match="input_ids must have 2 dimensions \\(batch first\\), got shape \\(6,\\)"):
+        edge.generate(input_ids=inputs["input_ids"][0], max_new_tokens=2)
 
 
 def test_a_padded_batch_without_its_mask_is_read_as_transformers_reads_it():
