@@ -48,11 +48,14 @@ def _rows(inputs, facts):
         raise ValueError("pass pixel_values (the image processor's output)")
     pixels = as_array(inputs["pixel_values"], "pixel_values", 4)
     name, rows = facts["name"], []
+    decoder = inputs.get("decoder_input_ids")  # an encoder-decoder's own decoder prompt (TrOCR, Donut, Florence-2)
+    decoder = None if decoder is None else as_array(decoder, "decoder_input_ids", 2)
     texts = unpadded_rows(inputs, "right" if name == FLORENCE else "left") if "input_ids" in inputs else None
     if texts is not None and len(texts) != len(pixels):
         raise ValueError(f"input_ids has {len(texts)} rows for {len(pixels)} images")
     for i, image in enumerate(pixels):
-        row = {"pixels": image, "prefix": np.asarray(facts["decoder_start"]), "prompt": None}
+        start = facts["decoder_start"] if decoder is None else decoder[i]
+        row = {"pixels": image, "prefix": np.asarray(start), "prompt": None}
         if texts is None:
             pass
         elif name != FLORENCE and len(texts[i][1]) < len(texts[i][0]):
@@ -82,7 +85,7 @@ def _generate(edge, row, max_new_tokens, picker, stop, facts):
 FAMILY = Family(
     name="image-to-text model",
     matches=_matches,
-    inputs=("pixel_values", "input_ids", "attention_mask"),
+    inputs=("pixel_values", "input_ids", "attention_mask", "decoder_input_ids"),
     convert=_convert,
     sizes={"cache_len": 64, "image_size": None, "prompt_len": None},
     facts=_facts,

@@ -278,3 +278,12 @@ def test_a_model_trained_on_the_tpu_device_converts_from_there():
     want = transformers_generate(trained, cpu_inputs, max_new_tokens=8)
     assert edge.generate(**inputs, max_new_tokens=8).tolist() == want.tolist()
     assert want.tolist() != transformers_generate(build_lm("llama"), cpu_inputs, max_new_tokens=8).tolist()
+
+
+def test_an_image_encoder_decoder_continues_the_decoder_prompt_it_is_given():
+    """TrOCR and Donut users pass a task's decoder prompt as decoder_input_ids."""
+    model, inputs, edge = converted("vit + gpt2")
+    prompt = torch.tensor([[model.config.decoder_start_token_id, 7, 9]] * 2)
+    got = edge.generate(**inputs, decoder_input_ids=prompt, max_new_tokens=6)
+    assert got[:, :3].tolist() == prompt.tolist()
+    assert got.tolist() == transformers_generate(model, inputs, decoder_input_ids=prompt, max_new_tokens=6).tolist()
