@@ -39,9 +39,8 @@ def _convert(model, sample, sizes, options):
     if "input_ids" in sample and images is None:
         row = _rows(sample, facts)[0]
         images = len(row["pixels"])
-    if (
-        vlm_common.FAMILIES[facts["class"]].prefix_lm and "input_ids" in sample
-    ):  # PaliGemma: the whole prompt in one chunk
+    prefix_lm = vlm_common.FAMILIES[facts["class"]].prefix_lm
+    if prefix_lm and "input_ids" in sample:  # PaliGemma: the whole prompt in one chunk
         longest = as_array(sample["input_ids"], "input_ids", 2).shape[1]
         prefill_len = max(prefill_len, 8 * math.ceil((longest + 1) / 8))
     return vlm.export_vlm(model, prefill_len=prefill_len, cache_len=sizes["cache_len"], images=images or 1, **options)
