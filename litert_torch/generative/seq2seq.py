@@ -700,7 +700,10 @@ def _feature_source(features, source_len: int, mask=None) -> tuple[torch.Tensor,
     x = torch.as_tensor(np.asarray(features.detach().cpu() if isinstance(features, torch.Tensor) else features))
     x = torch.as_tensor(one_example(x.float().numpy(), 2, "input_features"))
     if not 1 <= x.shape[0] <= source_len:
-        raise ValueError(f"the source has {x.shape[0]} feature frames; the model was exported for 1 to {source_len}")
+        raise ValueError(
+            f"the source has {x.shape[0]} feature frames; the model was exported for 1 to {source_len}: convert with "
+            "source_len= (or a sample) of the longest source"
+        )
     given = torch.ones(x.shape[0], dtype=torch.int32) if mask is None else torch.as_tensor(np.asarray(mask)).int()
     if given.shape != (x.shape[0],):
         raise ValueError(f"the feature mask has shape {tuple(given.shape)}; the features have {x.shape[0]} frames")
@@ -713,7 +716,10 @@ def _feature_source(features, source_len: int, mask=None) -> tuple[torch.Tensor,
 def _text_source(ids, source_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.as_tensor(one_sequence(ids, "the source"))
     if ids.numel() > source_len:
-        raise ValueError(f"the source has {ids.numel()} tokens; the model was exported for at most {source_len}")
+        raise ValueError(
+            f"the source has {ids.numel()} tokens; the model was exported for at most {source_len}: convert with "
+            "source_len= (or a sample) of the longest source"
+        )
     padded = torch.zeros(1, source_len, dtype=torch.int32)
     mask = torch.zeros(1, source_len, dtype=torch.int32)
     padded[0, : ids.numel()], mask[0, : ids.numel()] = ids, 1
