@@ -10,7 +10,7 @@ are, and a model refused by name (`image_families.REFUSED`) with the reason.
 One file per family: `decoder.py` (causal LMs), `seq2seq.py` (text and speech
 encoder-decoders), `image_to_text.py` (an image encoder read by a text decoder), `vlm.py`
 (image embeddings as prompt tokens: Gemma 3, SmolVLM, PaliGemma, Qwen2-VL), `embedders.py`
-(sentence and image embedders).
+(sentence and image embedders, and CLIP/SigLIP-style dual encoders).
 """
 
 from __future__ import annotations

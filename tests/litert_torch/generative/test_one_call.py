@@ -287,3 +287,33 @@ def test_an_image_encoder_decoder_continues_the_decoder_prompt_it_is_given():
     got = edge.generate(**inputs, decoder_input_ids=prompt, max_new_tokens=6)
     assert got[:, :3].tolist() == prompt.tolist()
     assert got.tolist() == transformers_generate(model, inputs, decoder_input_ids=prompt, max_new_tokens=6).tolist()
+
+
+@pytest.mark.parametrize("family", ["CLIP", "Siglip"])
+def test_dual_encoders_embed_images_and_texts_as_their_get_features(family):
+    """CLIPModel / SiglipModel: `embed(pixel_values=...)` is `get_image_features`,
+    `embed(input_ids=...)` `get_text_features` (SigLIP's text padded to the processor's
+    max_length, no mask), one signature each."""
+    import transformers
+
+    torch.manual_seed(0)
+    tower = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    text = dict(tower, vocab_size=99, max_position_embeddings=16, **({"eos_token_id": 2} if family == "CLIP" else {}))
+    config = getattr(transformers, f"{family}Config")(
+        text_config=text, vision_config=dict(tower, image_size=32, patch_size=8)
+    )
+    model = getattr(transformers, f"{family}Model")(config).eval()
+    ids = torch.randint(3, 99, (2, 16), generator=torch.Generator().manual_seed(1))
+    ids[:, -1] = 2
+    texts = {"input_ids": ids, **({"attention_mask": torch.ones_like(ids)} if family == "CLIP" else {})}
+    pixels = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    edge = convert(model, {"pixel_values": pixels, **texts}, progress=False)
+    with torch.no_grad():
+        images_want = model.get_image_features(pixel_values=pixels).pooler_output
+        texts_want = model.get_text_features(**texts).pooler_output
+    assert (edge.embed(pixel_values=pixels) - images_want).abs().max() <= TOLERANCE
+    assert (edge.embed(**texts) - texts_want).abs().max() <= TOLERANCE
+    with pytest.raises(ValueError, match="input_ids has 8 tokens a row; the file takes 16: pad as the processor"):
+        edge.embed(input_ids=ids[:, :8])
+    with pytest.raises(ValueError, match="pass pixel_values \\(image embeddings\\) or input_ids"):
+        edge.embed(pixel_values=pixels, **texts)
