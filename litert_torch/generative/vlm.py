@@ -293,8 +293,9 @@ def generate_vlm(
     decode = runtime.signature("decode")
     check_vocabulary(prompt, logits_vocabulary(decode))
     mrope = "rope_pos" in decode.input_names  # Qwen2-VL: pixel_values are images, their grids by size
-    if not mrope:
-        pixels = _checked_pixels(runtime, pixel_values)
+    text_only = not (prompt == image_token_id).any() and (pixel_values is None or not np.size(pixel_values))
+    if not mrope:  # a prompt without images prefills without encode_image (its image rows are unused)
+        pixels = None if text_only else _checked_pixels(runtime, pixel_values)
     if max_new_tokens == 0:
         return []
     cache_len = exported_cache_len(decode)
@@ -378,16 +379,21 @@ def tile_image(image, tiles: tuple[int, int], size: int) -> torch.Tensor:
     return torch.cat([parts.reshape(rows * cols, image.shape[0], size, size), whole])
 
 
-def prefill_prompt(edge_model: EdgeModel, pixel_values: np.ndarray, prompt: np.ndarray, image_token_id: int) -> list:
-    """Run `encode_image` and the prefill chunks over `prompt` (which may end with the
-    image); returns the cache after it (the next position is len(prompt))."""
+def prefill_prompt(
+    edge_model: EdgeModel, pixel_values: np.ndarray | None, prompt: np.ndarray, image_token_id: int
+) -> list:
+    """Run `encode_image` (None: a prompt without images) and the prefill chunks over `prompt`
+    (which may end with the image); returns the cache after it (the next position is len(prompt))."""
     runtime = edge_model.runtime
     whole = PREFILL_WHOLE_PROMPT in [s.key for s in runtime.signatures]
     name = PREFILL_WHOLE_PROMPT if whole else PREFILL
     prefill, decode = runtime.signature(name), runtime.signature("decode")
     cache_len = exported_cache_len(decode)
-    (image_embeds,) = runtime.run([pixel_values], "encode_image")
-    placed = place_image_rows(prompt, image_embeds, image_token_id)
+    if pixel_values is None:  # a prompt without images
+        placed = np.zeros((prompt.size, prefill.inputs[2].shape[2]), np.float32)
+    else:
+        (image_embeds,) = runtime.run([pixel_values], "encode_image")
+        placed = place_image_rows(prompt, image_embeds, image_token_id)
     chunk = prefill.inputs[0].shape[1]
     has_logits = prefill.output_names[0] == "logits"
     cache = [np.zeros(spec.shape, spec.dtype) for spec in decode.inputs[2:]]

@@ -38,7 +38,7 @@ def _convert(model, sample, sizes, options):
     facts, images, prefill_len = _facts(model), sizes["images"], sizes["prefill_len"]
     if "input_ids" in sample and images is None:
         row = _rows(sample, facts)[0]
-        images = len(row["pixels"])
+        images = 0 if row["pixels"] is None else len(row["pixels"])
     prefix_lm = vlm_common.FAMILIES[facts["class"]].prefix_lm
     if prefix_lm and "input_ids" in sample:  # PaliGemma: the whole prompt in one chunk
         longest = as_array(sample["input_ids"], "input_ids", 2).shape[1]
@@ -77,10 +77,10 @@ def _rows(inputs, facts):
             mask = inputs.get("pixel_attention_mask")
             if mask is not None and not as_array(mask, "pixel_attention_mask").all():
                 raise ValueError("pixel_attention_mask has zeros: the file takes whole images (tiles) of one size")
-            images = pixels[i] if pixels is not None else np.zeros((0,))
+            images = pixels[i] if pixels is not None and count else None
         else:  # (images of the whole batch, 3, S, S), taken in order
             n = count // facts["tokens_per_image"]
-            images, used = (pixels[used : used + n] if pixels is not None else np.zeros((0,))), used + n
+            images, used = (pixels[used : used + n] if pixels is not None and n else None), used + n
         rows.append({"prefix": row, "prompt": prompt, "pixels": images})
     return rows
 

@@ -317,3 +317,27 @@ def test_dual_encoders_embed_images_and_texts_as_their_get_features(family):
         edge.embed(input_ids=ids[:, :8])
     with pytest.raises(ValueError, match="pass pixel_values \\(image embeddings\\) or input_ids"):
         edge.embed(pixel_values=pixels, **texts)
+
+
+@pytest.mark.parametrize(
+    "name", ["gemma3 (two rows, an image each)", "paligemma (prefix-LM)", "smolvlm (two rows of 2x2 tiles)"]
+)
+def test_a_vision_language_model_answers_a_prompt_without_images(name):
+    """No image tokens, no pixel_values: the prefill runs without encode_image, as
+    transformers' generate runs the text path alone."""
+    model, inputs, edge = converted(name)
+    text = left_padded([words(5, 1), words(3, 2)])
+    if name.startswith("paligemma"):
+        text["token_type_ids"] = torch.zeros_like(text["input_ids"])
+    got = edge.generate(**text, max_new_tokens=6)
+    assert got.tolist() == transformers_generate(model, text, max_new_tokens=6).tolist()
+
+
+def test_a_batch_mixing_a_prompt_with_an_image_and_one_without():
+    model, _, edge = converted("gemma3 (two rows, an image each)")
+    from benchmarks.families import vlm as tv
+    from benchmarks.families.one_call import vlm_inputs
+
+    inputs = vlm_inputs(model, [tv.prompt_with_images(1, 3, 2, seed=1), words(5, 2)], images=1)
+    got = edge.generate(**inputs, max_new_tokens=6)
+    assert got.tolist() == transformers_generate(model, inputs, max_new_tokens=6).tolist()
