@@ -28,7 +28,6 @@ shape traces and compiles a new program.
 from __future__ import annotations
 
 import functools
-import gc
 import time
 from typing import Callable, NamedTuple
 
@@ -118,15 +117,14 @@ class TrainStep:
         arrays += [device_tensor.read(b) for b in self.buffers]
         arrays += [_array(t) for t in batch]
         shapes = tuple((tuple(t.shape), t.dtype) for t in batch)
-        compiled_now = shapes not in self._programs
-        if compiled_now:
+        if shapes not in self._programs:
             self._programs[shapes] = self._compile(batch, arrays)
         else:
             record_hit(PROGRAM_NAME)
         step, program = self._programs[shapes]
         if step.needs_rng:  # dropout: this step's masks from the device's random stream
             arrays.insert(0, device_random.next_key())
-        if not self._donatable(arrays, program.donated, collect=compiled_now):
+        if not all(only_held_by_its_tensor(arrays[i]) for i in program.donated):
             # an array someone else holds too (`tpu_backend.to_jax(p)`): not donated, not deleted
             program = self._keeping(shapes, batch, arrays)
         loss, *new = program(*arrays)
@@ -134,20 +132,6 @@ class TrainStep:
             device_tensor.write(written[index], value)
         self.optimizer._opt_called = True  # what optimizer.step() marks for LR schedulers
         return device_tensor.wrap(loss)
-
-    @staticmethod
-    def _donatable(arrays: list, donated: tuple, collect: bool) -> bool:
-        """Whether only their tensors hold the arrays at `donated`. A reference from garbage
-        not yet collected (a cycle left by earlier work in the process) is not a holder: at
-        the step that compiled the program (`collect`), a refusal collects the cycles and
-        counts again, so that a first step does not keep two copies of the parameters and
-        moments for nothing (later steps refuse at once: a user's reference stays)."""
-        if all(only_held_by_its_tensor(arrays[i]) for i in donated):
-            return True
-        if not collect:
-            return False
-        gc.collect()
-        return all(only_held_by_its_tensor(arrays[i]) for i in donated)
 
     def _compile(self, batch, arrays) -> tuple[StepGraph, _Program]:
         """Trace the step for `batch`'s shapes and compile it for `arrays` (counted in
@@ -162,9 +146,7 @@ class TrainStep:
         # 0-d step counts are copied, not donated
         donated = tuple(i + len(key) for i in step.written if step.inputs[i].shape) if donate else ()
         clip = None if self.max_grad_norm is None else functools.partial(clip_by_total_norm, self.max_grad_norm)
-        # lowered from the arrays' types, not the arrays: nothing of the lowering holds them
-        abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding, weak_type=a.weak_type) for a in arrays]
-        lowered = jax.jit(step.function(reduced=clip), donate_argnums=donated).lower(*key, *abstract)
+        lowered = jax.jit(step.function(reduced=clip), donate_argnums=donated).lower(*key, *arrays)
         traced = time.perf_counter()
         program = _Program(lowered.compile(), donated)
         record_compile(PROGRAM_NAME, time.perf_counter() - began, trace_seconds=traced - began)

