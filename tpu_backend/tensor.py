@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import sys
 import weakref
 from typing import Callable
 
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import torch
+from jax._src.array import ArrayImpl  # JAX's concrete array class (an exact type test is cheap)
 
 from tpu_backend import chip_limits, native
 from tpu_backend._registration import DEVICE_NAME, create_device_tensor, new_device_tensor
@@ -155,6 +157,25 @@ def replace_computed_payloads() -> None:
 python_replace_computed_payloads = replace_computed_payloads  # the definition; in C++:
 if hasattr(native.load(), "replace_computed_payloads"):  # no Python call per payload
     replace_computed_payloads = functools.partial(native.module.replace_computed_payloads, _PAYLOADS, LazyValue)
+
+
+# References to an array only its tensor holds, counted while it sits in a list of program
+# arguments: its payload, the list and getrefcount's own argument. Counted in place: an
+# array passed to a Python function first may carry one more reference for the call (how
+# many depends on the interpreter: after Dynamo has failed once in the process, one more).
+_HELD_BY_ITS_TENSOR_ALONE = 3
+
+
+def held_only_by_their_tensors(arrays: list, positions) -> bool:
+    """Whether the arrays at `positions` of `arrays` (a program's arguments) can be donated,
+    breaking nothing: each a concrete array referenced only by its storage's payload and the
+    list. No user's `to_jax` value, no second storage (`b = a.clone()` may share `a`'s
+    immutable array), not another argument of the same call (`x.add_(x)`)."""
+    getrefcount = sys.getrefcount
+    for position in positions:
+        if type(arrays[position]) is not ArrayImpl or getrefcount(arrays[position]) != _HELD_BY_ITS_TENSOR_ALONE:
+            return False
+    return True
 
 
 def is_tpu(t) -> bool:

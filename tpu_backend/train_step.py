@@ -41,7 +41,6 @@ from tpu_backend import random as device_random
 from tpu_backend import tensor as device_tensor
 from tpu_backend.aot.capture import SETTINGS, StepGraph, trace_step
 from tpu_backend.compile.cache import record_compile, record_hit
-from tpu_backend.compile.compiled_graph import only_held_by_its_tensor
 
 PROGRAM_NAME = "train_step"
 
@@ -124,7 +123,7 @@ class TrainStep:
         step, program = self._programs[shapes]
         if step.needs_rng:  # dropout: this step's masks from the device's random stream
             arrays.insert(0, device_random.next_key())
-        if not all(only_held_by_its_tensor(arrays[i]) for i in program.donated):
+        if not device_tensor.held_only_by_their_tensors(arrays, program.donated):
             # an array someone else holds too (`tpu_backend.to_jax(p)`): not donated, not deleted
             program = self._keeping(shapes, batch, arrays)
         loss, *new = program(*arrays)

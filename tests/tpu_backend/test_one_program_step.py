@@ -261,8 +261,7 @@ def test_a_tied_weight_is_one_parameter_whose_gradients_add_up():
 
 def test_an_array_someone_else_holds_is_not_donated():
     """Parameters and moments are donated (updated in place) only while their tensors alone
-    hold them: a JAX array taken with `tpu_backend.to_jax` stays readable. (Whether the first
-    step donates depends on what else the process holds: the check is conservative.)"""
+    hold them: a JAX array taken with `tpu_backend.to_jax` stays readable."""
     model = nn.Linear(4, 2).to("tpu")
     step = tpu_backend.TrainStep(model, nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.5))
     x, y = torch.randn(3, 4), torch.randn(3, 2)
@@ -272,3 +271,36 @@ def test_an_array_someone_else_holds_is_not_donated():
     step(x, y)
     assert bool((held == before).all())  # not deleted, not changed
     assert not torch.equal(model.weight.detach().cpu(), torch.from_numpy(before.__array__()))
+
+
+def test_parameters_are_updated_in_place_after_a_failed_torch_compile_in_the_process():
+    """After a `torch.compile` has failed once (Trainer's fallback for a step it cannot
+    compile), Python passes every argument to a Python function with one more reference; the
+    donation check counted through such a call and stopped donating for the rest of the
+    process: every step held the parameters and moments twice. Both compiled steps still
+    write the parameters into their own buffers."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    def refuse(gm, example_inputs):
+        raise NotImplementedError("no lowering, on purpose")
+
+    with pytest.raises(BackendCompilerFailed):
+        torch.compile(nn.Linear(4, 2), backend=refuse)(torch.randn(3, 4))
+
+    def buffer(t: torch.Tensor) -> int:  # the address only: holding the array forbids donating it
+        return tpu_backend.tensor.payload_of(t).array.unsafe_buffer_pointer()
+
+    model = nn.Linear(4, 2).to("tpu")
+    step = tpu_backend.TrainStep(model, nn.functional.mse_loss, torch.optim.AdamW(model.parameters(), lr=0.1))
+    step(torch.randn(3, 4), torch.randn(3, 2))  # makes the moments
+    before = buffer(model.weight)
+    step(torch.randn(3, 4), torch.randn(3, 2))
+    assert buffer(model.weight) == before and not step._keeping_programs
+
+    weight = torch.randn(64, 64)
+    scale = torch.compile(lambda w: w.mul_(0.5), backend="tpu")  # returns the input it wrote
+    on_device = weight.to("tpu")
+    scale(on_device)
+    before = buffer(on_device)
+    assert scale(on_device) is on_device and buffer(on_device) == before
+    torch.testing.assert_close(on_device.cpu(), weight * 0.25, rtol=0, atol=0)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import sys
 import threading
 import weakref
 from typing import Any, Sequence
@@ -207,7 +206,7 @@ class CompiledGraph:
             fallback = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
             devices = [device or fallback for device in devices]
         args.clear()
-        if self.donating is not None and all(only_held_by_its_tensor(values[i]) for i in self.donated):
+        if self.donating is not None and device_tensor.held_only_by_their_tensors(values, self.donated):
             program = self.donating
         if program.needs_rng:
             # The device's key stream: seeded by torch.manual_seed, one fresh key per call.
@@ -325,17 +324,6 @@ def _block_operands(gm: torch.fx.GraphModule) -> tuple[int, ...]:
 
 def _fits(value, slot: _Slot) -> bool:
     return type(value) is ArrayImpl and value.shape == slot.shape and value.dtype == slot.array_dtype
-
-
-# References to a buffer only the input tensor holds: its storage's payload, the list of
-# program arguments, the checking function's parameter and getrefcount's own argument.
-_SOLE_OWNER_REFCOUNT = 4
-
-
-def only_held_by_its_tensor(value) -> bool:
-    """Whether donating `value` can break nothing: no other tensor, view copy or user
-    reference shares the array (e.g. `b = a.clone()` may share `a`'s immutable array)."""
-    return is_array(value) and sys.getrefcount(value) <= _SOLE_OWNER_REFCOUNT
 
 
 def _store(target: torch.Tensor, value) -> None:

@@ -90,6 +90,9 @@ def lift_input_mutations(gm: torch.fx.GraphModule) -> list[int]:
     written = []
     for node in list(gm.graph.nodes):
         if _writes_input(node):
+            if set(node.users) == {output} and not node.kwargs and len(node.args) == 2:
+                # a function returning the input it wrote (`w.mul_(s)`): the output is the new value
+                node.replace_all_uses_with(node.args[1])
             if node.users or node.kwargs or len(node.args) != 2:
                 raise NotImplementedError(f"tpu: graph writes its input in an unexpected form: {node.format_node()}")
             if node.args[0] in {w for w, _ in written}:

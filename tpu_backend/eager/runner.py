@@ -20,7 +20,6 @@ in C++ (`tpu_backend/native`).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import warnings
@@ -112,18 +111,6 @@ def _self_slots(self_template) -> tuple | None:
 # TPU_INPLACE_DONATION=0: in-place ops never donate (set before the first op, or call
 # `clear_jit_cache()` after changing it: the compiled path keeps what it learned)
 INPLACE_DONATION = os.environ.get("TPU_INPLACE_DONATION", "1") != "0"
-_HELD_BY_PAYLOAD_ALONE = 3  # its payload, the call's dynamic list and getrefcount's argument
-
-
-def _unshared(positions: tuple, dynamic: list) -> bool:
-    """Whether every array at `positions` is referenced only by its payload and the call's
-    argument list (as fused mode tells donatable inputs): no user's `to_jax` value, no
-    second storage, not another argument of the same call (`x.add_(x)`)."""
-    getrefcount = sys.getrefcount
-    for position in positions:
-        if type(dynamic[position]) is not _ARRAY_IMPL or getrefcount(dynamic[position]) != _HELD_BY_PAYLOAD_ALONE:
-            return False
-    return True
 
 
 def _run_jitted(fn: Callable, dynamic: list):
@@ -249,7 +236,7 @@ class OpRunner:
         """Strict mode, an in-place op's functional result: through the donating program
         when nothing else can read self's arrays, else through `fn`."""
         donating = self._donating(template) if INPLACE_DONATION else None
-        if donating is not None and _unshared(donating[1], dynamic):
+        if donating is not None and tpu_tensor.held_only_by_their_tensors(dynamic, donating[1]):
             fn_donating, positions, refused = donating
             if not refused or dynamic[positions[0]].dtype not in refused:
                 try:

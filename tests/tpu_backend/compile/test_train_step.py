@@ -7,9 +7,6 @@ matches PyTorch CPU eager with `torch.optim` step by step."""
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +15,6 @@ import torch._dynamo
 import tpu_backend  # noqa: F401  (registers the device)
 import tpu_backend.compile as tpu_compile
 from benchmarks.models import MODEL_CASES, functional_train_step, make_optimizer, train_step, training_batches
-from tests.chip import child_env
 from tpu_backend import tensor as device_tensor
 from tpu_backend.eager.runner import CACHE_STATS
 from tpu_backend.jax_interop import to_jax
@@ -76,18 +72,9 @@ def test_compiled_step_is_one_program_and_matches_cpu(optimizer):
 
 
 def test_compiled_step_updates_parameters_in_place():
-    """The parameters' old buffers are donated: XLA writes the new values into them. Checked in
-    a fresh process: after a failed compilation earlier in the same process
-    (test_backend.py's missing-lowering test), the step's parameter arrays carry one extra
-    reference of unidentified origin and are (safely) not donated; see docs/design/device.md."""
-    code = "from tests.tpu_backend.compile.test_train_step import check_in_place; check_in_place()"
-    root = Path(__file__).resolve().parents[3]
-    env = child_env()
-    child = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
-    assert child.returncode == 0, child.stdout + child.stderr
-
-
-def check_in_place():
+    """The parameters' old buffers are donated: XLA writes the new values into them (also
+    after a failed compilation earlier in the process: test_backend.py's missing-lowering
+    test, and test_one_program_step.py)."""
     _, _, model, step, batches = setup("adamw")
     for _, _, x, target in batches[:2]:
         step(x, target)  # warm-up: compiles
