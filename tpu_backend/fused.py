@@ -105,6 +105,9 @@ class LazyArray(tpu_tensor.LazyValue):
             raise RuntimeError("fused mode lost a pending value; please report with the recorded op list")
         return self.value
 
+    def read_alone(self) -> np.ndarray | None:
+        return _read_alone(self) if self.value is None else None
+
     def astype(self, dtype) -> "LazyArray":
         return record(("astype", np.dtype(dtype)), lambda x: x.astype(dtype), [self])
 
@@ -113,7 +116,7 @@ class LazyArray(tpu_tensor.LazyValue):
         return record(("reshape", shape), lambda x: x.reshape(shape), [self])
 
     def item(self):
-        return self.force().item()
+        return tpu_tensor.for_host(self).item()
 
     def __repr__(self) -> str:
         state = "pending" if self.value is None else "computed"
@@ -465,13 +468,15 @@ def stats() -> dict[str, Any]:
     per sync point with pending ops), `nodes` (ops those graphs held), `syncs` per reason
     ("mark_step", "read": a host read such as `.item()` or a data-dependent op,
     "node_limit", "synchronize", "mode_change"), `donated_inputs` (buffers updated in
-    place) and `read_sites`: the user's lines whose reads ran a graph. A training step
+    place), `reads_alone` (host reads computed without running the graph: `_read_alone`)
+    and `read_sites`: the user's lines whose reads ran a graph. A training step
     that shows more programs than steps was split: its read sites say where."""
     return {
         "programs_run": _STATS["programs_run"],
         "nodes": _STATS["nodes"],
         "syncs": {reason: _STATS["sync:" + reason] for reason in SYNC_REASONS},
         "donated_inputs": _STATS["donated_inputs"],
+        "reads_alone": _STATS["reads_alone"],
         "read_sites": dict(_READ_SITES),
     }
 
@@ -522,6 +527,122 @@ def sync(reason: str = "synchronize") -> None:
         for placeholder, value in zip(placeholders, results):
             placeholder.value = value
         tpu_tensor.replace_computed_payloads()
+
+
+# ----------------------------------------------------------------------------- reads alone
+
+# A host read of a pending value runs the whole graph (the step so far) unless the value is
+# a small integer or boolean computation of concrete arrays: transformers' mask code reads
+# such a value mid-forward every step (`find_packed_sequence_indices`, `fast_all(mask)`),
+# which split each training step into two programs, each the tail of one step and the head
+# of the next. Such a value is computed alone on the host's CPU device, from its own
+# ancestry (at most this many nodes), and the graph stays pending, whole: integer ops give
+# the same bits there as in the program (floats might not: a float in the ancestry refuses).
+_ALONE_MAX_NODES = 64
+_alone_programs: dict[tuple, Callable | None] = {}  # ancestry's structure -> its jitted function, None: refused
+
+
+class _Inexact(Exception):
+    """A float or complex value in the ancestry of a value read alone."""
+
+
+def _ancestry(graph: _Graph, node: int) -> list[int] | None:
+    """The nodes `node` depends on, itself included, in program order; None when more than
+    `_ALONE_MAX_NODES`."""
+    seen, stack = {node}, [node]
+    while stack:
+        for ref in graph.nodes[stack.pop()][2]:
+            if ref[0] == "n" and ref[1] not in seen:
+                if len(seen) == _ALONE_MAX_NODES:
+                    return None
+                seen.add(ref[1])
+                stack.append(ref[1])
+    return sorted(seen)
+
+
+def _alone_function(steps: list[tuple[Callable, tuple]], output: tuple[int, int]) -> Callable:
+    """The ancestry as one jitted function of its external inputs and, last, the vector of its
+    Python floats (wired in as the graph's program wires them); raises `_Inexact` when traced
+    if any of its values is not an integer or boolean."""
+    convert_element_type = _weak_type_converter()
+
+    def run(*external):
+        values: list[list] = []
+        for fn, wiring in steps:
+            args = [
+                values[r[1]][r[2]]
+                if r[0] == "n"
+                else external[r[1]]
+                if r[0] == "x"
+                else convert_element_type(external[-1][r[1]], weak_type=True)
+                for r in wiring
+            ]
+            leaves = jax.tree_util.tree_leaves(fn(*args))
+            if any(np.issubdtype(leaf.dtype, np.inexact) for leaf in leaves):
+                raise _Inexact
+            values.append(leaves)
+        return values[output[0]][output[1]]
+
+    return jax.jit(run)
+
+
+@functools.cache
+def _host_device():
+    """JAX's CPU device (where values read alone are computed), or None when JAX has none."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return None
+
+
+def _read_alone(placeholder: LazyArray) -> np.ndarray | None:
+    """`placeholder`'s value computed from its ancestry alone on the CPU device, the graph left
+    pending; None (the caller syncs) when the ancestry is large or not all integers."""
+    cpu = _host_device()
+    if cpu is None:
+        return None
+    with _lock:
+        graph = _graph
+        _, node, output = placeholder.ref
+        if node >= len(graph.nodes):  # (a pending placeholder is always the current graph's)
+            return None
+        positions = _ancestry(graph, node)
+        if positions is None:
+            return None
+        local = {p: i for i, p in enumerate(positions)}
+        inputs: dict[int, int] = {}  # the graph's external index -> the function's argument
+        floats: dict[int, int] = {}  # the graph's float index -> its place in the float vector
+        steps, structure = [], []
+        for p in positions:
+            key, fn, refs = graph.nodes[p]
+            wiring = tuple(
+                ("n", local[r[1]], r[2])
+                if r[0] == "n"
+                else ("x", inputs.setdefault(r[1], len(inputs)), *r[2:])
+                if r[0] == "x"
+                else ("f", floats.setdefault(r[1], len(floats)))
+                for r in refs
+            )
+            steps.append((fn, wiring))
+            structure.append((key, wiring))
+        external = [graph.external[i] for i in inputs]
+        external.append(np.asarray([graph.floats[i] for i in floats], np.float64))
+    if any(not getattr(x, "is_fully_addressable", True) for x in external):
+        return None  # sharded over processes: the graph's own program reads it
+    key = (tuple(structure), local[node], output)
+    function = _alone_programs.get(key, ...)
+    if function is ...:
+        function = _alone_programs[key] = _alone_function(steps, (local[node], output))
+    if function is None:
+        return None
+    try:
+        with jax.default_device(cpu):
+            value = function(*jax.device_put(external, cpu))
+    except Exception:  # noqa: BLE001 - a float in the ancestry (`_Inexact`) or a lowering only the device runs
+        _alone_programs[key] = None  # the graph's own program reads it (and raises what is wrong)
+        return None
+    _STATS["reads_alone"] += 1
+    return np.asarray(value)
 
 
 def mark_step() -> None:

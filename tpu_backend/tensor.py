@@ -84,6 +84,11 @@ class LazyValue:
     def force(self) -> jax.Array:
         raise NotImplementedError
 
+    def read_alone(self) -> np.ndarray | None:
+        """Its value for the host without running the pending graph, when that is cheap and
+        exact (fused mode: a small integer computation of concrete arrays), else None."""
+        return None
+
 
 _record = None  # fused mode's `record(key, fn, inputs)`, None when ops run eagerly
 _sync = None  # fused mode's `sync()`
@@ -139,6 +144,16 @@ def apply(key, fn, *inputs):
 def concrete(array):
     """A JAX array for `array`, running fused mode's pending graph if it is not computed."""
     return array.force() if isinstance(array, LazyValue) else array
+
+
+def for_host(array):
+    """`array` for a host read: fused mode's pending value computed alone when that is cheap
+    and exact (`LazyValue.read_alone`, a numpy array), else made concrete (which runs fused
+    mode's pending graph)."""
+    if isinstance(array, LazyValue):
+        host = array.read_alone()
+        return host if host is not None else array.force()
+    return array
 
 
 def flush() -> None:
@@ -529,7 +544,9 @@ def resize_(t: torch.Tensor, size, memory_format=None):
 
 
 def to_numpy(array: jax.Array) -> np.ndarray:
-    array = concrete(array)
+    array = for_host(array)
+    if isinstance(array, np.ndarray):
+        return array
     if not array.is_fully_addressable:  # sharded over several processes (tpu_backend.distributed)
         if array.is_fully_replicated:
             return np.asarray(array.addressable_data(0))

@@ -366,3 +366,34 @@ def test_stats_name_the_read_that_splits_a_step(fused_mode):
     assert stats["syncs"]["read"] == 1 and stats["syncs"]["mark_step"] == 1
     (site,) = stats["read_sites"]
     assert site.startswith(__file__) and stats["read_sites"][site] == 1
+
+
+def test_a_small_integer_read_is_computed_alone_and_the_step_stays_one_program(fused_mode):
+    """transformers' mask code reads a value of the step's inputs mid-forward (are the
+    positions one packed sequence?), and the labels' shift is checked for its range at that
+    read. Both are integer computations of concrete arrays: they are computed alone, as on
+    CPU, and the step's graph stays pending, one program at `mark_step`. A float read still
+    runs the graph."""
+
+    def step(weight, positions, labels):
+        loss = (weight * 2).sum()  # the step's float work
+        first = positions[:, :1] - 1
+        packed = (torch.diff(positions, prepend=first, dim=-1) != 1).cumsum(-1)
+        one_sequence = bool((packed[:, -1] == 0).all())
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+        return one_sequence, shifted, shifted.max().item(), loss
+
+    weight, labels = torch.randn(4), torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    want = step(weight, torch.arange(16).unsqueeze(0), labels)
+    on_device = weight.to("tpu")
+    tpu_backend.mark_step()
+    fused.reset_stats()
+    got = step(on_device, torch.arange(16, device="tpu").unsqueeze(0), labels.to("tpu"))
+    assert fused.stats()["reads_alone"] == 2 and fused.stats()["programs_run"] == 0
+    assert fused.pending_nodes() > 0
+    assert got[0] is want[0] is True and got[2] == want[2]
+    torch.testing.assert_close(_cpu(got[1]), want[1], rtol=0, atol=0)
+    assert got[3].item() == pytest.approx(want[3].item())
+    assert fused.stats()["syncs"]["read"] == 1  # the float read ran the graph
+    two_sequences = torch.tensor([[0, 1, 2, 0, 1]], device="tpu") * 1  # (pending)
+    assert not bool(((torch.diff(two_sequences, dim=-1) != 1).cumsum(-1)[:, -1] == 0).all())

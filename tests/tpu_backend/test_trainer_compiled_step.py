@@ -9,12 +9,15 @@ host. The tiny Llama and the CPU comparison are `test_trainer_integration`'s.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers
 
 import tpu_backend  # noqa: F401
 from tests.tpu_backend.test_trainer_integration import (
+    COMPILED_ADAMW_ATOL,
     LOSS_ATOL,
     PARAMETER_ATOL,
     assert_same_training,
@@ -211,3 +214,60 @@ def test_the_loss_filter_compiles_for_a_tpu():
     assert finite_or_mean(torch.tensor(1.5), total, 3.0).item() == 1.5
     exported = tpu_backend.export(lambda loss, total: finite_or_mean(loss, total, 3.0), (torch.tensor(1.5), total))
     compile_for_tpu(exported.call, *exported.in_avals, chip="v5e")
+
+
+def test_fused_eager_mode_runs_each_step_as_one_program_as_on_cpu(tmp_path, monkeypatch):
+    """In fused eager mode (the compiled step switched off) the optimizer's step ends the
+    step's graph, and the reads transformers' mask code makes mid-forward are computed alone:
+    one program a step, nothing compiled after the second, losses and parameters as on CPU
+    (SGD: its update is the gradient's own scale). Trainer logs every step here: its reads of
+    the loss run between steps."""
+    from tpu_backend import fused
+
+    monkeypatch.setenv("TPU_TRAINER_COMPILE", "0")
+    previous = tpu_backend.get_eager_mode()
+    tpu_backend.set_eager_mode("fused")
+    try:
+        trainers = {"tpu": make_trainer(tmp_path / "tpu", use_cpu=False, optim="sgd", learning_rate=0.5)}
+        counters = StepCounters()
+        trainers["tpu"].add_callback(counters)
+        fused.reset_stats()
+        trainers["tpu"].train()
+        stats = fused.stats()
+    finally:
+        tpu_backend.set_eager_mode(previous)
+    steps = trainers["tpu"].args.max_steps
+    assert stats["syncs"]["mark_step"] == steps and stats["reads_alone"] > 0, stats
+    # the only other programs: the logging's reads of the loss, between steps
+    assert {site.split(":")[0] for site in stats["read_sites"]} == {transformers.trainer.__file__}, stats
+    assert counters.per_step(2, steps)[2] == 0, "programs compiled after the second step"
+    trainers["cpu"] = make_trainer(tmp_path / "cpu", use_cpu=True, optim="sgd", learning_rate=0.5)
+    trainers["cpu"].train()
+    assert_same_training(trainers["tpu"], trainers["cpu"], LOSS_ATOL, PARAMETER_ATOL)
+
+
+def test_the_ninth_optimizer_of_a_process_still_steps_as_one_compiled_program():
+    """Each Trainer compiles its own optimizer's step. Traced through torch.optim's wrappers,
+    whose graph breaks made Dynamo compile the class's shared `step` code guarded on the
+    optimizer object, the 9th optimizer of a process (a hyperparameter search) passed Dynamo's
+    recompile limit and stepped op by op; the update is compiled alone now, the hooks around it."""
+    from tpu_backend.integrations.accelerate import _compiled_optimizer_step
+
+    calls = []
+    for index in range(10):
+        torch.manual_seed(index)
+        cpu = torch.nn.Linear(8, 4)
+        model = copy.deepcopy(cpu).to("tpu")
+        optimizers = [torch.optim.AdamW(m.parameters(), lr=0.1, fused=m is model) for m in (cpu, model)]
+        optimizers[1].register_step_post_hook(lambda optimizer, args, kwargs, index=index: calls.append(index))
+        step = _compiled_optimizer_step(optimizers[1])
+        for _ in range(2):  # the first makes the optimizer's state
+            for m in (cpu, model):
+                m(torch.ones(2, 8, device=m.weight.device)).square().sum().backward()
+            optimizers[0].step()
+            before = (CACHE_STATS.requests, compile_stats().total().requests)
+            step()
+        # the steady step: one compiled program, no per-op one
+        assert (CACHE_STATS.requests - before[0], compile_stats().total().requests - before[1]) == (0, 1)
+        torch.testing.assert_close(model.weight.cpu(), cpu.weight.detach(), rtol=0, atol=COMPILED_ADAMW_ATOL)
+    assert calls == [index for index in range(10) for _ in range(2)]  # the step's hooks ran, eagerly

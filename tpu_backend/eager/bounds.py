@@ -182,7 +182,8 @@ def _raise_if_out_of_range(host: np.ndarray, view, size, dim, negative, exempt, 
 
 
 def _check(entries: list) -> None:
-    arrays = jax.device_get([tpu_tensor.concrete(entry[0]) for entry in entries])  # one read for all
+    # one read for all (fused mode: a pending index, such as a slice of the labels, computed alone)
+    arrays = jax.device_get([tpu_tensor.for_host(entry[0]) for entry in entries])
     for host, (_, *rest) in zip(arrays, entries):
         _raise_if_out_of_range(np.asarray(host), *rest)
 

@@ -34,9 +34,9 @@ stay eager):
 - the model: `prepare()` compiles it with backend "tpu", as `torch_compile=True` does
   (Trainer's `torch_compile=True` without a backend asks for inductor, which cannot
   generate code for this device: it gets "tpu" too);
-- the optimizer's step: `optimizer.step()` of a prepared optimizer runs as one compiled
-  program (PyTorch's recipe for a compiled optimizer) when the optimizer is one of
-  `torch.optim`'s; any other steps op by op, with one warning naming it;
+- the optimizer's step: `optimizer.step()` of a prepared optimizer runs its update as one
+  compiled program (the step's hooks around it) when the optimizer is one of `torch.optim`'s;
+  any other steps op by op, with one warning naming it;
 - gradient clipping: `accelerator.clip_grad_norm_` computes the norm and scales the
   gradients in one compiled program.
 `TPU_TRAINER_COMPILE=0` (read when the `Accelerator` is made) keeps all three eager.
@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import warnings
@@ -208,16 +209,26 @@ def _compiled_optimizer_step(optimizer) -> _CompiledOrEager | None:
             stacklevel=4,
         )
         return None
-    step = type(optimizer).step  # not a scheduler's counting wrapper (Dynamo skips lr_scheduler.py)
+    # The update alone is compiled: torch.optim's wrappers of step() run around it, eagerly.
+    # Traced, `_use_grad`'s graph breaks made Dynamo compile the class's own `step` code as a
+    # frame of its own, guarded on the optimizer object: a new optimizer was a recompile of
+    # code shared by all, and from the 9th in a process (Dynamo's recompile limit: a
+    # hyperparameter search, a notebook) the update ran op by op.
+    update = inspect.unwrap(type(optimizer).step)  # (not a scheduler's counting wrapper either)
 
     def optimizer_step():
-        step(optimizer)
+        update(optimizer)
 
     compiled = compile_own(optimizer_step, backend="tpu")
 
+    @torch.optim.Optimizer.profile_hook_step  # step() hooks and profiler range, as optimizer.step() runs them
+    def with_hooks(self):
+        with torch.set_grad_enabled(self.defaults.get("differentiable", False)):
+            compiled()
+
     def traced_step():
         with _traced_settings(optimizer):
-            compiled()
+            with_hooks(optimizer)
 
     return _CompiledOrEager(traced_step, optimizer.step, f"the optimizer {type(optimizer).__qualname__}'s step")
 
@@ -322,7 +333,11 @@ def _patch_accelerator(accelerator_module) -> None:
 def _patch_accelerated_optimizer(optimizer_module) -> None:
     """A prepared optimizer's step() runs its compiled program when the accelerator made one
     (`_compiled_optimizer_step`); with a closure (LBFGS), a loss scaler or gradients not yet
-    synchronised (accumulation) it keeps accelerate's own path."""
+    synchronised (accumulation) it keeps accelerate's own path. In fused eager mode an
+    optimizer step that updates the parameters ends the step's graph (`fused.mark_step`), as
+    torch_xla's `optimizer_step` does: one program a training step."""
+    from tpu_backend import fused
+
     optimizer_class = optimizer_module.AcceleratedOptimizer
     if getattr(optimizer_class, "_tpu_aware", False):
         return
@@ -332,8 +347,12 @@ def _patch_accelerated_optimizer(optimizer_module) -> None:
     def step(self, closure=None):
         compiled = getattr(self, "_tpu_compiled_step", None)
         if compiled is None or closure is not None or self.scaler is not None or not self.gradient_state.sync_gradients:
-            return vendor_step(self, closure)
-        compiled()
+            result = vendor_step(self, closure)
+        else:
+            result = compiled()
+        if self.gradient_state.sync_gradients:
+            fused.mark_step()  # fused eager mode: the step's ops run as one program (else a no-op)
+        return result
 
     optimizer_class.step = step
     optimizer_class._tpu_aware = True
