@@ -137,15 +137,26 @@ class LogitsRules:
 
 class Picker:
     """A `Sampler` behind `LogitsRules`, for one generated sequence: it counts its picks and
-    keeps the sequence (`context`, the prompt first) that the rules read, and every step's
-    logits as they came (`logits`) and as the rules left them (`scores`); `on_pick(token)`
-    hears each token as it is picked. Pass it as `sampler=` to the generate functions, which
-    call it once per new token."""
+    keeps the sequence (`context`, the prompt first) that the rules read, and, when asked
+    (`keep_logits`, `keep_scores`: a vocabulary of floats per step), every step's logits as
+    they came (`logits`) and as the rules left them (`scores`); `on_pick(token)` hears each
+    token as it is picked. Pass it as `sampler=` to the generate functions, which call it once
+    per new token."""
 
     def __init__(
-        self, sampler: Sampler, rules: LogitsRules, context, max_new_tokens: int, encoder_ids=None, on_pick=None
+        self,
+        sampler: Sampler,
+        rules: LogitsRules,
+        context,
+        max_new_tokens: int,
+        encoder_ids=None,
+        on_pick=None,
+        *,
+        keep_logits: bool = False,
+        keep_scores: bool = False,
     ):
         self.sampler, self.rules, self.max_new_tokens, self.on_pick = sampler, rules, max_new_tokens, on_pick
+        self.keep_logits, self.keep_scores = keep_logits, keep_scores
         self.context = [int(t) for t in np.asarray(context).reshape(-1)]
         self.encoder_ids = None if encoder_ids is None else [int(t) for t in np.asarray(encoder_ids).reshape(-1)]
         if rules.encoder_no_repeat_ngram and self.encoder_ids is None:
@@ -157,7 +168,8 @@ class Picker:
 
     def __call__(self, logits, rng: np.random.Generator) -> int:
         rules, scores = self.rules, np.array(logits, dtype=np.float32).reshape(-1)
-        self.logits.append(scores.copy())
+        if self.keep_logits:
+            self.logits.append(scores.copy())
         vocab = lambda ids: [i for i in ids if 0 <= i < scores.size]  # noqa: E731
         if rules.repetition_penalty not in (None, 1.0):
             seen = np.array(sorted(set(vocab(self.context))), dtype=np.int64)
@@ -178,7 +190,8 @@ class Picker:
         scores[vocab(rules.suppress)] = -np.inf
         if self.picked == 0:
             scores[vocab(rules.begin_suppress)] = -np.inf
-        self.scores.append(scores)
+        if self.keep_scores:
+            self.scores.append(scores)
         token = self.sampler(scores, rng)
         self.picked += 1
         self.context.append(token)

@@ -197,7 +197,16 @@ class GenerativeModel:
             max_new = _max_new_tokens(config, len(prefix), self.facts.get("max_positions"))
             sampler = _sampler(config, None if seed is None else seed + i)
             on_pick = None if streamer is None else (lambda token: streamer.put(torch.tensor([token])))
-            picker = Picker(sampler, _rules(config, eos, len(prefix)), prefix, max_new, row.get("encoder_ids"), on_pick)
+            picker = Picker(
+                sampler,
+                _rules(config, eos, len(prefix)),
+                prefix,
+                max_new,
+                row.get("encoder_ids"),
+                on_pick,
+                keep_logits=bool(config.return_dict_in_generate and config.output_logits),
+                keep_scores=bool(config.return_dict_in_generate and config.output_scores),
+            )
             if streamer is not None:
                 streamer.put(torch.tensor([prefix]))
             new = self.family.generate(self.edge, row, max_new, picker, eos, self.facts)

@@ -291,3 +291,20 @@ def test_padding_at_positions_after_the_prompt_does_not_reach_decode(family):
     errors = [max_relative_error(g[-1], expected[pos]) for pos, g in enumerate(got[2:], start=11)]
     assert max_relative_error(got[0][-1], expected[7]) <= TOLERANCE
     assert len(errors) == 24 - 11 and max(errors) <= TOLERANCE, errors
+
+
+def test_a_picker_keeps_each_steps_logits_only_when_asked():
+    """A step's logits are a vocabulary of floats (1 MB at Gemma's 256k): a long generation
+    keeps them only for `output_logits` / `output_scores`, and then as they came and as the
+    rules (here no end token before two new ones) left them."""
+    from litert_torch.generative.generate import LogitsRules, Picker, Sampler
+
+    rules = LogitsRules(eos=(2,), min_new=2)
+    step = np.array([0.0, 1.0, 5.0, 3.0], np.float32)  # the end token 2 ranks first
+    plain = Picker(Sampler(), rules, [1], max_new_tokens=4)
+    kept = Picker(Sampler(), rules, [1], max_new_tokens=4, keep_logits=True, keep_scores=True)
+    for picker in (plain, kept):
+        assert [picker(step, picker.rng()) for _ in range(3)] == [3, 3, 2]
+    assert plain.logits == plain.scores == []
+    assert [list(x) for x in kept.logits] == [list(step)] * 3
+    assert kept.scores[0][2] == kept.scores[1][2] == -np.inf and kept.scores[2][2] == 5.0
