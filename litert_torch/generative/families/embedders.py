@@ -88,7 +88,6 @@ class ImageEmbeds(nn.Module):
 def _convert_image(model, sample, sizes, options):
     from converter.pipeline import cpu_view
     from litert_torch.api import convert
-    from runtimes.litert import max_relative_error
 
     if "pixel_values" not in sample:
         raise ValueError(f"{type(model).__name__}: pass a sample with pixel_values (the image processor's output)")
@@ -97,15 +96,24 @@ def _convert_image(model, sample, sizes, options):
     wrapper = ImageEmbeds(cpu_view(model)).eval()
     edge = convert(wrapper, (image,), **options)
     if verify and options.get("quant_config") is None:
+        _check_against_pytorch(edge, model, {None: (wrapper, (image,))})
+    return edge
+
+
+def _check_against_pytorch(edge, model: nn.Module, towers: dict) -> None:
+    """Refuse a file whose embeddings (one per signature name: module, sample) differ from
+    PyTorch's by more than TOLERANCE."""
+    from runtimes.litert import max_relative_error
+
+    for name, (module, args) in towers.items():
         with torch.no_grad():
-            expected = wrapper(image).numpy()
-        error = max_relative_error(edge(image.numpy()), expected)
+            expected = module(*args).numpy()
+        error = max_relative_error(edge(*args, signature_name=name), expected)
         if not error <= TOLERANCE:
             raise UnsupportedModelError(
-                f"{type(model).__name__}: the LiteRT file's image embedding differs from PyTorch's by {error:.3g} "
-                "(max relative); refusing to return a different model"
+                f"{type(model).__name__}: the LiteRT file's {name or 'embedding'} differs from PyTorch's by "
+                f"{error:.3g} (max relative); refusing to return a different model"
             )
-    return edge
 
 
 class _Features(nn.Module):
@@ -127,7 +135,6 @@ class _Features(nn.Module):
 def _convert_dual(model, sample, sizes, options):
     from converter.pipeline import cpu_view
     from litert_torch.signatures import signature
-    from runtimes.litert import max_relative_error
 
     if "pixel_values" not in sample or "input_ids" not in sample:
         raise ValueError(
@@ -146,15 +153,7 @@ def _convert_dual(model, sample, sizes, options):
         builder = (signature if builder is None else builder.signature)(name, module, args, output_names=["embeddings"])
     edge = builder.convert(**options)
     if verify and options.get("quant_config") is None:
-        for name, (module, args) in towers.items():
-            with torch.no_grad():
-                expected = module(*args).numpy()
-            error = max_relative_error(edge(*args, signature_name=name), expected)
-            if not error <= TOLERANCE:
-                raise UnsupportedModelError(
-                    f"{type(model).__name__}: the LiteRT file's {name} differs from PyTorch's by {error:.3g} "
-                    "(max relative); refusing to return a different model"
-                )
+        _check_against_pytorch(edge, model, towers)
     return edge
 
 
