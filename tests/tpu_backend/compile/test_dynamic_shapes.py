@@ -351,3 +351,52 @@ def test_gpt2_trains_under_dynamic_true_as_on_cpu():
             torch.testing.assert_close(got.cpu(), want, rtol=TOLERANCE, atol=TOLERANCE)
             for (name, expected), actual in zip(model.named_parameters(), device_model.parameters()):
                 torch.testing.assert_close(actual.grad.cpu(), expected.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_bert_classification_over_padded_batches_of_any_length_is_bucketed_and_matches_cpu():
+    """Text classification as Trainer's padding collator feeds it: each batch padded to its
+    longest row, an attention mask with zeros. BERT reads its token types by position
+    (`gather`), the masks index the attention mask with ranges (`index.Tensor`) and the pooler
+    takes `hidden[:, 0]` (`select`, and `select_backward`): all read true positions of a dim
+    padded at its end, so every length shares its bucket's programs (each compiled exactly
+    per length before). A negative index (`hidden[:, -1]`) would read padding: pinned."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    for length in (9, 13, 11, 15):  # one bucket: 16
+        ids = torch.randint(3, 64, (3, length), generator=generator)
+        mask = torch.ones_like(ids)
+        mask[0, length // 2 :] = 0  # a shorter row, padded
+        batches.append(((ids, mask), torch.randint(0, 3, (3,), generator=generator)))
+
+    def train_classifier(model, batches, compiled):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        forward = torch.compile(model, backend="tpu") if compiled else model
+
+        def step(inputs, labels):
+            optimizer.zero_grad()
+            loss = forward(input_ids=inputs[0], attention_mask=inputs[1], labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        return record_training(model, step, batches)
+
+    want = train_classifier(copy.deepcopy(model), batches, compiled=False)
+    on_device = [((i.to("tpu"), m.to("tpu")), y.to("tpu")) for (i, m), y in batches]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExactShapesWarning)
+        got = train_classifier(copy.deepcopy(model).to("tpu"), on_device, compiled=True)
+    assert_runs_match(got, want, "BERT over padded batches, bucketed")
+    assert compiled_signatures("_forward") <= 2 and compiled_signatures("_backward") <= 2  # exact, then the bucket
+
+    last_token = torch.compile(lambda h: h[:, -1].sum(), backend="tpu", dynamic=True)
+    with pytest.warns(ExactShapesWarning, match="indexing into a symbolic dim"):
+        assert last_token(torch.ones(2, 5, 4, device="tpu")).item() == 8.0
