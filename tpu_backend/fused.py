@@ -334,9 +334,12 @@ def _external_avals(nodes: list[_Node], floats: int) -> list[jax.ShapeDtypeStruc
     return avals + ([jax.ShapeDtypeStruct((floats,), np.float64)] if floats else [])
 
 
-def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], has_floats: bool) -> Callable:
+def _graph_function(
+    nodes: list[_Node], outputs: list[tuple[int, int]], has_floats: bool, check: Callable | None = None
+) -> Callable:
     """The recorded graph as one function of its external inputs (and, last, the vector
-    of Python floats when there are any), returning the live outputs."""
+    of Python floats when there are any), returning the live outputs; `check(leaves)` sees
+    each node's results as they are traced."""
     steps = [(fn, refs) for _, fn, refs in nodes]
     convert_element_type = _weak_type_converter()
 
@@ -353,6 +356,8 @@ def _graph_function(nodes: list[_Node], outputs: list[tuple[int, int]], has_floa
                 else:  # a Python float: weakly typed again, as in strict mode (float32 * lr stays float32)
                     args.append(convert_element_type(floats[r[1]], weak_type=True))
             values.append(jax.tree_util.tree_leaves(fn(*args)))
+            if check is not None:
+                check(values[-1])
         return [values[p][i] for p, i in outputs]
 
     return run
@@ -560,30 +565,10 @@ def _ancestry(graph: _Graph, node: int) -> list[int] | None:
     return sorted(seen)
 
 
-def _alone_function(steps: list[tuple[Callable, tuple]], output: tuple[int, int]) -> Callable:
-    """The ancestry as one jitted function of its external inputs and, last, the vector of its
-    Python floats (wired in as the graph's program wires them); raises `_Inexact` when traced
-    if any of its values is not an integer or boolean."""
-    convert_element_type = _weak_type_converter()
-
-    def run(*external):
-        values: list[list] = []
-        for fn, wiring in steps:
-            args = [
-                values[r[1]][r[2]]
-                if r[0] == "n"
-                else external[r[1]]
-                if r[0] == "x"
-                else convert_element_type(external[-1][r[1]], weak_type=True)
-                for r in wiring
-            ]
-            leaves = jax.tree_util.tree_leaves(fn(*args))
-            if any(np.issubdtype(leaf.dtype, np.inexact) for leaf in leaves):
-                raise _Inexact
-            values.append(leaves)
-        return values[output[0]][output[1]]
-
-    return jax.jit(run)
+def _integers_only(leaves: list) -> None:
+    """Raise `_Inexact` for a float or complex value (traced in the ancestry of a read alone)."""
+    if any(np.issubdtype(leaf.dtype, np.inexact) for leaf in leaves):
+        raise _Inexact
 
 
 @functools.cache
@@ -612,7 +597,7 @@ def _read_alone(placeholder: LazyArray) -> np.ndarray | None:
         local = {p: i for i, p in enumerate(positions)}
         inputs: dict[int, int] = {}  # the graph's external index -> the function's argument
         floats: dict[int, int] = {}  # the graph's float index -> its place in the float vector
-        steps, structure = [], []
+        nodes = []  # the ancestry, wired as a graph of its own
         for p in positions:
             key, fn, refs = graph.nodes[p]
             wiring = tuple(
@@ -623,21 +608,21 @@ def _read_alone(placeholder: LazyArray) -> np.ndarray | None:
                 else ("f", floats.setdefault(r[1], len(floats)))
                 for r in refs
             )
-            steps.append((fn, wiring))
-            structure.append((key, wiring))
+            nodes.append((key, fn, wiring))
         external = [graph.external[i] for i in inputs]
         external.append(np.asarray([graph.floats[i] for i in floats], np.float64))
     if any(not getattr(x, "is_fully_addressable", True) for x in external):
         return None  # sharded over processes: the graph's own program reads it
-    key = (tuple(structure), local[node], output)
+    key = (tuple((k, wiring) for k, _, wiring in nodes), local[node], output)
     function = _alone_programs.get(key, ...)
     if function is ...:
-        function = _alone_programs[key] = _alone_function(steps, (local[node], output))
+        outputs = [(local[node], output)]
+        function = _alone_programs[key] = jax.jit(_graph_function(nodes, outputs, True, check=_integers_only))
     if function is None:
         return None
     try:
         with jax.default_device(cpu):
-            value = function(*jax.device_put(external, cpu))
+            (value,) = function(*jax.device_put(external, cpu))
     except Exception:  # noqa: BLE001 - a float in the ancestry (`_Inexact`) or a lowering only the device runs
         _alone_programs[key] = None  # the graph's own program reads it (and raises what is wrong)
         return None

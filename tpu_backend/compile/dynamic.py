@@ -591,9 +591,8 @@ def _triangle_rule(node, dyn):
     position's index is its true index), not for merged dims (padding between rows)."""
     x = _val(node.args[0])
     for d in (x.dim() - 2, x.dim() - 1):
-        expr = _expr(x.shape[d])
-        if d in dyn(node.args[0]) and not isinstance(expr, sympy.Symbol):
-            raise _Pin(dyn(node.args[0])[d], f"{node.target} over a merged dim of size {expr}")
+        if d in dyn(node.args[0]) and not _padded_at_its_end(x, d):
+            raise _Pin(dyn(node.args[0])[d], f"{node.target} over a merged dim of size {_expr(x.shape[d])}")
     return None
 
 
