@@ -271,3 +271,48 @@ def test_the_ninth_optimizer_of_a_process_still_steps_as_one_compiled_program():
         assert (CACHE_STATS.requests - before[0], compile_stats().total().requests - before[1]) == (0, 1)
         torch.testing.assert_close(model.weight.cpu(), cpu.weight.detach(), rtol=0, atol=COMPILED_ADAMW_ATOL)
     assert calls == [index for index in range(10) for _ in range(2)]  # the step's hooks ran, eagerly
+
+
+def test_a_second_model_of_a_process_compiles_at_its_own_static_sizes(monkeypatch):
+    """Dynamo remembers which input sizes changed between calls per code name and line:
+    the model and optimizer steps that accelerate compiles for each model shared theirs, so
+    a second model of other sizes compiled its forward, backward and optimizer with symbolic
+    sizes (bucketed programs; with labels, some failed). Each is its own code now."""
+    from tpu_backend.compile import dynamic
+    from tpu_backend.integrations.accelerate import _compile_in_place, _compiled_optimizer_step
+
+    bucketed = []
+    compile_bucketed = dynamic.compile_bucketed
+    monkeypatch.setattr(
+        dynamic, "compile_bucketed", lambda gm, name, *a: bucketed.append(name) or compile_bucketed(gm, name, *a)
+    )
+    for width in (8, 12, 16):
+        torch.manual_seed(width)
+        cpu = torch.nn.Linear(width, 4)
+        model = copy.deepcopy(cpu).to("tpu")
+        _compile_in_place(model)
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (cpu, model)]
+        step = _compiled_optimizer_step(optimizers[1])
+        for m in (cpu, model):
+            m(torch.ones(width, width, device=m.weight.device)).square().sum().backward()
+        optimizers[0].step()
+        step()
+        torch.testing.assert_close(model.weight.cpu(), cpu.weight.detach(), rtol=1e-6, atol=1e-6)
+    assert bucketed == []
+
+
+def test_gpt2s_forward_with_labels_is_one_graph():
+    """GPT-2's class names no loss type: transformers logs a warning when its forward looks
+    its loss function up, and a logger call breaks Dynamo's graph (two forward and two
+    backward programs a step, the logits written out between them). accelerate's model
+    compile looks it up once before."""
+    from benchmarks.families import causal_lm as families
+    from tpu_backend.integrations.accelerate import _compile_in_place
+
+    torch._dynamo.utils.counters.clear()
+    model = families.build("gpt2").to("tpu")
+    _compile_in_place(model)
+    ids = torch.randint(0, families.VOCAB, (2, 8), device="tpu")
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

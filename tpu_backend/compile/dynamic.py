@@ -234,6 +234,14 @@ class _Pin(Exception):
         self.symbols, self.reason = set(symbols), reason
 
 
+class _PaddingFailed(Exception):
+    """Tracing at padded sizes raised `error`: the program is traced again at exact sizes."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _val(arg):
     return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
 
@@ -485,13 +493,28 @@ def _layer_norm_backward_rule(node, dyn):
     return Masking(((0, masked, 0.0), (1, masked, 0.0), (3, masked, 0.0), (4, masked, 0.0)))
 
 
+def _target_rows_as_input_rows(node, dyn, input_at: int, target_at: int) -> None:
+    """`nll_loss` does not make its target's rows the same size as its input's: labels
+    that came in with symbolic sizes beside logits of a static size (automatic dynamic
+    shapes marked only the labels) would be padded alone. Their symbols are pinned."""
+    target_rows = dyn(node.args[target_at]).get(0)
+    if target_rows and _val(node.args[input_at]).dim() > 1 and 0 not in dyn(node.args[input_at]):
+        raise _Pin(target_rows, f"{node.target}: a target of symbolic size beside an input of static size")
+
+
 def _nll_loss_rule(node, dyn):
     """Padded rows get the ignore index: they add nothing to the loss nor to its count."""
+    _target_rows_as_input_rows(node, dyn, 0, 1)
     reduction, ignore_index = node.args[3], node.args[4]
     target_dims = tuple(dyn(node.args[1]))
     if not target_dims or reduction == 0:
         return None
     return Masking(((1, target_dims, ignore_index), (0, tuple(dyn(node.args[0])), 0.0)))
+
+
+def _nll_loss_backward_rule(node, dyn):
+    _target_rows_as_input_rows(node, dyn, 1, 2)
+    return None
 
 
 def _batch_dim_only(*arg_positions, mask_for_weights=()):
@@ -666,7 +689,7 @@ _RULES: dict[Any, Callable] = {
     aten.native_layer_norm.default: _layer_norm_rule,
     aten.native_layer_norm_backward.default: _layer_norm_backward_rule,
     aten.nll_loss_forward.default: _nll_loss_rule,
-    aten.nll_loss_backward.default: _rule_row_local,
+    aten.nll_loss_backward.default: _nll_loss_backward_rule,
     aten.embedding_dense_backward.default: _embedding_backward_rule,
     aten.convolution.default: _batch_dim_only(0),
     aten.convolution_backward.default: _batch_dim_only(0, 1, mask_for_weights=(0, 1)),
@@ -908,7 +931,12 @@ class BucketedGraphFunction(GraphFunction):
             self._sized(ph.meta.get("val")) if _is_symbolic_scalar(ph.meta.get("val")) else value
             for ph, value in zip(self.placeholders, inputs)
         ]
-        new_key, outputs = self.run(inputs, key)
+        try:
+            new_key, outputs = self.run(inputs, key)
+        except Exception as error:
+            if self.plan.padded_symbols:
+                raise _PaddingFailed(error) from error
+            raise
         outputs = type(outputs)(None if isinstance(o, Sized) else o for o in outputs)
         return (new_key, outputs) if self.needs_rng else outputs
 
@@ -1123,11 +1151,29 @@ class BucketedProgram(GraphProgram):
         values = _resize_all(values, plans)
         sizes = tuple(padded[s] for s in self.plan.symbols)
         trues = [np.asarray(true[s], np.int32) for s in self.plan.symbols]
-        if fn.needs_rng:
-            key, outputs = self(key, sizes, *values, *trues)
-        else:
-            outputs = self(sizes, *values, *trues)
+        try:
+            if fn.needs_rng:
+                key, outputs = self(key, sizes, *values, *trues)
+            else:
+                outputs = self(sizes, *values, *trues)
+        except _PaddingFailed as failed:
+            self._pin_all(failed.error)
+            return self.run_tensors(args, key)
         return list(outputs), true, padded
+
+    def _pin_all(self, error: Exception) -> None:
+        """A lowering refused the padded sizes (an op needs a padded size equal to one the
+        plan cannot see is the same): every symbol of the graph is kept exact from now on."""
+        where = next((note for note in getattr(error, "__notes__", ()) if "while lowering" in note), "")
+        what = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        reason = f"padded sizes failed ({what}){where.split(', node:')[0].replace('tpu: ', ' ')}"
+        self.plan.pinned.update((s, reason) for s in self.plan.padded_symbols)
+        self.plan.masks.clear()
+        warnings.warn(
+            f"tpu: graph {self.name!r}: sizes not bucketed (one program per value): {reason}",
+            ExactShapesWarning,
+            stacklevel=2,
+        )
 
     def padded_sizes(self, true: dict) -> dict:
         """Each symbol's size in this call's program: a pinned symbol's true one; any other

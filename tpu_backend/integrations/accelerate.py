@@ -49,6 +49,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 import warnings
 
 import torch
@@ -163,8 +164,20 @@ def _compile_in_place(module: torch.nn.Module) -> None:
     def call(*args, **kwargs):
         return module._call_impl(*args, **kwargs)
 
+    _resolve_loss_function(module)
     compiled = compile_own(call, backend="tpu")
     module._compiled_call_impl = _CompiledOrEager(compiled, module._call_impl, f"the model {type(module).__name__}")
+
+
+def _resolve_loss_function(module: torch.nn.Module) -> None:
+    """Looks up the outermost transformers model's `loss_function` once, eagerly. The lookup
+    logs a warning for a model whose class names no loss type (GPT-2's `GPT2LMHeadModel`),
+    and a logger call is a graph break: the compiled forward of such a model was two graphs,
+    with the logits (batch x sequence x vocabulary) written out between them."""
+    modeling = sys.modules.get("transformers.modeling_utils")
+    model = next((m for m in module.modules() if modeling and isinstance(m, modeling.PreTrainedModel)), None)
+    if model is not None and "_loss_function" not in vars(model):
+        model.loss_function = model.loss_function
 
 
 # A param group's settings while its compiled step traces and runs (then restored): PyTorch's

@@ -3,6 +3,7 @@ number of programs, results equal to unpadded PyTorch (tpu_backend/compile/dynam
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -310,6 +311,38 @@ def test_a_loss_in_a_graph_of_its_own_pads_its_rows_alike():
             got, want = compiled(input_ids=ids.to("tpu"), labels=ids.to("tpu")), model(input_ids=ids, labels=ids)
             torch.testing.assert_close(got.loss.cpu(), want.loss, rtol=TOLERANCE, atol=TOLERANCE)
             torch.testing.assert_close(got.logits.cpu(), want.logits, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("rule", ["nll_loss's", "none: padding fails, exact shapes"])
+def test_symbolic_labels_beside_logits_of_a_static_size_are_not_padded(rule, monkeypatch):
+    """Labels whose sizes changed across calls (automatic dynamic shapes) beside logits
+    whose sizes did not: `nll_loss` never makes Dynamo equate its target's rows with its
+    input's, so the labels alone were padded ("Incompatible shapes for broadcasting:
+    (32, 1), (24, 1)"), seen in a second Trainer of a process. Its rule keeps them exact;
+    without it, the failed trace at padded sizes is traced again at exact ones. Loss and
+    gradient as on CPU."""
+    from tpu_backend.compile import dynamic
+
+    if rule.startswith("none"):
+        monkeypatch.setattr(dynamic, "_target_rows_as_input_rows", lambda *args: None)
+
+    def loss_of(logits, labels):
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+    compiled = torch.compile(loss_of, backend="tpu")
+    for seed in (0, 1):
+        generator = torch.Generator().manual_seed(seed)
+        logits, labels = torch.randn(2, 12, 10, generator=generator), torch.randint(0, 10, (2, 12), generator=generator)
+        on_tpu, labels_on_tpu = logits.to("tpu").requires_grad_(), labels.to("tpu")
+        torch._dynamo.mark_dynamic(labels_on_tpu, 0)
+        torch._dynamo.mark_dynamic(labels_on_tpu, 1)
+        with pytest.warns(ExactShapesWarning, match="nll_loss") if seed == 0 else contextlib.nullcontext():
+            got = compiled(on_tpu, labels_on_tpu)
+            got.backward()
+        want = logits.requires_grad_()
+        loss_of(want, labels).backward()
+        torch.testing.assert_close(got.detach().cpu(), loss_of(logits, labels).detach(), rtol=TOLERANCE, atol=TOLERANCE)
+        torch.testing.assert_close(on_tpu.grad.cpu(), want.grad, rtol=TOLERANCE, atol=TOLERANCE)
 
 
 def test_the_gradient_of_a_slice_from_a_symbolic_start_is_not_padded():
