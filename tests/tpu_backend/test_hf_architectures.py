@@ -45,6 +45,7 @@ ARCHITECTURES = {
         _decoder(
             "DeepseekV3Config",
             "DeepseekV3ForCausalLM",
+            num_key_value_heads=4,  # multi-head latent attention: as many as the query heads
             kv_lora_rank=16,
             q_lora_rank=16,
             qk_rope_head_dim=8,

@@ -65,17 +65,24 @@ class Buckets:
     `Buckets.powers_of_two(minimum=1)` (the default): the next power of two, at least
     `minimum`. `Buckets([16, 32, 64])`: the smallest listed size >= n; a size above the
     largest is not padded (an exact-shape program for it).
+
+    `exact_first`: the first values each symbol takes in a graph run at their own size, the
+    later ones at their bucket (2 by default for powers of two, 0 for a list). A training
+    set's last, smaller batch makes Dynamo compile the batch dim as a symbol, and the full
+    batches after it would otherwise run padded to a power of two (5 rows as 8) for the
+    rest of training.
     """
 
-    def __init__(self, sizes: Iterable[int] | None = None, *, minimum: int = 1):
+    def __init__(self, sizes: Iterable[int] | None = None, *, minimum: int = 1, exact_first: int = 0):
         self.sizes = None if sizes is None else sorted({int(s) for s in sizes})
         if self.sizes is not None and (not self.sizes or self.sizes[0] < 1):
             raise ValueError(f"buckets must be positive sizes, got {sizes!r}")
         self.minimum = minimum
+        self.exact_first = exact_first
 
     @classmethod
-    def powers_of_two(cls, minimum: int = 1) -> "Buckets":
-        return cls(None, minimum=minimum)
+    def powers_of_two(cls, minimum: int = 1, exact_first: int = 2) -> "Buckets":
+        return cls(None, minimum=minimum, exact_first=exact_first)
 
     def __call__(self, n: int) -> int:
         if self.sizes is None:
@@ -83,7 +90,9 @@ class Buckets:
         return next((s for s in self.sizes if s >= n), int(n))
 
     def __repr__(self) -> str:
-        return f"Buckets({self.sizes})" if self.sizes is not None else f"Buckets.powers_of_two({self.minimum})"
+        if self.sizes is None:
+            return f"Buckets.powers_of_two({self.minimum}, exact_first={self.exact_first})"
+        return f"Buckets({self.sizes}, exact_first={self.exact_first})"
 
 
 def as_buckets(value) -> Buckets | None:
@@ -1131,6 +1140,7 @@ class BucketedProgram(GraphProgram):
         super().__init__(fn, name, source)
         self.plan = fn.plan
         self.policy = policy
+        self._first_values: dict[sympy.Symbol, list[int]] = {}  # run at their own size
 
     def run_tensors(self, args: list, key=None) -> tuple[list, dict]:
         """Pad `args` (tensors as JAX arrays, sizes as ints) and run; returns the padded
@@ -1177,13 +1187,21 @@ class BucketedProgram(GraphProgram):
 
     def padded_sizes(self, true: dict) -> dict:
         """Each symbol's size in this call's program: a pinned symbol's true one; any other
-        its bucket, unless a pinned symbol has the same true value. Two symbols can be one
-        size that only the run says is equal (a loss in a graph of its own: the logits'
-        rows and the labels' rows come in as separate inputs), and an op that needs them
-        equal fails when one is padded and the other is not."""
+        its bucket, unless it is one of the policy's first values of that symbol
+        (`Buckets.exact_first`) or a pinned symbol has the same true value. Two symbols can
+        be one size that only the run says is equal (a loss in a graph of its own: the
+        logits' rows and the labels' rows come in as separate inputs), and an op that needs
+        them equal fails when one is padded and the other is not."""
         exact = {true[s] for s in self.plan.pinned}
+        for s in self.plan.padded_symbols:
+            first = self._first_values.setdefault(s, [])
+            if true[s] not in first and len(first) < self.policy.exact_first:
+                first.append(true[s])
         return {
-            s: true[s] if s in self.plan.pinned or true[s] in exact else self.policy(true[s]) for s in self.plan.symbols
+            s: true[s]
+            if s in self.plan.pinned or true[s] in exact or true[s] in self._first_values.get(s, ())
+            else self.policy(true[s])
+            for s in self.plan.symbols
         }
 
 

@@ -145,7 +145,7 @@ class _CompiledOrEager:
                 return self.compiled(*args, **kwargs)
             except torch._dynamo.exc.TorchDynamoException as error:
                 self.compiled = None
-                reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                reason = _first_lines(error)
                 warnings.warn(
                     f"accelerate on the tpu device: {self.what} could not be compiled ({type(error).__name__}: "
                     f"{reason}); it runs op by op from now on",
@@ -153,6 +153,13 @@ class _CompiledOrEager:
                     stacklevel=2,
                 )
         return self.eager(*args, **kwargs)
+
+
+def _first_lines(error: Exception, limit: int = 300) -> str:
+    """An error's first line, and its "Explanation:" (Dynamo's: the op it failed on)."""
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    kept = lines[:1] + [line for line in lines[1:] if line.startswith("Explanation:")][:1]
+    return " ".join(line if len(line) <= limit else line[:limit] + "..." for line in kept)
 
 
 def _compile_in_place(module: torch.nn.Module) -> None:

@@ -28,7 +28,11 @@ TOLERANCE = chip.tolerance("transcendentals", cpu=1e-5, tpu=2e-4)
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo(fresh_dynamo):
-    """Every test here starts from a fresh Dynamo and zero compile counts (conftest.py)."""
+    """Every test here starts from a fresh Dynamo and zero compile counts (conftest.py),
+    with every size padded to its power of two: the default policy's first two sizes of
+    each symbol run unpadded (`test_the_full_batches_after_a_smaller_last_one_run_unpadded`)."""
+    with tpu_compile.dynamic.using_buckets(Buckets.powers_of_two(exact_first=0)):
+        yield
 
 
 def compiled_signatures(kind: str) -> int:
@@ -81,6 +85,29 @@ def test_variable_batch_training_compiles_one_program_per_bucket_and_matches_cpu
     assert compiled_signatures("_forward") == len(buckets)
     assert compiled_signatures("_backward") == len(buckets)
     assert all(not p.plan.pinned for p in bucketed_programs())
+
+
+def test_the_full_batches_after_a_smaller_last_one_run_unpadded(monkeypatch):
+    """A training set whose size is not a multiple of the batch ends each epoch with a
+    smaller batch; Dynamo then compiles the batch dim as a symbol, and the full batches of
+    the next epochs ran in that program padded to a power of two (5 rows as 8). The default
+    policy runs the first two sizes of each symbol at their own size; a third is bucketed."""
+    sizes = []
+    padded_sizes = BucketedProgram.padded_sizes
+    monkeypatch.setattr(
+        BucketedProgram, "padded_sizes", lambda self, true: sizes.append(padded_sizes(self, true)) or sizes[-1]
+    )
+    batches = variable_batches((5, 5, 2, 5, 5, 3))
+    model, cpu_model = classifier().to("tpu"), classifier()
+    step = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend="tpu")  # automatic dynamic shapes
+    with tpu_compile.dynamic.using_buckets(Buckets.powers_of_two()):
+        for x, y in batches:
+            step(x.to("tpu"), y.to("tpu")).backward()
+            F.cross_entropy(cpu_model(x), y).backward()
+    for got, want in zip(model.parameters(), cpu_model.parameters()):  # gradients summed over the six
+        torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=TOLERANCE, atol=TOLERANCE)
+    rows = [set(padded.values()) for padded in sizes[::2]]  # (forward, backward) per call
+    assert rows == [{2}, {5}, {5}, {4}]  # the first two in the static program
 
 
 def test_user_buckets_and_sizes_beyond_them():
