@@ -89,6 +89,7 @@ def _bookkeeping_on_device(trainer):
         finally:
             args.average_tokens_across_devices = True
 
+    _compile_label_smoother(trainer)
     if args.logging_nan_inf_filter:
         trainer.training_step, trainer.floating_point_ops = training_step, floating_point_ops
     if (
@@ -104,6 +105,24 @@ def _bookkeeping_on_device(trainer):
         for name in names:
             own.pop(name, None)
         own.update(replaced)  # (an instance's own methods, set before: as they were)
+
+
+def _compile_label_smoother(trainer) -> None:
+    """`label_smoothing_factor`: Trainer smooths the loss outside the model, about 30 ops a
+    step (log-softmax, gather, masks, sums) and as many in the backward, one program each.
+    Where accelerate compiles the step, the smoother is compiled too (once per trainer;
+    it runs op by op, with one warning, if it cannot be)."""
+    from tpu_backend.integrations.accelerate import _CompiledOrEager
+    from tpu_backend.integrations.own_code import compile_own
+
+    smoother = trainer.label_smoother
+    if smoother is None or isinstance(smoother, _CompiledOrEager) or not trainer.accelerator._tpu_compiles_step:
+        return
+
+    def smooth(*arguments, **keywords):
+        return smoother(*arguments, **keywords)
+
+    trainer.label_smoother = _CompiledOrEager(compile_own(smooth, backend="tpu"), smoother, "the label smoothing")
 
 
 def _patch_run_epoch(trainer_module) -> None:
