@@ -27,6 +27,7 @@ from tests.tpu_backend.test_trainer_integration import (
     token_dataset,
 )
 from tpu_backend.compile.cache import compile_stats
+from tpu_backend.eager.modes import get_eager_mode
 from tpu_backend.eager.runner import CACHE_STATS
 
 MAX_PER_OP_PROGRAMS = 8  # issue 66's bound for a steady default step
@@ -144,7 +145,12 @@ class PlainSGD(torch.optim.Optimizer):
                     p.add_(p.grad, alpha=-group["lr"])
 
 
-def test_an_optimizer_of_its_own_steps_eagerly_with_one_warning_naming_it(tmp_path):
+def test_an_optimizer_of_its_own_steps_as_one_fused_program_with_one_warning_naming_it(tmp_path):
+    """An optimizer Dynamo may not follow (transformers' Adafactor recompiled at every step)
+    runs its step in the fused eager mode: one program, not one per op (474 a step for
+    Adafactor on the tiny Llama)."""
+    from tpu_backend import fused
+
     def trainer(device: str) -> transformers.Trainer:
         model = tiny_llama()
         args = make_trainer(tmp_path / device, use_cpu=device == "cpu").args
@@ -152,9 +158,15 @@ def test_an_optimizer_of_its_own_steps_eagerly_with_one_warning_naming_it(tmp_pa
         return transformers.Trainer(model, args, train_dataset=token_dataset(), optimizers=optimizers)
 
     trainers = {"tpu": trainer("tpu")}
-    with pytest.warns(RuntimeWarning, match=r"the optimizer PlainSGD is not one of torch.optim's.*op by op") as seen:
+    counters = StepCounters()
+    trainers["tpu"].add_callback(counters)
+    fused.reset_stats()
+    with pytest.warns(RuntimeWarning, match=r"the optimizer PlainSGD is not one of torch.optim's.*fused eager") as seen:
         trainers["tpu"].train()
     assert sum("PlainSGD" in str(w.message) for w in seen) == 1
+    assert fused.stats()["programs_run"] == trainers["tpu"].args.max_steps
+    assert counters.per_step(2, 5)[0] <= MAX_PER_OP_PROGRAMS + 2  # (+ the reads of the loss logged each step)
+    assert get_eager_mode() == "strict"
     trainers["cpu"] = trainer("cpu")
     trainers["cpu"].train()
     assert_same_training(trainers["tpu"], trainers["cpu"], LOSS_ATOL, PARAMETER_ATOL)

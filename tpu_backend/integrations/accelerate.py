@@ -51,6 +51,7 @@ import logging
 import os
 import sys
 import warnings
+from typing import Callable
 
 import torch
 
@@ -215,20 +216,38 @@ def _traced_settings(optimizer):
         optimizer._opt_called = True  # what a scheduler's wrapper of step() records
 
 
-def _compiled_optimizer_step(optimizer) -> _CompiledOrEager | None:
+def _step_in_fused_mode(optimizer) -> None:
+    """`optimizer.step()` recorded in the fused eager mode and run as one program at its end
+    (or one per host read it makes: transformers' Adafactor reads each parameter's RMS);
+    op by op in the debug mode, which checks every op."""
+    from tpu_backend.eager import modes
+
+    if modes.get_eager_mode() != "strict":
+        optimizer.step()
+        return
+    modes.set_eager_mode("fused")
+    try:
+        optimizer.step()
+    finally:
+        modes.set_eager_mode("strict")  # (runs what is pending)
+
+
+def _compiled_optimizer_step(optimizer) -> Callable[[], None]:
     """`optimizer.step()` as one compiled program, for the optimizers of torch.optim with a
     foreach update (Dynamo follows them: their state made on the first step, any number of
-    param groups, a scheduler's learning rates); None, with a warning, for any other: its
-    step may do what cannot be compiled."""
+    param groups, a scheduler's learning rates). Any other's step may do what Dynamo cannot
+    follow (transformers' Adafactor keeps its step count as a Python int: one recompile per
+    step): it runs in the fused eager mode, with a warning."""
     if not (type(optimizer).__module__.startswith("torch.optim.") and "foreach" in optimizer.defaults):
         warnings.warn(
             f"accelerate on the tpu device: the optimizer {type(optimizer).__qualname__} is not one of "
-            "torch.optim's with a foreach update, so its step() runs op by op (one program per op) while the "
-            f"model and the gradient clipping run compiled; {COMPILE_ENV}=0 runs all of them eagerly",
+            "torch.optim's with a foreach update, so its step() is not compiled: it runs in the fused eager "
+            "mode (its ops recorded and run as one program, or one per value it reads back to the host) while "
+            f"the model and the gradient clipping run compiled; {COMPILE_ENV}=0 runs all of them op by op",
             RuntimeWarning,
             stacklevel=4,
         )
-        return None
+        return functools.partial(_step_in_fused_mode, optimizer)
     # The update alone is compiled: torch.optim's wrappers of step() run around it, eagerly.
     # Traced, `_use_grad`'s graph breaks made Dynamo compile the class's own `step` code as a
     # frame of its own, guarded on the optimizer object: a new optimizer was a recompile of
