@@ -92,6 +92,21 @@ def test_label_smoothing_is_compiled_and_trains_as_on_cpu(tmp_path):
     assert_same_training(trainers["tpu"], trainers["cpu"], LOSS_ATOL, COMPILED_ADAMW_ATOL)
 
 
+def test_gradient_accumulation_adds_the_gradients_in_one_program(tmp_path):
+    """With `gradient_accumulation_steps=3`, each micro-step is a default step's programs
+    but the optimizer's and the clipping's; autograd's adds of new gradients into held ones
+    (one program per parameter and micro-step: 64 per-op programs a step) are one
+    `_foreach_add_`. Parity with CPU: test_trainer_integration's accumulation test."""
+    trainer = make_trainer(tmp_path, use_cpu=False, logging_steps=100, gradient_accumulation_steps=3)
+    counters = StepCounters()
+    trainer.add_callback(counters)
+    trainer.train()
+    per_op, compiled, compiles = counters.per_step(2, 5)
+    assert compiled == 3 * 2 + 2  # forward and backward per micro-step, clipping, AdamW
+    assert per_op <= 3 * MAX_PER_OP_PROGRAMS
+    assert compiles == 0
+
+
 class LossTurnsNaN(transformers.Trainer):
     """A trainer whose second micro-step's loss is NaN (its gradient stays the loss's)."""
 
