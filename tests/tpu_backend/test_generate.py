@@ -307,6 +307,23 @@ def test_logits_processors_run_in_the_compiled_step_as_on_cpu(models, processors
     assert long_read - short_read == 8 and compiled == 0
 
 
+def test_a_float_attention_mask_is_kept_on_the_host_as_an_integer_one(models):
+    """`attention_mask=torch.ones(...)` is float32: kept on the device, its growth and
+    slicing were 5 eager programs a token; CPU's logits at every step."""
+    ids, mask = prompt(7, seed=8), torch.ones(1, 7)
+    cpu_out, tpu_out = generate_both(models, ids, attention_mask=mask, max_new_tokens=8)
+    assert_steps_match(tpu_out, cpu_out)
+    _, tpu_model = models
+
+    def eager_programs(new_tokens: int) -> int:
+        before = torch.tpu.cache_stats()["requests"]
+        tpu_model.generate(ids.to("tpu"), attention_mask=mask.to("tpu"), max_new_tokens=new_tokens, do_sample=False)
+        return torch.tpu.cache_stats()["requests"] - before
+
+    eager_programs(12)
+    assert eager_programs(24) == eager_programs(16)
+
+
 def test_other_prompt_length_and_length_reuse_the_decode_program(models):
     """A new prompt length compiles nothing: a short prompt goes through the compiled decode
     step a token at a time (a prefill of its own would compile ~50 per-op programs per new

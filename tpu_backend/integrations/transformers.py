@@ -20,7 +20,7 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
   `benchmarks/device/hf_bench.py --layer-regions`);
 - greedy decoding with such a step picks each token on the device and the host reads it a
   step late, so it prepares the next step while the chip runs this one (`greedy_decoding`);
-- the loop's token bookkeeping (`input_ids`, attention mask, logits processors,
+- the loop's token bookkeeping (`input_ids`, attention mask, a float one too, logits processors,
   sampling, beam scores) runs on the host, as transformers' generation loop allows
   ("inputs on CPU ... stay off-device"): only the new token, its position and mask go
   to the device, in one transfer (each transfer costs ~0.2 ms of host time on a TPU
@@ -343,8 +343,9 @@ def _patch_generate(module) -> None:
             place, moved = functools.partial(_to_model_device, self.device), _BOOKKEEPING_INPUTS
         elif encoder_decoder:  # the encoder's input too, floats included: the loop follows its device
             place, moved = _tensor_to_host, (*_BOOKKEEPING_INPUTS, *_DECODER_BOOKKEEPING_INPUTS, self.main_input_name)
-        else:
+        else:  # (a float attention mask too: on the device its growth was 5 eager programs a token)
             place, moved = _to_host, _BOOKKEEPING_INPUTS
+            kwargs = {k: _tensor_to_host(v) if k in moved else v for k, v in kwargs.items()}
         inputs = place(inputs)
         kwargs = {k: place(v) if k in moved else v for k, v in kwargs.items()}
         from tpu_backend.compile import scan  # (here: `import tpu_backend` leaves torch.compile's side unloaded)
