@@ -24,11 +24,11 @@ padding between rows; the merged dim's *layout* (its factors, `(b, s)`) says whe
 for masks, padding and cropping (see "layouts of merged dims" below).
 
 Whatever the plan cannot prove safe is not padded: an op outside the known families
-touching a symbolic dim, reshapes whose layouts disagree, slicing or `cat` along a
-symbolic dim, a symbolic size used as an index or offset, a size expression that is
-neither `c * s` nor a recorded layout. The symbols involved are then *pinned*: that
-graph compiles one exact-shape program per size, as before, and an
-`ExactShapesWarning` names them and why (`BucketPlan.pinned`).
+touching a symbolic dim, reshapes whose layouts disagree, `cat` along a symbolic dim
+or slicing it other than from a constant start, a symbolic size used as an index or
+offset, a size expression that is neither `c * s + k` nor a recorded layout. The
+symbols involved are then *pinned*: that graph compiles one exact-shape program per
+size, as before, and an `ExactShapesWarning` names them and why (`BucketPlan.pinned`).
 """
 
 from __future__ import annotations
@@ -149,6 +149,19 @@ def _linear_in_one_symbol(expr: sympy.Expr):
     return None
 
 
+def _affine_in_one_symbol(expr: sympy.Expr):
+    """(c, s, k) when `expr` is `c * s + k` for a symbol s, a positive integer c and an
+    integer k (`s + 1`: labels padded by one to be shifted, `s - 1`: a shifted sequence)."""
+    if len(expr.free_symbols) != 1:
+        return None
+    (symbol,) = expr.free_symbols
+    c = sympy.expand(expr).coeff(symbol)
+    k = sympy.expand(expr - c * symbol)
+    if c.is_Integer and int(c) > 0 and k.is_Integer:
+        return int(c), symbol, int(k)
+    return None
+
+
 def _is_symbolic_scalar(value) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and bool(value.node.expr.free_symbols)
 
@@ -266,9 +279,9 @@ def _symbolic_dims(value, pinned, layouts) -> dict[int, frozenset]:
         free = expr.free_symbols - set(pinned)
         if not free:
             continue
-        if expr not in layouts and _linear_in_one_symbol(expr) is None:
+        if expr not in layouts and _affine_in_one_symbol(expr) is None:
             raise _Pin(
-                free, f"a dim of size {expr} (only c * symbol, or a reshape's merge of such dims, can be padded)"
+                free, f"a dim of size {expr} (only c * symbol + k, or a reshape's merge of such dims, can be padded)"
             )
         dims[d] = frozenset(free)
     return dims
@@ -416,6 +429,7 @@ _ROW_LOCAL = {
     aten.alias.default,
     aten.detach.default,
     aten.clone.default,
+    aten.copy.default,
     aten._to_copy.default,
     aten.lift_fresh_copy.default,
     aten.embedding.default,
@@ -565,38 +579,91 @@ def _cat_rule(node, dyn):
 
 
 def _slice_rule(node, dyn):
+    """Along a symbolic dim padded at its end, a slice from a constant start >= 0 with step 1
+    keeps the true positions first (`labels[..., 1:]`, `logits[:, :-1]`: its end, a size, is
+    evaluated padded, the result is padded at its end). Anything else is pinned."""
     x = _val(node.args[0])
     dim = (node.args[1] if len(node.args) > 1 else 0) % x.dim()
     if dim not in dyn(node.args[0]):
         return None
     start = node.args[2] if len(node.args) > 2 else None
-    end = node.args[3] if len(node.args) > 3 else None
     step = node.args[4] if len(node.args) > 4 else 1
-    end_val = _val(end) if isinstance(end, torch.fx.Node) else end
-    whole = (
-        start in (None, 0)
-        and step == 1
-        and (
-            end_val is None or (isinstance(end_val, int) and end_val >= 2**62) or _expr(end_val) == _expr(x.shape[dim])
-        )
-    )
-    if not whole:
+    if not (start is None or (type(start) is int and start >= 0)) or step != 1 or not _padded_at_its_end(x, dim):
         raise _Pin(dyn(node.args[0])[dim], "slicing along a symbolic dim")
     return None
 
 
+def _slice_scatter_rule(node, dyn):
+    """`slice_scatter(base, src, dim, start, end, step)` along a dim padded at its end, from a
+    constant start >= 0 with step 1: the source's true positions land on the base's true
+    ones; its padded ones land past them where the source reaches the base's end
+    (`shifted[:, 1:] = ids[:, :-1]`, seq2seq models' decoder inputs) or where it has none."""
+    base, source = _val(node.args[0]), _val(node.args[1])
+    dim = (node.args[2] if len(node.args) > 2 else 0) % base.dim()
+    if dim not in dyn(node.args[0]) and dim not in dyn(node.args[1]):
+        return None
+    start = node.args[3] if len(node.args) > 3 else None
+    step = node.args[5] if len(node.args) > 5 else 1
+    start = 0 if start is None else start
+    reaches_end = sympy.expand(_expr(source.shape[dim]) + start - _expr(base.shape[dim])) == 0
+    if not (
+        type(start) is int
+        and start >= 0
+        and step == 1
+        and _padded_at_its_end(base, dim)
+        and (reaches_end or dim not in dyn(node.args[1]))
+    ):
+        symbols = dyn(node.args[0]).get(dim, frozenset()) | dyn(node.args[1]).get(dim, frozenset())
+        raise _Pin(symbols, "slice_scatter along a symbolic dim")
+    return None
+
+
+def _prefix_rule(node, dyn):
+    """`cumsum` and its kind: position i reads positions <= i, so along a dim padded at its
+    end the true positions read true ones only (row-local along the other dims)."""
+    x = _val(node.args[0])
+    dim = node.args[1] % max(x.dim(), 1)
+    if dim in dyn(node.args[0]) and not _padded_at_its_end(x, dim):
+        raise _Pin(dyn(node.args[0])[dim], f"{node.target} along a merged symbolic dim")
+    return None
+
+
+def _constant_pad_rule(node, dyn):
+    """`constant_pad_nd` along a dim padded at its end: padding or cropping before shifts the
+    true positions as a whole, cropping after takes padded positions first (a true one only
+    where there is no padding left, as it should); padding after would land past the
+    garbage, so the input's padded positions are filled with the value first (the true ones
+    then end with it: transformers' `pad(labels, (0, 1), value=-100)` before a shift)."""
+    x = _val(node.args[0])
+    pads, value = node.args[1], node.args[2] if len(node.args) > 2 else 0
+    filled = []
+    for i in range(len(pads) // 2):
+        dim = x.dim() - 1 - i
+        before, after = pads[2 * i], pads[2 * i + 1]
+        if dim not in dyn(node.args[0]) or (before == 0 and after == 0):
+            continue
+        if not (type(before) is int and type(after) is int and _padded_at_its_end(x, dim)):
+            raise _Pin(dyn(node.args[0])[dim], "constant_pad_nd by a size or along a merged symbolic dim")
+        if after > 0:
+            filled.append(dim)
+    return Masking(((0, tuple(filled), value),)) if filled else None
+
+
 def _padded_at_its_end(value, dim: int) -> bool:
-    """Whether `value`'s symbolic `dim` is one symbol, padded at its end: its positions below
-    the true size are the true ones (a merged dim has padding between its rows)."""
-    return isinstance(_expr(value.shape[dim]), sympy.Symbol)
+    """Whether `value`'s symbolic `dim` is one symbol plus a constant (`s`, `s + 1`), padded
+    at its end: its positions below the true size are the true ones (a merged dim has
+    padding between its rows)."""
+    affine = _affine_in_one_symbol(_expr(value.shape[dim]))
+    return affine is not None and affine[0] == 1
 
 
 def _select_rule(node, dyn):
     """`x[:, i]` along a symbolic dim: a constant i >= 0 reads the true position (Dynamo
-    guards i < size: BERT's pooler `hidden[:, 0]`); a negative or symbolic index would read
-    padding."""
-    x, index = _val(node.args[0]), node.args[2]
-    dim = node.args[1] % x.dim()
+    guards i < size: BERT's pooler `hidden[:, 0]`), and `select_scatter` writes it (seq2seq
+    models' decoder start token); a negative or symbolic index would reach padding."""
+    x = _val(node.args[0])
+    at = 2 if node.target is aten.select_scatter.default else 1  # (select_scatter(x, source, dim, index))
+    dim, index = node.args[at] % x.dim(), node.args[at + 1]
     if dim in dyn(node.args[0]) and not (type(index) is int and index >= 0 and _padded_at_its_end(x, dim)):
         raise _Pin(dyn(node.args[0])[dim], "indexing into a symbolic dim")
     return None
@@ -642,14 +709,19 @@ def _index_rule(node, dyn):
 def _scatter_back_rule(node, dyn):
     """`select_backward` / `slice_backward` (grad, input_sizes, dim, ...): zeros of the input's
     shape with the gradient written at an index or range of `dim`, row-local along the other
-    dims. Along a symbolic dim, `select_backward` at a constant index >= 0 writes the true
-    position (as `_select_rule` reads it)."""
+    dims. Along a symbolic dim padded at its end, from a constant index or start >= 0, they
+    write the true positions (as `_select_rule` and `_slice_rule` read them)."""
     out = _val(node)
     dim = node.args[2] % out.dim()
-    if dim in dyn(node):  # the node's own output
-        index = node.args[3] if node.target is aten.select_backward.default else None
-        if not (type(index) is int and index >= 0 and _padded_at_its_end(out, dim)):
-            raise _Pin(dyn(node)[dim], f"{node.target} along a symbolic dim")
+    if dim not in dyn(node):  # the node's own output
+        return None
+    index = node.args[3]
+    step = node.args[5] if node.target is aten.slice_backward.default and len(node.args) > 5 else 1
+    if not (type(index) is int and index >= 0 and step == 1 and _padded_at_its_end(out, dim)):
+        raise _Pin(dyn(node)[dim], f"{node.target} along a symbolic dim")
+    if node.target is aten.slice_backward.default and dim in dyn(node.args[0]):
+        # the gradient's padded positions would land on true ones past the slice: zeros
+        return Masking(((0, (dim,), 0.0),))
     return None
 
 
@@ -706,7 +778,13 @@ _RULES: dict[Any, Callable] = {
     aten.native_group_norm_backward.default: _batch_dim_only(0, 1, mask_for_weights=(0, 1, 2, 3)),
     aten.cat.default: _cat_rule,
     aten.slice.Tensor: _slice_rule,
+    aten.constant_pad_nd.default: _constant_pad_rule,
+    aten.slice_scatter.default: _slice_scatter_rule,
+    aten.cumsum.default: _prefix_rule,
+    aten.cumprod.default: _prefix_rule,
+    aten.logcumsumexp.default: _prefix_rule,
     aten.select.int: _select_rule,
+    aten.select_scatter.default: _select_rule,
     aten.gather.default: _gather_rule,
     aten.index.Tensor: _index_rule,
     aten.tril.default: _triangle_rule,
@@ -723,7 +801,8 @@ _RULES.update((op, _rule_row_local) for op in _ROW_LOCAL)
 _CREATION = (
     *_ARANGES, aten.ones.default, aten.zeros.default, aten.full.default, aten.empty.memory_format,
     aten.empty_strided.default, aten.new_ones.default, aten.new_zeros.default, aten.new_full.default,
-    aten.new_empty.default,
+    aten.new_empty.default, aten.fill.Scalar, aten.fill.Tensor, aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default,
+    aten.full_like.default,
 )  # fmt: skip
 _RULES.update((op, _rule_row_local) for op in _CREATION)
 

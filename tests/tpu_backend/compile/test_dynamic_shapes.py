@@ -460,3 +460,129 @@ def test_bert_classification_over_padded_batches_of_any_length_is_bucketed_and_m
     last_token = torch.compile(lambda h: h[:, -1].sum(), backend="tpu", dynamic=True)
     with pytest.warns(ExactShapesWarning, match="indexing into a symbolic dim"):
         assert last_token(torch.ones(2, 5, 4, device="tpu")).item() == 8.0
+
+
+def test_causal_lm_training_over_padded_batches_of_any_length_is_bucketed_and_matches_cpu():
+    """Fine-tuning as a padding collator feeds it: each batch padded to its longest row,
+    padded labels at -100. transformers' causal-LM loss pads the labels by one and shifts
+    them (`pad(labels, (0, 1), value=-100)[..., 1:]`: a dim of size s + 1, a slice from 1,
+    and their backwards), which pinned the sequence: every new length compiled the forward
+    and the backward again. Sizes `s + k` are padded at their end now, and that padding gets
+    the pad value first. Losses, gradients and parameters as on CPU."""
+    from tests.tpu_backend.test_trainer_integration import tiny_llama
+
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    for length in (9, 13, 11, 15):  # one bucket: 16
+        ids = torch.randint(3, 64, (3, length), generator=generator)
+        mask = torch.ones_like(ids)
+        mask[0, length // 2 :] = 0  # a shorter row, padded
+        batches.append(((ids, mask), ids.masked_fill(mask == 0, -100)))
+
+    def train_lm(model, batches, compiled):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        forward = torch.compile(model, backend="tpu", dynamic=True) if compiled else model
+
+        def step(inputs, labels):
+            optimizer.zero_grad()
+            loss = forward(input_ids=inputs[0], attention_mask=inputs[1], labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        return record_training(model, step, batches)
+
+    want = train_lm(tiny_llama(), batches, compiled=False)
+    on_device = [((i.to("tpu"), m.to("tpu")), y.to("tpu")) for (i, m), y in batches]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExactShapesWarning)
+        got = train_lm(tiny_llama().to("tpu"), on_device, compiled=True)
+    assert_runs_match(got, want, "a causal LM over padded batches, bucketed")
+    assert compiled_signatures("_forward") == 1 and compiled_signatures("_backward") == 1
+
+
+@pytest.mark.parametrize("pad", [(0, 2), (1, 0), (0, -1)], ids=str)
+def test_constant_padding_and_prefix_sums_along_a_padded_dim(pad):
+    """Padding after the true positions fills the padded ones with the value first (they
+    were zeros: the sum would miss the -1s), padding before shifts them whole, cropping the
+    end crops padding first; a cumulative sum reads positions up to its own."""
+
+    def padded_then_summed(x):
+        padded = F.pad(x, pad, value=-1.0)
+        return padded.cumsum(-1)[..., 1:] * 2, padded.sum(-1)
+
+    compiled = torch.compile(padded_then_summed, backend="tpu")  # (dynamic=True: the pads would be symbols)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExactShapesWarning)
+        for n in (5, 7, 6):
+            x = torch.randn(2, n)
+            on_device = x.to("tpu")
+            torch._dynamo.mark_dynamic(on_device, 1)
+            for got, want in zip(compiled(on_device), padded_then_summed(x)):
+                torch.testing.assert_close(got.cpu(), want, rtol=TOLERANCE, atol=TOLERANCE)
+    assert compiled_signatures("_inference") == 1
+
+
+def test_shifting_right_along_a_padded_dim_is_bucketed():
+    """seq2seq models' decoder inputs: `new_zeros`, `shifted[:, 1:] = ids[:, :-1]`,
+    `shifted[:, 0] = start` (`copy`, `slice_scatter`, `select_scatter` along the dim)."""
+
+    def shift_right(ids):
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1].clone()
+        shifted[:, 0] = 7
+        return shifted * 2
+
+    compiled = torch.compile(shift_right, backend="tpu", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExactShapesWarning)
+        for n in (5, 7, 6):
+            ids = torch.randint(0, 50, (2, n))
+            assert torch.equal(compiled(ids.to("tpu")).cpu(), shift_right(ids))
+    assert compiled_signatures("_inference") == 1
+
+
+@pytest.mark.slow  # 25 s; test_shifting_right_along_a_padded_dim_is_bucketed has its ops
+def test_t5_training_over_padded_batches_of_any_length_is_bucketed_and_matches_cpu():
+    """T5 makes its decoder inputs by shifting the labels right (`new_zeros`, then
+    `shifted[:, 1:] = labels[:, :-1]` and `shifted[:, 0] = start`: `copy`, `slice_scatter`
+    and `select_scatter` along the padded dim): they pinned both sequences. Encoder and
+    decoder lengths change at every step here; gradients as on CPU."""
+    import transformers
+
+    config = transformers.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, decoder_start_token_id=0,
+        dropout_rate=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config)
+    generator = torch.Generator().manual_seed(3)
+    batches = []
+    for length, target in ((9, 5), (13, 7), (11, 6)):  # buckets 16 and 8
+        ids = torch.randint(3, 60, (2, length), generator=generator)
+        mask = torch.ones_like(ids)
+        mask[1, length - 3 :] = 0
+        labels = torch.randint(3, 60, (2, target), generator=generator)
+        labels[1, target - 2 :] = -100
+        batches.append(((ids, mask), labels))
+
+    def train_t5(model, batches, compiled):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        forward = torch.compile(model, backend="tpu", dynamic=True) if compiled else model
+
+        def step(inputs, labels):
+            optimizer.zero_grad()
+            loss = forward(input_ids=inputs[0], attention_mask=inputs[1], labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        return record_training(model, step, batches)
+
+    want = train_t5(copy.deepcopy(model), batches, compiled=False)
+    on_device = [((i.to("tpu"), m.to("tpu")), y.to("tpu")) for (i, m), y in batches]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExactShapesWarning)
+        got = train_t5(copy.deepcopy(model).to("tpu"), on_device, compiled=True)
+    assert_runs_match(got, want, "T5 over padded batches, bucketed")
+    assert compiled_signatures("_forward") == 1 and compiled_signatures("_backward") == 1
