@@ -340,14 +340,15 @@ def _patch_generate(module) -> None:
         main_input = kwargs.get(self.main_input_name, kwargs.get("input_ids"))
         device = next((v.device for v in (inputs, main_input) if isinstance(v, torch.Tensor)), None)
         if _assisted(self, kwargs):
-            place, moved = functools.partial(_to_model_device, self.device), _BOOKKEEPING_INPUTS
+            place = place_kwarg = functools.partial(_to_model_device, self.device)
+            moved = _BOOKKEEPING_INPUTS
         elif encoder_decoder:  # the encoder's input too, floats included: the loop follows its device
-            place, moved = _tensor_to_host, (*_BOOKKEEPING_INPUTS, *_DECODER_BOOKKEEPING_INPUTS, self.main_input_name)
+            place = place_kwarg = _tensor_to_host
+            moved = (*_BOOKKEEPING_INPUTS, *_DECODER_BOOKKEEPING_INPUTS, self.main_input_name)
         else:  # (a float attention mask too: on the device its growth was 5 eager programs a token)
-            place, moved = _to_host, _BOOKKEEPING_INPUTS
-            kwargs = {k: _tensor_to_host(v) if k in moved else v for k, v in kwargs.items()}
+            place, place_kwarg, moved = _to_host, _tensor_to_host, _BOOKKEEPING_INPUTS
         inputs = place(inputs)
-        kwargs = {k: place(v) if k in moved else v for k, v in kwargs.items()}
+        kwargs = {k: place_kwarg(v) if k in moved else v for k, v in kwargs.items()}
         from tpu_backend.compile import scan  # (here: `import tpu_backend` leaves torch.compile's side unloaded)
 
         layers = scan.repeated_blocks(self) if COMPILE_LAYERS_ONCE and not encoder_decoder else None
