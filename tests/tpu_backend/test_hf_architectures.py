@@ -269,3 +269,60 @@ def test_training_under_dynamic_true_as_on_cpu(name):
             got_loss, got = loss_and_gradients(on_device, inputs, forward=compiled)
         assert abs(got_loss - want_loss) <= LOSS_RTOL * abs(want_loss), f"{name} at {length}: loss"
         assert_tensors_match(got, want, f"{name} at {length}", rtol=GRADIENT_RTOL, floor=ZERO_GRADIENT_FLOOR)
+
+
+def without_random_masks(model: torch.nn.Module) -> torch.nn.Module:
+    """Dropout, stochastic depth, LayerDrop and SpecAugment off: the device draws other
+    dropout masks than CPU, and wav2vec2 draws its SpecAugment masks with NumPy and its
+    skipped layers with a host read at every step, sizes and graphs that compile new
+    programs (left as they are: the model's own host-side randomness). `nn.Dropout`
+    modules, and the float rates modules and the config keep (`attention_dropout`,
+    `drop_prob`, `layerdrop`, `mask_time_prob`)."""
+    for holder in (*model.modules(), model.config):
+        if isinstance(holder, torch.nn.Dropout):
+            holder.p = 0.0
+        for attribute, value in list(vars(holder).items()):
+            if ("drop" in attribute or attribute == "mask_time_prob") and isinstance(value, float):
+                setattr(holder, attribute, 0.0)
+    return model
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_trainer_with_default_arguments_as_on_cpu(name, tmp_path):
+    """`Trainer(model, TrainingArguments(...)).train()` as users call it, one architecture
+    after the other in one process (the second Trainer of a process failed for ModernBERT
+    and ELECTRA): the model, clipping and AdamW compiled, nothing falling back to op by
+    op, nothing compiled after the third step (wav2vec2 compiles a per-op program in its
+    third), and the losses of 6 steps as on CPU."""
+    from tests.tpu_backend.test_trainer_compiled_step import StepCounters
+    from tests.tpu_backend.test_trainer_integration import logged_losses
+
+    make, kind = ARCHITECTURES[name]
+    rows = []
+    for seed in range(6):
+        torch.manual_seed(seed)
+        rows += [{key: value[row] for key, value in batch(kind).items()} for row in range(2)]
+    trainers = {}
+    for device in ("tpu", "cpu"):
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = without_random_masks(make())
+        args = hf.TrainingArguments(
+            output_dir=str(tmp_path / device), use_cpu=device == "cpu", per_device_train_batch_size=2, max_steps=6,
+            learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=0,
+        )  # fmt: skip
+        trainers[device] = hf.Trainer(model, args, train_dataset=rows)
+        counters = StepCounters()
+        trainers[device].add_callback(counters)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            trainers[device].train()
+        if device == "tpu":
+            fell_back = [str(w.message) for w in seen if "could not be compiled" in str(w.message)]
+            assert not fell_back, fell_back
+            assert counters.per_step(3, 6)[2] == 0, "programs compiled after the third step"
+    got, want = logged_losses(trainers["tpu"]), logged_losses(trainers["cpu"])
+    assert len(got) == len(want) == 6
+    for step, (a, b) in enumerate(zip(got, want), 1):
+        assert abs(a - b) <= LOSS_RTOL * abs(b), f"{name}: step {step} loss {a} vs {b} on cpu"

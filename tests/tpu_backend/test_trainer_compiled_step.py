@@ -94,9 +94,9 @@ def test_label_smoothing_is_compiled_and_trains_as_on_cpu(tmp_path):
 
 def test_gradient_accumulation_adds_the_gradients_in_one_program(tmp_path):
     """With `gradient_accumulation_steps=3`, each micro-step is a default step's programs
-    but the optimizer's and the clipping's; autograd's adds of new gradients into held ones
-    (one program per parameter and micro-step: 64 per-op programs a step) are one
-    `_foreach_add_`. Parity with CPU: test_trainer_integration's accumulation test."""
+    but the optimizer's and the clipping's; autograd's adds of new gradients into held
+    ones (a program per parameter and micro-step: 66 per-op programs a step with a log at
+    each) are one `_foreach_add_`. Parity with CPU: test_trainer_integration's test."""
     trainer = make_trainer(tmp_path, use_cpu=False, logging_steps=100, gradient_accumulation_steps=3)
     counters = StepCounters()
     trainer.add_callback(counters)
