@@ -614,6 +614,35 @@ def test_encoder_decoder_matches_cpu_and_compiles_nothing_per_token(options):
     assert_steps_match(tpu_out, cpu_out)
 
 
+def test_sources_of_other_lengths_reuse_the_encoder_decoders_programs():
+    """An evaluation loop's sources vary in length. Every new length traced and compiled the
+    decode step again (its static cross-attention cache is as long as the source; 3 s each
+    for this tiny T5 on CPU), and from the 9th length on Dynamo gave up and decoded eagerly.
+    The source is padded to a power of two with its mask 0 there: the lengths of one bucket
+    compile nothing after the first, with CPU's tokens and logits at every step."""
+    cpu_model = tiny_t5()
+    models = (cpu_model, copy.deepcopy(cpu_model).to("tpu"))
+    for length in (9, 12, 16, 5):  # (one bucket: 16)
+        ids = prompt(length, batch=2, seed=length)
+        mask = torch.ones_like(ids)
+        mask[1, length - 3 :] = 0
+        if length == 12:
+            before = programs_compiled()
+        cpu_out, tpu_out = generate_both(models, ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6)
+        assert_steps_match(tpu_out, cpu_out)
+    assert programs_compiled() == before
+
+
+def test_a_source_is_padded_within_the_encoders_positions_and_not_for_experts():
+    bart = transformers.BartConfig(max_position_embeddings=40)
+    assert [hf_integration.source_length(n, bart) for n in (3, 16, 17, 33, 40, 41)] == [16, 16, 32, 40, 40, 41]
+    t5 = transformers.T5Config()  # (relative positions: no limit)
+    assert [hf_integration.source_length(n, t5) for n in (17, 600)] == [32, 1024]
+    assert hf_integration._pads_exactly(t5)
+    assert not hf_integration._pads_exactly(transformers.SwitchTransformersConfig(num_experts=4))
+    assert not hf_integration._pads_exactly(transformers.BigBirdPegasusConfig(attention_type="block_sparse"))
+
+
 def test_the_decode_steps_processors_compile_for_a_tpu():
     """The processors and the token choice of the compiled greedy step (a boolean scatter of
     the tokens seen, -inf where end-of-sequence is suppressed), exported through the device's

@@ -72,6 +72,11 @@ MIN_CACHE_LENGTH = 128
 CACHE_READ_SHARE = 0.02
 # The decoder layers as nested compile regions while generate() runs (`layer_regions`).
 COMPILE_LAYERS_ONCE = True
+# An encoder-decoder's text source is padded to a power of two of at least this many tokens
+# (`_source_padded_to_a_bucket`).
+MIN_SOURCE_LENGTH = 16
+_SOURCE_POSITION_LIMITS = ("max_position_embeddings", "max_encoder_position_embeddings", "max_source_positions")
+_OUTPUTS_SHOWING_THE_SOURCE = ("output_attentions", "output_hidden_states")
 # Integer inputs of generate() that its loop grows or reads every step: kept on the host.
 _BOOKKEEPING_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
 # ... and an encoder-decoder model's, whose encoder inputs go back to the device for the encoder
@@ -349,6 +354,8 @@ def _patch_generate(module) -> None:
             place, place_kwarg, moved = _to_host, _tensor_to_host, _BOOKKEEPING_INPUTS
         inputs = place(inputs)
         kwargs = {k: place_kwarg(v) if k in moved else v for k, v in kwargs.items()}
+        if encoder_decoder and not _assisted(self, kwargs):
+            inputs, kwargs = _source_padded_to_a_bucket(self, inputs, kwargs)
         from tpu_backend.compile import scan  # (here: `import tpu_backend` leaves torch.compile's side unloaded)
 
         layers = scan.repeated_blocks(self) if COMPILE_LAYERS_ONCE and not encoder_decoder else None
@@ -421,6 +428,60 @@ def _patch_prefill(mixin) -> None:
         return prefill(self, input_ids, generation_config, model_kwargs, is_first_iteration)
 
     mixin._prefill = prefill_on_device
+
+
+def _source_padded_to_a_bucket(model, inputs, kwargs: dict) -> tuple:
+    """generate()'s text source (token ids on the host and their attention mask) padded to
+    `source_length` with the mask 0 there, so an encoder-decoder's encoder programs and its
+    decode step (whose static cross-attention cache is as long as the source) are compiled
+    per length bucket instead of per length. Before, every new source length traced and
+    compiled the decode step again, and after Dynamo's 8 recompiles decoding ran eagerly for
+    the rest of the process (an evaluation loop over batches of varying length). The masked
+    positions change nothing: the encoder's queries and the decoder's cross-attention never
+    see them. Left as they are: sources without a mask, calls that return the encoder's
+    states or the attentions (their shapes would show the padding), and models whose
+    encoder mixes positions outside the mask (`_pads_exactly`)."""
+    ids = inputs if inputs is not None else kwargs.get("input_ids")
+    mask = kwargs.get("attention_mask")
+    config = kwargs.get("generation_config") or model.generation_config
+    if not (
+        model.main_input_name == "input_ids"
+        and isinstance(ids, torch.Tensor)
+        and ids.dim() == 2
+        and not ids.is_floating_point()
+        and isinstance(mask, torch.Tensor)
+        and mask.shape == ids.shape
+        and kwargs.get("encoder_outputs") is None
+        and not any(kwargs.get(name, getattr(config, name, False)) for name in _OUTPUTS_SHOWING_THE_SOURCE)
+        and _pads_exactly(model.config)
+    ):
+        return inputs, kwargs
+    padding = source_length(ids.shape[1], model.config) - ids.shape[1]
+    if padding <= 0:
+        return inputs, kwargs
+    pad_id = next((v for v in (config.pad_token_id, model.config.pad_token_id) if isinstance(v, int)), 0)
+    ids = torch.nn.functional.pad(ids, (0, padding), value=pad_id)
+    kwargs = {**kwargs, "attention_mask": torch.nn.functional.pad(mask, (0, padding), value=0)}
+    return (ids, kwargs) if inputs is not None else (None, {**kwargs, "input_ids": ids})
+
+
+def source_length(length: int, config) -> int:
+    """The padded length of an encoder-decoder's source of `length` tokens: the next power of
+    two, at least MIN_SOURCE_LENGTH, at most the encoder's positions (never below `length`)."""
+    from tpu_backend.compile.dynamic import Buckets
+
+    limits = [getattr(config, name, None) for name in _SOURCE_POSITION_LIMITS]
+    limit = min((v for v in limits if isinstance(v, int) and v > 0), default=None)
+    padded = Buckets.powers_of_two(minimum=MIN_SOURCE_LENGTH)(length)
+    return padded if limit is None else max(length, min(padded, limit))
+
+
+def _pads_exactly(config) -> bool:
+    """Whether padding the source (mask 0) leaves the real positions' results as they were:
+    not for mixtures of experts, whose routers give padded tokens a share of each expert's
+    capacity, nor for block-sparse attention, which a longer source can switch on."""
+    experts = any(getattr(config, name, None) for name in ("num_experts", "num_local_experts", "moe_layers"))
+    return not experts and getattr(config, "attention_type", None) != "block_sparse"
 
 
 def _has_sliding_layers(cache) -> bool:
