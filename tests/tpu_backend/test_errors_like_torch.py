@@ -7,6 +7,7 @@ the tpu's message starts with CPU's, so it names the same shapes and dtypes.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import jax
@@ -130,6 +131,10 @@ def _exhausted(message: str) -> jax.errors.JaxRuntimeError:
     return jax.errors.JaxRuntimeError(message)
 
 
+COMPILE_OUT_OF_MEMORY = (
+    "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+    "Used 17.13G of 15.48G hbm. Exceeded hbm capacity by 1.65G."
+)
 CHIP_OUT_OF_MEMORY = (
     "RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 129.50M. "
     "That was not possible. There are 78.17M free.; (0x0x0_HBM0)"
@@ -141,8 +146,7 @@ CHIP_OUT_OF_MEMORY = (
     [
         (CHIP_OUT_OF_MEMORY, int(129.5 * 2**20), int(78.17 * 2**20)),
         (
-            "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
-            "Used 17.13G of 15.48G hbm. Exceeded hbm capacity by 1.65G.",
+            COMPILE_OUT_OF_MEMORY,
             int(17.13 * 2**30),
             int(15.48 * 2**30),
         ),
@@ -194,6 +198,37 @@ def test_the_chip_running_out_of_memory_raises_torch_out_of_memory(monkeypatch):
         monkeypatch.undo()
         tpu_backend.set_eager_mode("strict")
     assert (a * 2).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_compiled_program_the_chip_cannot_hold_raises_torch_out_of_memory(monkeypatch):
+    """Simulated: torch.compile's programs (Trainer's step on the device) whose compile finds
+    the chip too small for a batch above 4. PyTorch's OutOfMemoryError, as for eager ops (it
+    was XLA's error): accelerate's `find_executable_batch_size`, what Trainer's
+    `auto_find_batch_size` runs, lowers the batch on it until one fits."""
+    import accelerate
+
+    from tpu_backend.compile.program import Program
+
+    build = Program._build
+
+    def build_up_to_four_rows(self, key, args):
+        if any(len(getattr(a, "shape", ())) == 2 and a.shape[0] > 4 for a in args):
+            raise _exhausted(COMPILE_OUT_OF_MEMORY)
+        return build(self, key, args)
+
+    monkeypatch.setattr(Program, "_build", build_up_to_four_rows)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
+    tried = []
+
+    @accelerate.utils.find_executable_batch_size(starting_batch_size=16)
+    def run(batch_size):
+        tried.append(batch_size)
+        return compiled(torch.ones(batch_size, 8, device="tpu")).cpu()
+
+    torch.testing.assert_close(run(), model(torch.ones(4, 8)))
+    assert tried[0] == 16 and tried[-1] == 4 and min(tried[:-1]) > 4, tried
 
 
 def test_a_lowering_failing_on_a_call_torch_accepts_names_the_op(monkeypatch):

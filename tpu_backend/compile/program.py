@@ -36,6 +36,7 @@ from tpu_backend.compile.cache import (
     ensure_persistent_cache,
     is_cache_only,
 )
+from tpu_backend.eager.errors import reraise_as_torch
 
 
 def is_array(value) -> bool:
@@ -255,6 +256,12 @@ class Program:
         return list(dict.fromkeys(sig for _, sig in self._executables))
 
     def __call__(self, *args):
+        try:
+            return self._call(args)
+        except jax.errors.JaxRuntimeError as error:  # a chip that cannot hold it: PyTorch's OutOfMemoryError
+            reraise_as_torch(error)
+
+    def _call(self, args: tuple):
         matmul_precision = precision.sync()
         arrays, weak, statics = _split(args)
         last = self._last
