@@ -309,45 +309,9 @@ KNOWN_FAILURES_BY_DTYPE: dict[torch.dtype, dict[str, KnownFailure]] = {
             "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",
             "polygamma at the poles (non-positive integers): ATen and JAX return different infinities/NaN",
         ),
-        "index_add": KnownFailure(
-            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
-        ),
-        "_unsafe_masked_index_put_accumulate": KnownFailure(
-            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
-        ),
-        "put": KnownFailure(
-            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
-        ),
-        "scatter": KnownFailure(
-            "fail at sample 1: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
-        ),
-        "scatter_add": KnownFailure(
-            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
-        ),
         "hash_tensor": KnownFailure(
             "fail at sample 0: TpuLoweringError: no tpu lowering for aten.hash_tensor.out. Add a JAX lowering in tpu_backend/ops/<family>.py, or run it on CPU with tpu_backend.set_cpu_fallback(True) (or TPU_CPU_FALLBACK=1).",
             "no lowering for aten.hash_tensor.out yet",
-        ),
-        "scatter_reduce.sum": KnownFailure(
-            "fail at sample 0: TypeError: add does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
-        ),
-        "scatter_reduce.prod": KnownFailure(
-            "fail at sample 0: TypeError: mul does not accept dtype bool at position 0. Accepted dtypes at position 0 are subtypes of integer, floating, complexfloating.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
-        ),
-        "scatter_reduce.amin": KnownFailure(
-            "fail at sample 0: ValueError: Invalid integer data type 'b'.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
-        ),
-        "scatter_reduce.amax": KnownFailure(
-            "fail at sample 0: ValueError: Invalid integer data type 'b'.",
-            "bool accumulate: JAX's scatter-add has no bool form (add/or of bools), not written yet",
         ),
         "special.polygamma.special_polygamma_n_0": KnownFailure(
             "mismatch at sample 1: Mismatch: output[0]: Tensor-likes are not close! |  | Mismatched elements: 15 / 25 (60.0%) | Greatest absolute difference: nan at index (0, 2) (up to 1e-05 allowed)",

@@ -231,6 +231,62 @@ def test_a_compiled_program_the_chip_cannot_hold_raises_torch_out_of_memory(monk
     assert tried[0] == 16 and tried[-1] == 4 and min(tried[:-1]) > 4, tried
 
 
+def _index(device, *values):
+    return torch.tensor(values, device=device)
+
+
+# Calls PyTorch refuses whose lowering JAX would have broadcast or clamped into a result:
+# `index_copy_` of a (2, 1, 2, 3) source into (2, 4, 8, 3) slices (a static cache written with
+# the wrong head count) filled every head with the one given.
+REFUSED_NOT_BROADCAST = {
+    "index_copy_": lambda d: torch.zeros(2, 4, 8, 3, device=d).index_copy_(
+        2, _index(d, 0, 1), torch.ones(2, 1, 2, 3, device=d)
+    ),
+    "index_add_": lambda d: torch.zeros(2, 4, 8, 3, device=d).index_add_(
+        2, _index(d, 0, 1), torch.ones(2, 1, 2, 3, device=d)
+    ),
+    "index_add_ (fewer rows)": lambda d: torch.zeros(4, 3, device=d).index_add_(
+        0, _index(d, 0, 1), torch.ones(1, 3, device=d)
+    ),
+    "slice_scatter": lambda d: torch.slice_scatter(torch.zeros(4, 3, device=d), torch.ones(1, 3, device=d), 0, 0, 2),
+    "select_scatter": lambda d: torch.select_scatter(torch.zeros(4, 3, device=d), torch.ones(1, device=d), 0, 0),
+    "diagonal_scatter": lambda d: torch.diagonal_scatter(torch.zeros(3, 3, device=d), torch.ones(1, device=d)),
+    "scatter_ (index past src)": lambda d: torch.zeros(4, 3, device=d).scatter_(
+        0, torch.zeros(2, 3, dtype=torch.long, device=d), torch.ones(1, 3, device=d)
+    ),
+    "gather (index past x)": lambda d: torch.zeros(2, 3, device=d).gather(
+        0, torch.zeros(2, 4, dtype=torch.long, device=d)
+    ),
+    "index_select (2-d index)": lambda d: torch.zeros(4, 3, device=d).index_select(0, _index(d, [0])),
+    "layer_norm (other normalized shape)": lambda d: F.layer_norm(torch.zeros(2, 3, device=d), (4,)),
+}
+
+
+@pytest.mark.parametrize("call", REFUSED_NOT_BROADCAST.values(), ids=REFUSED_NOT_BROADCAST.keys())
+def test_shapes_pytorch_refuses_are_refused_not_broadcast(call):
+    with pytest.raises(Exception) as on_cpu:
+        call("cpu")
+    with pytest.raises(type(on_cpu.value)) as on_device:
+        call("tpu").cpu()
+    message = str(on_device.value)
+    assert message.startswith(str(on_cpu.value)[:40]) or "aten." in message, message
+
+
+def test_bools_accumulate_as_pytorchs_or_and_and():
+    """JAX's scatter-add and -multiply refuse bools; ATen adds them as integers read back as bools."""
+    x, index, src = torch.tensor([False, True, False]), torch.tensor([0, 0, 2]), torch.tensor([True, False, False])
+    cases = [
+        lambda d: x.to(d).index_add(0, index.to(d), src.to(d)),
+        lambda d: x.to(d).scatter_add(0, index.to(d), src.to(d)),
+        lambda d: x.to(d).scatter_reduce(0, index.to(d), src.to(d), "prod"),
+        lambda d: x.to(d).scatter_reduce(0, index.to(d), src.to(d), "amin", include_self=False),
+        lambda d: x.to(d).index_put((index.to(d),), src.to(d), accumulate=True),
+        lambda d: x.to(d).put(index.to(d), src.to(d), accumulate=True),
+    ]
+    for case in cases:
+        assert torch.equal(case("tpu").cpu(), case("cpu"))
+
+
 def test_a_lowering_failing_on_a_call_torch_accepts_names_the_op(monkeypatch):
     """Not a user's mistake but a lowering's: a RuntimeError naming the op, never Python's
     'unsupported operand type(s)' (a TypeError from `a + b` turns into that)."""

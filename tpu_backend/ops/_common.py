@@ -142,6 +142,14 @@ def canonical_dims(dims, ndim: int) -> tuple[int, ...]:
     return tuple(sorted({canonical_dim(d, ndim) for d in dims}))
 
 
+def require_shape(op: str, what: str, shape, expected) -> None:
+    """Refuse `shape` where ATen requires exactly `expected`: JAX's updates (`.at[...].set`)
+    and elementwise maths would broadcast it and compute something PyTorch refuses. The
+    failure path (`errors.like_torch`) raises PyTorch's own error in its place."""
+    if tuple(shape) != tuple(expected):
+        raise RuntimeError(f"aten.{op}: {what} of shape {list(shape)} where {list(expected)} is required")
+
+
 def expand_param(value, count: int) -> tuple[int, ...]:
     """An int-or-list argument (kernel_size=3, stride=[2]) as a tuple of `count` ints."""
     if isinstance(value, int):

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_backend.ops._common import canonical_dim, is_array, is_floating
+from tpu_backend.ops._common import canonical_dim, is_array, is_floating, require_shape
 from tpu_backend.ops.registry import lowers
 
 aten = torch.ops.aten
@@ -87,6 +87,8 @@ def _single_mask_fill(x, indices, values):
 
 @lowers(aten.index_put.default, aten._index_put_impl.default, data_dependent_when=_mask_put_needs_host)
 def index_put(x, indices, values, accumulate=False, unsafe=False):
+    if accumulate and x.dtype == jnp.bool_:
+        return _accumulating_bools(index_put)(x, indices, values, True, values_at=1)
     mask = _single_mask_fill(x, indices, values)
     values = values.astype(x.dtype)
     if mask is not None:
@@ -98,14 +100,44 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
 
 @lowers(aten.index_select.default)
 def index_select(x, dim, index):
+    if index.ndim > 1:
+        raise IndexError(f"aten.index_select: index must be a vector, got shape {list(index.shape)}")
     if x.ndim == 0:  # ATen: a scalar indexed by its only position stays a scalar
         return x
     return jnp.take(x, index.reshape(-1), axis=canonical_dim(dim, x.ndim))
 
 
+def _accumulating_bools(lowering):
+    """A lowering that accumulates into `x` (its first argument) from `values` (named by the
+    caller's keyword `values_at`) taking bools as ATen does: as integers read back as bools, so
+    a sum is an or, a product an and, a max an or (JAX's scatter-add and -multiply refuse bools)."""
+
+    def accumulate(x, *args, values_at: int, **kwargs):
+        if x.dtype != jnp.bool_:
+            return lowering(x, *args, **kwargs)
+        args = list(args)
+        if is_array(args[values_at]):
+            args[values_at] = args[values_at].astype(jnp.int32)
+        return lowering(x.astype(jnp.int32), *args, **kwargs) != 0
+
+    return accumulate
+
+
 def _along(x, dim, index):
     """NumPy index that puts `index` on `dim` and takes everything else whole."""
     return (slice(None),) * canonical_dim(dim, x.ndim) + (index,)
+
+
+def _index_source(op: str, x, dim, index, source):
+    """index_add/index_copy's source, which ATen requires to be x's shape with `index.size`
+    positions on `dim` (or one element for a 0-dim x, or a scalar for one index)."""
+    expected = list(x.shape)
+    if expected:
+        expected[canonical_dim(dim, x.ndim)] = index.size
+    if source.size == math.prod(expected) == 1 and source.ndim <= 1:
+        return source
+    require_shape(op, "source", source.shape, expected)
+    return source
 
 
 def _on_dim(update, x, dim, index, values):
@@ -117,11 +149,17 @@ def _on_dim(update, x, dim, index, values):
 
 @lowers(aten.index_add.default)
 def index_add(x, dim, index, source, *, alpha=1):
+    source = _index_source("index_add", x, dim, index, source)
+    return _accumulating_bools(_index_add)(x, dim, index, source, alpha, values_at=2)
+
+
+def _index_add(x, dim, index, source, alpha):
     return _on_dim(lambda ref, v: ref.add(v), x, dim, index, (source * alpha).astype(x.dtype))
 
 
 @lowers(aten.index_copy.default)
 def index_copy(x, dim, index, source):
+    source = _index_source("index_copy", x, dim, index, source)
     return _on_dim(lambda ref, v: ref.set(v), x, dim, index, source.astype(x.dtype))
 
 
@@ -130,8 +168,18 @@ def index_fill(x, dim, index, value):
     return _on_dim(lambda ref, v: ref.set(v), x, dim, index, jnp.asarray(value).astype(x.dtype).reshape(()))
 
 
-def _scatter_grid(index, dim):
-    """Full coordinates for gather/scatter: `index` on `dim`, iotas elsewhere."""
+def _scatter_grid(index, dim, x, src=None):
+    """Full coordinates for gather/scatter: `index` on `dim`, iotas elsewhere. ATen requires
+    `index` no larger than `x` off `dim` (and than `src` everywhere): JAX would clamp the
+    coordinates past x's end (a gather) or drop them (a scatter), with no error."""
+    if index.ndim != x.ndim or any(
+        i > n for d, (i, n) in enumerate(zip(index.shape, x.shape)) if d != canonical_dim(dim, max(x.ndim, 1))
+    ):
+        raise RuntimeError(
+            f"gather/scatter: index of shape {list(index.shape)} does not fit x of shape {list(x.shape)}"
+        )
+    if is_array(src) and src.ndim and (src.ndim != index.ndim or any(i > n for i, n in zip(index.shape, src.shape))):
+        raise RuntimeError(f"scatter: index of shape {list(index.shape)} is larger than src of shape {list(src.shape)}")
     axis = canonical_dim(dim, max(index.ndim, 1))
     return tuple(index if d == axis else lax.broadcasted_iota(jnp.int64, index.shape, d) for d in range(index.ndim))
 
@@ -142,7 +190,7 @@ def gather(x, dim, index, *, sparse_grad=False):
         return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
-    return x[_scatter_grid(index, dim)]
+    return x[_scatter_grid(index, dim, x)]
 
 
 def _source_values(src, index, dtype):
@@ -155,12 +203,14 @@ _SCATTER_REDUCE_ALIASES = {"add": "sum", "multiply": "prod"}
 
 
 def _scatter(x, dim, index, src, reduce=None):
+    if reduce is not None and x.dtype == jnp.bool_:
+        return _accumulating_bools(_scatter)(x, dim, index, src, reduce, values_at=2)
     if index.size == 0:  # ATen allows any shape of empty index: nothing is written
         return x
     if x.ndim == 0:
         x, index = x.reshape(1), index.reshape(-1)
         return _scatter(x, 0, index, src if not is_array(src) else src.reshape(-1), reduce).reshape(())
-    target = x.at[_scatter_grid(index, dim)]
+    target = x.at[_scatter_grid(index, dim, x, src)]
     values = _source_values(src, index, x.dtype)
     if reduce is None:
         return target.set(values)
@@ -198,13 +248,15 @@ def _reduction_identity(reduce, dtype):
 
 @lowers(aten.scatter_reduce.two)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if x.dtype == jnp.bool_:
+        return _accumulating_bools(scatter_reduce)(x, dim, index, src, reduce, values_at=2, include_self=include_self)
     if index.size == 0:
         return x
     if x.ndim == 0:
         return scatter_reduce(
             x.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce, include_self=include_self
         ).reshape(())
-    grid = _scatter_grid(index, dim)
+    grid = _scatter_grid(index, dim, x, src)
     values = _source_values(src, index, x.dtype)
     touched = jnp.zeros(x.shape, jnp.bool_).at[grid].set(True)
     start = x if include_self else jnp.where(touched, jnp.asarray(_reduction_identity(reduce, x.dtype), x.dtype), x)
@@ -246,6 +298,8 @@ def take(x, index):
 
 @lowers(aten.put.default)
 def put(x, index, source, accumulate=False):
+    if accumulate and x.dtype == jnp.bool_:
+        return _accumulating_bools(put)(x, index, source, True, values_at=1)
     flat = x.reshape(-1).at[index.reshape(-1)]
     values = source.reshape(-1).astype(x.dtype)
     return (flat.add(values) if accumulate else flat.set(values)).reshape(x.shape)
@@ -295,13 +349,19 @@ def nonzero_static(x, *, size, fill_value=-1):
 @lowers(aten.select_scatter.default)
 def select_scatter(x, src, dim, index):
     axis = canonical_dim(dim, x.ndim)
-    return x.at[_along(x, axis, index % x.shape[axis])].set(src.astype(x.dtype))
+    return _scatter_into(x, _along(x, axis, index % x.shape[axis]), src, "select_scatter")
 
 
 @lowers(aten.slice_scatter.default)
 def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     axis = canonical_dim(dim, x.ndim)
-    return x.at[_along(x, axis, slice(start, end, step))].set(src.astype(x.dtype))
+    return _scatter_into(x, _along(x, axis, slice(start, end, step)), src, "slice_scatter")
+
+
+def _scatter_into(x, where: tuple, src, op: str):
+    """`x` with `src` written at the basic index `where`, whose shape ATen requires of it."""
+    require_shape(op, "src", src.shape, np.broadcast_to(np.int8(0), x.shape)[where].shape)
+    return x.at[where].set(src.astype(x.dtype))
 
 
 # The backwards of `select` and `slice` (autograd's, e.g. of `MultiheadAttention`'s packed
@@ -329,6 +389,7 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     dim1, dim2 = canonical_dim(dim1, x.ndim), canonical_dim(dim2, x.ndim)
     rows, cols = _diagonal_coordinates(x.shape, offset, dim1, dim2)
     moved = jnp.moveaxis(x, (dim1, dim2), (-2, -1))
+    require_shape("diagonal_scatter", "src", src.shape, (*moved.shape[:-2], len(rows)))
     moved = moved.at[..., rows, cols].set(src.astype(x.dtype))
     return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
 

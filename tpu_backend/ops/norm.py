@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_backend.ops._common import canonical_dim, scalar_as_vector
+from tpu_backend.ops._common import canonical_dim, require_shape, scalar_as_vector
 from tpu_backend.ops.registry import Functionalized, jax_dtype, lowers
 
 aten = torch.ops.aten
@@ -86,6 +86,12 @@ def log_softmax_backward_data(grad_output, output, dim, input_dtype):
 
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
+    require_shape(
+        "native_layer_norm", "the input's last dims", x.shape[x.ndim - len(normalized_shape) :], normalized_shape
+    )
+    for name, parameter in (("weight", weight), ("bias", bias)):
+        if parameter is not None:
+            require_shape("native_layer_norm", name, parameter.shape, normalized_shape)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     xf = _opmath(x)
     mean = jnp.mean(xf, axis=axes, keepdims=True)
