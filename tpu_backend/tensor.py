@@ -488,7 +488,12 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
     if value.dtype != target:
         value = value.astype(target)
     if value.shape != shape:
-        value = apply(("broadcast_to", shape), functools.partial(jnp.broadcast_to, shape=shape), value)
+        try:
+            value = apply(("broadcast_to", shape), functools.partial(jnp.broadcast_to, shape=shape), value)
+        except ValueError:  # ATen's words for an in-place op or a copy whose value does not broadcast
+            raise RuntimeError(
+                f"output with shape {list(shape)} doesn't match the broadcast shape {list(value.shape)}"
+            ) from None
     if t.is_conj() or t.is_neg():  # writing through x.conj(): store the conjugate
         value = _apply_math_bits(t, value)
     if _covers_storage(t, payload):

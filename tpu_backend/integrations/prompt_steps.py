@@ -61,7 +61,9 @@ def feed(model, step, input_ids: torch.Tensor, model_kwargs: dict):
     start = 0
     for end in [*range(CHUNK, chunked + 1, CHUNK), *range(chunked + 1, length + 1)]:
         kwargs = {**model_kwargs, **{key: value[..., :end] for key, value in sliced.items()}}
-        model_inputs = model.prepare_inputs_for_generation(input_ids[:, :end], next_sequence_length=end - start, **kwargs)
+        model_inputs = model.prepare_inputs_for_generation(
+            input_ids[:, :end], next_sequence_length=end - start, **kwargs
+        )
         try:
             result = step(model_inputs) if end - start == 1 else model(**model_inputs, return_dict=True)
         except RuntimeError:  # (torch._dynamo's TorchRuntimeError too)

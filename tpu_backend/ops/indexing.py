@@ -94,8 +94,14 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
     if mask is not None:
         fill = values.reshape(())
         return jnp.where(mask, x + fill if accumulate else fill, x)
-    target = x.at[_index_tuple(indices)]
-    return target.add(values) if accumulate else target.set(values)
+    where = _index_tuple(indices)
+    try:
+        return x.at[where].add(values) if accumulate else x.at[where].set(values)
+    except ValueError:  # (JAX's broadcasting error; ATen's words)
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing result "
+            f"of shape {list(x[where].shape)}"
+        ) from None
 
 
 @lowers(aten.index_select.default)
@@ -300,6 +306,11 @@ def take(x, index):
 def put(x, index, source, accumulate=False):
     if accumulate and x.dtype == jnp.bool_:
         return _accumulating_bools(put)(x, index, source, True, values_at=1)
+    if source.size != index.size:
+        raise IndexError(
+            "put_(): Expected source and index to have the same number of elements, but got source.numel() = "
+            f"{source.size}, index.numel() = {index.size}"
+        )
     flat = x.reshape(-1).at[index.reshape(-1)]
     values = source.reshape(-1).astype(x.dtype)
     return (flat.add(values) if accumulate else flat.set(values)).reshape(x.shape)
