@@ -143,6 +143,19 @@ def refused_by_torch(op, args, kwargs) -> Exception | None:
     return _raised(op, cpu_stand_in, "cpu", args, kwargs) or refused
 
 
+def refused_by_both(op, args, kwargs) -> Exception | None:
+    """The error PyTorch's CPU kernel raises for these arguments of `op` when its meta kernel
+    refuses them too, else None. Asked when an op's program is traced for new shapes or static
+    arguments (once per signature): JAX broadcasts, clamps and drops where ATen refuses, so a
+    lowering alone would compute something for a call PyTorch rejects. Two refusals are
+    needed, so that a stand-in's values (zeros) or a meta kernel's quirk alone never refuses
+    a call PyTorch accepts."""
+    if _raised(op, to_meta, "meta", args, kwargs) is None:
+        return None
+    refused = _raised(op, cpu_stand_in, "cpu", args, kwargs)
+    return None if refused is None else refused.with_traceback(None)
+
+
 def like_torch(op, args, kwargs, error: Exception) -> Exception:
     """What to raise when running `op` on the tpu failed with `error` (the failure path only:
     nothing here runs for a call that succeeds). Out of memory: `torch.OutOfMemoryError`. A

@@ -34,9 +34,9 @@ from tpu_backend import chip_limits, fused, native
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.chip_limits import TpuChipLimitError
 from tpu_backend.eager import bounds, modes
-from tpu_backend.eager.arguments import _Slot, fill_template, flatten_args
-from tpu_backend.eager.errors import like_torch, user_frame
-from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering
+from tpu_backend.eager.arguments import _Slot, _ViewSlot, fill_template, flatten_args
+from tpu_backend.eager.errors import like_torch, refused_by_both, user_frame
+from tpu_backend.ops.registry import JAX_LOWERINGS, Lowering, torch_dtype
 
 _native = native.load()
 
@@ -136,6 +136,33 @@ def _note_native_compile() -> None:
     _count_compiled_program()
 
 
+# TPU_CHECK_AT_TRACE=0: an op's program is traced without asking PyTorch's kernels whether
+# they accept its arguments (`errors.refused_by_both`; set before the op's first call)
+CHECK_AT_TRACE = os.environ.get("TPU_CHECK_AT_TRACE", "1") != "0"
+# A Python number of each kind standing in for a traced one (its value is not known at trace time)
+_STAND_IN_NUMBER = {"f": 1.5, "c": 1.5j, "i": 2, "u": 2, "b": True}
+
+
+def _meta_arguments(template_args, template_kwargs, dynamic) -> tuple[list, dict]:
+    """An op's arguments at trace time as PyTorch sees them: meta tensors of the traced
+    arrays' shapes and dtypes (a view's own geometry), Python numbers for traced floats."""
+
+    def meta(template):
+        if type(template) is _Slot:
+            value = dynamic[template.index]
+            if value.ndim == 0 and getattr(value, "weak_type", False):  # a Python number passed traced
+                return _STAND_IN_NUMBER[value.dtype.kind]
+            return torch.empty(value.shape, dtype=torch_dtype(value.dtype), device="meta")
+        if type(template) is _ViewSlot:
+            shape, strides, _ = template.geometry
+            return torch.empty_strided(shape, strides, dtype=torch_dtype(dynamic[template.index].dtype), device="meta")
+        if type(template) is tuple:
+            return [meta(t) for t in template]
+        return template
+
+    return [meta(t) for t in template_args], {k: meta(t) for k, t in template_kwargs if k != "key"}  # (a random op's)
+
+
 def _with_key(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """A random op's arguments plus its `jax.random` key: the device stream's, or one drawn from
     an explicit `torch.Generator` argument, which the lowering then sees as None (so no
@@ -192,10 +219,15 @@ class OpRunner:
         `traced`: note the trace in `_Compiles` (strict mode's jitted functions). `donated`:
         the positions of an in-place op's self, whose shapes and dtypes the results must have."""
         lowering_fn = self.lowering.fn
+        checked = traced and CHECK_AT_TRACE
 
         def call(*dynamic):
             if traced:
                 _Compiles.started = time.perf_counter()
+            if checked:
+                refused = refused_by_both(self.op, *_meta_arguments(template_args, template_kwargs, dynamic))
+                if refused is not None:
+                    raise refused
             args, kwargs = fill_template(template_args, template_kwargs, dynamic)
             out = lowering_fn(*args, **kwargs)
             if donated:

@@ -419,6 +419,14 @@ def strided_positions(size, stride, storage_offset):
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     """Treats `x` as contiguous storage, as the functional form of a view write does."""
     positions = strided_positions(size, stride, storage_offset)
+    if positions.size and positions.max() >= x.size:  # (JAX would drop those writes)
+        itemsize = np.dtype(x.dtype).itemsize
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {storage_offset or 0}, and "
+            f"itemsize {itemsize} requiring a storage size of {(int(positions.max()) + 1) * itemsize} are out of "
+            f"bounds for storage of size {x.size * itemsize}"
+        )
+    require_shape("as_strided_scatter", "src", src.shape, positions.shape)
     return x.reshape(-1).at[positions].set(src.astype(x.dtype)).reshape(x.shape)
 
 

@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from tpu_backend.eager.errors import torch_dtype_name
 from tpu_backend.ops._common import default_float, elementwise, is_floating, jax_dtype
-from tpu_backend.ops.registry import Functionalized, lowers
+from tpu_backend.ops.registry import Functionalized, lowers, torch_dtype
 
 aten = torch.ops.aten
 
@@ -216,7 +217,18 @@ def standard_gamma(x, generator=None, *, key):
 @lowers(aten.multinomial.default, needs_rng=True)
 def multinomial(x, num_samples, replacement=False, *, generator=None, key):
     """Samples category indices from (unnormalised) row weights; without replacement by
-    the Gumbel-top-k trick (exact for sampling without replacement)."""
+    the Gumbel-top-k trick (exact for sampling without replacement). The checks are ATen's
+    (its meta kernel makes few of them); those of the weights' values are not made."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise RuntimeError(
+            f"multinomial only supports floating-point dtypes for input, got: {torch_dtype_name(torch_dtype(x.dtype))}"
+        )
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if x.shape[-1] > 2**24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+    if not replacement and num_samples > x.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
     logits = jnp.log(x.astype(jnp.float32))
     if replacement:
         shape = x.shape[:-1] + (num_samples,)
