@@ -277,6 +277,21 @@ def test_shapes_pytorch_refuses_are_refused_not_broadcast(call):
     assert message.startswith(str(on_cpu.value)[:30]) or "aten." in message or "shape [" in message, message
 
 
+def test_fused_mode_refuses_what_pytorch_refuses_where_it_records_the_op():
+    """Fused mode infers each op's shapes when it records it: the same check runs there, so a
+    refused call raises at the op (it computed `roll`'s and `trace`'s results before)."""
+    x = torch.arange(6.0).reshape(2, 3).to("tpu")
+    tpu_backend.set_eager_mode("fused")
+    try:
+        with pytest.raises(RuntimeError, match="shifts and dimensions must align"):
+            torch.roll(x, (1, 2), (0,))
+        with pytest.raises(RuntimeError, match="expected a matrix, but got tensor with dim 3"):
+            torch.trace(torch.zeros(2, 2, 2, device="tpu"))
+        assert (x * 2).sum().item() == 30.0
+    finally:
+        tpu_backend.set_eager_mode("strict")
+
+
 def test_bools_accumulate_as_pytorchs_or_and_and():
     """JAX's scatter-add and -multiply refuse bools; ATen adds them as integers read back as bools."""
     x, index, src = torch.tensor([False, True, False]), torch.tensor([0, 0, 2]), torch.tensor([True, False, False])

@@ -219,7 +219,7 @@ class OpRunner:
         `traced`: note the trace in `_Compiles` (strict mode's jitted functions). `donated`:
         the positions of an in-place op's self, whose shapes and dtypes the results must have."""
         lowering_fn = self.lowering.fn
-        checked = traced and CHECK_AT_TRACE
+        checked = CHECK_AT_TRACE  # (strict mode's trace for new shapes; fused mode's shape inference)
 
         def call(*dynamic):
             if traced:
