@@ -31,6 +31,10 @@ from tpu_backend.streams import Event, Stream, current_stream, default_stream, s
 
 seed_all = seed
 _peak_bytes = 0
+# What `torch.utils.checkpoint` reads (as `torch.cuda._initialized`) before it stashes the
+# device's random state for the recomputation: without it a checkpointed dropout drew new
+# masks in the backward, and the gradients were those of other masks.
+_initialized = True
 
 
 def is_available() -> bool:

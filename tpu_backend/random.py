@@ -72,14 +72,24 @@ def key_from_generator(generator: torch.Generator):
     return jax.random.key(seed)
 
 
-def get_rng_state() -> torch.Tensor:
+def _one_device(device) -> None:
+    """`device` as torch.cuda's random-state functions take it (an index, a name, a
+    torch.device): the tpu device has one, index 0."""
+    index = device if isinstance(device, int) else torch.device(device).index
+    if index not in (None, 0):
+        raise RuntimeError(f"device {device} does not exist: the tpu device has one index (tpu:0)")
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
     """The (seed, counter) state as 16 bytes, like torch.cuda.get_rng_state's ByteTensor."""
+    _one_device(device)
     state = np.array([initial_seed(), _counter], dtype=np.int64)
     return torch.from_numpy(state.view(np.uint8).copy())
 
 
-def set_rng_state(state: torch.Tensor) -> None:
+def set_rng_state(state: torch.Tensor, device="tpu") -> None:
     global _seed, _counter
+    _one_device(device)
     values = state.detach().cpu().contiguous().numpy().view(np.int64)
     if values.shape != (2,):
         raise ValueError(f"tpu rng state must be the 16 bytes get_rng_state() returns, got {state.numel()} bytes")

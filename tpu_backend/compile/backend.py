@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import operator
 from typing import Any, Sequence
 
 import torch
@@ -105,6 +106,22 @@ def tpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict |
     return with_graph_compilers(gm, example_inputs, functools.partial(graph_compiler, buckets=buckets), **kwargs)
 
 
+def _partition_saving_random_values(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):
+    """AOTAutograd's default partition, with the random values of a checkpointed region
+    (`torch.utils.checkpoint`: gradient checkpointing with dropout) saved for the backward
+    instead of drawn again there. Drawing them again takes `run_and_save_rng_state` and
+    `run_with_rng_state`, which hand a CPU generator's state from the forward to the backward
+    and have no tpu form (the graph failed to compile); a dropout mask is saved instead."""
+    from torch._functorch import partitioners
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    for node in joint_module.graph.nodes:
+        if partitioners.must_recompute(node) and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            for value in (node, *(user for user in node.users if user.target is operator.getitem)):  # (its outputs)
+                value.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    return partitioners.default_partition(joint_module, joint_inputs, **kwargs)
+
+
 def with_graph_compilers(gm: torch.fx.GraphModule, example_inputs, make_compiler, cached: bool = False, **kwargs):
     """AOTAutograd over a Dynamo graph as backend "tpu" runs it, each graph handed to the
     compiler `make_compiler(name)` returns (`divergence.py` hands checking ones); `cached`:
@@ -117,6 +134,7 @@ def with_graph_compilers(gm: torch.fx.GraphModule, example_inputs, make_compiler
         inference_compiler=make_compiler(f"torch_compile_{graph_id}_inference"),
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
+        partition_fn=_partition_saving_random_values,
     )
     # With programs compiled ahead, AOTAutograd hands the backward graph over with the
     # forward (by default at the first backward), so the two compile at once.
