@@ -494,6 +494,18 @@ def test_assisted_decoding_matches_cpu(models):
     assert from_host.device.type == "cpu" and torch.equal(from_host, expected)
 
 
+def test_classifier_free_guidance_matches_cpu(models):
+    """`guidance_scale`: its logits processor runs the model on the sequence so far, so the
+    loop's bookkeeping stays on the device (on the host the processor's call mixed devices:
+    "Expected all tensors to be on the same device"). CPU's tokens and scores."""
+    ids, mask = prompt(7, batch=2, seed=3), torch.ones(2, 7, dtype=torch.long)
+    mask[1, :2] = 0
+    cpu_out, tpu_out = generate_both(
+        models, ids, attention_mask=mask, max_new_tokens=5, guidance_scale=1.5, output_scores=True
+    )
+    assert_steps_match(tpu_out, cpu_out, field="scores")
+
+
 def test_sampling_draws_from_cpu_scores(models):
     """Sampling with top-k, top-p and temperature: the processed scores match CPU's at every
     step, and every drawn token is one those scores allow. The draw itself runs on the host

@@ -180,12 +180,16 @@ def _to_model_device(device: torch.device, value):
     return value.to(device) if isinstance(value, torch.Tensor) and not value.is_floating_point() else value
 
 
-def _assisted(model, kwargs: dict) -> bool:
-    """Whether generate() decodes with candidates (an assistant model, prompt lookup, early
-    exit): transformers' assisted loop mixes the inputs' and the model's devices when they
-    differ, so its bookkeeping stays on the device."""
+def _bookkeeping_on_device(model, kwargs: dict) -> bool:
+    """Whether generate() calls the model on its bookkeeping itself, so that the bookkeeping
+    stays on the device: decoding with candidates (an assistant model, prompt lookup, early
+    exit: transformers' assisted loop mixes the inputs' and the model's devices when they
+    differ), and classifier-free guidance (its logits processor runs the model on the
+    sequence so far)."""
     config = kwargs.get("generation_config") or model.generation_config
-    return any(kwargs.get(name) is not None or getattr(config, name, None) is not None for name in _ASSISTED_OPTIONS)
+    guidance = kwargs.get("guidance_scale", getattr(config, "guidance_scale", None))
+    assisted = any(kwargs.get(name) is not None or getattr(config, name, None) is not None for name in _ASSISTED_OPTIONS)
+    return assisted or (guidance is not None and guidance != 1)
 
 
 def _to_device(result, device: torch.device):
@@ -344,7 +348,7 @@ def _patch_generate(module) -> None:
         _refuse_unsupported_cache(kwargs.get("cache_implementation"))
         main_input = kwargs.get(self.main_input_name, kwargs.get("input_ids"))
         device = next((v.device for v in (inputs, main_input) if isinstance(v, torch.Tensor)), None)
-        if _assisted(self, kwargs):
+        if _bookkeeping_on_device(self, kwargs):
             place = place_kwarg = functools.partial(_to_model_device, self.device)
             moved = _BOOKKEEPING_INPUTS
         elif encoder_decoder:  # the encoder's input too, floats included: the loop follows its device
@@ -354,7 +358,7 @@ def _patch_generate(module) -> None:
             place, place_kwarg, moved = _to_host, _tensor_to_host, _BOOKKEEPING_INPUTS
         inputs = place(inputs)
         kwargs = {k: place_kwarg(v) if k in moved else v for k, v in kwargs.items()}
-        if encoder_decoder and not _assisted(self, kwargs):
+        if encoder_decoder and not _bookkeeping_on_device(self, kwargs):
             inputs, kwargs = _source_padded_to_a_bucket(self, inputs, kwargs)
         from tpu_backend.compile import scan  # (here: `import tpu_backend` leaves torch.compile's side unloaded)
 
