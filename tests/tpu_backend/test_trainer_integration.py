@@ -219,6 +219,28 @@ def test_save_and_resume_equals_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(cpu_parameters(resumed.model)[name], expected, rtol=0, atol=1e-6, msg=name)
 
 
+def test_a_run_resumed_with_dropout_draws_the_masks_of_the_uninterrupted_one(tmp_path, monkeypatch):
+    """The checkpoint keeps the device's random state beside the CPU's: resumed at step 3,
+    a model with dropout draws the masks the run that never stopped drew (it drew others)."""
+    build = tiny_llama
+
+    def tiny_llama_with_dropout():
+        model = build()
+        for layer in model.model.layers:
+            layer.self_attn.attention_dropout = 0.3
+        return model
+
+    monkeypatch.setattr(sys.modules[__name__], "tiny_llama", tiny_llama_with_dropout)  # (make_trainer's)
+    uninterrupted = make_trainer(tmp_path / "whole", use_cpu=False)
+    uninterrupted.train()
+    make_trainer(tmp_path / "halves", use_cpu=False, save_strategy="steps", save_steps=3).train()
+    saved = torch.load(tmp_path / "halves" / "checkpoint-3" / "rng_state.pth", weights_only=False)
+    assert saved["tpu"].dtype == torch.uint8
+    resumed = make_trainer(tmp_path / "halves", use_cpu=False, save_strategy="steps", save_steps=3)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "halves" / "checkpoint-3"))
+    np.testing.assert_allclose(logged_losses(resumed), logged_losses(uninterrupted), rtol=0, atol=1e-6)
+
+
 def token_accuracy(prediction: transformers.EvalPrediction) -> dict:
     predicted = prediction.predictions.argmax(-1)[:, :-1]
     return {"accuracy": float((predicted == prediction.label_ids[:, 1:]).mean())}

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import os
 
 import jax.numpy as jnp
 import torch
 
+from common.files import write_atomic
 from tpu_backend.integrations.post_import import when_imported
 
 DEVICE_TYPE = "tpu"
@@ -142,5 +145,49 @@ def _patch_run_epoch(trainer_module) -> None:
     trainer_class._run_epoch = run_epoch_on_device
 
 
+def _rng_state_file(trainer, directory) -> str:
+    """Where Trainer keeps a checkpoint's random states (one file per process)."""
+    single = trainer.args.world_size <= 1
+    return os.path.join(directory, "rng_state.pth" if single else f"rng_state_{trainer.args.process_index}.pth")
+
+
+def _patch_rng_state(trainer_module) -> None:
+    """A checkpoint keeps the random states of the CPU and of the accelerators Trainer knows
+    (CUDA, XLA, NPU, ...), so that a resumed run draws what the run that never stopped would;
+    the device's state is kept beside them ("tpu"). Without it a run resumed on the device drew
+    other dropout masks from there on."""
+    trainer_class = trainer_module.Trainer
+    save, load = trainer_class._save_rng_state, trainer_class._load_rng_state
+    if getattr(save, "_tpu_aware", False):
+        return
+
+    def read(path: str) -> dict:
+        with trainer_module.safe_globals():  # (the NumPy state, as Trainer reads the file)
+            return torch.load(path, weights_only=True)
+
+    @functools.wraps(save)
+    def save_rng_state(self, output_dir: str) -> None:
+        save(self, output_dir)
+        if self.args.device.type == DEVICE_TYPE:
+            path = _rng_state_file(self, output_dir)
+            states = dict(read(path), **{DEVICE_TYPE: torch.tpu.get_rng_state()})
+            buffer = io.BytesIO()
+            torch.save(states, buffer)
+            write_atomic(path, [buffer.getvalue()])
+
+    @functools.wraps(load)
+    def load_rng_state(self, checkpoint: str | None) -> None:
+        load(self, checkpoint)
+        if checkpoint is not None and self.args.device.type == DEVICE_TYPE:
+            path = _rng_state_file(self, checkpoint)
+            state = read(path).get(DEVICE_TYPE) if os.path.isfile(path) else None
+            if state is not None:
+                torch.tpu.set_rng_state(state)
+
+    save_rng_state._tpu_aware = True
+    trainer_class._save_rng_state, trainer_class._load_rng_state = save_rng_state, load_rng_state
+
+
 def install() -> None:
     when_imported("transformers.trainer", _patch_run_epoch)
+    when_imported("transformers.trainer", _patch_rng_state)
