@@ -188,7 +188,9 @@ def _bookkeeping_on_device(model, kwargs: dict) -> bool:
     sequence so far)."""
     config = kwargs.get("generation_config") or model.generation_config
     guidance = kwargs.get("guidance_scale", getattr(config, "guidance_scale", None))
-    assisted = any(kwargs.get(name) is not None or getattr(config, name, None) is not None for name in _ASSISTED_OPTIONS)
+    assisted = any(
+        kwargs.get(name) is not None or getattr(config, name, None) is not None for name in _ASSISTED_OPTIONS
+    )
     return assisted or (guidance is not None and guidance != 1)
 
 
