@@ -149,8 +149,10 @@ def refused_by_both(op, args, kwargs) -> Exception | None:
     arguments (once per signature): JAX broadcasts, clamps and drops where ATen refuses, so a
     lowering alone would compute something for a call PyTorch rejects. Two refusals are
     needed, so that a stand-in's values (zeros) or a meta kernel's quirk alone never refuses
-    a call PyTorch accepts."""
-    if _raised(op, to_meta, "meta", args, kwargs) is None:
+    a call PyTorch accepts; a TypeError is not one (the dispatcher checked the arguments'
+    types before the device saw them: it would be about the rebuilt arguments)."""
+    refused = _raised(op, to_meta, "meta", args, kwargs)
+    if refused is None or isinstance(refused, TypeError):
         return None
     refused = _raised(op, cpu_stand_in, "cpu", args, kwargs)
     return None if refused is None else refused.with_traceback(None)

@@ -114,9 +114,10 @@ def index_select(x, dim, index):
 
 
 def _accumulating_bools(lowering):
-    """A lowering that accumulates into `x` (its first argument) from `values` (named by the
-    caller's keyword `values_at`) taking bools as ATen does: as integers read back as bools, so
-    a sum is an or, a product an and, a max an or (JAX's scatter-add and -multiply refuse bools)."""
+    """A lowering that accumulates into `x` (its first argument) from the values at position
+    `values_at` of the arguments after it, taking bools as ATen does: as integers read back as
+    bools, so a sum is an or, a product an and, a max an or (JAX's scatter-add and -multiply
+    refuse bools)."""
 
     def accumulate(x, *args, values_at: int, **kwargs):
         if x.dtype != jnp.bool_:
