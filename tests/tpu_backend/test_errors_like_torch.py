@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import warnings
 
 import jax
@@ -290,6 +291,47 @@ def test_fused_mode_refuses_what_pytorch_refuses_where_it_records_the_op():
         assert (x * 2).sum().item() == 30.0
     finally:
         tpu_backend.set_eager_mode("strict")
+
+
+def _arange(*shape, device):
+    return torch.arange(float(math.prod(shape)), device=device).reshape(shape)
+
+
+# Edge calls PyTorch accepts, next to the shape checks above: a 0-dim index counts as one
+# element, slices clamp, a diagonal may be empty, a scatter's src may be larger than its index.
+ACCEPTED_EDGES = {
+    "gather (0-dim index)": lambda d: torch.gather(_arange(3, device=d), 0, _index(d, 1)[0]),
+    "scatter (0-dim index and src)": lambda d: torch.zeros(3, device=d).scatter(0, _index(d, 1)[0], _index(d, 5.0)[0]),
+    "scatter_reduce (0-dim index)": lambda d: torch.ones(3, device=d).scatter_reduce(
+        0, _index(d, 2)[0], _index(d, 5.0)[0], "prod"
+    ),
+    "scatter (src larger than index)": lambda d: _arange(3, 4, device=d).scatter(
+        1, torch.zeros(2, 2, dtype=torch.long, device=d), _arange(3, 3, device=d)
+    ),
+    "index_add_ (0-dim index)": lambda d: _arange(3, 2, device=d).index_add(
+        0, _index(d, 1)[0], _arange(1, 2, device=d)
+    ),
+    "index_copy (0-dim x)": lambda d: _arange(device=d).index_copy(0, _index(d, 0), _index(d, 7.0)[0]),
+    "slice_scatter (past the end)": lambda d: torch.slice_scatter(
+        _arange(6, 2, device=d), _arange(2, 2, device=d), 0, 4, 100
+    ),
+    "slice_scatter (a step)": lambda d: torch.slice_scatter(
+        _arange(6, 2, device=d), _arange(3, 2, device=d), 0, 0, None, 2
+    ),
+    "diagonal_scatter (empty)": lambda d: torch.diagonal_scatter(_arange(3, 4, device=d), _arange(0, device=d), 5),
+    "as_strided_scatter (an offset)": lambda d: torch.as_strided_scatter(
+        _arange(4, 4, device=d), _arange(2, 2, device=d), (2, 2), (4, 1), 5
+    ),
+    "put (0-dim index)": lambda d: _arange(2, 3, device=d).put(_index(d, 4)[0], _index(d, 9.0)[0]),
+    "index_put (a broadcast row)": lambda d: _arange(4, 3, device=d).index_put(
+        (_index(d, 0, 2),), _arange(3, device=d)
+    ),
+}
+
+
+@pytest.mark.parametrize("call", ACCEPTED_EDGES.values(), ids=ACCEPTED_EDGES.keys())
+def test_edge_calls_pytorch_accepts_compute_cpus_values(call):
+    torch.testing.assert_close(call("tpu").cpu(), call("cpu"))
 
 
 def test_bools_accumulate_as_pytorchs_or_and_and():

@@ -179,13 +179,17 @@ def _scatter_grid(index, dim, x, src=None):
     """Full coordinates for gather/scatter: `index` on `dim`, iotas elsewhere. ATen requires
     `index` no larger than `x` off `dim` (and than `src` everywhere): JAX would clamp the
     coordinates past x's end (a gather) or drop them (a scatter), with no error."""
-    if index.ndim != x.ndim or any(
+    if max(index.ndim, 1) != max(x.ndim, 1) or any(
         i > n for d, (i, n) in enumerate(zip(index.shape, x.shape)) if d != canonical_dim(dim, max(x.ndim, 1))
     ):
         raise RuntimeError(
             f"gather/scatter: index of shape {list(index.shape)} does not fit x of shape {list(x.shape)}"
         )
-    if is_array(src) and src.ndim and (src.ndim != index.ndim or any(i > n for i, n in zip(index.shape, src.shape))):
+    if (
+        is_array(src)
+        and src.ndim
+        and (max(src.ndim, 1) != max(index.ndim, 1) or any(i > n for i, n in zip(index.shape, src.shape)))
+    ):
         raise RuntimeError(f"scatter: index of shape {list(index.shape)} is larger than src of shape {list(src.shape)}")
     axis = canonical_dim(dim, max(index.ndim, 1))
     return tuple(index if d == axis else lax.broadcasted_iota(jnp.int64, index.shape, d) for d in range(index.ndim))
@@ -197,6 +201,8 @@ def gather(x, dim, index, *, sparse_grad=False):
         return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
+    if index.ndim == 0:  # (ATen takes a 0-dim index as one element)
+        return gather(x, dim, index.reshape(1)).reshape(())
     return x[_scatter_grid(index, dim, x)]
 
 
@@ -217,6 +223,8 @@ def _scatter(x, dim, index, src, reduce=None):
     if x.ndim == 0:
         x, index = x.reshape(1), index.reshape(-1)
         return _scatter(x, 0, index, src if not is_array(src) else src.reshape(-1), reduce).reshape(())
+    if index.ndim == 0:  # (ATen takes a 0-dim index, and src, as one element)
+        return _scatter(x, dim, index.reshape(1), src.reshape(-1) if is_array(src) else src, reduce)
     target = x.at[_scatter_grid(index, dim, x, src)]
     values = _source_values(src, index, x.dtype)
     if reduce is None:
@@ -263,6 +271,8 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
         return scatter_reduce(
             x.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce, include_self=include_self
         ).reshape(())
+    if index.ndim == 0:
+        return scatter_reduce(x, dim, index.reshape(1), src.reshape(-1), reduce, include_self=include_self)
     grid = _scatter_grid(index, dim, x, src)
     values = _source_values(src, index, x.dtype)
     touched = jnp.zeros(x.shape, jnp.bool_).at[grid].set(True)
