@@ -124,6 +124,38 @@ def accelerate_one_step(cpu: bool):
     return accelerator.device, accelerator.distributed_type, model, optimizer, batches
 
 
+def test_accelerate_save_state_keeps_every_weight_and_load_state_resumes_the_device_draws(tmp_path):
+    """`save_state` wrote one weight of a tpu model: accelerate's safetensors clean-up keyed
+    tensors by storage address, 0 for every tpu storage, so all looked shared (loading then
+    failed: 'Missing key(s) in state_dict: "0.bias"'). It also keeps the device's random state
+    beside the CPU's now: after `load_state` a loop with dropout draws what the loop that
+    never stopped drew (it drew other masks)."""
+    import safetensors.torch
+
+    accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = accelerate.Accelerator()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    model = accelerator.prepare(model)
+    x = torch.ones(4, 8, device="tpu")
+
+    def outputs(count: int) -> list:
+        return [model(x).detach().cpu() for _ in range(count)]
+
+    outputs(2)
+    accelerator.save_state(str(tmp_path / "state"))
+    saved = safetensors.torch.load_file(str(tmp_path / "state" / "model.safetensors"))
+    assert saved.keys() == model.state_dict().keys()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(saved[name], value.cpu(), rtol=0, atol=0, msg=name)
+    after_saving = outputs(3)
+    torch.manual_seed(1)  # (another stream, as a new process would have)
+    accelerator.load_state(str(tmp_path / "state"))
+    after_loading = outputs(3)
+    for expected, got in zip(after_saving, after_loading):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_accelerator_prepares_model_optimizer_and_data_on_tpu():
     device, distributed_type, model, optimizer, batches = accelerate_one_step(cpu=False)
     assert device.type == "tpu"

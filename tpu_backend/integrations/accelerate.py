@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import io
 import logging
 import os
 import sys
@@ -55,6 +56,7 @@ from typing import Callable
 
 import torch
 
+from common.files import write_atomic
 from tpu_backend.integrations.own_code import compile_own
 from tpu_backend.integrations.post_import import when_imported
 
@@ -489,7 +491,56 @@ def _patch_send_to_device(data_loader_module) -> None:
     data_loader_module.send_to_device = send_to_device
 
 
+_RNG_STATE_KEY = "torch_tpu_manual_seed"  # (accelerate's names: "torch_cuda_manual_seed", ...)
+
+
+def _patch_rng_states(accelerator_module) -> None:
+    """`Accelerator.save_state` keeps the random states of the CPU and of the accelerators
+    accelerate knows (CUDA, XPU, XLA, ...) so that `load_state` resumes the same draws; the
+    device's state is kept beside them. Without it a loop resumed on the device drew other
+    dropout masks than the one that never stopped."""
+    from accelerate import checkpointing
+
+    save, load = accelerator_module.save_accelerator_state, accelerator_module.load_accelerator_state
+    if getattr(save, "_tpu_aware", False):
+        return
+
+    def states_file(arguments: inspect.BoundArguments, folder: str):
+        return os.path.join(
+            arguments.arguments[folder], f"{checkpointing.RNG_STATE_NAME}_{arguments.arguments['process_index']}.pkl"
+        )
+
+    def on_device() -> bool:
+        return accelerator_module.PartialState().device.type == DEVICE_TYPE
+
+    @functools.wraps(save)
+    def save_accelerator_state(*args, **kwargs):
+        where = save(*args, **kwargs)
+        path = states_file(inspect.signature(save).bind(*args, **kwargs), "output_dir")
+        if on_device() and os.path.isfile(path):
+            states = dict(checkpointing.load(path), **{_RNG_STATE_KEY: torch.tpu.get_rng_state()})
+            buffer = io.BytesIO()
+            torch.save(states, buffer)
+            write_atomic(path, [buffer.getvalue()])
+        return where
+
+    @functools.wraps(load)
+    def load_accelerator_state(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        path = states_file(inspect.signature(load).bind(*args, **kwargs), "input_dir")
+        if on_device() and os.path.isfile(path):
+            state = checkpointing.load(path).get(_RNG_STATE_KEY)
+            if state is not None:
+                torch.tpu.set_rng_state(state)
+        return loaded
+
+    save_accelerator_state._tpu_aware = True
+    accelerator_module.save_accelerator_state = save_accelerator_state
+    accelerator_module.load_accelerator_state = load_accelerator_state
+
+
 def install() -> None:
+    when_imported("accelerate.accelerator", _patch_rng_states)
     when_imported("accelerate.utils.dataclasses", _add_dynamo_backend)
     when_imported("accelerate.state", _patch_partial_state)
     when_imported("accelerate.accelerator", _patch_accelerator)

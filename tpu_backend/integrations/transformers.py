@@ -45,9 +45,10 @@ values; the loop concatenates `input_ids` and the attention mask). On a tpu mode
 What needs us too: `save_pretrained` finds tied weights with
 `transformers.pytorch_utils.id_tensor_storage`, which keys a tensor by its storage's
 address. A tpu storage holds no host bytes (`data_ptr()` is 0 for every tensor), so
-every weight looked tied to every other and saving failed. We key tpu tensors by the
-storage's identity instead (the key our payload table uses: two tensors alias exactly
-when they share a storage). safetensors itself skips zero-byte storages in its alias
+every weight looked tied to every other and saving failed (accelerate's `save_state` and
+`save_model`, with their own copy of the function, kept one weight of the model). We key
+tpu tensors by the storage's identity instead (the key our payload table uses: two tensors
+alias exactly when they share a storage). safetensors itself skips zero-byte storages in its alias
 check and copies non-CPU tensors to the host, so it needs nothing. PEFT's adapter
 `save_pretrained` keeps its own copy of the function (`peft.utils.other`): every adapter
 looked aliased there and was cloned on the device before saving; it gets the same key.
@@ -94,6 +95,9 @@ _USERS_OF_ID_TENSOR_STORAGE = (
     "peft.utils.other",
     "peft.utils",
     "peft.peft_model",
+    "accelerate.utils.modeling",
+    "accelerate.utils.other",
+    "accelerate.utils",
 )
 
 
