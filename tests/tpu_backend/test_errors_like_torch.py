@@ -366,6 +366,7 @@ ERROR_INPUTS_ACCEPTED = {
     ("complex", "Expected object of scalar type ComplexDouble but got scalar type ComplexFloat for argument 'out'"),
     ("exponential", "exponential_ expects lambda > 0.0, but found lambda=0"),
     ("gather", "Expected out tensor to have dtype"),
+    ("geometric", "geometric_ expects p to be in \\(0, 1\\), but got p=-1"),
     ("gather", "unsupported operation"),
     ("histogramdd", "histogramdd: The size of bins must be equal to the innermost dimension of the input."),
     ("index_select", "unsupported operation"),

@@ -151,11 +151,28 @@ def refused_by_both(op, args, kwargs) -> Exception | None:
     needed, so that a stand-in's values (zeros) or a meta kernel's quirk alone never refuses
     a call PyTorch accepts; a TypeError is not one (the dispatcher checked the arguments'
     types before the device saw them: it would be about the rebuilt arguments)."""
+    if not _fits_schema(op, args, kwargs):
+        return None
     refused = _raised(op, to_meta, "meta", args, kwargs)
     if refused is None or isinstance(refused, TypeError):
         return None
     refused = _raised(op, cpu_stand_in, "cpu", args, kwargs)
     return None if refused is None else refused.with_traceback(None)
+
+
+def _fits_schema(op, args, kwargs) -> bool:
+    """Whether `args` and `kwargs` name every argument of `op`'s schema that has no default:
+    an in-place kernel hands its functional op the in-place call's arguments, whose defaults
+    may differ (`bernoulli_(p=0.5)`, `bernoulli.p` without one), and a check of those would
+    be the rebuilt call's error, not the user's."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return True
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(args) > len(positional) or not set(kwargs) <= {a.name for a in schema.arguments}:
+        return False
+    given = {a.name for a in positional[: len(args)]} | set(kwargs)
+    return all(a.name in given or a.has_default_value() for a in schema.arguments)
 
 
 def like_torch(op, args, kwargs, error: Exception) -> Exception:

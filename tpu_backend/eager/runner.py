@@ -139,19 +139,39 @@ def _note_native_compile() -> None:
 # TPU_CHECK_AT_TRACE=0: an op's program is traced without asking PyTorch's kernels whether
 # they accept its arguments (`errors.refused_by_both`; set before the op's first call)
 CHECK_AT_TRACE = os.environ.get("TPU_CHECK_AT_TRACE", "1") != "0"
-# A Python number of each kind standing in for a traced one (its value is not known at trace time)
-_STAND_IN_NUMBER = {"f": 1.5, "c": 1.5j, "i": 2, "u": 2, "b": True}
+# Python numbers of each kind standing in for traced ones (their values are not known at trace
+# time): a call counts as refused only if it is with both sets, so that a check of the value
+# (geometric's 0 < p < 1) is never made on a stand-in.
+_STAND_IN_NUMBERS = (
+    {"f": 0.5, "c": 0.5j, "i": 1, "u": 1, "b": False},
+    {"f": 1.5, "c": 1.5j, "i": 2, "u": 2, "b": True},
+)
 
 
-def _meta_arguments(template_args, template_kwargs, dynamic) -> tuple[list, dict]:
+def _refusal(op, template_args, template_kwargs, dynamic) -> Exception | None:
+    """What PyTorch raises for this call of `op` at trace time (`errors.refused_by_both`), or None."""
+    refused = None
+    for numbers in _STAND_IN_NUMBERS:
+        args, kwargs, stood_in = _meta_arguments(template_args, template_kwargs, dynamic, numbers)
+        refused = refused_by_both(op, args, kwargs)
+        if refused is None or not stood_in:
+            return refused
+    return refused
+
+
+def _meta_arguments(template_args, template_kwargs, dynamic, numbers: dict) -> tuple[list, dict, bool]:
     """An op's arguments at trace time as PyTorch sees them: meta tensors of the traced
-    arrays' shapes and dtypes (a view's own geometry), Python numbers for traced floats."""
+    arrays' shapes and dtypes (a view's own geometry), `numbers` for traced Python numbers;
+    and whether there were any."""
+    stood_in = False
 
     def meta(template):
+        nonlocal stood_in
         if type(template) is _Slot:
             value = dynamic[template.index]
             if value.ndim == 0 and getattr(value, "weak_type", False):  # a Python number passed traced
-                return _STAND_IN_NUMBER[value.dtype.kind]
+                stood_in = True
+                return numbers[value.dtype.kind]
             return torch.empty(value.shape, dtype=torch_dtype(value.dtype), device="meta")
         if type(template) is _ViewSlot:
             shape, strides, _ = template.geometry
@@ -160,7 +180,8 @@ def _meta_arguments(template_args, template_kwargs, dynamic) -> tuple[list, dict
             return [meta(t) for t in template]
         return template
 
-    return [meta(t) for t in template_args], {k: meta(t) for k, t in template_kwargs if k != "key"}  # (a random op's)
+    args, kwargs = [meta(t) for t in template_args], {k: meta(t) for k, t in template_kwargs if k != "key"}
+    return args, kwargs, stood_in  # (without a random op's key)
 
 
 def _with_key(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -225,7 +246,7 @@ class OpRunner:
             if traced:
                 _Compiles.started = time.perf_counter()
             if checked:
-                refused = refused_by_both(self.op, *_meta_arguments(template_args, template_kwargs, dynamic))
+                refused = _refusal(self.op, template_args, template_kwargs, dynamic)
                 if refused is not None:
                     raise refused
             args, kwargs = fill_template(template_args, template_kwargs, dynamic)
