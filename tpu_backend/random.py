@@ -17,6 +17,9 @@ are not CPU's.
 from __future__ import annotations
 
 import functools
+import io
+import os
+from typing import Callable
 
 import jax
 import numpy as np
@@ -94,3 +97,21 @@ def set_rng_state(state: torch.Tensor, device="tpu") -> None:
     if values.shape != (2,):
         raise ValueError(f"tpu rng state must be the 16 bytes get_rng_state() returns, got {state.numel()} bytes")
     _seed, _counter = int(values[0]), int(values[1])
+
+
+def save_into_states_file(path: str, key: str, load: Callable) -> None:
+    """Add the device's random state under `key` to a checkpoint's file of random states
+    (`load` reads it as its writer does), rewritten whole: Trainer and accelerate keep the
+    CPU's and the accelerators' they know there, not this device's."""
+    from common.files import write_atomic
+
+    buffer = io.BytesIO()
+    torch.save(dict(load(path), **{key: get_rng_state()}), buffer)
+    write_atomic(path, [buffer.getvalue()])
+
+
+def load_from_states_file(path: str, key: str, load: Callable) -> None:
+    """Set the device's random state from `key` of a checkpoint's file, where it is there."""
+    state = load(path).get(key) if os.path.isfile(path) else None
+    if state is not None:
+        set_rng_state(state)

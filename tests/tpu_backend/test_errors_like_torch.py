@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import tpu_backend
+from tests.tpu_backend import opinfo_harness
 from tpu_backend import fused
 from tpu_backend import tensor as tpu_tensor
 from tpu_backend.eager import runner as runner_module
@@ -387,16 +388,6 @@ ERROR_INPUTS_ACCEPTED = {
 }
 
 
-def _on_device(value):
-    if isinstance(value, torch.Tensor):
-        return value.to("tpu")
-    if isinstance(value, (list, tuple)):
-        return type(value)(_on_device(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _on_device(v) for k, v in value.items()}
-    return value
-
-
 def test_opinfo_error_inputs_are_refused_as_on_cpu():
     """Every OpInfo error input that PyTorch's CPU kernel refuses is refused on the device too
     (but `ERROR_INPUTS_ACCEPTED`): an op's program, traced for new shapes or static arguments,
@@ -418,8 +409,9 @@ def test_opinfo_error_inputs_are_refused_as_on_cpu():
             except Exception:  # noqa: BLE001 - any error PyTorch raises
                 pass
             try:
-                out = op(_on_device(sample.input), *_on_device(sample.args), **_on_device(sample.kwargs))
-                [t.cpu() for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+                moved = opinfo_harness.move_sample(sample, "tpu")
+                out = op(moved.input, *moved.args, **moved.kwargs)
+                [t.cpu() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
             except Exception:  # noqa: BLE001
                 refused += 1
                 continue

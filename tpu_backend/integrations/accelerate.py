@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import io
 import logging
 import os
 import sys
@@ -56,7 +55,7 @@ from typing import Callable
 
 import torch
 
-from common.files import write_atomic
+from tpu_backend import random as device_random
 from tpu_backend.integrations.own_code import compile_own
 from tpu_backend.integrations.post_import import when_imported
 
@@ -518,20 +517,15 @@ def _patch_rng_states(accelerator_module) -> None:
         where = save(*args, **kwargs)
         path = states_file(inspect.signature(save).bind(*args, **kwargs), "output_dir")
         if on_device() and os.path.isfile(path):
-            states = dict(checkpointing.load(path), **{_RNG_STATE_KEY: torch.tpu.get_rng_state()})
-            buffer = io.BytesIO()
-            torch.save(states, buffer)
-            write_atomic(path, [buffer.getvalue()])
+            device_random.save_into_states_file(path, _RNG_STATE_KEY, checkpointing.load)
         return where
 
     @functools.wraps(load)
     def load_accelerator_state(*args, **kwargs):
         loaded = load(*args, **kwargs)
-        path = states_file(inspect.signature(load).bind(*args, **kwargs), "input_dir")
-        if on_device() and os.path.isfile(path):
-            state = checkpointing.load(path).get(_RNG_STATE_KEY)
-            if state is not None:
-                torch.tpu.set_rng_state(state)
+        if on_device():
+            path = states_file(inspect.signature(load).bind(*args, **kwargs), "input_dir")
+            device_random.load_from_states_file(path, _RNG_STATE_KEY, checkpointing.load)
         return loaded
 
     save_accelerator_state._tpu_aware = True

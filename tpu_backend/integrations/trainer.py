@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import os
 
 import jax.numpy as jnp
 import torch
 
-from common.files import write_atomic
+from tpu_backend import random as device_random
 from tpu_backend.integrations.post_import import when_imported
 
 DEVICE_TYPE = "tpu"
@@ -169,20 +168,13 @@ def _patch_rng_state(trainer_module) -> None:
     def save_rng_state(self, output_dir: str) -> None:
         save(self, output_dir)
         if self.args.device.type == DEVICE_TYPE:
-            path = _rng_state_file(self, output_dir)
-            states = dict(read(path), **{DEVICE_TYPE: torch.tpu.get_rng_state()})
-            buffer = io.BytesIO()
-            torch.save(states, buffer)
-            write_atomic(path, [buffer.getvalue()])
+            device_random.save_into_states_file(_rng_state_file(self, output_dir), DEVICE_TYPE, read)
 
     @functools.wraps(load)
     def load_rng_state(self, checkpoint: str | None) -> None:
         load(self, checkpoint)
         if checkpoint is not None and self.args.device.type == DEVICE_TYPE:
-            path = _rng_state_file(self, checkpoint)
-            state = read(path).get(DEVICE_TYPE) if os.path.isfile(path) else None
-            if state is not None:
-                torch.tpu.set_rng_state(state)
+            device_random.load_from_states_file(_rng_state_file(self, checkpoint), DEVICE_TYPE, read)
 
     save_rng_state._tpu_aware = True
     trainer_class._save_rng_state, trainer_class._load_rng_state = save_rng_state, load_rng_state
